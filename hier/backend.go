@@ -1,0 +1,190 @@
+package hier
+
+import (
+	"fmt"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// Device is one GPU as the engine drives it: memory, asynchronous copies, the
+// reduction kernel of the add stage, and the streams and events of the stage
+// chain. The CUDA backend and the simulated cluster implement it.
+//
+// All calls except those on events come from the device's engine goroutine,
+// after Bind. Event methods may be called from any goroutine.
+type Device interface {
+	streams.Factory
+
+	// Bind prepares the calling goroutine to enqueue work for this device
+	// (the CUDA backend locks the OS thread and makes the device's primary
+	// context current). The engine calls it once, from its own goroutine,
+	// and calls release when it exits.
+	Bind() (release func(), err error)
+
+	// Alloc allocates device memory; Free releases it.
+	Alloc(bytes int64) (uintptr, error)
+	Free(ptr uintptr) error
+
+	// CheckRange returns an error wrapping fairgo.ErrInvalidArgument when
+	// [ptr, ptr+bytes) is not memory of this device.
+	CheckRange(ptr uintptr, bytes int64) error
+
+	// CopyAsync enqueues a device-to-device copy of bytes on s.
+	CopyAsync(dst, src uintptr, bytes int64, s streams.Stream) error
+
+	// Copy2DAsync enqueues height copies of width bytes, row i from
+	// src+i·srcPitch to dst+i·dstPitch.
+	Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch int64, width, height int64, s streams.Stream) error
+
+	// ReduceAsync enqueues the add stage's kernel on s:
+	//   dst[i] = op over k in [0, n) of src[k·stride + i]   for i in [0, count)
+	// and, for Avg, the sum divided by divisor (integers: truncated toward
+	// zero). Float16 and bfloat16 accumulate in float32 and round once; the
+	// other types accumulate in their own type. Strides and counts are in
+	// elements. dst must not overlap src.
+	ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int, s streams.Stream) error
+
+	// Group runs fn with communicator calls fused into one launch
+	// (ncclGroupStart/ncclGroupEnd on NCCL).
+	Group(fn func() error) error
+
+	// Close releases the device's resources (streams, events, the engine's
+	// allocations). It does not free memory the caller owns.
+	Close() error
+}
+
+// Comm is one rank's handle on a communicator (NCCL semantics). Every call
+// enqueues on s and returns at once; every rank of the communicator must
+// enqueue the same calls in the same order. Counts and displacements are in
+// elements.
+type Comm interface {
+	Size() int
+	Rank() int
+	// Name identifies the communicator in errors and logs ("rail-collect/local=1").
+	Name() string
+
+	AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error
+	// ReduceScatter: send holds Size()·recvCount elements; rank r receives
+	// the reduction of block r. In place when recv == send + Rank()·recvCount.
+	ReduceScatter(send, recv uintptr, recvCount int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error
+	// AllGather: recv holds Size()·sendCount elements, block r from rank r.
+	// In place when send == recv + Rank()·sendCount.
+	AllGather(send, recv uintptr, sendCount int64, dt fairgo.DType, s streams.Stream) error
+	Broadcast(send, recv uintptr, count int64, dt fairgo.DType, root int, s streams.Stream) error
+	// AllToAllv sends sendCounts[k] elements from send+sendDispls[k] to
+	// rank k, and receives recvCounts[k] elements from rank k into
+	// recv+recvDispls[k]. Sends may overlap each other (a displacement
+	// repeated sends the same data twice); receives must not.
+	AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64, dt fairgo.DType, s streams.Stream) error
+
+	// Err reports an asynchronous failure of the communicator (a peer that
+	// failed, a mismatch, an abort), or nil.
+	Err() error
+	// Abort stops the communicator's pending work, which then fails; it
+	// never blocks on peers.
+	Abort() error
+	// Close destroys the communicator.
+	Close() error
+}
+
+// Grid is the M × D arrangement of ranks: Machines machines of Devices
+// devices each, and this rank's place in it.
+type Grid struct {
+	Machines int // M
+	Devices  int // D, devices per machine
+	Machine  int // this rank's machine index m in [0, M)
+	Local    int // this rank's local index d in [0, D)
+}
+
+// Size is the number of ranks, M × D.
+func (g Grid) Size() int { return g.Machines * g.Devices }
+
+// Rank is the rank's position in grid order, m·D + d: the block index of
+// this rank in ReduceScatter inputs and AllGather outputs.
+func (g Grid) Rank() int { return g.Machine*g.Devices + g.Local }
+
+// Validate checks that the grid is well formed.
+func (g Grid) Validate() error {
+	switch {
+	case g.Machines < 1:
+		return &fairgo.ArgError{Arg: "grid machines", Value: g.Machines, Reason: "must be at least 1"}
+	case g.Devices < 1:
+		return &fairgo.ArgError{Arg: "grid devices", Value: g.Devices, Reason: "must be at least 1"}
+	case g.Machine < 0 || g.Machine >= g.Machines:
+		return &fairgo.ArgError{Arg: "grid machine index", Value: g.Machine, Reason: fmt.Sprintf("outside [0, %d)", g.Machines)}
+	case g.Local < 0 || g.Local >= g.Devices:
+		return &fairgo.ArgError{Arg: "grid local index", Value: g.Local, Reason: fmt.Sprintf("outside [0, %d)", g.Devices)}
+	}
+	return nil
+}
+
+func (g Grid) String() string {
+	return fmt.Sprintf("%d×%d (machine %d, local %d)", g.Machines, g.Devices, g.Machine, g.Local)
+}
+
+// Comms are the five communicators of one rank. Intra communicators hold
+// the D ranks of this machine ranked by local index; rail communicators hold
+// the M ranks with this local index ranked by machine index. Each pipeline
+// stage that talks has its own communicator so that stages of different
+// slices run concurrently without NCCL ordering deadlocks.
+type Comms struct {
+	World              Comm // all ranks, in the launcher's global order
+	IntraReduceScatter Comm // stage 1 (and flat work inside a machine)
+	IntraAllGather     Comm // stage 5
+	RailCollect        Comm // stage 2
+	RailDiffuse        Comm // stage 4
+}
+
+// Rank bundles what the engine needs for one rank: its device, its place in
+// the grid and its communicators. The caller keeps ownership of the device
+// and the communicators unless OwnsResources is set, in which case the
+// Reducer closes them on Close.
+type Rank struct {
+	Grid          Grid
+	Device        Device
+	Comms         Comms
+	OwnsResources bool
+}
+
+func (r Rank) validate() error {
+	if err := r.Grid.Validate(); err != nil {
+		return err
+	}
+	if r.Device == nil {
+		return &fairgo.ArgError{Arg: "rank device", Value: nil, Reason: "missing"}
+	}
+	c := r.Comms
+	check := func(name string, cm Comm, size, rank int) error {
+		if cm == nil {
+			if size == 1 {
+				return nil // a one-rank communicator may be omitted
+			}
+			return &fairgo.ArgError{Arg: name + " communicator", Value: nil, Reason: "missing"}
+		}
+		if cm.Size() != size || cm.Rank() != rank {
+			return &fairgo.ArgError{Arg: name + " communicator", Value: fmt.Sprintf("rank %d of %d", cm.Rank(), cm.Size()),
+				Reason: fmt.Sprintf("grid %v needs rank %d of %d", r.Grid, rank, size)}
+		}
+		return nil
+	}
+	g := r.Grid
+	if c.World == nil || c.World.Size() != g.Size() {
+		return &fairgo.ArgError{Arg: "world communicator", Value: c.World, Reason: fmt.Sprintf("must hold %d ranks", g.Size())}
+	}
+	for _, x := range []struct {
+		name       string
+		cm         Comm
+		size, rank int
+	}{
+		{"intra reduce-scatter", c.IntraReduceScatter, g.Devices, g.Local},
+		{"intra all-gather", c.IntraAllGather, g.Devices, g.Local},
+		{"rail collect", c.RailCollect, g.Machines, g.Machine},
+		{"rail diffuse", c.RailDiffuse, g.Machines, g.Machine},
+	} {
+		if err := check(x.name, x.cm, x.size, x.rank); err != nil {
+			return err
+		}
+	}
+	return nil
+}

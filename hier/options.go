@@ -1,0 +1,127 @@
+package hier
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/fairgo/fairgo"
+)
+
+// Defaults for the options. They come from measurement on two H200s (see
+// BENCHMARKS.md); the slice size grows with the grid so that each shard a
+// machine exchanges stays at least DefaultMinShardBytes.
+const (
+	DefaultSliceBytes      = 16 << 20 // bytes per slice for small grids
+	DefaultMinShardBytes   = 512 << 10
+	MaxDefaultSliceBytes   = 256 << 20
+	DefaultStagingBytes    = 256 << 20 // staging ring budget (D = 1 allreduce, ReduceScatter, AllGather)
+	DefaultPaddingBytes    = 1 << 20   // padding ring budget
+	DefaultParallelism     = 4         // slices in flight at least
+	DefaultFlatThreshold   = 256 << 10 // below this many bytes: one flat allreduce on the world communicator
+	DefaultWatchdogTimeout = 0         // no watchdog unless asked for
+)
+
+// FlatNever, given to WithFlatThreshold, makes every call hierarchical.
+const FlatNever = -1
+
+// Option configures a Reducer. Options only record values; NewReducer
+// validates them and reports the first invalid one by name.
+type Option func(*config)
+
+type config struct {
+	sliceBytes    int64
+	stagingBytes  int64
+	paddingBytes  int64
+	parallelism   int
+	flatThreshold int64
+	timeout       time.Duration
+	logger        *slog.Logger
+}
+
+// WithSliceSize sets the slice size in bytes: a tensor larger than this is
+// cut into slices that go through the pipeline one after another. Zero means
+// DefaultSliceBytes grown with the grid (M·D·DefaultMinShardBytes, at most
+// MaxDefaultSliceBytes). Grow it with the machine count: each of the M·D
+// shards of a slice should stay large enough to fill the network.
+func WithSliceSize(bytes int64) Option { return func(c *config) { c.sliceBytes = bytes } }
+
+// WithStagingMemory sets the bytes of device memory for staging slots (the
+// receive area of the collect stage when D = 1, and the gather area of
+// ReduceScatter and AllGather). Zero means DefaultStagingBytes.
+func WithStagingMemory(bytes int64) Option { return func(c *config) { c.stagingBytes = bytes } }
+
+// WithPaddingMemory sets the bytes of device memory for padding slots (the
+// elements of a slice that do not fill the M·D grid). Zero means
+// DefaultPaddingBytes.
+func WithPaddingMemory(bytes int64) Option { return func(c *config) { c.paddingBytes = bytes } }
+
+// WithParallelism sets the minimum number of slices in flight: the staging
+// and padding rings hold at least this many slots, shrinking the slice when
+// the memory budget is too small. Zero means DefaultParallelism.
+func WithParallelism(n int) Option { return func(c *config) { c.parallelism = n } }
+
+// WithFlatThreshold sets the size in bytes below which a call is one flat
+// allreduce on the world communicator. Zero means DefaultFlatThreshold;
+// FlatNever makes every call hierarchical.
+func WithFlatThreshold(bytes int64) Option { return func(c *config) { c.flatThreshold = bytes } }
+
+// WithTimeout arms a watchdog: work not complete this long after it was
+// enqueued aborts the communicators and fails with fairgo.ErrTimeout, so a
+// dead peer cannot hang the trainer. Zero disables the watchdog (callers
+// still bound every wait with their context).
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithLogger sets the logger for the engine's rare events (aborts,
+// timeouts, layout decisions). Nil means slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+func buildConfig(g Grid, opts []Option) (config, error) {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	bad := func(name string, v any, why string) error {
+		return &fairgo.ArgError{Arg: name, Value: v, Reason: why}
+	}
+	switch {
+	case c.sliceBytes < 0:
+		return c, bad("WithSliceSize", c.sliceBytes, "must be positive, or 0 for the default")
+	case c.stagingBytes < 0:
+		return c, bad("WithStagingMemory", c.stagingBytes, "must be positive, or 0 for the default")
+	case c.paddingBytes < 0:
+		return c, bad("WithPaddingMemory", c.paddingBytes, "must be positive, or 0 for the default")
+	case c.parallelism < 0:
+		return c, bad("WithParallelism", c.parallelism, "must be positive, or 0 for the default")
+	case c.parallelism > 1024:
+		return c, bad("WithParallelism", c.parallelism, "more than 1024 slices in flight is not useful")
+	case c.flatThreshold < FlatNever:
+		return c, bad("WithFlatThreshold", c.flatThreshold, fmt.Sprintf("must be ≥ 0, or FlatNever (%d)", FlatNever))
+	case c.timeout < 0:
+		return c, bad("WithTimeout", c.timeout, "must be positive, or 0 for no watchdog")
+	}
+	if c.sliceBytes == 0 {
+		c.sliceBytes = DefaultSliceBytes
+		if grown := int64(g.Size()) * DefaultMinShardBytes; grown > c.sliceBytes {
+			c.sliceBytes = min(grown, MaxDefaultSliceBytes)
+		}
+	}
+	if c.stagingBytes == 0 {
+		c.stagingBytes = DefaultStagingBytes
+	}
+	if c.paddingBytes == 0 {
+		c.paddingBytes = DefaultPaddingBytes
+	}
+	if c.parallelism == 0 {
+		c.parallelism = DefaultParallelism
+	}
+	if c.flatThreshold == 0 {
+		c.flatThreshold = DefaultFlatThreshold
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	return c, nil
+}

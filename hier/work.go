@@ -1,0 +1,96 @@
+package hier
+
+import (
+	"context"
+	"sync"
+
+	"github.com/fairgo/fairgo/streams"
+)
+
+// Work is the future of one collective call. It completes when the device
+// work of the call has finished (or failed); Wait, Done and Err observe that
+// without blocking the device. Calls that fail validation return a Work that
+// is already complete with the error.
+type Work struct {
+	done     chan struct{}
+	enqueued chan struct{} // closed once the completion event is recorded
+	once     sync.Once
+	err      error
+	event    streams.Event // recorded after the call's last stage; nil if nothing was enqueued
+}
+
+func newWork() *Work {
+	return &Work{done: make(chan struct{}), enqueued: make(chan struct{})}
+}
+
+func failedWork(err error) *Work {
+	w := newWork()
+	close(w.enqueued)
+	w.finish(err)
+	return w
+}
+
+// finish completes the work once; later calls are ignored.
+func (w *Work) finish(err error) {
+	w.once.Do(func() {
+		w.err = err
+		close(w.done)
+	})
+}
+
+// markEnqueued publishes the completion event (nil when the call enqueued
+// nothing on the device).
+func (w *Work) markEnqueued(ev streams.Event) {
+	w.event = ev
+	close(w.enqueued)
+}
+
+// Done is closed when the work has completed or failed.
+func (w *Work) Done() <-chan struct{} { return w.done }
+
+// Err returns the work's error once it is done, and nil before.
+func (w *Work) Err() error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+		return nil
+	}
+}
+
+// IsCompleted reports whether the work is done (successfully or not).
+func (w *Work) IsCompleted() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait blocks until the work is done and returns its error, or returns
+// ctx.Err() unchanged if ctx ends first. The work itself goes on.
+func (w *Work) Wait(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// StreamWait makes work enqueued on s after this call wait for the
+// collective's completion on the device, without blocking the host on the
+// device (it waits only until the engine has enqueued the call, which it does
+// in call order). A stream of the same device as the Reducer's is expected.
+func (w *Work) StreamWait(ctx context.Context, s streams.Stream) error {
+	select {
+	case <-w.enqueued:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if w.event == nil { // nothing enqueued: the result is already final, or failed
+		return w.Err()
+	}
+	return s.WaitEvent(w.event)
+}

@@ -1,0 +1,94 @@
+package streams
+
+import "fmt"
+
+// Stage names one of the five pipeline stages of a slice.
+type Stage int
+
+// The stages, in pipeline order.
+const (
+	ReduceScatter Stage = iota // intra-machine reduce-scatter
+	Collect                    // rail all-to-all of the machine-local sums
+	Add                        // reduction of the received shards
+	Diffuse                    // rail all-to-all of the reduced shard
+	AllGather                  // intra-machine all-gather
+	NumStages
+)
+
+var stageNames = [...]string{"reduce-scatter", "collect", "add", "diffuse", "all-gather"}
+
+func (s Stage) String() string {
+	if s >= 0 && s < NumStages {
+		return stageNames[s]
+	}
+	return fmt.Sprintf("Stage(%d)", int(s))
+}
+
+// Factory creates the streams and events a Chain needs; a device implements it.
+type Factory interface {
+	NewStream() (Stream, error)
+	NewEvent() (Event, error)
+}
+
+// Chain owns one stream per stage and one event per hand-off between
+// consecutive stages. The hand-off events are reused across slices: a wait
+// captures the event's state when it is enqueued, so re-recording the event
+// for the next slice does not disturb the waits of the previous one.
+type Chain struct {
+	streams  [NumStages]Stream
+	handoffs [NumStages - 1]Event
+}
+
+// NewChain creates the five streams and four hand-off events.
+func NewChain(f Factory) (*Chain, error) {
+	c := &Chain{}
+	for i := range c.streams {
+		s, err := f.NewStream()
+		if err != nil {
+			return nil, fmt.Errorf("streams: creating the %s stream: %w", Stage(i), err)
+		}
+		c.streams[i] = s
+	}
+	for i := range c.handoffs {
+		e, err := f.NewEvent()
+		if err != nil {
+			return nil, fmt.Errorf("streams: creating the %s hand-off event: %w", Stage(i), err)
+		}
+		c.handoffs[i] = e
+	}
+	return c, nil
+}
+
+// Stream returns the stream of a stage.
+func (c *Chain) Stream(s Stage) Stream { return c.streams[s] }
+
+// Handoff records the end of stage from on its stream and makes the next
+// stage's stream wait for it.
+func (c *Chain) Handoff(from Stage) error {
+	if err := c.Record(from); err != nil {
+		return err
+	}
+	return c.Wait(from + 1)
+}
+
+// Record records the hand-off event at the end of stage from.
+func (c *Chain) Record(from Stage) error {
+	if from < 0 || from >= NumStages-1 {
+		return fmt.Errorf("streams: no stage after %s", from)
+	}
+	if err := c.handoffs[from].Record(c.streams[from]); err != nil {
+		return fmt.Errorf("streams: recording the %s hand-off: %w", from, err)
+	}
+	return nil
+}
+
+// Wait makes stage to's stream wait on the hand-off event of the stage before it.
+func (c *Chain) Wait(to Stage) error {
+	if to < 1 || to >= NumStages {
+		return fmt.Errorf("streams: no stage before %s", to)
+	}
+	if err := c.streams[to].WaitEvent(c.handoffs[to-1]); err != nil {
+		return fmt.Errorf("streams: %s waiting on %s: %w", to, to-1, err)
+	}
+	return nil
+}
