@@ -11,8 +11,9 @@ import (
 // reduction kernel of the add stage, and the streams and events of the stage
 // chain. The CUDA backend and the simulated cluster implement it.
 //
-// All calls except those on events come from the device's engine goroutine,
-// after Bind. Event methods may be called from any goroutine.
+// All calls come from the device's engine goroutine, after Bind, except
+// NewEvent and the methods of events, which may be called from any goroutine
+// (a call's After option records an event on the caller's stream).
 type Device interface {
 	streams.Factory
 
@@ -79,10 +80,11 @@ type Comm interface {
 	AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64, dt fairgo.DType, s streams.Stream) error
 
 	// Err reports an asynchronous failure of the communicator (a peer that
-	// failed, a mismatch, an abort), or nil.
+	// failed, a mismatch, an abort), or nil. It may be called from any
+	// goroutine.
 	Err() error
 	// Abort stops the communicator's pending work, which then fails; it
-	// never blocks on peers.
+	// never blocks on peers and may be called from any goroutine.
 	Abort() error
 	// Close destroys the communicator.
 	Close() error

@@ -2,8 +2,13 @@ package hier
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/padding"
+	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -15,28 +20,410 @@ type callConfig struct {
 }
 
 // After makes the call's first stage wait for the work enqueued on s before
-// the call (an event is recorded on s during the call, so later work on s is
-// not waited for). Use it with the stream that produced the gradients.
+// the call: an event is recorded on s during the call, so work enqueued on s
+// later is not waited for. Pass the stream that produced the gradients.
 func After(s streams.Stream) CallOption { return func(c *callConfig) { c.after = s } }
 
-// Reducer runs fairgo's collectives for one rank (one device).
+type kind int
+
+const (
+	kindAllReduce kind = iota
+	kindReduceScatter
+	kindAllGather
+	kindBroadcast
+	kindAllToAllv
+)
+
+var kindNames = [...]string{"allreduce", "reduce-scatter", "all-gather", "broadcast", "all-to-all"}
+
+// request is one call waiting for the engine goroutine.
+type request struct {
+	kind       kind
+	ctx        context.Context
+	a, b       fairgo.Tensor // the buffer, or send (a) and receive (b)
+	op         fairgo.Op
+	root       int
+	sendCounts []int64
+	recvCounts []int64
+	after      streams.Event // recorded on the caller's stream at call time
+	work       *Work
+}
+
+func (q *request) String() string {
+	return fmt.Sprintf("%s of %d %s", kindNames[q.kind], q.a.Count, q.a.DType)
+}
+
+// Reducer runs fairgo's collectives for one rank (one device). It is safe
+// for concurrent use: calls from several goroutines are enqueued in the order
+// they arrive.
 type Reducer struct {
-	// filled in by the engine
+	grid   Grid
+	dev    Device
+	comms  Comms
+	owns   bool
+	cfg    config
+	layout staging.Layout
+	events eventPool
+
+	mu       sync.Mutex
+	queue    []*request
+	closed   bool
+	broken   error // set once the communicators were aborted
+	inflight []inflight
+	wake     chan struct{}
+
+	abortOnce  sync.Once
+	closing    chan struct{} // closed by Close
+	engineDone chan struct{}
+	watchCh    chan pending
+	watchDone  chan struct{}
+
+	// Owned by the engine goroutine.
+	chain      *streams.Chain
+	stagingR   *staging.Ring
+	paddingR   *padding.Ring
+	skipWait   streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
+	closeErr   error
+	engineExit error
+}
+
+// inflight is the memory range of a call whose device work may still run.
+type inflight struct {
+	lo, hi uintptr
+	ev     streams.Event
+	work   *Work
 }
 
 // NewReducer builds the engine of one rank from its device, grid and
-// communicators. Sim clusters and hier.New call it; trainers usually do not.
-func NewReducer(ctx context.Context, r Rank, opts ...Option) (*Reducer, error) {
-	_ = ctx
-	_ = r
-	_ = opts
-	return nil, fairgo.ErrClosed
+// communicators, and starts its goroutine. Sim clusters and hier.New call it;
+// trainers usually do not. ctx bounds the construction only.
+func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) {
+	if err := rk.validate(); err != nil {
+		return nil, err
+	}
+	cfg, err := buildConfig(rk.Grid, opts)
+	if err != nil {
+		return nil, err
+	}
+	layout, err := staging.Plan(staging.Params{
+		Machines: rk.Grid.Machines, Devices: rk.Grid.Devices,
+		SliceBytes: cfg.sliceBytes, StagingBytes: cfg.stagingBytes,
+		PaddingBytes: cfg.paddingBytes, Parallelism: cfg.parallelism,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := &Reducer{
+		grid: rk.Grid, dev: rk.Device, comms: rk.Comms, owns: rk.OwnsResources,
+		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
+		wake: make(chan struct{}, 1), closing: make(chan struct{}),
+		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
+		skipWait: -1,
+	}
+	ready := make(chan error, 1)
+	go r.engine(ready)
+	go r.watch()
+	select {
+	case err := <-ready:
+		if err != nil {
+			<-r.engineDone
+			return nil, err
+		}
+	case <-ctx.Done():
+		// The engine goroutine is starting; shut it down before returning.
+		_ = r.Close()
+		return nil, ctx.Err()
+	}
+	cfg.logger.Debug("fairgo reducer ready", "grid", rk.Grid.String(), "slice_bytes", layout.SliceBytes,
+		"staging_slots", layout.StagingSlots, "padding_slots", layout.PaddingSlots, "flat_threshold", cfg.flatThreshold)
+	return r, nil
 }
 
-// AllReduce reduces t in place across all ranks.
+// Grid is this rank's place in the M × D grid.
+func (r *Reducer) Grid() Grid { return r.grid }
+
+// Layout is the slice and slot geometry the options resolved to.
+func (r *Reducer) Layout() staging.Layout { return r.layout }
+
+// SliceBytes is the effective slice size.
+func (r *Reducer) SliceBytes() int64 { return r.layout.SliceBytes }
+
+// FlatThreshold is the effective flat threshold in bytes (FlatNever when off).
+func (r *Reducer) FlatThreshold() int64 { return r.cfg.flatThreshold }
+
+// AllReduce reduces t in place across all ranks with op.
 func (r *Reducer) AllReduce(ctx context.Context, t fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {
-	return failedWork(fairgo.ErrClosed)
+	if err := t.Validate(); err != nil {
+		return failedWork(err)
+	}
+	if !op.Valid() {
+		return failedWork(&fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
+	}
+	return r.submit(ctx, &request{kind: kindAllReduce, a: t, op: op}, opts)
 }
 
-// Close releases the engine.
-func (r *Reducer) Close() error { return nil }
+// ReduceScatter reduces send (M·D·c elements, blocks in grid order m·D+d)
+// across ranks with op; the rank at grid position g receives block g in recv
+// (c elements). Grid().Rank() is this rank's block index.
+func (r *Reducer) ReduceScatter(ctx context.Context, send, recv fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {
+	w := int64(r.grid.Size())
+	if err := r.checkPair(send, recv); err != nil {
+		return failedWork(err)
+	}
+	if send.Count%w != 0 {
+		return failedWork(&fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the %d ranks", w)})
+	}
+	if err := r.checkCounts(send, recv, send.Count/w, "reduce-scatter"); err != nil {
+		return failedWork(err)
+	}
+	if !op.Valid() {
+		return failedWork(&fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
+	}
+	return r.submit(ctx, &request{kind: kindReduceScatter, a: send, b: recv, op: op}, opts)
+}
+
+// AllGather gathers every rank's send (c elements) into recv (M·D·c
+// elements, blocks in grid order m·D+d).
+func (r *Reducer) AllGather(ctx context.Context, send, recv fairgo.Tensor, opts ...CallOption) *Work {
+	if err := r.checkPair(send, recv); err != nil {
+		return failedWork(err)
+	}
+	w := int64(r.grid.Size())
+	if send.Count > (1<<62)/w {
+		return failedWork(&fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: "times the world size overflows"})
+	}
+	if err := r.checkCounts(send, recv, send.Count*w, "all-gather"); err != nil {
+		return failedWork(err)
+	}
+	return r.submit(ctx, &request{kind: kindAllGather, a: send, b: recv}, opts)
+}
+
+// Broadcast copies t of the world rank root to t of every rank (flat, on the
+// world communicator).
+func (r *Reducer) Broadcast(ctx context.Context, t fairgo.Tensor, root int, opts ...CallOption) *Work {
+	if err := t.Validate(); err != nil {
+		return failedWork(err)
+	}
+	if root < 0 || root >= r.grid.Size() {
+		return failedWork(&fairgo.ArgError{Arg: "root", Value: root, Reason: fmt.Sprintf("outside [0, %d)", r.grid.Size())})
+	}
+	return r.submit(ctx, &request{kind: kindBroadcast, a: t, root: root}, opts)
+}
+
+// AllToAll sends block k of send to world rank k, and receives block k of
+// recv from world rank k (flat, on the world communicator). Both hold
+// WorldSize × c elements.
+func (r *Reducer) AllToAll(ctx context.Context, send, recv fairgo.Tensor, opts ...CallOption) *Work {
+	w := int64(r.grid.Size())
+	if err := r.checkPair(send, recv); err != nil {
+		return failedWork(err)
+	}
+	if err := r.checkCounts(send, recv, send.Count, "all-to-all"); err != nil {
+		return failedWork(err)
+	}
+	if send.Count%w != 0 {
+		return failedWork(&fairgo.ArgError{Arg: "count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the world size %d", w)})
+	}
+	counts := make([]int64, w)
+	for k := range counts {
+		counts[k] = send.Count / w
+	}
+	return r.submit(ctx, &request{kind: kindAllToAllv, a: send, b: recv, sendCounts: counts, recvCounts: counts}, opts)
+}
+
+// AllToAllv sends sendCounts[k] elements to world rank k, taken from send
+// one block after the other, and receives recvCounts[k] elements from world
+// rank k into recv likewise (flat, on the world communicator).
+func (r *Reducer) AllToAllv(ctx context.Context, send fairgo.Tensor, sendCounts []int64, recv fairgo.Tensor, recvCounts []int64, opts ...CallOption) *Work {
+	if err := r.checkPair(send, recv); err != nil {
+		return failedWork(err)
+	}
+	for _, c := range []struct {
+		name   string
+		t      fairgo.Tensor
+		counts []int64
+	}{{"sendCounts", send, sendCounts}, {"recvCounts", recv, recvCounts}} {
+		if len(c.counts) != r.grid.Size() {
+			return failedWork(&fairgo.ArgError{Arg: c.name, Value: len(c.counts), Reason: fmt.Sprintf("needs one count per rank (%d)", r.grid.Size())})
+		}
+		var total int64
+		for _, n := range c.counts {
+			if n < 0 || total > c.t.Count-n {
+				return failedWork(&fairgo.ArgError{Arg: c.name, Value: c.counts, Reason: fmt.Sprintf("negative, or more than the tensor's %d elements", c.t.Count)})
+			}
+			total += n
+		}
+	}
+	return r.submit(ctx, &request{kind: kindAllToAllv, a: send, b: recv,
+		sendCounts: append([]int64(nil), sendCounts...), recvCounts: append([]int64(nil), recvCounts...)}, opts)
+}
+
+// checkPair validates a send/receive pair and its element type.
+func (r *Reducer) checkPair(send, recv fairgo.Tensor) error {
+	if err := send.Validate(); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	if err := recv.Validate(); err != nil {
+		return fmt.Errorf("recv: %w", err)
+	}
+	if send.DType != recv.DType {
+		return &fairgo.ArgError{Arg: "recv dtype", Value: recv.DType, Reason: fmt.Sprintf("differs from send's %s", send.DType)}
+	}
+	return nil
+}
+
+// checkCounts reports recv.Count != want.
+func (r *Reducer) checkCounts(send, recv fairgo.Tensor, want int64, what string) error {
+	if recv.Count != want || want < 0 {
+		return &fairgo.ArgError{Arg: "recv count", Value: recv.Count,
+			Reason: fmt.Sprintf("send has %d elements; %s over %d ranks needs %d", send.Count, what, r.grid.Size(), want)}
+	}
+	return nil
+}
+
+// submit queues a validated request for the engine goroutine.
+func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Work {
+	if err := ctx.Err(); err != nil {
+		return failedWork(err)
+	}
+	var cc callConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cc)
+		}
+	}
+	q.ctx = ctx
+	q.work = newWork()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return failedWork(fmt.Errorf("hier: %v: %w", q, fairgo.ErrClosed))
+	}
+	if r.broken != nil {
+		return failedWork(fmt.Errorf("hier: %v: %w", q, r.broken))
+	}
+	if cc.after != nil {
+		// Recorded under the lock, so the capture happens before any later
+		// call on this Reducer and in the caller's program order.
+		ev, err := r.events.get()
+		if err == nil {
+			err = ev.Record(cc.after)
+		}
+		if err != nil {
+			return failedWork(fmt.Errorf("hier: %v: recording the After event: %w", q, err))
+		}
+		q.after = ev
+	}
+	r.queue = append(r.queue, q)
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	return q.work
+}
+
+// Close stops the Reducer. Calls not yet enqueued on the device fail with
+// fairgo.ErrClosed; device work still running gets a short grace period and
+// is then aborted, failing with an error that wraps fairgo.ErrClosed. Close
+// frees the engine's device memory, and the device and communicators when the
+// Rank said so. A second Close returns fairgo.ErrClosed.
+func (r *Reducer) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return fairgo.ErrClosed
+	}
+	r.closed = true
+	queued := r.queue
+	r.queue = nil
+	r.mu.Unlock()
+	close(r.closing)
+	for _, q := range queued {
+		q.work.finish(fmt.Errorf("hier: %v: %w", q, fairgo.ErrClosed))
+		if q.after != nil {
+			r.events.put(q.after)
+		}
+	}
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	<-r.engineDone
+	return r.closeErr
+}
+
+// abort aborts every communicator once; later calls fail with cause.
+func (r *Reducer) abort(cause error) {
+	r.abortOnce.Do(func() {
+		r.mu.Lock()
+		r.broken = cause
+		r.mu.Unlock()
+		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.grid.String(), "cause", cause)
+		for _, c := range r.commList() {
+			_ = c.Abort()
+		}
+	})
+}
+
+func (r *Reducer) brokenCause() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.broken
+}
+
+// commList is the distinct non-nil communicators.
+func (r *Reducer) commList() []Comm {
+	var out []Comm
+	for _, c := range []Comm{r.comms.World, r.comms.IntraReduceScatter, r.comms.IntraAllGather, r.comms.RailCollect, r.comms.RailDiffuse} {
+		if c == nil {
+			continue
+		}
+		dup := false
+		for _, o := range out {
+			if o == c {
+				dup = true
+			}
+		}
+		if !dup {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// closeGrace is how long Close lets running device work finish before it
+// aborts the communicators.
+func (r *Reducer) closeGrace() time.Duration {
+	if r.cfg.timeout > 0 && r.cfg.timeout < 2*time.Second {
+		return r.cfg.timeout
+	}
+	return 2 * time.Second
+}
+
+// eventPool recycles events; safe for concurrent use.
+type eventPool struct {
+	factory streams.Factory
+	mu      sync.Mutex
+	free    []streams.Event
+}
+
+func (p *eventPool) get() (streams.Event, error) {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		ev := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return ev, nil
+	}
+	p.mu.Unlock()
+	return p.factory.NewEvent()
+}
+
+func (p *eventPool) put(ev streams.Event) {
+	if ev == nil {
+		return
+	}
+	p.mu.Lock()
+	p.free = append(p.free, ev)
+	p.mu.Unlock()
+}

@@ -16,7 +16,9 @@ type Work struct {
 	enqueued chan struct{} // closed once the completion event is recorded
 	once     sync.Once
 	err      error
-	event    streams.Event // recorded after the call's last stage; nil if nothing was enqueued
+
+	mu    sync.Mutex    // guards event against recycling while StreamWait enqueues a wait on it
+	event streams.Event // recorded after the call's last stage; nil if nothing was enqueued or once recycled
 }
 
 func newWork() *Work {
@@ -41,8 +43,20 @@ func (w *Work) finish(err error) {
 // markEnqueued publishes the completion event (nil when the call enqueued
 // nothing on the device).
 func (w *Work) markEnqueued(ev streams.Event) {
+	w.mu.Lock()
 	w.event = ev
+	w.mu.Unlock()
 	close(w.enqueued)
+}
+
+// releaseEvent detaches the completion event so that it can be reused; the
+// work is done by then, so later StreamWaits need no wait.
+func (w *Work) releaseEvent() streams.Event {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ev := w.event
+	w.event = nil
+	return ev
 }
 
 // Done is closed when the work has completed or failed.
@@ -89,7 +103,9 @@ func (w *Work) StreamWait(ctx context.Context, s streams.Stream) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if w.event == nil { // nothing enqueued: the result is already final, or failed
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.event == nil { // nothing enqueued, or already complete: the result is final
 		return w.Err()
 	}
 	return s.WaitEvent(w.event)

@@ -1,0 +1,213 @@
+package hier_test
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/sim"
+	"github.com/fairgo/fairgo/staging"
+)
+
+type blockCase struct {
+	cfg     sim.Config
+	opts    []hier.Option
+	dt      fairgo.DType
+	op      fairgo.Op
+	c       int // elements per rank block
+	inPlace bool
+	seed    uint64
+}
+
+func drawBlockCase(t *rapid.T) blockCase {
+	m := rapid.IntRange(1, 6).Draw(t, "M")
+	d := rapid.IntRange(1, 6).Draw(t, "D")
+	w := m * d
+	dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dtype")
+	c := rapid.OneOf(rapid.IntRange(0, 40), rapid.IntRange(40, max(41, (1<<20)/(w*dt.Size())))).Draw(t, "c")
+	unit := int64(w) * staging.Align
+	par := rapid.IntRange(1, 4).Draw(t, "parallelism")
+	slice := rapid.Int64Range(unit, max(unit, int64(c*w*dt.Size()))+unit).Draw(t, "slice")
+	return blockCase{
+		cfg:  sim.Config{Machines: m, Devices: d, Seed: rapid.Int64().Draw(t, "seed"), Jitter: 20 * time.Microsecond, StallTimeout: 20 * time.Second},
+		opts: []hier.Option{hier.WithSliceSize(slice), hier.WithParallelism(par), hier.WithStagingMemory(int64(par) * (slice + int64(m)*staging.Align + unit))},
+		dt:   dt, op: rapid.SampledFrom(fairgo.Ops).Draw(t, "op"), c: c,
+		inPlace: rapid.Bool().Draw(t, "inPlace"), seed: rapid.Uint64().Draw(t, "data"),
+	}
+}
+
+// gridOrder returns, for each grid rank, the global rank that holds it.
+func gridOrder(w *world) []int {
+	byGrid := make([]int, w.size())
+	for g, r := range w.reducers {
+		byGrid[r.Grid().Rank()] = g
+	}
+	return byGrid
+}
+
+func (bc blockCase) runReduceScatter(t testing.TB) error {
+	w, err := tryWorld(bc.cfg, bc.opts...)
+	require.NoError(t, err)
+	defer w.close()
+	W, es := w.size(), bc.dt.Size()
+	rng := rand.New(rand.NewPCG(bc.seed, 1))
+	in := randomInputs(rng, bc.dt, bc.op, W, W*bc.c)
+	send := w.upload(t, bc.dt, in)
+	recv := make([]fairgo.Tensor, W)
+	var works []*hier.Work
+	for g, r := range w.reducers {
+		if bc.inPlace {
+			recv[g] = send[g].Slice(int64(r.Grid().Rank()*bc.c), int64(bc.c))
+		} else {
+			var err error
+			recv[g], err = w.cluster.Device(g).AllocTensor(int64(bc.c), bc.dt)
+			require.NoError(t, err)
+		}
+		works = append(works, r.ReduceScatter(context.Background(), send[g], recv[g], bc.op))
+	}
+	if err := waitAll(works); err != nil {
+		return err
+	}
+	out := w.download(t, recv)
+	for gr := 0; gr < W; gr++ { // block gr of every rank's input
+		blocks := make([][]byte, W)
+		for g := range in {
+			blocks[g] = in[g][gr*bc.c*es : (gr+1)*bc.c*es]
+		}
+		holder := gridOrder(w)[gr]
+		if err := checkResults(bc.dt, computeReference(bc.dt, bc.op, blocks), [][]byte{out[holder]}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (bc blockCase) runAllGather(t testing.TB) error {
+	w, err := tryWorld(bc.cfg, bc.opts...)
+	require.NoError(t, err)
+	defer w.close()
+	W, es := w.size(), bc.dt.Size()
+	rng := rand.New(rand.NewPCG(bc.seed, 2))
+	in := randomInputs(rng, bc.dt, fairgo.Sum, W, bc.c)
+	recv := make([]fairgo.Tensor, W)
+	send := make([]fairgo.Tensor, W)
+	var works []*hier.Work
+	for g, r := range w.reducers {
+		dev := w.cluster.Device(g)
+		var err error
+		recv[g], err = dev.AllocTensor(int64(W*bc.c), bc.dt)
+		require.NoError(t, err)
+		if bc.inPlace {
+			send[g] = recv[g].Slice(int64(r.Grid().Rank()*bc.c), int64(bc.c))
+		} else {
+			send[g], err = dev.AllocTensor(int64(bc.c), bc.dt)
+			require.NoError(t, err)
+		}
+		if bc.c > 0 {
+			require.NoError(t, dev.Upload(send[g].Ptr, in[g]))
+		}
+		works = append(works, r.AllGather(context.Background(), send[g], recv[g]))
+	}
+	if err := waitAll(works); err != nil {
+		return err
+	}
+	var want []byte
+	for _, g := range gridOrder(w) {
+		want = append(want, in[g]...)
+	}
+	for g, o := range w.download(t, recv) {
+		if !bytes.Equal(o, want) {
+			return errorf("rank %d: gathered blocks differ (%d bytes, %d per block)", g, len(o), bc.c*es)
+		}
+	}
+	return nil
+}
+
+func TestReduceScatterProperty(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) { require.NoError(rt, drawBlockCase(rt).runReduceScatter(t)) })
+}
+
+func TestAllGatherProperty(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) { require.NoError(rt, drawBlockCase(rt).runAllGather(t)) })
+}
+
+func TestBroadcastAndAllToAll(t *testing.T) {
+	order := []int{2, 0, 3, 1}
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 9, Jitter: 10 * time.Microsecond, RankOrder: order})
+	W := w.size()
+	rng := rand.New(rand.NewPCG(7, 7))
+	ctx := context.Background()
+
+	const n = 1001
+	in := randomInputs(rng, fairgo.Uint32, fairgo.Sum, W, n)
+	ts := w.upload(t, fairgo.Uint32, in)
+	var works []*hier.Work
+	for g, r := range w.reducers {
+		works = append(works, r.Broadcast(ctx, ts[g], 2))
+	}
+	require.NoError(t, waitAll(works))
+	for g, o := range w.download(t, ts) {
+		require.Equal(t, in[2], o, "rank %d", g)
+	}
+
+	const c = 37 // elements per peer
+	in = randomInputs(rng, fairgo.Int8, fairgo.Sum, W, W*c)
+	send := w.upload(t, fairgo.Int8, in)
+	recv := w.upload(t, fairgo.Int8, randomInputs(rng, fairgo.Int8, fairgo.Sum, W, W*c))
+	works = nil
+	for g, r := range w.reducers {
+		works = append(works, r.AllToAll(ctx, send[g], recv[g]))
+	}
+	require.NoError(t, waitAll(works))
+	for g, o := range w.download(t, recv) {
+		for k := 0; k < W; k++ {
+			require.Equal(t, in[k][g*c:(g+1)*c], o[k*c:(k+1)*c], "rank %d block from %d", g, k)
+		}
+	}
+
+	// Uneven: rank i sends i+k+1 elements to rank k.
+	count := func(i, k int) int { return i + k + 1 }
+	sendData := make([][]byte, W)
+	for i := range sendData {
+		total := 0
+		for k := 0; k < W; k++ {
+			total += count(i, k)
+		}
+		sendData[i] = randomInputs(rng, fairgo.Uint8, fairgo.Sum, 1, total)[0]
+	}
+	send = w.upload(t, fairgo.Uint8, sendData)
+	recv = make([]fairgo.Tensor, W)
+	works = nil
+	for i, r := range w.reducers {
+		var sc, rc []int64
+		total := 0
+		for k := 0; k < W; k++ {
+			sc = append(sc, int64(count(i, k)))
+			rc = append(rc, int64(count(k, i)))
+			total += count(k, i)
+		}
+		var err error
+		recv[i], err = w.cluster.Device(i).AllocTensor(int64(total), fairgo.Uint8)
+		require.NoError(t, err)
+		works = append(works, r.AllToAllv(ctx, send[i], sc, recv[i], rc))
+	}
+	require.NoError(t, waitAll(works))
+	for i, o := range w.download(t, recv) {
+		off := 0
+		for k := 0; k < W; k++ {
+			from := 0
+			for j := 0; j < i; j++ {
+				from += count(k, j)
+			}
+			require.Equal(t, sendData[k][from:from+count(k, i)], o[off:off+count(k, i)], "rank %d from %d", i, k)
+			off += count(k, i)
+		}
+	}
+}

@@ -1,0 +1,295 @@
+package hier
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/padding"
+	"github.com/fairgo/fairgo/staging"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// engine is the goroutine that owns all enqueueing for the device, in call
+// order. It exits when the Reducer is closed, after the watcher has seen the
+// end of all device work, and frees the engine's memory.
+func (r *Reducer) engine(ready chan<- error) {
+	defer close(r.engineDone)
+	release, err := r.dev.Bind()
+	if err != nil {
+		close(r.watchCh)
+		ready <- fmt.Errorf("hier: binding the engine to the device: %w", err)
+		return
+	}
+	defer release()
+	if r.chain, err = streams.NewChain(r.dev); err != nil {
+		close(r.watchCh)
+		ready <- fmt.Errorf("hier: %w", err)
+		return
+	}
+	ready <- nil
+	for {
+		q := r.next()
+		if q == nil {
+			break
+		}
+		r.execute(q)
+	}
+	close(r.watchCh)
+	grace := time.NewTimer(r.closeGrace())
+	select {
+	case <-r.watchDone:
+	case <-grace.C:
+		r.abort(fmt.Errorf("%w: the Reducer was closed with work still running", fairgo.ErrClosed))
+		<-r.watchDone
+	}
+	grace.Stop()
+	var errs []error
+	if r.stagingR != nil {
+		errs = append(errs, r.stagingR.Close())
+	}
+	if r.paddingR != nil {
+		errs = append(errs, r.paddingR.Close())
+	}
+	if r.owns {
+		for _, c := range r.commList() {
+			errs = append(errs, c.Close())
+		}
+		errs = append(errs, r.dev.Close())
+	}
+	r.closeErr = errors.Join(errs...)
+}
+
+// next blocks until a request is queued, or returns nil once closed.
+func (r *Reducer) next() *request {
+	for {
+		r.mu.Lock()
+		if len(r.queue) > 0 {
+			q := r.queue[0]
+			r.queue[0] = nil
+			r.queue = r.queue[1:]
+			r.mu.Unlock()
+			return q
+		}
+		closed := r.closed
+		r.mu.Unlock()
+		if closed {
+			return nil
+		}
+		<-r.wake
+	}
+}
+
+// execute enqueues one request's device work and hands its completion event
+// to the watcher.
+func (r *Reducer) execute(q *request) {
+	fail := func(err error) {
+		q.work.finish(err)
+		r.events.put(q.after)
+	}
+	if err := q.ctx.Err(); err != nil {
+		fail(err)
+		return
+	}
+	if cause := r.brokenCause(); cause != nil {
+		fail(fmt.Errorf("hier: %v: %w", q, cause))
+		return
+	}
+	for _, t := range []fairgo.Tensor{q.a, q.b} {
+		if t.Count == 0 {
+			continue
+		}
+		if err := r.dev.CheckRange(t.Ptr, t.ByteLen()); err != nil {
+			fail(fmt.Errorf("hier: %v: %w", q, err))
+			return
+		}
+	}
+	first := r.chain.Stream(streams.ReduceScatter)
+	if err := r.waitOverlaps(q, first); err != nil {
+		r.abortAfterEnqueueError(q, err)
+		return
+	}
+	last, err := r.dispatch(q)
+	if err != nil {
+		r.abortAfterEnqueueError(q, err)
+		return
+	}
+	if last == nil { // nothing to do on the device
+		q.work.markEnqueued(nil)
+		fail(nil)
+		return
+	}
+	ev, err := r.events.get()
+	if err == nil {
+		err = ev.Record(last)
+	}
+	if err != nil {
+		r.abortAfterEnqueueError(q, err)
+		return
+	}
+	q.work.markEnqueued(ev)
+	lo, hi := q.span()
+	r.mu.Lock()
+	r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, work: q.work})
+	r.mu.Unlock()
+	p := pending{req: q, ev: ev, start: time.Now()}
+	r.watchCh <- p
+}
+
+// abortAfterEnqueueError handles a failure in the middle of enqueueing: the
+// peers may already have enqueued their part, so the communicators are
+// aborted rather than left to hang.
+func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
+	err = fmt.Errorf("hier: %v: enqueueing: %w", q, err)
+	r.abort(fmt.Errorf("%w: %w", fairgo.ErrAborted, err))
+	q.work.markEnqueued(nil)
+	q.work.finish(err)
+	r.events.put(q.after)
+}
+
+// span is the address range the request reads or writes.
+func (q *request) span() (lo, hi uintptr) {
+	lo, hi = q.a.Ptr, q.a.Ptr+uintptr(q.a.ByteLen())
+	if q.b.Count > 0 {
+		lo = min(lo, q.b.Ptr)
+		hi = max(hi, q.b.Ptr+uintptr(q.b.ByteLen()))
+	}
+	return lo, hi
+}
+
+// waitOverlaps makes the first stage wait for the caller's After event and
+// for every earlier call still in flight whose memory overlaps this one's.
+func (r *Reducer) waitOverlaps(q *request, first streams.Stream) error {
+	if q.after != nil {
+		if err := first.WaitEvent(q.after); err != nil {
+			return err
+		}
+	}
+	lo, hi := q.span()
+	r.mu.Lock() // held while enqueueing the waits: the watcher recycles events under it
+	defer r.mu.Unlock()
+	for _, f := range r.inflight {
+		if f.lo < hi && lo < f.hi {
+			if err := first.WaitEvent(f.ev); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// dispatch enqueues the request's stages and returns the stream its last
+// work went to, or nil when there was nothing to do.
+func (r *Reducer) dispatch(q *request) (streams.Stream, error) {
+	first := r.chain.Stream(streams.ReduceScatter)
+	g := r.grid
+	switch q.kind {
+	case kindAllReduce:
+		t := q.a
+		switch {
+		case t.Count == 0 || g.Size() == 1:
+			return nil, nil
+		case g.Machines == 1 || (r.cfg.flatThreshold != FlatNever && t.ByteLen() < r.cfg.flatThreshold):
+			return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, q.op, first)
+		}
+		return r.allReduce(t, q.op)
+	case kindReduceScatter:
+		return r.reduceScatter(q.a, q.b, q.op)
+	case kindAllGather:
+		return r.allGather(q.a, q.b)
+	case kindBroadcast:
+		if q.a.Count == 0 || g.Size() == 1 {
+			return nil, nil
+		}
+		return first, r.comms.World.Broadcast(q.a.Ptr, q.a.Ptr, q.a.Count, q.a.DType, q.root, first)
+	case kindAllToAllv:
+		if g.Size() == 1 {
+			if q.a.Count == 0 || q.sendCounts[0] == 0 {
+				return nil, nil
+			}
+			n := min(q.sendCounts[0], q.recvCounts[0])
+			return first, r.dev.CopyAsync(q.b.Ptr, q.a.Ptr, n*int64(q.a.DType.Size()), first)
+		}
+		return first, r.comms.World.AllToAllv(q.a.Ptr, q.sendCounts, prefixSums(q.sendCounts), q.b.Ptr, q.recvCounts, prefixSums(q.recvCounts), q.a.DType, first)
+	}
+	return nil, fmt.Errorf("unknown request kind %d", q.kind)
+}
+
+func prefixSums(counts []int64) []int64 {
+	out := make([]int64, len(counts))
+	var sum int64
+	for i, c := range counts {
+		out[i] = sum
+		sum += c
+	}
+	return out
+}
+
+// handoff records the end of stage from and makes the next stage wait on it
+// (unless the test hook drops that wait).
+func (r *Reducer) handoff(from streams.Stage) error {
+	if err := r.chain.Record(from); err != nil {
+		return err
+	}
+	if r.skipWait == from+1 {
+		return nil
+	}
+	return r.chain.Wait(from + 1)
+}
+
+// handoffsFrom hands off from stage from to the end of the chain.
+func (r *Reducer) handoffsFrom(from streams.Stage) error {
+	for s := from; s < streams.NumStages-1; s++ {
+		if err := r.handoff(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Reducer) stagingRing() (*staging.Ring, error) {
+	if r.stagingR == nil {
+		ring, err := staging.NewRing(r.dev, r.layout.StagingSlots, r.layout.StagingSlotBytes)
+		if err != nil {
+			return nil, err
+		}
+		r.stagingR = ring
+	}
+	return r.stagingR, nil
+}
+
+func (r *Reducer) paddingRing() (*padding.Ring, error) {
+	if r.paddingR == nil {
+		ring, err := padding.NewRing(r.dev, r.layout)
+		if err != nil {
+			return nil, err
+		}
+		r.paddingR = ring
+	}
+	return r.paddingR, nil
+}
+
+// stageOps returns the operator of the intra-machine stage and of the add
+// stage for op, and the add stage's divisor. With M > 1, Avg sums inside
+// the machine and divides once, by the world size, in the add stage.
+func (r *Reducer) stageOps(op fairgo.Op) (intra, add fairgo.Op, divisor int) {
+	if op == fairgo.Avg {
+		return fairgo.Sum, fairgo.Avg, r.grid.Size()
+	}
+	return op, op, 1
+}
+
+// uniform returns counts and displacements for a rail all-to-all of n
+// elements per peer, peer k at k·stride, skipping peer skip (−1: none).
+func uniform(m int, n, stride int64, skip int) (counts, displs []int64) {
+	counts = make([]int64, m)
+	displs = make([]int64, m)
+	for k := range counts {
+		if k != skip {
+			counts[k] = n
+		}
+		displs[k] = int64(k) * stride
+	}
+	return counts, displs
+}

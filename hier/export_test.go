@@ -1,0 +1,8 @@
+package hier
+
+import "github.com/fairgo/fairgo/streams"
+
+// SkipStageWait drops the wait of stage s on its predecessor's hand-off in
+// r's pipeline. It exists only in test builds, so that a test can prove the
+// property tests catch a missing dependency. Call it before r's first call.
+func SkipStageWait(r *Reducer, s streams.Stage) { r.skipWait = s }

@@ -1,0 +1,193 @@
+package rendezvous
+
+// The TCP store's wire format. Every message is a frame:
+//
+//	u32 length of the rest of the frame (big endian), at most MaxFrameLen
+//	u64 request id, chosen by the client and echoed in the reply
+//	u8  op code (requests) or status (replies)
+//	fields, each a u32 length followed by that many bytes
+//
+// Requests and their fields: Set(key, value), Get(key), Add(key, i64 delta
+// as 8 bytes), CompareSet(key, expected, desired), Wait(key...), Delete(key),
+// Ping(), and Cancel(u64 id of a pending request; no reply). A reply has
+// status statusOK and the result fields (Get, CompareSet: the value; Add: 8
+// bytes; Delete: one byte 0 or 1), or statusError with an error code byte and
+// a message. Replies may come in any order; a client multiplexes many
+// requests over one connection. A frame the server cannot parse gets an error
+// reply when its id could be read, and otherwise the connection is closed.
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// MaxFrameLen bounds the length word of a frame: room for CompareSet's two
+// values and a key.
+const MaxFrameLen = 2*MaxValueLen + MaxKeyLen + 1024
+
+const frameHeader = 8 + 1 // id, op
+
+type opCode uint8
+
+const (
+	opSet opCode = iota + 1
+	opGet
+	opAdd
+	opCompareSet
+	opWait
+	opDelete
+	opPing
+	opCancel
+)
+
+func (o opCode) String() string {
+	switch o {
+	case opSet:
+		return "set"
+	case opGet:
+		return "get"
+	case opAdd:
+		return "add"
+	case opCompareSet:
+		return "compare-set"
+	case opWait:
+		return "wait"
+	case opDelete:
+		return "delete"
+	case opPing:
+		return "ping"
+	case opCancel:
+		return "cancel"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+const (
+	statusOK    = 0
+	statusError = 1
+)
+
+// Error codes of an error reply; the client maps them back to sentinels.
+const (
+	codeOther    = 1
+	codeTooLarge = 2
+	codeNotCount = 3
+	codeClosed   = 4
+	codeProtocol = 5
+)
+
+func errorCode(err error) byte {
+	switch {
+	case errors.Is(err, ErrTooLarge):
+		return codeTooLarge
+	case errors.Is(err, ErrNotCounter):
+		return codeNotCount
+	case errors.Is(err, ErrClosed):
+		return codeClosed
+	case errors.Is(err, ErrProtocol):
+		return codeProtocol
+	}
+	return codeOther
+}
+
+// RemoteError is an error the server reported for one request. It unwraps
+// to the matching sentinel (ErrTooLarge, ErrNotCounter, ErrClosed,
+// ErrProtocol) when there is one.
+type RemoteError struct {
+	Op      string
+	Code    byte
+	Message string
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("rendezvous: server: %s: %s", e.Op, e.Message)
+}
+
+// Unwrap returns the sentinel matching the error code, or nil.
+func (e *RemoteError) Unwrap() error {
+	switch e.Code {
+	case codeTooLarge:
+		return ErrTooLarge
+	case codeNotCount:
+		return ErrNotCounter
+	case codeClosed:
+		return ErrClosed
+	case codeProtocol:
+		return ErrProtocol
+	}
+	return nil
+}
+
+// frame is one decoded message.
+type frame struct {
+	id     uint64
+	code   uint8 // op or status
+	fields [][]byte
+}
+
+// appendFrame encodes a frame; the caller checks the limits beforehand.
+func appendFrame(dst []byte, id uint64, code uint8, fields ...[]byte) []byte {
+	n := frameHeader
+	for _, f := range fields {
+		n += 4 + len(f)
+	}
+	dst = binary.BigEndian.AppendUint32(dst, uint32(n))
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = append(dst, code)
+	for _, f := range fields {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(len(f)))
+		dst = append(dst, f...)
+	}
+	return dst
+}
+
+// frameError is a frame that could be read whole but not parsed; the
+// connection stays usable.
+type frameError struct {
+	id  uint64
+	err error
+}
+
+func (e *frameError) Error() string { return e.err.Error() }
+func (e *frameError) Unwrap() error { return e.err }
+
+// readFrame reads one frame. An error of type *frameError leaves the stream
+// at the next frame; any other error means the stream is unusable.
+func readFrame(r *bufio.Reader) (frame, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return frame{}, err // io.EOF between frames is a clean end
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n < frameHeader {
+		return frame{}, fmt.Errorf("frame length %d shorter than its header: %w", n, ErrProtocol)
+	}
+	if n > MaxFrameLen {
+		return frame{}, fmt.Errorf("frame length %d over the limit %d: %w", n, MaxFrameLen, ErrTooLarge)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return frame{}, fmt.Errorf("truncated frame: %w", err)
+	}
+	f := frame{id: binary.BigEndian.Uint64(buf), code: buf[8]}
+	rest := buf[frameHeader:]
+	for len(rest) > 0 {
+		if len(rest) < 4 {
+			return f, &frameError{f.id, fmt.Errorf("field length cut short: %w", ErrProtocol)}
+		}
+		l := binary.BigEndian.Uint32(rest)
+		rest = rest[4:]
+		if uint64(l) > uint64(len(rest)) {
+			return f, &frameError{f.id, fmt.Errorf("field of %d bytes overruns the frame (%d left): %w", l, len(rest), ErrProtocol)}
+		}
+		f.fields = append(f.fields, rest[:l:l])
+		rest = rest[l:]
+	}
+	return f, nil
+}

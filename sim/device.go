@@ -1,0 +1,355 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// Device is one simulated GPU: its own address space (base (index+1)<<40,
+// 256-byte aligned allocations with unmapped gaps between them, zeroed when
+// allocated), streams run by goroutines, events, and the copy and reduce
+// operations of hier.Device. Every access a stream operation makes is
+// bounds-checked against the device's allocations.
+type Device struct {
+	cluster *Cluster
+	index   int // global rank
+	grid    hier.Grid
+	seed    int64
+	jitter  time.Duration
+	mem     memory
+
+	ctx    context.Context // cancelled by Close: blocked stream work gives up
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // stream goroutines
+
+	mu      sync.Mutex
+	streams []*Stream
+	closed  bool
+}
+
+var _ hier.Device = (*Device)(nil)
+
+func newDevice(c *Cluster, index int, grid hier.Grid) *Device {
+	d := &Device{cluster: c, index: index, grid: grid, seed: c.cfg.Seed, jitter: c.cfg.Jitter}
+	d.mem = memory{owner: d, limit: c.cfg.MemoryLimit}
+	d.mem.next = d.mem.base()
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	return d
+}
+
+func (d *Device) String() string {
+	return fmt.Sprintf("sim device %d (machine %d, local %d)", d.index, d.grid.Machine, d.grid.Local)
+}
+
+// Index is the device's global rank in its cluster.
+func (d *Device) Index() int { return d.index }
+
+// Grid is the device's place in the cluster's grid.
+func (d *Device) Grid() hier.Grid { return d.grid }
+
+// MemoryInUse is the number of bytes currently allocated (rounded up to
+// the allocation alignment).
+func (d *Device) MemoryInUse() int64 { return d.mem.inUse() }
+
+func (d *Device) closedErr() error { return fmt.Errorf("sim: %s closed: %w", d, fairgo.ErrClosed) }
+
+// elsewhere names the other device of the cluster an address belongs to,
+// for error messages ("" when it is none).
+func (d *Device) elsewhere(ptr uintptr) string {
+	i := int(ptr>>addrShift) - 1
+	if i == d.index || i < 0 || d.cluster == nil || i >= len(d.cluster.devices) {
+		return ""
+	}
+	return "; the address belongs to " + d.cluster.devices[i].String()
+}
+
+func (d *Device) checkOpen() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return d.closedErr()
+	}
+	return nil
+}
+
+// NewStream creates a stream (a *Stream) run by its own goroutine until the
+// device closes or the stream is destroyed.
+func (d *Device) NewStream() (streams.Stream, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, d.closedErr()
+	}
+	s := newStream(d, len(d.streams), d.seed, d.jitter)
+	d.streams = append(d.streams, s)
+	d.wg.Add(1)
+	go s.loop(d.ctx)
+	return s, nil
+}
+
+// NewEvent creates an event (an *Event) of this device.
+func (d *Device) NewEvent() (streams.Event, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	return &Event{dev: d}, nil
+}
+
+// Bind does nothing on sim (any goroutine may enqueue); it returns a no-op
+// release.
+func (d *Device) Bind() (func(), error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	return func() {}, nil
+}
+
+// Alloc allocates bytes of zeroed device memory (CUDA leaves it undefined).
+// A zero-byte allocation gets an address of its own.
+func (d *Device) Alloc(bytes int64) (uintptr, error) {
+	if err := d.checkOpen(); err != nil {
+		return 0, err
+	}
+	return d.mem.alloc(bytes)
+}
+
+// Free releases an allocation at once. Unlike cudaFree it does not wait for
+// the device: pending work that touches the memory fails with an illegal
+// address. Free(0) does nothing.
+func (d *Device) Free(ptr uintptr) error { return d.mem.free(ptr) }
+
+// CheckRange returns an error wrapping fairgo.ErrInvalidArgument, naming
+// the device and the address, unless [ptr, ptr+bytes) lies inside one
+// allocation of this device. An empty range at ptr 0 is accepted.
+func (d *Device) CheckRange(ptr uintptr, bytes int64) error { return d.mem.checkRange(ptr, bytes) }
+
+// AllocTensor allocates a tensor of count elements of dt.
+func (d *Device) AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error) {
+	t := fairgo.Tensor{Count: count, DType: dt, Bytes: count * int64(dt.Size())}
+	if err := t.Validate(); err != nil {
+		return fairgo.Tensor{}, err
+	}
+	ptr, err := d.Alloc(t.Bytes)
+	if err != nil {
+		return fairgo.Tensor{}, err
+	}
+	t.Ptr = ptr
+	return t, nil
+}
+
+// Upload copies data from the host to ptr, synchronously (it does not wait
+// for streams). The range must lie inside one allocation of this device.
+func (d *Device) Upload(ptr uintptr, data []byte) error {
+	if err := d.mem.checkRange(ptr, int64(len(data))); err != nil {
+		return fmt.Errorf("sim: upload to %s: %w", d, err)
+	}
+	if err := d.mem.write("upload", ptr, data); err != nil {
+		return fmt.Errorf("sim: upload: %w: %w", fairgo.ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// Download copies device memory at ptr into data, synchronously (it does
+// not wait for streams).
+func (d *Device) Download(ptr uintptr, data []byte) error {
+	if err := d.mem.checkRange(ptr, int64(len(data))); err != nil {
+		return fmt.Errorf("sim: download from %s: %w", d, err)
+	}
+	b, err := d.mem.read("download", ptr, int64(len(data)))
+	if err != nil {
+		return fmt.Errorf("sim: download: %w: %w", fairgo.ErrInvalidArgument, err)
+	}
+	copy(data, b)
+	return nil
+}
+
+// Synchronize waits for the work enqueued so far on every stream of the
+// device and returns the first stream error, or ctx.Err().
+func (d *Device) Synchronize(ctx context.Context) error {
+	d.mu.Lock()
+	ss := append([]*Stream(nil), d.streams...)
+	d.mu.Unlock()
+	var first error
+	for _, s := range ss {
+		if err := s.Synchronize(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+func (d *Device) forget(s *Stream) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, x := range d.streams {
+		if x == s {
+			d.streams = append(d.streams[:i], d.streams[i+1:]...)
+			return
+		}
+	}
+}
+
+// stream returns st as a stream of this device.
+func (d *Device) stream(st streams.Stream) (*Stream, error) {
+	s, ok := st.(*Stream)
+	if !ok || s == nil {
+		return nil, &fairgo.ArgError{Arg: "stream", Value: fmt.Sprintf("%T", st), Reason: "not a sim stream"}
+	}
+	if s.dev != d {
+		return nil, &fairgo.ArgError{Arg: "stream", Value: s.String(), Reason: "belongs to another device than " + d.String()}
+	}
+	return s, nil
+}
+
+// CopyAsync enqueues a copy of bytes from src to dst, both on this device.
+func (d *Device) CopyAsync(dst, src uintptr, bytes int64, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	if bytes < 0 {
+		return &fairgo.ArgError{Arg: "bytes", Value: bytes, Reason: "negative copy size"}
+	}
+	if bytes == 0 {
+		return nil
+	}
+	return s.enqueue(op{name: "copy", run: func(context.Context) error {
+		data, err := d.mem.read("copy", src, bytes)
+		if err != nil {
+			return err
+		}
+		return d.mem.write("copy", dst, data)
+	}})
+}
+
+// Copy2DAsync enqueues height copies of width bytes, row i from
+// src+i·srcPitch to dst+i·dstPitch. As in CUDA, both pitches must be at
+// least width.
+func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch int64, width, height int64, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	switch {
+	case width < 0 || height < 0:
+		return &fairgo.ArgError{Arg: "2D copy extent", Value: fmt.Sprintf("%d×%d", width, height), Reason: "negative"}
+	case width == 0 || height == 0:
+		return nil
+	case dstPitch < width || srcPitch < width:
+		return &fairgo.ArgError{Arg: "2D copy pitch", Value: fmt.Sprintf("dst %d, src %d", dstPitch, srcPitch), Reason: fmt.Sprintf("smaller than the width %d", width)}
+	}
+	return s.enqueue(op{name: "2D copy", run: func(context.Context) error {
+		rows := make([][]byte, height)
+		for i := range height {
+			row, err := d.mem.read("2D copy", src+uintptr(i*srcPitch), width)
+			if err != nil {
+				return err
+			}
+			rows[i] = row
+		}
+		for i, row := range rows {
+			if err := d.mem.write("2D copy", dst+uintptr(int64(i)*dstPitch), row); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+}
+
+// ReduceAsync enqueues the add stage's kernel (see hier.Device):
+// dst[i] = op over k in [0, n) of src[k·stride + i] for i in [0, count),
+// computed by elem.ReduceShards. dst must not overlap the sources (checked
+// here; a GPU would silently compute garbage).
+func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, rop fairgo.Op, divisor int, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !dt.Valid():
+		return &fairgo.ArgError{Arg: "dtype", Value: dt, Reason: "unknown element type", Err: fairgo.ErrUnknownDType}
+	case !rop.Valid():
+		return &fairgo.ArgError{Arg: "op", Value: rop, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp}
+	case n < 1:
+		return &fairgo.ArgError{Arg: "n", Value: n, Reason: "a reduction needs at least one source"}
+	case stride < 0 || count < 0:
+		return &fairgo.ArgError{Arg: "stride/count", Value: fmt.Sprintf("%d/%d", stride, count), Reason: "negative"}
+	case rop == fairgo.Avg && divisor < 1:
+		return &fairgo.ArgError{Arg: "divisor", Value: divisor, Reason: "avg needs a divisor of at least 1"}
+	}
+	size := int64(dt.Size())
+	bytes := count * size
+	if count == 0 {
+		return nil
+	}
+	for k := range int64(n) {
+		shard := src + uintptr(k*stride*size)
+		if overlaps(dst, bytes, shard, bytes) {
+			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("overlaps source shard %d at %#x", k, shard)}
+		}
+	}
+	return s.enqueue(op{name: "reduce", run: func(context.Context) error {
+		srcs := make([][]byte, n)
+		for k := range srcs {
+			b, err := d.mem.read("reduce", src+uintptr(int64(k)*stride*size), bytes)
+			if err != nil {
+				return err
+			}
+			srcs[k] = b
+		}
+		out := make([]byte, bytes)
+		if err := elem.ReduceShards(dt, rop, out, srcs, divisor); err != nil {
+			return fmt.Errorf("sim: reduce on %s: %w", d, err)
+		}
+		return d.mem.write("reduce", dst, out)
+	}})
+}
+
+func overlaps(a uintptr, an int64, b uintptr, bn int64) bool {
+	return an > 0 && bn > 0 && a < b+uintptr(bn) && b < a+uintptr(an)
+}
+
+// Group runs fn. Sim collectives need no fusing: each stays in order on its
+// stream, so groups nest trivially.
+func (d *Device) Group(fn func() error) error {
+	if fn == nil {
+		return &fairgo.ArgError{Arg: "fn", Value: nil, Reason: "missing group function"}
+	}
+	return fn()
+}
+
+// Close stops the device's streams: work still pending fails with an error
+// wrapping fairgo.ErrClosed, and the stream goroutines exit before Close
+// returns. Memory stays readable (Download) until the cluster closes.
+// Closing twice is a no-op.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	ss := d.streams
+	d.mu.Unlock()
+	d.cancel()
+	for _, s := range ss {
+		s.mu.Lock()
+		s.closing = true
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}
+	d.wg.Wait()
+	return nil
+}

@@ -1,0 +1,10 @@
+//go:build !cgo
+
+package topology
+
+import "fmt"
+
+// OpenNVML reports ErrNoNVML: this build has no cgo, which go-nvml needs.
+func OpenNVML() (NVML, error) {
+	return nil, fmt.Errorf("%w: built without cgo", ErrNoNVML)
+}
