@@ -29,9 +29,10 @@ type Device struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // stream goroutines
 
-	mu      sync.Mutex
-	streams []*Stream
-	closed  bool
+	mu         sync.Mutex
+	streams    []*Stream // live (not destroyed) streams
+	nextStream int
+	closed     bool
 }
 
 var _ hier.Device = (*Device)(nil)
@@ -87,7 +88,8 @@ func (d *Device) NewStream() (streams.Stream, error) {
 	if d.closed {
 		return nil, d.closedErr()
 	}
-	s := newStream(d, len(d.streams), d.seed, d.jitter)
+	s := newStream(d, d.nextStream, d.seed, d.jitter)
+	d.nextStream++
 	d.streams = append(d.streams, s)
 	d.wg.Add(1)
 	go s.loop(d.ctx)

@@ -154,19 +154,18 @@ func Build(members []Member, self int) (*Layout, error) {
 	}
 	reports := Reports(byRank)
 	for _, r := range reports {
-		owner := map[string]int{}
-		for i, dev := range r.Devices {
-			if j, dup := owner[dev]; dup {
+		owned := map[string]bool{}
+		for _, dev := range r.Devices {
+			if owned[dev] {
 				var ranks []int
 				for k, d := range r.Devices {
 					if d == dev {
 						ranks = append(ranks, r.Ranks[k])
 					}
 				}
-				_ = j
 				return nil, &DuplicateDeviceError{Machine: r.ID, Device: dev, Ranks: ranks, Machines: reports}
 			}
-			owner[dev] = i
+			owned[dev] = true
 		}
 	}
 	d := len(reports[0].Ranks)

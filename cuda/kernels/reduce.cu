@@ -110,6 +110,11 @@ template <> struct Unsigned<i8> { typedef u8 type; };
 template <> struct Unsigned<int> { typedef u32 type; };
 template <> struct Unsigned<i64> { typedef u64 type; };
 
+template <typename T> struct IsSigned { enum { value = 0 }; };
+template <> struct IsSigned<i8> { enum { value = 1 }; };
+template <> struct IsSigned<int> { enum { value = 1 }; };
+template <> struct IsSigned<i64> { enum { value = 1 }; };
+
 template <typename T> struct IsFloat { enum { value = 0 }; };
 template <> struct IsFloat<float> { enum { value = 1 }; };
 template <> struct IsFloat<double> { enum { value = 1 }; };
@@ -127,7 +132,10 @@ template <typename A> struct Arith<A, 0> {
   typedef typename Unsigned<A>::type U;
   static __device__ __forceinline__ A add(A a, A b) { return (A)(U)((U)a + (U)b); }
   static __device__ __forceinline__ A mul(A a, A b) { return (A)(U)((U)a * (U)b); }
-  static __device__ __forceinline__ A div(A a, i64 d) { return (A)(a / (A)d); }
+  // In 64 bits, so that a divisor wider than A is not truncated.
+  static __device__ __forceinline__ A div(A a, i64 d) {
+    return IsSigned<A>::value ? (A)((i64)a / d) : (A)((u64)a / (u64)d);
+  }
   static __device__ __forceinline__ A max(A a, A b) { return a > b ? a : b; }
   static __device__ __forceinline__ A min(A a, A b) { return a < b ? a : b; }
 };
