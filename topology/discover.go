@@ -3,7 +3,6 @@ package topology
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -80,7 +79,7 @@ func (s Self) Describe() (Member, error) {
 			log.Debug("topology: describing the device without NVML", "err", err)
 		}
 	}
-	dev, err := DescribeDevice(s.Ordinal, s.Host.lookup, nv)
+	dev, err := DescribeDevice(s.Ordinal, s.Host.rawLookup, nv)
 	if err != nil {
 		return Member{}, err
 	}
@@ -179,12 +178,4 @@ func incomplete(ctx context.Context, store rendezvous.Store, worldSize int) erro
 		e.Missing = []int{}
 	}
 	return e
-}
-
-// DiscoverError reports whether err came from a Discover that could not
-// complete, and returns it typed.
-func DiscoverError(err error) (*IncompleteError, bool) {
-	var ie *IncompleteError
-	ok := errors.As(err, &ie)
-	return ie, ok
 }

@@ -30,12 +30,17 @@ type Host struct {
 	ReadFile func(name string) ([]byte, error)
 }
 
-func (h Host) lookup(name string) (string, bool) {
-	f := h.Lookup
-	if f == nil {
-		f = os.LookupEnv
+// rawLookup reads a variable as it is (an empty value counts as set).
+func (h Host) rawLookup(name string) (string, bool) {
+	if h.Lookup == nil {
+		return os.LookupEnv(name)
 	}
-	v, ok := f(name)
+	return h.Lookup(name)
+}
+
+// lookup reads a variable; empty counts as unset.
+func (h Host) lookup(name string) (string, bool) {
+	v, ok := h.rawLookup(name)
 	v = strings.TrimSpace(v)
 	return v, ok && v != ""
 }

@@ -1,0 +1,432 @@
+package launch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Binaries built once for the package's tests.
+var (
+	buildOnce             sync.Once
+	buildErr              error
+	workerBin, fairrunBin string
+)
+
+func binaries(t *testing.T) (worker, fairrun string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fairrun-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goBin); err != nil {
+			goBin = "go"
+		}
+		workerBin, fairrunBin = filepath.Join(dir, "gridworker"), filepath.Join(dir, "fairrun")
+		for bin, pkg := range map[string]string{
+			workerBin:  "github.com/fairgo/fairgo/cmd/fairrun/internal/gridworker",
+			fairrunBin: "github.com/fairgo/fairgo/cmd/fairrun",
+		} {
+			out, err := exec.Command(goBin, "build", "-o", bin, pkg).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+	})
+	require.NoError(t, buildErr)
+	return workerBin, fairrunBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if workerBin != "" {
+		os.RemoveAll(filepath.Dir(workerBin))
+	}
+	os.Exit(code)
+}
+
+func TestParseArgs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args string
+		want Config
+		flag string // the flag a UsageError must name; "-": any usage error
+	}{
+		{name: "minimal", args: "--nproc-per-node 2 -- prog a -b",
+			want: Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, Program: "prog", Args: []string{"a", "-b"}}},
+		{name: "no dashes", args: "-nproc-per-node=1 prog",
+			want: Config{NProcPerNode: 1, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, Program: "prog", Args: []string{}}},
+		{name: "everything", args: "--nproc-per-node 4 --nnodes 2 --node-rank 1 --master-addr h0 --master-port 1234 --emulate-machines 2 --gpus 2 --shuffle-ranks 9 --grace 2s -- p",
+			want: Config{NProcPerNode: 4, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 1234, EmulateMachines: 2, GPUs: 2, Shuffle: true, ShuffleSeed: 9, Grace: 2 * time.Second, Program: "p", Args: []string{}}},
+		{name: "several nodes default port", args: "--nproc-per-node 1 --nnodes 2 -- p",
+			want: Config{NProcPerNode: 1, NNodes: 2, MasterAddr: DefaultMasterAddr, MasterPort: DefaultMasterPort, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+		{name: "missing nproc", args: "-- p", flag: "nproc-per-node"},
+		{name: "no program", args: "--nproc-per-node 2 --", flag: "-"},
+		{name: "unknown flag", args: "--nproc 2 -- p", flag: "-"},
+		{name: "bad seed", args: "--nproc-per-node 2 --shuffle-ranks x -- p", flag: "-"},
+		{name: "node rank too large", args: "--nproc-per-node 2 --nnodes 2 --node-rank 2 -- p", flag: "node-rank"},
+		{name: "free port with several nodes", args: "--nproc-per-node 2 --nnodes 2 --master-port 0 -- p", flag: "master-port"},
+		{name: "port out of range", args: "--nproc-per-node 2 --master-port 70000 -- p", flag: "master-port"},
+		{name: "indivisible emulation", args: "--nproc-per-node 6 --emulate-machines 4 -- p", flag: "emulate-machines"},
+		{name: "negative gpus", args: "--nproc-per-node 2 --gpus -1 -- p", flag: "gpus"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseArgs(strings.Fields(tc.args))
+			if tc.flag == "" {
+				require.NoError(t, err)
+				require.Equal(t, tc.want, got)
+				return
+			}
+			require.ErrorIs(t, err, ErrUsage)
+			if tc.flag != "-" {
+				var ue *UsageError
+				require.ErrorAs(t, err, &ue)
+				require.Equal(t, tc.flag, ue.Flag)
+				require.Contains(t, err.Error(), "--"+tc.flag)
+			}
+		})
+	}
+}
+
+func envMap(env []string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
+
+func TestPlan(t *testing.T) {
+	base := []string{"PATH=/bin", "RANK=99", "HOME=/root"}
+	host, _ := os.Hostname()
+
+	t.Run("plain", func(t *testing.T) {
+		c := Config{NProcPerNode: 3, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 555, Program: "p"}
+		ws, err := Plan(c, base, "h0:555", nil)
+		require.NoError(t, err)
+		require.Len(t, ws, 3)
+		for i, w := range ws {
+			e := envMap(w.Env)
+			require.Equal(t, strconv.Itoa(3+i), e["RANK"])
+			require.Equal(t, "6", e["WORLD_SIZE"])
+			require.Equal(t, strconv.Itoa(i), e["LOCAL_RANK"])
+			require.Equal(t, "3", e["LOCAL_WORLD_SIZE"])
+			require.Equal(t, "h0", e["MASTER_ADDR"])
+			require.Equal(t, "555", e["MASTER_PORT"])
+			require.Equal(t, "h0:555", e["FAIRGO_STORE_ADDR"])
+			require.Equal(t, "0", e["NCCL_NVLS_ENABLE"])
+			require.Equal(t, "/bin", e["PATH"], "the rest of the environment passes through")
+			require.NotContains(t, e, "CUDA_VISIBLE_DEVICES")
+			require.NotContains(t, e, "NCCL_HOSTID")
+			require.Equal(t, "1", e["GROUP_RANK"])
+			require.Equal(t, "PATH=/bin", w.Env[0], "order kept")
+		}
+	})
+
+	t.Run("NVLS kept when set", func(t *testing.T) {
+		c := Config{NProcPerNode: 1, NNodes: 1, MasterAddr: "a", Program: "p"}
+		ws, err := Plan(c, append(slices.Clone(base), "NCCL_NVLS_ENABLE=1"), "a:1", nil)
+		require.NoError(t, err)
+		require.Equal(t, "1", envMap(ws[0].Env)["NCCL_NVLS_ENABLE"])
+	})
+
+	t.Run("emulated and shuffled", func(t *testing.T) {
+		c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 4, Shuffle: true, ShuffleSeed: 3, Program: "p"}
+		ws, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1", "2"})
+		require.NoError(t, err)
+		var ranks []int
+		for i, w := range ws {
+			e := envMap(w.Env)
+			ranks = append(ranks, w.Rank)
+			require.Equal(t, strconv.Itoa(w.Rank), e["RANK"])
+			require.Equal(t, "8", e["WORLD_SIZE"])
+			require.Equal(t, strconv.Itoa(i%2), e["LOCAL_RANK"])
+			require.Equal(t, "2", e["LOCAL_WORLD_SIZE"])
+			id := fmt.Sprintf("%s-emu%d", host, i/2)
+			require.Equal(t, id, e["NCCL_HOSTID"])
+			require.Equal(t, id, e["FAIRGO_MACHINE_ID"])
+			require.Equal(t, strconv.Itoa(i%3), e["CUDA_VISIBLE_DEVICES"], "round-robin over GPUs")
+			require.Equal(t, "lo", e["NCCL_SOCKET_IFNAME"])
+			require.Equal(t, i/2, w.Machine)
+		}
+		require.NotEqual(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, ranks, "seed 3 permutes")
+		slices.Sort(ranks)
+		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, ranks)
+		again, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1", "2"})
+		require.NoError(t, err)
+		require.Equal(t, ws, again, "the seed fixes the permutation")
+	})
+
+	t.Run("gpu list", func(t *testing.T) {
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		require.Equal(t, []string{"4", "6"}, GPUList(Config{}, []string{"CUDA_VISIBLE_DEVICES=4, 6"}, log))
+		require.Equal(t, []string{"4"}, GPUList(Config{GPUs: 1}, []string{"CUDA_VISIBLE_DEVICES=4,6"}, log))
+		require.Equal(t, []string{"0", "1", "2"}, GPUList(Config{GPUs: 3}, nil, log))
+		require.NotEmpty(t, GPUList(Config{}, nil, log))
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var gridLine = regexp.MustCompile(`^\[(\d+)\] grid (\d+)x(\d+) machine (\d+) local (\d+) rank (\d+) intra \[([\d ]+)\] rail \[([\d ]+)\] machine-id (\S+) device (\S+)$`)
+
+type gridReport struct {
+	rank, machines, devices, machine, local int
+	intra, rail, machineID, device          string
+}
+
+func parseGrid(t *testing.T, out string) map[int]gridReport {
+	t.Helper()
+	reps := map[int]gridReport{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		m := gridLine.FindStringSubmatch(line)
+		require.NotNil(t, m, "unexpected line %q", line)
+		n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+		require.Equal(t, n(1), n(6), "prefix and rank agree: %q", line)
+		_, dup := reps[n(1)]
+		require.False(t, dup, "rank %d printed twice", n(1))
+		reps[n(1)] = gridReport{n(6), n(2), n(3), n(4), n(5), m[7], m[8], m[9], m[10]}
+	}
+	return reps
+}
+
+func runConfig(t *testing.T, n int, extra func(*Config), args ...string) (code int, err error, stdout, stderr string) {
+	worker, _ := binaries(t)
+	var so, se syncBuffer
+	c := Config{NProcPerNode: n, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: 5 * time.Second, Program: worker, Args: args,
+		Stdout: &so, Stderr: &se}
+	if extra != nil {
+		extra(&c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, err = Run(ctx, c)
+	return code, err, so.String(), se.String()
+}
+
+// Every worker prints the same grid and its own coordinates, for emulated
+// machines and shuffled global ranks.
+func TestRunEmulatedShuffled(t *testing.T) {
+	for _, tc := range []struct {
+		n, machines int
+		seed        uint64
+	}{{4, 2, 1}, {6, 3, 42}, {4, 4, 7}, {3, 1, 5}} {
+		t.Run(fmt.Sprintf("%dx%d", tc.machines, tc.n/tc.machines), func(t *testing.T) {
+			code, err, out, errOut := runConfig(t, tc.n, func(c *Config) {
+				c.EmulateMachines, c.GPUs, c.Shuffle, c.ShuffleSeed = tc.machines, tc.n/tc.machines, true, tc.seed
+			})
+			require.NoError(t, err, errOut)
+			require.Equal(t, 0, code)
+			reps := parseGrid(t, out)
+			require.Len(t, reps, tc.n)
+			d := tc.n / tc.machines
+			cells := map[[2]int]int{}
+			machineOf := map[string]int{}
+			for r, g := range reps {
+				require.Equal(t, tc.machines, g.machines, "rank %d", r)
+				require.Equal(t, d, g.devices, "rank %d", r)
+				cells[[2]int{g.machine, g.local}] = r
+				if m, ok := machineOf[g.machineID]; ok {
+					require.Equal(t, m, g.machine, "one emulated machine, one index")
+				}
+				machineOf[g.machineID] = g.machine
+			}
+			require.Len(t, cells, tc.n, "every (machine, local) exactly once")
+			require.Len(t, machineOf, tc.machines)
+			// Intra and rail lists agree with the coordinates.
+			for r, g := range reps {
+				var intra, rail []string
+				for l := range d {
+					intra = append(intra, strconv.Itoa(cells[[2]int{g.machine, l}]))
+				}
+				for m := range tc.machines {
+					rail = append(rail, strconv.Itoa(cells[[2]int{m, g.local}]))
+				}
+				require.Equal(t, strings.Join(intra, " "), g.intra, "rank %d", r)
+				require.Equal(t, strings.Join(rail, " "), g.rail, "rank %d", r)
+			}
+			// Machines are ordered by their smallest rank.
+			require.Equal(t, 0, reps[0].machine)
+			require.Equal(t, 0, reps[0].local)
+		})
+	}
+}
+
+func pidsOf(t *testing.T, dir string, n int) []int {
+	t.Helper()
+	var pids []int
+	for r := range n {
+		b, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(r)))
+		require.NoError(t, err)
+		pid, err := strconv.Atoi(string(b))
+		require.NoError(t, err)
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func requireGone(t *testing.T, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		err := syscall.Kill(pid, 0)
+		require.ErrorIs(t, err, syscall.ESRCH, "worker pid %d still exists", pid)
+	}
+}
+
+// One worker exits 3: fairrun exits 3 and the others are killed at once.
+func TestRunFailFast(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Now()
+	code, err, out, errOut := runConfig(t, 4, nil, "-fail-rank", "2", "-fail-code", "3", "-hang", "-pid-dir", dir)
+	require.Equal(t, 3, code, "stderr: %s", errOut)
+	require.ErrorContains(t, err, "rank 2")
+	require.Less(t, time.Since(start), 4*time.Second, "the hanging workers were not given the whole grace period")
+	require.Contains(t, errOut, "[2] failing on purpose with code 3")
+	require.Len(t, parseGrid(t, out), 4)
+	requireGone(t, pidsOf(t, dir, 4))
+}
+
+// A worker that ignores SIGTERM is killed after the grace period.
+func TestRunKillAfterGrace(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Now()
+	code, err, _, errOut := runConfig(t, 2, func(c *Config) { c.Grace = 300 * time.Millisecond },
+		"-fail-rank", "0", "-fail-code", "5", "-hang", "-ignore-term", "-pid-dir", dir)
+	require.Equal(t, 5, code, "stderr: %s", errOut)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	require.Contains(t, errOut, "ignored SIGTERM")
+	requireGone(t, pidsOf(t, dir, 2))
+}
+
+// Cancelling Run's context with a signal cause stops every worker and gives
+// 128 + the signal.
+func TestRunCancelled(t *testing.T) {
+	worker, _ := binaries(t)
+	dir := t.TempDir()
+	var so, se syncBuffer
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		code, _ := Run(ctx, Config{NProcPerNode: 3, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: 5 * time.Second,
+			Program: worker, Args: []string{"-hang", "-pid-dir", dir}, Stdout: &so, Stderr: &se})
+		done <- code
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Count(so.String(), "grid ") < 3 {
+		require.True(t, time.Now().Before(deadline), "workers never reported: %s", se.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel(&SignalError{Signal: syscall.SIGINT})
+	select {
+	case code := <-done:
+		require.Equal(t, 130, code)
+	case <-time.After(4 * time.Second):
+		t.Fatal("Run did not stop the workers")
+	}
+	requireGone(t, pidsOf(t, dir, 3))
+}
+
+func TestRunStartFailure(t *testing.T) {
+	var se syncBuffer
+	code, err := Run(context.Background(), Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr,
+		Program: filepath.Join(t.TempDir(), "missing"), Stdout: io.Discard, Stderr: &se})
+	require.Equal(t, ExitStartFailure, code)
+	require.Error(t, err)
+}
+
+// SIGTERM to the fairrun process kills its workers; fairrun exits 143.
+func TestFairrunSignal(t *testing.T) {
+	worker, fairrun := binaries(t)
+	dir := t.TempDir()
+	cmd := exec.Command(fairrun, "--nproc-per-node", "4", "--emulate-machines", "2", "--gpus", "2", "--shuffle-ranks", "11",
+		"--", worker, "-hang", "-pid-dir", dir)
+	var se syncBuffer
+	cmd.Stderr = &se
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var out []string
+	timeout := time.After(30 * time.Second)
+	for len(out) < 4 {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "fairrun ended early: %s", se.String())
+			out = append(out, l)
+		case <-timeout:
+			t.Fatalf("workers never reported; stderr: %s", se.String())
+		}
+	}
+	reps := parseGrid(t, strings.Join(out, "\n"))
+	require.Len(t, reps, 4)
+	for _, g := range reps {
+		require.Equal(t, 2, g.machines)
+		require.Equal(t, 2, g.devices)
+	}
+	pids := pidsOf(t, dir, 4)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	waited := make(chan error, 1)
+	go func() {
+		for range lines {
+		}
+		waited <- cmd.Wait()
+	}()
+	select {
+	case err := <-waited:
+		var ee *exec.ExitError
+		require.True(t, errors.As(err, &ee), "fairrun exit: %v", err)
+		require.Equal(t, 128+int(syscall.SIGTERM), ee.ExitCode(), "stderr: %s", se.String())
+	case <-time.After(4 * time.Second):
+		t.Fatalf("fairrun did not exit after SIGTERM; stderr: %s", se.String())
+	}
+	requireGone(t, pids)
+}

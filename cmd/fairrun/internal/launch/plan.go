@@ -1,0 +1,185 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Worker is one process to start.
+type Worker struct {
+	Slot    int      // index of the process on this node, 0..NProcPerNode-1
+	Rank    int      // its global rank
+	Machine int      // its (emulated) machine index; the node rank without emulation
+	GPU     string   // its CUDA_VISIBLE_DEVICES with emulation, else ""
+	Env     []string // its whole environment
+}
+
+// Plan computes every worker's environment. base is the environment the
+// workers inherit; storeAddr the "host:port" of the store; gpus the devices
+// emulated machines are spread over (ignored without emulation).
+//
+// Global ranks are NodeRank·N + slot, permuted within the node with
+// --shuffle-ranks. With --emulate-machines M, slots are cut into M
+// contiguous groups of N/M; each group gets its own NCCL_HOSTID and
+// FAIRGO_MACHINE_ID and its own LOCAL_RANK numbering, and slot i is pinned to
+// gpus[i mod len(gpus)] through CUDA_VISIBLE_DEVICES.
+func Plan(c Config, base []string, storeAddr string, gpus []string) ([]Worker, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	host, port, err := splitHostPort(storeAddr)
+	if err != nil {
+		return nil, err
+	}
+	n := c.NProcPerNode
+	perm := make([]int, n)
+	for i := range perm {
+		perm[i] = i
+	}
+	if c.Shuffle {
+		rng := rand.New(rand.NewPCG(c.ShuffleSeed, 0x6661697267))
+		rng.Shuffle(n, func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
+	}
+	groups := 1
+	if c.EmulateMachines > 0 {
+		groups = c.EmulateMachines
+		if len(gpus) == 0 {
+			return nil, fmt.Errorf("%w: no GPUs to spread emulated machines over", ErrUsage)
+		}
+	}
+	per := n / groups
+	hostname, _ := os.Hostname()
+	if hostname == "" {
+		hostname = "localhost"
+	}
+	workers := make([]Worker, n)
+	for slot := range n {
+		w := Worker{Slot: slot, Rank: c.NodeRank*n + perm[slot], Machine: c.NodeRank}
+		env := newEnv(base)
+		env.set("RANK", strconv.Itoa(w.Rank))
+		env.set("WORLD_SIZE", strconv.Itoa(c.NNodes*n))
+		env.set("LOCAL_RANK", strconv.Itoa(slot%per))
+		env.set("LOCAL_WORLD_SIZE", strconv.Itoa(per))
+		env.set("MASTER_ADDR", host)
+		env.set("MASTER_PORT", port)
+		env.set("FAIRGO_STORE_ADDR", storeAddr)
+		env.setDefault("NCCL_NVLS_ENABLE", "0") // NVLink multicast stays off unless asked for
+		if c.EmulateMachines > 0 {
+			w.Machine = c.NodeRank*groups + slot/per
+			w.GPU = gpus[slot%len(gpus)]
+			id := fmt.Sprintf("%s-emu%d", hostname, w.Machine)
+			env.set("NCCL_HOSTID", id)
+			env.set("FAIRGO_MACHINE_ID", id)
+			env.set("CUDA_VISIBLE_DEVICES", w.GPU)
+			env.setDefault("NCCL_SOCKET_IFNAME", "lo")
+		}
+		env.set("GROUP_RANK", strconv.Itoa(w.Machine))
+		w.Env = env.list()
+		workers[slot] = w
+	}
+	return workers, nil
+}
+
+func splitHostPort(addr string) (host, port string, err error) {
+	i := strings.LastIndex(addr, ":")
+	if i < 0 {
+		return "", "", fmt.Errorf("%w: store address %q is not host:port", ErrUsage, addr)
+	}
+	host, port = strings.Trim(addr[:i], "[]"), addr[i+1:]
+	return host, port, nil
+}
+
+// env is an environment that keeps its order and replaces in place.
+type env struct {
+	keys []string
+	vals map[string]string
+}
+
+func newEnv(base []string) *env {
+	e := &env{vals: map[string]string{}}
+	for _, kv := range base {
+		k, v, _ := strings.Cut(kv, "=")
+		e.set(k, v)
+	}
+	return e
+}
+
+func (e *env) set(k, v string) {
+	if _, ok := e.vals[k]; !ok {
+		e.keys = append(e.keys, k)
+	}
+	e.vals[k] = v
+}
+
+// setDefault sets k unless the user's environment already has it.
+func (e *env) setDefault(k, v string) {
+	if _, ok := e.vals[k]; !ok {
+		e.set(k, v)
+	}
+}
+
+func (e *env) get(k string) (string, bool) { v, ok := e.vals[k]; return v, ok }
+
+func (e *env) list() []string {
+	out := make([]string, len(e.keys))
+	for i, k := range e.keys {
+		out[i] = k + "=" + e.vals[k]
+	}
+	return out
+}
+
+// GPUList returns the devices emulated machines are spread over: the
+// entries of CUDA_VISIBLE_DEVICES in base when set, else 0..n-1 with n the
+// --gpus flag, else the count from `nvidia-smi -L`, else 1.
+func GPUList(c Config, base []string, log *slog.Logger) []string {
+	if v, ok := newEnv(base).get("CUDA_VISIBLE_DEVICES"); ok && strings.TrimSpace(v) != "" {
+		var out []string
+		for _, e := range strings.Split(v, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				out = append(out, e)
+			}
+		}
+		if c.GPUs > 0 && c.GPUs < len(out) {
+			out = out[:c.GPUs]
+		}
+		return out
+	}
+	n := c.GPUs
+	if n == 0 {
+		n = countGPUs(log)
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = strconv.Itoa(i)
+	}
+	return out
+}
+
+// countGPUs asks nvidia-smi; 1 when it is missing or fails.
+func countGPUs(log *slog.Logger) int {
+	path, err := exec.LookPath("nvidia-smi")
+	if err != nil {
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "-L").Output()
+	if err != nil {
+		log.Warn("fairrun: nvidia-smi -L failed; assuming one GPU", "err", err)
+		return 1
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "GPU ") {
+			n++
+		}
+	}
+	return max(n, 1)
+}
