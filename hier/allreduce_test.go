@@ -348,7 +348,7 @@ func TestBadInput(t *testing.T) {
 		{"other device's memory", r.AllReduce(ctx, other, fairgo.Sum), fairgo.ErrInvalidArgument, ""},
 		{"range past the allocation", r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr + 32, Bytes: 64, Count: 16, DType: fairgo.Float32}, fairgo.Sum), fairgo.ErrInvalidArgument, ""},
 		{"cancelled context", r.AllReduce(cancelled, good, fairgo.Sum), context.Canceled, ""},
-		{"reduce-scatter counts", r.ReduceScatter(ctx, good, good, fairgo.Sum), fairgo.ErrInvalidArgument, "send count"},
+		{"reduce-scatter counts", r.ReduceScatter(ctx, good, good, fairgo.Sum), fairgo.ErrInvalidArgument, "recv count"},
 		{"all-gather counts", r.AllGather(ctx, good, good), fairgo.ErrInvalidArgument, "recv count"},
 		{"broadcast root", r.Broadcast(ctx, good, 4), fairgo.ErrInvalidArgument, "root"},
 		{"all-to-allv counts", r.AllToAllv(ctx, good, []int64{1, 2}, good, []int64{1, 2, 3, 4}), fairgo.ErrInvalidArgument, "sendCounts"},

@@ -212,7 +212,7 @@ func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams
 			if err := rs.WaitEvent(st.Guard); err != nil {
 				return nil, err
 			}
-			if err := r.dev.Copy2DAsync(st.Ptr, n*es, send.Ptr+uintptr(b.Offset*es), c*es, n*es, int64(g.Size()), rs); err != nil {
+			if err := r.transpose(x(0, 0), send.Ptr+uintptr(b.Offset*es), n, c, es, true, rs); err != nil {
 				return nil, err
 			}
 			if err := r.comms.IntraReduceScatter.ReduceScatter(st.Ptr, x(d, 0), int64(M)*n, dt, intraOp, rs); err != nil {
@@ -315,7 +315,7 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 			if err := r.comms.IntraAllGather.AllGather(x(d, 0), st.Ptr, int64(M)*n, dt, ag); err != nil {
 				return nil, err
 			}
-			if err := r.dev.Copy2DAsync(recv.Ptr+uintptr(b.Offset*es), c*es, st.Ptr, n*es, n*es, int64(g.Size()), ag); err != nil {
+			if err := r.transpose(st.Ptr, recv.Ptr+uintptr(b.Offset*es), n, c, es, false, ag); err != nil {
 				return nil, err
 			}
 			if err := st.Guard.Record(ag); err != nil {
@@ -347,4 +347,27 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 func (r *Reducer) stages() (rs, col, add, dif, ag streams.Stream) {
 	c := r.chain
 	return c.Stream(streams.ReduceScatter), c.Stream(streams.Collect), c.Stream(streams.Add), c.Stream(streams.Diffuse), c.Stream(streams.AllGather)
+}
+
+// transpose copies a slice of n elements of every rank's block between the
+// caller's buffer, where blocks of c elements stand in grid order (m·D+d,
+// machine-major), and a staging area laid out [D][M][n] (device-major): one
+// strided copy per local index. gather copies buffer → staging; otherwise
+// staging → buffer.
+func (r *Reducer) transpose(stage, buf uintptr, n, c, es int64, gather bool, s streams.Stream) error {
+	M, D := int64(r.grid.Machines), int64(r.grid.Devices)
+	for d := int64(0); d < D; d++ {
+		row := stage + uintptr(d*M*n*es) // [d][0] in staging
+		col := buf + uintptr(d*c*es)     // block of grid rank 0·D+d
+		var err error
+		if gather {
+			err = r.dev.Copy2DAsync(row, n*es, col, D*c*es, n*es, M, s)
+		} else {
+			err = r.dev.Copy2DAsync(col, D*c*es, row, n*es, n*es, M, s)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

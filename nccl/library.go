@@ -1,7 +1,7 @@
 // Package nccl is a cgo binding to NVIDIA's NCCL that loads libnccl with
 // dlopen at run time, so that it builds with neither NCCL nor CUDA installed.
-// Device pointers and CUDA streams (cudaStream_t, the same as CUstream) cross
-// it as uintptr, and every failure is a typed error.
+// Device pointers and CUDA streams (cudaStream_t = CUstream) cross it as
+// uintptr, and failures are typed errors that match the package's sentinels.
 package nccl
 
 import (

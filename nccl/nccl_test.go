@@ -14,6 +14,14 @@ import (
 	"github.com/fairgo/fairgo"
 )
 
+func TestMain(m *testing.M) {
+	// NVLink multicast must stay off on the shared GPU hosts.
+	if os.Getenv("NCCL_NVLS_ENABLE") == "" {
+		os.Setenv("NCCL_NVLS_ENABLE", "0")
+	}
+	os.Exit(m.Run())
+}
+
 // noLibLoaded fails the test when an earlier test leaked a reference: the
 // load tests need a fresh Load.
 func noLibLoaded(t *testing.T) {
@@ -519,5 +527,11 @@ func TestRealSingleRank(t *testing.T) {
 			t.Errorf("child Count = %d", n)
 		}
 		child.Destroy()
+	}
+}
+
+func TestVersionConstants(t *testing.T) {
+	if MinVersion != VersionCode(2, 12, 0) || ConfigMinVersion != VersionCode(2, 14, 0) || SplitMinVersion != VersionCode(2, 18, 0) {
+		t.Error("version constants disagree with VersionCode")
 	}
 }

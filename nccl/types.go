@@ -77,15 +77,15 @@ func SplitVersion(code int) (major, minor, patch int) {
 	return code / 10000, (code % 10000) / 100, code % 100
 }
 
-// Minimum versions.
-var (
-	// MinVersion is the oldest NCCL the package loads (ncclGetLastError,
+// Minimum versions, as version codes.
+const (
+	// MinVersion is the oldest NCCL the package loads (2.12: ncclGetLastError,
 	// ncclAvg and bfloat16 are all there).
-	MinVersion = VersionCode(2, 12, 0)
-	// SplitMinVersion is the first NCCL with ncclCommSplit.
-	SplitMinVersion = VersionCode(2, 18, 0)
-	// ConfigMinVersion is the first NCCL with ncclCommInitRankConfig.
-	ConfigMinVersion = VersionCode(2, 14, 0)
+	MinVersion = 21200
+	// ConfigMinVersion is the first NCCL with ncclCommInitRankConfig (2.14).
+	ConfigMinVersion = 21400
+	// SplitMinVersion is the first NCCL with ncclCommSplit (2.18).
+	SplitMinVersion = 21800
 )
 
 type dtypeMapping struct {

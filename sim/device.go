@@ -134,7 +134,8 @@ func (d *Device) CheckRange(ptr uintptr, bytes int64) error { return d.mem.check
 
 // AllocTensor allocates a tensor of count elements of dt.
 func (d *Device) AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error) {
-	t := fairgo.Tensor{Count: count, DType: dt, Bytes: count * int64(dt.Size())}
+	// Validate the shape with a stand-in address, then allocate.
+	t := fairgo.Tensor{Ptr: d.mem.base(), Count: count, DType: dt, Bytes: count * int64(dt.Size())}
 	if err := t.Validate(); err != nil {
 		return fairgo.Tensor{}, err
 	}

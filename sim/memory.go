@@ -168,3 +168,16 @@ func (m *memory) inUse() int64 {
 	defer m.mu.RUnlock()
 	return m.used
 }
+
+// release frees every allocation (the cluster closed).
+func (m *memory) release() {
+	m.mu.Lock()
+	allocs := m.allocs
+	m.allocs, m.used = nil, 0
+	m.mu.Unlock()
+	for _, a := range allocs {
+		a.mu.Lock()
+		a.freed, a.data = true, nil
+		a.mu.Unlock()
+	}
+}

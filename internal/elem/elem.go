@@ -146,12 +146,11 @@ func Combine(dt fairgo.DType, op fairgo.Op, acc, x []byte) error {
 	if len(x) != len(acc) {
 		return fmt.Errorf("elem: combine of %d bytes with %d bytes: %w", len(acc), len(x), fairgo.ErrInvalidArgument)
 	}
+	if fastCombine(dt, op, acc, x) {
+		return nil
+	}
 	n := len(acc) / dt.Size()
 	switch dt {
-	case fairgo.Float16:
-		combine(n, acc, x, ldF16, stF16, opFunc[float32](op))
-	case fairgo.BFloat16:
-		combine(n, acc, x, ldBF16, stBF16, opFunc[float32](op))
 	case fairgo.Float32:
 		combine(n, acc, x, ldF32, stF32, opFunc[float32](op))
 	case fairgo.Float64:
@@ -195,12 +194,11 @@ func ReduceShards(dt fairgo.DType, op fairgo.Op, dst []byte, srcs [][]byte, divi
 		return fmt.Errorf("elem: avg divisor %d must be at least 1: %w", divisor, fairgo.ErrInvalidArgument)
 	}
 	avg := op == fairgo.Avg
+	if fastReduce(dt, op, dst, srcs, divisor) {
+		return nil
+	}
 	n := len(dst) / dt.Size()
 	switch dt {
-	case fairgo.Float16:
-		reduce(n, dst, srcs, ldF16, stF16, opFunc[float32](op), avg, floatDiv[float32](divisor))
-	case fairgo.BFloat16:
-		reduce(n, dst, srcs, ldBF16, stBF16, opFunc[float32](op), avg, floatDiv[float32](divisor))
 	case fairgo.Float32:
 		reduce(n, dst, srcs, ldF32, stF32, opFunc[float32](op), avg, floatDiv[float32](divisor))
 	case fairgo.Float64:
@@ -231,12 +229,11 @@ func Scale(dt fairgo.DType, b []byte, divisor int) error {
 	if divisor < 1 {
 		return fmt.Errorf("elem: divisor %d must be at least 1: %w", divisor, fairgo.ErrInvalidArgument)
 	}
+	if fastScale(dt, b, divisor) {
+		return nil
+	}
 	n := len(b) / dt.Size()
 	switch dt {
-	case fairgo.Float16:
-		mapInPlace(n, b, ldF16, stF16, floatDiv[float32](divisor))
-	case fairgo.BFloat16:
-		mapInPlace(n, b, ldBF16, stBF16, floatDiv[float32](divisor))
 	case fairgo.Float32:
 		mapInPlace(n, b, ldF32, stF32, floatDiv[float32](divisor))
 	case fairgo.Float64:

@@ -266,3 +266,42 @@ func TestReduceShards16BitRoundsOnce(t *testing.T) {
 		require.Equal(t, want, dst)
 	})
 }
+
+// unaligned copies b to an odd address, defeating the typed fast paths.
+func unaligned(b []byte) []byte {
+	buf := make([]byte, len(b)+1)
+	copy(buf[1:], b)
+	return buf[1:]
+}
+
+// The element-by-element paths (unaligned buffers) agree with the typed fast
+// paths bit for bit.
+func TestSlowAndFastPathsAgree(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dt")
+		op := rapid.SampledFrom(fairgo.Ops).Draw(t, "op")
+		n := rapid.IntRange(1, 12).Draw(t, "elems")
+		k := rapid.IntRange(1, 4).Draw(t, "srcs")
+		div := rapid.IntRange(1, 9).Draw(t, "divisor")
+		srcs := make([][]byte, k)
+		slow := make([][]byte, k)
+		for j := range srcs {
+			srcs[j] = make([]byte, n*dt.Size())
+			copy(srcs[j], rapid.SliceOfN(rapid.Byte(), n*dt.Size(), n*dt.Size()).Draw(t, "src"))
+			slow[j] = unaligned(srcs[j])
+		}
+		fast, sl := make([]byte, n*dt.Size()), unaligned(make([]byte, n*dt.Size()))
+		require.NoError(t, ReduceShards(dt, op, fast, srcs, div))
+		require.NoError(t, ReduceShards(dt, op, sl, slow, div))
+		require.Equal(t, fast, []byte(sl), "reduce")
+
+		acc, accSlow := append([]byte{}, srcs[0]...), unaligned(srcs[0])
+		require.NoError(t, Combine(dt, op, acc, srcs[k-1]))
+		require.NoError(t, Combine(dt, op, accSlow, slow[k-1]))
+		require.Equal(t, acc, []byte(accSlow), "combine")
+
+		require.NoError(t, Scale(dt, acc, div))
+		require.NoError(t, Scale(dt, accSlow, div))
+		require.Equal(t, acc, []byte(accSlow), "scale")
+	})
+}

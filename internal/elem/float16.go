@@ -6,13 +6,31 @@ import "math"
 // even), returning its bits. Values beyond the largest finite half overflow to
 // infinity, tiny values become half denormals or zero, and a NaN stays a NaN
 // (quieted, keeping the top bits of its payload).
-func Float32ToFloat16(f float32) uint16 {
-	bits := math.Float32bits(f)
-	if bits&0x7f800000 == 0x7f800000 && bits&0x007fffff != 0 {
-		sign := uint16(bits>>16) & 0x8000
-		return sign | 0x7e00 | uint16(bits>>13)&0x03ff
+func Float32ToFloat16(f float32) uint16 { return f16FromBits(math.Float32bits(f)) }
+
+// f16FromBits is Float32ToFloat16 on float32 bits, in integer arithmetic
+// only (the bulk paths call it without float/bit conversions per element).
+func f16FromBits(bits uint32) uint16 {
+	sign := uint16(bits>>16) & 0x8000
+	abs := bits &^ 0x80000000
+	switch {
+	case abs > 0x7f800000: // NaN
+		return sign | 0x7e00 | uint16(abs>>13)&0x03ff
+	case abs >= 0x47800000: // ≥ 2^16 or infinity
+		return sign | 0x7c00
+	case abs < 0x38800000: // below 2^-14: a denormal half or zero
+		e := abs >> 23
+		shift := 126 - e // the result counts units of 2^-24
+		if shift > 25 {
+			return sign
+		}
+		return sign | uint16(roundShift(uint64(abs&0x7fffff|0x800000), uint(shift)))
 	}
-	return uint16(encode(float64(f), 5, 10))
+	// Normal (after F. Giesen's float_to_half_fast3_rtne): rebias the
+	// exponent and round to nearest even; a carry into the exponent, up to
+	// infinity, is correct by construction.
+	abs += 0xc8000fff + (abs>>13)&1
+	return sign | uint16(abs>>13)
 }
 
 // Float64ToFloat16 rounds v to the nearest binary16 value (ties to even) in
@@ -20,29 +38,36 @@ func Float32ToFloat16(f float32) uint16 {
 func Float64ToFloat16(v float64) uint16 { return uint16(encode(v, 5, 10)) }
 
 // Float16ToFloat32 widens a binary16 value exactly (a NaN keeps its payload).
-func Float16ToFloat32(h uint16) float32 {
+func Float16ToFloat32(h uint16) float32 { return math.Float32frombits(f16Bits(h)) }
+
+// f16Bits is Float16ToFloat32 returning float32 bits, in integer arithmetic.
+func f16Bits(h uint16) uint32 {
 	sign := uint32(h&0x8000) << 16
 	exp := uint32(h>>10) & 0x1f
 	mant := uint32(h & 0x03ff)
 	switch {
 	case exp == 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	case exp == 0:
-		// Zero or denormal: mant × 2^-24, exact in float32.
-		v := float32(mant) * (1.0 / (1 << 24))
-		if sign != 0 {
-			v = -v
-		}
-		return v
+		return sign | 0x7f800000 | mant<<13
+	case exp != 0:
+		return sign | (exp+112)<<23 | mant<<13
+	case mant == 0:
+		return sign
 	}
-	return math.Float32frombits(sign | (exp-15+127)<<23 | mant<<13)
+	// A denormal, mant × 2^-24: normalize.
+	e := uint32(113)
+	for mant&0x400 == 0 {
+		mant <<= 1
+		e--
+	}
+	return sign | e<<23 | (mant&0x03ff)<<13
 }
 
 // Float32ToBFloat16 rounds f to the nearest bfloat16 value (ties to even),
 // returning its bits. Overflow gives infinity; a NaN stays a NaN (quieted,
 // keeping the top bits of its payload).
-func Float32ToBFloat16(f float32) uint16 {
-	bits := math.Float32bits(f)
+func Float32ToBFloat16(f float32) uint16 { return bf16FromBits(math.Float32bits(f)) }
+
+func bf16FromBits(bits uint32) uint16 {
 	if bits&0x7f800000 == 0x7f800000 && bits&0x007fffff != 0 {
 		return uint16(bits>>16) | 0x0040
 	}

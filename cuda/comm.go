@@ -1,0 +1,419 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/nccl"
+	"github.com/fairgo/fairgo/streams"
+)
+
+var _ hier.Comm = (*Comm)(nil)
+
+// Comm is one rank's NCCL communicator on a Device, as hier.Comm.
+type Comm struct {
+	d          *Device
+	lib        *nccl.Library
+	c          *nccl.Comm
+	name       string
+	size, rank int
+}
+
+// NewComm wraps an NCCL communicator made for d's GPU; the Comm owns it
+// (Close destroys it).
+func NewComm(d *Device, c *nccl.Comm, name string) (*Comm, error) {
+	lib, err := d.nccl()
+	if err != nil {
+		return nil, err
+	}
+	size, err := c.Count()
+	if err != nil {
+		return nil, err
+	}
+	rank, err := c.UserRank()
+	if err != nil {
+		return nil, err
+	}
+	return &Comm{d: d, lib: lib, c: c, name: name, size: size, rank: rank}, nil
+}
+
+// NCCL returns the underlying communicator.
+func (c *Comm) NCCL() *nccl.Comm { return c.c }
+
+// Device returns the communicator's device.
+func (c *Comm) Device() *Device { return c.d }
+
+// Size is the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// Rank is this rank's index.
+func (c *Comm) Rank() int { return c.rank }
+
+// Name identifies the communicator in errors and logs.
+func (c *Comm) Name() string { return c.name }
+
+func (c *Comm) String() string {
+	return fmt.Sprintf("%s (rank %d of %d on %v)", c.name, c.rank, c.size, c.d)
+}
+
+func (c *Comm) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s on %s: %w", op, c.name, err)
+}
+
+// enqueue runs one NCCL call with the device's context current and the
+// stream's handle.
+func (c *Comm) enqueue(op string, s streams.Stream, call func(stream uintptr) error) error {
+	cs, err := c.d.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.wrap(op, c.d.do(func() error {
+		if err := call(cs.Handle()); err != nil {
+			return err
+		}
+		c.d.group.note(c)
+		return nil
+	}))
+}
+
+func (c *Comm) types(dt fairgo.DType, op fairgo.Op, withOp bool) (nccl.DataType, nccl.RedOp, error) {
+	ndt, err := c.lib.DataType(dt)
+	if err != nil || !withOp {
+		return ndt, 0, err
+	}
+	nop, err := c.lib.RedOp(op)
+	return ndt, nop, err
+}
+
+// AllReduce enqueues ncclAllReduce.
+func (c *Comm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+	ndt, nop, err := c.types(dt, op, true)
+	if err != nil {
+		return err
+	}
+	return c.enqueue("all-reduce", s, func(st uintptr) error { return c.c.AllReduce(send, recv, count, ndt, nop, st) })
+}
+
+// ReduceScatter enqueues ncclReduceScatter.
+func (c *Comm) ReduceScatter(send, recv uintptr, recvCount int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+	ndt, nop, err := c.types(dt, op, true)
+	if err != nil {
+		return err
+	}
+	return c.enqueue("reduce-scatter", s, func(st uintptr) error { return c.c.ReduceScatter(send, recv, recvCount, ndt, nop, st) })
+}
+
+// AllGather enqueues ncclAllGather.
+func (c *Comm) AllGather(send, recv uintptr, sendCount int64, dt fairgo.DType, s streams.Stream) error {
+	ndt, _, err := c.types(dt, 0, false)
+	if err != nil {
+		return err
+	}
+	return c.enqueue("all-gather", s, func(st uintptr) error { return c.c.AllGather(send, recv, sendCount, ndt, st) })
+}
+
+// Broadcast enqueues ncclBroadcast.
+func (c *Comm) Broadcast(send, recv uintptr, count int64, dt fairgo.DType, root int, s streams.Stream) error {
+	ndt, _, err := c.types(dt, 0, false)
+	if err != nil {
+		return err
+	}
+	return c.enqueue("broadcast", s, func(st uintptr) error { return c.c.Broadcast(send, recv, count, ndt, root, st) })
+}
+
+// AllToAllv enqueues, in one NCCL group, a send of sendCounts[k] elements
+// from send+sendDispls[k] to each rank k and a receive of recvCounts[k]
+// elements into recv+recvDispls[k] from it; zero counts are skipped.
+func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64, dt fairgo.DType, s streams.Stream) error {
+	ndt, _, err := c.types(dt, 0, false)
+	if err != nil {
+		return err
+	}
+	for _, a := range []struct {
+		name string
+		v    []int64
+	}{{"sendCounts", sendCounts}, {"sendDispls", sendDispls}, {"recvCounts", recvCounts}, {"recvDispls", recvDispls}} {
+		if len(a.v) != c.size {
+			return &fairgo.ArgError{Arg: a.name, Value: len(a.v), Reason: fmt.Sprintf("needs one entry per rank (%d)", c.size)}
+		}
+		for k, x := range a.v {
+			if x < 0 {
+				return &fairgo.ArgError{Arg: fmt.Sprintf("%s[%d]", a.name, k), Value: x, Reason: "negative"}
+			}
+		}
+	}
+	size := int64(dt.Size())
+	return c.d.Group(func() error {
+		return c.enqueue("all-to-all", s, func(st uintptr) error {
+			for k := 0; k < c.size; k++ {
+				if n := sendCounts[k]; n > 0 {
+					if err := c.c.Send(send+uintptr(sendDispls[k]*size), n, ndt, k, st); err != nil {
+						return err
+					}
+				}
+				if n := recvCounts[k]; n > 0 {
+					if err := c.c.Recv(recv+uintptr(recvDispls[k]*size), n, ndt, k, st); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// Err reports an asynchronous failure of the communicator
+// (ncclCommGetAsyncError), ErrAborted-wrapping errors after Abort, or nil.
+func (c *Comm) Err() error {
+	st, err := c.c.GetAsyncError()
+	if err != nil {
+		return c.wrap("async error", err)
+	}
+	if st == nccl.Success || st == nccl.InProgress {
+		return nil
+	}
+	return c.wrap("async error", &nccl.Error{Code: st, Op: "ncclCommGetAsyncError", Text: c.lib.GetErrorString(st)})
+}
+
+// Abort calls ncclCommAbort; it never waits for peers.
+func (c *Comm) Abort() error { return c.wrap("abort", c.c.Abort()) }
+
+// Close destroys the communicator (nothing to do after Abort).
+func (c *Comm) Close() error {
+	if c.d.alive() != nil { // NCCL selects the device itself
+		return c.wrap("destroy", c.c.Destroy())
+	}
+	return c.wrap("destroy", c.d.do(c.c.Destroy))
+}
+
+// groupState remembers the non-blocking communicators used inside a
+// Device.Group, whose readiness ncclGroupEnd may leave pending.
+type groupState struct {
+	mu      sync.Mutex
+	depth   int
+	pending []*Comm
+}
+
+func (g *groupState) note(c *Comm) {
+	if !c.c.NonBlocking() {
+		return
+	}
+	g.mu.Lock()
+	if g.depth > 0 {
+		g.pending = append(g.pending, c)
+	}
+	g.mu.Unlock()
+}
+
+// Group runs fn between ncclGroupStart and ncclGroupEnd on one locked OS
+// thread with the device's context current, so the communicator calls fn
+// makes are fused into one launch. ncclGroupEnd runs even when fn fails.
+func (d *Device) Group(fn func() error) error {
+	lib, err := d.nccl()
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		if err := lib.GroupStart(); err != nil {
+			return err
+		}
+		d.group.mu.Lock()
+		d.group.depth++
+		d.group.mu.Unlock()
+		ferr := fn()
+		d.group.mu.Lock()
+		d.group.depth--
+		var pending []*Comm
+		if d.group.depth == 0 {
+			pending, d.group.pending = d.group.pending, nil
+		}
+		d.group.mu.Unlock()
+		eerr := lib.GroupEnd()
+		if errors.Is(eerr, nccl.ErrInProgress) {
+			eerr = nil
+			for _, c := range pending {
+				eerr = errors.Join(eerr, c.c.WaitReady(context.Background()))
+			}
+		}
+		return errors.Join(ferr, eerr)
+	})
+}
+
+// NewLocalRanks builds, in one process, a machines × perMachine grid over
+// devs (rank r = m·perMachine + d runs on devs[r], each GPU once) and the
+// five NCCL communicators of every rank, each made like ncclCommInitAll
+// (a unique id, then every member's ncclCommInitRank inside one group).
+// One-rank intra or rail communicators are left nil, as hier allows. The
+// caller keeps the devices; CloseRanks destroys the communicators.
+func NewLocalRanks(devs []*Device, machines, perMachine int) ([]hier.Rank, error) {
+	if machines < 1 || perMachine < 1 || len(devs) != machines*perMachine {
+		return nil, &fairgo.ArgError{Arg: "grid", Value: fmt.Sprintf("%d×%d over %d devices", machines, perMachine, len(devs)),
+			Reason: "needs machines, perMachine ≥ 1 and one device per rank"}
+	}
+	seen := map[int]bool{}
+	for _, d := range devs {
+		if d == nil || d.alive() != nil {
+			return nil, &fairgo.ArgError{Arg: "device", Value: d, Reason: "nil or closed"}
+		}
+		if seen[d.ordinal] {
+			return nil, &fairgo.ArgError{Arg: "device", Value: d, Reason: "used twice; one rank per GPU"}
+		}
+		seen[d.ordinal] = true
+	}
+	lib, err := nccl.Load()
+	if err != nil {
+		return nil, err
+	}
+	defer lib.Close()
+
+	M, D := machines, perMachine
+	ranks := make([]hier.Rank, M*D)
+	for r := range ranks {
+		ranks[r] = hier.Rank{Grid: hier.Grid{Machines: M, Devices: D, Machine: r / D, Local: r % D}, Device: devs[r]}
+	}
+	fail := func(err error) ([]hier.Rank, error) {
+		return nil, errors.Join(err, CloseRanks(ranks))
+	}
+	// clique makes one communicator over the given ranks (in comm-rank order)
+	// and stores each member's handle with set.
+	clique := func(name string, members []int, set func(r int, c hier.Comm)) error {
+		if len(members) == 1 {
+			return nil
+		}
+		group := make([]*Device, len(members))
+		for i, r := range members {
+			group[i] = devs[r]
+		}
+		comms, err := initClique(lib, group)
+		if err != nil {
+			return fmt.Errorf("cuda: creating communicator %s: %w", name, err)
+		}
+		for i, r := range members {
+			cc, err := NewComm(devs[r], comms[i], name)
+			if err != nil {
+				for _, x := range comms[i:] {
+					_ = x.Abort()
+				}
+				return err
+			}
+			set(r, cc)
+		}
+		return nil
+	}
+	all := make([]int, M*D)
+	for r := range all {
+		all[r] = r
+	}
+	if M*D == 1 {
+		comms, err := initClique(lib, devs)
+		if err != nil {
+			return nil, err
+		}
+		cc, err := NewComm(devs[0], comms[0], "world")
+		if err != nil {
+			_ = comms[0].Abort()
+			return nil, err
+		}
+		ranks[0].Comms.World = cc
+		return ranks, nil
+	}
+	if err := clique("world", all, func(r int, c hier.Comm) { ranks[r].Comms.World = c }); err != nil {
+		return fail(err)
+	}
+	for m := 0; m < M; m++ {
+		members := make([]int, D)
+		for d := range members {
+			members[d] = m*D + d
+		}
+		if err := clique(fmt.Sprintf("intra-rs/machine=%d", m), members, func(r int, c hier.Comm) { ranks[r].Comms.IntraReduceScatter = c }); err != nil {
+			return fail(err)
+		}
+		if err := clique(fmt.Sprintf("intra-ag/machine=%d", m), members, func(r int, c hier.Comm) { ranks[r].Comms.IntraAllGather = c }); err != nil {
+			return fail(err)
+		}
+	}
+	for d := 0; d < D; d++ {
+		members := make([]int, M)
+		for m := range members {
+			members[m] = m*D + d
+		}
+		if err := clique(fmt.Sprintf("rail-collect/local=%d", d), members, func(r int, c hier.Comm) { ranks[r].Comms.RailCollect = c }); err != nil {
+			return fail(err)
+		}
+		if err := clique(fmt.Sprintf("rail-diffuse/local=%d", d), members, func(r int, c hier.Comm) { ranks[r].Comms.RailDiffuse = c }); err != nil {
+			return fail(err)
+		}
+	}
+	return ranks, nil
+}
+
+// initClique is ncclCommInitAll over the devices' primary contexts.
+func initClique(lib *nccl.Library, devs []*Device) ([]*nccl.Comm, error) {
+	id, err := lib.GetUniqueId()
+	if err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	prev, err := ctxGet()
+	if err != nil {
+		return nil, err
+	}
+	defer ctxSet(prev)
+	if err := lib.GroupStart(); err != nil {
+		return nil, err
+	}
+	comms := make([]*nccl.Comm, len(devs))
+	var errs []error
+	for i, d := range devs {
+		if err := ctxSet(d.ctx); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		c, err := lib.CommInitRank(len(devs), id, i)
+		comms[i] = c
+		errs = append(errs, err)
+	}
+	errs = append(errs, lib.GroupEnd())
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range comms {
+			if c != nil {
+				_ = c.Abort()
+			}
+		}
+		return nil, err
+	}
+	return comms, nil
+}
+
+// CloseRanks destroys the communicators of ranks made by NewLocalRanks (the
+// devices stay open). Each rank destroys its own on a goroutine of its own,
+// all in the same order, in case the NCCL in use synchronises peers there.
+func CloseRanks(ranks []hier.Rank) error {
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for i := range ranks {
+		wg.Add(1)
+		go func(c *hier.Comms) {
+			defer wg.Done()
+			for _, p := range []*hier.Comm{&c.World, &c.IntraReduceScatter, &c.IntraAllGather, &c.RailCollect, &c.RailDiffuse} {
+				if *p != nil {
+					errs[i] = errors.Join(errs[i], (*p).Close())
+					*p = nil
+				}
+			}
+		}(&ranks[i].Comms)
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,155 @@
+//go:build cuda
+
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// reducePTX is cuda/kernels/reduce.cu compiled by `make ptx` (nvcc -ptx
+// -arch=compute_70); the driver JIT-compiles it for the GPU at Open.
+//
+//go:embed kernels/reduce.ptx
+var reducePTX string
+
+const blockSize = 256
+
+type reduceKey struct {
+	op fairgo.Op
+	dt fairgo.DType
+}
+
+type kernels struct {
+	module cModule
+	reduce map[reduceKey]cFunction
+	fill   map[fairgo.DType]cFunction
+	delay  cFunction
+}
+
+// ReduceKernelName is the PTX entry point of a reduction ("fg_reduce_sum_float16").
+func ReduceKernelName(op fairgo.Op, dt fairgo.DType) string {
+	return fmt.Sprintf("fg_reduce_%v_%v", op, dt)
+}
+
+func loadKernels(ctx cContext) (*kernels, error) {
+	m, log, err := moduleLoad(ctx, reducePTX)
+	if err != nil {
+		if log != "" {
+			return nil, fmt.Errorf("loading the reduce kernels: %w; JIT log: %s", err, log)
+		}
+		return nil, fmt.Errorf("loading the reduce kernels: %w", err)
+	}
+	k := &kernels{module: m, reduce: map[reduceKey]cFunction{}, fill: map[fairgo.DType]cFunction{}}
+	fail := func(err error) (*kernels, error) {
+		_ = moduleUnload(ctx, m)
+		return nil, err
+	}
+	for _, dt := range fairgo.DTypes {
+		for _, op := range fairgo.Ops {
+			f, err := moduleFunction(ctx, m, ReduceKernelName(op, dt))
+			if err != nil {
+				return fail(err)
+			}
+			k.reduce[reduceKey{op, dt}] = f
+		}
+		f, err := moduleFunction(ctx, m, "fg_fill_"+dt.String())
+		if err != nil {
+			return fail(err)
+		}
+		k.fill[dt] = f
+	}
+	if k.delay, err = moduleFunction(ctx, m, "fg_delay"); err != nil {
+		return fail(err)
+	}
+	return k, nil
+}
+
+// grid sizes a grid-stride launch over count elements of dt, processed 16
+// bytes per thread where the data allows.
+func (d *Device) grid(count int64, dt fairgo.DType) int {
+	perThread := int64(16 / dt.Size())
+	items := (count + perThread - 1) / perThread
+	blocks := (items + blockSize - 1) / blockSize
+	return int(max(1, min(blocks, int64(d.sms)*8)))
+}
+
+// ReduceAsync enqueues the add stage's kernel on s (see hier.Device):
+//
+//	dst[i] = op over k in [0, n) of src[k·stride + i],  i in [0, count)
+//
+// with Avg dividing the sum by divisor. dst may be exactly one of the
+// sources (in place), but must not partly overlap any of them.
+func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	f, ok := d.kernels.reduce[reduceKey{op, dt}]
+	switch {
+	case !dt.Valid():
+		return &fairgo.ArgError{Arg: "dtype", Value: dt, Reason: "unknown element type", Err: fairgo.ErrUnknownDType}
+	case !op.Valid() || !ok:
+		return &fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp}
+	case n < 1:
+		return &fairgo.ArgError{Arg: "sources", Value: n, Reason: "must be at least 1"}
+	case count < 0:
+		return &fairgo.ArgError{Arg: "count", Value: count, Reason: "negative"}
+	case stride < 0:
+		return &fairgo.ArgError{Arg: "stride", Value: stride, Reason: "negative"}
+	case op == fairgo.Avg && divisor < 1:
+		return &fairgo.ArgError{Arg: "divisor", Value: divisor, Reason: "must be at least 1 for avg"}
+	case count == 0:
+		return nil
+	case dst == 0 || src == 0:
+		return &fairgo.ArgError{Arg: "ptr", Value: "0", Reason: "null device address"}
+	}
+	size := int64(dt.Size())
+	for k := int64(0); k < int64(n); k++ {
+		a := src + uintptr(k*stride*size)
+		if a != dst && a < dst+uintptr(count*size) && dst < a+uintptr(count*size) {
+			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("partly overlaps source %d at %#x", k, a)}
+		}
+	}
+	if op != fairgo.Avg {
+		divisor = 1
+	}
+	return launchReduce(d.ctx, f, d.grid(count, dt), blockSize, cs.h, dst, src, int64(n), stride, count, int64(divisor))
+}
+
+// FillAsync enqueues t[i] = offset + scale·(i mod modulus), converted to
+// t's type (integers through int64, wrapping; 16-bit floats rounded to
+// nearest even). A modulus ≤ 0 means none. For tests and examples.
+func (d *Device) FillAsync(t fairgo.Tensor, offset, scale float64, modulus int64, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	if t.Count == 0 {
+		return nil
+	}
+	if modulus <= 0 {
+		modulus = t.Count
+	}
+	return launchFill(d.ctx, d.kernels.fill[t.DType], d.grid(t.Count, t.DType), blockSize, cs.h, t.Ptr, t.Count, offset, scale, modulus)
+}
+
+// DelayAsync enqueues a one-thread kernel that busy-waits for dur on the
+// GPU clock: it holds s back, for tests of stream and event ordering.
+func (d *Device) DelayAsync(dur time.Duration, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	if dur <= 0 {
+		return nil
+	}
+	return launchDelay(d.ctx, d.kernels.delay, cs.h, uint64(dur.Nanoseconds()))
+}

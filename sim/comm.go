@@ -1,0 +1,574 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/streams"
+)
+
+type kind int
+
+const (
+	kAllReduce kind = iota + 1
+	kReduceScatter
+	kAllGather
+	kBroadcast
+	kAllToAll
+)
+
+var kindNames = map[kind]string{
+	kAllReduce: "all-reduce", kReduceScatter: "reduce-scatter", kAllGather: "all-gather",
+	kBroadcast: "broadcast", kAllToAll: "all-to-all",
+}
+
+// call is what one rank enqueued.
+type call struct {
+	kind       kind
+	rank       int
+	dev        *Device
+	send, recv uintptr
+	count      int64 // all-reduce and broadcast: count; reduce-scatter: recvCount; all-gather: sendCount
+	dt         fairgo.DType
+	op         fairgo.Op
+	root       int
+	sendCounts []int64
+	sendDispls []int64
+	recvCounts []int64
+	recvDispls []int64
+}
+
+func (c *call) String() string {
+	switch c.kind {
+	case kAllReduce:
+		return fmt.Sprintf("all-reduce %v of %d %v", c.op, c.count, c.dt)
+	case kReduceScatter:
+		return fmt.Sprintf("reduce-scatter %v of %d %v per rank", c.op, c.count, c.dt)
+	case kAllGather:
+		return fmt.Sprintf("all-gather of %d %v per rank", c.count, c.dt)
+	case kBroadcast:
+		return fmt.Sprintf("broadcast of %d %v from root %d", c.count, c.dt, c.root)
+	}
+	var total int64
+	for _, n := range c.sendCounts {
+		total += n
+	}
+	return fmt.Sprintf("all-to-all of %d %v (send counts %v, receive counts %v)", total, c.dt, c.sendCounts, c.recvCounts)
+}
+
+// group is a communicator: its members and the meeting points of its calls.
+type group struct {
+	name    string
+	members []*Device // by communicator rank
+	stall   time.Duration
+
+	mu       sync.Mutex
+	meetings map[uint64]*meeting
+	err      error         // sticky failure (mismatch, stall, illegal address, abort, close)
+	failed   chan struct{} // closed when err is first set
+}
+
+// meeting gathers the ranks of one call (one sequence number).
+type meeting struct {
+	seq     uint64
+	calls   []*call
+	arrived int
+	done    chan struct{} // closed after the data movement (or its failure)
+	err     error
+}
+
+func newGroup(name string, members []*Device, stall time.Duration) *group {
+	return &group{name: name, members: members, stall: stall, meetings: map[uint64]*meeting{}, failed: make(chan struct{})}
+}
+
+func (g *group) size() int { return len(g.members) }
+
+// fail records err as the communicator's failure unless it already failed.
+func (g *group) fail(err error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.failLocked(err)
+}
+
+func (g *group) failLocked(err error) error {
+	if g.err == nil {
+		g.err = err
+		close(g.failed)
+	}
+	return g.err
+}
+
+func (g *group) failure() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+// run is a collective as its stream executes it: wait for this handle's
+// previous call (NCCL runs a communicator's calls in order), then meet the
+// other ranks.
+func (g *group) run(ctx context.Context, seq uint64, c *call, prev <-chan struct{}) error {
+	if prev != nil {
+		select {
+		case <-prev:
+		case <-g.failed:
+			return g.failure()
+		case <-ctx.Done():
+			return c.dev.closedErr()
+		}
+	}
+	return g.arrive(ctx, seq, c)
+}
+
+func (g *group) arrive(ctx context.Context, seq uint64, c *call) error {
+	n := g.size()
+	g.mu.Lock()
+	if g.err != nil {
+		defer g.mu.Unlock()
+		return g.err
+	}
+	m := g.meetings[seq]
+	if m == nil {
+		m = &meeting{seq: seq, calls: make([]*call, n), done: make(chan struct{})}
+		g.meetings[seq] = m
+	}
+	m.calls[c.rank] = c
+	m.arrived++
+	if m.arrived == n {
+		delete(g.meetings, seq)
+		g.mu.Unlock()
+		err := g.check(m)
+		if err == nil {
+			err = g.execute(m)
+		}
+		if err != nil {
+			g.fail(err)
+		}
+		m.err = err
+		close(m.done)
+		return err
+	}
+	g.mu.Unlock()
+
+	timer := time.NewTimer(g.stall)
+	defer timer.Stop()
+	var failure error
+	select {
+	case <-m.done:
+		return m.err
+	case <-ctx.Done():
+		failure = c.dev.closedErr()
+	case <-g.failed:
+	case <-timer.C:
+	}
+	g.mu.Lock()
+	if m.arrived == n { // complete and being executed: its outcome wins
+		g.mu.Unlock()
+		<-m.done
+		return m.err
+	}
+	if failure == nil {
+		failure = g.failLocked(g.stallError(m))
+	}
+	g.mu.Unlock()
+	return failure
+}
+
+// stallError describes m; the caller holds g.mu.
+func (g *group) stallError(m *meeting) *StallError {
+	e := &StallError{Comm: g.name, Seq: m.seq, Timeout: g.stall}
+	for r, c := range m.calls {
+		if c == nil {
+			e.Missing = append(e.Missing, r)
+		} else {
+			e.Arrived = append(e.Arrived, r)
+			e.Calls = append(e.Calls, c.String())
+		}
+	}
+	return e
+}
+
+// check verifies that every rank enqueued the same call.
+func (g *group) check(m *meeting) error {
+	c0 := m.calls[0]
+	ok := true
+	for _, c := range m.calls[1:] {
+		if c.kind != c0.kind || c.dt != c0.dt {
+			ok = false
+			break
+		}
+		switch c.kind {
+		case kAllReduce, kReduceScatter:
+			ok = c.count == c0.count && c.op == c0.op
+		case kAllGather:
+			ok = c.count == c0.count
+		case kBroadcast:
+			ok = c.count == c0.count && c.root == c0.root
+		}
+		if !ok {
+			break
+		}
+	}
+	if ok && c0.kind == kAllToAll {
+		for r, c := range m.calls {
+			for k, peer := range m.calls {
+				if c.sendCounts[k] != peer.recvCounts[r] {
+					ok = false
+				}
+			}
+		}
+	}
+	if ok {
+		return nil
+	}
+	e := &MismatchError{Comm: g.name, Seq: m.seq}
+	for _, c := range m.calls {
+		e.Calls = append(e.Calls, c.String())
+	}
+	return e
+}
+
+// execute moves the data of a complete, consistent call for every rank:
+// all reads into temporaries first, then all writes (so in-place
+// reduce-scatter and all-gather are correct).
+func (g *group) execute(m *meeting) error {
+	n := g.size()
+	c0 := m.calls[0]
+	dt := c0.dt
+	size := int64(dt.Size())
+	what := fmt.Sprintf("%s on %s seq %d", kindNames[c0.kind], g.name, m.seq)
+	read := func(c *call, ptr uintptr, elems int64) ([]byte, error) {
+		return c.dev.mem.read(what, ptr, elems*size)
+	}
+	write := func(c *call, ptr uintptr, data []byte) error {
+		return c.dev.mem.write(what, ptr, data)
+	}
+	switch c0.kind {
+	case kAllReduce, kReduceScatter:
+		count := c0.count
+		total := count
+		if c0.kind == kReduceScatter {
+			total = count * int64(n)
+		}
+		inputs := make([][]byte, n)
+		for r, c := range m.calls {
+			b, err := read(c, c.send, total)
+			if err != nil {
+				return err
+			}
+			inputs[r] = b
+		}
+		if c0.op == fairgo.Avg && dt.IsFloat() {
+			for _, b := range inputs {
+				if err := elem.PreMulInverse(dt, b, n); err != nil {
+					return err
+				}
+			}
+		}
+		if c0.kind == kReduceScatter {
+			for b, c := range m.calls {
+				block, err := ringReduce(inputs, int64(b)*count*size, count*size, b, dt, c0.op)
+				if err != nil {
+					return err
+				}
+				if err := write(c, c.recv, block); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		// All-reduce: a ring reduce-scatter over n chunks, then every rank
+		// receives the same bytes.
+		result := make([]byte, 0, total*size)
+		for b := range n {
+			lo, hi := total*int64(b)/int64(n), total*int64(b+1)/int64(n)
+			chunk, err := ringReduce(inputs, lo*size, (hi-lo)*size, b, dt, c0.op)
+			if err != nil {
+				return err
+			}
+			result = append(result, chunk...)
+		}
+		for _, c := range m.calls {
+			if err := write(c, c.recv, result); err != nil {
+				return err
+			}
+		}
+	case kAllGather:
+		count := c0.count
+		all := make([]byte, 0, int64(n)*count*size)
+		for _, c := range m.calls {
+			b, err := read(c, c.send, count)
+			if err != nil {
+				return err
+			}
+			all = append(all, b...)
+		}
+		for _, c := range m.calls {
+			if err := write(c, c.recv, all); err != nil {
+				return err
+			}
+		}
+	case kBroadcast:
+		root := m.calls[c0.root]
+		data, err := read(root, root.send, c0.count)
+		if err != nil {
+			return err
+		}
+		for _, c := range m.calls {
+			if err := write(c, c.recv, data); err != nil {
+				return err
+			}
+		}
+	case kAllToAll:
+		parts := make([][][]byte, n) // parts[from][to]
+		for r, c := range m.calls {
+			parts[r] = make([][]byte, n)
+			for k := range n {
+				b, err := read(c, c.send+uintptr(c.sendDispls[k]*size), c.sendCounts[k])
+				if err != nil {
+					return err
+				}
+				parts[r][k] = b
+			}
+		}
+		for k, c := range m.calls {
+			for r := range n {
+				if err := write(c, c.recv+uintptr(c.recvDispls[r]*size), parts[r][k]); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// ringReduce reduces bytes [off, off+length) of every input the way a ring
+// does for the chunk owned by rank owner: starting at rank owner+1, each hop
+// combines the next rank's data, rounded in the element type, ending at the
+// owner. Integer Avg divides the wrapped sum at the end (float Avg inputs
+// were pre-multiplied by 1/n).
+func ringReduce(inputs [][]byte, off, length int64, owner int, dt fairgo.DType, op fairgo.Op) ([]byte, error) {
+	n := len(inputs)
+	acc := slices.Clone(inputs[(owner+1)%n][off : off+length])
+	for j := 2; j <= n; j++ {
+		if err := elem.Combine(dt, op, acc, inputs[(owner+j)%n][off:off+length]); err != nil {
+			return nil, err
+		}
+	}
+	if op == fairgo.Avg && !dt.IsFloat() {
+		if err := elem.Scale(dt, acc, n); err != nil {
+			return nil, err
+		}
+	}
+	return acc, nil
+}
+
+// Comm is one rank's handle on a simulated NCCL communicator. Calls are
+// validated, numbered (a per-handle sequence assigned when enqueued) and
+// enqueued on the given stream, which must belong to the handle's device.
+// When the stream reaches a call, it waits for the handle's previous call,
+// then for every rank to reach the same sequence number; the last to arrive
+// checks that all enqueued the same call (else every rank fails with a
+// *MismatchError), moves the data for everyone with NCCL's ring arithmetic,
+// and releases them. Ranks missing for Config.StallTimeout make the others
+// fail with a *StallError. Any failure is sticky for the whole communicator
+// (Err reports it; later calls fail with it).
+type Comm struct {
+	g    *group
+	rank int
+	dev  *Device
+
+	mu     sync.Mutex
+	seq    uint64
+	tail   chan struct{} // closed when the last enqueued call has finished
+	closed bool
+}
+
+var _ hier.Comm = (*Comm)(nil)
+
+// Size is the number of ranks.
+func (c *Comm) Size() int { return c.g.size() }
+
+// Rank is this handle's rank.
+func (c *Comm) Rank() int { return c.rank }
+
+// Name identifies the communicator ("world", "intra-rs/machine=1",
+// "intra-ag/machine=1", "rail-collect/local=0", "rail-diffuse/local=0").
+func (c *Comm) Name() string { return c.g.name }
+
+// Device is the device of this rank.
+func (c *Comm) Device() *Device { return c.dev }
+
+// Seq is the sequence number the next call will get.
+func (c *Comm) Seq() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seq
+}
+
+func (c *Comm) String() string { return fmt.Sprintf("%s rank %d", c.g.name, c.rank) }
+
+func (c *Comm) badArg(arg string, v any, why string) error {
+	return &fairgo.ArgError{Arg: arg, Value: v, Reason: fmt.Sprintf("%s on %s", why, c)}
+}
+
+// enqueue numbers cl and enqueues it on st.
+func (c *Comm) enqueue(st streams.Stream, cl *call) error {
+	s, err := c.dev.stream(st)
+	if err != nil {
+		return err
+	}
+	if !cl.dt.Valid() {
+		return &fairgo.ArgError{Arg: "dtype", Value: cl.dt, Reason: "unknown element type", Err: fairgo.ErrUnknownDType}
+	}
+	if (cl.kind == kAllReduce || cl.kind == kReduceScatter) && !cl.op.Valid() {
+		return &fairgo.ArgError{Arg: "op", Value: cl.op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp}
+	}
+	if cl.count < 0 || cl.count > math.MaxInt64/int64(8*c.g.size()) {
+		return c.badArg("count", cl.count, "out of range")
+	}
+	cl.rank, cl.dev = c.rank, c.dev
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("sim: %s: %w", c, fairgo.ErrClosed)
+	}
+	seq, prev, mine := c.seq, c.tail, make(chan struct{})
+	g := c.g
+	err = s.enqueue(op{
+		name: fmt.Sprintf("%s on %s seq %d", kindNames[cl.kind], g.name, seq),
+		run:  func(ctx context.Context) error { return g.run(ctx, seq, cl, prev) },
+		done: func(error) { close(mine) },
+	})
+	if err != nil {
+		return err
+	}
+	c.seq++
+	c.tail = mine
+	return nil
+}
+
+// inPlaceOK checks the only overlap NCCL defines between a collective's
+// buffers: big[at:at+smallBytes] == small exactly.
+func (c *Comm) inPlaceOK(what string, big uintptr, bigBytes int64, small uintptr, smallBytes int64, at uintptr) error {
+	if overlaps(big, bigBytes, small, smallBytes) && small != at {
+		return c.badArg("buffers", fmt.Sprintf("%#x/%#x", big, small), what+" buffers overlap without being in place")
+	}
+	return nil
+}
+
+// AllReduce enqueues a ring all-reduce of count elements (in place when
+// send == recv). Every rank receives bit-identical results.
+func (c *Comm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+	b := count * int64(dt.Size())
+	if err := c.inPlaceOK("all-reduce", recv, b, send, b, recv); err != nil {
+		return err
+	}
+	return c.enqueue(s, &call{kind: kAllReduce, send: send, recv: recv, count: count, dt: dt, op: op})
+}
+
+// ReduceScatter enqueues a ring reduce-scatter: send holds Size()·recvCount
+// elements, rank r receives the reduction of block r. In place when
+// recv == send + Rank()·recvCount.
+func (c *Comm) ReduceScatter(send, recv uintptr, recvCount int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+	b := recvCount * int64(dt.Size())
+	if err := c.inPlaceOK("reduce-scatter", send, b*int64(c.Size()), recv, b, send+uintptr(int64(c.rank)*b)); err != nil {
+		return err
+	}
+	return c.enqueue(s, &call{kind: kReduceScatter, send: send, recv: recv, count: recvCount, dt: dt, op: op})
+}
+
+// AllGather enqueues an all-gather: recv holds Size()·sendCount elements,
+// block r from rank r. In place when send == recv + Rank()·sendCount.
+func (c *Comm) AllGather(send, recv uintptr, sendCount int64, dt fairgo.DType, s streams.Stream) error {
+	b := sendCount * int64(dt.Size())
+	if err := c.inPlaceOK("all-gather", recv, b*int64(c.Size()), send, b, recv+uintptr(int64(c.rank)*b)); err != nil {
+		return err
+	}
+	return c.enqueue(s, &call{kind: kAllGather, send: send, recv: recv, count: sendCount, dt: dt})
+}
+
+// Broadcast enqueues a broadcast of count elements from root's send to
+// every rank's recv (send is ignored on other ranks).
+func (c *Comm) Broadcast(send, recv uintptr, count int64, dt fairgo.DType, root int, s streams.Stream) error {
+	if root < 0 || root >= c.Size() {
+		return c.badArg("root", root, fmt.Sprintf("outside [0, %d)", c.Size()))
+	}
+	if root == c.rank {
+		b := count * int64(dt.Size())
+		if err := c.inPlaceOK("broadcast", recv, b, send, b, recv); err != nil {
+			return err
+		}
+	}
+	return c.enqueue(s, &call{kind: kBroadcast, send: send, recv: recv, count: count, dt: dt, root: root})
+}
+
+// AllToAllv enqueues an all-to-all: sendCounts[k] elements from
+// send+sendDispls[k] go to rank k, recvCounts[k] elements from rank k land
+// at recv+recvDispls[k]. Sends may overlap; receives must not (checked).
+// Every rank's sendCounts[k] must equal rank k's recvCounts[r], else all
+// fail with a *MismatchError.
+func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64, dt fairgo.DType, s streams.Stream) error {
+	n := c.Size()
+	for _, x := range []struct {
+		name string
+		v    []int64
+	}{{"sendCounts", sendCounts}, {"sendDispls", sendDispls}, {"recvCounts", recvCounts}, {"recvDispls", recvDispls}} {
+		if len(x.v) != n {
+			return c.badArg(x.name, x.v, fmt.Sprintf("needs %d entries", n))
+		}
+		for _, v := range x.v {
+			if v < 0 || v > math.MaxInt64/16 {
+				return c.badArg(x.name, x.v, "entries must be non-negative")
+			}
+		}
+	}
+	size := int64(dt.Size())
+	for i := range n {
+		for j := range i {
+			if overlaps(recv+uintptr(recvDispls[i]*size), recvCounts[i]*size, recv+uintptr(recvDispls[j]*size), recvCounts[j]*size) {
+				return c.badArg("recvDispls", recvDispls, fmt.Sprintf("the receives from ranks %d and %d overlap", j, i))
+			}
+		}
+	}
+	return c.enqueue(s, &call{kind: kAllToAll, send: send, recv: recv, dt: dt,
+		sendCounts: slices.Clone(sendCounts), sendDispls: slices.Clone(sendDispls),
+		recvCounts: slices.Clone(recvCounts), recvDispls: slices.Clone(recvDispls)})
+}
+
+// Err returns the communicator's sticky failure (a mismatch, a stall, an
+// illegal address in a collective, an abort, the cluster's close), or nil.
+func (c *Comm) Err() error { return c.g.failure() }
+
+// Abort fails the pending and future calls of the whole communicator (every
+// rank's handle) with an error wrapping fairgo.ErrAborted. It never blocks.
+func (c *Comm) Abort() error {
+	g := c.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err == nil {
+		g.failLocked(fmt.Errorf("sim: %s aborted by rank %d: %w", g.name, c.rank, fairgo.ErrAborted))
+	} else if !isAborted(g.err) {
+		g.err = fmt.Errorf("sim: %s aborted by rank %d after a failure (%w): %w", g.name, c.rank, g.err, fairgo.ErrAborted)
+	}
+	return nil
+}
+
+// Close destroys this handle: later calls on it fail with fairgo.ErrClosed.
+// Calls already enqueued still run.
+func (c *Comm) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return nil
+}
+
+func isAborted(err error) bool { return errors.Is(err, fairgo.ErrAborted) }
