@@ -437,7 +437,9 @@ func TestCallerStreams(t *testing.T) {
 		dev := w.cluster.Device(g)
 		s, err := dev.NewStream()
 		require.NoError(t, err)
-		src := w.upload(t, fairgo.Int32, [][]byte{in[g]})[0]
+		src, err := dev.AllocTensor(n, fairgo.Int32)
+		require.NoError(t, err)
+		require.NoError(t, dev.Upload(src.Ptr, in[g]))
 		buf, err := dev.AllocTensor(n, fairgo.Int32)
 		require.NoError(t, err)
 		out, err := dev.AllocTensor(n, fairgo.Int32)
