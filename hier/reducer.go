@@ -142,6 +142,19 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 // Grid is this rank's place in the M × D grid.
 func (r *Reducer) Grid() Grid { return r.grid }
 
+// Device is the device this Reducer enqueues on.
+func (r *Reducer) Device() Device { return r.dev }
+
+// Comms are this rank's communicators. Benchmarks use them for flat
+// baselines on the same ranks; calls on them must follow the same-order
+// rule across ranks, and interleaving them with the Reducer's own calls is
+// only safe once the Reducer's work has completed.
+func (r *Reducer) Comms() Comms { return r.comms }
+
+// WorldRank is this rank's index in the world communicator (the launcher's
+// global order).
+func (r *Reducer) WorldRank() int { return r.comms.World.Rank() }
+
 // Layout is the slice and slot geometry the options resolved to.
 func (r *Reducer) Layout() staging.Layout { return r.layout }
 
