@@ -127,8 +127,12 @@ func TestMissingEventWaitIsCaught(t *testing.T) {
 					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever)},
 					dt:   fairgo.Float32, op: fairgo.Sum, count: 6*16*10 + 5, seed: uint64(attempt),
 				}
+				require.NoError(t, c.run(t, nil), "control run without the hook")
 				err := c.run(t, func(r *hier.Reducer) { hier.SkipStageWait(r, stage) })
-				caught = err != nil
+				if err != nil {
+					caught = true
+					t.Logf("attempt %d caught it: %v", attempt, err)
+				}
 			}
 			require.True(t, caught, "dropping the %s wait went unnoticed", stage)
 		})

@@ -67,7 +67,7 @@ func (bc blockCase) runReduceScatter(t testing.TB) error {
 			recv[g] = send[g].Slice(int64(r.Grid().Rank()*bc.c), int64(bc.c))
 		} else {
 			var err error
-			recv[g], err = w.cluster.Device(g).AllocTensor(int64(bc.c), bc.dt)
+			recv[g], err = w.devs[g].AllocTensor(int64(bc.c), bc.dt)
 			require.NoError(t, err)
 		}
 		works = append(works, r.ReduceScatter(context.Background(), send[g], recv[g], bc.op))
@@ -100,7 +100,7 @@ func (bc blockCase) runAllGather(t testing.TB) error {
 	send := make([]fairgo.Tensor, W)
 	var works []*hier.Work
 	for g, r := range w.reducers {
-		dev := w.cluster.Device(g)
+		dev := w.devs[g]
 		var err error
 		recv[g], err = dev.AllocTensor(int64(W*bc.c), bc.dt)
 		require.NoError(t, err)
@@ -194,7 +194,7 @@ func TestBroadcastAndAllToAll(t *testing.T) {
 			total += count(k, i)
 		}
 		var err error
-		recv[i], err = w.cluster.Device(i).AllocTensor(int64(total), fairgo.Uint8)
+		recv[i], err = w.devs[i].AllocTensor(int64(total), fairgo.Uint8)
 		require.NoError(t, err)
 		works = append(works, r.AllToAllv(ctx, send[i], sc, recv[i], rc))
 	}

@@ -46,6 +46,7 @@ func (r *Reducer) engine(ready chan<- error) {
 	}
 	grace.Stop()
 	var errs []error
+	errs = append(errs, r.chain.Release(), r.events.release())
 	if r.stagingR != nil {
 		errs = append(errs, r.stagingR.Close())
 	}

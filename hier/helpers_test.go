@@ -17,11 +17,23 @@ import (
 	"github.com/fairgo/fairgo/sim"
 )
 
-// world is a simulated cluster with one Reducer per rank.
+// testDevice is what the tests need of a device beyond hier.Device: host
+// transfers. sim devices have it; cuda devices get an adapter.
+type testDevice interface {
+	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
+	Free(ptr uintptr) error
+	Upload(ptr uintptr, data []byte) error
+	Download(ptr uintptr, data []byte) error
+}
+
+// world is a cluster (simulated, or GPUs) with one Reducer per rank.
 type world struct {
-	cluster  *sim.Cluster
+	cluster  *sim.Cluster // nil on GPUs
+	devs     []testDevice
 	reducers []*hier.Reducer
 	m, d     int
+	closeFn  func()
+	allocs   [][]uintptr // per rank, freed by close
 }
 
 func newWorld(t testing.TB, cfg sim.Config, opts ...hier.Option) *world {
@@ -44,14 +56,41 @@ func tryWorld(cfg sim.Config, opts ...hier.Option) (*world, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	return &world{cluster: c, reducers: rs, m: cfg.Machines, d: cfg.Devices}, nil
+	devs := make([]testDevice, c.Size())
+	for g := range devs {
+		devs[g] = c.Device(g)
+	}
+	return &world{cluster: c, devs: devs, reducers: rs, m: cfg.Machines, d: cfg.Devices, closeFn: func() { _ = c.Close() }}, nil
 }
 
 func (w *world) close() {
 	for _, r := range w.reducers {
 		_ = r.Close()
 	}
-	_ = w.cluster.Close()
+	w.freeAllocs()
+	w.closeFn()
+}
+
+// freeAllocs frees the tensors allocated through w.
+func (w *world) freeAllocs() {
+	for g, ptrs := range w.allocs {
+		for _, p := range ptrs {
+			_ = w.devs[g].Free(p)
+		}
+		w.allocs[g] = nil
+	}
+}
+
+// alloc allocates a tensor on rank g's device that close frees.
+func (w *world) alloc(g int, count int64, dt fairgo.DType) (fairgo.Tensor, error) {
+	tn, err := w.devs[g].AllocTensor(count, dt)
+	if err == nil && tn.Ptr != 0 {
+		if w.allocs == nil {
+			w.allocs = make([][]uintptr, len(w.devs))
+		}
+		w.allocs[g] = append(w.allocs[g], tn.Ptr)
+	}
+	return tn, err
 }
 
 func (w *world) size() int { return len(w.reducers) }
@@ -61,11 +100,10 @@ func (w *world) upload(t testing.TB, dt fairgo.DType, data [][]byte) []fairgo.Te
 	t.Helper()
 	out := make([]fairgo.Tensor, len(data))
 	for g, b := range data {
-		dev := w.cluster.Device(g)
-		tn, err := dev.AllocTensor(int64(len(b)/dt.Size()), dt)
+		tn, err := w.alloc(g, int64(len(b)/dt.Size()), dt)
 		require.NoError(t, err)
 		if len(b) > 0 {
-			require.NoError(t, dev.Upload(tn.Ptr, b))
+			require.NoError(t, w.devs[g].Upload(tn.Ptr, b))
 		}
 		out[g] = tn
 	}
@@ -78,7 +116,7 @@ func (w *world) download(t testing.TB, ts []fairgo.Tensor) [][]byte {
 	for g, tn := range ts {
 		out[g] = make([]byte, tn.ByteLen())
 		if tn.Count > 0 {
-			require.NoError(t, w.cluster.Device(g).Download(tn.Ptr, out[g]))
+			require.NoError(t, w.devs[g].Download(tn.Ptr, out[g]))
 		}
 	}
 	return out

@@ -2,6 +2,7 @@ package hier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -439,4 +440,16 @@ func (p *eventPool) put(ev streams.Event) {
 	p.mu.Lock()
 	p.free = append(p.free, ev)
 	p.mu.Unlock()
+}
+
+// release destroys the pooled events.
+func (p *eventPool) release() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, ev := range p.free {
+		errs = append(errs, streams.Release(ev))
+	}
+	p.free = nil
+	return errors.Join(errs...)
 }

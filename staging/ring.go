@@ -70,7 +70,10 @@ func (r *Ring) Close() error {
 	if r.base == 0 {
 		return nil
 	}
-	err := r.dev.Free(r.base)
+	errs := []error{r.dev.Free(r.base)}
+	for _, s := range r.slots {
+		errs = append(errs, streams.Release(s.Guard))
+	}
 	r.base = 0
-	return err
+	return errors.Join(errs...)
 }

@@ -1,6 +1,9 @@
 package streams
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // Stage names one of the five pipeline stages of a slice.
 type Stage int
@@ -57,6 +60,31 @@ func NewChain(f Factory) (*Chain, error) {
 		c.handoffs[i] = e
 	}
 	return c, nil
+}
+
+// Release destroys the chain's streams and events where the backend offers
+// a Close or Destroy method. The work on them must be complete.
+func (c *Chain) Release() error {
+	var errs []error
+	for _, s := range c.streams {
+		errs = append(errs, Release(s))
+	}
+	for _, e := range c.handoffs {
+		errs = append(errs, Release(e))
+	}
+	return errors.Join(errs...)
+}
+
+// Release destroys a stream or event if its backend can (a Close() error or
+// Destroy() error method); otherwise it does nothing.
+func Release(x any) error {
+	switch v := x.(type) {
+	case interface{ Close() error }:
+		return v.Close()
+	case interface{ Destroy() error }:
+		return v.Destroy()
+	}
+	return nil
 }
 
 // Stream returns the stream of a stage.

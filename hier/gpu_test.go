@@ -1,0 +1,503 @@
+//go:build cuda
+
+package hier_test
+
+// The engine's tests on the GPU backend: one process drives both GPUs of the
+// test machine, with the grid declared as 1 machine × 2 devices and as 2
+// machines × 1 device. Run with -test.run GPU on a machine with 2 GPUs.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/cuda"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/staging"
+)
+
+// cudaDev adapts *cuda.Device to testDevice.
+type cudaDev struct{ *cuda.Device }
+
+func (d cudaDev) Download(ptr uintptr, data []byte) error { return d.Device.Download(data, ptr) }
+
+var gpus struct {
+	once  sync.Once
+	devs  []*cuda.Device
+	err   error
+	mu    sync.Mutex
+	ranks map[[2]int][]hier.Rank
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	gpus.mu.Lock()
+	for _, rs := range gpus.ranks {
+		_ = cuda.CloseRanks(rs)
+	}
+	gpus.mu.Unlock()
+	for _, d := range gpus.devs {
+		_ = d.Close()
+	}
+	os.Exit(code)
+}
+
+// gpuRanks returns the ranks of an M×D grid over the first M·D GPUs, built
+// once per grid and kept for the whole test binary.
+func gpuRanks(t testing.TB, m, d int) []hier.Rank {
+	t.Helper()
+	gpus.once.Do(func() {
+		n, err := cuda.Count()
+		if err != nil {
+			gpus.err = err
+			return
+		}
+		for i := 0; i < n; i++ {
+			dev, err := cuda.Open(i)
+			if err != nil {
+				gpus.err = err
+				return
+			}
+			gpus.devs = append(gpus.devs, dev)
+		}
+		gpus.ranks = map[[2]int][]hier.Rank{}
+	})
+	require.NoError(t, gpus.err)
+	if len(gpus.devs) < m*d {
+		t.Skipf("needs %d GPUs, have %d", m*d, len(gpus.devs))
+	}
+	gpus.mu.Lock()
+	defer gpus.mu.Unlock()
+	key := [2]int{m, d}
+	if rs, ok := gpus.ranks[key]; ok {
+		return rs
+	}
+	rs, err := cuda.NewLocalRanks(gpus.devs[:m*d], m, d)
+	require.NoError(t, err)
+	gpus.ranks[key] = rs
+	return rs
+}
+
+// gpuWorld builds fresh Reducers over the cached ranks of an M×D grid.
+func gpuWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
+	t.Helper()
+	rs := gpuRanks(t, m, d)
+	w := &world{m: m, d: d, closeFn: func() {}}
+	for _, rk := range rs {
+		r, err := hier.NewReducer(context.Background(), rk, opts...)
+		require.NoError(t, err)
+		w.reducers = append(w.reducers, r)
+		w.devs = append(w.devs, cudaDev{rk.Device.(*cuda.Device)})
+	}
+	t.Cleanup(w.close)
+	return w
+}
+
+var gpuGrids = [][2]int{{1, 2}, {2, 1}}
+
+// hashValue is input element i of rank g: a pure function, so large inputs
+// are generated in parallel.
+func hashValue(seed uint64, g, i int) uint64 {
+	x := seed ^ uint64(g)*0x9e3779b97f4a7c15 ^ uint64(i)*0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+func parallelChunks(n int, fn func(lo, hi int) error) error {
+	workers := runtime.GOMAXPROCS(0)
+	chunk := max(1<<16, (n+workers-1)/workers)
+	var wg sync.WaitGroup
+	errs := make([]error, (n+chunk-1)/chunk)
+	for c := 0; c*chunk < n; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[c] = fn(c*chunk, min(n, (c+1)*chunk))
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func hashInputs(dt fairgo.DType, op fairgo.Op, ranks, count int, seed uint64) [][]byte {
+	es := dt.Size()
+	out := make([][]byte, ranks)
+	for g := range out {
+		b := make([]byte, count*es)
+		_ = parallelChunks(count, func(lo, hi int) error {
+			for i := lo; i < hi; i++ {
+				h := hashValue(seed, g, i)
+				if !dt.IsFloat() {
+					for k := 0; k < es; k++ {
+						b[i*es+k] = byte(h >> (8 * k))
+					}
+					continue
+				}
+				u := float64(h>>11) / (1 << 53)
+				v := 2*u - 1
+				if op == fairgo.Prod {
+					v = 0.9 + 0.2*u
+					if h&1 == 1 {
+						v = -v
+					}
+				}
+				elem.Set(dt, b, i, v)
+			}
+			return nil
+		})
+		out[g] = b
+	}
+	return out
+}
+
+// checkParallel checks outputs against the reference in chunks.
+func checkParallel(dt fairgo.DType, op fairgo.Op, in, out [][]byte) error {
+	es := dt.Size()
+	n := len(in[0]) / es
+	return parallelChunks(n, func(lo, hi int) error {
+		sub := func(bs [][]byte) [][]byte {
+			s := make([][]byte, len(bs))
+			for g := range bs {
+				s[g] = bs[g][lo*es : hi*es]
+			}
+			return s
+		}
+		if err := checkResults(dt, computeReference(dt, op, sub(in)), sub(out)); err != nil {
+			return fmt.Errorf("elements [%d, %d): %w", lo, hi, err)
+		}
+		return nil
+	})
+}
+
+// Every dtype × op at counts {0, 1, 7, 4097, 1 Mi + 3, 64 Mi} on 1×2 and 2×1.
+func TestGPUMatrix(t *testing.T) {
+	counts := []int{0, 1, 7, 4097, 1<<20 + 3, 64 << 20}
+	for _, g := range gpuGrids {
+		t.Run(fmt.Sprintf("%dx%d", g[0], g[1]), func(t *testing.T) {
+			w := gpuWorld(t, g[0], g[1], hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(2*time.Minute))
+			start := time.Now()
+			runs := 0
+			for _, dt := range fairgo.DTypes {
+				for _, op := range fairgo.Ops {
+					for _, n := range counts {
+						in := hashInputs(dt, op, w.size(), n, uint64(n)*31+uint64(dt)*7+uint64(op))
+						out, err := w.allReduce(t, dt, op, in)
+						require.NoError(t, err, "%s %s n=%d", dt, op, n)
+						require.NoError(t, checkParallel(dt, op, in, out), "%s %s n=%d", dt, op, n)
+						runs++
+						w.freeAllocs()
+					}
+				}
+			}
+			t.Logf("grid %dx%d: %d allreduces (10 dtypes × 5 ops × %v) all correct in %v", g[0], g[1], runs, counts, time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
+// The same property test as on sim, on GPUs.
+func TestGPUProperty(t *testing.T) {
+	for _, g := range gpuGrids {
+		t.Run(fmt.Sprintf("%dx%d", g[0], g[1]), func(t *testing.T) {
+			rapid.Check(t, func(rt *rapid.T) {
+				dt := rapid.SampledFrom(fairgo.DTypes).Draw(rt, "dtype")
+				op := rapid.SampledFrom(fairgo.Ops).Draw(rt, "op")
+				count := rapid.OneOf(rapid.IntRange(0, 100), rapid.IntRange(100, 3<<20)).Draw(rt, "count")
+				bytes := int64(max(1, count*dt.Size()))
+				unit := int64(g[0]*g[1]) * staging.Align
+				par := rapid.IntRange(1, 6).Draw(rt, "parallelism")
+				slice := rapid.Int64Range(max(unit, bytes/32), 2*bytes+unit).Draw(rt, "slice")
+				w := gpuWorld(t, g[0], g[1],
+					hier.WithSliceSize(slice), hier.WithParallelism(par),
+					hier.WithStagingMemory(int64(par)*(slice+unit+int64(g[0])*staging.Align)),
+					hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, 0, bytes / 2}).Draw(rt, "flat")),
+					hier.WithTimeout(time.Minute))
+				defer w.close()
+				in := hashInputs(dt, op, w.size(), count, rapid.Uint64().Draw(rt, "seed"))
+				out, err := w.allReduce(t, dt, op, in)
+				require.NoError(rt, err)
+				require.NoError(rt, checkParallel(dt, op, in, out))
+			})
+		})
+	}
+}
+
+func TestGPUReduceScatterAllGather(t *testing.T) {
+	for _, g := range gpuGrids {
+		for _, dt := range []fairgo.DType{fairgo.Float32, fairgo.BFloat16, fairgo.Int64} {
+			for _, c := range []int{1, 7, 4097, 1<<18 + 3} {
+				name := fmt.Sprintf("%dx%d/%s/%d", g[0], g[1], dt, c)
+				t.Run(name, func(t *testing.T) {
+					w := gpuWorld(t, g[0], g[1], hier.WithSliceSize(1<<20), hier.WithTimeout(time.Minute))
+					W := w.size()
+					es := dt.Size()
+					in := hashInputs(dt, fairgo.Sum, W, W*c, uint64(c))
+					send := w.upload(t, dt, in)
+					recv := make([]fairgo.Tensor, W)
+					var works []*hier.Work
+					for i, r := range w.reducers {
+						var err error
+						recv[i], err = w.alloc(i, int64(c), dt)
+						require.NoError(t, err)
+						works = append(works, r.ReduceScatter(context.Background(), send[i], recv[i], fairgo.Sum))
+					}
+					require.NoError(t, waitAll(works))
+					out := w.download(t, recv)
+					for i, r := range w.reducers {
+						gr := r.Grid().Rank()
+						blocks := make([][]byte, W)
+						for k := range in {
+							blocks[k] = in[k][gr*c*es : (gr+1)*c*es]
+						}
+						require.NoError(t, checkResults(dt, computeReference(dt, fairgo.Sum, blocks), [][]byte{out[i]}))
+					}
+					// all-gather the reduced blocks back
+					full := make([]fairgo.Tensor, W)
+					works = nil
+					for i, r := range w.reducers {
+						var err error
+						full[i], err = w.alloc(i, int64(W*c), dt)
+						require.NoError(t, err)
+						works = append(works, r.AllGather(context.Background(), recv[i], full[i]))
+					}
+					require.NoError(t, waitAll(works))
+					var want []byte
+					byGrid := make([][]byte, W)
+					for i, r := range w.reducers {
+						byGrid[r.Grid().Rank()] = out[i]
+					}
+					for _, b := range byGrid {
+						want = append(want, b...)
+					}
+					for i, o := range w.download(t, full) {
+						require.Equal(t, want, o, "rank %d", i)
+					}
+				})
+			}
+		}
+	}
+}
+
+// Bad input on the GPU path is rejected before anything is enqueued.
+func TestGPUBadInput(t *testing.T) {
+	w := gpuWorld(t, 2, 1, hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(time.Minute))
+	ctx := context.Background()
+	host := make([]float32, 1024)
+	other, err := w.alloc(1, 1024, fairgo.Float32) // memory of GPU 1
+	require.NoError(t, err)
+	mine, err := w.alloc(0, 1024, fairgo.Float32)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		t    fairgo.Tensor
+	}{
+		{"host pointer", fairgo.Tensor{Ptr: uintptr(unsafe.Pointer(&host[0])), Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
+		{"other GPU's pointer", other},
+		{"buffer shorter than count", fairgo.Tensor{Ptr: mine.Ptr, Bytes: 4096, Count: 1025, DType: fairgo.Float32}},
+		{"range past the allocation", fairgo.Tensor{Ptr: mine.Ptr + 2048, Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
+	} {
+		err := w.reducers[0].AllReduce(ctx, tc.t, fairgo.Sum).Wait(ctx)
+		require.ErrorIs(t, err, fairgo.ErrInvalidArgument, tc.name)
+		t.Logf("%s: %v", tc.name, err)
+	}
+	runtime.KeepAlive(host)
+	// Nothing was enqueued: a valid call on both ranks still matches up.
+	in := hashInputs(fairgo.Float32, fairgo.Sum, 2, 1000, 5)
+	out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+	require.NoError(t, err)
+	require.NoError(t, checkParallel(fairgo.Float32, fairgo.Sum, in, out))
+}
+
+// bfloat16 error of fairgo is no worse than that of a flat ncclAllReduce on
+// the same data in the same process.
+func TestGPUBFloat16VersusFlatNCCL(t *testing.T) {
+	const n = 1<<22 + 3
+	dt := fairgo.BFloat16
+	for _, op := range []fairgo.Op{fairgo.Sum, fairgo.Avg} {
+		w := gpuWorld(t, 2, 1, hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(time.Minute))
+		in := hashInputs(dt, op, 2, n, 77)
+		got, err := w.allReduce(t, dt, op, in)
+		require.NoError(t, err)
+		flat := w.upload(t, dt, in)
+		flatRun(t, w, func(g int, s *cuda.Stream) error {
+			return w.reducers[g].Comms().World.AllReduce(flat[g].Ptr, flat[g].Ptr, n, dt, op, s)
+		})
+		flatOut := w.download(t, flat)
+		errOf := func(out []byte) float64 {
+			var total float64
+			for i := 0; i < n; i++ {
+				want := elem.Get(dt, in[0], i) + elem.Get(dt, in[1], i)
+				if op == fairgo.Avg {
+					want /= 2
+				}
+				total += math.Abs(elem.Get(dt, out, i) - want)
+			}
+			return total
+		}
+		fe, ne := errOf(got[0]), errOf(flatOut[0])
+		t.Logf("bfloat16 %s of %d elements on 2×1: total abs error fairgo %.6g, flat NCCL %.6g", op, n, fe, ne)
+		require.LessOrEqual(t, fe, ne*(1+1e-12))
+	}
+}
+
+// flatRun runs fn for every rank on its own goroutine, bound to its device,
+// on a fresh stream, and waits for the streams.
+func flatRun(t testing.TB, w *world, fn func(g int, s *cuda.Stream) error) {
+	var wg sync.WaitGroup
+	errs := make([]error, w.size())
+	for g := range w.reducers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev := w.devs[g].(cudaDev).Device
+			release, err := dev.Bind()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			defer release()
+			s, err := dev.CreateStream()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			defer s.Close()
+			if err := fn(g, s); err != nil {
+				errs[g] = err
+				return
+			}
+			errs[g] = s.Synchronize()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+type timing struct {
+	Grid   string  `json:"grid"`
+	Bytes  int64   `json:"bytes"`
+	Algo   string  `json:"algo"`
+	Median float64 `json:"median_us"`
+	Min    float64 `json:"min_us"`
+	Max    float64 `json:"max_us"`
+	BusBW  float64 `json:"busbw_gbps"`
+}
+
+// A first timing table: fairgo vs flat ncclAllReduce, float32, same process
+// and buffers, CUDA events, median of 25 after 5 warm-ups.
+func TestGPUTiming(t *testing.T) {
+	const warm, iters = 5, 25
+	var rows []timing
+	for _, g := range gpuGrids {
+		w := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute))
+		for _, mib := range []int64{1, 16, 64, 256} {
+			n := mib << 20 / 4
+			in := hashInputs(fairgo.Float32, fairgo.Sum, w.size(), int(n), 3)
+			ts := w.upload(t, fairgo.Float32, in)
+			W := float64(w.size())
+			for _, algo := range []string{"flat", "fairgo"} {
+				var samples []float64
+				for it := 0; it < warm+iters; it++ {
+					var d time.Duration
+					if algo == "flat" {
+						d = timeFlat(t, w, ts)
+					} else {
+						d = timeFairgo(t, w, ts)
+					}
+					if it >= warm {
+						samples = append(samples, float64(d.Nanoseconds())/1e3)
+					}
+				}
+				sort.Float64s(samples)
+				med := samples[len(samples)/2]
+				algbw := float64(mib<<20) / (med * 1e-6) / 1e9
+				rows = append(rows, timing{Grid: fmt.Sprintf("%dx%d", g[0], g[1]), Bytes: mib << 20, Algo: algo,
+					Median: med, Min: samples[0], Max: samples[len(samples)-1], BusBW: algbw * 2 * (W - 1) / W})
+			}
+		}
+	}
+	t.Logf("%-5s %10s %-7s %12s %12s %12s %10s", "grid", "bytes", "algo", "median(us)", "min(us)", "max(us)", "busbw")
+	for _, r := range rows {
+		t.Logf("%-5s %10d %-7s %12.1f %12.1f %12.1f %10.1f", r.Grid, r.Bytes, r.Algo, r.Median, r.Min, r.Max, r.BusBW)
+	}
+	if dir := os.Getenv("FAIRGO_OUT"); dir != "" {
+		b, _ := json.MarshalIndent(rows, "", " ")
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "gpu-timing.json"), b, 0o644))
+	}
+}
+
+// timeFlat times one ncclAllReduce per rank with CUDA events; the slowest rank.
+func timeFlat(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
+	ds := make([]time.Duration, w.size())
+	flatRun(t, w, func(g int, s *cuda.Stream) error {
+		dev := w.devs[g].(cudaDev).Device
+		d, err := dev.TimeRegion(s, func() error {
+			return w.reducers[g].Comms().World.AllReduce(ts[g].Ptr, ts[g].Ptr, ts[g].Count, fairgo.Float32, fairgo.Sum, s)
+		})
+		ds[g] = d
+		return err
+	})
+	return slices.Max(ds)
+}
+
+// timeFairgo times one fairgo AllReduce per rank between two events on a
+// caller stream (After and StreamWait); the slowest rank.
+func timeFairgo(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
+	type pair struct{ start, end *cuda.Event }
+	evs := make([]pair, w.size())
+	var works []*hier.Work
+	ctx := context.Background()
+	var streamsToClose []*cuda.Stream
+	for g, r := range w.reducers {
+		dev := w.devs[g].(cudaDev).Device
+		s, err := dev.CreateStream()
+		require.NoError(t, err)
+		streamsToClose = append(streamsToClose, s)
+		start, err := dev.CreateEvent(true)
+		require.NoError(t, err)
+		end, err := dev.CreateEvent(true)
+		require.NoError(t, err)
+		require.NoError(t, start.Record(s))
+		wk := r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
+		require.NoError(t, wk.StreamWait(ctx, s))
+		require.NoError(t, end.Record(s))
+		works = append(works, wk)
+		evs[g] = pair{start, end}
+	}
+	require.NoError(t, waitAll(works))
+	ds := make([]time.Duration, w.size())
+	for g, p := range evs {
+		require.NoError(t, p.end.Synchronize())
+		d, err := cuda.Elapsed(p.start, p.end)
+		require.NoError(t, err)
+		ds[g] = d
+		_ = p.start.Close()
+		_ = p.end.Close()
+	}
+	for _, s := range streamsToClose {
+		_ = s.Close()
+	}
+	return slices.Max(ds)
+}
