@@ -6,13 +6,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
+	"log/slog"
 	"sync"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/nccl"
+	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/streams"
+	"github.com/fairgo/fairgo/topology"
 )
 
 var _ hier.Comm = (*Comm)(nil)
@@ -251,10 +253,11 @@ func (d *Device) Group(fn func() error) error {
 
 // NewLocalRanks builds, in one process, a machines × perMachine grid over
 // devs (rank r = m·perMachine + d runs on devs[r], each GPU once) and the
-// five NCCL communicators of every rank, each made like ncclCommInitAll
-// (a unique id, then every member's ncclCommInitRank inside one group).
-// One-rank intra or rail communicators are left nil, as hier allows. The
-// caller keeps the devices; CloseRanks destroys the communicators.
+// five NCCL communicators of every rank, the way Backend makes them (a world
+// communicator, then ncclCommSplit, or unique ids without it), with the
+// grid declared instead of discovered. One-rank intra or rail communicators
+// are left nil, as hier allows. The caller keeps the devices; CloseRanks
+// destroys the communicators.
 func NewLocalRanks(devs []*Device, machines, perMachine int) ([]hier.Rank, error) {
 	if machines < 1 || perMachine < 1 || len(devs) != machines*perMachine {
 		return nil, &fairgo.ArgError{Arg: "grid", Value: fmt.Sprintf("%d×%d over %d devices", machines, perMachine, len(devs)),
@@ -270,130 +273,19 @@ func NewLocalRanks(devs []*Device, machines, perMachine int) ([]hier.Rank, error
 		}
 		seen[d.ordinal] = true
 	}
-	lib, err := nccl.Load()
+	n := len(devs)
+	members := make([]topology.Member, n)
+	ranks := make([]int, n)
+	for r, d := range devs {
+		ranks[r] = r
+		members[r] = topology.Member{Rank: r, WorldSize: n, MachineID: fmt.Sprintf("declared-machine-%d", r/perMachine),
+			Device: topology.Device{ID: fmt.Sprintf("cuda:%d", d.ordinal), Index: -1, Source: topology.SourceOrdinal}}
+	}
+	layout, err := topology.Build(members, 0)
 	if err != nil {
 		return nil, err
 	}
-	defer lib.Close()
-
-	M, D := machines, perMachine
-	ranks := make([]hier.Rank, M*D)
-	for r := range ranks {
-		ranks[r] = hier.Rank{Grid: hier.Grid{Machines: M, Devices: D, Machine: r / D, Local: r % D}, Device: devs[r]}
-	}
-	fail := func(err error) ([]hier.Rank, error) {
-		return nil, errors.Join(err, CloseRanks(ranks))
-	}
-	// clique makes one communicator over the given ranks (in comm-rank order)
-	// and stores each member's handle with set.
-	clique := func(name string, members []int, set func(r int, c hier.Comm)) error {
-		if len(members) == 1 {
-			return nil
-		}
-		group := make([]*Device, len(members))
-		for i, r := range members {
-			group[i] = devs[r]
-		}
-		comms, err := initClique(lib, group)
-		if err != nil {
-			return fmt.Errorf("cuda: creating communicator %s: %w", name, err)
-		}
-		for i, r := range members {
-			cc, err := NewComm(devs[r], comms[i], name)
-			if err != nil {
-				for _, x := range comms[i:] {
-					_ = x.Abort()
-				}
-				return err
-			}
-			set(r, cc)
-		}
-		return nil
-	}
-	all := make([]int, M*D)
-	for r := range all {
-		all[r] = r
-	}
-	if M*D == 1 {
-		comms, err := initClique(lib, devs)
-		if err != nil {
-			return nil, err
-		}
-		cc, err := NewComm(devs[0], comms[0], "world")
-		if err != nil {
-			_ = comms[0].Abort()
-			return nil, err
-		}
-		ranks[0].Comms.World = cc
-		return ranks, nil
-	}
-	if err := clique("world", all, func(r int, c hier.Comm) { ranks[r].Comms.World = c }); err != nil {
-		return fail(err)
-	}
-	for m := 0; m < M; m++ {
-		members := make([]int, D)
-		for d := range members {
-			members[d] = m*D + d
-		}
-		if err := clique(fmt.Sprintf("intra-rs/machine=%d", m), members, func(r int, c hier.Comm) { ranks[r].Comms.IntraReduceScatter = c }); err != nil {
-			return fail(err)
-		}
-		if err := clique(fmt.Sprintf("intra-ag/machine=%d", m), members, func(r int, c hier.Comm) { ranks[r].Comms.IntraAllGather = c }); err != nil {
-			return fail(err)
-		}
-	}
-	for d := 0; d < D; d++ {
-		members := make([]int, M)
-		for m := range members {
-			members[m] = m*D + d
-		}
-		if err := clique(fmt.Sprintf("rail-collect/local=%d", d), members, func(r int, c hier.Comm) { ranks[r].Comms.RailCollect = c }); err != nil {
-			return fail(err)
-		}
-		if err := clique(fmt.Sprintf("rail-diffuse/local=%d", d), members, func(r int, c hier.Comm) { ranks[r].Comms.RailDiffuse = c }); err != nil {
-			return fail(err)
-		}
-	}
-	return ranks, nil
-}
-
-// initClique is ncclCommInitAll over the devices' primary contexts.
-func initClique(lib *nccl.Library, devs []*Device) ([]*nccl.Comm, error) {
-	id, err := lib.GetUniqueId()
-	if err != nil {
-		return nil, err
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	prev, err := ctxGet()
-	if err != nil {
-		return nil, err
-	}
-	defer ctxSet(prev)
-	if err := lib.GroupStart(); err != nil {
-		return nil, err
-	}
-	comms := make([]*nccl.Comm, len(devs))
-	var errs []error
-	for i, d := range devs {
-		if err := ctxSet(d.ctx); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		c, err := lib.CommInitRank(len(devs), id, i)
-		comms[i] = c
-		errs = append(errs, err)
-	}
-	errs = append(errs, lib.GroupEnd())
-	if err := errors.Join(errs...); err != nil {
-		for _, c := range comms {
-			if c != nil {
-				_ = c.Abort()
-			}
-		}
-		return nil, err
-	}
-	return comms, nil
+	return connect(context.Background(), rendezvous.NewMemoryStore(), layout, ranks, devs, false, slog.Default())
 }
 
 // CloseRanks destroys the communicators of ranks made by NewLocalRanks (the

@@ -35,6 +35,7 @@ func (r *Reducer) engine(ready chan<- error) {
 			break
 		}
 		r.execute(q)
+		r.idle()
 	}
 	close(r.watchCh)
 	grace := time.NewTimer(r.closeGrace())
@@ -62,20 +63,22 @@ func (r *Reducer) engine(ready chan<- error) {
 	r.closeErr = errors.Join(errs...)
 }
 
-// next blocks until a request is queued, or returns nil once closed.
+// next blocks until a request is queued and no other execution is running,
+// then claims it; it returns nil once closed and idle.
 func (r *Reducer) next() *request {
 	for {
 		r.mu.Lock()
-		if len(r.queue) > 0 {
+		if len(r.queue) > 0 && !r.busy {
 			q := r.queue[0]
 			r.queue[0] = nil
 			r.queue = r.queue[1:]
+			r.busy = true
 			r.mu.Unlock()
 			return q
 		}
-		closed := r.closed
+		done := r.closed && !r.busy
 		r.mu.Unlock()
-		if closed {
+		if done {
 			return nil
 		}
 		<-r.wake

@@ -37,6 +37,7 @@ type config struct {
 	flatThreshold int64
 	timeout       time.Duration
 	logger        *slog.Logger
+	setup         setupConfig // options of New and NewLocal (new.go)
 }
 
 // WithSliceSize sets the slice size in bytes: a tensor larger than this is

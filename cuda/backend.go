@@ -1,0 +1,308 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/nccl"
+	"github.com/fairgo/fairgo/rendezvous"
+	"github.com/fairgo/fairgo/topology"
+)
+
+var _ hier.Backend = Backend{}
+
+// Backend is the hier.Backend of GPUs, for hier.New and hier.NewLocal:
+//
+//	r, err := hier.New(ctx, nil, cuda.Backend{})
+//
+// Connect opens each rank's device (its CUDA ordinal; with
+// CUDA_VISIBLE_DEVICES naming one GPU, as fairrun sets it, that is 0) and
+// makes the five communicators: the world communicator from a unique id
+// that global rank 0 creates and publishes through the store, then the two
+// intra-machine communicators by ncclCommSplit(color = machine, key =
+// local index) and the two rail communicators by ncclCommSplit(color =
+// local index, key = machine). Without ncclCommSplit (NCCL before 2.18), or
+// with NoSplit, each intra and rail communicator comes from a unique id of
+// its own, created by its first member and exchanged through the store.
+// One-rank communicators are left nil. Two ranks may share a GPU when they
+// are on different (emulated) machines: their NCCL_HOSTID differ.
+//
+// NCCL's initialisation cannot be interrupted: when ctx ends first, Connect
+// returns ctx's error and the communicators, should they ever complete, are
+// aborted in the background. The process should then exit.
+type Backend struct {
+	// NoSplit makes the intra and rail communicators from unique ids even
+	// when ncclCommSplit is available.
+	NoSplit bool
+}
+
+// Connect implements hier.Backend.
+func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job hier.Job) ([]hier.Rank, error) {
+	if job.Layout == nil || len(job.Ranks) == 0 || len(job.Ranks) != len(job.Devices) {
+		return nil, &fairgo.ArgError{Arg: "cuda backend job", Value: fmt.Sprintf("ranks %v devices %v", job.Ranks, job.Devices),
+			Reason: "needs a layout and one device per rank"}
+	}
+	devs := make([]*Device, len(job.Devices))
+	closeDevs := func() error {
+		var errs []error
+		for _, d := range devs {
+			if d != nil {
+				errs = append(errs, d.Close())
+			}
+		}
+		return errors.Join(errs...)
+	}
+	for i, o := range job.Devices {
+		for _, p := range job.Devices[:i] {
+			if p == o {
+				return nil, &fairgo.ArgError{Arg: "cuda backend devices", Value: job.Devices, Reason: "one rank per GPU in a process"}
+			}
+		}
+		d, err := Open(o)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("cuda: opening device %d for rank %d: %w", o, job.Ranks[i], err), closeDevs())
+		}
+		devs[i] = d
+	}
+	log := job.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ranks, err := connect(ctx, store, job.Layout, job.Ranks, devs, b.NoSplit, log)
+	if err != nil {
+		return nil, errors.Join(err, closeDevs())
+	}
+	return ranks, nil
+}
+
+// connect makes the communicators of this process's ranks (global ranks
+// ranks, on devs) in the layout every rank computed. The caller keeps the
+// devices; on error every communicator made is aborted.
+func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layout, ranks []int, devs []*Device, noSplit bool, log *slog.Logger) ([]hier.Rank, error) {
+	lib, err := nccl.Load()
+	if err != nil {
+		return nil, err
+	}
+	defer lib.Close()
+	out := make([]hier.Rank, len(ranks))
+	var made []*Comm
+	fail := func(err error) ([]hier.Rank, error) {
+		for _, c := range made {
+			_ = c.Abort()
+		}
+		return nil, err
+	}
+	// wrap wraps new communicators, checks their places against the
+	// layout and stores them with set.
+	wrap := func(name func(g hier.Grid) string, raw []*nccl.Comm, want func(i int) (size, rank int), set func(c *hier.Comms, cm hier.Comm)) error {
+		for i, c := range raw {
+			cm, err := NewComm(devs[i], c, name(out[i].Grid))
+			if err != nil {
+				for _, x := range raw[i:] {
+					_ = x.Abort()
+				}
+				return err
+			}
+			made = append(made, cm)
+			set(&out[i].Comms, cm)
+		}
+		for i, cm := range made[len(made)-len(raw):] {
+			if n, r := want(i); cm.Size() != n || cm.Rank() != r {
+				return fmt.Errorf("cuda: communicator %s of global rank %d is rank %d of %d; the layout says %d of %d", cm.Name(), ranks[i], cm.Rank(), cm.Size(), r, n)
+			}
+		}
+		return nil
+	}
+	W := layout.WorldSize()
+	for i, r := range ranks {
+		out[i] = hier.Rank{Grid: layout.GridOf(r), Device: devs[i]}
+	}
+	M, D := out[0].Grid.Machines, out[0].Grid.Devices
+
+	// The world communicator.
+	id, err := shareID(ctx, lib, store, "nccl/world", ranks[0] == 0)
+	if err != nil {
+		return fail(err)
+	}
+	world, err := eachRank(ctx, "world communicator", devs, func(i int) (*nccl.Comm, error) {
+		return lib.CommInitRank(W, id, ranks[i])
+	})
+	if err != nil {
+		return fail(err)
+	}
+	worldName := func(hier.Grid) string { return "world" }
+	worldPlace := func(i int) (int, int) { return W, ranks[i] }
+	if err := wrap(worldName, world, worldPlace, func(c *hier.Comms, cm hier.Comm) { c.World = cm }); err != nil {
+		return fail(err)
+	}
+
+	split := !noSplit && lib.Supports("ncclCommSplit")
+	log.Debug("fairgo: cuda communicators", "world", W, "grid", fmt.Sprintf("%dx%d", M, D), "split", split, "nccl", lib.String())
+	type sub struct {
+		name     string
+		size     int                          // ranks per communicator
+		colorKey func(g hier.Grid) (int, int) // which communicator, and the place in it
+		set      func(c *hier.Comms, cm hier.Comm)
+		leaderOf func(color int) int // global rank of its first member
+		skip     bool
+	}
+	intraCK := func(g hier.Grid) (int, int) { return g.Machine, g.Local }
+	railCK := func(g hier.Grid) (int, int) { return g.Local, g.Machine }
+	intraLeader := func(m int) int { return layout.RankAt(m, 0) }
+	railLeader := func(d int) int { return layout.RankAt(0, d) }
+	subs := []sub{
+		{"intra-rs/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraReduceScatter = cm }, intraLeader, D == 1},
+		{"intra-ag/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraAllGather = cm }, intraLeader, D == 1},
+		{"rail-collect/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailCollect = cm }, railLeader, M == 1},
+		{"rail-diffuse/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailDiffuse = cm }, railLeader, M == 1},
+	}
+	for _, s := range subs {
+		if s.skip { // one-rank communicators stay nil, on every rank alike
+			continue
+		}
+		name := func(g hier.Grid) string { c, _ := s.colorKey(g); return fmt.Sprintf(s.name, c) }
+		var raw []*nccl.Comm
+		if split {
+			raw, err = eachRank(ctx, name(out[0].Grid)+" split", devs, func(i int) (*nccl.Comm, error) {
+				color, key := s.colorKey(out[i].Grid)
+				c, err := world[i].Split(color, key, nil)
+				if err == nil && c == nil {
+					err = fmt.Errorf("ncclCommSplit(color %d, key %d) returned no communicator", color, key)
+				}
+				return c, err
+			})
+		} else {
+			// Leaders publish first, then everyone reads: no process
+			// waits on an id that a process waiting on it would create.
+			ids := make([]nccl.UniqueID, len(ranks))
+			for i, r := range ranks {
+				color, _ := s.colorKey(out[i].Grid)
+				if s.leaderOf(color) == r {
+					if ids[i], err = shareID(ctx, lib, store, fmt.Sprintf("nccl/"+s.name, color), true); err != nil {
+						return fail(err)
+					}
+				}
+			}
+			for i, r := range ranks {
+				color, _ := s.colorKey(out[i].Grid)
+				if s.leaderOf(color) != r {
+					if ids[i], err = shareID(ctx, lib, store, fmt.Sprintf("nccl/"+s.name, color), false); err != nil {
+						return fail(err)
+					}
+				}
+			}
+			raw, err = eachRank(ctx, name(out[0].Grid), devs, func(i int) (*nccl.Comm, error) {
+				_, key := s.colorKey(out[i].Grid)
+				return lib.CommInitRank(s.size, ids[i], key)
+			})
+		}
+		if err != nil {
+			return fail(err)
+		}
+		place := func(i int) (int, int) { _, key := s.colorKey(out[i].Grid); return s.size, key }
+		if err := wrap(name, raw, place, s.set); err != nil {
+			return fail(err)
+		}
+	}
+	return out, nil
+}
+
+// shareID returns the unique id stored under key: the leader creates and
+// publishes it, the others wait for it.
+func shareID(ctx context.Context, lib *nccl.Library, store rendezvous.Store, key string, leader bool) (nccl.UniqueID, error) {
+	if leader {
+		id, err := lib.GetUniqueId()
+		if err != nil {
+			return id, err
+		}
+		if err := store.Set(ctx, key, id.Bytes()); err != nil {
+			return id, fmt.Errorf("cuda: publishing the NCCL unique id %s: %w", key, err)
+		}
+		return id, nil
+	}
+	v, err := store.Get(ctx, key)
+	if err != nil {
+		return nccl.UniqueID{}, fmt.Errorf("cuda: waiting for the NCCL unique id %s: %w", key, err)
+	}
+	id, err := nccl.UniqueIDFromBytes(v)
+	if err != nil {
+		return id, fmt.Errorf("cuda: NCCL unique id %s: %w", key, err)
+	}
+	return id, nil
+}
+
+// eachRank runs create for every local rank at once, each on a locked OS
+// thread of its own with the rank's device context current, and waits for
+// all of them or for ctx. The calls are NCCL's blocking initialisations
+// (ncclCommInitRank, ncclCommSplit), which return once every member has
+// joined; one thread per rank lets the ranks of one process join together
+// without an NCCL group (inside a group NCCL writes the new handle after
+// the call has returned). On error, or when ctx ends first, every
+// communicator made, then or later, is aborted.
+func eachRank(ctx context.Context, what string, devs []*Device, create func(i int) (*nccl.Comm, error)) ([]*nccl.Comm, error) {
+	type result struct {
+		i   int
+		c   *nccl.Comm
+		err error
+	}
+	n := len(devs)
+	ch := make(chan result, n)
+	for i, d := range devs {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			prev, err := ctxGet()
+			if err == nil {
+				err = ctxSet(d.ctx)
+			}
+			if err != nil {
+				ch <- result{i, nil, err}
+				return
+			}
+			c, err := create(i)
+			_ = ctxSet(prev)
+			ch <- result{i, c, err}
+		}()
+	}
+	comms := make([]*nccl.Comm, n)
+	var errs []error
+	abortAll := func() {
+		for _, c := range comms {
+			if c != nil {
+				_ = c.Abort()
+			}
+		}
+	}
+	for got := 0; got < n; got++ {
+		select {
+		case r := <-ch:
+			comms[r.i] = r.c
+			if r.err != nil {
+				errs = append(errs, fmt.Errorf("on %v: %w", devs[r.i], r.err))
+			}
+		case <-ctx.Done():
+			left := n - got
+			go func() {
+				for range left {
+					if r := <-ch; r.c != nil {
+						_ = r.c.Abort()
+					}
+				}
+			}()
+			abortAll()
+			return nil, fmt.Errorf("cuda: %s: NCCL did not complete (a rank missing or failed?): %w", what, errors.Join(append([]error{ctx.Err()}, errs...)...))
+		}
+	}
+	if len(errs) > 0 {
+		abortAll()
+		return nil, fmt.Errorf("cuda: %s: %w", what, errors.Join(errs...))
+	}
+	return comms, nil
+}

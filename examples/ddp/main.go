@@ -1,0 +1,331 @@
+// Command ddp is a data-parallel training loop on fairgo, written to be
+// copied: each rank trains a replica of a small MLP on its own shard of
+// synthetic data and averages gradients with hier.Reducer.AllReduce.
+//
+// The gradients are grouped into buckets (PyTorch DDP's 25 MiB by default);
+// the backward pass runs from the last layer to the first and hands each
+// bucket to AllReduce(..., fairgo.Avg) as soon as its layers are done, so
+// the reduction of the last layers overlaps the backward pass of the first
+// ones. The optimizer step (SGD with momentum) waits on the Works. Each
+// epoch prints the loss and the time per step split into compute and
+// exposed communication (time spent in Wait); at the end the replicas'
+// parameters are compared (an AllGather of hashes, and byte for byte when
+// one process holds every rank), and ddp exits 1 unless they are identical.
+//
+// On the simulated cluster (the default; forward and backward run in Go on
+// the host, gradients are uploaded to each rank's simulated device):
+//
+//	go run ./examples/ddp -machines 2 -devices 4
+//
+// On GPUs (the model still computes on the host; gradients and parameters
+// go through each rank's GPU), one process per GPU under fairrun:
+//
+//	make gpu-bin && bin/fairrun --nproc-per-node 4 --emulate-machines 2 -- bin/ddp -backend cuda
+//
+// A toy model fits in one 25 MiB bucket, which would leave nothing to
+// overlap; -min-buckets (default 4) lowers the cap to the model's size
+// divided by it (parameters are never split, so a large one still gets a
+// bucket of its own). -min-buckets 1 keeps the plain cap; -bucket-kb sets
+// a cap in KiB.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/sim"
+)
+
+// options are the command line.
+type options struct {
+	backend           string
+	machines, devices int
+	epochs, steps     int
+	batch             int
+	in, classes       int
+	hidden, depth     int
+	lr, momentum      float64
+	seed              uint64
+	dtype             string
+	bucketMB          float64
+	bucketKB          int64
+	minBuckets        int
+	flat              int64
+	jitter            time.Duration
+}
+
+func defaults() options {
+	return options{
+		backend: "sim", machines: 2, devices: 4,
+		epochs: 6, steps: 10, batch: 32,
+		in: 64, classes: 10, hidden: 256, depth: 2,
+		lr: 0.05, momentum: 0.9, seed: 1, dtype: "float32",
+		bucketMB: 25, minBuckets: 4,
+	}
+}
+
+// cluster is where the ranks live. ranks are the Reducers and devices this
+// process drives (all of them on sim, one per process on GPUs).
+type cluster interface {
+	Ranks() ([]*hier.Reducer, []Memory)
+	Close() error
+}
+
+// backends maps a backend name to its constructor.
+var backends = map[string]func(ctx context.Context, o options, hopts []hier.Option) (cluster, error){
+	"sim": openSim,
+}
+
+func main() {
+	o := defaults()
+	flag.StringVar(&o.backend, "backend", o.backend, "where the ranks run: sim, or cuda (cuda build)")
+	flag.IntVar(&o.machines, "machines", o.machines, "machines M of the simulated cluster (cuda: ignored under a launcher)")
+	flag.IntVar(&o.devices, "devices", o.devices, "devices per machine D of the simulated cluster (cuda without a launcher: GPUs of this process)")
+	flag.IntVar(&o.epochs, "epochs", o.epochs, "epochs (passes over each rank's shard)")
+	flag.IntVar(&o.steps, "steps", o.steps, "steps per epoch")
+	flag.IntVar(&o.batch, "batch", o.batch, "samples per rank and step")
+	flag.IntVar(&o.in, "in", o.in, "input features")
+	flag.IntVar(&o.classes, "classes", o.classes, "classes")
+	flag.IntVar(&o.hidden, "hidden", o.hidden, "width of the hidden layers")
+	flag.IntVar(&o.depth, "depth", o.depth, "number of hidden layers")
+	flag.Float64Var(&o.lr, "lr", o.lr, "learning rate")
+	flag.Float64Var(&o.momentum, "momentum", o.momentum, "SGD momentum")
+	flag.Uint64Var(&o.seed, "seed", o.seed, "seed of the teacher, the data shards and the initialisation")
+	flag.StringVar(&o.dtype, "dtype", o.dtype, "type the gradients are reduced in: float32 or bfloat16")
+	flag.Float64Var(&o.bucketMB, "bucket-mb", o.bucketMB, "gradient bucket cap in MiB")
+	flag.Int64Var(&o.bucketKB, "bucket-kb", 0, "gradient bucket cap in KiB (overrides -bucket-mb when set)")
+	flag.IntVar(&o.minBuckets, "min-buckets", o.minBuckets, "lower the bucket cap to the model size / this, for toy models (1: off)")
+	flag.Int64Var(&o.flat, "flat-threshold", 0, "buckets smaller than this many bytes are one flat allreduce (0: fairgo's default, -1: never)")
+	flag.DurationVar(&o.jitter, "jitter", 0, "sim only: random delay before each device operation")
+	flag.Parse()
+	if _, err := run(context.Background(), o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "ddp:", err)
+		os.Exit(1)
+	}
+}
+
+// summary is what a run ends with, for tests.
+type summary struct {
+	Epochs    []EpochStats
+	Buckets   []Bucket
+	Identical bool
+}
+
+func (o options) sizes() []int {
+	s := []int{o.in}
+	for range o.depth {
+		s = append(s, o.hidden)
+	}
+	return append(s, o.classes)
+}
+
+// bucketBytes resolves the bucket cap from the flags and the model size.
+func (o options) bucketBytes(nparams int, elemSize int) (bucketCap int64, note string, err error) {
+	bucketCap = int64(o.bucketMB * (1 << 20))
+	if o.bucketKB > 0 {
+		bucketCap = o.bucketKB << 10
+	}
+	if bucketCap <= 0 {
+		return 0, "", fmt.Errorf("bucket cap must be positive (-bucket-mb %g, -bucket-kb %d)", o.bucketMB, o.bucketKB)
+	}
+	model := int64(nparams) * int64(elemSize)
+	if o.minBuckets > 1 && model/int64(o.minBuckets) < bucketCap {
+		lowered := max(model/int64(o.minBuckets), 1)
+		note = fmt.Sprintf(" (cap %s lowered to %s = the %s model / -min-buckets %d, so that there is something to overlap)",
+			size(bucketCap), size(lowered), size(model), o.minBuckets)
+		bucketCap = lowered
+	}
+	return bucketCap, note, nil
+}
+
+func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
+	dt, err := fairgo.ParseDType(o.dtype)
+	if err != nil {
+		return nil, err
+	}
+	open, ok := backends[o.backend]
+	if !ok {
+		return nil, fmt.Errorf("backend %q is not in this build (have %v; the cuda backend needs `go build -tags cuda`)", o.backend, slices.Sorted(maps.Keys(backends)))
+	}
+	model, err := NewMLP[float32](o.sizes())
+	if err != nil {
+		return nil, err
+	}
+	nparams := len(model.Params)
+	bucketCap, note, err := o.bucketBytes(nparams, dt.Size())
+	if err != nil {
+		return nil, err
+	}
+	cfg := Config{
+		Epochs: o.epochs, Steps: o.steps, Batch: o.batch, Sizes: o.sizes(),
+		LR: o.lr, Momentum: o.momentum, Seed: o.seed, DType: dt, BucketBytes: bucketCap,
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	// The watchdog turns a dead or diverging peer into an error instead of
+	// a hang.
+	cl, err := open(ctx, o, []hier.Option{hier.WithTimeout(2 * time.Minute), hier.WithFlatThreshold(o.flat)})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	reducers, mems := cl.Ranks()
+	grid := reducers[0].Grid()
+	// With one process per GPU, the process of world rank 0 does the talking.
+	if !slices.ContainsFunc(reducers, func(r *hier.Reducer) bool { return r.WorldRank() == 0 }) {
+		out = io.Discard
+	}
+	fmt.Fprintf(out, "ddp: %d×%d ranks (%s), MLP %v: %d parameters, gradients in %s\n",
+		grid.Machines, grid.Devices, o.backend, cfg.Sizes, nparams, dt)
+
+	if o.backend == "sim" {
+		fmt.Fprintf(out, "sim: all ranks share this host's %d CPUs, so the time in Wait includes waiting for the other ranks' compute\n", runtime.NumCPU())
+	}
+	// Every rank assigns the same buckets; show them once.
+	buckets, err := AssignBuckets(model.ParamList(), dt.Size(), bucketCap)
+	if err != nil {
+		return nil, err
+	}
+	printBuckets(out, buckets, model.ParamList(), dt, reducers[0].FlatThreshold(), grid, note)
+
+	results := make([]*Result, len(reducers))
+	eg, ctx := errgroup.WithContext(ctx)
+	start := time.Now()
+	for i, r := range reducers {
+		var onEpoch func(EpochStats)
+		if r.WorldRank() == 0 {
+			onEpoch = func(s EpochStats) {
+				fmt.Fprintf(out, "epoch %d  loss %.4f  accuracy %5.1f%%  step %s = compute %s + exposed comm %s\n",
+					s.Epoch, s.Loss, 100*s.Accuracy, ms(s.Compute+s.Comm), ms(s.Compute), ms(s.Comm))
+			}
+		}
+		eg.Go(func() error {
+			res, err := Train(ctx, cfg, r, mems[i], onEpoch)
+			results[i] = res
+			if err != nil {
+				return fmt.Errorf("rank %d: %w", r.WorldRank(), err)
+			}
+			return nil
+		})
+	}
+	err = eg.Wait()
+	if err != nil && !errors.Is(err, ErrReplicasDiffer) {
+		return nil, err
+	}
+
+	// In one process we can compare the bytes themselves, too.
+	sum := &summary{Buckets: buckets, Identical: err == nil}
+	for i, res := range results {
+		if res == nil {
+			continue
+		}
+		if sum.Epochs == nil {
+			sum.Epochs = res.Epochs
+		}
+		if !bytes.Equal(res.Params, results[0].Params) {
+			sum.Identical = false
+			err = errors.Join(err, fmt.Errorf("%w: rank %d differs from rank 0 from byte %d on", ErrReplicasDiffer, i, firstDiff(res.Params, results[0].Params)))
+		}
+	}
+	if !sum.Identical {
+		return sum, err
+	}
+	how := "by hash"
+	if len(results) > 1 {
+		how = "by hash, and byte for byte in this process"
+	}
+	fmt.Fprintf(out, "replicas identical: %d ranks hold the same %d parameter bytes (compared %s; trained in %s)\n",
+		grid.Size(), len(results[0].Params), how, time.Since(start).Round(time.Millisecond))
+	return sum, nil
+}
+
+func printBuckets(out io.Writer, bs []Bucket, ps []Param, dt fairgo.DType, flat int64, g hier.Grid, note string) {
+	fmt.Fprintf(out, "buckets: %d%s, in launch order:\n", len(bs), note)
+	for i, b := range bs {
+		var names []string
+		for _, p := range b.Params {
+			names = append(names, ps[p].Name)
+		}
+		bytes := int64(b.Len() * dt.Size())
+		path := "two-level"
+		if g.Machines == 1 || (flat != hier.FlatNever && bytes < flat) {
+			path = "flat (below the flat threshold)"
+		}
+		fmt.Fprintf(out, "  bucket %d: %8s, %s: %s\n", i, size(bytes), path, strings.Join(names, " "))
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+func size(b int64) string {
+	switch {
+	case b >= 1<<20 && b%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", b>>20)
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%6.2f ms", d.Seconds()*1000) }
+
+// simCluster is every rank of a simulated cluster in this process.
+type simCluster struct {
+	c        *sim.Cluster
+	reducers []*hier.Reducer
+}
+
+func openSim(ctx context.Context, o options, hopts []hier.Option) (cluster, error) {
+	c, err := sim.NewCluster(sim.Config{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter})
+	if err != nil {
+		return nil, err
+	}
+	rs, err := c.Reducers(ctx, hopts...)
+	if err != nil {
+		return nil, errors.Join(err, c.Close())
+	}
+	return &simCluster{c: c, reducers: rs}, nil
+}
+
+func (s *simCluster) Ranks() ([]*hier.Reducer, []Memory) {
+	mems := make([]Memory, len(s.reducers))
+	for i := range mems {
+		mems[i] = s.c.Device(i)
+	}
+	return s.reducers, mems
+}
+
+func (s *simCluster) Close() error {
+	var errs []error
+	for _, r := range s.reducers {
+		errs = append(errs, r.Close())
+	}
+	return errors.Join(append(errs, s.c.Close())...)
+}

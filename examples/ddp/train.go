@@ -1,0 +1,356 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/elem"
+)
+
+// Memory is what the trainer needs of its rank's device besides the
+// Reducer: tensors, and synchronous copies between host and device.
+// *sim.Device implements it; cuda.go adapts *cuda.Device.
+type Memory interface {
+	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
+	Free(ptr uintptr) error
+	Upload(ptr uintptr, data []byte) error
+	Download(ptr uintptr, data []byte) error
+}
+
+// Config is one training run. Every rank must use the same Config.
+type Config struct {
+	Epochs, Steps, Batch int
+	Sizes                []int // MLP widths: input, hidden..., classes
+	LR, Momentum         float64
+	Seed                 uint64
+	// DType is the type gradients are communicated in: Float32, or
+	// BFloat16 (half the bytes; the optimizer still runs in float32).
+	DType       fairgo.DType
+	BucketBytes int64
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Epochs < 1 || c.Steps < 1 || c.Batch < 1:
+		return fmt.Errorf("ddp: epochs, steps and batch must be positive (got %d, %d, %d)", c.Epochs, c.Steps, c.Batch)
+	case len(c.Sizes) < 2:
+		return fmt.Errorf("ddp: the model needs an input and an output width (got %v)", c.Sizes)
+	case c.DType != fairgo.Float32 && c.DType != fairgo.BFloat16:
+		return fmt.Errorf("ddp: gradients are communicated in float32 or bfloat16, not %v", c.DType)
+	case !(c.LR > 0) || c.Momentum < 0 || c.Momentum >= 1:
+		return fmt.Errorf("ddp: need lr > 0 and momentum in [0, 1) (got %g, %g)", c.LR, c.Momentum)
+	case c.BucketBytes <= 0:
+		return fmt.Errorf("ddp: bucket size %d bytes must be positive", c.BucketBytes)
+	}
+	return nil
+}
+
+// EpochStats are one epoch's numbers, averaged over all ranks (every rank
+// gets the same values: they are themselves allreduced).
+type EpochStats struct {
+	Epoch    int
+	Loss     float64 // mean training loss
+	Accuracy float64 // fraction of training samples predicted right
+	// Compute is the time per step spent outside Wait (forward, backward,
+	// copies, optimizer); Comm is the time per step spent in Wait, the
+	// communication that the backward pass did not hide.
+	Compute, Comm time.Duration
+}
+
+// Result is what one rank ends with.
+type Result struct {
+	Epochs  []EpochStats
+	Buckets []Bucket
+	// Params are the rank's final parameters as downloaded from its device
+	// (float32, little-endian).
+	Params []byte
+}
+
+// ErrReplicasDiffer reports replicas whose parameters are not bit-identical
+// at the end of training.
+var ErrReplicasDiffer = errors.New("ddp: replicas hold different parameters")
+
+// Train runs data-parallel training on one rank: r is the rank's Reducer
+// and mem its device. Every rank of the job calls Train with the same cfg,
+// concurrently (one process per GPU, or one goroutine per simulated
+// device). onEpoch, if not nil, is called after each epoch.
+//
+// Each step computes the loss and gradients of this rank's batch on the
+// host, and as soon as the backward pass has finished the layers of a
+// gradient bucket it uploads the bucket and starts its allreduce (Avg), so
+// that the reduction of the last layers overlaps the backward pass of the
+// first ones. The optimizer step (SGD with momentum) waits on the Works,
+// then updates the parameters and uploads them to the device. At the end
+// every rank checks, through an AllGather of hashes, that all replicas hold
+// bit-identical parameters.
+func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch func(EpochStats)) (*Result, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	rank, world := r.WorldRank(), r.Grid().Size()
+	model, err := NewMLP[float32](cfg.Sizes)
+	if err != nil {
+		return nil, err
+	}
+	// Each rank initialises its replica from its own seed, as a trainer's
+	// processes do; the broadcast below makes rank 0's replica everyone's.
+	model.Init(rand.New(rand.NewPCG(cfg.Seed, 0x1417+uint64(rank))))
+	nparams := int64(len(model.Params))
+	buckets, err := AssignBuckets(model.ParamList(), cfg.DType.Size(), cfg.BucketBytes)
+	if err != nil {
+		return nil, err
+	}
+
+	// Device memory is freed when training succeeds; after an error a
+	// collective may still use it, and the caller tears the device down.
+	var allocs []uintptr
+	alloc := func(n int64, dt fairgo.DType) (fairgo.Tensor, error) {
+		t, err := mem.AllocTensor(n, dt)
+		if err == nil {
+			allocs = append(allocs, t.Ptr)
+		}
+		return t, err
+	}
+	paramsT, err := alloc(nparams, fairgo.Float32)
+	if err != nil {
+		return nil, fmt.Errorf("ddp: allocating the parameters: %w", err)
+	}
+	gradsT, err := alloc(nparams, cfg.DType)
+	if err != nil {
+		return nil, fmt.Errorf("ddp: allocating the gradients: %w", err)
+	}
+	statsT, err := alloc(4, fairgo.Float64)
+	if err != nil {
+		return nil, fmt.Errorf("ddp: allocating the statistics: %w", err)
+	}
+	maxBucket := 0
+	for _, b := range buckets {
+		maxBucket = max(maxBucket, b.Len())
+	}
+	host := make([]byte, max(nparams*4, int64(maxBucket*cfg.DType.Size())))
+
+	// Start from rank 0's parameters.
+	pbytes := host[:nparams*4]
+	encode(fairgo.Float32, pbytes, model.Params)
+	if err := mem.Upload(paramsT.Ptr, pbytes); err != nil {
+		return nil, fmt.Errorf("ddp: uploading the parameters: %w", err)
+	}
+	if err := r.Broadcast(ctx, paramsT, 0).Wait(ctx); err != nil {
+		return nil, fmt.Errorf("ddp: broadcasting rank 0's parameters: %w", err)
+	}
+	if err := mem.Download(paramsT.Ptr, pbytes); err != nil {
+		return nil, fmt.Errorf("ddp: downloading the parameters: %w", err)
+	}
+	decode(fairgo.Float32, model.Params, pbytes)
+
+	// This rank's shard of the data: drawn from its own seed, labelled by
+	// the teacher every rank shares.
+	in, classes := cfg.Sizes[0], cfg.Sizes[len(cfg.Sizes)-1]
+	teacher := NewTeacher(cfg.Seed, in, classes)
+	x := make([]float32, cfg.Steps*cfg.Batch*in)
+	y := make([]int, cfg.Steps*cfg.Batch)
+	teacher.Sample(rand.New(rand.NewPCG(cfg.Seed^0xda7a, uint64(rank))), x, y)
+
+	grad := make([]float32, nparams)
+	velocity := make([]float32, nparams)
+	var ws Workspace[float32]
+	works := make([]*hier.Work, len(buckets))
+	res := &Result{Buckets: buckets}
+
+	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
+		var lossSum float64
+		var correct int
+		var compute, comm time.Duration
+		for step := range cfg.Steps {
+			start := time.Now()
+			xs := x[step*cfg.Batch*in : (step+1)*cfg.Batch*in]
+			ys := y[step*cfg.Batch : (step+1)*cfg.Batch]
+
+			// Backward, launching each bucket's allreduce as soon as its
+			// layers are done. Buckets are in backward order, so the ready
+			// ones are always the next few.
+			next := 0
+			var launchErr error
+			ready := func(layer int) {
+				for ; launchErr == nil && next < len(buckets) && buckets[next].Layer >= layer; next++ {
+					b := buckets[next]
+					t := gradsT.Slice(int64(b.Lo), int64(b.Len()))
+					buf := host[:t.ByteLen()]
+					encode(cfg.DType, buf, grad[b.Lo:b.Hi])
+					if err := mem.Upload(t.Ptr, buf); err != nil {
+						launchErr = fmt.Errorf("ddp: uploading bucket %d: %w", next, err)
+						return
+					}
+					works[next] = r.AllReduce(ctx, t, fairgo.Avg)
+				}
+			}
+			loss, ok := model.Step(&ws, xs, ys, grad, ready)
+			if launchErr != nil {
+				return nil, launchErr
+			}
+			if next != len(buckets) {
+				return nil, fmt.Errorf("ddp: internal error: %d of %d buckets launched", next, len(buckets))
+			}
+			lossSum += loss
+			correct += ok
+
+			// The optimizer step waits on the Works, bucket by bucket.
+			for i, b := range buckets {
+				t0 := time.Now()
+				err := works[i].Wait(ctx)
+				comm += time.Since(t0)
+				if err != nil {
+					return nil, fmt.Errorf("ddp: epoch %d step %d: allreduce of bucket %d: %w", epoch, step, i, err)
+				}
+				t := gradsT.Slice(int64(b.Lo), int64(b.Len()))
+				buf := host[:t.ByteLen()]
+				if err := mem.Download(t.Ptr, buf); err != nil {
+					return nil, fmt.Errorf("ddp: downloading bucket %d: %w", i, err)
+				}
+				decode(cfg.DType, grad[b.Lo:b.Hi], buf)
+			}
+			sgdMomentum(model.Params, velocity, grad, float32(cfg.LR), float32(cfg.Momentum))
+			encode(fairgo.Float32, pbytes, model.Params)
+			if err := mem.Upload(paramsT.Ptr, pbytes); err != nil {
+				return nil, fmt.Errorf("ddp: uploading the parameters: %w", err)
+			}
+			compute += time.Since(start)
+		}
+		compute -= comm
+
+		// Average the epoch's numbers over the ranks, with fairgo too.
+		steps := float64(cfg.Steps)
+		stats := []float64{lossSum / steps, float64(correct) / (steps * float64(cfg.Batch)),
+			compute.Seconds() / steps, comm.Seconds() / steps}
+		if err := allReduceHost(ctx, r, mem, statsT, stats); err != nil {
+			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
+		}
+		es := EpochStats{Epoch: epoch, Loss: stats[0], Accuracy: stats[1],
+			Compute: seconds(stats[2]), Comm: seconds(stats[3])}
+		res.Epochs = append(res.Epochs, es)
+		if onEpoch != nil {
+			onEpoch(es)
+		}
+	}
+
+	res.Params = make([]byte, nparams*4)
+	if err := mem.Download(paramsT.Ptr, res.Params); err != nil {
+		return nil, fmt.Errorf("ddp: downloading the final parameters: %w", err)
+	}
+	if err := checkReplicas(ctx, r, mem, res.Params, world); err != nil {
+		return res, err
+	}
+	var errs []error
+	for _, p := range allocs {
+		errs = append(errs, mem.Free(p))
+	}
+	return res, errors.Join(errs...)
+}
+
+// sgdMomentum is PyTorch's SGD with momentum (dampening 0, no Nesterov):
+// v = μ·v + g; p -= lr·v.
+func sgdMomentum(p, v, g []float32, lr, mu float32) {
+	v, g = v[:len(p)], g[:len(p)]
+	for i := range p {
+		v[i] = mu*v[i] + g[i]
+		p[i] -= lr * v[i]
+	}
+}
+
+// allReduceHost averages vals over the ranks through t (float64, len(vals)
+// elements), in place.
+func allReduceHost(ctx context.Context, r *hier.Reducer, mem Memory, t fairgo.Tensor, vals []float64) error {
+	buf := make([]byte, 8*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(v))
+	}
+	t = t.Slice(0, int64(len(vals)))
+	if err := mem.Upload(t.Ptr, buf); err != nil {
+		return err
+	}
+	if err := r.AllReduce(ctx, t, fairgo.Avg).Wait(ctx); err != nil {
+		return err
+	}
+	if err := mem.Download(t.Ptr, buf); err != nil {
+		return err
+	}
+	for i := range vals {
+		vals[i] = math.Float64frombits(binary.LittleEndian.Uint64(buf[8*i:]))
+	}
+	return nil
+}
+
+// checkReplicas gathers a hash of every rank's parameters and fails with
+// ErrReplicasDiffer unless they are all equal. It works across processes;
+// a single-process caller can also compare the bytes themselves.
+func checkReplicas(ctx context.Context, r *hier.Reducer, mem Memory, params []byte, world int) error {
+	h := fnv.New64a()
+	h.Write(params)
+	send, err := mem.AllocTensor(1, fairgo.Uint64)
+	if err != nil {
+		return err
+	}
+	recv, err := mem.AllocTensor(int64(world), fairgo.Uint64)
+	if err != nil {
+		return errors.Join(err, mem.Free(send.Ptr))
+	}
+	buf := binary.LittleEndian.AppendUint64(nil, h.Sum64())
+	if err := mem.Upload(send.Ptr, buf); err != nil {
+		return err
+	}
+	if err := r.AllGather(ctx, send, recv).Wait(ctx); err != nil {
+		return fmt.Errorf("ddp: gathering parameter hashes: %w", err)
+	}
+	all := make([]byte, 8*world)
+	if err := mem.Download(recv.Ptr, all); err != nil {
+		return err
+	}
+	// AllGather blocks are in grid order; which rank differs does not
+	// matter here, only that one does.
+	var differ []int
+	for g := range world {
+		if binary.LittleEndian.Uint64(all[8*g:]) != h.Sum64() {
+			differ = append(differ, g)
+		}
+	}
+	if len(differ) > 0 {
+		return fmt.Errorf("%w: grid ranks %v disagree with world rank %d (hash %016x)", ErrReplicasDiffer, differ, r.WorldRank(), h.Sum64())
+	}
+	return errors.Join(mem.Free(send.Ptr), mem.Free(recv.Ptr))
+}
+
+// encode writes src into dst as elements of dt (float32 or bfloat16).
+func encode(dt fairgo.DType, dst []byte, src []float32) {
+	if dt == fairgo.Float32 {
+		for i, v := range src {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+		return
+	}
+	for i, v := range src {
+		elem.Set(dt, dst, i, float64(v))
+	}
+}
+
+// decode reads elements of dt from src into dst.
+func decode(dt fairgo.DType, dst []float32, src []byte) {
+	if dt == fairgo.Float32 {
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+		return
+	}
+	for i := range dst {
+		dst[i] = float32(elem.Get(dt, src, i))
+	}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
