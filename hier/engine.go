@@ -63,8 +63,11 @@ func (r *Reducer) engine(ready chan<- error) {
 	r.closeErr = errors.Join(errs...)
 }
 
-// next blocks until a request is queued and no other execution is running,
-// then claims it; it returns nil once closed and idle.
+// next blocks until a request is queued, then claims it; it returns nil once
+// the Reducer is closed. Enqueueing stays on this one goroutine: NCCL's first
+// call on a communicator can block the calling thread until the peers join,
+// so a caller that drives several ranks from one goroutine must never enqueue
+// itself.
 func (r *Reducer) next() *request {
 	for {
 		r.mu.Lock()

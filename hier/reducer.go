@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
 
@@ -70,7 +69,7 @@ type Reducer struct {
 	mu       sync.Mutex
 	queue    []*request
 	closed   bool
-	busy     bool  // a request is being enqueued (by the engine or inline)
+	busy     bool  // the engine goroutine is enqueueing a request
 	broken   error // set once the communicators were aborted
 	inflight []inflight
 	wake     chan struct{}
@@ -332,51 +331,13 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 		}
 		q.after = ev
 	}
-	if len(r.queue) == 0 && !r.busy && r.isFlat(q) {
-		// Fast path: nothing is queued or running, and the call is one
-		// communicator call, so enqueueing it here keeps call order and
-		// saves two goroutine hand-offs of latency.
-		r.busy = true
-		r.mu.Unlock()
-		r.executeInline(q)
-		r.idle()
-		return q.work
-	}
 	r.queue = append(r.queue, q)
 	r.mu.Unlock()
 	r.kick()
 	return q.work
 }
 
-// isFlat reports whether q is enqueued as at most one communicator call.
-func (r *Reducer) isFlat(q *request) bool {
-	g := r.grid
-	switch q.kind {
-	case kindAllReduce:
-		return q.a.Count == 0 || g.Size() == 1 || g.Machines == 1 ||
-			(r.cfg.flatThreshold != FlatNever && q.a.ByteLen() < r.cfg.flatThreshold)
-	case kindReduceScatter, kindAllGather:
-		return g.Size() == 1 || g.Machines == 1
-	}
-	return true
-}
-
-// executeInline runs execute on the calling goroutine, bound to the device
-// for the duration (NCCL groups are per OS thread).
-func (r *Reducer) executeInline(q *request) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	release, err := r.dev.Bind()
-	if err != nil {
-		q.work.finish(fmt.Errorf("hier: %v: binding to the device: %w", q, err))
-		r.events.put(q.after)
-		return
-	}
-	defer release()
-	r.execute(q)
-}
-
-// idle ends an exclusive execution and lets the engine goroutine go on.
+// idle ends the engine goroutine's current execution.
 func (r *Reducer) idle() {
 	r.mu.Lock()
 	r.busy = false
