@@ -23,15 +23,19 @@ demo:
 cuda-deps:
 	bash .ci/cuda-deps.sh
 
-ptx: $(PTX_SRC)
+ptx: $(PTX_SRC) cuda/kernels/train.cu
 	$(NVCC) -ptx -arch=compute_70 -O3 -o $(PTX_OUT) $(PTX_SRC)
+	$(NVCC) -ptx -arch=compute_70 -O3 -o cuda/kernels/train.ptx cuda/kernels/train.cu
 
 # Regenerates the PTX into a temporary file and fails if the committed one differs.
 ptx-check:
 	@if command -v $(NVCC) >/dev/null; then \
 		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-reduce.ptx $(PTX_SRC) && \
 		grep -v '^//' /tmp/fairgo-reduce.ptx >/tmp/fairgo-reduce.new && grep -v '^//' $(PTX_OUT) >/tmp/fairgo-reduce.old && \
-		diff -q /tmp/fairgo-reduce.old /tmp/fairgo-reduce.new && echo "ptx: committed PTX matches"; \
+		diff -q /tmp/fairgo-reduce.old /tmp/fairgo-reduce.new && \
+		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-train.ptx cuda/kernels/train.cu && \
+		grep -v '^//' /tmp/fairgo-train.ptx >/tmp/fairgo-train.new && grep -v '^//' cuda/kernels/train.ptx >/tmp/fairgo-train.old && \
+		diff -q /tmp/fairgo-train.old /tmp/fairgo-train.new && echo "ptx: committed PTX matches"; \
 	else echo "ptx: nvcc not found, skipped"; fi
 
 # Builds and vets everything with the cuda tag (tests included), and runs the

@@ -17,10 +17,15 @@
 //
 //	go run ./examples/ddp -machines 2 -devices 4
 //
-// On GPUs (the model still computes on the host; gradients and parameters
-// go through each rank's GPU), one process per GPU under fairrun:
+// On GPUs (the cuda build: forward, backward, data and optimizer run as
+// kernels of the project's PTX on one compute stream per rank, each bucket's
+// allreduce ordered after its gradients with hier.After and the optimizer
+// ordered after the allreduces with Work.StreamWait; compute and exposed
+// communication are timed with CUDA events), one process per GPU under
+// fairrun, or one process over the GPUs of one machine:
 //
 //	make gpu-bin && bin/fairrun --nproc-per-node 4 --emulate-machines 2 -- bin/ddp -backend cuda
+//	bin/ddp -backend cuda -machines 1 -devices 2
 //
 // A toy model fits in one 25 MiB bucket, which would leave nothing to
 // overlap; -min-buckets (default 4) lowers the cap to the model's size
@@ -83,6 +88,12 @@ func defaults() options {
 type cluster interface {
 	Ranks() ([]*hier.Reducer, []Memory)
 	Close() error
+}
+
+// trainer is a cluster with its own training loop (the cuda backend computes
+// on the GPU); run uses Train for the others.
+type trainer interface {
+	Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch func(EpochStats)) (*Result, error)
 }
 
 // backends maps a backend name to its constructor.
@@ -206,6 +217,10 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	printBuckets(out, buckets, model.ParamList(), dt, reducers[0].FlatThreshold(), grid, note)
 
+	train := Train
+	if t, ok := cl.(trainer); ok {
+		train = t.Train
+	}
 	results := make([]*Result, len(reducers))
 	eg, ctx := errgroup.WithContext(ctx)
 	start := time.Now()
@@ -218,7 +233,7 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 			}
 		}
 		eg.Go(func() error {
-			res, err := Train(ctx, cfg, r, mems[i], onEpoch)
+			res, err := train(ctx, cfg, r, mems[i], onEpoch)
 			results[i] = res
 			if err != nil {
 				return fmt.Errorf("rank %d: %w", r.WorldRank(), err)

@@ -547,7 +547,7 @@ func writeOutputs(o *options, recs []bench.Record, stdout io.Writer) error {
 		files, err := bench.Plot(o.plotDir, recs)
 		errs = append(errs, err)
 		if len(files) > 0 {
-			fmt.Fprintf(stdout, "# plots: %s\n", strings.Join(files, " "))
+			fmt.Fprintf(stdout, "# plots: %d files (PNG and SVG) in %s\n", len(files), o.plotDir)
 		}
 	}
 	return errors.Join(errs...)

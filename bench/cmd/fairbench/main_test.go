@@ -91,14 +91,14 @@ func TestOverlapScaleLinksModelAndPlots(t *testing.T) {
 	}
 	// Scale over 1, 2 and 4 machines, in process on sim.
 	sc := filepath.Join(dir, "scale.jsonl")
-	out = runCmd(t, "-mode", "scale", "-machines-list", "1,2,4", "-devices", "2", "-b", "64K", "-e", "256K", "-f", "4",
+	out = runCmd(t, "-mode", "scale", "-machines-list", "1,2,4", "-devices", "2", "-b", "16K", "-e", "64K", "-f", "4",
 		"-w", "0", "-n", "1", "-reps", "1", "-json", sc, "-plot", filepath.Join(dir, "plots"))
 	if !strings.Contains(out, "scale summary") {
 		t.Errorf("no scale summary:\n%s", out)
 	}
 	// Links, then the model over everything.
 	ln := filepath.Join(dir, "links.jsonl")
-	out = runCmd(t, "-mode", "links", "-b", "4K", "-e", "1M", "-f", "4", "-w", "0", "-n", "2", "-reps", "1", "-json", ln)
+	out = runCmd(t, "-mode", "links", "-b", "4K", "-e", "256K", "-f", "4", "-w", "0", "-n", "2", "-reps", "1", "-json", ln)
 	if !strings.Contains(out, "# link nvlink:") || !strings.Contains(out, "# link net:") {
 		t.Errorf("links output lacks the fits:\n%s", out)
 	}
