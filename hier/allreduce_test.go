@@ -392,6 +392,7 @@ func TestInvalidOptions(t *testing.T) {
 		{hier.WithParallelism(-1), "WithParallelism"},
 		{hier.WithFlatThreshold(-2), "WithFlatThreshold"},
 		{hier.WithTimeout(-time.Second), "WithTimeout"},
+		{hier.WithSpin(-time.Microsecond), "WithSpin"},
 	} {
 		_, err := hier.NewReducer(context.Background(), c.Rank(0), tc.opt)
 		var ae *fairgo.ArgError

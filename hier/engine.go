@@ -3,6 +3,7 @@ package hier
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -84,8 +85,24 @@ func (r *Reducer) next() *request {
 		if done {
 			return nil
 		}
-		<-r.wake
+		r.park()
 	}
+}
+
+// park waits for a kick, polling for cfg.spin first.
+func (r *Reducer) park() {
+	if r.cfg.spin > 0 {
+		deadline := time.Now().Add(r.cfg.spin)
+		for time.Now().Before(deadline) {
+			select {
+			case <-r.wake:
+				return
+			default:
+				runtime.Gosched()
+			}
+		}
+	}
+	<-r.wake
 }
 
 // execute enqueues one request's device work and hands its completion event

@@ -412,19 +412,23 @@ func TestGPUTiming(t *testing.T) {
 	var rows []timing
 	for _, g := range gpuGrids {
 		w := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute))
+		noSpin := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithSpin(0))
 		for _, mib := range []int64{1, 16, 64, 256} {
 			n := mib << 20 / 4
 			in := hashInputs(fairgo.Float32, fairgo.Sum, w.size(), int(n), 3)
 			ts := w.upload(t, fairgo.Float32, in)
 			W := float64(w.size())
-			for _, algo := range []string{"flat", "fairgo"} {
+			for _, algo := range []string{"flat", "fairgo", "fairgo-nospin"} {
 				var samples []float64
 				for it := 0; it < warm+iters; it++ {
 					var d time.Duration
-					if algo == "flat" {
+					switch algo {
+					case "flat":
 						d = timeFlat(t, w, ts)
-					} else {
+					case "fairgo":
 						d = timeFairgo(t, w, ts)
+					default:
+						d = timeFairgo(t, noSpin, ts)
 					}
 					if it >= warm {
 						samples = append(samples, float64(d.Nanoseconds())/1e3)

@@ -20,6 +20,7 @@ const (
 	DefaultParallelism     = 4         // slices in flight at least
 	DefaultFlatThreshold   = 256 << 10 // below this many bytes: one flat allreduce on the world communicator
 	DefaultWatchdogTimeout = 0         // no watchdog unless asked for
+	DefaultSpin            = 200 * time.Microsecond
 )
 
 // FlatNever, given to WithFlatThreshold, makes every call hierarchical.
@@ -36,6 +37,8 @@ type config struct {
 	parallelism   int
 	flatThreshold int64
 	timeout       time.Duration
+	spin          time.Duration
+	spinSet       bool
 	logger        *slog.Logger
 	setup         setupConfig // options of New and NewLocal (new.go)
 }
@@ -73,6 +76,13 @@ func WithFlatThreshold(bytes int64) Option { return func(c *config) { c.flatThre
 // still bound every wait with their context).
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
+// WithSpin sets how long the engine goroutine polls for the next call before
+// it parks, and how long Work.StreamWait polls for the enqueue before it
+// blocks. Waking a parked goroutine that is locked to its OS thread costs
+// tens of microseconds during which a waiting GPU idles; polling trades a
+// little CPU for that latency. Zero parks at once. Default DefaultSpin.
+func WithSpin(d time.Duration) Option { return func(c *config) { c.spin, c.spinSet = d, true } }
+
 // WithLogger sets the logger for the engine's rare events (aborts,
 // timeouts, layout decisions). Nil means slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
@@ -102,6 +112,11 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 		return c, bad("WithFlatThreshold", c.flatThreshold, fmt.Sprintf("must be ≥ 0, or FlatNever (%d)", FlatNever))
 	case c.timeout < 0:
 		return c, bad("WithTimeout", c.timeout, "must be positive, or 0 for no watchdog")
+	case c.spin < 0 || c.spin > time.Second:
+		return c, bad("WithSpin", c.spin, "must be between 0 and 1s")
+	}
+	if !c.spinSet {
+		c.spin = DefaultSpin
 	}
 	if c.sliceBytes == 0 {
 		c.sliceBytes = DefaultSliceBytes

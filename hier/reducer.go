@@ -309,6 +309,7 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	}
 	q.ctx = ctx
 	q.work = newWork()
+	q.work.spin = r.cfg.spin
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()

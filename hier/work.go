@@ -2,7 +2,9 @@ package hier
 
 import (
 	"context"
+	"runtime"
 	"sync"
+	"time"
 
 	"github.com/fairgo/fairgo/streams"
 )
@@ -14,6 +16,7 @@ import (
 type Work struct {
 	done     chan struct{}
 	enqueued chan struct{} // closed once the completion event is recorded
+	spin     time.Duration // how long StreamWait polls enqueued before blocking
 	once     sync.Once
 	err      error
 
@@ -98,6 +101,16 @@ func (w *Work) Wait(ctx context.Context) error {
 // device (it waits only until the engine has enqueued the call, which it does
 // in call order). A stream of the same device as the Reducer's is expected.
 func (w *Work) StreamWait(ctx context.Context, s streams.Stream) error {
+	deadline := time.Now().Add(w.spin)
+poll:
+	for time.Now().Before(deadline) {
+		select {
+		case <-w.enqueued:
+			break poll
+		default:
+			runtime.Gosched()
+		}
+	}
 	select {
 	case <-w.enqueued:
 	case <-ctx.Done():
