@@ -284,12 +284,33 @@ func cGetUniqueId(t *unsafe.Pointer) (UniqueID, Result) {
 	return out, Result(r)
 }
 
+// commSlot is C memory for the ncclComm_t a creating call writes. Inside
+// an NCCL group the library writes it only at ncclGroupEnd, after the call
+// has returned, so it must never be Go memory. A slot still empty after the
+// call is leaked on purpose (8 bytes): NCCL may write it later.
+type commSlot struct{ p *C.ncclComm_t }
+
+func newCommSlot() commSlot {
+	p := (*C.ncclComm_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.ncclComm_t(nil)))))
+	return commSlot{p: p}
+}
+
+// take returns the handle and frees the slot, or nil (keeping the slot)
+// when NCCL has not written it yet.
+func (s commSlot) take() C.ncclComm_t {
+	c := *s.p
+	if c != nil {
+		C.free(unsafe.Pointer(s.p))
+	}
+	return c
+}
+
 func cCommInitRank(t *unsafe.Pointer, nranks int, id *UniqueID, rank int) (C.ncclComm_t, Result) {
-	var c C.ncclComm_t
+	slot := newCommSlot()
 	cid := C.CBytes(id[:])
 	defer C.free(cid)
-	r := C.fg_CommInitRank(t, &c, C.int(nranks), cid, C.int(rank))
-	return c, Result(r)
+	r := C.fg_CommInitRank(t, slot.p, C.int(nranks), cid, C.int(rank))
+	return slot.take(), Result(r)
 }
 
 // cConfig is a C-allocated ncclConfig_t with its strings.
@@ -342,21 +363,21 @@ func (c *cConfig) free() {
 }
 
 func cCommInitRankConfig(t *unsafe.Pointer, nranks int, id *UniqueID, rank int, cfg *cConfig) (C.ncclComm_t, Result) {
-	var c C.ncclComm_t
+	slot := newCommSlot()
 	cid := C.CBytes(id[:])
 	defer C.free(cid)
-	r := C.fg_CommInitRankConfig(t, &c, C.int(nranks), cid, C.int(rank), cfg.p)
-	return c, Result(r)
+	r := C.fg_CommInitRankConfig(t, slot.p, C.int(nranks), cid, C.int(rank), cfg.p)
+	return slot.take(), Result(r)
 }
 
 func cCommSplit(t *unsafe.Pointer, c C.ncclComm_t, color, key int, cfg *cConfig) (C.ncclComm_t, Result) {
-	var out C.ncclComm_t
+	slot := newCommSlot()
 	var p *C.fg_ncclConfig
 	if cfg != nil {
 		p = cfg.p
 	}
-	r := C.fg_CommSplit(t, c, C.int(color), C.int(key), &out, p)
-	return out, Result(r)
+	r := C.fg_CommSplit(t, c, C.int(color), C.int(key), slot.p, p)
+	return slot.take(), Result(r)
 }
 
 func cCommDestroy(t *unsafe.Pointer, c C.ncclComm_t) Result { return Result(C.fg_CommDestroy(t, c)) }

@@ -150,7 +150,10 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 		return nil, c.lib.err("ncclCommSplit", r, c.h)
 	}
 	if h == nil {
-		return nil, nil
+		if color == NoColor {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("nccl: ncclCommSplit returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w", ErrNotSupported)
 	}
 	child := c.lib.newComm(h, c.nonblocking)
 	if r == InProgress {

@@ -275,6 +275,9 @@ func (l *Library) CommInitRank(nranks int, id UniqueID, rank int) (*Comm, error)
 	if r != Success {
 		return nil, l.err("ncclCommInitRank", r, nil)
 	}
+	if c == nil {
+		return nil, fmt.Errorf("nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w", ErrNotSupported)
+	}
 	return l.dso.newComm(c, false), nil
 }
 
