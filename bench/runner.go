@@ -12,6 +12,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/refdata"
 )
 
 // Config is one benchmark run on a testbed.
@@ -279,7 +280,7 @@ func (b *bench) check(res *rankResult, callers []*caller, count, stride int64, b
 			buf := b.bufs[i]
 			for j := 0; j < buckets; j++ {
 				t := buf.Slice(int64(j)*stride, count)
-				if err := r.Upload(t, Input(dt, op, seed, r.WorldRank(), int64(j)*stride, count)); err != nil {
+				if err := r.Upload(t, refdata.Input(dt, op, seed, r.WorldRank(), int64(j)*stride, count)); err != nil {
 					return err
 				}
 			}
@@ -309,7 +310,7 @@ func (b *bench) check(res *rankResult, callers []*caller, count, stride int64, b
 					outs[i] = append(outs[i], out)
 					continue
 				}
-				res.Wrong[k][i] += CountWrong(dt, op, seed, b.world, int64(j)*stride, [][]byte{out})[0]
+				res.Wrong[k][i] += refdata.CountWrong(dt, op, seed, b.world, int64(j)*stride, [][]byte{out})[0]
 			}
 			return nil
 		})
@@ -319,7 +320,7 @@ func (b *bench) check(res *rankResult, callers []*caller, count, stride int64, b
 	}
 	if keep { // one reference pass for every algorithm (buckets == 1)
 		for i := range b.ranks {
-			w := CountWrong(dt, op, seed, b.world, 0, outs[i])
+			w := refdata.CountWrong(dt, op, seed, b.world, 0, outs[i])
 			for k := range algs {
 				res.Wrong[k][i] = w[k]
 			}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/internal/elem"
 )
 
 func openSimT(t testing.TB, m, d int, jitter time.Duration) Testbed {
@@ -86,32 +85,6 @@ func TestOverlapRecords(t *testing.T) {
 	}
 }
 
-func TestCountWrongFindsCorruption(t *testing.T) {
-	const world, n = 4, 1000
-	dt, op := fairgo.Float32, fairgo.Sum
-	ref := make([]byte, n*dt.Size())
-	for i := 0; i < n; i++ {
-		var s float64
-		for g := 0; g < world; g++ {
-			s += Value(dt, op, 1, g, int64(i))
-		}
-		elem.Set(dt, ref, i, s)
-	}
-	bad := bytes.Clone(ref)
-	elem.Set(dt, bad, 17, 99)
-	elem.Set(dt, bad, 998, elem.Get(dt, bad, 998)+0.01)
-	got := CountWrong(dt, op, 1, world, 0, [][]byte{ref, bad})
-	if got[0] != 0 || got[1] != 2 {
-		t.Errorf("CountWrong = %v, want [0 2]", got)
-	}
-	// An offset view checks the same elements.
-	if w := CountWrong(dt, op, 1, world, 10, [][]byte{ref[10*4:]}); w[0] != 0 {
-		t.Errorf("offset view: %d wrong", w[0])
-	}
-	if !bytes.Equal(Input(dt, op, 1, 2, 10, 5), Input(dt, op, 1, 2, 0, 15)[40:]) {
-		t.Error("Input at an offset differs from the slice of the whole")
-	}
-}
 
 func TestPlotsRender(t *testing.T) {
 	dir := t.TempDir()

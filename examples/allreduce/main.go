@@ -1,8 +1,9 @@
 // Command allreduce runs one fairgo allreduce over a cluster and checks the
 // result against a float64 reference computed independently on the host.
 //
-// Every rank's input is a pure function of (seed, rank, index), so each
-// process can compute the reference for all ranks without communicating.
+// Every rank's input is a pure function of (seed, rank, index) (package
+// internal/refdata), so each process can compute the reference for all ranks
+// without communicating.
 // On the simulated cluster (the default) one process holds every rank:
 //
 //	go run ./examples/allreduce -machines 3 -devices 5 -count 1000003 -dtype bfloat16 -op avg
@@ -22,6 +23,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/refdata"
 )
 
 // testbed is where the ranks live: the simulated cluster, or GPUs.
@@ -100,7 +102,7 @@ func run(f flags) error {
 		seed := f.seed + uint64(it)
 		ts := make([]fairgo.Tensor, len(ranks))
 		for i, g := range ranks {
-			if ts[i], err = tb.Upload(g, input(dt, op, seed, g, f.count), dt); err != nil {
+			if ts[i], err = tb.Upload(g, refdata.Input(dt, op, seed, g, 0, f.count), dt); err != nil {
 				return err
 			}
 		}
@@ -133,91 +135,20 @@ func run(f flags) error {
 	return nil
 }
 
-// value is the input element i of rank g: small integers for integer types
-// (so the float64 reference is exact), values in [-1, 1) for floats and in
-// ±[0.9, 1.1) for float products.
-func value(dt fairgo.DType, op fairgo.Op, seed uint64, g int, i int64) float64 {
-	h := splitmix(seed ^ splitmix(uint64(g)+0x9e37) ^ splitmix(uint64(i)*0x2545F491))
-	u := float64(h>>11) / (1 << 53)
-	switch {
-	case dt.IsFloat() && op == fairgo.Prod:
-		v := 0.9 + 0.2*u
-		if h&1 == 1 {
-			v = -v
-		}
-		return v
-	case dt.IsFloat():
-		return 2*u - 1
-	case op == fairgo.Prod && dt.IsSigned():
-		return float64(2*int(h&1) - 1)
-	case op == fairgo.Prod:
-		return 1
-	case dt.IsSigned():
-		return float64(int(h%5) - 2)
-	}
-	return float64(h % 3)
-}
-
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
-func input(dt fairgo.DType, op fairgo.Op, seed uint64, g int, n int64) []byte {
-	b := make([]byte, n*int64(dt.Size()))
-	for i := int64(0); i < n; i++ {
-		elem.Set(dt, b, int(i), value(dt, op, seed, g, i))
-	}
-	return b
-}
-
 // check compares out with the float64 reduction of every rank's input (as
-// rounded to dt). Integers must match exactly; floats may be off by at most
-// (world + 2) unit roundoffs of the sum of magnitudes (of the product for
-// Prod). It returns the largest error and the largest error/bound ratio.
+// rounded to dt; refdata.Expected gives it and the error allowed: none for
+// integers, (world + 2) unit roundoffs of the sum of magnitudes for floats).
+// It returns the largest error and the largest error/bound ratio.
 func check(dt fairgo.DType, op fairgo.Op, seed uint64, world int, out []byte) (float64, float64, error) {
 	n := int64(len(out) / dt.Size())
-	tmp := make([]byte, dt.Size())
 	var worst, worstRatio float64
 	for i := int64(0); i < n; i++ {
-		var acc, mag float64
-		for g := 0; g < world; g++ {
-			elem.Set(dt, tmp, 0, value(dt, op, seed, g, i))
-			x := elem.Get(dt, tmp, 0)
-			switch {
-			case g == 0:
-				acc = x
-			case op == fairgo.Sum || op == fairgo.Avg:
-				acc += x
-			case op == fairgo.Prod:
-				acc *= x
-			case op == fairgo.Max:
-				acc = math.Max(acc, x)
-			case op == fairgo.Min:
-				acc = math.Min(acc, x)
-			}
-			mag += math.Abs(x)
-		}
-		bound := 0.0
-		switch op {
-		case fairgo.Sum:
-			bound = float64(world+2) * dt.Epsilon() * mag
-		case fairgo.Avg:
-			acc /= float64(world)
-			if !dt.IsFloat() {
-				acc = math.Trunc(acc)
-			}
-			bound = float64(world+2) * dt.Epsilon() * mag / float64(world)
-		case fairgo.Prod:
-			bound = float64(world+2) * dt.Epsilon() * math.Abs(acc)
-		}
+		want, bound := refdata.Expected(dt, op, seed, world, i)
 		got := elem.Get(dt, out, int(i))
-		e := math.Abs(got - acc)
-		if math.IsNaN(got) || e > bound+1e-7 {
-			return worst, worstRatio, fmt.Errorf("element %d: got %v, want %v (bound %.3g): %w", i, got, acc, bound, errMismatch)
+		if !refdata.Within(got, want, bound) {
+			return worst, worstRatio, fmt.Errorf("element %d: got %v, want %v (bound %.3g): %w", i, got, want, bound, errMismatch)
 		}
+		e := math.Abs(got - want)
 		worst = math.Max(worst, e)
 		if bound > 0 {
 			worstRatio = math.Max(worstRatio, e/bound)

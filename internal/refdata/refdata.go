@@ -1,4 +1,11 @@
-package bench
+// Package refdata generates the check data of fairgo's examples and
+// benchmarks and its float64 reference: element i of world rank g is a pure
+// function of (seed, g, i), so every process can compute the expected result
+// of every rank without communicating.
+//
+// Integers are small (the float64 reference is exact); floats lie in
+// [-1, 1), and in ±[0.9, 1.1) for products.
+package refdata
 
 import (
 	"math"
@@ -8,12 +15,6 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/internal/elem"
 )
-
-// The check data follows examples/allreduce: element i of world rank g is a
-// pure function of (seed, g, i), so every process can compute the reference
-// of every rank without communicating. Integers are small (the float64
-// reference is exact); floats lie in [-1, 1), and in ±[0.9, 1.1) for
-// products.
 
 func splitmix(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15
@@ -89,41 +90,9 @@ func CountWrong(dt fairgo.DType, op fairgo.Op, seed uint64, world int, first int
 		local := make([]int64, len(outs))
 		tmp := make([]byte, dt.Size())
 		for i := lo; i < hi; i++ {
-			ik := indexKey(first + i)
-			var acc, mag float64
-			for g := 0; g < world; g++ {
-				elem.Set(dt, tmp, 0, valueOf(dt, op, mix(seed, rks[g], ik)))
-				x := elem.Get(dt, tmp, 0)
-				switch {
-				case g == 0:
-					acc = x
-				case op == fairgo.Sum || op == fairgo.Avg:
-					acc += x
-				case op == fairgo.Prod:
-					acc *= x
-				case op == fairgo.Max:
-					acc = math.Max(acc, x)
-				case op == fairgo.Min:
-					acc = math.Min(acc, x)
-				}
-				mag += math.Abs(x)
-			}
-			bound := 0.0
-			switch op {
-			case fairgo.Sum:
-				bound = float64(world+2) * dt.Epsilon() * mag
-			case fairgo.Avg:
-				acc /= float64(world)
-				if !dt.IsFloat() {
-					acc = math.Trunc(acc)
-				}
-				bound = float64(world+2) * dt.Epsilon() * mag / float64(world)
-			case fairgo.Prod:
-				bound = float64(world+2) * dt.Epsilon() * math.Abs(acc)
-			}
+			acc, bound := expected(dt, op, seed, rks, indexKey(first+i), tmp)
 			for k, out := range outs {
-				got := elem.Get(dt, out, int(i))
-				if math.IsNaN(got) || math.Abs(got-acc) > bound+1e-7 {
+				if !Within(elem.Get(dt, out, int(i)), acc, bound) {
 					local[k]++
 				}
 			}
@@ -135,6 +104,58 @@ func CountWrong(dt fairgo.DType, op fairgo.Op, seed uint64, world int, first int
 		mu.Unlock()
 	})
 	return wrong
+}
+
+// Expected is the reference result of element i over world ranks, and the
+// largest error allowed: 0 for integers; for floats (world + 2) unit
+// roundoffs of the sum of magnitudes (of the product's magnitude for Prod),
+// enough for any order of rounded partial sums through a ring or two levels.
+func Expected(dt fairgo.DType, op fairgo.Op, seed uint64, world int, i int64) (want, bound float64) {
+	rks := make([]uint64, world)
+	for g := range rks {
+		rks[g] = rankKey(g)
+	}
+	return expected(dt, op, seed, rks, indexKey(i), make([]byte, dt.Size()))
+}
+
+// Within reports whether got is the expected value within bound.
+func Within(got, want, bound float64) bool {
+	return !math.IsNaN(got) && math.Abs(got-want) <= bound+1e-7
+}
+
+func expected(dt fairgo.DType, op fairgo.Op, seed uint64, rks []uint64, ik uint64, tmp []byte) (acc, bound float64) {
+	world := len(rks)
+	var mag float64
+	for g := 0; g < world; g++ {
+		elem.Set(dt, tmp, 0, valueOf(dt, op, mix(seed, rks[g], ik)))
+		x := elem.Get(dt, tmp, 0)
+		switch {
+		case g == 0:
+			acc = x
+		case op == fairgo.Sum || op == fairgo.Avg:
+			acc += x
+		case op == fairgo.Prod:
+			acc *= x
+		case op == fairgo.Max:
+			acc = math.Max(acc, x)
+		case op == fairgo.Min:
+			acc = math.Min(acc, x)
+		}
+		mag += math.Abs(x)
+	}
+	switch op {
+	case fairgo.Sum:
+		bound = float64(world+2) * dt.Epsilon() * mag
+	case fairgo.Avg:
+		acc /= float64(world)
+		if !dt.IsFloat() {
+			acc = math.Trunc(acc)
+		}
+		bound = float64(world+2) * dt.Epsilon() * mag / float64(world)
+	case fairgo.Prod:
+		bound = float64(world+2) * dt.Epsilon() * math.Abs(acc)
+	}
+	return acc, bound
 }
 
 // parallel runs fn over [0, n) in chunks on up to GOMAXPROCS goroutines.
