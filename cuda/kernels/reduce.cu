@@ -3,8 +3,8 @@
 //
 // Compiled to PTX by `make ptx` (nvcc -ptx -arch=compute_70); the PTX is
 // committed and embedded in the Go package, so users need no nvcc. Only
-// plain C++ and bit operations are used (no cuda_fp16.h), so compute_70 is
-// enough and the driver JIT-compiles it for newer GPUs.
+// plain C++, bit operations and two cvt instructions are used (no
+// cuda_fp16.h), so compute_70 is enough and the driver JIT-compiles it for newer GPUs.
 //
 // reduce:  dst[i] = op over k in [0, n) of src[k*stride + i], i in [0, count)
 //          avg divides the accumulated sum by divisor (integers truncate
@@ -24,7 +24,16 @@ typedef long long i64;
 struct half_t { u16 bits; };
 struct bf16_t { u16 bits; };
 
+// On the GPU the conversions are single PTX instructions (cvt, sm_53+, so
+// compute_70 has them); the bit versions below them are the same function and
+// serve the CPU build of the host check (FG_HOST_TEST), which tests the rest
+// of the kernel logic against them.
 __device__ __forceinline__ float half_to_float(u16 h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
   u32 sign = (u32)(h & 0x8000u) << 16;
   u32 e = (h >> 10) & 0x1fu;
   u32 m = h & 0x3ffu;
@@ -35,9 +44,15 @@ __device__ __forceinline__ float half_to_float(u16 h) {
     return __uint_as_float(sign | __float_as_uint(v));
   }
   return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+#endif
 }
 
 __device__ __forceinline__ u16 float_to_half(float f) {
+#if defined(__CUDA_ARCH__)
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   u32 x = __float_as_uint(f);
   u32 sign = (x >> 16) & 0x8000u;
   u32 ax = x & 0x7fffffffu;
@@ -60,6 +75,7 @@ __device__ __forceinline__ u16 float_to_half(float f) {
   u32 halfway = 1u << (shift - 1u);
   if (rem > halfway || (rem == halfway && (r & 1u))) r++;
   return (u16)(sign | r);
+#endif
 }
 
 __device__ __forceinline__ float bf16_to_float(u16 b) { return __uint_as_float((u32)b << 16); }
