@@ -85,7 +85,6 @@ func TestOverlapRecords(t *testing.T) {
 	}
 }
 
-
 func TestPlotsRender(t *testing.T) {
 	dir := t.TempDir()
 	var recs []Record
