@@ -16,17 +16,7 @@ package cuda
 #include <string.h>
 #include <stdlib.h>
 
-#define FG_IN_CTX(ctx, call)                                    \
-	CUcontext fg_prev = NULL;                                   \
-	CUresult fg_r = cuCtxGetCurrent(&fg_prev);                  \
-	if (fg_r != CUDA_SUCCESS) return fg_r;                      \
-	if (fg_prev != (ctx)) {                                     \
-		fg_r = cuCtxSetCurrent(ctx);                            \
-		if (fg_r != CUDA_SUCCESS) return fg_r;                  \
-	}                                                           \
-	fg_r = (call);                                              \
-	if (fg_prev != (ctx)) cuCtxSetCurrent(fg_prev);             \
-	return fg_r;
+#include "fg_ctx.h"
 
 static CUresult fg_primary_retain(int ordinal, CUdevice* dev, CUcontext* ctx) {
 	CUresult r = cuDeviceGet(dev, ordinal);

@@ -11,17 +11,7 @@ package cuda
 #include <cuda.h>
 #include <stdint.h>
 
-#define FG_T_IN_CTX(ctx, call)                                  \
-	CUcontext fg_prev = NULL;                                   \
-	CUresult fg_r = cuCtxGetCurrent(&fg_prev);                  \
-	if (fg_r != CUDA_SUCCESS) return fg_r;                      \
-	if (fg_prev != (ctx)) {                                     \
-		fg_r = cuCtxSetCurrent(ctx);                            \
-		if (fg_r != CUDA_SUCCESS) return fg_r;                  \
-	}                                                           \
-	fg_r = (call);                                              \
-	if (fg_prev != (ctx)) cuCtxSetCurrent(fg_prev);             \
-	return fg_r;
+#include "fg_ctx.h"
 
 #define FG_T_MAX_ARGS 12
 
@@ -38,14 +28,14 @@ static CUresult fg_t_launch(CUcontext ctx, CUfunction f, unsigned gx, unsigned g
 		slots[i] = vals[i];
 		args[i] = &slots[i];
 	}
-	FG_T_IN_CTX(ctx, cuLaunchKernel(f, gx, gy, 1, bx, by, 1, 0, s, args, NULL))
+	FG_IN_CTX(ctx, cuLaunchKernel(f, gx, gy, 1, bx, by, 1, 0, s, args, NULL))
 }
 
 static CUresult fg_t_htod_async(CUcontext ctx, uintptr_t dst, const void* src, size_t n, CUstream s) {
-	FG_T_IN_CTX(ctx, cuMemcpyHtoDAsync((CUdeviceptr)dst, src, n, s))
+	FG_IN_CTX(ctx, cuMemcpyHtoDAsync((CUdeviceptr)dst, src, n, s))
 }
 static CUresult fg_t_dtoh_async(CUcontext ctx, void* dst, uintptr_t src, size_t n, CUstream s) {
-	FG_T_IN_CTX(ctx, cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, n, s))
+	FG_IN_CTX(ctx, cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, n, s))
 }
 */
 import "C"
