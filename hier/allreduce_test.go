@@ -297,7 +297,11 @@ func TestDifferentOrdersFailClearly(t *testing.T) {
 	var works []*hier.Work
 	works = append(works, w.reducers[0].AllReduce(context.Background(), a[0], fairgo.Sum), w.reducers[0].AllReduce(context.Background(), b[0], fairgo.Sum))
 	works = append(works, w.reducers[1].AllReduce(context.Background(), b[1], fairgo.Sum), w.reducers[1].AllReduce(context.Background(), a[1], fairgo.Sum))
+	start := time.Now()
 	err := waitAll(works)
+	// The failure is reported as soon as the device work ends with it, not
+	// after the watcher's abort grace.
+	require.Less(t, time.Since(start), 5*time.Second, "failed work took %v to report", time.Since(start))
 	require.Error(t, err)
 	require.ErrorIs(t, err, sim.ErrMismatch)
 	require.Contains(t, err.Error(), "rail-collect")

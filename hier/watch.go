@@ -54,10 +54,9 @@ func (r *Reducer) await(p pending) error {
 	var abortedAt time.Time
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
-		err := p.ev.Wait(ctx)
+		_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
 		cancel()
-		if err == nil {
-			_, qerr := p.ev.Query()
+		if done, qerr := p.ev.Query(); done {
 			if qerr != nil {
 				if cause := r.brokenCause(); cause != nil && !errors.Is(qerr, cause) {
 					return fmt.Errorf("%w (%w)", cause, qerr)
@@ -74,14 +73,32 @@ func (r *Reducer) await(p pending) error {
 			}
 			continue
 		}
-		for _, c := range r.commList() {
-			if cerr := c.Err(); cerr != nil {
-				r.abort(fmt.Errorf("%w: communicator %s failed: %w", fairgo.ErrAborted, c.Name(), cerr))
-				break
-			}
+		if c, cerr := r.commFailure(); cerr != nil {
+			r.abort(fmt.Errorf("%w: communicator %s failed: %w", fairgo.ErrAborted, c.Name(), cerr))
 		}
 		if r.cfg.timeout > 0 && now.Sub(p.start) > r.cfg.timeout {
 			r.abort(fmt.Errorf("%w: %v not complete after %v", fairgo.ErrTimeout, p.req, r.cfg.timeout))
 		}
 	}
+}
+
+// commFailure returns a failed communicator and its error, preferring a root
+// cause (a mismatch, a stall, a device error) to an abort that a peer made
+// in reaction to it, so that the Work reports what went wrong first.
+func (r *Reducer) commFailure() (Comm, error) {
+	var first Comm
+	var firstErr error
+	for _, c := range r.commList() {
+		cerr := c.Err()
+		if cerr == nil {
+			continue
+		}
+		if !errors.Is(cerr, fairgo.ErrAborted) {
+			return c, cerr
+		}
+		if first == nil {
+			first, firstErr = c, cerr
+		}
+	}
+	return first, firstErr
 }

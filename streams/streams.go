@@ -30,6 +30,8 @@ type Event interface {
 	// communicator), if any. An event never recorded is complete.
 	Query() (done bool, err error)
 	// Wait blocks the calling goroutine until the captured work has
-	// completed, or ctx is done (then it returns ctx.Err() unchanged).
+	// completed, or ctx is done (then it returns ctx.Err() unchanged). Once
+	// the work is complete it returns nil or the work's error, which Query
+	// also reports; callers that must tell the two cases apart use Query.
 	Wait(ctx context.Context) error
 }
