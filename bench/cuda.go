@@ -13,6 +13,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/streams"
@@ -28,7 +29,7 @@ func underLauncher() bool {
 	return err == nil && l.WorldSize > 1
 }
 
-// openCUDA opens the GPU testbed: one rank per process through hier.New
+// openCUDA opens the GPU testbed: one rank per process through setup.New
 // under a launcher, else every rank in this process over the first
 // Machines × Devices GPUs (cuda.NewLocalRanks).
 func openCUDA(ctx context.Context, s TestbedSpec) (Testbed, error) {
@@ -205,7 +206,7 @@ func (b *localBed) Close() error {
 	return errors.Join(errs...)
 }
 
-// processBed is one rank per process under a launcher: hier.New with
+// processBed is one rank per process under a launcher: setup.New with
 // cuda.Backend builds the device and communicators, and the launcher's store
 // carries barriers and results.
 type processBed struct {
@@ -223,13 +224,13 @@ func openCUDAProcess(ctx context.Context) (Testbed, error) {
 	if err != nil {
 		return nil, err
 	}
-	setup, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	setupCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	cl, err := rendezvous.Dial(setup, l.StoreAddr)
+	cl, err := rendezvous.Dial(setupCtx, l.StoreAddr)
 	if err != nil {
 		return nil, fmt.Errorf("bench: dialing the launcher's store %s: %w", l.StoreAddr, err)
 	}
-	red, err := hier.New(setup, cl, cuda.Backend{}, hier.WithStorePrefix("fairbench-setup"))
+	red, err := setup.New(setupCtx, cl, cuda.Backend{}, setup.WithStorePrefix("fairbench-setup"))
 	if err != nil {
 		_ = cl.Close()
 		return nil, err

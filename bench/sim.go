@@ -74,7 +74,7 @@ func (r *simRank) Download(t fairgo.Tensor) ([]byte, error) {
 	if len(out) == 0 {
 		return out, nil
 	}
-	return out, r.dev.Download(t.Ptr, out)
+	return out, r.dev.Download(out, t.Ptr)
 }
 func (r *simRank) Time(ctx context.Context, fn func() error) (time.Duration, error) {
 	start := time.Now()

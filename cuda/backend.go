@@ -11,16 +11,17 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/topology"
 )
 
-var _ hier.Backend = Backend{}
+var _ setup.Backend = Backend{}
 
-// Backend is the hier.Backend of GPUs, for hier.New and hier.NewLocal:
+// Backend is the setup.Backend of GPUs, for setup.New and setup.NewLocal:
 //
-//	r, err := hier.New(ctx, nil, cuda.Backend{})
+//	r, err := setup.New(ctx, nil, cuda.Backend{})
 //
 // Connect opens each rank's device (its CUDA ordinal; with
 // CUDA_VISIBLE_DEVICES naming one GPU, as fairrun sets it, that is 0) and
@@ -43,8 +44,8 @@ type Backend struct {
 	NoSplit bool
 }
 
-// Connect implements hier.Backend.
-func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job hier.Job) ([]hier.Rank, error) {
+// Connect implements setup.Backend.
+func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
 	if job.Layout == nil || len(job.Ranks) == 0 || len(job.Ranks) != len(job.Devices) {
 		return nil, &fairgo.ArgError{Arg: "cuda backend job", Value: fmt.Sprintf("ranks %v devices %v", job.Ranks, job.Devices),
 			Reason: "needs a layout and one device per rank"}

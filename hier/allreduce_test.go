@@ -15,6 +15,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
@@ -74,12 +75,12 @@ func (c allReduceCase) run(t testing.TB, hook func(*hier.Reducer)) error {
 		}
 	}
 	rng := rand.New(rand.NewPCG(c.seed, 7))
-	in := randomInputs(rng, c.dt, c.op, w.size(), c.count)
+	in := reftest.RandomInputs(rng, c.dt, c.op, w.size(), c.count)
 	out, err := w.allReduce(t, c.dt, c.op, in)
 	if err != nil {
 		return err
 	}
-	return checkResults(c.dt, computeReference(c.dt, c.op, in), out)
+	return reftest.CheckResults(c.dt, reftest.ComputeReference(c.dt, c.op, in), out)
 }
 
 func TestAllReduceProperty(t *testing.T) {
@@ -217,7 +218,7 @@ func TestManyInFlight(t *testing.T) {
 	cs := make([]call, calls)
 	for i := range cs {
 		n := 100 + rng.IntN(3000)
-		cs[i].in = randomInputs(rng, fairgo.Int32, fairgo.Sum, w.size(), n)
+		cs[i].in = reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, w.size(), n)
 		cs[i].ts = w.upload(t, fairgo.Int32, cs[i].in)
 	}
 	for i := range cs {
@@ -226,8 +227,8 @@ func TestManyInFlight(t *testing.T) {
 		}
 	}
 	for i := range cs {
-		require.NoError(t, waitAll(cs[i].wks))
-		require.NoError(t, checkResults(fairgo.Int32, computeReference(fairgo.Int32, fairgo.Sum, cs[i].in), w.download(t, cs[i].ts)), "call %d", i)
+		require.NoError(t, reftest.WaitAll(cs[i].wks))
+		require.NoError(t, reftest.CheckResults(fairgo.Int32, reftest.ComputeReference(fairgo.Int32, fairgo.Sum, cs[i].in), w.download(t, cs[i].ts)), "call %d", i)
 	}
 }
 
@@ -238,8 +239,8 @@ func TestConcurrentCallers(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 4}, hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1024))
 	const goroutines, perG, n = 4, 6, 777
 	rng := rand.New(rand.NewPCG(3, 4))
-	in := randomInputs(rng, fairgo.Int64, fairgo.Sum, w.size(), n)
-	ref := computeReference(fairgo.Int64, fairgo.Sum, in)
+	in := reftest.RandomInputs(rng, fairgo.Int64, fairgo.Sum, w.size(), n)
+	ref := reftest.ComputeReference(fairgo.Int64, fairgo.Sum, in)
 	var wg sync.WaitGroup
 	errs := make(chan error, w.size()*goroutines)
 	// Now issue concurrently: each goroutine owns its buffers.
@@ -265,7 +266,7 @@ func TestConcurrentCallers(t *testing.T) {
 				for _, tn := range bufs[g][k] {
 					works = append(works, r.AllReduce(context.Background(), tn, fairgo.Sum))
 				}
-				errs <- waitAll(works)
+				errs <- reftest.WaitAll(works)
 			}()
 		}
 	}
@@ -282,7 +283,7 @@ func TestConcurrentCallers(t *testing.T) {
 			}
 			out := w.download(t, ts)
 			for g := range out {
-				require.NoError(t, checkResults(fairgo.Int64, ref, [][]byte{out[g]}), "rank %d buffer %d/%d", g, k, j)
+				require.NoError(t, reftest.CheckResults(fairgo.Int64, ref, [][]byte{out[g]}), "rank %d buffer %d/%d", g, k, j)
 			}
 		}
 	}
@@ -298,7 +299,7 @@ func TestDifferentOrdersFailClearly(t *testing.T) {
 	works = append(works, w.reducers[0].AllReduce(context.Background(), a[0], fairgo.Sum), w.reducers[0].AllReduce(context.Background(), b[0], fairgo.Sum))
 	works = append(works, w.reducers[1].AllReduce(context.Background(), b[1], fairgo.Sum), w.reducers[1].AllReduce(context.Background(), a[1], fairgo.Sum))
 	start := time.Now()
-	err := waitAll(works)
+	err := reftest.WaitAll(works)
 	// The failure is reported as soon as the device work ends with it, not
 	// after the watcher's abort grace.
 	require.Less(t, time.Since(start), 5*time.Second, "failed work took %v to report", time.Since(start))
@@ -378,7 +379,7 @@ func TestBadInput(t *testing.T) {
 	for g, rr := range w.reducers {
 		works = append(works, rr.AllReduce(ctx, ts[g], fairgo.Sum))
 	}
-	require.NoError(t, waitAll(works))
+	require.NoError(t, reftest.WaitAll(works))
 }
 
 func TestInvalidOptions(t *testing.T) {
@@ -437,8 +438,8 @@ func TestCallerStreams(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 8, Jitter: 50 * time.Microsecond}, hier.WithFlatThreshold(hier.FlatNever))
 	const n = 999
 	rng := rand.New(rand.NewPCG(5, 6))
-	in := randomInputs(rng, fairgo.Int32, fairgo.Sum, w.size(), n)
-	ref := computeReference(fairgo.Int32, fairgo.Sum, in)
+	in := reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, w.size(), n)
+	ref := reftest.ComputeReference(fairgo.Int32, fairgo.Sum, in)
 	var works []*hier.Work
 	outs := make([]fairgo.Tensor, w.size())
 	var done []streams.Event
@@ -471,8 +472,8 @@ func TestCallerStreams(t *testing.T) {
 		_, err := ev.Query()
 		require.NoError(t, err)
 	}
-	require.NoError(t, checkResults(fairgo.Int32, ref, w.download(t, outs)))
-	require.NoError(t, waitAll(works))
+	require.NoError(t, reftest.CheckResults(fairgo.Int32, ref, w.download(t, outs)))
+	require.NoError(t, reftest.WaitAll(works))
 }
 
 func TestZeroCountCompletes(t *testing.T) {

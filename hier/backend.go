@@ -1,11 +1,12 @@
 package hier
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/streams"
-	"github.com/fairgo/fairgo/topology"
 )
 
 // Device is one GPU as the engine drives it: memory, asynchronous copies, the
@@ -27,6 +28,12 @@ type Device interface {
 	// Alloc allocates device memory; Free releases it.
 	Alloc(bytes int64) (uintptr, error)
 	Free(ptr uintptr) error
+
+	// Upload copies src from the host to device memory at dst, and
+	// Download copies device memory at src into dst on the host. Both are
+	// synchronous and do not wait for the device's streams.
+	Upload(dst uintptr, src []byte) error
+	Download(dst []byte, src uintptr) error
 
 	// CheckRange returns an error wrapping fairgo.ErrInvalidArgument when
 	// [ptr, ptr+bytes) is not memory of this device.
@@ -91,10 +98,10 @@ type Comm interface {
 	Close() error
 }
 
-// Grid is the M × D arrangement of ranks and one rank's place in it. It is
-// defined in topology, which computes it, so that topology need not import
-// hier; hier.New runs topology's discovery.
-type Grid = topology.Grid
+// Grid is the M × D arrangement of ranks and one rank's place in it (the
+// root package defines it, so that topology, which computes it, and the
+// engine share it without importing each other).
+type Grid = fairgo.Grid
 
 // Comms are the five communicators of one rank. Intra communicators hold
 // the D ranks of this machine ranked by local index; rail communicators hold
@@ -112,12 +119,42 @@ type Comms struct {
 // Rank bundles what the engine needs for one rank: its device, its place in
 // the grid and its communicators. The caller keeps ownership of the device
 // and the communicators unless OwnsResources is set, in which case the
-// Reducer closes them on Close.
+// Reducer releases them on Close (Release).
 type Rank struct {
 	Grid          Grid
 	Device        Device
 	Comms         Comms
 	OwnsResources bool
+	// Closers run after the communicators and the device are closed, when
+	// OwnsResources is set (setup code hands over the store it opened).
+	Closers []func() error
+}
+
+// Release closes the rank's distinct communicators, then its device, then
+// runs its Closers, and joins their errors.
+func (r Rank) Release() error {
+	var errs []error
+	for _, c := range r.Comms.distinct() {
+		errs = append(errs, c.Close())
+	}
+	if r.Device != nil {
+		errs = append(errs, r.Device.Close())
+	}
+	for _, fn := range r.Closers {
+		errs = append(errs, fn())
+	}
+	return errors.Join(errs...)
+}
+
+// distinct is the non-nil communicators, each once.
+func (c Comms) distinct() []Comm {
+	var out []Comm
+	for _, cm := range []Comm{c.World, c.IntraReduceScatter, c.IntraAllGather, c.RailCollect, c.RailDiffuse} {
+		if cm != nil && !slices.Contains(out, cm) {
+			out = append(out, cm)
+		}
+	}
+	return out
 }
 
 func (r Rank) validate() error {

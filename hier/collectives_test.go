@@ -12,6 +12,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 	"github.com/fairgo/fairgo/staging"
 )
@@ -58,7 +59,7 @@ func (bc blockCase) runReduceScatter(t testing.TB) error {
 	defer w.close()
 	W, es := w.size(), bc.dt.Size()
 	rng := rand.New(rand.NewPCG(bc.seed, 1))
-	in := randomInputs(rng, bc.dt, bc.op, W, W*bc.c)
+	in := reftest.RandomInputs(rng, bc.dt, bc.op, W, W*bc.c)
 	send := w.upload(t, bc.dt, in)
 	recv := make([]fairgo.Tensor, W)
 	var works []*hier.Work
@@ -72,7 +73,7 @@ func (bc blockCase) runReduceScatter(t testing.TB) error {
 		}
 		works = append(works, r.ReduceScatter(context.Background(), send[g], recv[g], bc.op))
 	}
-	if err := waitAll(works); err != nil {
+	if err := reftest.WaitAll(works); err != nil {
 		return err
 	}
 	out := w.download(t, recv)
@@ -82,7 +83,7 @@ func (bc blockCase) runReduceScatter(t testing.TB) error {
 			blocks[g] = in[g][gr*bc.c*es : (gr+1)*bc.c*es]
 		}
 		holder := gridOrder(w)[gr]
-		if err := checkResults(bc.dt, computeReference(bc.dt, bc.op, blocks), [][]byte{out[holder]}); err != nil {
+		if err := reftest.CheckResults(bc.dt, reftest.ComputeReference(bc.dt, bc.op, blocks), [][]byte{out[holder]}); err != nil {
 			return err
 		}
 	}
@@ -95,7 +96,7 @@ func (bc blockCase) runAllGather(t testing.TB) error {
 	defer w.close()
 	W, es := w.size(), bc.dt.Size()
 	rng := rand.New(rand.NewPCG(bc.seed, 2))
-	in := randomInputs(rng, bc.dt, fairgo.Sum, W, bc.c)
+	in := reftest.RandomInputs(rng, bc.dt, fairgo.Sum, W, bc.c)
 	recv := make([]fairgo.Tensor, W)
 	send := make([]fairgo.Tensor, W)
 	var works []*hier.Work
@@ -115,7 +116,7 @@ func (bc blockCase) runAllGather(t testing.TB) error {
 		}
 		works = append(works, r.AllGather(context.Background(), send[g], recv[g]))
 	}
-	if err := waitAll(works); err != nil {
+	if err := reftest.WaitAll(works); err != nil {
 		return err
 	}
 	var want []byte
@@ -146,26 +147,26 @@ func TestBroadcastAndAllToAll(t *testing.T) {
 	ctx := context.Background()
 
 	const n = 1001
-	in := randomInputs(rng, fairgo.Uint32, fairgo.Sum, W, n)
+	in := reftest.RandomInputs(rng, fairgo.Uint32, fairgo.Sum, W, n)
 	ts := w.upload(t, fairgo.Uint32, in)
 	var works []*hier.Work
 	for g, r := range w.reducers {
 		works = append(works, r.Broadcast(ctx, ts[g], 2))
 	}
-	require.NoError(t, waitAll(works))
+	require.NoError(t, reftest.WaitAll(works))
 	for g, o := range w.download(t, ts) {
 		require.Equal(t, in[2], o, "rank %d", g)
 	}
 
 	const c = 37 // elements per peer
-	in = randomInputs(rng, fairgo.Int8, fairgo.Sum, W, W*c)
+	in = reftest.RandomInputs(rng, fairgo.Int8, fairgo.Sum, W, W*c)
 	send := w.upload(t, fairgo.Int8, in)
-	recv := w.upload(t, fairgo.Int8, randomInputs(rng, fairgo.Int8, fairgo.Sum, W, W*c))
+	recv := w.upload(t, fairgo.Int8, reftest.RandomInputs(rng, fairgo.Int8, fairgo.Sum, W, W*c))
 	works = nil
 	for g, r := range w.reducers {
 		works = append(works, r.AllToAll(ctx, send[g], recv[g]))
 	}
-	require.NoError(t, waitAll(works))
+	require.NoError(t, reftest.WaitAll(works))
 	for g, o := range w.download(t, recv) {
 		for k := 0; k < W; k++ {
 			require.Equal(t, in[k][g*c:(g+1)*c], o[k*c:(k+1)*c], "rank %d block from %d", g, k)
@@ -180,7 +181,7 @@ func TestBroadcastAndAllToAll(t *testing.T) {
 		for k := 0; k < W; k++ {
 			total += count(i, k)
 		}
-		sendData[i] = randomInputs(rng, fairgo.Uint8, fairgo.Sum, 1, total)[0]
+		sendData[i] = reftest.RandomInputs(rng, fairgo.Uint8, fairgo.Sum, 1, total)[0]
 	}
 	send = w.upload(t, fairgo.Uint8, sendData)
 	recv = make([]fairgo.Tensor, W)
@@ -198,7 +199,7 @@ func TestBroadcastAndAllToAll(t *testing.T) {
 		require.NoError(t, err)
 		works = append(works, r.AllToAllv(ctx, send[i], sc, recv[i], rc))
 	}
-	require.NoError(t, waitAll(works))
+	require.NoError(t, reftest.WaitAll(works))
 	for i, o := range w.download(t, recv) {
 		off := 0
 		for k := 0; k < W; k++ {

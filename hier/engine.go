@@ -55,11 +55,8 @@ func (r *Reducer) engine(ready chan<- error) {
 	if r.paddingR != nil {
 		errs = append(errs, r.paddingR.Close())
 	}
-	if r.owns {
-		for _, c := range r.commList() {
-			errs = append(errs, c.Close())
-		}
-		errs = append(errs, r.dev.Close())
+	if r.rank.OwnsResources {
+		errs = append(errs, r.rank.Release())
 	}
 	r.closeErr = errors.Join(errs...)
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // The examples run every rank of a simulated cluster in one process: on
-// GPUs each process holds one Reducer (hier.New) and makes the same calls.
+// GPUs each process holds one Reducer (setup.New) and makes the same calls.
 
 // exUpload puts float32 values into a new tensor on a simulated device.
 func exUpload(dev *sim.Device, vals []float32) fairgo.Tensor {
@@ -33,7 +33,7 @@ func exUpload(dev *sim.Device, vals []float32) fairgo.Tensor {
 // exDownload reads a float32 tensor back.
 func exDownload(dev *sim.Device, t fairgo.Tensor) []float32 {
 	b := make([]byte, t.ByteLen())
-	if err := dev.Download(t.Ptr, b); err != nil {
+	if err := dev.Download(b, t.Ptr); err != nil {
 		panic(err)
 	}
 	vals := make([]float32, t.Count)

@@ -28,13 +28,9 @@ import (
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/staging"
 )
-
-// cudaDev adapts *cuda.Device to testDevice.
-type cudaDev struct{ *cuda.Device }
-
-func (d cudaDev) Download(ptr uintptr, data []byte) error { return d.Device.Download(data, ptr) }
 
 var gpus struct {
 	once  sync.Once
@@ -102,7 +98,7 @@ func gpuWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 		r, err := hier.NewReducer(context.Background(), rk, opts...)
 		require.NoError(t, err)
 		w.reducers = append(w.reducers, r)
-		w.devs = append(w.devs, cudaDev{rk.Device.(*cuda.Device)})
+		w.devs = append(w.devs, rk.Device.(*cuda.Device))
 	}
 	t.Cleanup(w.close)
 	return w
@@ -183,7 +179,7 @@ func checkParallel(dt fairgo.DType, op fairgo.Op, in, out [][]byte) error {
 			}
 			return s
 		}
-		if err := checkResults(dt, computeReference(dt, op, sub(in)), sub(out)); err != nil {
+		if err := reftest.CheckResults(dt, reftest.ComputeReference(dt, op, sub(in)), sub(out)); err != nil {
 			return fmt.Errorf("elements [%d, %d): %w", lo, hi, err)
 		}
 		return nil
@@ -261,7 +257,7 @@ func TestGPUReduceScatterAllGather(t *testing.T) {
 						require.NoError(t, err)
 						works = append(works, r.ReduceScatter(context.Background(), send[i], recv[i], fairgo.Sum))
 					}
-					require.NoError(t, waitAll(works))
+					require.NoError(t, reftest.WaitAll(works))
 					out := w.download(t, recv)
 					for i, r := range w.reducers {
 						gr := r.Grid().Rank()
@@ -269,7 +265,7 @@ func TestGPUReduceScatterAllGather(t *testing.T) {
 						for k := range in {
 							blocks[k] = in[k][gr*c*es : (gr+1)*c*es]
 						}
-						require.NoError(t, checkResults(dt, computeReference(dt, fairgo.Sum, blocks), [][]byte{out[i]}))
+						require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, fairgo.Sum, blocks), [][]byte{out[i]}))
 					}
 					// all-gather the reduced blocks back
 					full := make([]fairgo.Tensor, W)
@@ -280,7 +276,7 @@ func TestGPUReduceScatterAllGather(t *testing.T) {
 						require.NoError(t, err)
 						works = append(works, r.AllGather(context.Background(), recv[i], full[i]))
 					}
-					require.NoError(t, waitAll(works))
+					require.NoError(t, reftest.WaitAll(works))
 					var want []byte
 					byGrid := make([][]byte, W)
 					for i, r := range w.reducers {
@@ -369,7 +365,7 @@ func flatRun(t testing.TB, w *world, fn func(g int, s *cuda.Stream) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dev := w.devs[g].(cudaDev).Device
+			dev := w.devs[g].(*cuda.Device)
 			release, err := dev.Bind()
 			if err != nil {
 				errs[g] = err
@@ -456,7 +452,7 @@ func TestGPUTiming(t *testing.T) {
 func timeFlat(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 	ds := make([]time.Duration, w.size())
 	flatRun(t, w, func(g int, s *cuda.Stream) error {
-		dev := w.devs[g].(cudaDev).Device
+		dev := w.devs[g].(*cuda.Device)
 		d, err := dev.TimeRegion(s, func() error {
 			return w.reducers[g].Comms().World.AllReduce(ts[g].Ptr, ts[g].Ptr, ts[g].Count, fairgo.Float32, fairgo.Sum, s)
 		})
@@ -475,7 +471,7 @@ func timeFairgo(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 	ctx := context.Background()
 	var streamsToClose []*cuda.Stream
 	for g, r := range w.reducers {
-		dev := w.devs[g].(cudaDev).Device
+		dev := w.devs[g].(*cuda.Device)
 		s, err := dev.CreateStream()
 		require.NoError(t, err)
 		streamsToClose = append(streamsToClose, s)
@@ -490,7 +486,7 @@ func timeFairgo(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 		works = append(works, wk)
 		evs[g] = pair{start, end}
 	}
-	require.NoError(t, waitAll(works))
+	require.NoError(t, reftest.WaitAll(works))
 	ds := make([]time.Duration, w.size())
 	for g, p := range evs {
 		require.NoError(t, p.end.Synchronize())

@@ -2,10 +2,7 @@ package hier_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -13,17 +10,15 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 )
 
-// testDevice is what the tests need of a device beyond hier.Device: host
-// transfers. sim devices have it; cuda devices get an adapter.
+// testDevice is what the tests need of a device: hier.Device and typed
+// allocation, which sim and cuda devices both have.
 type testDevice interface {
+	hier.Device
 	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
-	Free(ptr uintptr) error
-	Upload(ptr uintptr, data []byte) error
-	Download(ptr uintptr, data []byte) error
 }
 
 // world is a cluster (simulated, or GPUs) with one Reducer per rank.
@@ -116,23 +111,10 @@ func (w *world) download(t testing.TB, ts []fairgo.Tensor) [][]byte {
 	for g, tn := range ts {
 		out[g] = make([]byte, tn.ByteLen())
 		if tn.Count > 0 {
-			require.NoError(t, w.devs[g].Download(tn.Ptr, out[g]))
+			require.NoError(t, w.devs[g].Download(out[g], tn.Ptr))
 		}
 	}
 	return out
-}
-
-// waitAll waits for every work and returns the first error.
-func waitAll(works []*hier.Work) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var first error
-	for _, wk := range works {
-		if err := wk.Wait(ctx); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
 }
 
 // allReduce runs one allreduce of data on every rank and returns the results.
@@ -142,175 +124,10 @@ func (w *world) allReduce(t testing.TB, dt fairgo.DType, op fairgo.Op, data [][]
 	for g, r := range w.reducers {
 		works[g] = r.AllReduce(context.Background(), ts[g], op)
 	}
-	if err := waitAll(works); err != nil {
+	if err := reftest.WaitAll(works); err != nil {
 		return nil, err
 	}
 	return w.download(t, ts), nil
-}
-
-// randomInputs draws one input per rank, in ranges that keep the reduction
-// of op finite in dt.
-func randomInputs(rng *rand.Rand, dt fairgo.DType, op fairgo.Op, ranks int, count int) [][]byte {
-	out := make([][]byte, ranks)
-	es := dt.Size()
-	for g := range out {
-		b := make([]byte, count*es)
-		if dt.IsFloat() {
-			for i := 0; i < count; i++ {
-				v := rng.Float64()*2 - 1
-				if op == fairgo.Prod {
-					v = 0.9 + rng.Float64()*0.2
-					if rng.IntN(2) == 0 {
-						v = -v
-					}
-				}
-				elem.Set(dt, b, i, v)
-			}
-		} else {
-			for i := range b {
-				b[i] = byte(rng.Uint32())
-			}
-		}
-		out[g] = b
-	}
-	return out
-}
-
-// reference is the expected result of an allreduce of inputs: for integers
-// the exact bits, for floats a float64 value and a tolerance per element.
-type reference struct {
-	bits []uint64
-	val  []float64
-	tol  []float64
-}
-
-func bitsOf(dt fairgo.DType, b []byte, i int) uint64 {
-	switch dt.Size() {
-	case 1:
-		return uint64(b[i])
-	case 2:
-		return uint64(binary.LittleEndian.Uint16(b[2*i:]))
-	case 4:
-		return uint64(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return binary.LittleEndian.Uint64(b[8*i:])
-}
-
-func mask(dt fairgo.DType) uint64 {
-	if dt.Size() == 8 {
-		return math.MaxUint64
-	}
-	return 1<<(8*dt.Size()) - 1
-}
-
-// signed sign-extends a dt-wide value.
-func signed(dt fairgo.DType, v uint64) int64 {
-	shift := 64 - 8*dt.Size()
-	return int64(v<<shift) >> shift
-}
-
-// computeReference computes the result independently of the engine: integer
-// arithmetic wraps in the element width; floats are summed in float64 with a
-// tolerance of (ranks + 2) unit roundoffs of the sum of magnitudes (of the
-// product's magnitude for Prod), enough for any order of rounded partial
-// results through a two-level or ring reduction.
-func computeReference(dt fairgo.DType, op fairgo.Op, inputs [][]byte) reference {
-	ranks := len(inputs)
-	n := len(inputs[0]) / dt.Size()
-	var ref reference
-	if !dt.IsFloat() {
-		ref.bits = make([]uint64, n)
-		for i := 0; i < n; i++ {
-			acc := bitsOf(dt, inputs[0], i)
-			for g := 1; g < ranks; g++ {
-				x := bitsOf(dt, inputs[g], i)
-				switch op {
-				case fairgo.Sum, fairgo.Avg:
-					acc += x
-				case fairgo.Prod:
-					acc *= x
-				case fairgo.Max, fairgo.Min:
-					less := acc&mask(dt) < x&mask(dt)
-					if dt.IsSigned() {
-						less = signed(dt, acc) < signed(dt, x)
-					}
-					if less == (op == fairgo.Max) {
-						acc = x
-					}
-				}
-				acc &= mask(dt)
-			}
-			if op == fairgo.Avg {
-				if dt.IsSigned() {
-					acc = uint64(signed(dt, acc) / int64(ranks))
-				} else {
-					acc /= uint64(ranks)
-				}
-			}
-			ref.bits[i] = acc & mask(dt)
-		}
-		return ref
-	}
-	u := dt.Epsilon()
-	tiny := map[fairgo.DType]float64{fairgo.Float16: 1e-7, fairgo.BFloat16: 1e-37, fairgo.Float32: 1e-44, fairgo.Float64: 1e-300}[dt] * float64(ranks)
-	ref.val = make([]float64, n)
-	ref.tol = make([]float64, n)
-	for i := 0; i < n; i++ {
-		acc, mag := elem.Get(dt, inputs[0], i), math.Abs(elem.Get(dt, inputs[0], i))
-		for g := 1; g < ranks; g++ {
-			x := elem.Get(dt, inputs[g], i)
-			switch op {
-			case fairgo.Sum, fairgo.Avg:
-				acc += x
-				mag += math.Abs(x)
-			case fairgo.Prod:
-				acc *= x
-			case fairgo.Max:
-				acc = math.Max(acc, x)
-			case fairgo.Min:
-				acc = math.Min(acc, x)
-			}
-		}
-		switch op {
-		case fairgo.Sum:
-			ref.tol[i] = float64(ranks+2)*u*mag + tiny
-		case fairgo.Avg:
-			acc /= float64(ranks)
-			ref.tol[i] = float64(ranks+2)*u*mag/float64(ranks) + tiny
-		case fairgo.Prod:
-			ref.tol[i] = float64(ranks+2)*u*math.Abs(acc) + tiny
-		}
-		ref.val[i] = acc
-	}
-	return ref
-}
-
-// checkResults returns an error describing the first rank that differs from
-// rank 0 bit for bit, or the first element of rank 0 off the reference.
-func checkResults(dt fairgo.DType, ref reference, outputs [][]byte) error {
-	for g := 1; g < len(outputs); g++ {
-		for i := range outputs[0] {
-			if outputs[g][i] != outputs[0][i] {
-				return fmt.Errorf("rank %d differs from rank 0 at byte %d (element %d)", g, i, i/dt.Size())
-			}
-		}
-	}
-	out := outputs[0]
-	if ref.bits != nil {
-		for i, want := range ref.bits {
-			if got := bitsOf(dt, out, i); got != want {
-				return fmt.Errorf("element %d: got %#x, want %#x", i, got, want)
-			}
-		}
-		return nil
-	}
-	for i, want := range ref.val {
-		got := elem.Get(dt, out, i)
-		if math.IsNaN(got) || math.Abs(got-want) > ref.tol[i] {
-			return fmt.Errorf("element %d: got %v, want %v ± %v", i, got, want, ref.tol[i])
-		}
-	}
-	return nil
 }
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -40,7 +40,6 @@ type config struct {
 	spin          time.Duration
 	spinSet       bool
 	logger        *slog.Logger
-	setup         setupConfig // options of New and NewLocal (new.go)
 }
 
 // WithSliceSize sets the slice size in bytes: a tensor larger than this is
@@ -86,6 +85,13 @@ func WithSpin(d time.Duration) Option { return func(c *config) { c.spin, c.spinS
 // WithLogger sets the logger for the engine's rare events (aborts,
 // timeouts, layout decisions). Nil means slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// ValidateOptions reports the first invalid option by name, as NewReducer
+// would; setup code calls it before waiting on other ranks.
+func ValidateOptions(opts ...Option) error {
+	_, err := buildConfig(Grid{Machines: 1, Devices: 1}, opts)
+	return err
+}
 
 func buildConfig(g Grid, opts []Option) (config, error) {
 	var c config

@@ -61,7 +61,7 @@ type Reducer struct {
 	grid   Grid
 	dev    Device
 	comms  Comms
-	owns   bool
+	rank   Rank // what NewReducer was given; released on Close when it owns its resources
 	cfg    config
 	layout staging.Layout
 	events eventPool
@@ -97,7 +97,7 @@ type inflight struct {
 }
 
 // NewReducer builds the engine of one rank from its device, grid and
-// communicators, and starts its goroutine. Sim clusters and hier.New call it;
+// communicators, and starts its goroutine. Sim clusters and setup.New call it;
 // trainers usually do not. ctx bounds the construction only.
 func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) {
 	if err := rk.validate(); err != nil {
@@ -116,7 +116,7 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 		return nil, err
 	}
 	r := &Reducer{
-		grid: rk.Grid, dev: rk.Device, comms: rk.Comms, owns: rk.OwnsResources,
+		grid: rk.Grid, dev: rk.Device, comms: rk.Comms, rank: rk,
 		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
 		wake: make(chan struct{}, 1), closing: make(chan struct{}),
 		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
@@ -403,24 +403,7 @@ func (r *Reducer) brokenCause() error {
 }
 
 // commList is the distinct non-nil communicators.
-func (r *Reducer) commList() []Comm {
-	var out []Comm
-	for _, c := range []Comm{r.comms.World, r.comms.IntraReduceScatter, r.comms.IntraAllGather, r.comms.RailCollect, r.comms.RailDiffuse} {
-		if c == nil {
-			continue
-		}
-		dup := false
-		for _, o := range out {
-			if o == c {
-				dup = true
-			}
-		}
-		if !dup {
-			out = append(out, c)
-		}
-	}
-	return out
-}
+func (r *Reducer) commList() []Comm { return r.comms.distinct() }
 
 // closeGrace is how long Close lets running device work finish before it
 // aborts the communicators.
@@ -468,5 +451,26 @@ func (p *eventPool) release() error {
 		errs = append(errs, streams.Release(ev))
 	}
 	p.free = nil
+	return errors.Join(errs...)
+}
+
+// CloseAll closes Reducers concurrently and joins their errors (a Reducer
+// already closed is not an error).
+func CloseAll(rs []*Reducer) error {
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		if r == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Close(); err != nil && !errors.Is(err, fairgo.ErrClosed) {
+				errs[i] = err
+			}
+		}()
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }

@@ -9,19 +9,20 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
-var _ hier.Backend = (*Backend)(nil)
+var _ setup.Backend = (*Backend)(nil)
 
 // keyCluster is the store key under which the process holding global rank
 // 0 publishes the cluster it built (as NCCL's unique id is published).
 const keyCluster = "sim/cluster"
 
-// Backend is a hier.Backend over simulated clusters, so that hier.New and
-// hier.NewLocal run end to end without GPUs: goroutines play the processes
-// of a job, each calling hier.New with the same Backend and its own
-// environment (hier.WithEnv), through a shared rendezvous store.
+// Backend is a setup.Backend over simulated clusters, so that setup.New and
+// setup.NewLocal run end to end without GPUs: goroutines play the processes
+// of a job, each calling setup.New with the same Backend and its own
+// environment (setup.WithEnv), through a shared rendezvous store.
 //
 // The process holding global rank 0 builds a Cluster shaped by the
 // discovered layout (Machines, Devices and RankOrder come from it) and
@@ -45,8 +46,8 @@ func NewBackend(cfg Config) *Backend {
 	return &Backend{cfg: cfg}
 }
 
-// Connect implements hier.Backend.
-func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job hier.Job) ([]hier.Rank, error) {
+// Connect implements setup.Backend.
+func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
 	l := job.Layout
 	if l == nil || len(job.Ranks) == 0 {
 		return nil, &fairgo.ArgError{Arg: "sim backend job", Value: job.Ranks, Reason: "needs a layout and at least one rank"}

@@ -371,7 +371,7 @@ func TestAllToAllvProperty(t *testing.T) {
 				copy(want[recvDispls[r][k]*int64(size):], from)
 			}
 			got := make([]byte, recvLen*size)
-			require.NoError(rt, c.Device(r).Download(recvs[r].Ptr, got))
+			require.NoError(rt, c.Device(r).Download(got, recvs[r].Ptr))
 			require.Equal(rt, want, got, "rank %d", r)
 		}
 	})

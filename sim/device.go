@@ -147,29 +147,29 @@ func (d *Device) AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error
 	return t, nil
 }
 
-// Upload copies data from the host to ptr, synchronously (it does not wait
+// Upload copies src from the host to dst, synchronously (it does not wait
 // for streams). The range must lie inside one allocation of this device.
-func (d *Device) Upload(ptr uintptr, data []byte) error {
-	if err := d.mem.checkRange(ptr, int64(len(data))); err != nil {
+func (d *Device) Upload(dst uintptr, src []byte) error {
+	if err := d.mem.checkRange(dst, int64(len(src))); err != nil {
 		return fmt.Errorf("sim: upload to %s: %w", d, err)
 	}
-	if err := d.mem.write("upload", ptr, data); err != nil {
+	if err := d.mem.write("upload", dst, src); err != nil {
 		return fmt.Errorf("sim: upload: %w: %w", fairgo.ErrInvalidArgument, err)
 	}
 	return nil
 }
 
-// Download copies device memory at ptr into data, synchronously (it does
+// Download copies device memory at src into dst, synchronously (it does
 // not wait for streams).
-func (d *Device) Download(ptr uintptr, data []byte) error {
-	if err := d.mem.checkRange(ptr, int64(len(data))); err != nil {
+func (d *Device) Download(dst []byte, src uintptr) error {
+	if err := d.mem.checkRange(src, int64(len(dst))); err != nil {
 		return fmt.Errorf("sim: download from %s: %w", d, err)
 	}
-	b, err := d.mem.read("download", ptr, int64(len(data)))
+	b, err := d.mem.read("download", src, int64(len(dst)))
 	if err != nil {
 		return fmt.Errorf("sim: download: %w: %w", fairgo.ErrInvalidArgument, err)
 	}
-	copy(data, b)
+	copy(dst, b)
 	return nil
 }
 

@@ -55,7 +55,7 @@ func tensorBytes(t tb, d *Device, dt fairgo.DType, b []byte) fairgo.Tensor {
 func download(t tb, d *Device, tn fairgo.Tensor) []byte {
 	helper(t)
 	b := make([]byte, tn.ByteLen())
-	require.NoError(t, d.Download(tn.Ptr, b))
+	require.NoError(t, d.Download(b, tn.Ptr))
 	return b
 }
 

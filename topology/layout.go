@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/fairgo/fairgo"
 )
 
 // Member is what one rank publishes about itself.
@@ -28,11 +30,11 @@ type Machine struct {
 // are ordered by the smallest global rank on each; ranks within a machine
 // (their local index) by global rank.
 type Layout struct {
-	Rank     int       // the rank this layout was built for
-	Grid     Grid      // its coordinates
-	Members  []Member  // by global rank
-	Machines []Machine // by machine index
-	coords   []Grid
+	Rank     int         // the rank this layout was built for
+	Grid     fairgo.Grid // its coordinates
+	Members  []Member    // by global rank
+	Machines []Machine   // by machine index
+	coords   []fairgo.Grid
 }
 
 // Sentinels of the typed errors; test with errors.Is.
@@ -172,11 +174,11 @@ func Build(members []Member, self int) (*Layout, error) {
 			return nil, &IrregularError{Machines: reports}
 		}
 	}
-	l := &Layout{Rank: self, Members: byRank, coords: make([]Grid, w)}
+	l := &Layout{Rank: self, Members: byRank, coords: make([]fairgo.Grid, w)}
 	for mi, r := range reports {
 		l.Machines = append(l.Machines, Machine{ID: r.ID, Ranks: r.Ranks})
 		for di, rank := range r.Ranks {
-			l.coords[rank] = Grid{Machines: len(reports), Devices: d, Machine: mi, Local: di}
+			l.coords[rank] = fairgo.Grid{Machines: len(reports), Devices: d, Machine: mi, Local: di}
 		}
 	}
 	l.Grid = l.coords[self]
@@ -187,7 +189,7 @@ func Build(members []Member, self int) (*Layout, error) {
 func (l *Layout) WorldSize() int { return len(l.Members) }
 
 // GridOf returns the coordinates of a global rank.
-func (l *Layout) GridOf(rank int) Grid { return l.coords[rank] }
+func (l *Layout) GridOf(rank int) fairgo.Grid { return l.coords[rank] }
 
 // RankAt returns the global rank at machine m, local index d.
 func (l *Layout) RankAt(m, d int) int { return l.Machines[m].Ranks[d] }

@@ -158,7 +158,7 @@ func TestBuild(t *testing.T) {
 	ms := []Member{member(3, "b", 1), member(0, "a", 0), member(2, "a", 1), member(1, "b", 0)}
 	l, err := Build(ms, 3)
 	require.NoError(t, err)
-	require.Equal(t, Grid{Machines: 2, Devices: 2, Machine: 1, Local: 1}, l.Grid)
+	require.Equal(t, fairgo.Grid{Machines: 2, Devices: 2, Machine: 1, Local: 1}, l.Grid)
 	require.Equal(t, []Machine{{ID: "a", Ranks: []int{0, 2}}, {ID: "b", Ranks: []int{1, 3}}}, l.Machines)
 	require.Equal(t, []int{1, 3}, l.IntraRanks())
 	require.Equal(t, []int{2, 3}, l.RailRanks())

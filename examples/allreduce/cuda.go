@@ -10,6 +10,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -25,7 +26,7 @@ type cudaBed struct {
 	devs     []*cuda.Device // without a launcher: the devices opened here
 }
 
-// openCUDA: under a launcher, hier.New with the cuda backend (topology is
+// openCUDA: under a launcher, setup.New with the cuda backend (topology is
 // discovered, the Reducer owns its device and communicators); otherwise one
 // process drives M·D GPUs with the grid declared by the flags.
 //
@@ -33,7 +34,7 @@ type cudaBed struct {
 //	allreduce -backend cuda -machines 1 -devices 2
 func openCUDA(ctx context.Context, f flags, opts []hier.Option) (testbed, error) {
 	if _, err := rendezvous.FromEnv(); err == nil {
-		r, err := hier.New(ctx, nil, cuda.Backend{}, opts...)
+		r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(opts...))
 		if err != nil {
 			return nil, err
 		}

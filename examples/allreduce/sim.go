@@ -52,7 +52,7 @@ func (b *simBed) Download(rank int, t fairgo.Tensor) ([]byte, error) {
 	if len(out) == 0 {
 		return out, nil
 	}
-	return out, b.cluster.Device(rank).Download(t.Ptr, out)
+	return out, b.cluster.Device(rank).Download(out, t.Ptr)
 }
 
 func (b *simBed) Close() error {

@@ -14,6 +14,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -25,9 +26,9 @@ type cudaCluster struct {
 	reducers []*hier.Reducer
 }
 
-// openCUDA builds the Reducers with hier.New (under fairrun, torchrun,
+// openCUDA builds the Reducers with setup.New (under fairrun, torchrun,
 // Slurm or Open MPI: one process per GPU, the grid comes from topology
-// discovery) or hier.NewLocal (no launcher: one machine of -devices GPUs):
+// discovery) or setup.NewLocal (no launcher: one machine of -devices GPUs):
 //
 //	fairrun --nproc-per-node 4 --emulate-machines 2 -- ddp -backend cuda
 //	ddp -backend cuda -machines 1 -devices 2
@@ -35,7 +36,7 @@ type cudaCluster struct {
 // The model computes on the GPUs (trainGPU).
 func openCUDA(ctx context.Context, o options, hopts []hier.Option) (cluster, error) {
 	if _, err := rendezvous.FromEnv(); err == nil {
-		r, err := hier.New(ctx, nil, cuda.Backend{}, hopts...)
+		r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hopts...))
 		if err != nil {
 			return nil, err
 		}
@@ -50,8 +51,8 @@ func openCUDA(ctx context.Context, o options, hopts []hier.Option) (cluster, err
 	for i := range devices {
 		devices[i] = i
 	}
-	opts := append([]hier.Option{hier.WithLaunch(rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1})}, hopts...)
-	rs, err := hier.NewLocal(ctx, nil, cuda.Backend{}, devices, opts...)
+	rs, err := setup.NewLocal(ctx, nil, cuda.Backend{}, devices,
+		setup.WithLaunch(rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1}), setup.WithReducer(hopts...))
 	if err != nil {
 		return nil, err
 	}
@@ -86,9 +87,9 @@ func (m cudaMemory) AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, er
 	}
 	return m.d.AllocTensor(count, dt)
 }
-func (m cudaMemory) Free(ptr uintptr) error                  { return m.d.Free(ptr) }
-func (m cudaMemory) Upload(ptr uintptr, data []byte) error   { return m.d.Upload(ptr, data) }
-func (m cudaMemory) Download(ptr uintptr, data []byte) error { return m.d.Download(data, ptr) }
+func (m cudaMemory) Free(ptr uintptr) error                 { return m.d.Free(ptr) }
+func (m cudaMemory) Upload(dst uintptr, src []byte) error   { return m.d.Upload(dst, src) }
+func (m cudaMemory) Download(dst []byte, src uintptr) error { return m.d.Download(dst, src) }
 
 // trainGPU is Train on a GPU: the same model, data task, buckets, optimizer
 // and replica check, with every step computed by the kernels of

@@ -21,8 +21,8 @@ import (
 type Memory interface {
 	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
 	Free(ptr uintptr) error
-	Upload(ptr uintptr, data []byte) error
-	Download(ptr uintptr, data []byte) error
+	Upload(dst uintptr, src []byte) error
+	Download(dst []byte, src uintptr) error
 }
 
 // Config is one training run. Every rank must use the same Config.
@@ -146,7 +146,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 	if err := r.Broadcast(ctx, paramsT, 0).Wait(ctx); err != nil {
 		return nil, fmt.Errorf("ddp: broadcasting rank 0's parameters: %w", err)
 	}
-	if err := mem.Download(paramsT.Ptr, pbytes); err != nil {
+	if err := mem.Download(pbytes, paramsT.Ptr); err != nil {
 		return nil, fmt.Errorf("ddp: downloading the parameters: %w", err)
 	}
 	decode(fairgo.Float32, model.Params, pbytes)
@@ -212,7 +212,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 				}
 				t := gradsT.Slice(int64(b.Lo), int64(b.Len()))
 				buf := host[:t.ByteLen()]
-				if err := mem.Download(t.Ptr, buf); err != nil {
+				if err := mem.Download(buf, t.Ptr); err != nil {
 					return nil, fmt.Errorf("ddp: downloading bucket %d: %w", i, err)
 				}
 				decode(cfg.DType, grad[b.Lo:b.Hi], buf)
@@ -242,7 +242,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 	}
 
 	res.Params = make([]byte, nparams*4)
-	if err := mem.Download(paramsT.Ptr, res.Params); err != nil {
+	if err := mem.Download(res.Params, paramsT.Ptr); err != nil {
 		return nil, fmt.Errorf("ddp: downloading the final parameters: %w", err)
 	}
 	if err := checkReplicas(ctx, r, mem, res.Params, world); err != nil {
@@ -279,7 +279,7 @@ func allReduceHost(ctx context.Context, r *hier.Reducer, mem Memory, t fairgo.Te
 	if err := r.AllReduce(ctx, t, fairgo.Avg).Wait(ctx); err != nil {
 		return err
 	}
-	if err := mem.Download(t.Ptr, buf); err != nil {
+	if err := mem.Download(buf, t.Ptr); err != nil {
 		return err
 	}
 	for i := range vals {
@@ -310,7 +310,7 @@ func checkReplicas(ctx context.Context, r *hier.Reducer, mem Memory, params []by
 		return fmt.Errorf("ddp: gathering parameter hashes: %w", err)
 	}
 	all := make([]byte, 8*world)
-	if err := mem.Download(recv.Ptr, all); err != nil {
+	if err := mem.Download(all, recv.Ptr); err != nil {
 		return err
 	}
 	// AllGather blocks are in grid order; which rank differs does not

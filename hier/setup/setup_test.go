@@ -1,4 +1,4 @@
-package hier_test
+package setup_test
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/hier/setup"
+	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/sim"
 	"github.com/fairgo/fairgo/topology"
@@ -53,12 +55,12 @@ func (j job) env(p int) rendezvous.LookupFunc {
 
 // opts are the setup options of process p: its own environment, and no
 // NVML, so that devices are "cuda:LOCAL_RANK" whatever the test machine has.
-func (j job) opts(p int, extra ...hier.Option) []hier.Option {
+func (j job) opts(p int, extra ...setup.Option) []setup.Option {
 	self := topology.Self{NoNVML: true, Host: topology.Host{Hostname: func() (string, error) { return "testbox", nil }}}
-	return append([]hier.Option{hier.WithEnv(j.env(p)), hier.WithSelf(self)}, extra...)
+	return append([]setup.Option{setup.WithEnv(j.env(p)), setup.WithSelf(self)}, extra...)
 }
 
-// store is what process p passes to hier.New: nil over TCP (New dials
+// store is what process p passes to setup.New: nil over TCP (New dials
 // FAIRGO_STORE_ADDR itself), else the shared memory store.
 func (j job) store() rendezvous.Store {
 	if j.storeAddr != "" {
@@ -140,7 +142,7 @@ var newCases = []newCase{
 	{fairgo.Float64, fairgo.Prod, 65},
 }
 
-// runProcesses builds one Reducer per process with hier.New, runs every
+// runProcesses builds one Reducer per process with setup.New, runs every
 // case on them (each process uploading its own input) and checks the
 // results against the reference and the grids against expectations.
 func runProcesses(t *testing.T, j job, grids []hier.Grid, seed uint64) {
@@ -152,7 +154,7 @@ func runProcesses(t *testing.T, j job, grids []hier.Grid, seed uint64) {
 	defer cancel()
 	rs := make([]*hier.Reducer, w)
 	errs := spawn(w, func(p int) error {
-		r, err := hier.New(ctx, j.store(), b, j.opts(p, hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1024))...)
+		r, err := setup.New(ctx, j.store(), b, j.opts(p, setup.WithReducer(hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1024)))...)
 		rs[p] = r
 		return err
 	})
@@ -164,7 +166,7 @@ func runProcesses(t *testing.T, j job, grids []hier.Grid, seed uint64) {
 	}
 	rng := rand.New(rand.NewPCG(seed, 7))
 	for _, c := range newCases {
-		inputs := randomInputs(rng, c.dt, c.op, w, c.count)
+		inputs := reftest.RandomInputs(rng, c.dt, c.op, w, c.count)
 		outputs := make([][]byte, w)
 		errs := spawn(w, func(p int) error {
 			dev := simDevice(t, rs[p])
@@ -180,10 +182,10 @@ func runProcesses(t *testing.T, j job, grids []hier.Grid, seed uint64) {
 				return err
 			}
 			outputs[p] = make([]byte, len(inputs[p]))
-			return dev.Download(tn.Ptr, outputs[p])
+			return dev.Download(outputs[p], tn.Ptr)
 		})
 		require.NoError(t, errors.Join(errs...), "%v %v", c.dt, c.op)
-		require.NoError(t, checkResults(c.dt, computeReference(c.dt, c.op, inputs), outputs), "%v %v", c.dt, c.op)
+		require.NoError(t, reftest.CheckResults(c.dt, reftest.ComputeReference(c.dt, c.op, inputs), outputs), "%v %v", c.dt, c.op)
 	}
 }
 
@@ -216,7 +218,7 @@ func TestNewLocal(t *testing.T) {
 		rs := make([][]*hier.Reducer, 2)
 		errs := spawn(2, func(p int) error {
 			var err error
-			rs[p], err = hier.NewLocal(ctx, nil, b, []int{1, 0}, j.opts(p, hier.WithFlatThreshold(hier.FlatNever))...)
+			rs[p], err = setup.NewLocal(ctx, nil, b, []int{1, 0}, j.opts(p, setup.WithReducer(hier.WithFlatThreshold(hier.FlatNever)))...)
 			return err
 		})
 		require.NoError(t, errors.Join(errs...))
@@ -234,10 +236,10 @@ func TestNewLocal(t *testing.T) {
 		defer b.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		rs, err := hier.NewLocal(ctx, nil, b, []int{0, 1, 2},
-			hier.WithLaunch(rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1}),
-			hier.WithEnv(func(string) (string, bool) { return "", false }),
-			hier.WithSelf(topology.Self{NoNVML: true, Host: topology.Host{Hostname: func() (string, error) { return "solo", nil }}}))
+		rs, err := setup.NewLocal(ctx, nil, b, []int{0, 1, 2},
+			setup.WithLaunch(rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1}),
+			setup.WithEnv(func(string) (string, bool) { return "", false }),
+			setup.WithSelf(topology.Self{NoNVML: true, Host: topology.Host{Hostname: func() (string, error) { return "solo", nil }}}))
 		require.NoError(t, err)
 		defer func() { require.NoError(t, hier.CloseAll(rs)) }()
 		require.Len(t, rs, 3)
@@ -249,7 +251,7 @@ func TestNewLocal(t *testing.T) {
 // checkAllReduce runs one case on reducers held by this process.
 func checkAllReduce(t *testing.T, ctx context.Context, rs []*hier.Reducer, c newCase) {
 	t.Helper()
-	inputs := randomInputs(rand.New(rand.NewPCG(11, 12)), c.dt, c.op, len(rs), c.count)
+	inputs := reftest.RandomInputs(rand.New(rand.NewPCG(11, 12)), c.dt, c.op, len(rs), c.count)
 	ts := make([]fairgo.Tensor, len(rs))
 	works := make([]*hier.Work, len(rs))
 	for g, r := range rs {
@@ -262,16 +264,16 @@ func checkAllReduce(t *testing.T, ctx context.Context, rs []*hier.Reducer, c new
 	for g, r := range rs {
 		works[g] = r.AllReduce(ctx, ts[g], c.op)
 	}
-	require.NoError(t, waitAll(works))
+	require.NoError(t, reftest.WaitAll(works))
 	outputs := make([][]byte, len(rs))
 	for g, r := range rs {
 		outputs[g] = make([]byte, len(inputs[g]))
-		require.NoError(t, simDevice(t, r).Download(ts[g].Ptr, outputs[g]))
+		require.NoError(t, simDevice(t, r).Download(outputs[g], ts[g].Ptr))
 	}
-	require.NoError(t, checkResults(c.dt, computeReference(c.dt, c.op, inputs), outputs))
+	require.NoError(t, reftest.CheckResults(c.dt, reftest.ComputeReference(c.dt, c.op, inputs), outputs))
 }
 
-// newErr runs every process of j with hier.New under a short deadline and
+// newErr runs every process of j with setup.New under a short deadline and
 // returns their errors (closing any Reducer that was built).
 func newErrs(t *testing.T, j job, procs []int, timeout time.Duration) []error {
 	t.Helper()
@@ -280,10 +282,10 @@ func newErrs(t *testing.T, j job, procs []int, timeout time.Duration) []error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return spawn(len(procs), func(i int) error {
-		r, err := hier.New(ctx, j.store(), b, j.opts(procs[i])...)
+		r, err := setup.New(ctx, j.store(), b, j.opts(procs[i])...)
 		if err == nil {
 			_ = r.Close()
-			return errors.New("hier.New succeeded")
+			return errors.New("setup.New succeeded")
 		}
 		return err
 	})
@@ -293,7 +295,7 @@ func TestNewIrregularGrid(t *testing.T) {
 	j := job{machineOf: []string{"a", "b", "a"}, mem: rendezvous.NewMemoryStore()}
 	for p, err := range newErrs(t, j, []int{0, 1, 2}, 10*time.Second) {
 		require.ErrorIs(t, err, topology.ErrIrregular, "process %d", p)
-		var se *hier.SetupError
+		var se *setup.Error
 		require.ErrorAs(t, err, &se)
 		require.Equal(t, "discover", se.Step)
 		require.Equal(t, []int{p}, se.Ranks)
@@ -333,11 +335,11 @@ func TestNewBackendWaitHonoursContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	errs := spawn(2, func(p int) error {
-		var be hier.Backend = b
+		var be setup.Backend = b
 		if p == 0 {
 			be = failingBackend{}
 		}
-		r, err := hier.New(ctx, j.store(), be, j.opts(p)...)
+		r, err := setup.New(ctx, j.store(), be, j.opts(p)...)
 		if err == nil {
 			_ = r.Close()
 		}
@@ -345,14 +347,14 @@ func TestNewBackendWaitHonoursContext(t *testing.T) {
 	})
 	require.ErrorContains(t, errs[0], "no devices today")
 	require.ErrorIs(t, errs[1], context.DeadlineExceeded)
-	var se *hier.SetupError
+	var se *setup.Error
 	require.ErrorAs(t, errs[1], &se)
 	require.Equal(t, "connect", se.Step)
 }
 
 type failingBackend struct{}
 
-func (failingBackend) Connect(context.Context, rendezvous.Store, hier.Job) ([]hier.Rank, error) {
+func (failingBackend) Connect(context.Context, rendezvous.Store, setup.Job) ([]hier.Rank, error) {
 	return nil, errors.New("no devices today")
 }
 
@@ -360,42 +362,42 @@ func TestNewBadSetup(t *testing.T) {
 	ctx := context.Background()
 	b := sim.NewBackend(sim.Config{})
 	defer b.Close()
-	noEnv := hier.WithEnv(func(string) (string, bool) { return "", false })
-	_, err := hier.New(ctx, nil, b, noEnv)
+	noEnv := setup.WithEnv(func(string) (string, bool) { return "", false })
+	_, err := setup.New(ctx, nil, b, noEnv)
 	require.ErrorIs(t, err, rendezvous.ErrNoLaunchEnv)
 
-	_, err = hier.New(ctx, nil, b, noEnv, hier.WithLaunch(rendezvous.Launch{Rank: 2, WorldSize: 2, LocalWorldSize: 1}))
+	_, err = setup.New(ctx, nil, b, noEnv, setup.WithLaunch(rendezvous.Launch{Rank: 2, WorldSize: 2, LocalWorldSize: 1}))
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 	require.ErrorContains(t, err, "Rank")
 
-	_, err = hier.New(ctx, nil, nil, noEnv)
+	_, err = setup.New(ctx, nil, nil, noEnv)
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 
-	_, err = hier.NewLocal(ctx, nil, b, []int{0, 0}, noEnv)
+	_, err = setup.NewLocal(ctx, nil, b, []int{0, 0}, noEnv)
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
-	_, err = hier.NewLocal(ctx, nil, b, nil, noEnv)
+	_, err = setup.NewLocal(ctx, nil, b, nil, noEnv)
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 
 	// A world of two without a store or its address.
-	_, err = hier.New(ctx, nil, b, noEnv, hier.WithLaunch(rendezvous.Launch{WorldSize: 2, LocalWorldSize: 2}))
-	var se *hier.SetupError
+	_, err = setup.New(ctx, nil, b, noEnv, setup.WithLaunch(rendezvous.Launch{WorldSize: 2, LocalWorldSize: 2}))
+	var se *setup.Error
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, "store", se.Step)
 
 	// Invalid Reducer options fail before the rendezvous.
 	j := job{machineOf: []string{"a"}, mem: rendezvous.NewMemoryStore()}
-	_, err = hier.New(ctx, j.store(), b, j.opts(0, hier.WithParallelism(-1))...)
+	_, err = setup.New(ctx, j.store(), b, j.opts(0, setup.WithReducer(hier.WithParallelism(-1)))...)
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, "options", se.Step)
 	require.ErrorContains(t, err, "WithParallelism")
 
 	// A store prefix used twice is caught by discovery.
-	r, err := hier.New(ctx, j.store(), b, j.opts(0)...)
+	r, err := setup.New(ctx, j.store(), b, j.opts(0)...)
 	require.NoError(t, err)
 	require.NoError(t, r.Close())
-	_, err = hier.New(ctx, j.store(), b, j.opts(0)...)
+	_, err = setup.New(ctx, j.store(), b, j.opts(0)...)
 	require.ErrorContains(t, err, "prefix was used before")
-	r, err = hier.New(ctx, j.store(), b, j.opts(0, hier.WithStorePrefix("second"))...)
+	r, err = setup.New(ctx, j.store(), b, j.opts(0, setup.WithStorePrefix("second"))...)
 	require.NoError(t, err)
 	require.NoError(t, r.Close())
 
@@ -405,7 +407,7 @@ func TestNewBadSetup(t *testing.T) {
 	defer lb.Close()
 	j = job{machineOf: []string{"a", "a"}, mem: rendezvous.NewMemoryStore()}
 	errs := spawn(2, func(p int) error {
-		_, err := hier.New(ctx, j.store(), lb, j.opts(p)...)
+		_, err := setup.New(ctx, j.store(), lb, j.opts(p)...)
 		return err
 	})
 	for _, err := range errs {
@@ -427,7 +429,7 @@ type lyingBackend struct {
 	devs []*sim.Device
 }
 
-func (b *lyingBackend) Connect(ctx context.Context, store rendezvous.Store, job hier.Job) ([]hier.Rank, error) {
+func (b *lyingBackend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
 	rks, err := b.Backend.Connect(ctx, store, job)
 	for i := range rks {
 		rks[i].Grid.Local = rks[i].Grid.Devices - 1 - rks[i].Grid.Local

@@ -1,9 +1,7 @@
-package topology
+package fairgo
 
 import (
 	"fmt"
-
-	"github.com/fairgo/fairgo"
 )
 
 // Grid is the M × D arrangement of ranks: Machines machines of Devices
@@ -26,13 +24,13 @@ func (g Grid) Rank() int { return g.Machine*g.Devices + g.Local }
 func (g Grid) Validate() error {
 	switch {
 	case g.Machines < 1:
-		return &fairgo.ArgError{Arg: "grid machines", Value: g.Machines, Reason: "must be at least 1"}
+		return &ArgError{Arg: "grid machines", Value: g.Machines, Reason: "must be at least 1"}
 	case g.Devices < 1:
-		return &fairgo.ArgError{Arg: "grid devices", Value: g.Devices, Reason: "must be at least 1"}
+		return &ArgError{Arg: "grid devices", Value: g.Devices, Reason: "must be at least 1"}
 	case g.Machine < 0 || g.Machine >= g.Machines:
-		return &fairgo.ArgError{Arg: "grid machine index", Value: g.Machine, Reason: fmt.Sprintf("outside [0, %d)", g.Machines)}
+		return &ArgError{Arg: "grid machine index", Value: g.Machine, Reason: fmt.Sprintf("outside [0, %d)", g.Machines)}
 	case g.Local < 0 || g.Local >= g.Devices:
-		return &fairgo.ArgError{Arg: "grid local index", Value: g.Local, Reason: fmt.Sprintf("outside [0, %d)", g.Devices)}
+		return &ArgError{Arg: "grid local index", Value: g.Local, Reason: fmt.Sprintf("outside [0, %d)", g.Devices)}
 	}
 	return nil
 }
