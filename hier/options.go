@@ -26,6 +26,50 @@ const (
 // FlatNever, given to WithFlatThreshold, makes every call hierarchical.
 const FlatNever = -1
 
+// Algorithm is how an allreduce crosses the grid.
+type Algorithm int
+
+// The algorithms.
+const (
+	// Auto picks, for each size class, whichever of the others measured
+	// fastest on this job's links (a calibration at the first call that
+	// can use the network), the same choice on every rank.
+	Auto Algorithm = iota
+	// Flat is one NCCL allreduce on the world communicator.
+	Flat
+	// RailAllToAll is fairring's two-level pipeline: reduce-scatter inside
+	// the machine, an all-to-all on the rail, a reduction kernel, an
+	// all-to-all back, an all-gather inside the machine.
+	RailAllToAll
+	// RailRSAG is the same pipeline with the rail phase done by NCCL:
+	// reduce-scatter then all-gather on the rail communicators.
+	RailRSAG
+	numAlgorithms
+)
+
+var algorithmNames = [...]string{"auto", "flat", "rail-a2a", "rail-rsag"}
+
+func (a Algorithm) String() string {
+	if a >= 0 && a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", int(a))
+}
+
+// Valid reports whether a is one of the algorithms.
+func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
+
+// ParseAlgorithm reads an algorithm's name ("auto", "flat", "rail-a2a",
+// "rail-rsag").
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for a, n := range algorithmNames {
+		if n == s {
+			return Algorithm(a), nil
+		}
+	}
+	return 0, &fairgo.ArgError{Arg: "algorithm", Value: s, Reason: "unknown (auto, flat, rail-a2a, rail-rsag)"}
+}
+
 // Option configures a Reducer. Options only record values; NewReducer
 // validates them and reports the first invalid one by name.
 type Option func(*config)
@@ -37,6 +81,7 @@ type config struct {
 	parallelism   int
 	flatThreshold int64
 	timeout       time.Duration
+	algorithm     Algorithm
 	spin          time.Duration
 	spinSet       bool
 	logger        *slog.Logger
@@ -68,6 +113,10 @@ func WithParallelism(n int) Option { return func(c *config) { c.parallelism = n 
 // allreduce on the world communicator. Zero means DefaultFlatThreshold;
 // FlatNever makes every call hierarchical.
 func WithFlatThreshold(bytes int64) Option { return func(c *config) { c.flatThreshold = bytes } }
+
+// WithAlgorithm fixes the algorithm of every allreduce that is not below
+// the flat threshold (Auto, the default, measures and chooses per size).
+func WithAlgorithm(a Algorithm) Option { return func(c *config) { c.algorithm = a } }
 
 // WithTimeout arms a watchdog: work not complete this long after it was
 // enqueued aborts the communicators and fails with fairgo.ErrTimeout, so a
@@ -116,6 +165,8 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 		return c, bad("WithParallelism", c.parallelism, "more than 1024 slices in flight is not useful")
 	case c.flatThreshold < FlatNever:
 		return c, bad("WithFlatThreshold", c.flatThreshold, fmt.Sprintf("must be ≥ 0, or FlatNever (%d)", FlatNever))
+	case !c.algorithm.Valid():
+		return c, bad("WithAlgorithm", c.algorithm, "unknown algorithm")
 	case c.timeout < 0:
 		return c, bad("WithTimeout", c.timeout, "must be positive, or 0 for no watchdog")
 	case c.spin < 0 || c.spin > time.Second:

@@ -72,6 +72,7 @@ type Reducer struct {
 	busy     bool  // the engine goroutine is enqueueing a request
 	broken   error // set once the communicators were aborted
 	inflight []inflight
+	choices  []Choice // the calibrated choice table; nil until calibrated
 	wake     chan struct{}
 
 	abortOnce  sync.Once
@@ -473,4 +474,56 @@ func CloseAll(rs []*Reducer) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// Choice is the algorithm of allreduces of at least MinBytes (up to the next
+// Choice's MinBytes).
+type Choice struct {
+	MinBytes  int64
+	Algorithm Algorithm
+}
+
+// Choices is the algorithm of every size class, ascending by MinBytes,
+// starting at 0. Until the calibration of Auto has run it reports the
+// choices it would make without measurement.
+func (r *Reducer) Choices() []Choice {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Choice(nil), r.choicesLocked()...)
+}
+
+// AlgorithmFor is the algorithm an allreduce of bytes bytes uses.
+func (r *Reducer) AlgorithmFor(bytes int64) Algorithm {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return pick(r.choicesLocked(), bytes)
+}
+
+func pick(cs []Choice, bytes int64) Algorithm {
+	a := Flat
+	for _, c := range cs {
+		if bytes >= c.MinBytes {
+			a = c.Algorithm
+		}
+	}
+	return a
+}
+
+// choicesLocked is the current choice table (r.mu held).
+func (r *Reducer) choicesLocked() []Choice {
+	if r.choices != nil {
+		return r.choices
+	}
+	g := r.grid
+	if g.Size() == 1 || g.Machines == 1 {
+		return []Choice{{0, Flat}}
+	}
+	hierAlgo := r.cfg.algorithm
+	if hierAlgo == Auto {
+		hierAlgo = RailAllToAll
+	}
+	if hierAlgo == Flat || r.cfg.flatThreshold == FlatNever {
+		return []Choice{{0, hierAlgo}}
+	}
+	return []Choice{{0, Flat}, {r.cfg.flatThreshold, hierAlgo}}
 }
