@@ -56,6 +56,7 @@ func drawCase(t *rapid.T) allReduceCase {
 		hier.WithStagingMemory(rapid.Int64Range(int64(par)*(unit+int64(m)*staging.Align), 2*minStaging).Draw(t, "staging")),
 		hier.WithPaddingMemory(rapid.Int64Range(unit, 8*unit).Draw(t, "padding")),
 		hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat")),
+		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.Flat}).Draw(t, "algorithm")),
 	}
 	return allReduceCase{
 		cfg: sim.Config{Machines: m, Devices: d, Seed: rapid.Int64().Draw(t, "seed"),
@@ -100,17 +101,19 @@ func TestAllReduceLarge(t *testing.T) {
 		count int
 		dt    fairgo.DType
 		op    fairgo.Op
+		algo  hier.Algorithm
 	}{
-		{3, 5, 1000003, fairgo.BFloat16, fairgo.Avg},
-		{2, 2, 4<<20 + 1, fairgo.Float32, fairgo.Sum},
-		{8, 1, 2000003, fairgo.Float16, fairgo.Sum},
-		{1, 8, 3 << 20, fairgo.Int32, fairgo.Max},
-		{2, 4, 1<<21 - 1, fairgo.Float64, fairgo.Prod},
-		{4, 3, 12*100000 + 11, fairgo.Uint8, fairgo.Sum},
+		{3, 5, 1000003, fairgo.BFloat16, fairgo.Avg, hier.RailAllToAll},
+		{2, 2, 4<<20 + 1, fairgo.Float32, fairgo.Sum, hier.RailRSAG},
+		{8, 1, 2000003, fairgo.Float16, fairgo.Sum, hier.RailAllToAll},
+		{1, 8, 3 << 20, fairgo.Int32, fairgo.Max, hier.Auto},
+		{2, 4, 1<<21 - 1, fairgo.Float64, fairgo.Prod, hier.RailRSAG},
+		{4, 3, 12*100000 + 11, fairgo.Uint8, fairgo.Sum, hier.RailAllToAll},
+		{3, 2, 600001, fairgo.Int64, fairgo.Avg, hier.RailRSAG},
 	} {
-		t.Run(tc.dt.String()+"/"+tc.op.String(), func(t *testing.T) {
+		t.Run(tc.dt.String()+"/"+tc.op.String()+"/"+tc.algo.String(), func(t *testing.T) {
 			c := allReduceCase{cfg: sim.Config{Machines: tc.m, Devices: tc.d, Seed: 1, Jitter: 10 * time.Microsecond},
-				opts: []hier.Option{hier.WithSliceSize(1 << 20)}, dt: tc.dt, op: tc.op, count: tc.count, seed: 3}
+				opts: []hier.Option{hier.WithSliceSize(1 << 20), hier.WithAlgorithm(tc.algo)}, dt: tc.dt, op: tc.op, count: tc.count, seed: 3}
 			require.NoError(t, c.run(t, nil))
 		})
 	}
@@ -119,13 +122,20 @@ func TestAllReduceLarge(t *testing.T) {
 // Removing any one event wait from the stage chain must make the property
 // test fail: the jitter reorders the stages and the results come out wrong.
 func TestMissingEventWaitIsCaught(t *testing.T) {
-	for _, stage := range []streams.Stage{streams.Collect, streams.Add, streams.Diffuse, streams.AllGather} {
-		t.Run(stage.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		algo  hier.Algorithm
+		stage streams.Stage
+	}{
+		{hier.RailAllToAll, streams.Collect}, {hier.RailAllToAll, streams.Add}, {hier.RailAllToAll, streams.Diffuse}, {hier.RailAllToAll, streams.AllGather},
+		{hier.RailRSAG, streams.Collect}, {hier.RailRSAG, streams.Add}, {hier.RailRSAG, streams.Diffuse}, {hier.RailRSAG, streams.AllGather},
+	} {
+		algo, stage := tc.algo, tc.stage
+		t.Run(algo.String()+"/"+stage.String(), func(t *testing.T) {
 			caught := false
 			for attempt := 0; attempt < 20 && !caught; attempt++ {
 				c := allReduceCase{
 					cfg:  sim.Config{Machines: 3, Devices: 2, Seed: int64(attempt), Jitter: 300 * time.Microsecond, StallTimeout: 20 * time.Second},
-					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever)},
+					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo)},
 					dt:   fairgo.Float32, op: fairgo.Sum, count: 6*16*10 + 5, seed: uint64(attempt),
 				}
 				require.NoError(t, c.run(t, nil), "control run without the hook")
@@ -135,7 +145,7 @@ func TestMissingEventWaitIsCaught(t *testing.T) {
 					t.Logf("attempt %d caught it: %v", attempt, err)
 				}
 			}
-			require.True(t, caught, "dropping the %s wait went unnoticed", stage)
+			require.True(t, caught, "dropping the %s wait of %s went unnoticed", stage, algo)
 		})
 	}
 }
@@ -171,7 +181,7 @@ func TestSixteenBitAccumulatesInFloat32(t *testing.T) {
 				}
 				return total
 			}
-			hierW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(hier.FlatNever))
+			hierW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll))
 			got, err := hierW.allReduce(t, dt, fairgo.Sum, in)
 			require.NoError(t, err)
 			flatW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(1<<40))

@@ -51,7 +51,8 @@ type Device interface {
 	// and, for Avg, the sum divided by divisor (integers: truncated toward
 	// zero). Float16 and bfloat16 accumulate in float32 and round once; the
 	// other types accumulate in their own type. Strides and counts are in
-	// elements. dst must not overlap src.
+	// elements. dst may equal a source exactly (an in-place division with
+	// n = 1) but must not partly overlap any.
 	ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int, s streams.Stream) error
 
 	// Group runs fn with communicator calls fused into one launch

@@ -208,13 +208,14 @@ func (r *Reducer) dispatch(q *request) (streams.Stream, error) {
 	switch q.kind {
 	case kindAllReduce:
 		t := q.a
-		switch {
-		case t.Count == 0 || g.Size() == 1:
+		if t.Count == 0 || g.Size() == 1 {
 			return nil, nil
-		case g.Machines == 1 || (r.cfg.flatThreshold != FlatNever && t.ByteLen() < r.cfg.flatThreshold):
+		}
+		algo := r.AlgorithmFor(t.ByteLen())
+		if algo == Flat {
 			return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, q.op, first)
 		}
-		return r.allReduce(t, q.op)
+		return r.allReduce(t, q.op, algo)
 	case kindReduceScatter:
 		return r.reduceScatter(q.a, q.b, q.op)
 	case kindAllGather:
@@ -289,28 +290,4 @@ func (r *Reducer) paddingRing() (*padding.Ring, error) {
 		r.paddingR = ring
 	}
 	return r.paddingR, nil
-}
-
-// stageOps returns the operator of the intra-machine stage and of the add
-// stage for op, and the add stage's divisor. With M > 1, Avg sums inside
-// the machine and divides once, by the world size, in the add stage.
-func (r *Reducer) stageOps(op fairgo.Op) (intra, add fairgo.Op, divisor int) {
-	if op == fairgo.Avg {
-		return fairgo.Sum, fairgo.Avg, r.grid.Size()
-	}
-	return op, op, 1
-}
-
-// uniform returns counts and displacements for a rail all-to-all of n
-// elements per peer, peer k at k·stride, skipping peer skip (−1: none).
-func uniform(m int, n, stride int64, skip int) (counts, displs []int64) {
-	counts = make([]int64, m)
-	displs = make([]int64, m)
-	for k := range counts {
-		if k != skip {
-			counts[k] = n
-		}
-		displs[k] = int64(k) * stride
-	}
-	return counts, displs
 }

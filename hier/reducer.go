@@ -82,12 +82,11 @@ type Reducer struct {
 	watchDone  chan struct{}
 
 	// Owned by the engine goroutine.
-	chain      *streams.Chain
-	stagingR   *staging.Ring
-	paddingR   *padding.Ring
-	skipWait   streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
-	closeErr   error
-	engineExit error
+	chain    *streams.Chain
+	stagingR *staging.Ring
+	paddingR *padding.Ring
+	skipWait streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
+	closeErr error
 }
 
 // inflight is the memory range of a call whose device work may still run.

@@ -273,8 +273,9 @@ func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch 
 
 // ReduceAsync enqueues the add stage's kernel (see hier.Device):
 // dst[i] = op over k in [0, n) of src[k·stride + i] for i in [0, count),
-// computed by elem.ReduceShards. dst must not overlap the sources (checked
-// here; a GPU would silently compute garbage).
+// computed by elem.ReduceShards. dst may be one of the sources exactly but
+// must not partly overlap any (checked here; a GPU would silently compute
+// garbage).
 func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, rop fairgo.Op, divisor int, st streams.Stream) error {
 	s, err := d.stream(st)
 	if err != nil {
@@ -299,8 +300,8 @@ func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fa
 	}
 	for k := range int64(n) {
 		shard := src + uintptr(k*stride*size)
-		if overlaps(dst, bytes, shard, bytes) {
-			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("overlaps source shard %d at %#x", k, shard)}
+		if shard != dst && overlaps(dst, bytes, shard, bytes) {
+			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("partly overlaps source shard %d at %#x", k, shard)}
 		}
 	}
 	return s.enqueue(op{name: "reduce", run: func(context.Context) error {
