@@ -299,8 +299,8 @@ func TestConcurrentCallers(t *testing.T) {
 	}
 }
 
-// Ranks that enqueue calls in different orders get the sim's mismatch error
-// naming the communicator and the sequence number, not a hang.
+// Ranks that enqueue calls in different orders get a mismatch error naming
+// the call and the field that differs, not a hang.
 func TestDifferentOrdersFailClearly(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: 5 * time.Second}, hier.WithFlatThreshold(hier.FlatNever))
 	a := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*100), make([]byte, 4*100)})
@@ -314,9 +314,17 @@ func TestDifferentOrdersFailClearly(t *testing.T) {
 	// after the watcher's abort grace.
 	require.Less(t, time.Since(start), 5*time.Second, "failed work took %v to report", time.Since(start))
 	require.Error(t, err)
-	require.ErrorIs(t, err, sim.ErrMismatch)
-	require.Contains(t, err.Error(), "rail-collect")
-	require.Contains(t, err.Error(), "seq 0")
+	require.ErrorIs(t, err, fairgo.ErrMismatch)
+	for _, wk := range works {
+		require.ErrorIs(t, wk.Err(), fairgo.ErrMismatch)
+	}
+	var me *hier.MismatchError
+	require.ErrorAs(t, works[0].Err(), &me)
+	require.Equal(t, uint64(1), me.Seq)
+	require.Equal(t, "count", me.Field)
+	require.Equal(t, "100", me.This)
+	require.Equal(t, "100", me.Low)
+	require.Equal(t, "300", me.High)
 }
 
 // A rank that never calls cannot hang the others: the watchdog aborts.
@@ -345,11 +353,30 @@ func TestWaitHonoursContext(t *testing.T) {
 	require.NoError(t, wk.Wait(context.Background()))
 }
 
+// Every rank makes the same invalid calls (SPMD code with a bug): each gets
+// a typed error at once, nothing reaches the device, and the Reducers stay
+// usable.
 func TestBadInput(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 7})
-	r := w.reducers[0]
-	good := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64)})[0]
-	other := w.upload(t, fairgo.Float32, [][]byte{nil, make([]byte, 64)})[1] // memory of device 1
+	bufs := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	for g, r := range w.reducers {
+		badCalls(t, r, bufs[g], bufs[(g+1)%len(bufs)]) // another device's memory
+	}
+	// A valid call afterwards completes everywhere.
+	ctx := context.Background()
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	var works []*hier.Work
+	for g, rr := range w.reducers {
+		works = append(works, rr.AllReduce(ctx, ts[g], fairgo.Sum))
+	}
+	require.NoError(t, reftest.WaitAll(works))
+	for _, r := range w.reducers {
+		require.NoError(t, r.Err())
+	}
+}
+
+// badCalls makes a dozen invalid calls on r and checks each error.
+func badCalls(t *testing.T, r *hier.Reducer, good, other fairgo.Tensor) {
 	ctx := context.Background()
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
@@ -382,14 +409,6 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
-	// Nothing was enqueued: the buffer is untouched and the peers are not
-	// waiting for this rank (a valid call afterwards completes everywhere).
-	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
-	var works []*hier.Work
-	for g, rr := range w.reducers {
-		works = append(works, rr.AllReduce(ctx, ts[g], fairgo.Sum))
-	}
-	require.NoError(t, reftest.WaitAll(works))
 }
 
 func TestInvalidOptions(t *testing.T) {
@@ -488,8 +507,9 @@ func TestCallerStreams(t *testing.T) {
 
 func TestZeroCountCompletes(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2})
-	for g, r := range w.reducers {
-		tn := fairgo.Tensor{DType: fairgo.Float32}
-		require.NoError(t, r.AllReduce(context.Background(), tn, fairgo.Sum).Wait(context.Background()), "rank %d", g)
+	var works []*hier.Work
+	for _, r := range w.reducers {
+		works = append(works, r.AllReduce(context.Background(), fairgo.Tensor{DType: fairgo.Float32}, fairgo.Sum))
 	}
+	require.NoError(t, reftest.WaitAll(works))
 }

@@ -29,6 +29,13 @@ func (r *Reducer) engine(ready chan<- error) {
 		ready <- fmt.Errorf("hier: %w", err)
 		return
 	}
+	if r.comms.Check != nil {
+		if err := r.startChecker(); err != nil {
+			close(r.watchCh)
+			ready <- errors.Join(err, r.chain.Release())
+			return
+		}
+	}
 	ready <- nil
 	for {
 		q := r.next()
@@ -48,6 +55,12 @@ func (r *Reducer) engine(ready chan<- error) {
 	}
 	grace.Stop()
 	var errs []error
+	if r.checker != nil {
+		errs = append(errs, r.checker.stop())
+	}
+	if r.board != nil {
+		r.board.stop()
+	}
 	errs = append(errs, r.chain.Release(), r.events.release())
 	if r.stagingR != nil {
 		errs = append(errs, r.stagingR.Close())
@@ -102,19 +115,16 @@ func (r *Reducer) park() {
 	<-r.wake
 }
 
-// execute enqueues one request's device work and hands its completion event
-// to the watcher.
+// execute enqueues one request's device work and hands its completion
+// event and its check to the watcher and the checker.
 func (r *Reducer) execute(q *request) {
-	fail := func(err error) {
-		q.work.finish(err)
-		r.events.put(q.after)
-	}
-	if err := q.ctx.Err(); err != nil {
-		fail(err)
+	if q.rejected != nil { // refused at the call: only its check runs
+		r.checkLater(q)
 		return
 	}
 	if cause := r.brokenCause(); cause != nil {
-		fail(fmt.Errorf("hier: %v: %w", q, cause))
+		q.work.finish(brokenErr(q, cause))
+		r.events.put(q.after)
 		return
 	}
 	for _, t := range []fairgo.Tensor{q.a, q.b} {
@@ -122,12 +132,16 @@ func (r *Reducer) execute(q *request) {
 			continue
 		}
 		if err := r.dev.CheckRange(t.Ptr, t.ByteLen()); err != nil {
-			fail(fmt.Errorf("hier: %v: %w", q, err))
+			q.rejected = fmt.Errorf("hier: %v: %w", q, err)
+			q.work.finish(q.rejected)
+			r.events.put(q.after)
+			r.checkLater(q)
 			return
 		}
 	}
 	first := r.chain.Stream(streams.ReduceScatter)
-	if err := r.waitOverlaps(q, first); err != nil {
+	waited, err := r.waitOverlaps(q, first)
+	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return
 	}
@@ -136,26 +150,44 @@ func (r *Reducer) execute(q *request) {
 		r.abortAfterEnqueueError(q, err)
 		return
 	}
-	if last == nil { // nothing to do on the device
-		q.work.markEnqueued(nil)
-		fail(nil)
-		return
+	if last == nil && waited {
+		// No device work, but what the call waited for (its After event,
+		// earlier calls on its memory) is its result: later StreamWaits
+		// must wait for it too.
+		last = first
 	}
-	ev, err := r.events.get()
-	if err == nil {
-		err = ev.Record(last)
-	}
-	if err != nil {
-		r.abortAfterEnqueueError(q, err)
-		return
+	var ev streams.Event
+	if last != nil {
+		ev, err = r.events.get()
+		if err == nil {
+			err = ev.Record(last)
+		}
+		if err != nil {
+			r.abortAfterEnqueueError(q, err)
+			return
+		}
+		lo, hi := q.span()
+		r.mu.Lock()
+		r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, work: q.work})
+		r.mu.Unlock()
 	}
 	q.work.markEnqueued(ev)
-	lo, hi := q.span()
-	r.mu.Lock()
-	r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, work: q.work})
-	r.mu.Unlock()
-	p := pending{req: q, ev: ev, start: time.Now()}
-	r.watchCh <- p
+	r.enqueued.Store(q.seq)
+	r.checkLater(q)
+	if ev == nil && q.check == nil { // nothing on the device, no peer to hear from
+		q.work.finish(nil)
+		r.events.put(q.after)
+		r.completed.Store(q.seq)
+		return
+	}
+	r.watchCh <- pending{req: q, ev: ev}
+}
+
+// checkLater hands the call to the checker, when there are peers.
+func (r *Reducer) checkLater(q *request) {
+	if r.checker != nil {
+		r.checker.submit(q)
+	}
 }
 
 // abortAfterEnqueueError handles a failure in the middle of enqueueing: the
@@ -180,12 +212,14 @@ func (q *request) span() (lo, hi uintptr) {
 }
 
 // waitOverlaps makes the first stage wait for the caller's After event and
-// for every earlier call still in flight whose memory overlaps this one's.
-func (r *Reducer) waitOverlaps(q *request, first streams.Stream) error {
+// for every earlier call still in flight whose memory overlaps this one's,
+// and reports whether there was anything to wait for.
+func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, err error) {
 	if q.after != nil {
 		if err := first.WaitEvent(q.after); err != nil {
-			return err
+			return true, err
 		}
+		waited = true
 	}
 	lo, hi := q.span()
 	r.mu.Lock() // held while enqueueing the waits: the watcher recycles events under it
@@ -193,11 +227,12 @@ func (r *Reducer) waitOverlaps(q *request, first streams.Stream) error {
 	for _, f := range r.inflight {
 		if f.lo < hi && lo < f.hi {
 			if err := first.WaitEvent(f.ev); err != nil {
-				return err
+				return true, err
 			}
+			waited = true
 		}
 	}
-	return nil
+	return waited, nil
 }
 
 // dispatch enqueues the request's stages and returns the stream its last

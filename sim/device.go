@@ -216,6 +216,25 @@ func (d *Device) stream(st streams.Stream) (*Stream, error) {
 	return s, nil
 }
 
+// DelayAsync enqueues an operation that takes dur (a slow producer, for
+// tests; the CUDA backend has the same).
+func (d *Device) DelayAsync(dur time.Duration, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	return s.enqueue(op{name: "delay", run: func(ctx context.Context) error {
+		t := time.NewTimer(dur)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+}
+
 // CopyAsync enqueues a copy of bytes from src to dst, both on this device.
 func (d *Device) CopyAsync(dst, src uintptr, bytes int64, st streams.Stream) error {
 	s, err := d.stream(st)
