@@ -128,9 +128,9 @@ func TestNilContext(t *testing.T) {
 	//lint:ignore SA1012 the nil context is the point
 	wk := w.reducers[0].AllReduce(nil, ts[0], fairgo.Sum) //nolint:staticcheck
 	require.ErrorIs(t, wk.Err(), fairgo.ErrInvalidArgument)
-	require.ErrorIs(t, wk.Wait(nil), fairgo.ErrInvalidArgument) //nolint:staticcheck
+	require.ErrorIs(t, wk.Wait(nil), fairgo.ErrInvalidArgument)            //nolint:staticcheck
 	require.ErrorIs(t, wk.StreamWait(nil, nil), fairgo.ErrInvalidArgument) //nolint:staticcheck
-	_, err := hier.NewReducer(nil, w.cluster.Rank(0)) //nolint:staticcheck
+	_, err := hier.NewReducer(nil, w.cluster.Rank(0))                      //nolint:staticcheck
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 	// The peer then makes the same (refused) call: the Reducers stay in step.
 	require.ErrorIs(t, w.reducers[1].AllReduce(nil, ts[1], fairgo.Sum).Err(), fairgo.ErrInvalidArgument) //nolint:staticcheck
