@@ -36,6 +36,15 @@ type Device interface {
 	Upload(dst uintptr, src []byte) error
 	Download(dst []byte, src uintptr) error
 
+	// AllocHost allocates host memory that CopyFromHostAsync and
+	// CopyToHostAsync move to and from the device without blocking the
+	// host (page-locked on a GPU); FreeHost releases it. The bytes of an
+	// enqueued copy must not be touched until its stream has run it.
+	AllocHost(bytes int) ([]byte, error)
+	FreeHost(b []byte) error
+	CopyFromHostAsync(dst uintptr, src []byte, s streams.Stream) error
+	CopyToHostAsync(dst []byte, src uintptr, s streams.Stream) error
+
 	// CheckRange returns an error wrapping fairgo.ErrInvalidArgument when
 	// [ptr, ptr+bytes) is not memory of this device.
 	CheckRange(ptr uintptr, bytes int64) error

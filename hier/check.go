@@ -140,7 +140,8 @@ type checker struct {
 	r       *Reducer
 	comm    Comm
 	stream  streams.Stream
-	base    uintptr // checkSlots slots of checkSlotSize bytes
+	base    uintptr // checkSlots slots of checkSlotSize bytes on the device
+	host    []byte  // their twins in host memory the device copies without blocking
 	events  []streams.Event
 	free    chan int // slots not in use
 	queue   chan *request
@@ -165,6 +166,9 @@ func (r *Reducer) startChecker() error {
 	}
 	if c.base, err = r.dev.Alloc(int64(checkSlots * checkSlotSize)); err != nil {
 		return errors.Join(fmt.Errorf("hier: the check slots: %w", err), streams.Release(c.stream))
+	}
+	if c.host, err = r.dev.AllocHost(checkSlots * checkSlotSize); err != nil {
+		return errors.Join(fmt.Errorf("hier: the check slots' host memory: %w", err), c.release())
 	}
 	for i := range checkSlots {
 		ev, err := r.dev.NewEvent()
@@ -202,11 +206,16 @@ func (c *checker) release() error {
 	if c.base != 0 {
 		errs = append(errs, c.r.dev.Free(c.base))
 	}
+	if c.host != nil {
+		errs = append(errs, c.r.dev.FreeHost(c.host))
+	}
 	return errors.Join(errs...)
 }
 
-// slot is the device address of check slot i.
-func (c *checker) slot(i int) uintptr { return c.base + uintptr(i*checkSlotSize) }
+// slot is check slot i: its device address and its host twin.
+func (c *checker) slot(i int) (uintptr, []byte) {
+	return c.base + uintptr(i*checkSlotSize), c.host[i*checkSlotSize : (i+1)*checkSlotSize]
+}
 
 // launch enqueues the check of every call, in call order.
 func (c *checker) launch() {
@@ -217,15 +226,17 @@ func (c *checker) launch() {
 		return
 	}
 	defer release()
-	buf := make([]byte, checkSlotSize)
 	for q := range c.queue {
-		i := <-c.free
+		i := <-c.free // its previous check has been read back
 		s := shapeOf(q)
-		s.encode(buf)
-		slot := c.slot(i)
-		err := c.r.dev.Upload(slot, buf)
+		slot, host := c.slot(i)
+		s.encode(host)
+		err := c.r.dev.CopyFromHostAsync(slot, host, c.stream)
 		if err == nil {
 			err = c.comm.AllReduce(slot, slot, int64(2*nFields), fairgo.Int64, fairgo.Max, c.stream)
+		}
+		if err == nil {
+			err = c.r.dev.CopyToHostAsync(host, slot, c.stream)
 		}
 		if err == nil {
 			err = c.events[i].Record(c.stream)
@@ -252,14 +263,12 @@ func (c *checker) failAll(err error) {
 // mismatched call (aborting the communicators).
 func (c *checker) verify() {
 	defer close(c.stopped)
-	buf := make([]byte, checkSlotSize)
 	for f := range c.landed {
 		err := c.await(f)
 		if err == nil {
-			if err = c.r.dev.Download(buf, c.slot(f.slot)); err == nil {
-				if err = f.s.verdict(f.q, buf); err != nil {
-					c.r.abort(err)
-				}
+			_, host := c.slot(f.slot)
+			if err = f.s.verdict(f.q, host); err != nil {
+				c.r.abort(err)
 			}
 		}
 		f.q.check.finish(err)
