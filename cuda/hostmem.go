@@ -6,6 +6,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"gorgonia.org/cu"
+
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -127,4 +129,15 @@ func (d *Device) CopyToHostAsync(dst []byte, src uintptr, s streams.Stream) erro
 		return nil
 	}
 	return pinnedToHostAsync(d.ctx, dst, src, cs.h)
+}
+
+// MemInfo returns the device's free and total memory in bytes
+// (cuMemGetInfo), for leak checks.
+func (d *Device) MemInfo() (free, total int64, err error) {
+	err = d.do(func() error {
+		var e error
+		free, total, e = cu.MemInfo()
+		return e
+	})
+	return free, total, err
 }

@@ -56,7 +56,8 @@ func drawCase(t *rapid.T) allReduceCase {
 		hier.WithStagingMemory(rapid.Int64Range(int64(par)*(unit+int64(m)*staging.Align), 2*minStaging).Draw(t, "staging")),
 		hier.WithPaddingMemory(rapid.Int64Range(unit, 8*unit).Draw(t, "padding")),
 		hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat")),
-		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.Flat}).Draw(t, "algorithm")),
+		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.Flat, hier.Auto}).Draw(t, "algorithm")),
+		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
 	}
 	return allReduceCase{
 		cfg: sim.Config{Machines: m, Devices: d, Seed: rapid.Int64().Draw(t, "seed"),

@@ -53,8 +53,13 @@ func (r *Reducer) progress() string {
 // aborts: with a Board, after telling the peers and gathering how far each
 // rank got.
 func (r *Reducer) timedOut(q *request, waited time.Duration) {
+	r.timedOutOn(fmt.Sprintf("%v (call %d)", q, q.seq), waited)
+}
+
+// timedOutOn is timedOut for any work the engine waits on.
+func (r *Reducer) timedOutOn(what string, waited time.Duration) {
 	e := &TimeoutError{Rank: r.WorldRank(),
-		Detail: fmt.Sprintf("%v (call %d) not complete %v after it could start (WithTimeout %v)", q, q.seq, waited.Round(time.Millisecond), r.cfg.timeout)}
+		Detail: fmt.Sprintf("%s not complete %v after it could start (WithTimeout %v)", what, waited.Round(time.Millisecond), r.cfg.timeout)}
 	if r.board != nil {
 		e.Progress = r.board.report(e)
 	} else {

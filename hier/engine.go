@@ -42,7 +42,7 @@ func (r *Reducer) engine(ready chan<- error) {
 		if q == nil {
 			break
 		}
-		r.execute(q)
+		r.execute(q, r.chain.Stream(streams.ReduceScatter))
 		r.idle()
 	}
 	close(r.watchCh)
@@ -60,6 +60,9 @@ func (r *Reducer) engine(ready chan<- error) {
 	}
 	if r.board != nil {
 		r.board.stop()
+	}
+	if r.calib != nil {
+		errs = append(errs, r.calib.release(r.dev))
 	}
 	errs = append(errs, r.chain.Release(), r.events.release())
 	if r.stagingR != nil {
@@ -115,9 +118,11 @@ func (r *Reducer) park() {
 	<-r.wake
 }
 
-// execute enqueues one request's device work and hands its completion
-// event and its check to the watcher and the checker.
-func (r *Reducer) execute(q *request) {
+// execute enqueues one request's device work, starting on first (the
+// engine's first stage, or the caller's stream for an inline call), and
+// hands its completion event and its check to the watcher and the checker.
+// It runs on the engine goroutine, or on the caller's while it holds busy.
+func (r *Reducer) execute(q *request, first streams.Stream) {
 	if q.rejected != nil { // refused at the call: only its check runs
 		r.checkLater(q)
 		return
@@ -139,13 +144,12 @@ func (r *Reducer) execute(q *request) {
 			return
 		}
 	}
-	first := r.chain.Stream(streams.ReduceScatter)
 	waited, err := r.waitOverlaps(q, first)
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return
 	}
-	last, err := r.dispatch(q)
+	last, err := r.dispatch(q, first)
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return
@@ -236,9 +240,9 @@ func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, e
 }
 
 // dispatch enqueues the request's stages and returns the stream its last
-// work went to, or nil when there was nothing to do.
-func (r *Reducer) dispatch(q *request) (streams.Stream, error) {
-	first := r.chain.Stream(streams.ReduceScatter)
+// work went to, or nil when there was nothing to do. Flat work goes on
+// first; the pipeline's stages on the engine's streams.
+func (r *Reducer) dispatch(q *request, first streams.Stream) (streams.Stream, error) {
 	g := r.grid
 	switch q.kind {
 	case kindAllReduce:
@@ -246,7 +250,7 @@ func (r *Reducer) dispatch(q *request) (streams.Stream, error) {
 		if t.Count == 0 || g.Size() == 1 {
 			return nil, nil
 		}
-		algo := r.AlgorithmFor(t.ByteLen())
+		algo := r.algorithm(t.ByteLen())
 		if algo == Flat {
 			return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, q.op, first)
 		}

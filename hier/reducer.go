@@ -77,7 +77,7 @@ type Reducer struct {
 	busy     bool  // the engine goroutine is enqueueing a request
 	broken   error // set once the communicators were aborted
 	inflight []inflight
-	choices  []Choice // the calibrated choice table; nil until calibrated
+	measured map[int]Algorithm // Auto's choice per size class, once measured
 	wake     chan struct{}
 
 	abortOnce  sync.Once
@@ -89,12 +89,14 @@ type Reducer struct {
 	checker   *checker      // nil without peers
 	enqueued  atomic.Uint64 // the last call whose device work was enqueued
 	completed atomic.Uint64 // the last call whose Work completed
+	inlined   atomic.Uint64 // calls enqueued on the caller's goroutine
 	board     *bulletin     // nil without a Board
 
 	// Owned by the engine goroutine.
 	chain    *streams.Chain
 	stagingR *staging.Ring
 	paddingR *padding.Ring
+	calib    *exchange     // the calibration's exchange buffer, once needed
 	skipWait streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
 	closeErr error
 }
@@ -133,7 +135,7 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
 		wake: make(chan struct{}, 1), closing: make(chan struct{}),
 		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
-		skipWait: -1,
+		skipWait: -1, measured: map[int]Algorithm{},
 	}
 	if rk.Board != nil && rk.Grid.Size() > 1 {
 		r.board = newBulletin(r, rk.Board)
@@ -371,6 +373,22 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 		r.mu.Unlock()
 		return failedWork(brokenErr(q, r.broken))
 	}
+	if r.inlineLocked(q) {
+		// Nothing is queued before this flat call: enqueue it here, on the
+		// caller's stream, without the engine's hand-off and events.
+		r.busy = true
+		r.seq++
+		q.seq = r.seq
+		r.mu.Unlock()
+		first := cc.after
+		if first == nil {
+			first = r.chain.Stream(streams.ReduceScatter)
+		}
+		r.execute(q, first)
+		r.inlined.Add(1)
+		r.idle()
+		return q.work
+	}
 	if cc.after != nil {
 		// Recorded under the lock, so the capture happens before any later
 		// call on this Reducer and in the caller's program order.
@@ -380,7 +398,7 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 		}
 		if err != nil {
 			r.mu.Unlock()
-			return failedWork(fmt.Errorf("hier: %v: recording the After event: %w", q, err))
+			return r.reject(q, fmt.Errorf("hier: %v: recording the After event: %w", q, err))
 		}
 		q.after = ev
 	}
@@ -390,6 +408,34 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	r.mu.Unlock()
 	r.kick()
 	return q.work
+}
+
+// inlineLocked reports whether q may be enqueued on the calling goroutine
+// (r.mu held): WithInlineEnqueue is on, no earlier call waits for the
+// engine, and q is a flat allreduce whose algorithm is known without a
+// calibration.
+func (r *Reducer) inlineLocked(q *request) bool {
+	if !r.cfg.inline || len(r.queue) > 0 || r.busy || q.kind != kindAllReduce || q.a.Count == 0 || r.grid.Size() == 1 {
+		return false
+	}
+	bytes := q.a.ByteLen()
+	switch {
+	case r.grid.Machines == 1, r.cfg.algorithm == Flat:
+		return true
+	case r.cfg.algorithm != Auto:
+		return r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold
+	case r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold:
+		return true
+	}
+	class, lo, ok := r.classOf(bytes)
+	if !ok {
+		return false
+	}
+	if lo > maxCalibrationBytes {
+		class, _, _ = r.classOf(maxCalibrationBytes)
+	}
+	a, measured := r.measured[class]
+	return measured && a == Flat
 }
 
 // idle ends the engine goroutine's current execution.
@@ -547,11 +593,14 @@ func CloseAll(rs []*Reducer) error {
 type Choice struct {
 	MinBytes  int64
 	Algorithm Algorithm
+	// Measured is false for a size class Auto has not measured yet (no
+	// call of that size so far); Algorithm is then a guess.
+	Measured bool
 }
 
 // Choices is the algorithm of every size class, ascending by MinBytes,
-// starting at 0. Until the calibration of Auto has run it reports the
-// choices it would make without measurement.
+// starting at 0 (on one machine: Flat throughout). With Auto, a class is
+// measured by the first call that falls in it.
 func (r *Reducer) Choices() []Choice {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -573,23 +622,4 @@ func pick(cs []Choice, bytes int64) Algorithm {
 		}
 	}
 	return a
-}
-
-// choicesLocked is the current choice table (r.mu held).
-func (r *Reducer) choicesLocked() []Choice {
-	if r.choices != nil {
-		return r.choices
-	}
-	g := r.grid
-	if g.Size() == 1 || g.Machines == 1 {
-		return []Choice{{0, Flat}}
-	}
-	hierAlgo := r.cfg.algorithm
-	if hierAlgo == Auto {
-		hierAlgo = RailAllToAll
-	}
-	if hierAlgo == Flat || r.cfg.flatThreshold == FlatNever {
-		return []Choice{{0, hierAlgo}}
-	}
-	return []Choice{{0, Flat}, {r.cfg.flatThreshold, hierAlgo}}
 }

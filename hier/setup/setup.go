@@ -247,10 +247,11 @@ func newBuilder(b Backend, devices []int, opts []Option) (*builder, error) {
 	return s, nil
 }
 
-// reducerOptions are the Reducer options: the logger first, so that an
-// explicit hier.WithLogger in WithReducer wins.
+// reducerOptions are the Reducer options: setup's defaults first (the
+// logger; inline enqueueing for the one rank of a process), so that the
+// caller's WithReducer options win.
 func (s *builder) reducerOptions() []hier.Option {
-	opts := []hier.Option{hier.WithLogger(s.cfg.logger)}
+	opts := []hier.Option{hier.WithLogger(s.cfg.logger), hier.WithInlineEnqueue(len(s.devices) == 1)}
 	return append(opts, s.cfg.reducer...)
 }
 
