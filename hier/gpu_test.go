@@ -427,13 +427,15 @@ func TestGPUTiming(t *testing.T) {
 	var rows []timing
 	for _, g := range gpuGrids {
 		w := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute))
-		noSpin := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithSpin(0))
-		for _, mib := range []int64{1, 16, 64, 256} {
-			n := mib << 20 / 4
+		inline := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithInlineEnqueue(true))
+		a2a := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithAlgorithm(hier.RailAllToAll))
+		rsag := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithAlgorithm(hier.RailRSAG))
+		for _, kib := range []int64{64, 256, 1 << 10, 16 << 10, 64 << 10, 256 << 10} {
+			n := kib << 10 / 4
 			in := hashInputs(fairgo.Float32, fairgo.Sum, w.size(), int(n), 3)
 			ts := w.upload(t, fairgo.Float32, in)
 			W := float64(w.size())
-			for _, algo := range []string{"flat", "fairgo", "fairgo-nospin"} {
+			for _, algo := range []string{"flat", "fairgo", "fairgo-inline", "rail-a2a", "rail-rsag"} {
 				var samples []float64
 				for it := 0; it < warm+iters; it++ {
 					var d time.Duration
@@ -442,8 +444,12 @@ func TestGPUTiming(t *testing.T) {
 						d = timeFlat(t, w, ts)
 					case "fairgo":
 						d = timeFairgo(t, w, ts)
+					case "fairgo-inline":
+						d = timeFairgo(t, inline, ts)
+					case "rail-a2a":
+						d = timeFairgo(t, a2a, ts)
 					default:
-						d = timeFairgo(t, noSpin, ts)
+						d = timeFairgo(t, rsag, ts)
 					}
 					if it >= warm {
 						samples = append(samples, float64(d.Nanoseconds())/1e3)
@@ -451,8 +457,8 @@ func TestGPUTiming(t *testing.T) {
 				}
 				sort.Float64s(samples)
 				med := samples[len(samples)/2]
-				algbw := float64(mib<<20) / (med * 1e-6) / 1e9
-				rows = append(rows, timing{Grid: fmt.Sprintf("%dx%d", g[0], g[1]), Bytes: mib << 20, Algo: algo,
+				algbw := float64(kib<<10) / (med * 1e-6) / 1e9
+				rows = append(rows, timing{Grid: fmt.Sprintf("%dx%d", g[0], g[1]), Bytes: kib << 10, Algo: algo,
 					Median: med, Min: samples[0], Max: samples[len(samples)-1], BusBW: algbw * 2 * (W - 1) / W})
 			}
 		}
@@ -482,41 +488,36 @@ func timeFlat(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 }
 
 // timeFairgo times one fairgo AllReduce per rank between two events on a
-// caller stream (After and StreamWait); the slowest rank.
+// caller stream (After and StreamWait), each rank on a goroutine of its own
+// (inline enqueueing needs that); the slowest rank.
 func timeFairgo(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
-	type pair struct{ start, end *cuda.Event }
-	evs := make([]pair, w.size())
-	var works []*hier.Work
 	ctx := context.Background()
-	var streamsToClose []*cuda.Stream
-	for g, r := range w.reducers {
-		dev := w.devs[g].(*cuda.Device)
-		s, err := dev.CreateStream()
-		require.NoError(t, err)
-		streamsToClose = append(streamsToClose, s)
-		start, err := dev.CreateEvent(true)
-		require.NoError(t, err)
-		end, err := dev.CreateEvent(true)
-		require.NoError(t, err)
-		require.NoError(t, start.Record(s))
-		wk := r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
-		require.NoError(t, wk.StreamWait(ctx, s))
-		require.NoError(t, end.Record(s))
-		works = append(works, wk)
-		evs[g] = pair{start, end}
-	}
-	require.NoError(t, reftest.WaitAll(works))
 	ds := make([]time.Duration, w.size())
-	for g, p := range evs {
-		require.NoError(t, p.end.Synchronize())
-		d, err := cuda.Elapsed(p.start, p.end)
-		require.NoError(t, err)
-		ds[g] = d
-		_ = p.start.Close()
-		_ = p.end.Close()
+	errs := make([]error, w.size())
+	var wg sync.WaitGroup
+	for g, r := range w.reducers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev := w.devs[g].(*cuda.Device)
+			s, err := dev.CreateStream()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			defer s.Close()
+			ds[g], errs[g] = dev.TimeRegion(s, func() error {
+				wk := r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
+				if err := wk.StreamWait(ctx, s); err != nil {
+					return err
+				}
+				return nil
+			})
+		}()
 	}
-	for _, s := range streamsToClose {
-		_ = s.Close()
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
 	}
 	return slices.Max(ds)
 }
