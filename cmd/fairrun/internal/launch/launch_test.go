@@ -60,6 +60,9 @@ func binaries(t *testing.T) (worker, fairrun string) {
 }
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv(envRole); role != "" {
+		os.Exit(runRole(role))
+	}
 	code := m.Run()
 	if workerBin != "" {
 		os.RemoveAll(filepath.Dir(workerBin))
