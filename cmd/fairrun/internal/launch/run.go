@@ -79,4 +79,3 @@ func Run(ctx context.Context, c Config) (int, error) {
 	g := &group{log: log, grace: c.Grace, stdout: &lockedWriter{w: c.stdout()}, stderr: &lockedWriter{w: c.stderr()}}
 	return g.run(ctx, c, workers)
 }
-
