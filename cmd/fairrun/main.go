@@ -33,6 +33,10 @@ import (
 
 func main() {
 	cfg, err := launch.ParseArgs(os.Args[1:])
+	if errors.Is(err, launch.ErrHelp) {
+		fmt.Print(launch.Usage())
+		os.Exit(0)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
