@@ -5,6 +5,8 @@ go 1.26.8
 require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/stretchr/testify v1.12.1
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sync v0.24.0
 	gorgonia.org/cu v0.9.6
 	pgregory.net/rapid v1.3.0
