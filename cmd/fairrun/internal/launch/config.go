@@ -15,11 +15,12 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
 )
 
 // Defaults of the command line.
@@ -31,10 +32,9 @@ const (
 
 // Limits of the emulated NICs.
 const (
-	MaxNICGbit      = 1000        // a larger --nic-gbit is taken for a typo (Mbit/s?)
-	MaxNICLatency   = time.Second // one-way delay added to every packet
-	MaxNICMachines  = 253         // one /24 subnet: the bridge and one address per machine
-	defaultNICIface = "eth0"      // the NIC inside each emulated machine
+	MaxNICGbit     = testbed.MaxGbit     // a larger --nic-gbit is taken for a typo (Mbit/s?)
+	MaxNICLatency  = testbed.MaxLatency  // one-way delay added to every packet
+	MaxNICMachines = testbed.MaxMachines // one /24 subnet: the bridge and one address per machine
 )
 
 // MPSMode says when fairrun runs the workers under a private MPS daemon.
@@ -76,6 +76,8 @@ type Config struct {
 	Stdout io.Writer    // where prefixed worker stdout goes; nil: os.Stdout
 	Stderr io.Writer    // where prefixed worker stderr and fairrun's messages go; nil: os.Stderr
 	Logger *slog.Logger // nil: a text logger on Stderr
+
+	prober testbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
 }
 
 // ErrUsage wraps every command-line error.
@@ -258,23 +260,12 @@ func (c Config) Validate() error {
 		return bad("nic-latency", c.NICLatency, fmt.Sprintf("must be in [0, %v]", MaxNICLatency))
 	case c.NICLatency > 0 && c.NICGbit == 0:
 		return bad("nic-latency", c.NICLatency, "needs --nic-gbit (the delay is added on the emulated NICs)")
-	case c.NNodes > 1 && isLoopback(c.MasterAddr):
-		return bad("master-addr", c.MasterAddr, fmt.Sprintf("a loopback address cannot be reached from the other nodes of --nnodes=%d", c.NNodes))
 	case c.MPS != "" && c.MPS != MPSAuto && c.MPS != MPSOn && c.MPS != MPSOff:
 		return bad("mps", c.MPS, "must be auto, on or off")
 	case c.Program == "":
 		return fmt.Errorf("%w: no worker program", ErrUsage)
 	}
 	return nil
-}
-
-// isLoopback reports whether host is a loopback IP or "localhost".
-func isLoopback(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
-	return err == nil && ip.IsLoopback()
 }
 
 // hasPort reports whether addr is "host:port" rather than a host or IP.

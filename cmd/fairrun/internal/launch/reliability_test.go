@@ -20,7 +20,7 @@ import (
 // The test binary doubles as a worker for the reliability tests: with
 // envRole set, TestMain runs one of these roles instead of the tests.
 const (
-	envRole       = "FAIRRUN_TEST_ROLE"        // "bgchild", "setsid" or "sleeper"
+	envRole       = "FAIRRUN_TEST_ROLE"        // "bgchild", "setsid", "sleeper" or "netcheck"
 	envDir        = "FAIRRUN_TEST_DIR"         // where pids and times are written
 	envFailRank   = "FAIRRUN_TEST_FAIL_RANK"   // bgchild: the rank that exits
 	envFailCode   = "FAIRRUN_TEST_FAIL_CODE"   // bgchild: its exit code
@@ -57,6 +57,8 @@ func runRole(role string) int {
 		return nil
 	}
 	switch role {
+	case "netcheck":
+		return netcheck()
 	case "sleeper":
 		if ignore == "child" || ignore == "both" {
 			signal.Ignore(syscall.SIGTERM)
@@ -208,7 +210,7 @@ func TestRunExitWhileChildHoldsOutput(t *testing.T) {
 		Shuffle: true, ShuffleSeed: 4, Program: os.Args[0],
 		Env:    roleEnv("bgchild", dir, envFailRank+"=2", envFailCode+"=3"),
 		Stdout: &so, Stderr: &se}
-	ws, err := Plan(c, c.Env, "127.0.0.1:1", nil)
+	ws, err := Plan(c, c.Env, "127.0.0.1:1", nil, Extras{})
 	require.NoError(t, err)
 	require.NotEqual(t, 2, ws[2].Rank, "seed 4 must move rank 2 off slot 2")
 

@@ -2,12 +2,15 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -36,7 +39,13 @@ const (
 // every child left, including orphans the workers left behind (SIGTERM,
 // SIGKILL after the grace period). Do not start other child processes
 // beside Run in the same process.
-func Run(ctx context.Context, c Config) (int, error) {
+//
+// With --nic-gbit, Run first checks the privileges and kernel features the
+// emulated NICs need (stopping with a *testbed.MissingError before anything
+// is started) and builds the testbed; with MPS it starts a private MPS
+// daemon. Both are removed before Run returns, whatever happened; when ctx
+// ends during setup, what was built is removed and Run returns 128 + N.
+func Run(ctx context.Context, c Config) (code int, err error) {
 	if err := c.Validate(); err != nil {
 		return ExitLaunchFailure, err
 	}
@@ -45,20 +54,54 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if base == nil {
 		base = os.Environ()
 	}
-
-	// The store.
-	storeAddr := net.JoinHostPort(c.MasterAddr, strconv.Itoa(c.MasterPort))
-	if c.NodeRank == 0 {
-		listen := storeAddr
-		if c.NNodes > 1 {
-			listen = net.JoinHostPort("", strconv.Itoa(c.MasterPort)) // every interface
+	// A failure before the workers start: 128 + N when a signal ended ctx.
+	setupFailed := func(err error) (int, error) {
+		var se *SignalError
+		if ctx.Err() != nil && errors.As(context.Cause(ctx), &se) {
+			return 128 + int(se.Signal), err
 		}
-		srv, err := rendezvous.Listen(listen, rendezvous.WithServerLogger(log))
+		return ExitLaunchFailure, err
+	}
+	var x Extras
+
+	// The emulated NICs.
+	var tb *testbed.Testbed
+	if c.NICGbit > 0 {
+		spec := testbed.Spec{Machines: c.EmulateMachines, Gbit: c.NICGbit, Latency: c.NICLatency}
+		if err := c.prober.Check(spec); err != nil {
+			return setupFailed(err)
+		}
+		tb, err = testbed.Setup(ctx, spec, log)
 		if err != nil {
-			return ExitLaunchFailure, fmt.Errorf("fairrun: host the store: %w", err)
+			return setupFailed(fmt.Errorf("fairrun: build the emulated NICs: %w", err))
+		}
+		defer func() {
+			if cerr := tb.Close(); cerr != nil {
+				log.Error("fairrun: removing the emulated NICs failed", "err", cerr)
+				err = errors.Join(err, cerr)
+			}
+		}()
+		x.NetNS = true
+	}
+
+	// The store: bound to the address given, never every interface unless
+	// asked; with emulated NICs on the bridge, which every namespace reaches.
+	bindHost, dialHost := c.StoreBind, c.MasterAddr
+	if bindHost == "" {
+		bindHost = c.MasterAddr
+	}
+	if tb != nil {
+		bindHost = tb.Plan().BridgeAddr.Addr().String()
+		dialHost = bindHost
+	}
+	storeAddr := net.JoinHostPort(dialHost, strconv.Itoa(c.MasterPort))
+	if c.NodeRank == 0 {
+		srv, err := rendezvous.Listen(net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(c.MasterPort)), rendezvous.WithServerLogger(log))
+		if err != nil {
+			return setupFailed(fmt.Errorf("fairrun: host the store: %w", err))
 		}
 		_, port, _ := net.SplitHostPort(srv.Addr())
-		storeAddr = net.JoinHostPort(c.MasterAddr, port)
+		storeAddr = net.JoinHostPort(dialHost, port)
 		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		served := make(chan struct{})
 		go func() { srv.Serve(sctx); close(served) }()
@@ -72,10 +115,39 @@ func Run(ctx context.Context, c Config) (int, error) {
 			log.Warn("fairrun: ranks of one emulated machine share a GPU (NCCL refuses that)", "ranks_per_machine", per, "gpus", len(gpus))
 		}
 	}
-	workers, err := Plan(c, base, storeAddr, gpus)
+
+	// MPS.
+	if wantMPS(c, gpus) {
+		control, err := findMPSControl(base)
+		switch {
+		case err != nil && c.MPS == MPSOn:
+			return setupFailed(fmt.Errorf("fairrun: --mps on: %w", err))
+		case err != nil:
+			log.Warn("fairrun: ranks of different emulated machines share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful", "err", err)
+		default:
+			d, err := startMPS(ctx, control, base, log)
+			if err != nil {
+				return setupFailed(err)
+			}
+			defer func() {
+				if serr := d.Stop(); serr != nil {
+					log.Error("fairrun: stopping the MPS daemon failed", "err", serr)
+				}
+			}()
+			x.MPS = &d.env
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return setupFailed(context.Cause(ctx))
+	}
+
+	workers, err := Plan(c, base, storeAddr, gpus, x)
 	if err != nil {
 		return ExitLaunchFailure, err
 	}
 	g := &group{log: log, grace: c.Grace, stdout: &lockedWriter{w: c.stdout()}, stderr: &lockedWriter{w: c.stderr()}}
+	if tb != nil {
+		g.start = tb.Run
+	}
 	return g.run(ctx, c, workers)
 }
