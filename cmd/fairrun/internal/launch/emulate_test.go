@@ -151,21 +151,27 @@ func needTestbed(t *testing.T, spec testbed.Spec) {
 	}
 }
 
-// rootNetState lists the root namespace's links and qdiscs.
-func rootNetState(t *testing.T) []string {
+// linksOf lists the links of the root namespace that the fairrun of pid
+// created (their names carry its pid), and the qdiscs on them. Other
+// tests, in this process or in others, may build testbeds meanwhile.
+func linksOf(t *testing.T, pid int) []string {
 	t.Helper()
 	var out []string
 	links, err := netlink.LinkList()
 	require.NoError(t, err)
+	tag := fmt.Sprintf("%06x", pid)
 	for _, l := range links {
-		out = append(out, "link "+l.Attrs().Name)
+		name := l.Attrs().Name
+		if !strings.HasPrefix(name, "frb"+tag) && !strings.HasPrefix(name, "frv"+tag) {
+			continue
+		}
+		out = append(out, "link "+name)
+		qs, err := netlink.QdiscList(l)
+		require.NoError(t, err)
+		for _, q := range qs {
+			out = append(out, fmt.Sprintf("qdisc %s %s %x", name, q.Type(), q.Attrs().Handle))
+		}
 	}
-	qs, err := netlink.QdiscList(nil)
-	require.NoError(t, err)
-	for _, q := range qs {
-		out = append(out, fmt.Sprintf("qdisc %d %s %x", q.Attrs().LinkIndex, q.Type(), q.Attrs().Handle))
-	}
-	slices.Sort(out)
 	return out
 }
 
@@ -195,7 +201,7 @@ func TestRunEmulatedNICs(t *testing.T) {
 	needTestbed(t, testbed.Spec{Machines: 2, Gbit: 1})
 	rootIno, err := netnsInode("/proc/self/ns/net")
 	require.NoError(t, err)
-	before := rootNetState(t)
+	require.Empty(t, linksOf(t, os.Getpid()))
 	var so, se syncBuffer
 	c := Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, GPUs: 2, NICGbit: 1,
 		Grace: 2 * time.Second, Program: os.Args[0],
@@ -228,7 +234,7 @@ func TestRunEmulatedNICs(t *testing.T) {
 	require.Regexp(t, `^10\.77\.\d+\.2/24$`, addrs[0])
 	require.Regexp(t, `^10\.77\.\d+\.3/24$`, addrs[1])
 
-	require.Equal(t, before, rootNetState(t), "every link and qdisc of the run is gone")
+	require.Empty(t, linksOf(t, os.Getpid()), "every link and qdisc of the run is gone")
 	var list []uint64
 	for ino := range inodes {
 		list = append(list, ino)
@@ -241,7 +247,6 @@ func TestRunEmulatedNICs(t *testing.T) {
 func TestFairrunSIGTERMRemovesTestbed(t *testing.T) {
 	needTestbed(t, testbed.Spec{Machines: 2, Gbit: 10})
 	_, fairrun := binaries(t)
-	before := rootNetState(t)
 	dir := t.TempDir()
 	t.Cleanup(func() { killAll(dir) })
 	cmd := exec.Command(fairrun, "--nproc-per-node", "4", "--emulate-machines", "2", "--gpus", "4", "--nic-gbit", "10", "--grace", "500ms", "--", os.Args[0])
@@ -256,7 +261,8 @@ func TestFairrunSIGTERMRemovesTestbed(t *testing.T) {
 		<-exited
 	})
 	waitFiles(t, dir, "worker-0", "worker-1", "worker-2", "worker-3")
-	require.NotEqual(t, before, rootNetState(t), "the testbed is up")
+	during := linksOf(t, cmd.Process.Pid)
+	require.Len(t, during, 6, "the testbed is up: a bridge (noqueue), two veths and their tbfs: %v", during)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case err := <-exited:
@@ -267,7 +273,7 @@ func TestFairrunSIGTERMRemovesTestbed(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatalf("fairrun did not exit; stderr: %s", se.String())
 	}
-	require.Equal(t, before, rootNetState(t), "stderr: %s", se.String())
+	require.Empty(t, linksOf(t, cmd.Process.Pid), "stderr: %s", se.String())
 }
 
 // Without the privileges, fairrun --nic-gbit stops before starting any
