@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -419,4 +420,30 @@ func TestRunMPSMissing(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoMPS)
 	_, serr := os.Stat(filepath.Join(dir, "started"))
 	require.True(t, errors.Is(serr, os.ErrNotExist))
+}
+
+// The MPS directory of a crashed fairrun (its pid gone) is removed by the
+// next start; that of a live process is kept.
+func TestMPSLeftoversRemoved(t *testing.T) {
+	exited := exec.Command("/bin/true")
+	require.NoError(t, exited.Run())
+	dead, err := os.MkdirTemp("", mpsDirPrefix+strconv.Itoa(exited.Process.Pid)+"-")
+	require.NoError(t, err)
+	live, err := os.MkdirTemp("", mpsDirPrefix+"1-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dead); os.RemoveAll(live) })
+	require.NoError(t, os.Mkdir(filepath.Join(dead, "pipe"), 0o700))
+
+	bindir := fakeMPSControl(t, filepath.Join(t.TempDir(), "calls"))
+	control, err := findMPSControl([]string{"PATH=" + bindir})
+	require.NoError(t, err)
+	d, err := startMPS(context.Background(), control, []string{"PATH=/usr/bin:/bin"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	require.NoError(t, d.Stop())
+	_, err = os.Stat(dead)
+	require.True(t, errors.Is(err, os.ErrNotExist), "the crashed run's directory is gone")
+	_, err = os.Stat(live)
+	require.NoError(t, err, "a live process's directory stays")
+	_, err = os.Stat(d.dir)
+	require.True(t, errors.Is(err, os.ErrNotExist))
 }

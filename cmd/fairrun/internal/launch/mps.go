@@ -73,10 +73,15 @@ type mpsDaemon struct {
 	log     *slog.Logger
 }
 
+// mpsDirPrefix starts the name of a daemon's directory in os.TempDir(),
+// followed by fairrun's pid and "-".
+const mpsDirPrefix = "fairrun-mps-"
+
 // startMPS starts a private MPS control daemon (nvidia-cuda-mps-control -d
 // with fresh CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY).
 func startMPS(ctx context.Context, control string, base []string, log *slog.Logger) (_ *mpsDaemon, err error) {
-	dir, err := os.MkdirTemp("", "fairrun-mps-")
+	removeMPSLeftovers(log)
+	dir, err := os.MkdirTemp("", mpsDirPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return nil, fmt.Errorf("fairrun: MPS directories: %w", err)
 	}
@@ -170,4 +175,26 @@ func (d *mpsDaemon) killLeft() int {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	return len(pids)
+}
+
+// removeMPSLeftovers ends the daemons of crashed fairruns (a directory of
+// theirs is left whose pid is gone) and removes their directories.
+func removeMPSLeftovers(log *slog.Logger) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), mpsDirPrefix+"*-*"))
+	for _, dir := range dirs {
+		rest := strings.TrimPrefix(filepath.Base(dir), mpsDirPrefix)
+		pidStr, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			continue // that fairrun may still be running
+		}
+		d := &mpsDaemon{dir: dir, env: MPSEnv{PipeDir: filepath.Join(dir, "pipe")}}
+		n := d.killLeft()
+		if err := os.RemoveAll(dir); err == nil {
+			log.Info("fairrun: removed the MPS daemon of a crashed run", "dir", dir, "pid", pid, "processes_killed", n)
+		}
+	}
 }
