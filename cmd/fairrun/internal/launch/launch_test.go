@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -504,6 +505,44 @@ func TestFairrunHelp(t *testing.T) {
 			for _, s := range tc.stderr {
 				require.Contains(t, se.String(), s)
 			}
+		})
+	}
+}
+
+// The store listens on --master-addr (or --store-bind), not on every
+// interface, also for a job of several nodes.
+func TestRunStoreBind(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		nnodes int
+		bind   string
+		want   string // the listening socket's address in /proc/net/tcp{,6}
+	}{
+		{name: "one node", nnodes: 1, want: "0100007F"},
+		{name: "several nodes", nnodes: 2, want: "0100007F"},
+		{name: "several nodes, every interface asked", nnodes: 2, bind: "0.0.0.0", want: "0+"}, // Go listens on [::] then
+		{name: "one node, bind given", nnodes: 1, bind: "127.0.0.1", want: "0100007F"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			port := ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+			var so, se syncBuffer
+			c := Config{NProcPerNode: 1, NNodes: tc.nnodes, MasterAddr: "127.0.0.1", MasterPort: port, StoreBind: tc.bind,
+				Grace: time.Second, Program: "/bin/sh",
+				Args:   []string{"-c", `awk -v p="$(printf ':%04X' "${FAIRGO_STORE_ADDR##*:}")" '$2 ~ p"$" && $4 == "0A" {print $2}' /proc/net/tcp /proc/net/tcp6`},
+				Stdout: &so, Stderr: &se}
+			if tc.nnodes == 1 {
+				c.MasterPort = 0
+			}
+			code, err := Run(context.Background(), c)
+			require.NoError(t, err, "stderr: %s", se.String())
+			require.Equal(t, 0, code)
+			out := strings.TrimSpace(so.String())
+			require.Regexp(t, `^\[0\] ([0-9A-F]{8}|[0-9A-F]{32}):[0-9A-F]{4}$`, out, "stderr: %s", se.String())
+			addr, _, _ := strings.Cut(strings.Fields(out)[1], ":")
+			require.Regexp(t, "^"+tc.want+"$", addr, "listening address")
 		})
 	}
 }

@@ -1,11 +1,8 @@
 // Package testbed builds fairrun's emulated cluster: one network namespace
 // per emulated machine, each with one NIC (a veth on a shared bridge) shaped
-// to a fixed rate in both directions, so that benchmarks on one host see the
-// network limits of several machines.
-//
-// The plan (names, addresses, qdisc parameters) is computed without
-// touching the system; Setup creates it through netlink and Close removes
-// it. Nothing here needs the ip or tc programs.
+// to a fixed rate in both directions. The plan (names, addresses, qdisc
+// parameters) is computed without touching the system; Setup builds it
+// through netlink, needing neither ip nor tc, and Close removes it.
 package testbed
 
 import (
