@@ -189,7 +189,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 
 // checkLater hands the call to the checker, when there are peers.
 func (r *Reducer) checkLater(q *request) {
-	if r.checker != nil {
+	if r.checker != nil && !r.skipCheck {
 		r.checker.submit(q)
 	}
 }

@@ -38,7 +38,8 @@ func TestGPUMismatchedCounts(t *testing.T) {
 		algo hier.Algorithm
 	}{{1, 2, hier.Flat}, {2, 1, hier.RailAllToAll}, {2, 1, hier.RailRSAG}} {
 		t.Run(fmt.Sprintf("%dx%d/%s", tc.m, tc.d, tc.algo), func(t *testing.T) {
-			w := gpuWorld(t, tc.m, tc.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(30*time.Second))
+			// A mismatch aborts the communicators: build them for this test.
+			w := freshGPUWorld(t, tc.m, tc.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(30*time.Second))
 			ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*1048577), make([]byte, 4*1048578)})
 			var works []*hier.Work
 			for g, r := range w.reducers {
@@ -51,6 +52,30 @@ func TestGPUMismatchedCounts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freshGPUWorld is gpuWorld over communicators of its own, destroyed at the
+// end of the test (for tests that abort them).
+func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
+	t.Helper()
+	gpuRanks(t, 1, 1) // opens the devices
+	if len(gpus.devs) < m*d {
+		t.Skipf("needs %d GPUs", m*d)
+	}
+	rs, err := cuda.NewLocalRanks(gpus.devs[:m*d], m, d)
+	require.NoError(t, err)
+	w := &world{m: m, d: d, closeFn: func() {}}
+	for _, rk := range rs {
+		r, err := hier.NewReducer(context.Background(), rk, opts...)
+		require.NoError(t, err)
+		w.reducers = append(w.reducers, r)
+		w.devs = append(w.devs, rk.Device.(*cuda.Device))
+	}
+	t.Cleanup(func() {
+		w.close()
+		require.NoError(t, cuda.CloseRanks(rs))
+	})
+	return w
 }
 
 // float16 and bfloat16 Avg of values near the maximum, and Sum whose total
@@ -227,10 +252,17 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 		{"2x1/rail-a2a", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}},
 		{"2x1/rail-rsag", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}},
 	} {
-		b.Run(tc.name, func(b *testing.B) {
-			w := gpuWorld(b, tc.m, tc.d, append([]hier.Option{hier.WithTimeout(time.Minute)}, tc.opts...)...)
-			benchEnqueue(b, w.reducers, w.devs, 1<<16)
-		})
+		for _, check := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s/check=%v", tc.name, check), func(b *testing.B) {
+				w := gpuWorld(b, tc.m, tc.d, append([]hier.Option{hier.WithTimeout(time.Minute)}, tc.opts...)...)
+				if !check {
+					for _, r := range w.reducers {
+						hier.SkipCheck(r)
+					}
+				}
+				benchEnqueue(b, w.reducers, w.devs, 1<<16)
+			})
+		}
 	}
 }
 

@@ -428,6 +428,10 @@ func TestGPUTiming(t *testing.T) {
 	for _, g := range gpuGrids {
 		w := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute))
 		inline := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithInlineEnqueue(true))
+		unchecked := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithInlineEnqueue(true))
+		for _, r := range unchecked.reducers {
+			hier.SkipCheck(r)
+		}
 		a2a := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithAlgorithm(hier.RailAllToAll))
 		rsag := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithAlgorithm(hier.RailRSAG))
 		for _, kib := range []int64{64, 256, 1 << 10, 16 << 10, 64 << 10, 256 << 10} {
@@ -435,7 +439,7 @@ func TestGPUTiming(t *testing.T) {
 			in := hashInputs(fairgo.Float32, fairgo.Sum, w.size(), int(n), 3)
 			ts := w.upload(t, fairgo.Float32, in)
 			W := float64(w.size())
-			for _, algo := range []string{"flat", "fairgo", "fairgo-inline", "rail-a2a", "rail-rsag"} {
+			for _, algo := range []string{"flat", "fairgo", "fairgo-inline", "inline-nocheck", "rail-a2a", "rail-rsag"} {
 				var samples []float64
 				for it := 0; it < warm+iters; it++ {
 					var d time.Duration
@@ -446,6 +450,8 @@ func TestGPUTiming(t *testing.T) {
 						d = timeFairgo(t, w, ts)
 					case "fairgo-inline":
 						d = timeFairgo(t, inline, ts)
+					case "inline-nocheck":
+						d = timeFairgo(t, unchecked, ts)
 					case "rail-a2a":
 						d = timeFairgo(t, a2a, ts)
 					default:
@@ -463,9 +469,9 @@ func TestGPUTiming(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%-5s %10s %-7s %12s %12s %12s %10s", "grid", "bytes", "algo", "median(us)", "min(us)", "max(us)", "busbw")
+	t.Logf("%-5s %10s %-14s %12s %12s %12s %10s", "grid", "bytes", "algo", "median(us)", "min(us)", "max(us)", "busbw")
 	for _, r := range rows {
-		t.Logf("%-5s %10d %-7s %12.1f %12.1f %12.1f %10.1f", r.Grid, r.Bytes, r.Algo, r.Median, r.Min, r.Max, r.BusBW)
+		t.Logf("%-5s %10d %-14s %12.1f %12.1f %12.1f %10.1f", r.Grid, r.Bytes, r.Algo, r.Median, r.Min, r.Max, r.BusBW)
 	}
 	if dir := os.Getenv("FAIRGO_OUT"); dir != "" {
 		b, _ := json.MarshalIndent(rows, "", " ")

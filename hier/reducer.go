@@ -93,12 +93,13 @@ type Reducer struct {
 	board     *bulletin     // nil without a Board
 
 	// Owned by the engine goroutine.
-	chain    *streams.Chain
-	stagingR *staging.Ring
-	paddingR *padding.Ring
-	calib    *exchange     // the calibration's exchange buffer, once needed
-	skipWait streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
-	closeErr error
+	chain     *streams.Chain
+	stagingR  *staging.Ring
+	paddingR  *padding.Ring
+	calib     *exchange     // the calibration's exchange buffer, once needed
+	skipWait  streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
+	skipCheck bool          // test hook (export_test.go): no cross-rank check
+	closeErr  error
 }
 
 // inflight is the memory range of a call whose device work may still run.

@@ -138,6 +138,16 @@ template <typename T> struct IsFloat { enum { value = 0 }; };
 template <> struct IsFloat<float> { enum { value = 1 }; };
 template <> struct IsFloat<double> { enum { value = 1 }; };
 
+// A product that the compiler may not contract into a fused multiply-add
+// with the sum that follows: the avg's scaled terms round as on the host.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+#else
+__device__ __forceinline__ float mul_rn(float a, float b) { return a * b; }
+__device__ __forceinline__ double mul_rn(double a, double b) { return a * b; }
+#endif
+
 template <typename A, int F> struct Arith;
 template <typename A> struct Arith<A, 1> {
   static __device__ __forceinline__ A add(A a, A b) { return a + b; }
@@ -145,7 +155,7 @@ template <typename A> struct Arith<A, 1> {
   static __device__ __forceinline__ A div(A a, i64 d) { return a / (A)d; }
   // avg: every term scaled by 1/d before the sum, nothing after.
   static __device__ __forceinline__ A avg_scale(i64 d) { return (A)1 / (A)d; }
-  static __device__ __forceinline__ A avg_term(A x, A s) { return x * s; }
+  static __device__ __forceinline__ A avg_term(A x, A s) { return mul_rn(x, s); }
   static __device__ __forceinline__ A avg_finish(A a, i64) { return a; }
   // NaN-propagating: a NaN on either side wins; ties keep b.
   static __device__ __forceinline__ A max(A a, A b) { return (a > b || a != a) ? a : b; }
