@@ -19,6 +19,11 @@ const DefaultMasterPort = 29500
 // directly; fairrun sets it, and it overrides MASTER_ADDR and MASTER_PORT.
 const EnvStoreAddr = "FAIRGO_STORE_ADDR"
 
+// EnvStoreToken names the variable that holds the store's shared token
+// (see WithToken and WithDialToken). fairrun generates one per job; with
+// other launchers set it yourself, the same on every rank.
+const EnvStoreToken = "FAIRGO_STORE_TOKEN"
+
 // Launch is where this process sits in the job, as its launcher told it.
 type Launch struct {
 	Rank           int    // global rank in [0, WorldSize)
@@ -28,6 +33,7 @@ type Launch struct {
 	MasterAddr     string // host of the store
 	MasterPort     int    // port of the store
 	StoreAddr      string // "host:port" of the store: FAIRGO_STORE_ADDR, else MasterAddr:MasterPort
+	StoreToken     string // the store's shared token (FAIRGO_STORE_TOKEN); "" for none
 	Source         string // "torchrun", "slurm" or "openmpi"
 }
 
@@ -100,6 +106,7 @@ func FromLookup(lookup LookupFunc) (Launch, error) {
 		return Launch{}, e.err
 	}
 	e.storeAddr(&l)
+	l.StoreToken, _ = e.get(EnvStoreToken)
 	if e.err != nil {
 		return Launch{}, e.err
 	}
