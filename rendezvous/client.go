@@ -126,6 +126,13 @@ func (e *fatalDialError) Unwrap() error { return e.err }
 func retryDial(ctx context.Context, addr string, cfg dialConfig, open func(net.Conn) error) error {
 	var d net.Dialer
 	pause := 10 * time.Millisecond
+	var last error // the last failure not caused by ctx ending
+	giveUp := func(attempt int, err error) error {
+		if last == nil {
+			last = err
+		}
+		return fmt.Errorf("rendezvous: dial %s: gave up after %d attempts (last: %v): %w", addr, attempt, last, ctx.Err())
+	}
 	for attempt := 1; ; attempt++ {
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
@@ -142,14 +149,18 @@ func retryDial(ctx context.Context, addr string, cfg dialConfig, open func(net.C
 			}
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("rendezvous: dial %s: gave up after %d attempts (last: %v): %w", addr, attempt, err, ctx.Err())
+			return giveUp(attempt, err)
+		}
+		var ne net.Error
+		if last == nil || !errors.As(err, &ne) || !ne.Timeout() {
+			last = err // a timeout is most likely ctx's deadline arriving
 		}
 		cfg.log.Debug("rendezvous: store not reachable yet", "addr", addr, "attempt", attempt, "err", err)
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("rendezvous: dial %s: gave up after %d attempts (last: %v): %w", addr, attempt, err, ctx.Err())
+			return giveUp(attempt, err)
 		case <-t.C:
 		}
 		pause = min(2*pause, cfg.retry)
