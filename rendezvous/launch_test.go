@@ -49,10 +49,13 @@ type report struct {
 	Kind     string
 	Hosting  bool
 	Machines []topology.Machine
-	Grid     topology.Grid
+	Grid     grid
 	Peers    []string // the value every rank set, read back
 	Count    int64
 }
+
+// grid is a rank's coordinates (the fields of the layout's Grid).
+type grid struct{ Machines, Devices, Machine, Local int }
 
 // child is one rank: open the store, discover the layout, exchange a key
 // with every rank, count, and leave.
@@ -90,7 +93,8 @@ func child() error {
 	if err := st.Wait(ctx, keys...); err != nil {
 		return err
 	}
-	rep := report{Rank: l.Rank, Launcher: l.Launcher, Kind: s.Kind, Hosting: s.Hosting(), Machines: layout.Machines, Grid: layout.Grid}
+	rep := report{Rank: l.Rank, Launcher: l.Launcher, Kind: s.Kind, Hosting: s.Hosting(), Machines: layout.Machines,
+		Grid: grid{layout.Grid.Machines, layout.Grid.Devices, layout.Grid.Machine, layout.Grid.Local}}
 	for _, k := range keys {
 		v, err := st.Get(ctx, k)
 		if err != nil {
@@ -171,7 +175,7 @@ func checkAgree(t *testing.T, reports []report, launcher, kind string) {
 		require.Equal(t, launcher, rep.Launcher, "rank %d", i)
 		require.Equal(t, kind, rep.Kind, "rank %d", i)
 		require.Equal(t, want, rep.Machines, "rank %d", i)
-		require.Equal(t, topology.Grid{Machines: 2, Devices: 2, Machine: i / 2, Local: i % 2}, rep.Grid, "rank %d", i)
+		require.Equal(t, grid{Machines: 2, Devices: 2, Machine: i / 2, Local: i % 2}, rep.Grid, "rank %d", i)
 		require.Equal(t, peers, rep.Peers, "rank %d", i)
 		require.EqualValues(t, world, rep.Count, "rank %d", i)
 		require.Equal(t, kind == rendezvous.StoreRank0 && i == 0, rep.Hosting, "rank %d", i)
