@@ -10,20 +10,27 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/fairgo/fairgo"
 )
 
 // Client is a Store served by a Server over one TCP connection. Requests
 // from many goroutines are multiplexed on the connection; a blocking Get or
-// Wait does not hold up the others. When the connection breaks, pending and
-// later calls fail with an error wrapping ErrClosed; the client does not
-// reconnect.
+// Wait does not hold up the others. The client opens with a Hello carrying
+// its token (WithDialToken) and then pings the server at a third of the idle
+// timeout the server announced, so that a connection blocked in a long Get
+// or Wait stays open. When the connection breaks, pending and later calls
+// fail with an error wrapping ErrClosed; the client does not reconnect.
 type Client struct {
 	conn net.Conn
+	br   *bufio.Reader
 	addr string
 	log  *slog.Logger
 
-	wmu sync.Mutex // serializes frame writes
+	wmu      sync.Mutex   // serializes frame writes
+	lastSend atomic.Int64 // unix nanoseconds of the last frame written
 
 	mu      sync.Mutex
 	pending map[uint64]chan frame
@@ -32,37 +39,100 @@ type Client struct {
 	done    chan struct{} // closed when the connection ended
 }
 
-// DialOption configures Dial.
+// DialOption configures Dial (and DialC10d). Options only record values;
+// Dial validates them and reports the first invalid one by name.
 type DialOption func(*dialConfig)
 
 type dialConfig struct {
-	retry time.Duration
-	log   *slog.Logger
+	retry    time.Duration
+	log      *slog.Logger
+	token    string
+	tokenSet bool
+	c10d     bool // DialC10d: a token is meaningless there
 }
 
+// DefaultRetryInterval is the longest pause between connection attempts.
+const DefaultRetryInterval = 500 * time.Millisecond
+
+// handshakeTimeout bounds the client's wait for the Hello reply.
+const handshakeTimeout = 10 * time.Second
+
 // WithRetryInterval sets the longest pause between connection attempts
-// (attempts start 10ms apart and back off to this). Zero means 500ms.
+// (attempts start 10ms apart and back off to this). Zero means
+// DefaultRetryInterval.
 func WithRetryInterval(d time.Duration) DialOption { return func(c *dialConfig) { c.retry = d } }
 
 // WithClientLogger sets the client's logger. Nil means slog.Default().
 func WithClientLogger(l *slog.Logger) DialOption { return func(c *dialConfig) { c.log = l } }
 
-// Dial connects to the Server at addr, retrying until it answers or ctx ends
-// (workers usually start before the server listens). When ctx ends first the
-// error wraps ctx.Err() and tells the last connection failure.
-func Dial(ctx context.Context, addr string, opts ...DialOption) (*Client, error) {
-	cfg := dialConfig{retry: 500 * time.Millisecond}
+// WithDialToken sends token in the Hello, for a server started WithToken
+// (1 to MaxTokenLen bytes). Launchers pass it in FAIRGO_STORE_TOKEN.
+func WithDialToken(token string) DialOption {
+	return func(c *dialConfig) { c.token, c.tokenSet = token, true }
+}
+
+func newDialConfig(opts []DialOption, c10d bool) (dialConfig, error) {
+	cfg := dialConfig{c10d: c10d}
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
-	if cfg.retry <= 0 {
-		cfg.retry = 500 * time.Millisecond
+	switch {
+	case cfg.retry < 0:
+		return cfg, &fairgo.ArgError{Arg: "rendezvous.WithRetryInterval", Value: cfg.retry, Reason: "negative"}
+	case cfg.tokenSet && cfg.c10d:
+		return cfg, &fairgo.ArgError{Arg: "rendezvous.WithDialToken", Value: "(token)", Reason: "the c10d TCPStore protocol has no token"}
+	case cfg.tokenSet && (cfg.token == "" || len(cfg.token) > MaxTokenLen):
+		return cfg, &fairgo.ArgError{Arg: "rendezvous.WithDialToken", Value: fmt.Sprintf("(%d bytes)", len(cfg.token)), Reason: fmt.Sprintf("want 1 to %d bytes (leave the option out for a store without a token)", MaxTokenLen)}
+	}
+	if cfg.retry == 0 {
+		cfg.retry = DefaultRetryInterval
 	}
 	if cfg.log == nil {
 		cfg.log = slog.Default()
 	}
+	return cfg, nil
+}
+
+// Dial connects to the Server at addr, retrying until it answers or ctx ends
+// (workers usually start before the server listens, and a busy server
+// refuses connections for a while). When ctx ends first the error wraps
+// ctx.Err() and tells the last connection failure. A server that refuses
+// the token fails Dial at once with an error wrapping ErrUnauthorized.
+func Dial(ctx context.Context, addr string, opts ...DialOption) (*Client, error) {
+	cfg, err := newDialConfig(opts, false)
+	if err != nil {
+		return nil, err
+	}
+	var c *Client
+	err = retryDial(ctx, addr, cfg, func(conn net.Conn) error {
+		var herr error
+		c, herr = helloClient(ctx, conn, addr, cfg)
+		return herr
+	})
+	return c, err
+}
+
+// fatalDialError marks a connection failure that retrying cannot cure.
+type fatalDialError struct{ err error }
+
+func (e *fatalDialError) Error() string { return e.err.Error() }
+func (e *fatalDialError) Unwrap() error { return e.err }
+
+// retryDial connects to addr and runs open on the connection, retrying both
+// with backoff until open succeeds, open returns a *fatalDialError, or ctx
+// ends. open owns the connection (it closes it on failure).
+func retryDial(ctx context.Context, addr string, cfg dialConfig, open func(net.Conn) error) error {
 	var d net.Dialer
 	pause := 10 * time.Millisecond
+	var last error // the last failure not caused by ctx ending
+	giveUp := func(attempt int, err error) error {
+		if last == nil {
+			last = err
+		}
+		return fmt.Errorf("rendezvous: dial %s: gave up after %d attempts (last: %v): %w", addr, attempt, last, ctx.Err())
+	}
 	for attempt := 1; ; attempt++ {
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
@@ -70,36 +140,104 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*Client, error)
 				tc.SetNoDelay(true)
 				tc.SetKeepAlive(true)
 			}
-			return newClient(conn, addr, cfg.log), nil
+			if err = open(conn); err == nil {
+				return nil
+			}
+			var fe *fatalDialError
+			if errors.As(err, &fe) {
+				return fmt.Errorf("rendezvous: dial %s: %w", addr, fe.err)
+			}
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("rendezvous: dial %s: gave up after %d attempts (last: %v): %w", addr, attempt, err, ctx.Err())
+			return giveUp(attempt, err)
+		}
+		var ne net.Error
+		if last == nil || !errors.As(err, &ne) || !ne.Timeout() {
+			last = err // a timeout is most likely ctx's deadline arriving
 		}
 		cfg.log.Debug("rendezvous: store not reachable yet", "addr", addr, "attempt", attempt, "err", err)
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("rendezvous: dial %s: gave up after %d attempts (last: %v): %w", addr, attempt, err, ctx.Err())
+			return giveUp(attempt, err)
 		case <-t.C:
 		}
 		pause = min(2*pause, cfg.retry)
 	}
 }
 
-func newClient(conn net.Conn, addr string, log *slog.Logger) *Client {
-	c := &Client{conn: conn, addr: addr, log: log, pending: make(map[uint64]chan frame), done: make(chan struct{})}
+// helloClient sends the Hello on a fresh connection and reads the reply.
+func helloClient(ctx context.Context, conn net.Conn, addr string, cfg dialConfig) (*Client, error) {
+	dl := time.Now().Add(handshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	conn.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	br := bufio.NewReader(conn)
+	_, err := conn.Write(appendFrame(nil, 0, uint8(opHello), []byte(helloMagic), []byte(cfg.token)))
+	var f frame
+	if err == nil {
+		f, err = readFrame(br)
+	}
+	if err == nil && f.code == statusError {
+		re := &RemoteError{Op: opHello.String(), Code: codeOther, Message: "(no message)"}
+		if len(f.fields) == 2 && len(f.fields[0]) == 1 {
+			re.Code, re.Message = f.fields[0][0], string(f.fields[1])
+		}
+		err = re
+		if re.Code == codeAuth || re.Code == codeProtocol {
+			err = &fatalDialError{re}
+		}
+	}
+	if err == nil && (len(f.fields) != 1 || len(f.fields[0]) != 8) {
+		err = &fatalDialError{fmt.Errorf("hello reply with %d fields (is %s a fairgo store?): %w", len(f.fields), addr, ErrProtocol)}
+	}
+	if !stop() && err == nil {
+		err = ctx.Err() // the deadline was cut short: the connection is suspect
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	conn.SetDeadline(time.Time{})
+	idle := time.Duration(binary.BigEndian.Uint64(f.fields[0])) * time.Millisecond
+	c := &Client{conn: conn, br: br, addr: addr, log: cfg.log, pending: make(map[uint64]chan frame), done: make(chan struct{})}
 	go c.readLoop()
-	return c
+	if idle > 0 {
+		go c.keepalive(idle / 3)
+	}
+	return c, nil
+}
+
+// keepalive pings when nothing was sent for every, so that the server's idle
+// timeout never closes a live connection (a long Get or Wait included).
+func (c *Client) keepalive(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, c.lastSend.Load())) < every {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		c.Ping(ctx) // a dead connection is reported by the read loop
+		cancel()
+	}
 }
 
 // Addr returns the server address the client dialled.
 func (c *Client) Addr() string { return c.addr }
 
 func (c *Client) readLoop() {
-	br := bufio.NewReader(c.conn)
 	for {
-		f, err := readFrame(br)
+		f, err := readFrame(c.br)
 		if err != nil {
 			var fe *frameError
 			if errors.As(err, &fe) {
@@ -155,6 +293,7 @@ func (c *Client) send(ctx context.Context, b []byte) error {
 		c.conn.SetWriteDeadline(time.Time{})
 	}
 	_, err := c.conn.Write(b)
+	c.lastSend.Store(time.Now().UnixNano())
 	if err != nil {
 		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
 			// A frame may be half written: the stream is unusable.

@@ -19,16 +19,75 @@ const DefaultMasterPort = 29500
 // directly; fairrun sets it, and it overrides MASTER_ADDR and MASTER_PORT.
 const EnvStoreAddr = "FAIRGO_STORE_ADDR"
 
+// EnvStoreToken names the variable that holds the store's shared token
+// (see WithToken and WithDialToken). fairrun generates one per job; with
+// other launchers set it yourself, the same on every rank.
+const EnvStoreToken = "FAIRGO_STORE_TOKEN"
+
+// EnvStorePort names the variable that sets the port of the store rank 0
+// hosts (launchers without a store of their own); without it the port is
+// MASTER_PORT+1, so that it cannot collide with the c10d TCPStore that
+// PyTorch's rank 0 (or torchrun's agent) serves on MASTER_PORT itself.
+const EnvStorePort = "FAIRGO_STORE_PORT"
+
+// Launchers, as Launch.Launcher names them.
+const (
+	LauncherFairrun  = "fairrun"  // FAIRGO_STORE_ADDR is set: a fairgo store is given (fairrun sets it)
+	LauncherTorchrun = "torchrun" // RANK... and TORCHELASTIC_* variables: torchrun (torch.distributed.run)
+	LauncherEnv      = "env"      // RANK... without TORCHELASTIC_*: any launcher that sets torchrun's variables
+	LauncherSlurm    = "slurm"    // SLURM_PROCID...: srun
+	LauncherOpenMPI  = "openmpi"  // OMPI_COMM_WORLD_RANK...: Open MPI's mpirun
+)
+
+// Store kinds, as Launch.StoreKind names them: how Open gets this process's
+// store.
+const (
+	StoreMemory = "memory" // a single process: a store in memory
+	StoreFairgo = "fairgo" // dial the fairgo store at StoreAddr (FAIRGO_STORE_ADDR)
+	StoreC10d   = "c10d"   // dial torchrun's agent store at StoreAddr (c10d TCPStore protocol)
+	StoreRank0  = "rank0"  // rank 0 hosts a fairgo store at StoreAddr; the others dial it
+)
+
 // Launch is where this process sits in the job, as its launcher told it.
 type Launch struct {
 	Rank           int    // global rank in [0, WorldSize)
 	WorldSize      int    // number of processes in the job
 	LocalRank      int    // rank among the processes of this node, in [0, LocalWorldSize)
 	LocalWorldSize int    // processes on this node
-	MasterAddr     string // host of the store
-	MasterPort     int    // port of the store
-	StoreAddr      string // "host:port" of the store: FAIRGO_STORE_ADDR, else MasterAddr:MasterPort
-	Source         string // "torchrun", "slurm" or "openmpi"
+	MasterAddr     string // MASTER_ADDR (or derived, see FromLookup), or the host of FAIRGO_STORE_ADDR
+	MasterPort     int    // MASTER_PORT (or derived), or the port of FAIRGO_STORE_ADDR
+	StoreAddr      string // "host:port" of the store this process uses (see StoreKind)
+	StoreToken     string // the store's shared token (FAIRGO_STORE_TOKEN); "" for none
+	Source         string // whose variables gave the rank: "torchrun" (RANK...), "slurm" or "openmpi"
+	Launcher       string // who launched the process: a Launcher* constant; "" when made by hand
+	StoreKind      string // a Store* constant; "" when made by hand (Open then infers it)
+	AgentStore     bool   // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves a c10d store at MASTER_ADDR:MASTER_PORT
+	RestartCount   int    // TORCHELASTIC_RESTART_COUNT: torchrun's attempt number (0 first)
+	Vars           []EnvVar
+}
+
+// EnvVar is one variable FromLookup read, for error messages: which
+// variables a launch was derived from. The token's value is never kept.
+type EnvVar struct {
+	Name  string
+	Value string // "" when unset
+	Set   bool
+}
+
+func (v EnvVar) String() string {
+	if !v.Set {
+		return v.Name + " unset"
+	}
+	return v.Name + "=" + strconv.Quote(v.Value)
+}
+
+// VarsString lists the variables read as NAME="value" (NAME unset).
+func (l Launch) VarsString() string {
+	parts := make([]string, len(l.Vars))
+	for i, v := range l.Vars {
+		parts[i] = v.String()
+	}
+	return strings.Join(parts, " ")
 }
 
 // ErrNoLaunchEnv: none of the known launchers' variables are set.
@@ -61,12 +120,34 @@ type LookupFunc func(name string) (string, bool)
 // FromEnv reads the launch environment of this process; see FromLookup.
 func FromEnv() (Launch, error) { return FromLookup(os.LookupEnv) }
 
-// FromLookup reads a launch environment through lookup. The first launcher
-// whose rank variable is set wins: torchrun (RANK), Open MPI
-// (OMPI_COMM_WORLD_RANK), then Slurm (SLURM_PROCID). The store address comes
-// from FAIRGO_STORE_ADDR when set, else MASTER_ADDR and MASTER_PORT (under
-// Slurm MASTER_ADDR defaults to SLURM_LAUNCH_NODE_IPADDR; outside torchrun
-// MASTER_PORT defaults to DefaultMasterPort).
+// FromLookup reads a launch environment through lookup. The first
+// launcher whose rank variable is set wins: torchrun's variables (RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Open MPI's
+// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE), then Slurm's
+// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or
+// SLURM_TASKS_PER_NODE with SLURM_NODEID).
+//
+// The store, in this order:
+//
+//   - FAIRGO_STORE_ADDR set (fairrun sets it): dial the fairgo store there
+//     (StoreFairgo); Launcher "fairrun".
+//   - torchrun with TORCHELASTIC_USE_AGENT_STORE=True (exactly "True", as
+//     torch.distributed checks it): torchrun's agent serves a c10d TCPStore
+//     at MASTER_ADDR:MASTER_PORT (StoreC10d).
+//   - otherwise rank 0 hosts a fairgo store at MASTER_ADDR:P where P is
+//     FAIRGO_STORE_PORT, else MASTER_PORT+1 (StoreRank0): torchrun without
+//     an agent store, any launcher that sets torchrun's variables, Slurm and
+//     Open MPI.
+//
+// MASTER_ADDR and MASTER_PORT are required with torchrun's variables. Under
+// Slurm, MASTER_ADDR defaults to the first host of SLURM_STEP_NODELIST
+// (else SLURM_JOB_NODELIST, SLURM_NODELIST; compressed lists such as
+// "gpu[01-03,07]" are expanded), else SLURM_LAUNCH_NODE_IPADDR, and
+// MASTER_PORT to SlurmPort(SLURM_JOB_ID), else DefaultMasterPort. Under Open
+// MPI, which names no host to meet at, MASTER_ADDR (or FAIRGO_STORE_ADDR)
+// must be given (mpirun -x MASTER_ADDR=host-of-rank-0); MASTER_PORT
+// defaults to DefaultMasterPort. FAIRGO_STORE_TOKEN, when set, is the
+// store's token (Launch.StoreToken). Launch.Vars lists every variable read.
 func FromLookup(lookup LookupFunc) (Launch, error) {
 	e := envReader{lookup: lookup}
 	var l Launch
@@ -78,13 +159,13 @@ func FromLookup(lookup LookupFunc) (Launch, error) {
 		l.LocalRank = e.int("LOCAL_RANK", 0)
 		l.LocalWorldSize = e.int("LOCAL_WORLD_SIZE", 1)
 	case e.has("OMPI_COMM_WORLD_RANK"):
-		l.Source = "openmpi"
+		l.Source = LauncherOpenMPI
 		l.Rank = e.int("OMPI_COMM_WORLD_RANK", 0)
 		l.WorldSize = e.int("OMPI_COMM_WORLD_SIZE", 1)
 		l.LocalRank = e.int("OMPI_COMM_WORLD_LOCAL_RANK", 0)
 		l.LocalWorldSize = e.int("OMPI_COMM_WORLD_LOCAL_SIZE", 1)
 	case e.has("SLURM_PROCID"):
-		l.Source = "slurm"
+		l.Source = LauncherSlurm
 		l.Rank = e.int("SLURM_PROCID", 0)
 		if e.has("SLURM_NTASKS") || !e.has("SLURM_NPROCS") {
 			l.WorldSize = e.int("SLURM_NTASKS", 1)
@@ -100,9 +181,13 @@ func FromLookup(lookup LookupFunc) (Launch, error) {
 		return Launch{}, e.err
 	}
 	e.storeAddr(&l)
+	if tok, ok := e.lookupRaw(EnvStoreToken); ok {
+		l.StoreToken = tok
+	}
 	if e.err != nil {
 		return Launch{}, e.err
 	}
+	l.Vars = e.vars
 	return l, l.validate()
 }
 
@@ -132,12 +217,37 @@ func (l Launch) validate() error {
 type envReader struct {
 	lookup LookupFunc
 	err    error // the first error
+	vars   []EnvVar
+	seen   map[string]bool
 }
 
+// get reads a variable; empty counts as unset. Every variable read is
+// recorded in vars (the token's value excepted).
 func (e *envReader) get(name string) (string, bool) {
 	v, ok := e.lookup(name)
 	v = strings.TrimSpace(v)
-	return v, ok && v != ""
+	ok = ok && v != ""
+	if !e.seen[name] {
+		if e.seen == nil {
+			e.seen = map[string]bool{}
+		}
+		e.seen[name] = true
+		rec := EnvVar{Name: name, Value: v, Set: ok}
+		if name == EnvStoreToken && ok {
+			rec.Value = "(hidden)"
+		}
+		e.vars = append(e.vars, rec)
+	}
+	return v, ok
+}
+
+// lookupRaw reads a variable through get's recording but keeps its value
+// untrimmed (a token may hold spaces).
+func (e *envReader) lookupRaw(name string) (string, bool) {
+	if _, ok := e.get(name); !ok {
+		return "", false
+	}
+	return e.lookup(name)
 }
 
 func (e *envReader) has(name string) bool { _, ok := e.get(name); return ok }
@@ -216,6 +326,20 @@ func parseSlurmTasksPerNode(v string) ([]int, error) {
 }
 
 func (e *envReader) storeAddr(l *Launch) {
+	if l.Source == "torchrun" && (e.has("TORCHELASTIC_RUN_ID") || e.has("TORCHELASTIC_RESTART_COUNT") || e.has("TORCHELASTIC_USE_AGENT_STORE")) {
+		l.Launcher = LauncherTorchrun
+		v, _ := e.get("TORCHELASTIC_USE_AGENT_STORE")
+		l.AgentStore = v == "True"
+		if e.has("TORCHELASTIC_RESTART_COUNT") {
+			l.RestartCount = e.int("TORCHELASTIC_RESTART_COUNT", 0)
+		}
+	}
+	if l.Launcher == "" {
+		l.Launcher = l.Source
+		if l.Source == "torchrun" {
+			l.Launcher = LauncherEnv
+		}
+	}
 	if v, ok := e.get(EnvStoreAddr); ok {
 		host, port, err := net.SplitHostPort(v)
 		p, perr := strconv.Atoi(port)
@@ -224,22 +348,40 @@ func (e *envReader) storeAddr(l *Launch) {
 			return
 		}
 		l.MasterAddr, l.MasterPort, l.StoreAddr = host, p, v
+		l.Launcher, l.StoreKind = LauncherFairrun, StoreFairgo
 		return
 	}
 	addr, ok := e.get("MASTER_ADDR")
-	if !ok && l.Source == "slurm" {
-		addr, ok = e.get("SLURM_LAUNCH_NODE_IPADDR")
+	if !ok && l.Source == LauncherSlurm {
+		for _, name := range []string{"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
+			if v, set := e.get(name); set {
+				hosts, err := SlurmHostlist(v, 1)
+				if err != nil {
+					e.fail(&EnvError{Var: name, Value: v, Reason: err.Error()})
+					return
+				}
+				addr, ok = hosts[0], true
+				break
+			}
+		}
+		if !ok {
+			addr, ok = e.get("SLURM_LAUNCH_NODE_IPADDR")
+		}
 	}
 	if !ok {
 		reason := "missing (and " + EnvStoreAddr + " too)"
-		if l.Source == "slurm" {
-			reason = "missing (and SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
+		switch l.Source {
+		case LauncherSlurm:
+			reason = "missing (and SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST, SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
+		case LauncherOpenMPI:
+			reason = "missing: Open MPI names no host to meet at; give the host of rank 0 (mpirun -x MASTER_ADDR=host -x MASTER_PORT=port), or " + EnvStoreAddr + "=host:port of a running fairgo store"
 		}
 		e.fail(&EnvError{Var: "MASTER_ADDR", Reason: reason})
 		return
 	}
 	port := DefaultMasterPort
-	if l.Source == "torchrun" || e.has("MASTER_PORT") {
+	switch {
+	case l.Source == "torchrun" || e.has("MASTER_PORT"):
 		port = e.int("MASTER_PORT", DefaultMasterPort)
 		if e.err != nil {
 			return
@@ -248,7 +390,44 @@ func (e *envReader) storeAddr(l *Launch) {
 			e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port), Reason: "outside [1, 65535]"})
 			return
 		}
+	case l.Source == LauncherSlurm && e.has("SLURM_JOB_ID"):
+		id, err := strconv.ParseUint(mustGet(e, "SLURM_JOB_ID"), 10, 64)
+		if err != nil {
+			e.fail(&EnvError{Var: "SLURM_JOB_ID", Value: mustGet(e, "SLURM_JOB_ID"), Reason: "not a job number"})
+			return
+		}
+		port = SlurmPort(id)
 	}
 	l.MasterAddr, l.MasterPort = addr, port
-	l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(port))
+	if l.AgentStore {
+		l.StoreKind = StoreC10d
+		l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(port))
+		return
+	}
+	l.StoreKind = StoreRank0
+	sp := port + 1
+	if e.has(EnvStorePort) {
+		sp = e.int(EnvStorePort, 0)
+		if e.err != nil {
+			return
+		}
+		if sp < 1 || sp > 65535 {
+			e.fail(&EnvError{Var: EnvStorePort, Value: strconv.Itoa(sp), Reason: "outside [1, 65535]"})
+			return
+		}
+	} else if sp > 65535 {
+		e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port), Reason: "the store rank 0 hosts goes on MASTER_PORT+1, which is no port: set " + EnvStorePort})
+		return
+	}
+	l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(sp))
 }
+
+func mustGet(e *envReader, name string) string { v, _ := e.get(name); return v }
+
+// SlurmPort is the MASTER_PORT derived from a Slurm job id when none is
+// given: 10000 + id mod 20000, in [10000, 29999] (unprivileged, below
+// Linux's ephemeral range from 32768, so that it does not collide with
+// outgoing connections); the store rank 0 hosts then listens on the next
+// port. Jobs whose ids differ by a multiple of 20000 and share a node, or
+// concurrent job steps, collide: give them MASTER_PORT or FAIRGO_STORE_PORT.
+func SlurmPort(jobID uint64) int { return 10000 + int(jobID%20000) }

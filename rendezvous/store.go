@@ -54,6 +54,11 @@ var (
 	ErrNotCounter = fmt.Errorf("rendezvous: value is not a decimal counter: %w", fairgo.ErrInvalidArgument)
 	// ErrProtocol: a malformed frame was sent or received.
 	ErrProtocol = errors.New("rendezvous: protocol error")
+	// ErrUnauthorized: the server refused the client's token (or its lack
+	// of one).
+	ErrUnauthorized = errors.New("rendezvous: store refused the token")
+	// ErrBusy: the server is at its connection limit; Dial retries.
+	ErrBusy = errors.New("rendezvous: store busy")
 )
 
 func checkKey(key string) error {

@@ -20,6 +20,7 @@ func stores(t *testing.T) map[string]func(t *testing.T) Store {
 		"prefix":      func(t *testing.T) Store { return WithPrefix(NewMemoryStore(), "job") },
 		"tcp":         func(t *testing.T) Store { _, c := startTCP(t); return c },
 		"tcp-prefix":  func(t *testing.T) Store { _, c := startTCP(t); return WithPrefix(c, "a/b") },
+		"c10d":        func(t *testing.T) Store { _, c := dialFakeC10d(t); return c },
 	}
 }
 

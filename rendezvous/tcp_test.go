@@ -115,7 +115,22 @@ type rawConn struct {
 	br *bufio.Reader
 }
 
-func rawDial(t *testing.T, addr string) *rawConn {
+// rawDial connects and completes the Hello (with token, if any).
+func rawDial(t *testing.T, addr string, token ...string) *rawConn {
+	r := rawConnect(t, addr)
+	tok := ""
+	if len(token) > 0 {
+		tok = token[0]
+	}
+	r.send(appendFrame(nil, 0, uint8(opHello), []byte(helloMagic), []byte(tok)))
+	f, err := r.next()
+	require.NoError(t, err)
+	require.EqualValues(t, statusOK, f.code, "hello refused: %q", f.fields)
+	return r
+}
+
+// rawConnect connects without a Hello.
+func rawConnect(t *testing.T, addr string) *rawConn {
 	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
