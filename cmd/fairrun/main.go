@@ -8,7 +8,10 @@
 //
 // "fairrun --help" documents every flag. Node rank 0 hosts the rendezvous
 // store, bound to --master-addr (or --store-bind), never every interface
-// unless asked. Each worker gets RANK, WORLD_SIZE, LOCAL_RANK,
+// unless asked, and serving only clients that present the job's token,
+// FAIRGO_STORE_TOKEN: random per job, or taken from the environment (which
+// a job of several nodes must set alike on every node). Each worker gets
+// the token and RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FAIRGO_STORE_ADDR and
 // GROUP_RANK, NCCL_NVLS_ENABLE=0 unless the environment sets it, and the
 // testbed description FAIRGO_TESTBED_MACHINES, _NIC_GBIT, _NIC_LATENCY,

@@ -51,7 +51,11 @@ func run(failRank, failCode int, hang bool, pidDir string, timeout time.Duration
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	c, err := rendezvous.Dial(ctx, l.StoreAddr)
+	var opts []rendezvous.DialOption
+	if l.StoreToken != "" {
+		opts = append(opts, rendezvous.WithDialToken(l.StoreToken))
+	}
+	c, err := rendezvous.Dial(ctx, l.StoreAddr, opts...)
 	if err != nil {
 		return err
 	}

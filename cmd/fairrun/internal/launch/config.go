@@ -111,10 +111,12 @@ const usageHead = `usage: fairrun [flags] -- prog args...
 
 fairrun starts --nproc-per-node copies of prog on this node with the
 torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT) and FAIRGO_STORE_ADDR, hosts the rendezvous store
-on node rank 0, prefixes every output line with the rank, and ends every
-process of the job when one worker fails or on SIGINT/SIGTERM, exiting with
-the first failure's code.
+MASTER_ADDR, MASTER_PORT), FAIRGO_STORE_ADDR and FAIRGO_STORE_TOKEN, hosts
+the rendezvous store on node rank 0 (it serves only clients with the token:
+random per job, or FAIRGO_STORE_TOKEN from the environment, which --nnodes
+> 1 needs alike on every node), prefixes every output line with the rank,
+and ends every process of the job when one worker fails or on SIGINT or
+SIGTERM, exiting with the first failure's code.
 
 --emulate-machines M splits one host into M machines (own NCCL_HOSTID,
 FAIRGO_MACHINE_ID, LOCAL_RANK numbering, GPUs round-robin). With --nic-gbit

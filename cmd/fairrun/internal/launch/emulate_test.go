@@ -82,7 +82,10 @@ func netcheck() int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	store, err := rendezvous.Dial(ctx, l.StoreAddr)
+	if l.StoreToken == "" {
+		return fail("no %s", rendezvous.EnvStoreToken)
+	}
+	store, err := rendezvous.Dial(ctx, l.StoreAddr, rendezvous.WithDialToken(l.StoreToken))
 	if err != nil {
 		return fail("store on the bridge: %v", err)
 	}

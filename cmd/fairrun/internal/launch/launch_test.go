@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo/rendezvous"
 )
 
 // Binaries built once for the package's tests.
@@ -178,6 +180,18 @@ func TestPlan(t *testing.T) {
 			require.Equal(t, "1", e["GROUP_RANK"])
 			require.Equal(t, "PATH=/bin", w.Env[0], "order kept")
 		}
+	})
+
+	t.Run("store token", func(t *testing.T) {
+		c := Config{NProcPerNode: 2, NNodes: 1, MasterAddr: "a", Program: "p"}
+		ws, err := Plan(c, base, "a:1", nil, Extras{StoreToken: "0123abcd"})
+		require.NoError(t, err)
+		for _, w := range ws {
+			require.Equal(t, "0123abcd", envMap(w.Env)[EnvStoreToken])
+		}
+		ws, err = Plan(c, base, "a:1", nil, Extras{})
+		require.NoError(t, err)
+		require.NotContains(t, envMap(ws[0].Env), EnvStoreToken)
 	})
 
 	t.Run("NVLS kept when set", func(t *testing.T) {
@@ -530,7 +544,7 @@ func TestRunStoreBind(t *testing.T) {
 			ln.Close()
 			var so, se syncBuffer
 			c := Config{NProcPerNode: 1, NNodes: tc.nnodes, MasterAddr: "127.0.0.1", MasterPort: port, StoreBind: tc.bind,
-				Grace: time.Second, Program: "/bin/sh",
+				Grace: time.Second, Program: "/bin/sh", Env: append(os.Environ(), EnvStoreToken+"=shared"),
 				Args:   []string{"-c", `awk -v p="$(printf ':%04X' "${FAIRGO_STORE_ADDR##*:}")" '$2 ~ p"$" && $4 == "0A" {print $2}' /proc/net/tcp /proc/net/tcp6`},
 				Stdout: &so, Stderr: &se}
 			if tc.nnodes == 1 {
@@ -545,4 +559,93 @@ func TestRunStoreBind(t *testing.T) {
 			require.Regexp(t, "^"+tc.want+"$", addr, "listening address")
 		})
 	}
+}
+
+// Every job gets a fresh random store token (or the one the environment
+// gives, which a job of several nodes must), every worker gets it, and the
+// store refuses a client without it.
+func TestRunStoreToken(t *testing.T) {
+	run := func(t *testing.T, nnodes int, env []string, script string) (int, error, string) {
+		t.Helper()
+		var so, se syncBuffer
+		c := Config{NProcPerNode: 2, NNodes: nnodes, MasterAddr: "127.0.0.1", Grace: time.Second,
+			Program: "/bin/sh", Args: []string{"-c", script}, Env: env, Stdout: &so, Stderr: &se}
+		if nnodes > 1 {
+			c.MasterPort = DefaultMasterPort + 7
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		code, err := Run(ctx, c)
+		return code, err, so.String()
+	}
+	tokenOf := func(t *testing.T, out string) string {
+		t.Helper()
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 2)
+		var tok string
+		for _, l := range lines {
+			_, v, _ := strings.Cut(l, " ")
+			if tok != "" {
+				require.Equal(t, tok, v, "every worker gets the same token")
+			}
+			tok = v
+		}
+		return tok
+	}
+	env := []string{"PATH=/usr/bin:/bin"}
+	const print = `echo "$FAIRGO_STORE_TOKEN"`
+
+	t.Run("fresh per job", func(t *testing.T) {
+		code, err, out := run(t, 1, env, print)
+		require.NoError(t, err)
+		require.Equal(t, 0, code)
+		first := tokenOf(t, out)
+		require.Regexp(t, `^[0-9a-f]{32}$`, first)
+		_, _, out = run(t, 1, env, print)
+		require.NotEqual(t, first, tokenOf(t, out))
+	})
+	t.Run("from the environment", func(t *testing.T) {
+		_, err, out := run(t, 1, append(slices.Clone(env), EnvStoreToken+"=s3cret"), print)
+		require.NoError(t, err)
+		require.Equal(t, "s3cret", tokenOf(t, out))
+	})
+	t.Run("too long", func(t *testing.T) {
+		code, err, _ := run(t, 1, append(slices.Clone(env), EnvStoreToken+"="+strings.Repeat("x", rendezvous.MaxTokenLen+1)), print)
+		require.Equal(t, ExitLaunchFailure, code)
+		require.ErrorContains(t, err, EnvStoreToken)
+	})
+	t.Run("several nodes need it", func(t *testing.T) {
+		dir := t.TempDir()
+		code, err, _ := run(t, 2, env, "touch "+filepath.Join(dir, "started"))
+		require.Equal(t, ExitLaunchFailure, code)
+		require.ErrorIs(t, err, ErrNoStoreToken)
+		_, serr := os.Stat(filepath.Join(dir, "started"))
+		require.True(t, errors.Is(serr, os.ErrNotExist), "a worker was started")
+	})
+	t.Run("store refuses a client without it", func(t *testing.T) {
+		dir := t.TempDir()
+		done := filepath.Join(dir, "done")
+		script := `echo "$FAIRGO_STORE_ADDR" > ` + filepath.Join(dir, "addr.$RANK") + `; while [ ! -e ` + done + ` ]; do sleep 0.02; done`
+		result := make(chan error, 1)
+		go func() { _, err, _ := run(t, 1, env, script); result <- err }()
+		ended := false
+		t.Cleanup(func() { // Run must end before the next test starts processes
+			if !ended {
+				os.WriteFile(done, nil, 0o644)
+				<-result
+			}
+		})
+		addr := strings.TrimSpace(waitFiles(t, dir, "addr.0")[0])
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		cl, err := rendezvous.Dial(ctx, addr)
+		if err == nil {
+			err = cl.Set(ctx, "k", []byte("v"))
+			cl.Close()
+		}
+		require.Error(t, err, "a client without the token was served")
+		require.NoError(t, os.WriteFile(done, nil, 0o644))
+		ended = true
+		require.NoError(t, <-result)
+	})
 }

@@ -26,8 +26,9 @@ type Worker struct {
 // Extras is what Run set up beside the command line that the workers must
 // know about.
 type Extras struct {
-	NetNS bool    // every emulated machine is a network namespace with NIC testbed.NIC
-	MPS   *MPSEnv // the private MPS daemon; nil: none
+	NetNS      bool    // every emulated machine is a network namespace with NIC testbed.NIC
+	MPS        *MPSEnv // the private MPS daemon; nil: none
+	StoreToken string  // the store's shared secret, as FAIRGO_STORE_TOKEN; "": none
 }
 
 // MPSEnv is where a private MPS daemon's clients find it.
@@ -98,6 +99,9 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 		env.set("MASTER_ADDR", host)
 		env.set("MASTER_PORT", port)
 		env.set("FAIRGO_STORE_ADDR", storeAddr)
+		if x.StoreToken != "" {
+			env.set(EnvStoreToken, x.StoreToken)
+		}
 		env.setDefault("NCCL_NVLS_ENABLE", "0") // NVLink multicast stays off unless asked for
 		if c.EmulateMachines > 0 {
 			w.Machine = c.NodeRank*groups + slot/per

@@ -2,6 +2,8 @@ package launch
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +15,33 @@ import (
 	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
 	"github.com/fairgo/fairgo/rendezvous"
 )
+
+// EnvStoreToken names the store's shared secret in the workers'
+// environment; the store refuses connections without it.
+const EnvStoreToken = rendezvous.EnvStoreToken
+
+// ErrNoStoreToken: a job of several nodes needs the same token on every
+// node, and fairrun cannot hand one to the other nodes.
+var ErrNoStoreToken = errors.New("fairrun: --nnodes > 1 needs " + EnvStoreToken + " set to the same secret on every node (e.g. the output of: head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')")
+
+// storeToken returns the store's token: FAIRGO_STORE_TOKEN from the
+// environment when set, else (one node) 16 random bytes in hex.
+func storeToken(c Config, base []string) (string, error) {
+	if v, ok := newEnv(base).get(EnvStoreToken); ok && v != "" {
+		if len(v) > rendezvous.MaxTokenLen {
+			return "", fmt.Errorf("fairrun: %s has %d bytes, at most %d", EnvStoreToken, len(v), rendezvous.MaxTokenLen)
+		}
+		return v, nil
+	}
+	if c.NNodes > 1 {
+		return "", ErrNoStoreToken
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("fairrun: store token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
 
 // SignalError is the cause to give a context cancelled by a signal, so that
 // Run exits with 128 + the signal number, as shells do.
@@ -30,7 +59,9 @@ const (
 // returns the exit code fairrun should end with: 0 when every worker
 // exited 0; otherwise the first failure's code (128 + N for a worker killed
 // by signal N), or 128 + N when fairrun itself was stopped by signal N (the
-// cause of ctx, see SignalError). The error explains a non-zero code; a
+// cause of ctx, see SignalError). The store takes only connections that
+// present the job's token (FAIRGO_STORE_TOKEN, given to every worker). The
+// error explains a non-zero code; a
 // worker's failure is an *ExitError naming its rank.
 //
 // A worker's exit is seen from its process status within milliseconds,
@@ -64,6 +95,11 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 	}
 	var x Extras
 
+	// The store's shared secret, checked on every connection.
+	if x.StoreToken, err = storeToken(c, base); err != nil {
+		return setupFailed(err)
+	}
+
 	// The emulated NICs.
 	var tb *testbed.Testbed
 	if c.NICGbit > 0 {
@@ -96,7 +132,7 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 	}
 	storeAddr := net.JoinHostPort(dialHost, strconv.Itoa(c.MasterPort))
 	if c.NodeRank == 0 {
-		srv, err := rendezvous.Listen(net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(c.MasterPort)), rendezvous.WithServerLogger(log))
+		srv, err := rendezvous.Listen(net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(c.MasterPort)), rendezvous.WithServerLogger(log), rendezvous.WithToken(x.StoreToken))
 		if err != nil {
 			return setupFailed(fmt.Errorf("fairrun: host the store: %w", err))
 		}
