@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
@@ -175,8 +176,8 @@ type builder struct {
 	devices []int
 	ranks   []int // global ranks this process drives
 	world   int
-	store   rendezvous.Store // prefixed
-	owned   rendezvous.Store // the store New opened itself, or nil
+	store   rendezvous.Store       // prefixed
+	owned   *rendezvous.LaunchStore // the store New opened itself, or nil
 }
 
 func (s *builder) fail(step string, err error) error {
@@ -255,23 +256,17 @@ func (s *builder) reducerOptions() []hier.Option {
 	return append(opts, s.cfg.reducer...)
 }
 
-// openStore settles the store: the caller's, the launcher's, or one in
-// memory for a single process; then the prefix.
+// openStore settles the store: the caller's, or the one the launcher
+// provides (rendezvous.Open: fairrun's, torchrun's agent store, one rank 0
+// hosts under Slurm, Open MPI or torchrun without an agent store, or one in
+// memory for a single process); then the prefix.
 func (s *builder) openStore(ctx context.Context, store rendezvous.Store) error {
 	if store == nil {
-		if s.launch.WorldSize == 1 {
-			store = rendezvous.NewMemoryStore()
-		} else {
-			if s.launch.StoreAddr == "" {
-				return s.fail("store", &fairgo.ArgError{Arg: "store", Value: nil, Reason: "nil, and the launch names no store address"})
-			}
-			cl, err := rendezvous.Dial(ctx, s.launch.StoreAddr)
-			if err != nil {
-				return s.fail("store", err)
-			}
-			store = cl
+		ls, err := rendezvous.Open(ctx, s.launch, rendezvous.WithOpenLogger(s.log))
+		if err != nil {
+			return s.fail("store", err)
 		}
-		s.owned = store
+		s.owned, store = ls, ls
 	}
 	prefix := s.cfg.prefix
 	if prefix == "" {
@@ -390,7 +385,7 @@ func (s *builder) reducers(ctx context.Context, rks []hier.Rank) ([]*hier.Reduce
 		}
 	}
 	if s.owned != nil {
-		closer := &sharedCloser{c: s.owned, users: k}
+		closer := &sharedCloser{ls: s.owned, users: k}
 		for i := range rks {
 			rks[i].Closers = append(rks[i].Closers, closer.release)
 		}
@@ -421,21 +416,27 @@ func (s *builder) reducers(ctx context.Context, rks []hier.Rank) ([]*hier.Reduce
 	return rs, nil
 }
 
-// sharedCloser closes c once its last user released it.
+// sharedCloser leaves the launcher's store once its last user released it:
+// a rank that hosts it keeps serving (up to leaveTimeout) until the others
+// have left.
 type sharedCloser struct {
 	mu    sync.Mutex
-	c     interface{ Close() error }
+	ls    *rendezvous.LaunchStore
 	users int
 }
+
+const leaveTimeout = time.Minute
 
 func (s *sharedCloser) release() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.users--
-	if s.users == 0 {
-		return s.c.Close()
+	if s.users > 0 {
+		return nil
 	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	return s.ls.Leave(ctx)
 }
 
 // checkLaunch validates a Launch given with WithLaunch.
