@@ -176,7 +176,7 @@ type builder struct {
 	devices []int
 	ranks   []int // global ranks this process drives
 	world   int
-	store   rendezvous.Store       // prefixed
+	store   rendezvous.Store        // prefixed
 	owned   *rendezvous.LaunchStore // the store New opened itself, or nil
 }
 
