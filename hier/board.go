@@ -11,10 +11,13 @@ import (
 	"github.com/fairgo/fairgo"
 )
 
-// Board keys. A rank whose watchdog fires writes its progress and the
-// timeout note; every rank listens for the note, writes its own progress
-// and aborts with a TimeoutError naming the rank that timed out.
+// Board keys. A rank whose watchdog fires asks every rank for its progress
+// (how far it got), gathers the answers for a short while, then writes the
+// timeout note and aborts; every rank listens for both, answers the first
+// and aborts on the second with a TimeoutError naming the rank that timed
+// out.
 const (
+	boardAsk      = "fairgo-board/progress-wanted"
 	boardTimeout  = "fairgo-board/timeout"
 	boardProgress = "fairgo-board/progress/"
 	// progressWait bounds how long the rank that timed out gathers the
@@ -74,24 +77,34 @@ type bulletin struct {
 	b      Board
 	ctx    context.Context
 	cancel context.CancelFunc
-	done   chan struct{}
+	done   sync.WaitGroup
 }
 
 func newBulletin(r *Reducer, b Board) *bulletin {
-	bl := &bulletin{r: r, b: b, done: make(chan struct{})}
+	bl := &bulletin{r: r, b: b}
 	bl.ctx, bl.cancel = context.WithCancel(context.Background())
+	bl.done.Add(2)
+	go bl.answer()
 	go bl.listen()
 	return bl
 }
 
 func (bl *bulletin) stop() {
 	bl.cancel()
-	<-bl.done
+	bl.done.Wait()
+}
+
+// answer publishes this rank's progress when a rank asks for it.
+func (bl *bulletin) answer() {
+	defer bl.done.Done()
+	if _, err := bl.b.Get(bl.ctx, boardAsk); err == nil {
+		bl.publishProgress()
+	}
 }
 
 // listen waits for a timeout note from any rank.
 func (bl *bulletin) listen() {
-	defer close(bl.done)
+	defer bl.done.Done()
 	v, err := bl.b.Get(bl.ctx, boardTimeout)
 	if err != nil {
 		return // closed, or the board failed: nothing to relay
@@ -111,13 +124,14 @@ func (bl *bulletin) publishProgress() {
 	_ = bl.b.Set(ctx, boardProgress+strconv.Itoa(bl.r.WorldRank()), []byte(bl.r.progress()))
 }
 
-// report tells the peers that this rank timed out and gathers, for a short
-// while, how far every rank got.
+// report gathers, for a short while, how far every rank got, then tells
+// the peers that this rank timed out. Nobody aborts before the note, so
+// that the first cause every rank reports is the timeout.
 func (bl *bulletin) report(e *TimeoutError) string {
 	bl.publishProgress()
 	ctx, cancel := context.WithTimeout(bl.ctx, progressWait)
 	defer cancel()
-	_ = bl.b.Set(ctx, boardTimeout, []byte(strconv.Itoa(e.Rank)+"\n"+e.Detail))
+	_ = bl.b.Set(ctx, boardAsk, []byte(strconv.Itoa(e.Rank)))
 	w := bl.r.grid.Size()
 	reports := make([]string, w)
 	var wg sync.WaitGroup
@@ -134,5 +148,8 @@ func (bl *bulletin) report(e *TimeoutError) string {
 		}()
 	}
 	wg.Wait()
+	note, cancelNote := context.WithTimeout(bl.ctx, progressWait)
+	defer cancelNote()
+	_ = bl.b.Set(note, boardTimeout, []byte(strconv.Itoa(e.Rank)+"\n"+e.Detail))
 	return "progress: " + strings.Join(reports, "; ")
 }

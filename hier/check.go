@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -12,12 +13,24 @@ import (
 )
 
 // The cross-rank check. Every call's shape (kind, element type, operator,
-// root and counts) is compared across ranks by a small allreduce of the
-// shape and its negation with Max on the check communicator, on a stream of
-// its own: the data never waits for it, and a Work completes only once both
-// its data and its check are done. A mismatch ends the Work with a
-// *MismatchError on every rank alike (they all see the same maxima), and
-// aborts the communicators, since mismatched collectives may never finish.
+// root, counts, and whether this rank accepted it) is compared across
+// ranks by an allreduce with Max of the shapes and their negations on the
+// check communicator, on a stream of its own: the data never waits for it,
+// and a Work completes only once both its data and its check are done. A
+// mismatch ends the Work with a *MismatchError on every rank alike (they
+// all see the same maxima) and aborts the communicators, since mismatched
+// collectives may never finish.
+//
+// Checks are batched and deferred, to stay off the data's way: a batch
+// holds up to checkBatch calls and goes out when the watcher waits for a
+// verdict (the call's data is done), when it is full, or checkDelay after
+// its oldest call was made (so that a call whose data hangs because of a
+// mismatch is still checked). Ranks may batch differently: entry i of every
+// rank's batch is the i-th call not yet decided (the same call on every
+// rank, since all ranks decide alike), tagged with its number; a call is
+// decided once every rank has put it in a batch, and is carried over to the
+// next batch otherwise. Every batch is one allreduce of the same size, so
+// the k-th batches of all ranks meet.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call
@@ -28,9 +41,11 @@ import (
 var checkFields = [...]string{"kind", "element type", "operator", "root", "count", "receive count", "acceptance"}
 
 const (
-	nFields       = len(checkFields)
-	checkSlotSize = 2 * nFields * 8 // the shape and its negation, int64 each
-	checkSlots    = 32              // checks in flight
+	nFields    = len(checkFields)
+	entryWords = 1 + nFields // the call's number, then its shape
+	checkBatch = 32          // calls per batch
+	batchWords = 2 * checkBatch * entryWords
+	checkDelay = 500 * time.Microsecond // the longest a call waits for its batch to go out unasked
 )
 
 // shape is what the check compares: a call's fields, each encoded so that 0
@@ -60,26 +75,53 @@ func shapeOf(q *request) shape {
 	return s
 }
 
-// encode writes the shape and its negation.
-func (s shape) encode(b []byte) {
-	for i, v := range s {
-		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
-		binary.LittleEndian.PutUint64(b[8*(nFields+i):], uint64(-v))
+// batch is the host image of one check: checkBatch entries of the call
+// number and shape, then their negations.
+type batch []byte
+
+func (b batch) word(neg bool, entry, w int) int {
+	i := entry*entryWords + w
+	if neg {
+		i += checkBatch * entryWords
+	}
+	return 8 * i
+}
+
+func (b batch) get(neg bool, entry, w int) int64 {
+	return int64(binary.LittleEndian.Uint64(b[b.word(neg, entry, w):]))
+}
+
+func (b batch) set(neg bool, entry, w int, v int64) {
+	binary.LittleEndian.PutUint64(b[b.word(neg, entry, w):], uint64(v))
+}
+
+// put writes call q's entry (and its negation); an unused entry is zero.
+func (b batch) put(entry int, q *request) {
+	sh := shapeOf(q)
+	vals := append([]int64{int64(q.seq)}, sh[:]...)
+	for w, v := range vals {
+		b.set(false, entry, w, v)
+		b.set(true, entry, w, -v)
 	}
 }
 
-// verdict compares this rank's shape with the maxima of all ranks' shapes
-// and negated shapes: every rank agrees when max == min for every field.
-func (s shape) verdict(q *request, reduced []byte) error {
-	for i, v := range s {
-		hi := int64(binary.LittleEndian.Uint64(reduced[8*i:]))
-		lo := -int64(binary.LittleEndian.Uint64(reduced[8*(nFields+i):]))
+// decide reads entry i of a reduced batch for call q: decided is false when
+// some rank had not made the call yet; otherwise err is nil or the
+// mismatch.
+func (b batch) decide(entry int, q *request) (decided bool, err error) {
+	seqHi, seqLo := b.get(false, entry, 0), -b.get(true, entry, 0)
+	if seqHi != int64(q.seq) || seqLo != int64(q.seq) {
+		return false, nil
+	}
+	mine := shapeOf(q)
+	for f := range nFields {
+		hi, lo := b.get(false, entry, 1+f), -b.get(true, entry, 1+f)
 		if hi != lo {
-			return &MismatchError{Seq: q.seq, Call: q.String(), Field: checkFields[i],
-				This: fieldValue(i, v), Low: fieldValue(i, lo), High: fieldValue(i, hi)}
+			return true, &MismatchError{Seq: q.seq, Call: q.String(), Field: checkFields[f],
+				This: fieldValue(f, mine[f]), Low: fieldValue(f, lo), High: fieldValue(f, hi)}
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // fieldValue renders an encoded field.
@@ -133,78 +175,90 @@ func (t *ticket) finish(err error) {
 	close(t.done)
 }
 
-// checker runs the checks of one Reducer in call order: a launcher enqueues
-// each check on the check stream, a verifier reads the outcomes back as
-// they complete.
+// checker runs the checks of one Reducer, in call order, on a goroutine of
+// its own.
 type checker struct {
-	r       *Reducer
-	comm    Comm
-	stream  streams.Stream
-	base    uintptr // checkSlots slots of checkSlotSize bytes on the device
-	host    []byte  // their twins in host memory the device copies without blocking
-	events  []streams.Event
-	free    chan int // slots not in use
-	queue   chan *request
-	landed  chan checkInFlight
+	r      *Reducer
+	comm   Comm
+	stream streams.Stream
+	dev    uintptr // one batch on the device
+	host   batch   // its twin in host memory the device copies without blocking
+	ev     streams.Event
+
+	mu      sync.Mutex
+	pending []*request // submitted and not decided, in call order
+	asked   bool       // the watcher waits for a verdict
+	closing bool
+	wake    chan struct{}
 	stopped chan struct{}
 }
 
-type checkInFlight struct {
-	q    *request
-	slot int
-	s    shape
-}
-
-// startChecker allocates the check slots and starts the checker's
-// goroutines; the engine goroutine calls it.
+// startChecker allocates the check buffers and starts the checker's
+// goroutine; the engine goroutine calls it.
 func (r *Reducer) startChecker() error {
-	c := &checker{r: r, comm: r.comms.Check, free: make(chan int, checkSlots),
-		queue: make(chan *request, 1<<16), landed: make(chan checkInFlight, checkSlots), stopped: make(chan struct{})}
+	c := &checker{r: r, comm: r.comms.Check, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
 	var err error
 	if c.stream, err = r.dev.NewStream(); err != nil {
 		return fmt.Errorf("hier: the check stream: %w", err)
 	}
-	if c.base, err = r.dev.Alloc(int64(checkSlots * checkSlotSize)); err != nil {
-		return errors.Join(fmt.Errorf("hier: the check slots: %w", err), streams.Release(c.stream))
+	if c.dev, err = r.dev.Alloc(int64(8 * batchWords)); err != nil {
+		return errors.Join(fmt.Errorf("hier: the check buffer: %w", err), c.release())
 	}
-	if c.host, err = r.dev.AllocHost(checkSlots * checkSlotSize); err != nil {
-		return errors.Join(fmt.Errorf("hier: the check slots' host memory: %w", err), c.release())
+	host, err := r.dev.AllocHost(8 * batchWords)
+	if err != nil {
+		return errors.Join(fmt.Errorf("hier: the check buffer's host memory: %w", err), c.release())
 	}
-	for i := range checkSlots {
-		ev, err := r.dev.NewEvent()
-		if err != nil {
-			return errors.Join(fmt.Errorf("hier: a check event: %w", err), c.release())
-		}
-		c.events = append(c.events, ev)
-		c.free <- i
+	c.host = host
+	if c.ev, err = r.dev.NewEvent(); err != nil {
+		return errors.Join(fmt.Errorf("hier: the check event: %w", err), c.release())
 	}
 	r.checker = c
-	go c.launch()
-	go c.verify()
+	go c.run()
 	return nil
 }
 
 // submit hands a call to the checker; calls arrive in call order.
 func (c *checker) submit(q *request) {
 	q.check = &ticket{done: make(chan struct{})}
-	c.queue <- q
+	q.submitted = time.Now()
+	c.mu.Lock()
+	c.pending = append(c.pending, q)
+	c.mu.Unlock()
+	c.kick()
 }
 
-// stop ends the checker once every submitted check is done, and frees its
-// resources. The engine calls it after its last submit.
+// ask tells the checker that a verdict is awaited: the next batch goes out
+// now.
+func (c *checker) ask() {
+	c.mu.Lock()
+	c.asked = true
+	c.mu.Unlock()
+	c.kick()
+}
+
+func (c *checker) kick() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop ends the checker and frees its resources. The engine calls it after
+// the watcher has finished: calls still undecided then (their peers never
+// made them, or the Reducer broke) fail with ErrClosed.
 func (c *checker) stop() error {
-	close(c.queue)
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
+	c.kick()
 	<-c.stopped
 	return c.release()
 }
 
 func (c *checker) release() error {
-	errs := []error{streams.Release(c.stream)}
-	for _, ev := range c.events {
-		errs = append(errs, streams.Release(ev))
-	}
-	if c.base != 0 {
-		errs = append(errs, c.r.dev.Free(c.base))
+	errs := []error{streams.Release(c.stream), streams.Release(c.ev)}
+	if c.dev != 0 {
+		errs = append(errs, c.r.dev.Free(c.dev))
 	}
 	if c.host != nil {
 		errs = append(errs, c.r.dev.FreeHost(c.host))
@@ -212,90 +266,129 @@ func (c *checker) release() error {
 	return errors.Join(errs...)
 }
 
-// slot is check slot i: its device address and its host twin.
-func (c *checker) slot(i int) (uintptr, []byte) {
-	return c.base + uintptr(i*checkSlotSize), c.host[i*checkSlotSize : (i+1)*checkSlotSize]
-}
-
-// launch enqueues the check of every call, in call order.
-func (c *checker) launch() {
-	defer close(c.landed)
+// run sends out batches while calls are pending, and exits on stop.
+func (c *checker) run() {
+	defer close(c.stopped)
 	release, err := c.r.dev.Bind()
 	if err != nil {
-		c.failAll(fmt.Errorf("hier: binding the checker to the device: %w", err))
+		c.r.abort(fmt.Errorf("%w: hier: binding the checker to the device: %w", fairgo.ErrAborted, err))
+		c.failPending(err)
 		return
 	}
 	defer release()
-	for q := range c.queue {
-		i := <-c.free // its previous check has been read back
-		s := shapeOf(q)
-		slot, host := c.slot(i)
-		s.encode(host)
-		err := c.r.dev.CopyFromHostAsync(slot, host, c.stream)
-		if err == nil {
-			err = c.comm.AllReduce(slot, slot, int64(2*nFields), fairgo.Int64, fairgo.Max, c.stream)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		c.mu.Lock()
+		n, asked, closing := len(c.pending), c.asked, c.closing
+		var wait time.Duration
+		if n > 0 {
+			wait = checkDelay - time.Since(c.pending[0].submitted)
 		}
-		if err == nil {
-			err = c.r.dev.CopyToHostAsync(host, slot, c.stream)
-		}
-		if err == nil {
-			err = c.events[i].Record(c.stream)
-		}
-		if err != nil {
-			err = fmt.Errorf("hier: %v: enqueueing its check: %w", q, err)
-			c.r.abort(fmt.Errorf("%w: %w", fairgo.ErrAborted, err))
-			q.check.finish(err)
-			c.free <- i
+		c.mu.Unlock()
+		switch {
+		case closing || c.r.brokenCause() != nil && n > 0:
+			c.failPending(fmt.Errorf("hier: the call's check did not complete: %w", c.closedCause()))
+			if closing {
+				return
+			}
 			continue
+		case n > 0 && (asked || n >= checkBatch || wait <= 0):
+			if err := c.send(); err != nil {
+				c.r.abort(fmt.Errorf("%w: hier: the consistency check failed: %w", fairgo.ErrAborted, err))
+			}
+			continue
+		case n > 0:
+			timer.Reset(wait)
+		default:
+			timer.Reset(time.Hour)
 		}
-		c.landed <- checkInFlight{q: q, slot: i, s: s}
+		select {
+		case <-c.wake:
+		case <-timer.C:
+		}
+		timer.Stop()
 	}
 }
 
-// failAll fails every queued check with err.
-func (c *checker) failAll(err error) {
-	for q := range c.queue {
+// closedCause is what undecided checks fail with at the end.
+func (c *checker) closedCause() error {
+	if cause := c.r.brokenCause(); cause != nil {
+		return cause
+	}
+	return fairgo.ErrClosed
+}
+
+func (c *checker) failPending(err error) {
+	c.mu.Lock()
+	pending := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	for _, q := range pending {
 		q.check.finish(err)
 	}
 }
 
-// verify reads back each check as it completes, in call order, and fails a
-// mismatched call (aborting the communicators).
-func (c *checker) verify() {
-	defer close(c.stopped)
-	for f := range c.landed {
-		err := c.await(f)
-		if err == nil {
-			_, host := c.slot(f.slot)
-			if err = f.s.verdict(f.q, host); err != nil {
-				c.r.abort(err)
-			}
-		}
-		f.q.check.finish(err)
-		c.free <- f.slot
+// send sends one batch, waits for it and settles the calls it decides.
+func (c *checker) send() error {
+	c.mu.Lock()
+	calls := append([]*request(nil), c.pending[:min(len(c.pending), checkBatch)]...)
+	c.asked = false
+	c.mu.Unlock()
+	clear(c.host)
+	for i, q := range calls {
+		c.host.put(i, q)
 	}
+	err := c.r.dev.CopyFromHostAsync(c.dev, c.host, c.stream)
+	if err == nil {
+		err = c.comm.AllReduce(c.dev, c.dev, int64(batchWords), fairgo.Int64, fairgo.Max, c.stream)
+	}
+	if err == nil {
+		err = c.r.dev.CopyToHostAsync(c.host, c.dev, c.stream)
+	}
+	if err == nil {
+		err = c.ev.Record(c.stream)
+	}
+	if err == nil {
+		err = c.await()
+	}
+	if err != nil {
+		return err
+	}
+	decided := 0
+	for i, q := range calls {
+		ok, verdict := c.host.decide(i, q)
+		if !ok {
+			break // later calls are missing on that rank too
+		}
+		decided++
+		if verdict != nil {
+			c.r.abort(verdict)
+		}
+		q.check.finish(verdict)
+	}
+	c.mu.Lock()
+	c.pending = c.pending[decided:]
+	c.mu.Unlock()
+	return nil
 }
 
-// await waits for the check's event; after an abort it gives the device
+// await waits for the batch's event; after an abort it gives the device
 // work abortGrace to end.
-func (c *checker) await(f checkInFlight) error {
-	ev := c.events[f.slot]
+func (c *checker) await() error {
 	var abortedAt time.Time
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
-		_ = ev.Wait(ctx)
+		_ = c.ev.Wait(ctx)
 		cancel()
-		if done, err := ev.Query(); done {
-			if err != nil {
-				return fmt.Errorf("hier: %v: its check: %w", f.q, err)
-			}
-			return nil
+		if done, err := c.ev.Query(); done {
+			return err
 		}
-		if c.r.brokenCause() != nil {
+		if cause := c.r.brokenCause(); cause != nil {
 			if abortedAt.IsZero() {
 				abortedAt = time.Now()
 			} else if time.Since(abortedAt) > abortGrace {
-				return fmt.Errorf("hier: %v: its check did not end within %v of the abort: %w", f.q, abortGrace, c.r.brokenCause())
+				return fmt.Errorf("hier: a check did not end within %v of the abort: %w", abortGrace, cause)
 			}
 		}
 	}

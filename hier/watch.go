@@ -78,7 +78,8 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			dataDone, dataErr = p.ev.Query()
 		}
 		if !checkDone {
-			if dataDone { // only the check is left: wait for it, a poll at a time
+			if dataDone { // only the check is left: ask for it, wait a poll at a time
+				r.checker.ask()
 				poll.Reset(watchPoll)
 				select {
 				case <-checkC:
