@@ -5,7 +5,7 @@ NVCC      ?= nvcc
 PTX_SRC   := cuda/kernels/reduce.cu
 PTX_OUT   := cuda/kernels/reduce.ptx
 
-.PHONY: test vet fuzz demo cuda-deps ptx ptx-check cuda-build gpu-bin clean libfairgo libfairgo-sim python-test
+.PHONY: test vet fuzz demo cuda-deps ptx ptx-check cuda-build gpu-bin clean libfairgo libfairgo-sim capi-test python-test
 
 test:
 	$(GO) vet ./...
@@ -72,10 +72,17 @@ libfairgo-sim:
 	$(GO) build -tags fairgo_sim -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
 	rm -f lib/libfairgo_sim.h
 
+# A C and a C++ caller of fairgo.h, run against libfairgo_sim.so.
+capi-test: libfairgo-sim
+	gcc -std=c99 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,--allow-shlib-undefined -Wl,-rpath,'$$ORIGIN'
+	lib/abi_smoke
+	g++ -x c++ -std=c++17 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke_cpp cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,--allow-shlib-undefined -Wl,-rpath,'$$ORIGIN'
+	lib/abi_smoke_cpp
+
 # The Python package's unit tests that need neither PyTorch nor a GPU (the
 # ctypes layer runs against libfairgo_sim.so).
 python-test: libfairgo-sim
-	FAIRGO_LIB=$(CURDIR)/lib/libfairgo_sim.so python3 -m unittest discover -s python/tests -t python -v
+	cd python && FAIRGO_LIB=$(CURDIR)/lib/libfairgo_sim.so python3 -m unittest discover -s tests -v
 
 clean:
 	rm -rf bin

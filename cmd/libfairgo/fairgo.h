@@ -5,7 +5,12 @@
  * python/fairgo_torch.
  *
  * Build:   make libfairgo      (lib/libfairgo.so and this header next to it)
- * Link:    cc ... -Ilib -Llib -lfairgo
+ * Link:    cc ... -Ilib -Llib -lfairgo -Wl,--allow-shlib-undefined
+ *          The library leaves NVML's functions (go-nvml) unresolved until
+ *          NVML is loaded at run time, so it needs lazy binding: link with
+ *          --allow-shlib-undefined, not with -z now, and run without
+ *          LD_BIND_NOW; dlopen it with RTLD_LAZY (Python's ctypes.CDLL
+ *          forces RTLD_NOW: fairgo_torch calls dlopen itself).
  * Run:     a GPU driver (libcuda.so.1) and NCCL (libnccl.so.2, loaded with
  *          dlopen when the first communicator is made; FAIRGO_NCCL_LIBRARY
  *          names another path). The library initialises CUDA when it is

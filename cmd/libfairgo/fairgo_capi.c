@@ -1,22 +1,45 @@
 // The parts of libfairgo's C ABI that are plain C: the per-thread error
 // text, result names, config defaults and the ABI version. The entry points
 // that do work are the //export functions of main.go.
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fairgo.h"
 
-// The text of the last error on this thread. A Go //export function runs on
-// the calling C thread for its whole duration, so the Go side sets it for
-// its caller's thread.
-static __thread char fg_last_error_text[8192];
+// The text of the last error on each thread, in a heap buffer reached
+// through a pthread key (not a __thread array: a Go c-shared library is
+// loaded with static TLS, which has little room). A Go //export function
+// runs on the calling C thread for its whole duration, so the Go side sets
+// the text for its caller's thread.
+enum { FG_ERR_CAP = 8192 };
+static pthread_key_t fg_err_key;
+static pthread_once_t fg_err_once = PTHREAD_ONCE_INIT;
+static int fg_err_key_ok;
+
+static void fg_err_key_make(void) { fg_err_key_ok = pthread_key_create(&fg_err_key, free) == 0; }
 
 void fg_set_last_error(const char* msg, size_t n) {
-	if (n >= sizeof fg_last_error_text) n = sizeof fg_last_error_text - 1;
-	if (n > 0) memcpy(fg_last_error_text, msg, n);
-	fg_last_error_text[n] = 0;
+	pthread_once(&fg_err_once, fg_err_key_make);
+	if (!fg_err_key_ok) return;
+	char* buf = pthread_getspecific(fg_err_key);
+	if (buf == NULL) {
+		buf = malloc(FG_ERR_CAP);
+		if (buf == NULL || pthread_setspecific(fg_err_key, buf) != 0) {
+			free(buf);
+			return;
+		}
+	}
+	if (n >= FG_ERR_CAP) n = FG_ERR_CAP - 1;
+	if (n > 0) memcpy(buf, msg, n);
+	buf[n] = 0;
 }
 
-const char* fairgo_last_error(void) { return fg_last_error_text; }
+const char* fairgo_last_error(void) {
+	pthread_once(&fg_err_once, fg_err_key_make);
+	const char* buf = fg_err_key_ok ? pthread_getspecific(fg_err_key) : NULL;
+	return buf ? buf : "";
+}
 
 int fairgo_abi_version(void) { return FAIRGO_ABI_VERSION; }
 
