@@ -83,6 +83,7 @@ capi-test: libfairgo-sim
 # ctypes layer runs against libfairgo_sim.so).
 python-test: libfairgo-sim
 	cd python && FAIRGO_LIB=$(CURDIR)/lib/libfairgo_sim.so python3 -m unittest discover -s tests -v
+	cd examples/ddp_torch && python3 -m unittest discover -s . -v
 
 clean:
 	rm -rf bin

@@ -41,6 +41,7 @@ from ._lib import (
 
 __all__ = [
     "init", "init_env", "init_rank", "init_torch", "default_comm", "shutdown", "allreduce_hook",
+    "init_process_group", "torch_master_port",
     "Comm", "Work", "Store", "serve_store", "fairgo_dtype", "fairgo_op", "load", "candidate_paths",
     "FairgoError", "InvalidArgumentError", "BadHandleError", "MismatchError", "FairgoTimeoutError",
     "AbortedError", "ClosedError", "CudaError", "NcclError", "FairgoSystemError", "InternalError", "LibraryError",
@@ -80,6 +81,30 @@ def init(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeou
     with _default_lock:
         _default = comm
     return comm
+
+
+def torch_master_port(environ=None) -> int:
+    """The port torch.distributed's own store should use: MASTER_PORT, except
+    under fairrun, whose FAIRGO_STORE_ADDR is fairgo's store at
+    MASTER_ADDR:MASTER_PORT (a c10d TCPStore cannot share it): then
+    FAIRGO_TORCH_PORT, else MASTER_PORT + 1."""
+    env = os.environ if environ is None else environ
+    port = int(env.get("MASTER_PORT", "29500"))
+    store = env.get("FAIRGO_STORE_ADDR", "")
+    if store and store.rsplit(":", 1)[-1] == str(port):
+        return int(env.get("FAIRGO_TORCH_PORT") or port + 1)
+    return port
+
+
+def init_process_group(backend: str = "nccl", **kwargs) -> None:
+    """torch.distributed.init_process_group(backend, init_method="env://",
+    ...) that also works under fairrun: MASTER_PORT is moved off fairgo's
+    store first (torch_master_port). Under torchrun it changes nothing."""
+    import torch.distributed as dist
+
+    os.environ["MASTER_PORT"] = str(torch_master_port())
+    kwargs.setdefault("init_method", "env://")
+    dist.init_process_group(backend, **kwargs)
 
 
 def _torch_dist_initialized() -> bool:

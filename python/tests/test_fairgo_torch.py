@@ -71,6 +71,20 @@ class TestDTypes(unittest.TestCase):
             fairgo_torch.fairgo_op(True)
 
 
+class TestTorchPort(unittest.TestCase):
+    def test_ports(self):
+        cases = [
+            ({"MASTER_PORT": "29500"}, 29500),  # torchrun
+            ({"MASTER_PORT": "41000", "FAIRGO_STORE_ADDR": "127.0.0.1:41000"}, 41001),  # fairrun
+            ({"MASTER_PORT": "41000", "FAIRGO_STORE_ADDR": "127.0.0.1:41000", "FAIRGO_TORCH_PORT": "5000"}, 5000),
+            ({"MASTER_PORT": "41000", "FAIRGO_STORE_ADDR": "10.0.0.1:7000"}, 41000),
+            ({}, 29500),
+        ]
+        for env, want in cases:
+            with self.subTest(env=env):
+                self.assertEqual(fairgo_torch.torch_master_port(env), want)
+
+
 class TestHeader(unittest.TestCase):
     """The Python constants, prototypes and structs follow fairgo.h."""
 
