@@ -330,14 +330,22 @@ func (t *Table) Wait(id int64, timeout time.Duration) error {
 	if timeout < 0 {
 		return &fairgo.ArgError{Arg: "timeout_ms", Value: timeout.Milliseconds(), Reason: "negative"}
 	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	select {
-	case <-w.Done():
+	if w.IsCompleted() { // checked first: a zero timeout must not race the timer
 		return w.Err()
-	case <-timer.C:
-		return &Error{Code: NotReady, Err: fmt.Errorf("work handle %d: %w after %v", id, ErrNotReady, timeout)}
 	}
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		select {
+		case <-w.Done():
+			return w.Err()
+		case <-timer.C:
+		}
+	}
+	if w.IsCompleted() {
+		return w.Err()
+	}
+	return &Error{Code: NotReady, Err: fmt.Errorf("work handle %d: %w after %v", id, ErrNotReady, timeout)}
 }
 
 // FreeWork releases a work handle; the work itself goes on if pending.
