@@ -2,9 +2,13 @@
 
 package main
 
+// #include "fairgo.h"
+import "C"
+
 import (
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
@@ -47,4 +51,53 @@ func backendConfig() capi.Config {
 			Backend:  []capi.Class{capi.Is(sim.ErrStall, capi.Timeout)},
 		},
 	}
+}
+
+// Test hooks of the simulated library (not in fairgo.h): device memory of a
+// communicator's simulated GPU, so that callers' tests can reduce real data.
+
+func simDevice(comm C.fairgo_comm_t) (hier.Device, error) {
+	r, err := table.Reducer(int64(comm))
+	if err != nil {
+		return nil, err
+	}
+	return r.Device(), nil
+}
+
+//export fairgo_sim_alloc
+func fairgo_sim_alloc(comm C.fairgo_comm_t, bytes C.int64_t, ptr *C.uint64_t) C.int {
+	return result(func() error {
+		d, err := simDevice(comm)
+		if err != nil {
+			return err
+		}
+		p, err := d.Alloc(int64(bytes))
+		if err != nil {
+			return err
+		}
+		*ptr = C.uint64_t(p)
+		return nil
+	})
+}
+
+//export fairgo_sim_upload
+func fairgo_sim_upload(comm C.fairgo_comm_t, dst C.uint64_t, src unsafe.Pointer, bytes C.int64_t) C.int {
+	return result(func() error {
+		d, err := simDevice(comm)
+		if err != nil {
+			return err
+		}
+		return d.Upload(uintptr(dst), C.GoBytes(src, C.int(bytes)))
+	})
+}
+
+//export fairgo_sim_download
+func fairgo_sim_download(comm C.fairgo_comm_t, dst unsafe.Pointer, src C.uint64_t, bytes C.int64_t) C.int {
+	return result(func() error {
+		d, err := simDevice(comm)
+		if err != nil {
+			return err
+		}
+		return d.Download(unsafe.Slice((*byte)(dst), int(bytes)), uintptr(src))
+	})
 }

@@ -35,6 +35,7 @@ from ._lib import (
     LibraryError,
     MismatchError,
     NcclError,
+    NotReadyError,
     candidate_paths,
     load,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Comm", "Work", "Store", "serve_store", "fairgo_dtype", "fairgo_op", "load", "candidate_paths",
     "FairgoError", "InvalidArgumentError", "BadHandleError", "MismatchError", "FairgoTimeoutError",
     "AbortedError", "ClosedError", "CudaError", "NcclError", "FairgoSystemError", "InternalError", "LibraryError",
+    "NotReadyError",
 ]
 
 _default: Optional[Comm] = None

@@ -47,15 +47,15 @@ class Work:
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Blocks until the work has completed on the GPU (raises its error
-        if it failed), or raises FairgoTimeoutError after timeout seconds
-        (None: no limit; the library is called in bounded steps)."""
+        if it failed), or raises NotReadyError after timeout seconds (None:
+        no limit; the library is called in bounded steps)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             step = 1000 if deadline is None else max(0, min(1000, int((deadline - time.monotonic()) * 1000)))
             if self._lib.call("fairgo_work_wait", self._handle, step) == _lib.OK:
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise _lib.FairgoTimeoutError(_lib.ERR_TIMEOUT, f"fairgo: work {self._handle} not complete after {timeout} s")
+                raise _lib.NotReadyError(_lib.NOT_READY, f"fairgo: work {self._handle} not complete after {timeout} s")
 
     def free(self) -> None:
         """Releases the handle (the work itself goes on if pending)."""
@@ -69,6 +69,14 @@ class Work:
                 self._lib.dll.fairgo_work_free(self._handle)
         except Exception:
             pass
+
+
+def _pending_still(w: Work) -> bool:
+    """Whether w is still running (a failed work counts as done)."""
+    try:
+        return not w.test()
+    except _lib.FairgoError:
+        return False
 
 
 class Store:
@@ -201,10 +209,10 @@ class Comm:
                 w = self._pending[0]
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                w.wait(left)
+                w.wait(left)  # NotReadyError: still pending, it stays tracked
             finally:
                 with self._lock:
-                    if self._pending and self._pending[0] is w:
+                    if self._pending and self._pending[0] is w and not _pending_still(w):
                         self._pending.popleft()
                         w.free()
 

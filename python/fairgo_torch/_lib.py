@@ -83,6 +83,11 @@ class FairgoError(RuntimeError):
         super().__init__(message if code is None else f"{message} [{self.name}]")
 
 
+class NotReadyError(FairgoError):
+    """FAIRGO_NOT_READY: Work.wait's timeout passed before the work completed
+    (not a failure of the work: it goes on)."""
+
+
 class InvalidArgumentError(FairgoError, ValueError):
     """FAIRGO_ERR_INVALID_ARGUMENT: a bad argument, config or launch environment."""
 

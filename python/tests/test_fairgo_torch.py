@@ -343,5 +343,149 @@ class TestSimLibrary(unittest.TestCase):
             fairgo_torch.default_comm()
 
 
+class TestSimJob(unittest.TestCase):
+    """Several ranks of a simulated job in this process (one thread each),
+    meeting through a store the library serves; device memory comes from the
+    simulated library's test hooks (fairgo_sim_alloc/upload/download)."""
+
+    @classmethod
+    def setUpClass(cls):
+        path = sim_library_path()
+        if path is None:
+            raise unittest.SkipTest("lib/libfairgo_sim.so not built (make libfairgo-sim)")
+        cls.lib = _lib.load([path])
+        d = cls.lib.dll
+        d.fairgo_sim_alloc.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
+        d.fairgo_sim_upload.argtypes = [ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64]
+        d.fairgo_sim_download.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64]
+
+    def job(self, n=2, **kw):
+        store = fairgo_torch.serve_store("127.0.0.1:0", self.lib)
+        self.addCleanup(store.close)
+        comms, errors = [None] * n, []
+
+        def run(r):
+            try:
+                comms[r] = fairgo_torch.init_rank(r, n, r, n, store.address, device=-1, lib=self.lib, **kw)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if errors:
+            raise errors[0]
+        for c in comms:
+            self.addCleanup(c.close)
+        return comms
+
+    def buffer(self, comm, values):
+        arr = (ctypes.c_float * len(values))(*values)
+        ptr = ctypes.c_uint64(0)
+        self.lib.call("fairgo_sim_alloc", comm.handle, ctypes.sizeof(arr), ctypes.byref(ptr))
+        self.lib.call("fairgo_sim_upload", comm.handle, ptr.value, arr, ctypes.sizeof(arr))
+        return ptr.value
+
+    def read(self, comm, ptr, n):
+        arr = (ctypes.c_float * n)()
+        self.lib.call("fairgo_sim_download", comm.handle, arr, ptr, ctypes.sizeof(arr))
+        return list(arr)
+
+    def test_allreduce_values(self):
+        comms = self.job(3)
+        self.assertEqual([c.rank for c in comms], [0, 1, 2])
+        for op, want in [("sum", [6.0, 12.0, 18.0]), ("avg", [2.0, 4.0, 6.0]), ("max", [3.0, 6.0, 9.0])]:
+            ptrs = [self.buffer(c, [1.0 * (r + 1), 2.0 * (r + 1), 3.0 * (r + 1)]) for r, c in enumerate(comms)]
+            works = [c.allreduce(p, 3, _lib.FLOAT32, op, 0) for c, p in zip(comms, ptrs)]
+            for w in works:
+                w.wait(10)
+                w.free()
+            for c, p in zip(comms, ptrs):
+                with self.subTest(op=op, rank=c.rank):
+                    self.assertEqual(self.read(c, p, 3), want)
+
+    def test_not_ready_then_done(self):
+        a, b = self.job()
+        pa, pb = self.buffer(a, [1.0] * 64), self.buffer(b, [2.0] * 64)
+        w = a.allreduce(pa, 64, _lib.FLOAT32, "sum", 0)  # rank 1 has not called yet
+        self.assertIsNone(a.allreduce(pa, 64, _lib.FLOAT32, "sum", 0, track=True))
+        self.assertFalse(w.test())
+        with self.assertRaises(fairgo_torch.NotReadyError):
+            w.wait(0.05)
+        with self.assertRaises(fairgo_torch.NotReadyError):
+            a.synchronize(0.05)
+        self.assertEqual(len(a._pending), 1, "a pending work stays tracked")
+        wb = b.allreduce(pb, 64, _lib.FLOAT32, "sum", 0)
+        b.allreduce(pb, 64, _lib.FLOAT32, "sum", 0, track=True)
+        w.wait(10)
+        wb.wait(10)
+        a.synchronize(10)
+        b.synchronize(10)
+        self.assertEqual(len(a._pending), 0)
+        self.assertEqual(self.read(a, pa, 2), [6.0, 6.0])  # (1 + 2), twice summed: 3 + 3
+
+    def test_mismatch(self):
+        a, b = self.job()
+        pa, pb = self.buffer(a, [1.0] * 8), self.buffer(b, [1.0] * 8)
+        # Raised by the call when the work failed before it returned (the
+        # second rank's may), else by the wait.
+        calls = [self.call(a, pa, "sum"), self.call(b, pb, "max")]
+        for w, err in calls:
+            if err is None:
+                with self.assertRaises(fairgo_torch.MismatchError) as cm:
+                    w.wait(20)
+                err = cm.exception
+            self.assertIsInstance(err, fairgo_torch.MismatchError)
+            self.assertIn("mismatch", str(err))
+            self.assertEqual(err.code, _lib.ERR_MISMATCH)
+
+    def call(self, comm, ptr, op, **kw):
+        try:
+            return comm.allreduce(ptr, 8, _lib.FLOAT32, op, 0, **kw), None
+        except fairgo_torch.FairgoError as e:
+            return None, e
+
+    def test_tracked_error_raised_later(self):
+        a, b = self.job()
+        pa, pb = self.buffer(a, [1.0] * 8), self.buffer(b, [1.0] * 8)
+        _, err_a = self.call(a, pa, "sum", track=True)
+        _, err_b = self.call(b, pb, "min", track=True)
+        self.assertIsNone(err_a)
+        if err_b is None:  # b's call returned before the failure: a later call raises it
+            with self.assertRaises(fairgo_torch.MismatchError):
+                b.synchronize(20)
+        with self.assertRaises(fairgo_torch.FairgoError):  # the failure, or the aborted communicator
+            for _ in range(200):
+                a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0, track=True)
+
+    def test_watchdog_timeout(self):
+        a, b = self.job(op_timeout=0.3)
+        pa = self.buffer(a, [1.0] * 8)
+        w = a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)  # rank 1 never calls
+        with self.assertRaises(fairgo_torch.FairgoTimeoutError) as cm:
+            w.wait(20)
+        self.assertEqual(cm.exception.code, _lib.ERR_TIMEOUT)
+        with self.assertRaises(fairgo_torch.FairgoTimeoutError):  # the communicators are aborted
+            a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)
+        del b
+
+    def test_close_with_work_pending(self):
+        a, b = self.job()
+        pa = self.buffer(a, [1.0] * 8)
+        w = a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)
+        try:
+            a.close()
+        except fairgo_torch.FairgoError:
+            pass  # the close may report the abort of the pending work
+        with self.assertRaises(fairgo_torch.ClosedError):
+            w.wait(20)
+        w.free()
+        with self.assertRaises(fairgo_torch.BadHandleError):
+            a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)
+        del b
+
+
 if __name__ == "__main__":
     unittest.main()
