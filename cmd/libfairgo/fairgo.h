@@ -20,8 +20,9 @@
  *
  * Conventions
  *  - Every function returns a fairgo_result_t (FAIRGO_OK = 0) unless said
- *    otherwise, and never crashes the caller: a Go panic inside the library
- *    is recovered and reported as FAIRGO_ERR_INTERNAL.
+ *    otherwise. A Go panic inside the library is recovered and reported as
+ *    FAIRGO_ERR_INTERNAL, never a crash (fatal runtime errors, such as
+ *    running out of memory, still end the process).
  *  - When a function returns an error code, fairgo_last_error() gives its
  *    text on the same thread (per-thread, like errno; successful calls leave
  *    it unchanged).
@@ -168,8 +169,9 @@ int fairgo_comm_info(fairgo_comm_t comm, fairgo_comm_info_t* info);
 
 /* Closes a communicator and releases its GPU resources and NCCL
  * communicators. Calls not yet enqueued fail with FAIRGO_ERR_CLOSED; device
- * work still running gets a short grace period (at most 2 s) and is then
- * aborted. Work handles of the communicator stay valid until freed. The
+ * work still running gets a grace period (2 s, or op_timeout_ms if shorter)
+ * and is then aborted (close then returns within about 10 s more). Work
+ * handles of the communicator stay valid until freed. The
  * handle is invalid afterwards (a second close gives FAIRGO_ERR_BAD_HANDLE).
  * Some ranks' close may wait for their peers' (NCCL destroys collectively). */
 int fairgo_comm_close(fairgo_comm_t comm);
