@@ -5,7 +5,7 @@ NVCC      ?= nvcc
 PTX_SRC   := cuda/kernels/reduce.cu
 PTX_OUT   := cuda/kernels/reduce.ptx
 
-.PHONY: test vet fuzz demo cuda-deps ptx ptx-check cuda-build gpu-bin clean
+.PHONY: test vet fuzz demo cuda-deps ptx ptx-check cuda-build gpu-bin clean libfairgo libfairgo-sim capi-test python-test
 
 test:
 	$(GO) vet ./...
@@ -47,14 +47,43 @@ cuda-build: cuda-deps
 		g++ -std=c++17 -O1 -w -o /tmp/fairgo-hostcheck cuda/kernels/hostcheck.cpp && /tmp/fairgo-hostcheck; \
 	else echo "hostcheck: g++ not found, skipped"; fi
 
-gpu-bin: cuda-deps
+gpu-bin: cuda-deps libfairgo
 	mkdir -p bin
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/cuda.test ./cuda
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/nccl.test ./nccl
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/hier.test ./hier
-	@pkgs=$$(for p in cmd examples bench/cmd; do [ -d $$p ] && echo ./$$p/...; done | tr "\n" " "); \
+	@pkgs=$$($(GO) list -tags cuda $$(for p in cmd examples bench/cmd; do [ -d $$p ] && echo ./$$p/...; done) | grep -v '/cmd/libfairgo$$' | tr "\n" " "); \
 	if [ -n "$$pkgs" ]; then echo "$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs"; \
 		$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs; fi
+
+# libfairgo.so, fairgo's C ABI (cmd/libfairgo/fairgo.h), for the PyTorch DDP
+# comm hook (python/fairgo_torch) and other languages: lib/libfairgo.so and
+# lib/fairgo.h. Running it needs a GPU driver and NCCL (see the README).
+libfairgo: cuda-deps
+	mkdir -p lib
+	$(CUDA_ENV) $(GO) build -tags cuda -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
+	rm -f lib/libfairgo.h # cgo's generated header; fairgo.h is the documented one
+	cp cmd/libfairgo/fairgo.h lib/fairgo.h
+
+# The same ABI on the simulated cluster (one rank, no GPU), for testing
+# callers of the library on a host without a GPU.
+libfairgo-sim:
+	mkdir -p lib
+	$(GO) build -tags fairgo_sim -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
+	rm -f lib/libfairgo_sim.h
+
+# A C and a C++ caller of fairgo.h, run against libfairgo_sim.so.
+capi-test: libfairgo-sim
+	gcc -std=c99 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,--allow-shlib-undefined -Wl,-rpath,'$$ORIGIN'
+	lib/abi_smoke
+	g++ -x c++ -std=c++17 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke_cpp cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,--allow-shlib-undefined -Wl,-rpath,'$$ORIGIN'
+	lib/abi_smoke_cpp
+
+# The Python package's unit tests that need neither PyTorch nor a GPU (the
+# ctypes layer runs against libfairgo_sim.so).
+python-test: libfairgo-sim
+	cd python && FAIRGO_LIB=$(CURDIR)/lib/libfairgo_sim.so python3 -m unittest discover -s tests -v
+	cd examples/ddp_torch && python3 -m unittest discover -s . -v
 
 clean:
 	rm -rf bin

@@ -1,0 +1,547 @@
+package capi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/reftest"
+	"github.com/fairgo/fairgo/rendezvous"
+	"github.com/fairgo/fairgo/sim"
+)
+
+// TestAllReduce runs allreduces through the table as a C caller would: the
+// input is written by work on the caller's own stream just before the call,
+// and the result is read by work enqueued on that stream just after it,
+// with no wait on the host. With jitter, a missing After (the call not
+// ordered after the stream) or a missing StreamWait (the stream not waiting
+// for the result) shows up as a wrong result.
+func TestAllReduce(t *testing.T) {
+	cases := []struct {
+		machines []string
+		dt       fairgo.DType
+		op       fairgo.Op
+		count    int64
+		flat     int64
+	}{
+		{[]string{"a", "a", "b", "b"}, fairgo.Float32, fairgo.Avg, 10007, hier.FlatNever},
+		{[]string{"a", "b", "a", "b"}, fairgo.BFloat16, fairgo.Sum, 4099, hier.FlatNever},
+		{[]string{"a", "a", "a"}, fairgo.Int64, fairgo.Max, 333, 0},
+		{[]string{"x", "y"}, fairgo.Float16, fairgo.Avg, 1025, hier.FlatNever},
+		{[]string{"a", "a", "b", "b"}, fairgo.Uint8, fairgo.Min, 17, 0},
+		{[]string{"solo"}, fairgo.Float64, fairgo.Prod, 100, 0},
+	}
+	for i, c := range cases {
+		t.Run(fmt.Sprintf("%dranks/%v/%v", len(c.machines), c.dt, c.op), func(t *testing.T) {
+			f := newFixture(t, sim.Config{Seed: int64(i + 1), Jitter: 200 * time.Microsecond})
+			w := len(c.machines)
+			o := capi.DefaultOptions()
+			o.SliceBytes, o.FlatThreshold = 2048, c.flat
+			ids := f.initRanks(c.machines, o)
+			for p, id := range ids {
+				info, err := f.tbl.Info(id)
+				require.NoError(t, err)
+				require.Equal(t, p, info.Rank)
+				require.Equal(t, w, info.WorldSize)
+				require.Equal(t, w, info.Machines*info.Devices)
+			}
+			inputs := reftest.RandomInputs(rand.New(rand.NewPCG(uint64(i), 9)), c.dt, c.op, w, int(c.count))
+			ref := reftest.ComputeReference(c.dt, c.op, inputs)
+			outputs := make([][]byte, w)
+			ctx := ctxFor(t, 30*time.Second)
+			errs := spawn(w, func(p int) error {
+				dev := f.device(ids[p])
+				handle, caller := f.b.register(t, dev)
+				src, buf, out := alloc(t, dev, c.count, c.dt), alloc(t, dev, c.count, c.dt), alloc(t, dev, c.count, c.dt)
+				if err := dev.Upload(src.Ptr, inputs[p]); err != nil {
+					return err
+				}
+				// buf holds garbage until the caller's stream copies the input in.
+				if err := dev.Upload(buf.Ptr, make([]byte, len(inputs[p]))); err != nil {
+					return err
+				}
+				if err := dev.CopyAsync(buf.Ptr, src.Ptr, int64(len(inputs[p])), caller); err != nil {
+					return err
+				}
+				wid, err := f.tbl.AllReduce(ids[p], buf.Ptr, c.count, c.dt, c.op, handle)
+				if err != nil {
+					return err
+				}
+				if err := dev.CopyAsync(out.Ptr, buf.Ptr, int64(len(inputs[p])), caller); err != nil {
+					return err
+				}
+				if err := caller.Synchronize(ctx); err != nil {
+					return err
+				}
+				outputs[p] = make([]byte, len(inputs[p]))
+				if err := dev.Download(outputs[p], out.Ptr); err != nil {
+					return err
+				}
+				if err := f.tbl.Wait(wid, 10*time.Second); err != nil {
+					return err
+				}
+				done, err := f.tbl.Test(wid)
+				if !done || err != nil {
+					return fmt.Errorf("Test after Wait: done %v, err %v", done, err)
+				}
+				return f.tbl.FreeWork(wid)
+			})
+			require.NoError(t, errors.Join(errs...))
+			require.NoError(t, reftest.CheckResults(c.dt, ref, outputs))
+			comms, works, _ := f.tbl.Handles()
+			require.Equal(t, w, comms)
+			require.Zero(t, works, "every work handle was freed")
+		})
+	}
+}
+
+// TestInitFromEnv: Init reads the launch environment (torchrun's
+// variables) and finds the grid; an explicit device is accepted.
+func TestInitFromEnv(t *testing.T) {
+	f := newFixture(t, sim.Config{Seed: 5})
+	machines := []string{"m1", "m0", "m1", "m0"}
+	ids := make([]int64, len(machines))
+	errs := spawn(len(machines), func(p int) error {
+		o := capi.DefaultOptions()
+		if p == 0 {
+			o.Device = 0
+		}
+		var err error
+		ids[p], err = f.tbl.Init(procOptions(machines, p, o))
+		return err
+	})
+	require.NoError(t, errors.Join(errs...))
+	for p, id := range ids {
+		info, err := f.tbl.Info(id)
+		require.NoError(t, err)
+		// Machines are numbered by their smallest rank: m1 is machine 0.
+		want := capi.Info{Rank: p, WorldSize: 4, Machines: 2, Devices: 2, Machine: p % 2, Local: p / 2, Device: -1}
+		require.Equal(t, want, info, "rank %d", p)
+	}
+}
+
+// TestInitErrors: every way init can fail gives its result code and says
+// what is wrong.
+func TestInitErrors(t *testing.T) {
+	two := []string{"a", "a"}
+	cases := []struct {
+		name   string
+		launch *rendezvous.Launch // nil: Init from an empty environment
+		opts   func(*capi.Options)
+		noEnv  bool
+		want   capi.Code
+		text   string
+	}{
+		{name: "no launch environment", noEnv: true, want: capi.InvalidArgument, text: "no launch environment"},
+		{name: "rank outside world", launch: &rendezvous.Launch{Rank: 2, WorldSize: 2, LocalWorldSize: 1}, want: capi.InvalidArgument, text: "Rank"},
+		{name: "local world too large", launch: &rendezvous.Launch{Rank: 0, WorldSize: 1, LocalWorldSize: 2}, want: capi.InvalidArgument, text: "LocalWorldSize"},
+		{name: "negative init timeout", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
+			opts: func(o *capi.Options) { o.InitTimeout = -time.Second }, want: capi.InvalidArgument, text: "init_timeout_ms"},
+		{name: "negative op timeout", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
+			opts: func(o *capi.Options) { o.OpTimeout = -time.Second }, want: capi.InvalidArgument, text: "op_timeout_ms"},
+		{name: "negative slice", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
+			opts: func(o *capi.Options) { o.SliceBytes = -1 }, want: capi.InvalidArgument, text: "slice_bytes"},
+		{name: "flat threshold", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
+			opts: func(o *capi.Options) { o.FlatThreshold = -7 }, want: capi.InvalidArgument, text: "flat_threshold_bytes"},
+		{name: "peer never joins", launch: ptr(launch(two, 0)),
+			opts: func(o *capi.Options) { o.InitTimeout = 300 * time.Millisecond }, want: capi.Timeout, text: "init"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, sim.Config{})
+			o := procOptions(two, 0, capi.DefaultOptions())
+			if c.noEnv {
+				o = capi.DefaultOptions()
+				o.Setup = append(o.Setup, setupEnv(func(string) (string, bool) { return "", false }))
+			}
+			if c.opts != nil {
+				c.opts(&o)
+			}
+			var err error
+			if c.launch == nil {
+				_, err = f.tbl.Init(o)
+			} else {
+				_, err = f.tbl.InitRank(*c.launch, o)
+			}
+			require.Error(t, err)
+			require.Equal(t, c.want, code(err), "%v", err)
+			require.Contains(t, err.Error(), c.text)
+			comms, _, _ := f.tbl.Handles()
+			require.Zero(t, comms)
+		})
+	}
+	t.Run("world of 2 without a store", func(t *testing.T) {
+		b := newSimBackend(sim.Config{})
+		defer b.Close()
+		tbl := capi.NewTable(capi.Config{Backend: b, Classes: classes}) // no Config.Store
+		_, err := tbl.InitRank(launch(two, 0), procOptions(two, 0, capi.DefaultOptions()))
+		require.Equal(t, capi.InvalidArgument, code(err), "%v", err)
+		require.Contains(t, err.Error(), "store")
+	})
+	t.Run("no backend", func(t *testing.T) {
+		_, err := capi.NewTable(capi.Config{}).Init(capi.DefaultOptions())
+		require.Equal(t, capi.Internal, code(err), "%v", err)
+	})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestAllReduceErrors: arguments the call rejects before enqueueing
+// anything, with the code and text the C caller gets.
+func TestAllReduceErrors(t *testing.T) {
+	f := newFixture(t, sim.Config{Seed: 2})
+	ids := f.initRanks([]string{"solo"}, capi.DefaultOptions())
+	dev := f.device(ids[0])
+	handle, _ := f.b.register(t, dev)
+	buf := alloc(t, dev, 64, fairgo.Float32)
+	cases := []struct {
+		name   string
+		comm   int64
+		ptr    uintptr
+		count  int64
+		dt     fairgo.DType
+		op     fairgo.Op
+		stream uintptr
+		want   capi.Code
+		text   string
+	}{
+		{"bad comm", 999, buf.Ptr, 64, fairgo.Float32, fairgo.Sum, handle, capi.BadHandle, "communicator handle 999"},
+		{"dtype zero", ids[0], buf.Ptr, 64, 0, fairgo.Sum, handle, capi.InvalidArgument, "dtype"},
+		{"dtype unknown", ids[0], buf.Ptr, 64, 99, fairgo.Sum, handle, capi.InvalidArgument, "dtype"},
+		{"op zero", ids[0], buf.Ptr, 64, fairgo.Float32, 0, handle, capi.InvalidArgument, "op"},
+		{"op unknown", ids[0], buf.Ptr, 64, fairgo.Float32, 42, handle, capi.InvalidArgument, "op"},
+		{"negative count", ids[0], buf.Ptr, -1, fairgo.Float32, fairgo.Sum, handle, capi.InvalidArgument, "count"},
+		{"huge count", ids[0], buf.Ptr, 1 << 62, fairgo.Float64, fairgo.Sum, handle, capi.InvalidArgument, "count"},
+		{"null pointer", ids[0], 0, 64, fairgo.Float32, fairgo.Sum, handle, capi.InvalidArgument, "ptr"},
+		{"unknown stream", ids[0], buf.Ptr, 64, fairgo.Float32, fairgo.Sum, 0xdead, capi.InvalidArgument, "stream"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			wid, err := f.tbl.AllReduce(c.comm, c.ptr, c.count, c.dt, c.op, c.stream)
+			require.Error(t, err)
+			require.Zero(t, wid)
+			require.Equal(t, c.want, code(err), "%v", err)
+			require.Contains(t, err.Error(), c.text)
+		})
+	}
+	t.Run("memory of no device", func(t *testing.T) {
+		// Caught by the engine (CheckRange) once the call is made: the
+		// work fails at once and AllReduce reports it.
+		_, err := f.tbl.AllReduce(ids[0], 0x10, 64, fairgo.Float32, fairgo.Sum, handle)
+		require.Equal(t, capi.InvalidArgument, code(err), "%v", err)
+	})
+	t.Run("zero elements", func(t *testing.T) {
+		wid, err := f.tbl.AllReduce(ids[0], 0, 0, fairgo.Float32, fairgo.Sum, handle)
+		require.NoError(t, err)
+		require.NoError(t, f.tbl.Wait(wid, time.Second))
+		// A zero timeout on complete work is OK every time (never a race
+		// with the timer).
+		for range 1000 {
+			require.NoError(t, f.tbl.Wait(wid, 0))
+		}
+		require.NoError(t, f.tbl.FreeWork(wid))
+	})
+}
+
+// TestWorkHandles: test/wait on pending work, NotReady, bad and freed
+// handles, double free, negative timeouts.
+func TestWorkHandles(t *testing.T) {
+	f := newFixture(t, sim.Config{Seed: 3, StallTimeout: time.Minute})
+	machines := []string{"a", "a"}
+	ids := f.initRanks(machines, capi.DefaultOptions())
+	bufs := make([]fairgo.Tensor, 2)
+	handles := make([]uintptr, 2)
+	for p, id := range ids {
+		dev := f.device(id)
+		handles[p], _ = f.b.register(t, dev)
+		bufs[p] = alloc(t, dev, 256, fairgo.Float32)
+	}
+	// Rank 0 calls alone: its work cannot complete until rank 1 calls.
+	w0, err := f.tbl.AllReduce(ids[0], bufs[0].Ptr, 256, fairgo.Float32, fairgo.Sum, handles[0])
+	require.NoError(t, err)
+	done, err := f.tbl.Test(w0)
+	require.NoError(t, err)
+	require.False(t, done)
+	start := time.Now()
+	err = f.tbl.Wait(w0, 50*time.Millisecond)
+	require.Equal(t, capi.NotReady, code(err), "%v", err)
+	require.ErrorIs(t, err, capi.ErrNotReady)
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+	require.Equal(t, capi.InvalidArgument, code(f.tbl.Wait(w0, -time.Millisecond)))
+
+	w1, err := f.tbl.AllReduce(ids[1], bufs[1].Ptr, 256, fairgo.Float32, fairgo.Sum, handles[1])
+	require.NoError(t, err)
+	require.NotEqual(t, w0, w1)
+	for _, w := range []int64{w0, w1} {
+		require.NoError(t, f.tbl.Wait(w, 10*time.Second))
+		done, err := f.tbl.Test(w)
+		require.NoError(t, err)
+		require.True(t, done)
+	}
+
+	require.NoError(t, f.tbl.FreeWork(w0))
+	for name, err := range map[string]error{
+		"double free":          f.tbl.FreeWork(w0),
+		"wait on freed":        f.tbl.Wait(w0, time.Millisecond),
+		"test on freed":        second(f.tbl.Test(w0)),
+		"never issued":         f.tbl.FreeWork(123456),
+		"zero":                 f.tbl.FreeWork(0),
+		"comm id as work":      f.tbl.FreeWork(ids[0]),
+		"work id as comm":      second(f.tbl.Info(w1)),
+		"work id as store":     f.tbl.CloseStore(w1),
+		"allreduce on work id": second(f.tbl.AllReduce(w1, bufs[0].Ptr, 1, fairgo.Float32, fairgo.Sum, handles[0])),
+	} {
+		require.Equal(t, capi.BadHandle, code(err), "%s: %v", name, err)
+		require.ErrorIs(t, err, capi.ErrBadHandle, name)
+	}
+	require.NoError(t, f.tbl.FreeWork(w1))
+}
+
+func second[A any](_ A, err error) error { return err }
+
+// TestWorkErrors: the codes of work that fails on the device: ranks that
+// disagree (mismatch), a peer that never calls (the watchdog's timeout),
+// calls after the communicators were aborted, and work pending when its
+// communicator is closed.
+func TestWorkErrors(t *testing.T) {
+	t.Run("mismatch", func(t *testing.T) {
+		f := newFixture(t, sim.Config{Seed: 4})
+		ids := f.initRanks([]string{"a", "a"}, capi.DefaultOptions())
+		ops := []fairgo.Op{fairgo.Sum, fairgo.Max}
+		errs := spawn(2, func(p int) error {
+			dev := f.device(ids[p])
+			h, _ := f.b.register(t, dev)
+			buf := alloc(t, dev, 64, fairgo.Float32)
+			wid, err := f.tbl.AllReduce(ids[p], buf.Ptr, 64, fairgo.Float32, ops[p], h)
+			if err != nil {
+				return err
+			}
+			defer f.tbl.FreeWork(wid)
+			return f.tbl.Wait(wid, 10*time.Second)
+		})
+		for p, err := range errs {
+			require.Equal(t, capi.Mismatch, code(err), "rank %d: %v", p, err)
+			require.ErrorIs(t, err, sim.ErrMismatch)
+		}
+	})
+	t.Run("timeout, then aborted", func(t *testing.T) {
+		f := newFixture(t, sim.Config{Seed: 5, StallTimeout: time.Minute})
+		o := capi.DefaultOptions()
+		o.OpTimeout = 300 * time.Millisecond
+		ids := f.initRanks([]string{"a", "b"}, o)
+		dev := f.device(ids[0])
+		h, _ := f.b.register(t, dev)
+		buf := alloc(t, dev, 64, fairgo.Float32)
+		wid, err := f.tbl.AllReduce(ids[0], buf.Ptr, 64, fairgo.Float32, fairgo.Sum, h)
+		require.NoError(t, err)
+		err = f.tbl.Wait(wid, 20*time.Second)
+		require.Equal(t, capi.Timeout, code(err), "%v", err)
+		require.ErrorIs(t, err, fairgo.ErrTimeout)
+		require.NoError(t, f.tbl.FreeWork(wid))
+		// The watchdog aborted rank 0's communicators: later calls fail at
+		// once with the cause.
+		_, err = f.tbl.AllReduce(ids[0], buf.Ptr, 64, fairgo.Float32, fairgo.Sum, h)
+		require.Equal(t, capi.Timeout, code(err), "%v", err)
+		// Rank 1's call meets a communicator its peer aborted.
+		dev1 := f.device(ids[1])
+		h1, _ := f.b.register(t, dev1)
+		buf1 := alloc(t, dev1, 64, fairgo.Float32)
+		wid1, err := f.tbl.AllReduce(ids[1], buf1.Ptr, 64, fairgo.Float32, fairgo.Sum, h1)
+		if err == nil {
+			err = f.tbl.Wait(wid1, 20*time.Second)
+			require.NoError(t, f.tbl.FreeWork(wid1))
+		}
+		require.Contains(t, []capi.Code{capi.Aborted, capi.Timeout}, code(err), "%v", err)
+	})
+	t.Run("close with work pending", func(t *testing.T) {
+		f := newFixture(t, sim.Config{Seed: 6, StallTimeout: time.Minute})
+		ids := f.initRanks([]string{"a", "a"}, capi.DefaultOptions())
+		dev := f.device(ids[0])
+		h, _ := f.b.register(t, dev)
+		buf := alloc(t, dev, 4096, fairgo.Float32)
+		wid, err := f.tbl.AllReduce(ids[0], buf.Ptr, 4096, fairgo.Float32, fairgo.Avg, h)
+		require.NoError(t, err)
+		done, err := f.tbl.Test(wid)
+		require.NoError(t, err)
+		require.False(t, done)
+		_ = f.tbl.Close(ids[0]) // may report the abort of the pending work
+		// The work handle outlives its communicator and reports the close.
+		err = f.tbl.Wait(wid, 20*time.Second)
+		require.Equal(t, capi.Closed, code(err), "%v", err)
+		done, err = f.tbl.Test(wid)
+		require.True(t, done)
+		require.Equal(t, capi.Closed, code(err))
+		require.NoError(t, f.tbl.FreeWork(wid))
+		// The handle is gone: a second close and later calls are bad handles.
+		require.Equal(t, capi.BadHandle, code(f.tbl.Close(ids[0])))
+		_, err = f.tbl.AllReduce(ids[0], buf.Ptr, 1, fairgo.Float32, fairgo.Sum, h)
+		require.Equal(t, capi.BadHandle, code(err))
+	})
+	t.Run("closed reducer", func(t *testing.T) {
+		f := newFixture(t, sim.Config{Seed: 7})
+		ids := f.initRanks([]string{"solo"}, capi.DefaultOptions())
+		dev := f.device(ids[0])
+		h, _ := f.b.register(t, dev)
+		r, err := f.tbl.Reducer(ids[0])
+		require.NoError(t, err)
+		require.NoError(t, r.Close()) // closed behind the table's back
+		_, err = f.tbl.AllReduce(ids[0], 0, 0, fairgo.Float32, fairgo.Sum, h)
+		require.Equal(t, capi.Closed, code(err), "%v", err)
+	})
+}
+
+// TestGuard: a panic anywhere behind an entry point becomes an Internal
+// error with the panic's text, never a crash.
+func TestGuard(t *testing.T) {
+	err := capi.Guard(func() error { panic("boom") })
+	require.Equal(t, capi.Internal, code(err))
+	require.Contains(t, err.Error(), "boom")
+	require.NoError(t, capi.Guard(func() error { return nil }))
+	sentinel := errors.New("plain")
+	require.Equal(t, sentinel, capi.Guard(func() error { return sentinel }))
+
+	f := newFixture(t, sim.Config{})
+	ids := f.initRanks([]string{"solo"}, capi.DefaultOptions())
+	f.b.panics = true
+	err = capi.Guard(func() error {
+		_, err := f.tbl.AllReduce(ids[0], 0, 0, fairgo.Float32, fairgo.Sum, 0)
+		return err
+	})
+	require.Equal(t, capi.Internal, code(err), "%v", err)
+	require.Contains(t, err.Error(), "told to panic")
+	f.b.panics = false
+	// The table still works after the panic.
+	_, err = f.tbl.Info(ids[0])
+	require.NoError(t, err)
+}
+
+// TestServeStore: a store served by the table lets ranks meet with only
+// its address (InitRank's store_addr), as rank 0 hosts it under torchrun.
+func TestServeStore(t *testing.T) {
+	b := newSimBackend(sim.Config{Seed: 8})
+	defer b.Close()
+	tbl := capi.NewTable(capi.Config{Backend: b, Classes: classes})
+	defer func() { require.NoError(t, tbl.CloseAll()) }()
+	sid, addr, err := tbl.ServeStore("127.0.0.1:0")
+	require.NoError(t, err)
+	require.NotEmpty(t, addr)
+	machines := []string{"a", "b"}
+	ids := make([]int64, 2)
+	errs := spawn(2, func(p int) error {
+		l := launch(machines, p)
+		l.StoreAddr = addr
+		var err error
+		ids[p], err = tbl.InitRank(l, procOptions(machines, p, capi.DefaultOptions()))
+		return err
+	})
+	require.NoError(t, errors.Join(errs...))
+	info, err := tbl.Info(ids[1])
+	require.NoError(t, err)
+	require.Equal(t, 2, info.Machines)
+	require.NoError(t, tbl.CloseStore(sid))
+	require.Equal(t, capi.BadHandle, code(tbl.CloseStore(sid)))
+	_, _, err = tbl.ServeStore("256.0.0.1:x")
+	require.Error(t, err)
+	require.NotEqual(t, capi.OK, code(err))
+	for _, id := range ids {
+		require.NoError(t, tbl.Close(id))
+	}
+}
+
+// TestClassify: the mapping from Go errors to result codes.
+func TestClassify(t *testing.T) {
+	cs := capi.Classes{
+		Mismatch: []error{sim.ErrMismatch},
+		Backend:  []capi.Class{capi.Is(errCUDA, capi.CUDA), capi.Is(errNCCL, capi.NCCL)},
+	}
+	wrap := func(err error) error { return fmt.Errorf("context: %w", err) }
+	cases := []struct {
+		err  error
+		want capi.Code
+	}{
+		{nil, capi.OK},
+		{&capi.Error{Code: capi.NotReady, Err: capi.ErrNotReady}, capi.NotReady},
+		{wrap(&capi.Error{Code: capi.BadHandle, Err: capi.ErrBadHandle}), capi.BadHandle},
+		{wrap(&fairgo.ArgError{Arg: "x"}), capi.InvalidArgument},
+		{wrap(fairgo.ErrUnknownDType), capi.InvalidArgument},
+		{wrap(rendezvous.ErrNoLaunchEnv), capi.InvalidArgument},
+		{wrap(&sim.MismatchError{}), capi.Mismatch},
+		// The root cause wins over the abort it led to.
+		{fmt.Errorf("%w: %w", fairgo.ErrAborted, &sim.MismatchError{}), capi.Mismatch},
+		{wrap(fairgo.ErrTimeout), capi.Timeout},
+		{wrap(context.DeadlineExceeded), capi.Timeout},
+		{fmt.Errorf("%w (%w)", fairgo.ErrTimeout, errNCCL), capi.Timeout},
+		{wrap(fairgo.ErrAborted), capi.Aborted},
+		{wrap(context.Canceled), capi.Aborted},
+		{wrap(fairgo.ErrClosed), capi.Closed},
+		// Of timeout, closed and aborted, the first named wins.
+		{fmt.Errorf("%w (%w)", fairgo.ErrClosed, fairgo.ErrAborted), capi.Closed},
+		{fmt.Errorf("%w (%w)", fairgo.ErrAborted, fairgo.ErrClosed), capi.Aborted},
+		{errors.Join(wrap(context.Canceled), fairgo.ErrTimeout), capi.Aborted},
+		{uncomparable{[]int{1}}, capi.System},
+		{wrap(errCUDA), capi.CUDA},
+		{fmt.Errorf("%w %w", errCUDA, fairgo.ErrInvalidArgument), capi.CUDA},
+		{wrap(errNCCL), capi.NCCL},
+		{errors.New("connection refused"), capi.System},
+	}
+	for _, c := range cases {
+		require.Equal(t, c.want, cs.Classify(c.err), "%v", c.err)
+	}
+	for _, c := range capi.Codes {
+		require.Regexp(t, `^FAIRGO_(OK|NOT_READY|ERR_[A-Z_]+)$`, c.String())
+	}
+	require.Equal(t, "fairgo_result_t(99)", capi.Code(99).String())
+}
+
+// uncomparable is an error value whose type cannot be compared with ==.
+type uncomparable struct{ s []int }
+
+func (uncomparable) Error() string { return "uncomparable" }
+
+var (
+	errCUDA = errors.New("cuda: driver error")
+	errNCCL = errors.New("nccl: remote error")
+)
+
+// TestConcurrentCalls: many goroutines per rank issuing calls and freeing
+// handles while others test them (the race detector checks the table).
+func TestConcurrentCalls(t *testing.T) {
+	f := newFixture(t, sim.Config{Seed: 9})
+	ids := f.initRanks([]string{"a", "a"}, capi.DefaultOptions())
+	const calls = 20
+	errs := spawn(2, func(p int) error {
+		dev := f.device(ids[p])
+		h, caller := f.b.register(t, dev)
+		buf := alloc(t, dev, 100, fairgo.Int32)
+		if err := dev.Upload(buf.Ptr, make([]byte, 400)); err != nil {
+			return err
+		}
+		var wids []int64
+		for range calls {
+			wid, err := f.tbl.AllReduce(ids[p], buf.Ptr, 100, fairgo.Int32, fairgo.Sum, h)
+			if err != nil {
+				return err
+			}
+			wids = append(wids, wid)
+			go func() { _, _ = f.tbl.Test(wid) }()
+		}
+		for _, wid := range wids {
+			if err := f.tbl.Wait(wid, 10*time.Second); err != nil {
+				return err
+			}
+			if err := f.tbl.FreeWork(wid); err != nil {
+				return err
+			}
+		}
+		return caller.Synchronize(context.Background())
+	})
+	require.NoError(t, errors.Join(errs...))
+}

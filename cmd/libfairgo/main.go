@@ -1,0 +1,242 @@
+//go:build cuda || fairgo_sim
+
+// Command libfairgo is fairgo's C ABI, built as a shared library:
+//
+//	make libfairgo   # go build -tags cuda -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
+//
+// fairgo.h (copied next to the library) is its documented interface. The
+// functions here are thin shims: they convert C values, call the handle
+// table of package capi inside capi.Guard (no Go panic reaches the
+// caller), and report errors as a result code plus per-thread text. The
+// cuda build tag gives the GPU library; fairgo_sim (without cuda) gives one
+// on the simulated cluster, to test callers of the ABI on a host without a
+// GPU (only a world of one rank, and no device memory to reduce).
+package main
+
+/*
+#include <stdlib.h>
+#include "fairgo.h"
+
+// Declared const-qualified types, so that the prototypes cgo generates for
+// the exported functions match fairgo.h exactly (the generated header
+// includes this preamble and fairgo.h: a mismatch fails the build).
+typedef const char fg_cchar;
+typedef const fairgo_config_t fg_cconfig;
+
+void fg_set_last_error(const char* msg, size_t n);
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
+	"github.com/fairgo/fairgo/rendezvous"
+)
+
+// table holds every handle of the process; backendConfig comes from the
+// build's backend file.
+var table = capi.NewTable(backendConfig())
+
+func main() {}
+
+// result runs fn guarded and turns its error into a result code, setting
+// the calling thread's error text (not for FAIRGO_NOT_READY).
+func result(fn func() error) (code C.int) {
+	defer func() {
+		if p := recover(); p != nil { // in the error reporting itself
+			code = C.int(capi.Internal)
+		}
+	}()
+	err := capi.Guard(fn)
+	if err == nil {
+		return C.int(capi.OK)
+	}
+	c := table.Classify(err)
+	if c != capi.NotReady {
+		setLastError(err.Error())
+	}
+	return C.int(c)
+}
+
+func setLastError(s string) {
+	if s == "" {
+		s = "fairgo: error without text"
+	}
+	C.fg_set_last_error((*C.char)(unsafe.Pointer(unsafe.StringData(s))), C.size_t(len(s)))
+}
+
+func nilArg(name string) error {
+	return &fairgo.ArgError{Arg: name, Value: "NULL", Reason: "must point to where the result goes"}
+}
+
+// millis converts milliseconds, saturating instead of overflowing.
+func millis(ms C.int64_t) time.Duration {
+	v := int64(ms)
+	switch {
+	case v > math.MaxInt64/int64(time.Millisecond):
+		return math.MaxInt64
+	case v < math.MinInt64/int64(time.Millisecond):
+		return math.MinInt64
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
+// options reads a fairgo_config_t (NULL: the defaults).
+func options(cfg *C.fg_cconfig) (capi.Options, error) {
+	o := capi.DefaultOptions()
+	if cfg == nil {
+		return o, nil
+	}
+	if want := C.uint32_t(unsafe.Sizeof(C.fairgo_config_t{})); cfg.struct_size < want {
+		return o, &fairgo.ArgError{Arg: "config struct_size", Value: uint32(cfg.struct_size),
+			Reason: fmt.Sprintf("smaller than this library's fairgo_config_t (%d bytes): call fairgo_config_init first", want)}
+	}
+	o.Device = int(cfg.device)
+	o.InitTimeout = millis(cfg.init_timeout_ms)
+	o.OpTimeout = millis(cfg.op_timeout_ms)
+	o.SliceBytes = int64(cfg.slice_bytes)
+	o.FlatThreshold = int64(cfg.flat_threshold_bytes)
+	return o, nil
+}
+
+//export fairgo_init
+func fairgo_init(cfg *C.fg_cconfig, comm *C.fairgo_comm_t) C.int {
+	return result(func() error {
+		if comm == nil {
+			return nilArg("comm")
+		}
+		o, err := options(cfg)
+		if err != nil {
+			return err
+		}
+		id, err := table.Init(o)
+		if err != nil {
+			return err
+		}
+		*comm = C.fairgo_comm_t(id)
+		return nil
+	})
+}
+
+//export fairgo_init_rank
+func fairgo_init_rank(rank, worldSize, localRank, localWorldSize C.int, storeAddr *C.fg_cchar, cfg *C.fg_cconfig, comm *C.fairgo_comm_t) C.int {
+	return result(func() error {
+		if comm == nil {
+			return nilArg("comm")
+		}
+		o, err := options(cfg)
+		if err != nil {
+			return err
+		}
+		l := rendezvous.Launch{Rank: int(rank), WorldSize: int(worldSize), LocalRank: int(localRank), LocalWorldSize: int(localWorldSize)}
+		if storeAddr != nil {
+			l.StoreAddr = C.GoString((*C.char)(unsafe.Pointer(storeAddr)))
+		}
+		id, err := table.InitRank(l, o)
+		if err != nil {
+			return err
+		}
+		*comm = C.fairgo_comm_t(id)
+		return nil
+	})
+}
+
+//export fairgo_comm_info
+func fairgo_comm_info(comm C.fairgo_comm_t, info *C.fairgo_comm_info_t) C.int {
+	return result(func() error {
+		if info == nil {
+			return nilArg("info")
+		}
+		in, err := table.Info(int64(comm))
+		if err != nil {
+			return err
+		}
+		*info = C.fairgo_comm_info_t{
+			rank: C.int32_t(in.Rank), world_size: C.int32_t(in.WorldSize), machines: C.int32_t(in.Machines),
+			devices: C.int32_t(in.Devices), machine: C.int32_t(in.Machine), local: C.int32_t(in.Local), device: C.int32_t(in.Device),
+		}
+		return nil
+	})
+}
+
+//export fairgo_comm_close
+func fairgo_comm_close(comm C.fairgo_comm_t) C.int {
+	return result(func() error { return table.Close(int64(comm)) })
+}
+
+//export fairgo_allreduce
+func fairgo_allreduce(comm C.fairgo_comm_t, data unsafe.Pointer, count C.int64_t, dtype C.fairgo_dtype_t, op C.fairgo_op_t, stream unsafe.Pointer, work *C.fairgo_work_t) C.int {
+	return result(func() error {
+		if work == nil {
+			return nilArg("work")
+		}
+		id, err := table.AllReduce(int64(comm), uintptr(data), int64(count), fairgo.DType(dtype), fairgo.Op(op), uintptr(stream))
+		if err != nil {
+			return err
+		}
+		*work = C.fairgo_work_t(id)
+		return nil
+	})
+}
+
+//export fairgo_work_test
+func fairgo_work_test(work C.fairgo_work_t, done *C.int) C.int {
+	return result(func() error {
+		if done == nil {
+			return nilArg("done")
+		}
+		d, err := table.Test(int64(work))
+		*done = 0
+		if d {
+			*done = 1
+		}
+		return err
+	})
+}
+
+//export fairgo_work_wait
+func fairgo_work_wait(work C.fairgo_work_t, timeoutMs C.int64_t) C.int {
+	return result(func() error { return table.Wait(int64(work), millis(timeoutMs)) })
+}
+
+//export fairgo_work_free
+func fairgo_work_free(work C.fairgo_work_t) C.int {
+	return result(func() error { return table.FreeWork(int64(work)) })
+}
+
+//export fairgo_store_serve
+func fairgo_store_serve(listenAddr *C.fg_cchar, store *C.fairgo_store_t, addr *C.char, addrLen C.size_t) C.int {
+	return result(func() error {
+		switch {
+		case listenAddr == nil:
+			return &fairgo.ArgError{Arg: "listen_addr", Value: "NULL", Reason: `want "host:port"`}
+		case store == nil:
+			return nilArg("store")
+		case addr == nil:
+			return nilArg("addr")
+		}
+		id, bound, err := table.ServeStore(C.GoString((*C.char)(unsafe.Pointer(listenAddr))))
+		if err != nil {
+			return err
+		}
+		if uint64(len(bound)) >= uint64(addrLen) {
+			return errors.Join(&fairgo.ArgError{Arg: "addr_len", Value: uint64(addrLen),
+				Reason: fmt.Sprintf("too short for the address %q and its NUL", bound)}, table.CloseStore(id))
+		}
+		buf := unsafe.Slice((*byte)(unsafe.Pointer(addr)), int(addrLen))
+		buf[copy(buf, bound)] = 0
+		*store = C.fairgo_store_t(id)
+		return nil
+	})
+}
+
+//export fairgo_store_close
+func fairgo_store_close(store C.fairgo_store_t) C.int {
+	return result(func() error { return table.CloseStore(int64(store)) })
+}

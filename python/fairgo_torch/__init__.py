@@ -1,0 +1,155 @@
+"""fairgo_torch: fairgo's two-level allreduce as a PyTorch DDP comm hook.
+
+    import torch.distributed as dist, fairgo_torch
+    dist.init_process_group("nccl")                     # DDP's own process group stays
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev])
+    comm = fairgo_torch.init()                          # after torch.cuda.set_device(dev)
+    ddp.register_comm_hook(comm, fairgo_torch.allreduce_hook)
+
+The hook averages each gradient bucket in place with fairgo on PyTorch's
+current stream (ordered after the backward work already there, the stream
+then waits for the result) and returns a completed CUDA future without
+blocking the host. It uses libfairgo.so through ctypes (no compiled
+extension): build it with `make libfairgo` and point FAIRGO_LIB at it, or
+put it next to this package.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+from ._comm import Comm, Store, Work, init_env, init_rank, init_torch, serve_store
+from ._dtypes import fairgo_dtype, fairgo_op
+from ._lib import (
+    AbortedError,
+    BadHandleError,
+    ClosedError,
+    CudaError,
+    FairgoError,
+    FairgoSystemError,
+    FairgoTimeoutError,
+    InternalError,
+    InvalidArgumentError,
+    LibraryError,
+    MismatchError,
+    NcclError,
+    NotReadyError,
+    candidate_paths,
+    load,
+)
+
+__all__ = [
+    "init", "init_env", "init_rank", "init_torch", "default_comm", "shutdown", "allreduce_hook",
+    "init_process_group", "torch_master_port",
+    "Comm", "Work", "Store", "serve_store", "fairgo_dtype", "fairgo_op", "load", "candidate_paths",
+    "FairgoError", "InvalidArgumentError", "BadHandleError", "MismatchError", "FairgoTimeoutError",
+    "AbortedError", "ClosedError", "CudaError", "NcclError", "FairgoSystemError", "InternalError", "LibraryError",
+    "NotReadyError",
+]
+
+_default: Optional[Comm] = None
+_default_lock = threading.Lock()
+
+
+def init(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
+         slice_bytes: int = 0, flat_threshold: int = 0) -> Comm:
+    """Builds this process's fairgo communicator from the launch environment
+    and makes it the default of allreduce_hook. Every rank must call it.
+
+    - Under fairrun (FAIRGO_STORE_ADDR set): fairrun's store (init_env).
+    - Else, when torch.distributed's default process group is initialised
+      (torchrun): rank 0 serves a fairgo store and shares its address through
+      the process group (init_torch). DDP keeps its own process group.
+    - Else: the launch environment as fairgo's Go API reads it (init_env:
+      torchrun, Slurm or Open MPI variables, the store at
+      MASTER_ADDR:MASTER_PORT).
+
+    device defaults to torch.cuda.current_device() once PyTorch has
+    initialised CUDA (call torch.cuda.set_device first). op_timeout (seconds,
+    None: off) arms fairgo's watchdog: a collective not complete by then
+    aborts the communicators and raises FairgoTimeoutError from a later call
+    instead of hanging the job. init_timeout bounds the setup."""
+    global _default
+    kw = dict(device=device, init_timeout=init_timeout, op_timeout=op_timeout, slice_bytes=slice_bytes,
+              flat_threshold=flat_threshold)
+    if os.environ.get("FAIRGO_STORE_ADDR"):
+        comm = init_env(**kw)
+    elif _torch_dist_initialized():
+        comm = init_torch(**kw)
+    else:
+        comm = init_env(**kw)
+    with _default_lock:
+        _default = comm
+    return comm
+
+
+def torch_master_port(environ=None) -> int:
+    """The port torch.distributed's own store should use: MASTER_PORT, except
+    under fairrun, whose FAIRGO_STORE_ADDR is fairgo's store at
+    MASTER_ADDR:MASTER_PORT (a c10d TCPStore cannot share it): then
+    FAIRGO_TORCH_PORT, else MASTER_PORT + 1."""
+    env = os.environ if environ is None else environ
+    port = int(env.get("MASTER_PORT", "29500"))
+    store = env.get("FAIRGO_STORE_ADDR", "")
+    if store and store.rsplit(":", 1)[-1] == str(port):
+        return int(env.get("FAIRGO_TORCH_PORT") or port + 1)
+    return port
+
+
+def init_process_group(backend: str = "nccl", **kwargs) -> None:
+    """torch.distributed.init_process_group(backend, init_method="env://",
+    ...) that also works under fairrun: MASTER_PORT is moved off fairgo's
+    store first (torch_master_port). Under torchrun it changes nothing."""
+    import torch.distributed as dist
+
+    os.environ["MASTER_PORT"] = str(torch_master_port())
+    kwargs.setdefault("init_method", "env://")
+    dist.init_process_group(backend, **kwargs)
+
+
+def _torch_dist_initialized() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def default_comm() -> Comm:
+    """The communicator of the last init()."""
+    with _default_lock:
+        if _default is None:
+            raise BadHandleError(3, "fairgo: no communicator: call fairgo_torch.init() first")
+        return _default
+
+
+def shutdown() -> None:
+    """Closes the default communicator."""
+    global _default
+    with _default_lock:
+        comm, _default = _default, None
+    if comm is not None:
+        comm.close()
+
+
+def allreduce_hook(state, bucket):
+    """DDP comm hook (DistributedDataParallel.register_comm_hook): averages
+    bucket.buffer() in place across all ranks with fairgo.
+
+    state is the Comm to use (None: the default from init()). The reduction
+    runs on torch.cuda.current_stream() of the buffer's device, after the
+    work already enqueued there; that stream waits for the result; the
+    returned torch.futures.Future is already completed with the buffer (a
+    CUDA future: waiting on it syncs the waiter's stream with the current
+    one, without blocking the host). Errors of earlier buckets' device work
+    are raised here, from a later bucket."""
+    import torch
+
+    comm = state if isinstance(state, Comm) else default_comm()
+    buf = bucket.buffer()
+    comm.allreduce_(buf, op="avg")
+    fut = torch.futures.Future(devices=[buf.device])
+    fut.set_result(buf)
+    return fut

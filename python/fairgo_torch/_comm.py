@@ -1,0 +1,339 @@
+"""Communicators, work handles and stores of libfairgo, for Python.
+
+PyTorch is imported only by the calls that take tensors.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import socket
+import threading
+import time
+from typing import Optional
+
+from . import _dtypes, _lib
+
+
+def _ms(seconds: Optional[float], name: str) -> int:
+    if seconds is None:
+        return 0
+    if seconds < 0:
+        raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: {name} {seconds} is negative")
+    return max(1, int(round(seconds * 1000))) if seconds > 0 else 0
+
+
+class Work:
+    """One collective call in flight (a fairgo_work_t). The caller's stream
+    already waits for its result; test and wait observe its outcome on the
+    host. Freed by free(), or when garbage collected."""
+
+    __slots__ = ("_lib", "_handle")
+
+    def __init__(self, lib: _lib.Library, handle: int):
+        self._lib = lib
+        self._handle = handle
+
+    @property
+    def handle(self) -> int:
+        return self._handle
+
+    def test(self) -> bool:
+        """True once the work has completed; raises its error if it failed."""
+        done = ctypes.c_int(0)
+        self._lib.call("fairgo_work_test", self._handle, ctypes.byref(done))
+        return bool(done.value)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Blocks until the work has completed on the GPU (raises its error
+        if it failed), or raises NotReadyError after timeout seconds (None:
+        no limit; the library is called in bounded steps)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = 1000 if deadline is None else max(0, min(1000, int((deadline - time.monotonic()) * 1000)))
+            if self._lib.call("fairgo_work_wait", self._handle, step) == _lib.OK:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _lib.NotReadyError(_lib.NOT_READY, f"fairgo: work {self._handle} not complete after {timeout} s")
+
+    def free(self) -> None:
+        """Releases the handle (the work itself goes on if pending)."""
+        h, self._handle = self._handle, 0
+        if h:
+            self._lib.call("fairgo_work_free", h)
+
+    def __del__(self):
+        try:
+            if self._handle:
+                self._lib.dll.fairgo_work_free(self._handle)
+        except Exception:
+            pass
+
+
+def _pending_still(w: Work) -> bool:
+    """Whether w is still running (a failed work counts as done)."""
+    try:
+        return not w.test()
+    except _lib.FairgoError:
+        return False
+
+
+class Store:
+    """A fairgo rendezvous store served by this process (fairgo_store_t)."""
+
+    def __init__(self, lib: _lib.Library, handle: int, address: str):
+        self._lib = lib
+        self._handle = handle
+        self.address = address  # as the library listens, e.g. "[::]:41234"
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def close(self) -> None:
+        h, self._handle = self._handle, 0
+        if h:
+            self._lib.call("fairgo_store_close", h)
+
+
+def serve_store(listen: str = ":0", lib: Optional[_lib.Library] = None) -> Store:
+    """Serves a fairgo rendezvous store on listen ("host:port"; ":0": every
+    interface, a free port)."""
+    lib = lib or _lib.load()
+    handle = ctypes.c_int64(0)
+    buf = ctypes.create_string_buffer(256)
+    lib.call("fairgo_store_serve", listen.encode(), ctypes.byref(handle), buf, len(buf))
+    return Store(lib, handle.value, buf.value.decode())
+
+
+class Comm:
+    """This process's fairgo communicator (a fairgo_comm_t): one rank, one GPU.
+
+    allreduce_ reduces a CUDA tensor in place, ordered after the work on a
+    stream (default: PyTorch's current stream) and making that stream wait
+    for the result, without blocking the host. Errors of earlier calls'
+    device work are raised by later calls (and by synchronize)."""
+
+    def __init__(self, lib: _lib.Library, handle: int, store: Optional[Store] = None):
+        self._lib = lib
+        self._handle = handle
+        self._store = store
+        self._pending: "collections.deque[Work]" = collections.deque()
+        self._lock = threading.Lock()
+        info = _lib.CommInfo()
+        lib.call("fairgo_comm_info", handle, ctypes.byref(info))
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.machines = info.machines
+        self.devices_per_machine = info.devices
+        self.machine = info.machine
+        self.local = info.local
+        self.device = info.device
+
+    def __repr__(self) -> str:
+        return (f"fairgo_torch.Comm(rank {self.rank} of {self.world_size}: machine {self.machine} of {self.machines}, "
+                f"local {self.local} of {self.devices_per_machine}, cuda:{self.device})")
+
+    @property
+    def handle(self) -> int:
+        if not self._handle:
+            raise _lib.BadHandleError(_lib.ERR_BAD_HANDLE, "fairgo: communicator closed")
+        return self._handle
+
+    def _reap(self) -> None:
+        """Frees the completed works at the front; raises the first failure."""
+        with self._lock:
+            while self._pending:
+                w = self._pending[0]
+                try:
+                    if not w.test():
+                        return
+                except _lib.FairgoError:
+                    self._pending.popleft()
+                    w.free()
+                    raise
+                self._pending.popleft()
+                w.free()
+
+    def allreduce(self, ptr: int, count: int, dtype: int, op, stream: int = 0, track: bool = False) -> Optional[Work]:
+        """The raw call: count elements of fairgo dtype at device address ptr,
+        ordered after the cudaStream_t stream (0: the legacy default stream),
+        which then waits for the result. Returns the Work, or None with
+        track=True (the communicator then frees it and raises its error from
+        a later call or synchronize)."""
+        self._reap()
+        handle = ctypes.c_int64(0)
+        self._lib.call("fairgo_allreduce", self.handle, ctypes.c_void_p(ptr or None), count, dtype,
+                       _dtypes.fairgo_op(op), ctypes.c_void_p(stream or None), ctypes.byref(handle))
+        w = Work(self._lib, handle.value)
+        if track:
+            with self._lock:
+                self._pending.append(w)
+            return None
+        return w
+
+    def allreduce_(self, tensor, op="avg", stream=None, track: bool = True) -> Optional[Work]:
+        """Reduces a contiguous CUDA tensor of this communicator's GPU in
+        place across all ranks (op: "sum", "avg", "max", "min", "prod" or a
+        torch.distributed.ReduceOp). stream (a torch.cuda.Stream or a raw
+        handle; default: torch.cuda.current_stream()) orders the call after
+        its work so far and waits for the result. Returns at once; with
+        track=False the Work is returned for the caller to test/wait/free."""
+        import torch
+
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
+            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: allreduce_ needs a CUDA tensor, got {type(tensor).__name__}"
+                                            + (f" on {tensor.device}" if isinstance(tensor, torch.Tensor) else ""))
+        if self.device >= 0 and tensor.device.index != self.device:
+            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: tensor on {tensor.device}, communicator on cuda:{self.device}")
+        if not tensor.is_contiguous():
+            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, "fairgo: allreduce_ needs a contiguous tensor")
+        dt = _dtypes.fairgo_dtype(tensor.dtype)
+        if stream is None:
+            stream = torch.cuda.current_stream(tensor.device)
+        if isinstance(stream, torch.cuda.Stream):
+            if stream.device != tensor.device:
+                raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: stream of {stream.device}, tensor on {tensor.device}")
+            stream = stream.cuda_stream
+        return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, int(stream), track=track)
+
+    def synchronize(self, timeout: Optional[float] = None) -> None:
+        """Waits for every tracked call to complete on the GPU; raises the
+        first failure."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                w = self._pending[0]
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                w.wait(left)  # NotReadyError: still pending, it stays tracked
+            finally:
+                with self._lock:
+                    if self._pending and self._pending[0] is w and not _pending_still(w):
+                        self._pending.popleft()
+                        w.free()
+
+    def close(self) -> None:
+        """Closes the communicator (pending device work gets a short grace
+        period, then is aborted) and the store this process served for it."""
+        h, self._handle = self._handle, 0
+        errors = []
+        if h:
+            with self._lock:
+                pending, self._pending = list(self._pending), collections.deque()
+            for w in pending:
+                try:
+                    w.free()
+                except _lib.FairgoError as e:
+                    errors.append(e)
+            try:
+                self._lib.call("fairgo_comm_close", h)
+            except _lib.FairgoError as e:
+                errors.append(e)
+        if self._store is not None:
+            store, self._store = self._store, None
+            try:
+                store.close()
+            except _lib.FairgoError as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _config(lib: _lib.Library, device, init_timeout, op_timeout, slice_bytes, flat_threshold) -> _lib.Config:
+    return lib.config(
+        device=device,
+        init_timeout_ms=_ms(init_timeout, "init_timeout"),
+        op_timeout_ms=_ms(op_timeout, "op_timeout"),
+        slice_bytes=slice_bytes,
+        flat_threshold_bytes=flat_threshold,
+    )
+
+
+def _default_device() -> int:
+    """PyTorch's current device when PyTorch has initialised CUDA, else -1
+    (the library's default: the one visible GPU, else LOCAL_RANK)."""
+    try:
+        import torch
+    except ImportError:
+        return -1
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return -1
+
+
+def init_rank(rank: int, world_size: int, local_rank: int, local_world_size: int, store_addr: Optional[str],
+              *, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
+              slice_bytes: int = 0, flat_threshold: int = 0, lib: Optional[_lib.Library] = None) -> Comm:
+    """A communicator from an explicit place in the job (fairgo_init_rank)."""
+    lib = lib or _lib.load()
+    cfg = _config(lib, _default_device() if device is None else device, init_timeout, op_timeout, slice_bytes, flat_threshold)
+    handle = ctypes.c_int64(0)
+    lib.call("fairgo_init_rank", rank, world_size, local_rank, local_world_size,
+             store_addr.encode() if store_addr else None, ctypes.byref(cfg), ctypes.byref(handle))
+    return Comm(lib, handle.value)
+
+
+def init_env(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
+             slice_bytes: int = 0, flat_threshold: int = 0, lib: Optional[_lib.Library] = None) -> Comm:
+    """A communicator from the launch environment (fairgo_init): fairrun's
+    FAIRGO_STORE_ADDR, else MASTER_ADDR:MASTER_PORT as a fairgo store."""
+    lib = lib or _lib.load()
+    cfg = _config(lib, _default_device() if device is None else device, init_timeout, op_timeout, slice_bytes, flat_threshold)
+    handle = ctypes.c_int64(0)
+    lib.call("fairgo_init", ctypes.byref(cfg), ctypes.byref(handle))
+    return Comm(lib, handle.value)
+
+
+def _host_for_peers() -> str:
+    """The host name the other ranks reach rank 0's store at: $FAIRGO_STORE_HOST,
+    else $MASTER_ADDR (rank 0's node under torchrun), else this host's name."""
+    host = os.environ.get("FAIRGO_STORE_HOST") or os.environ.get("MASTER_ADDR") or socket.gethostname()
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def init_torch(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
+               slice_bytes: int = 0, flat_threshold: int = 0, lib: Optional[_lib.Library] = None) -> Comm:
+    """A communicator for a job whose torch.distributed default process group
+    is initialised (torchrun): rank 0 serves a fairgo store and broadcasts its
+    address through the process group; ranks and world size are
+    torch.distributed's, LOCAL_RANK and LOCAL_WORLD_SIZE the launcher's."""
+    import torch.distributed as dist
+
+    lib = lib or _lib.load()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or world
+    except (KeyError, ValueError) as e:
+        raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: LOCAL_RANK/LOCAL_WORLD_SIZE unusable ({e!r}); set them as torchrun does") from None
+    store = None
+    addr = [None]
+    if world > 1:
+        if rank == 0:
+            store = serve_store(os.environ.get("FAIRGO_STORE_LISTEN", ":0"), lib)
+            addr = [f"{_host_for_peers()}:{store.port}"]
+        try:
+            dist.broadcast_object_list(addr, src=0)
+        except Exception:
+            if store is not None:
+                store.close()
+            raise
+    try:
+        comm = init_rank(rank, world, local_rank, local_world, addr[0], device=device, init_timeout=init_timeout,
+                         op_timeout=op_timeout, slice_bytes=slice_bytes, flat_threshold=flat_threshold, lib=lib)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+    comm._store = store
+    return comm

@@ -1,0 +1,491 @@
+"""Unit tests of fairgo_torch that need neither PyTorch nor a GPU.
+
+    make python-test     # builds lib/libfairgo_sim.so and runs these
+
+The ctypes layer is exercised against libfairgo_sim.so (the C ABI on the
+simulated cluster: one rank, no device memory); the header checks read
+cmd/libfairgo/fairgo.h.
+"""
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import threading
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import fairgo_torch
+from fairgo_torch import _comm, _dtypes, _lib
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = REPO / "cmd" / "libfairgo" / "fairgo.h"
+
+
+def sim_library_path():
+    env = os.environ.get("FAIRGO_LIB", "")
+    if env.endswith("_sim.so") and Path(env).is_file():
+        return Path(env)
+    p = REPO / "lib" / "libfairgo_sim.so"
+    return p if p.is_file() else None
+
+
+class FakeDType:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return self.name
+
+
+class TestDTypes(unittest.TestCase):
+    def test_every_torch_dtype(self):
+        want = {
+            "torch.float16": 1, "torch.bfloat16": 2, "torch.float32": 3, "torch.float64": 4, "torch.int8": 5,
+            "torch.uint8": 6, "torch.int32": 7, "torch.uint32": 8, "torch.int64": 9, "torch.uint64": 10,
+        }
+        for name, code in want.items():
+            with self.subTest(name=name):
+                self.assertEqual(fairgo_torch.fairgo_dtype(FakeDType(name)), code)
+                self.assertIn(code, _dtypes.SIZES)
+
+    def test_unsupported(self):
+        for name in ["torch.bool", "torch.complex64", "torch.float8_e4m3fn", "torch.int16", "float32"]:
+            with self.subTest(name=name), self.assertRaises(TypeError) as cm:
+                fairgo_torch.fairgo_dtype(FakeDType(name))
+            self.assertIn(name, str(cm.exception))
+            self.assertIn("torch.bfloat16", str(cm.exception))
+
+    def test_ops(self):
+        cases = {"sum": 1, "avg": 2, "mean": 2, "max": 3, "min": 4, "prod": 5, "product": 5, "SUM": 1,
+                 "ReduceOp.AVG": 2, "RedOpType.PRODUCT": 5, 3: 3}
+        for op, code in cases.items():
+            with self.subTest(op=op):
+                self.assertEqual(fairgo_torch.fairgo_op(op), code)
+        for bad in ["band", "ReduceOp.BXOR", 0, 99]:
+            with self.subTest(op=bad), self.assertRaises(ValueError):
+                fairgo_torch.fairgo_op(bad)
+        with self.assertRaises(TypeError):
+            fairgo_torch.fairgo_op(True)
+
+
+class TestTorchPort(unittest.TestCase):
+    def test_ports(self):
+        cases = [
+            ({"MASTER_PORT": "29500"}, 29500),  # torchrun
+            ({"MASTER_PORT": "41000", "FAIRGO_STORE_ADDR": "127.0.0.1:41000"}, 41001),  # fairrun
+            ({"MASTER_PORT": "41000", "FAIRGO_STORE_ADDR": "127.0.0.1:41000", "FAIRGO_TORCH_PORT": "5000"}, 5000),
+            ({"MASTER_PORT": "41000", "FAIRGO_STORE_ADDR": "10.0.0.1:7000"}, 41000),
+            ({}, 29500),
+        ]
+        for env, want in cases:
+            with self.subTest(env=env):
+                self.assertEqual(fairgo_torch.torch_master_port(env), want)
+
+
+class TestHeader(unittest.TestCase):
+    """The Python constants, prototypes and structs follow fairgo.h."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.text = HEADER.read_text()
+
+    def test_enums(self):
+        enums = {m[0]: int(m[1]) for m in re.findall(r"^\s*(FAIRGO_[A-Z0-9_]+)\s*=\s*(\d+)", self.text, re.M)}
+        for name, value in enums.items():
+            attr = name[len("FAIRGO_"):]
+            with self.subTest(name=name):
+                self.assertEqual(getattr(_lib, attr), value)
+        results = {v: k for k, v in enums.items() if k == "FAIRGO_OK" or k == "FAIRGO_NOT_READY" or k.startswith("FAIRGO_ERR_")}
+        self.assertEqual(_lib.RESULT_NAMES, results)
+        self.assertEqual(set(_lib.ERRORS), set(results) - {_lib.OK, _lib.NOT_READY})
+        self.assertEqual(_lib.ABI_VERSION, int(re.search(r"#define FAIRGO_ABI_VERSION (\d+)", self.text)[1]))
+
+    def test_functions(self):
+        declared = set(re.findall(r"^(?:int|void|const char\*)\s+(fairgo_[a-z_]+)\(", self.text, re.M))
+        self.assertEqual(declared, set(_lib.PROTOTYPES))
+        for name, (_, argtypes) in _lib.PROTOTYPES.items():
+            decl = re.search(r"^(?:int|void|const char\*)\s+" + name + r"\(([^)]*)\);", self.text, re.M | re.S)[1]
+            params = [p for p in decl.split(",") if p.strip() not in ("", "void")]
+            with self.subTest(name=name):
+                self.assertEqual(len(params), len(argtypes), decl)
+
+    def test_structs(self):
+        for cname, cls in [("fairgo_config", _lib.Config), ("fairgo_comm_info", _lib.CommInfo)]:
+            body = re.search(r"typedef struct " + cname + r" \{(.*?)\}", self.text, re.S)[1]
+            fields = re.findall(r"^\s*(u?int(?:32|64)_t)\s+([a-z_]+);", body, re.M)
+            with self.subTest(struct=cname):
+                self.assertEqual([f for _, f in fields], [f for f, _ in cls._fields_])
+                sizes = {"int32_t": 4, "uint32_t": 4, "int64_t": 8}
+                for (ctype, name), (_, pytype) in zip(fields, cls._fields_):
+                    self.assertEqual(ctypes.sizeof(pytype), sizes[ctype], name)
+        self.assertEqual(ctypes.sizeof(_lib.Config), 40)
+
+
+class TestLookup(unittest.TestCase):
+    def test_env_file(self):
+        with mock.patch.dict(os.environ, {"FAIRGO_LIB": "/nonexistent/libfairgo.so"}):
+            self.assertEqual(_lib.candidate_paths(), [Path("/nonexistent/libfairgo.so")])
+            with self.assertRaises(_lib.LibraryError) as cm:
+                _lib.load(_lib.candidate_paths())
+        msg = str(cm.exception)
+        self.assertIn("/nonexistent/libfairgo.so (no such file)", msg)
+        self.assertIn("$FAIRGO_LIB", msg)
+        self.assertIn("make libfairgo", msg)
+        self.assertIsNone(cm.exception.code)
+
+    def test_env_directory(self):
+        with mock.patch.dict(os.environ, {"FAIRGO_LIB": str(REPO)}):
+            self.assertEqual(_lib.candidate_paths(), [REPO / "libfairgo.so"])
+
+    def test_default_paths(self):
+        env = {k: v for k, v in os.environ.items() if k != "FAIRGO_LIB"}
+        with mock.patch.dict(os.environ, env, clear=True):
+            paths = _lib.candidate_paths()
+        pkg = Path(fairgo_torch.__file__).resolve().parent
+        self.assertEqual(paths, [pkg / "libfairgo.so", pkg.parent / "libfairgo.so", REPO / "lib" / "libfairgo.so"])
+
+    def test_every_path_named(self):
+        paths = [Path("/a/libfairgo.so"), Path("/b/libfairgo.so")]
+        with self.assertRaises(_lib.LibraryError) as cm:
+            _lib.load(paths)
+        for p in paths:
+            self.assertIn(str(p), str(cm.exception))
+
+    def test_not_a_library(self):
+        with mock.patch.dict(os.environ, {"FAIRGO_SKIP_DRIVER_CHECK": "1"}), self.assertRaises(_lib.LibraryError) as cm:
+            _lib.Library(HEADER)
+        self.assertIn("cannot load", str(cm.exception))
+
+    def test_needed_libraries(self):
+        self.assertIsNone(_lib.needed_libraries(HEADER))
+        self.assertIsNone(_lib.needed_libraries(Path("/nonexistent")))
+        needed = _lib.needed_libraries(Path(sys.executable).resolve())
+        self.assertTrue(needed is None or isinstance(needed, list))
+        gpu = REPO / "lib" / "libfairgo.so"
+        if gpu.is_file():
+            self.assertIn("libcuda.so.1", _lib.needed_libraries(gpu))
+        sim = sim_library_path()
+        if sim is not None:
+            self.assertNotIn("libcuda.so.1", _lib.needed_libraries(sim))
+
+
+class TestDriverCheck(unittest.TestCase):
+    """On a host whose CUDA driver does not initialise, loading the cuda build
+    raises LibraryError instead of letting the library exit the process."""
+
+    def test_no_gpu(self):
+        gpu = REPO / "lib" / "libfairgo.so"
+        if not gpu.is_file():
+            self.skipTest("lib/libfairgo.so not built (make libfairgo)")
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            cuda = None
+        if cuda is not None and cuda.cuInit(0) == 0:
+            self.skipTest("this host has a working GPU driver")
+        code = (
+            "import fairgo_torch\n"
+            "from pathlib import Path\n"
+            "try:\n"
+            f"    fairgo_torch.load([Path({str(gpu)!r})])\n"
+            "except fairgo_torch.LibraryError as e:\n"
+            "    print('refused:', e)\n"
+            "print('alive')\n"
+        )
+        env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+        env.pop("FAIRGO_SKIP_DRIVER_CHECK", None)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("refused:", out.stdout)
+        self.assertIn("alive", out.stdout)
+        self.assertTrue("cuInit" in out.stdout or "libcuda.so.1" in out.stdout, out.stdout)
+
+
+class TestSimLibrary(unittest.TestCase):
+    """The C ABI through ctypes, on libfairgo_sim.so (a world of one rank)."""
+
+    @classmethod
+    def setUpClass(cls):
+        path = sim_library_path()
+        if path is None:
+            raise unittest.SkipTest("lib/libfairgo_sim.so not built (make libfairgo-sim)")
+        cls.lib = _lib.load([path])
+
+    def comm(self, **kw):
+        c = fairgo_torch.init_rank(0, 1, 0, 1, None, device=-1, lib=self.lib, **kw)
+        self.addCleanup(lambda: c.close() if c._handle else None)
+        return c
+
+    def test_version_and_names(self):
+        self.assertEqual(self.lib.dll.fairgo_abi_version(), _lib.ABI_VERSION)
+        for code, name in _lib.RESULT_NAMES.items():
+            self.assertEqual(self.lib.dll.fairgo_result_string(code).decode(), name)
+        self.assertEqual(self.lib.dll.fairgo_result_string(12345).decode(), "FAIRGO_UNKNOWN_RESULT")
+        cfg = self.lib.config()
+        self.assertEqual((cfg.struct_size, cfg.device, cfg.init_timeout_ms, cfg.op_timeout_ms), (40, -1, 300000, 0))
+
+    def test_comm(self):
+        c = self.comm()
+        self.assertEqual((c.rank, c.world_size, c.machines, c.devices_per_machine, c.machine, c.local), (0, 1, 1, 1, 0, 0))
+        self.assertIn("rank 0 of 1", repr(c))
+        # Zero elements: a valid call that enqueues nothing.
+        w = c.allreduce(0, 0, _lib.FLOAT32, "avg", 0)
+        self.assertTrue(w.test())
+        w.wait(1.0)
+        w.free()
+        w.free()  # the Python object forgets its handle: no second C free
+        self.assertIsNone(c.allreduce(0, 0, _lib.BFLOAT16, "sum", 0, track=True))
+        c.synchronize(5.0)
+        c.close()
+        with self.assertRaises(fairgo_torch.BadHandleError):
+            c.allreduce(0, 0, _lib.FLOAT32, "sum", 0)
+        c.close()  # idempotent in Python
+
+    def test_errors(self):
+        c = self.comm()
+        cases = [
+            (lambda: c.allreduce(0, 0, 99, "sum", 0), fairgo_torch.InvalidArgumentError, "dtype"),
+            (lambda: c.allreduce(0, -1, _lib.FLOAT32, "sum", 0), fairgo_torch.InvalidArgumentError, "count"),
+            (lambda: c.allreduce(0, 10, _lib.FLOAT32, "sum", 0), fairgo_torch.InvalidArgumentError, "ptr"),
+            (lambda: c.allreduce(0, 0, _lib.FLOAT32, "sum", 0x1234), fairgo_torch.InvalidArgumentError, "stream"),
+            (lambda: fairgo_torch.init_rank(2, 2, 0, 1, None, device=-1, lib=self.lib), fairgo_torch.InvalidArgumentError, "Rank"),
+            (lambda: fairgo_torch.init_rank(1, 2, 0, 1, None, device=-1, lib=self.lib), fairgo_torch.InvalidArgumentError, "store"),
+            (lambda: fairgo_torch.init_rank(0, 1, 0, 1, None, device=-1, init_timeout=-1, lib=self.lib), fairgo_torch.InvalidArgumentError, "init_timeout"),
+        ]
+        for fn, exc, text in cases:
+            with self.subTest(text=text), self.assertRaises(exc) as cm:
+                fn()
+            self.assertIn(text, str(cm.exception))
+            self.assertEqual(cm.exception.code, _lib.ERR_INVALID_ARGUMENT)
+            self.assertIn("FAIRGO_ERR_INVALID_ARGUMENT", str(cm.exception))
+
+    def test_raw_abi(self):
+        dll = self.lib.dll
+        h = ctypes.c_int64(0)
+        # NULL out-pointers and a config of another size.
+        self.assertEqual(dll.fairgo_init_rank(0, 1, 0, 1, None, None, None), _lib.ERR_INVALID_ARGUMENT)
+        self.assertIn("comm", self.lib.last_error())
+        cfg = self.lib.config()
+        cfg.struct_size = 8
+        self.assertEqual(dll.fairgo_init_rank(0, 1, 0, 1, None, ctypes.byref(cfg), ctypes.byref(h)), _lib.ERR_INVALID_ARGUMENT)
+        self.assertIn("struct_size", self.lib.last_error())
+        # A NULL config means the defaults.
+        self.assertEqual(dll.fairgo_init_rank(0, 1, 0, 1, None, None, ctypes.byref(h)), _lib.OK)
+        comm = h.value
+        self.assertGreater(comm, 0)
+        work = ctypes.c_int64(0)
+        self.assertEqual(dll.fairgo_allreduce(comm, None, 0, _lib.FLOAT32, _lib.SUM, None, None), _lib.ERR_INVALID_ARGUMENT)
+        self.assertEqual(dll.fairgo_allreduce(comm, None, 0, _lib.FLOAT32, _lib.SUM, None, ctypes.byref(work)), _lib.OK)
+        done = ctypes.c_int(-1)
+        self.assertEqual(dll.fairgo_work_test(work, ctypes.byref(done)), _lib.OK)
+        self.assertEqual(done.value, 1)
+        self.assertEqual(dll.fairgo_work_test(work, None), _lib.ERR_INVALID_ARGUMENT)
+        self.assertEqual(dll.fairgo_work_wait(work, -1), _lib.ERR_INVALID_ARGUMENT)
+        self.assertEqual(dll.fairgo_work_wait(work, 0), _lib.OK)
+        self.assertEqual(dll.fairgo_work_free(work), _lib.OK)
+        self.assertEqual(dll.fairgo_work_free(work), _lib.ERR_BAD_HANDLE)
+        self.assertIn(f"work handle {work.value}", self.lib.last_error())
+        self.assertEqual(dll.fairgo_work_wait(comm, 0), _lib.ERR_BAD_HANDLE)  # a comm is not a work
+        self.assertEqual(dll.fairgo_comm_info(comm, None), _lib.ERR_INVALID_ARGUMENT)
+        self.assertEqual(dll.fairgo_comm_close(comm), _lib.OK)
+        self.assertEqual(dll.fairgo_comm_close(comm), _lib.ERR_BAD_HANDLE)
+        self.assertEqual(dll.fairgo_comm_close(0), _lib.ERR_BAD_HANDLE)
+
+    def test_last_error_per_thread(self):
+        dll = self.lib.dll
+        texts = {}
+        barrier = threading.Barrier(2)
+
+        def run(name, handle):
+            self.assertEqual(dll.fairgo_work_free(handle), _lib.ERR_BAD_HANDLE)
+            barrier.wait()  # both failed before either reads
+            texts[name] = self.lib.last_error()
+
+        threads = [threading.Thread(target=run, args=("a", 111111)), threading.Thread(target=run, args=("b", 222222))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertIn("111111", texts["a"])
+        self.assertNotIn("222222", texts["a"])
+        self.assertIn("222222", texts["b"])
+        # A success leaves the thread's text alone.
+        dll.fairgo_work_free(333333)
+        self.assertEqual(dll.fairgo_abi_version(), 1)
+        self.assertIn("333333", self.lib.last_error())
+
+    def test_store(self):
+        s = fairgo_torch.serve_store("127.0.0.1:0", self.lib)
+        self.assertRegex(s.address, r"^127\.0\.0\.1:\d+$")
+        self.assertGreater(s.port, 0)
+        s.close()
+        s.close()
+        h = ctypes.c_int64(0)
+        small = ctypes.create_string_buffer(4)
+        self.assertEqual(self.lib.dll.fairgo_store_serve(b"127.0.0.1:0", ctypes.byref(h), small, 4), _lib.ERR_INVALID_ARGUMENT)
+        self.assertIn("addr_len", self.lib.last_error())
+        with self.assertRaises(fairgo_torch.FairgoError) as cm:
+            fairgo_torch.serve_store("not an address", self.lib)
+        self.assertIn("not an address", str(cm.exception))
+        self.assertEqual(self.lib.dll.fairgo_store_close(987654), _lib.ERR_BAD_HANDLE)
+
+    def test_torch_free_paths(self):
+        # init() without torch.distributed and without a launch environment.
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "FAIRGO_STORE_ADDR", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")}
+        with mock.patch.dict(os.environ, env, clear=True), self.assertRaises(fairgo_torch.InvalidArgumentError) as cm:
+            _comm.init_env(device=-1, lib=self.lib)
+        self.assertIn("no launch environment", str(cm.exception))
+        with self.assertRaises(fairgo_torch.BadHandleError):
+            fairgo_torch.shutdown()
+            fairgo_torch.default_comm()
+
+
+class TestSimJob(unittest.TestCase):
+    """Several ranks of a simulated job in this process (one thread each),
+    meeting through a store the library serves; device memory comes from the
+    simulated library's test hooks (fairgo_sim_alloc/upload/download)."""
+
+    @classmethod
+    def setUpClass(cls):
+        path = sim_library_path()
+        if path is None:
+            raise unittest.SkipTest("lib/libfairgo_sim.so not built (make libfairgo-sim)")
+        cls.lib = _lib.load([path])
+        d = cls.lib.dll
+        d.fairgo_sim_alloc.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64)]
+        d.fairgo_sim_upload.argtypes = [ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64]
+        d.fairgo_sim_download.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64]
+
+    def job(self, n=2, **kw):
+        store = fairgo_torch.serve_store("127.0.0.1:0", self.lib)
+        self.addCleanup(store.close)
+        comms, errors = [None] * n, []
+
+        def run(r):
+            try:
+                comms[r] = fairgo_torch.init_rank(r, n, r, n, store.address, device=-1, lib=self.lib, **kw)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if errors:
+            raise errors[0]
+        for c in comms:
+            self.addCleanup(c.close)
+        return comms
+
+    def buffer(self, comm, values):
+        arr = (ctypes.c_float * len(values))(*values)
+        ptr = ctypes.c_uint64(0)
+        self.lib.call("fairgo_sim_alloc", comm.handle, ctypes.sizeof(arr), ctypes.byref(ptr))
+        self.lib.call("fairgo_sim_upload", comm.handle, ptr.value, arr, ctypes.sizeof(arr))
+        return ptr.value
+
+    def read(self, comm, ptr, n):
+        arr = (ctypes.c_float * n)()
+        self.lib.call("fairgo_sim_download", comm.handle, arr, ptr, ctypes.sizeof(arr))
+        return list(arr)
+
+    def test_allreduce_values(self):
+        comms = self.job(3)
+        self.assertEqual([c.rank for c in comms], [0, 1, 2])
+        for op, want in [("sum", [6.0, 12.0, 18.0]), ("avg", [2.0, 4.0, 6.0]), ("max", [3.0, 6.0, 9.0])]:
+            ptrs = [self.buffer(c, [1.0 * (r + 1), 2.0 * (r + 1), 3.0 * (r + 1)]) for r, c in enumerate(comms)]
+            works = [c.allreduce(p, 3, _lib.FLOAT32, op, 0) for c, p in zip(comms, ptrs)]
+            for w in works:
+                w.wait(10)
+                w.free()
+            for c, p in zip(comms, ptrs):
+                with self.subTest(op=op, rank=c.rank):
+                    self.assertEqual(self.read(c, p, 3), want)
+
+    def test_not_ready_then_done(self):
+        a, b = self.job()
+        pa, pb = self.buffer(a, [1.0] * 64), self.buffer(b, [2.0] * 64)
+        w = a.allreduce(pa, 64, _lib.FLOAT32, "sum", 0)  # rank 1 has not called yet
+        self.assertIsNone(a.allreduce(pa, 64, _lib.FLOAT32, "sum", 0, track=True))
+        self.assertFalse(w.test())
+        with self.assertRaises(fairgo_torch.NotReadyError):
+            w.wait(0.05)
+        with self.assertRaises(fairgo_torch.NotReadyError):
+            a.synchronize(0.05)
+        self.assertEqual(len(a._pending), 1, "a pending work stays tracked")
+        wb = b.allreduce(pb, 64, _lib.FLOAT32, "sum", 0)
+        b.allreduce(pb, 64, _lib.FLOAT32, "sum", 0, track=True)
+        w.wait(10)
+        wb.wait(10)
+        a.synchronize(10)
+        b.synchronize(10)
+        self.assertEqual(len(a._pending), 0)
+        self.assertEqual(self.read(a, pa, 2), [6.0, 6.0])  # (1 + 2), twice summed: 3 + 3
+
+    def test_mismatch(self):
+        a, b = self.job()
+        pa, pb = self.buffer(a, [1.0] * 8), self.buffer(b, [1.0] * 8)
+        # Raised by the call when the work failed before it returned (the
+        # second rank's may), else by the wait.
+        calls = [self.call(a, pa, "sum"), self.call(b, pb, "max")]
+        for w, err in calls:
+            if err is None:
+                with self.assertRaises(fairgo_torch.MismatchError) as cm:
+                    w.wait(20)
+                err = cm.exception
+            self.assertIsInstance(err, fairgo_torch.MismatchError)
+            self.assertIn("mismatch", str(err))
+            self.assertEqual(err.code, _lib.ERR_MISMATCH)
+
+    def call(self, comm, ptr, op, **kw):
+        try:
+            return comm.allreduce(ptr, 8, _lib.FLOAT32, op, 0, **kw), None
+        except fairgo_torch.FairgoError as e:
+            return None, e
+
+    def test_tracked_error_raised_later(self):
+        a, b = self.job()
+        pa, pb = self.buffer(a, [1.0] * 8), self.buffer(b, [1.0] * 8)
+        _, err_a = self.call(a, pa, "sum", track=True)
+        _, err_b = self.call(b, pb, "min", track=True)
+        self.assertIsNone(err_a)
+        if err_b is None:  # b's call returned before the failure: a later call raises it
+            with self.assertRaises(fairgo_torch.MismatchError):
+                b.synchronize(20)
+        with self.assertRaises(fairgo_torch.FairgoError):  # the failure, or the aborted communicator
+            for _ in range(200):
+                a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0, track=True)
+
+    def test_watchdog_timeout(self):
+        a, b = self.job(op_timeout=0.3)
+        pa = self.buffer(a, [1.0] * 8)
+        w = a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)  # rank 1 never calls
+        with self.assertRaises(fairgo_torch.FairgoTimeoutError) as cm:
+            w.wait(20)
+        self.assertEqual(cm.exception.code, _lib.ERR_TIMEOUT)
+        with self.assertRaises(fairgo_torch.FairgoTimeoutError):  # the communicators are aborted
+            a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)
+        del b
+
+    def test_close_with_work_pending(self):
+        a, b = self.job()
+        pa = self.buffer(a, [1.0] * 8)
+        w = a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)
+        try:
+            a.close()
+        except fairgo_torch.FairgoError:
+            pass  # the close may report the abort of the pending work
+        with self.assertRaises(fairgo_torch.ClosedError):
+            w.wait(20)
+        w.free()
+        with self.assertRaises(fairgo_torch.BadHandleError):
+            a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)
+        del b
+
+
+if __name__ == "__main__":
+    unittest.main()
