@@ -61,7 +61,7 @@ gpu-bin: cuda-deps libfairgo
 # lib/fairgo.h. Running it needs a GPU driver and NCCL (see the README).
 libfairgo: cuda-deps
 	mkdir -p lib
-	$(CUDA_ENV) $(GO) build -tags cuda -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
+	$(CUDA_ENV) $(GO) build -tags cuda,fairgo_nonvml -ldflags="-s -w" -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
 	rm -f lib/libfairgo.h # cgo's generated header; fairgo.h is the documented one
 	cp cmd/libfairgo/fairgo.h lib/fairgo.h
 
@@ -69,14 +69,14 @@ libfairgo: cuda-deps
 # callers of the library on a host without a GPU.
 libfairgo-sim:
 	mkdir -p lib
-	$(GO) build -tags fairgo_sim -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
+	$(GO) build -tags fairgo_sim,fairgo_nonvml -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
 	rm -f lib/libfairgo_sim.h
 
 # A C and a C++ caller of fairgo.h, run against libfairgo_sim.so.
 capi-test: libfairgo-sim
-	gcc -std=c99 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,--allow-shlib-undefined -Wl,-rpath,'$$ORIGIN'
+	gcc -std=c99 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,-rpath,'$$ORIGIN'
 	lib/abi_smoke
-	g++ -x c++ -std=c++17 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke_cpp cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,--allow-shlib-undefined -Wl,-rpath,'$$ORIGIN'
+	g++ -x c++ -std=c++17 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke_cpp cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,-rpath,'$$ORIGIN'
 	lib/abi_smoke_cpp
 
 # The Python package's unit tests that need neither PyTorch nor a GPU (the

@@ -403,6 +403,13 @@ func badCalls(t *testing.T, r *hier.Reducer, good, other fairgo.Tensor) {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.work.Wait(ctx)
 			require.ErrorIs(t, err, tc.is)
+			// StreamWait returns the error too, at once: the work never
+			// reaches the device (it once waited for its context instead).
+			s, serr := r.Device().NewStream()
+			require.NoError(t, serr)
+			short, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			require.ErrorIs(t, tc.work.StreamWait(short, s), tc.is)
 			if tc.arg != "" {
 				var ae *fairgo.ArgError
 				require.ErrorAs(t, err, &ae)

@@ -15,7 +15,8 @@ import (
 // is already complete with the error.
 type Work struct {
 	done     chan struct{}
-	enqueued chan struct{} // closed once the completion event is recorded
+	enqueued chan struct{} // closed once the completion event is recorded, or the work is done
+	enqOnce  sync.Once
 	spin     time.Duration // how long StreamWait polls enqueued before blocking
 	once     sync.Once
 	err      error
@@ -30,15 +31,17 @@ func newWork() *Work {
 
 func failedWork(err error) *Work {
 	w := newWork()
-	close(w.enqueued)
 	w.finish(err)
 	return w
 }
 
-// finish completes the work once; later calls are ignored.
+// finish completes the work once; later calls are ignored. Work that ends
+// without reaching the device counts as enqueued too, so that StreamWait
+// never waits for it.
 func (w *Work) finish(err error) {
 	w.once.Do(func() {
 		w.err = err
+		w.enqOnce.Do(func() { close(w.enqueued) })
 		close(w.done)
 	})
 }
@@ -49,7 +52,7 @@ func (w *Work) markEnqueued(ev streams.Event) {
 	w.mu.Lock()
 	w.event = ev
 	w.mu.Unlock()
-	close(w.enqueued)
+	w.enqOnce.Do(func() { close(w.enqueued) })
 }
 
 // releaseEvent detaches the completion event so that it can be reused; the

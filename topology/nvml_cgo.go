@@ -1,4 +1,4 @@
-//go:build cgo
+//go:build cgo && !fairgo_nonvml
 
 package topology
 

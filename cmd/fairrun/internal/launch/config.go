@@ -137,7 +137,7 @@ func newFlagSet(c *Config) *flag.FlagSet {
 	fs.IntVar(&c.NNodes, "nnodes", 1, "`K` nodes in the job; run one fairrun per node")
 	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
 	fs.StringVar(&c.MasterAddr, "master-addr", DefaultMasterAddr, "`host` of the store, as every worker dials it (not allowed with --nic-gbit: the bridge's address is used)")
-	fs.IntVar(&c.MasterPort, "master-port", -1, fmt.Sprintf("`port` of the store (default: a free port on one node, %d with --nnodes > 1)", DefaultMasterPort))
+	fs.IntVar(&c.MasterPort, "master-port", -1, fmt.Sprintf("MASTER_PORT, left free for the trainer's own store; fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)", DefaultMasterPort))
 	fs.StringVar(&c.StoreBind, "store-bind", "", "`host` or IP the store listens on (default: --master-addr; never every interface unless given 0.0.0.0 or ::)")
 	fs.IntVar(&c.EmulateMachines, "emulate-machines", 0, "split this node's workers into `M` emulated machines (must divide --nproc-per-node)")
 	fs.IntVar(&c.GPUs, "gpus", 0, "`G` GPUs to spread emulated machines over (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else 1)")
@@ -232,8 +232,8 @@ func (c Config) Validate() error {
 		return bad("nnodes", c.NNodes, "must be at least 1")
 	case c.NodeRank < 0 || c.NodeRank >= c.NNodes:
 		return bad("node-rank", c.NodeRank, fmt.Sprintf("outside [0, --nnodes=%d)", c.NNodes))
-	case c.MasterPort < 0 || c.MasterPort > 65535:
-		return bad("master-port", c.MasterPort, "outside [0, 65535]")
+	case c.MasterPort < 0 || c.MasterPort > 65534:
+		return bad("master-port", c.MasterPort, "outside [0, 65534] (fairgo's store takes the port after it)")
 	case c.MasterPort == 0 && c.NNodes > 1:
 		return bad("master-port", c.MasterPort, "a job of several nodes needs a fixed port")
 	case c.MasterAddr == "":

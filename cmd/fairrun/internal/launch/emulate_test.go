@@ -161,7 +161,7 @@ func needTestbed(t *testing.T, spec testbed.Spec) {
 func linksOf(t *testing.T, pid int) []string {
 	t.Helper()
 	var out []string
-	links, err := netlink.LinkList()
+	links, err := dump(netlink.LinkList)
 	require.NoError(t, err)
 	tag := fmt.Sprintf("%06x", pid)
 	for _, l := range links {
@@ -170,7 +170,7 @@ func linksOf(t *testing.T, pid int) []string {
 			continue
 		}
 		out = append(out, "link "+name)
-		qs, err := netlink.QdiscList(l)
+		qs, err := dump(func() ([]netlink.Qdisc, error) { return netlink.QdiscList(l) })
 		require.NoError(t, err)
 		for _, q := range qs {
 			out = append(out, fmt.Sprintf("qdisc %s %s %x", name, q.Type(), q.Attrs().Handle))
@@ -449,4 +449,16 @@ func TestMPSLeftoversRemoved(t *testing.T) {
 	require.NoError(t, err, "a live process's directory stays")
 	_, err = os.Stat(d.dir)
 	require.True(t, errors.Is(err, os.ErrNotExist))
+}
+
+// dump repeats a netlink dump that another process's changes interrupted
+// (other tests build testbeds at the same time).
+func dump[T any](list func() (T, error)) (T, error) {
+	for range 20 {
+		v, err := list()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return list()
 }

@@ -182,6 +182,26 @@ func TestPlan(t *testing.T) {
 		}
 	})
 
+	t.Run("MASTER_PORT left to the trainer", func(t *testing.T) {
+		// fairgo's store on another port than MASTER_PORT; with emulated
+		// NICs, MASTER_ADDR is the machine of global rank 0 (shuffled here).
+		c := Config{NProcPerNode: 4, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 2, Shuffle: true, ShuffleSeed: 3, Program: "p"}
+		ws, err := Plan(c, base, "10.77.0.1:4001", []string{"0"}, Extras{MasterPort: "4000", NetNS: true, MachineAddrs: []string{"10.77.0.2", "10.77.0.3"}})
+		require.NoError(t, err)
+		var rank0Machine int
+		for _, w := range ws {
+			if w.Rank == 0 {
+				rank0Machine = w.Machine
+			}
+		}
+		for _, w := range ws {
+			e := envMap(w.Env)
+			require.Equal(t, "4000", e["MASTER_PORT"])
+			require.Equal(t, "10.77.0.1:4001", e["FAIRGO_STORE_ADDR"])
+			require.Equal(t, []string{"10.77.0.2", "10.77.0.3"}[rank0Machine], e["MASTER_ADDR"])
+		}
+	})
+
 	t.Run("store token", func(t *testing.T) {
 		c := Config{NProcPerNode: 2, NNodes: 1, MasterAddr: "a", Program: "p"}
 		ws, err := Plan(c, base, "a:1", nil, Extras{StoreToken: "0123abcd"})

@@ -29,6 +29,13 @@ type Extras struct {
 	NetNS      bool    // every emulated machine is a network namespace with NIC testbed.NIC
 	MPS        *MPSEnv // the private MPS daemon; nil: none
 	StoreToken string  // the store's shared secret, as FAIRGO_STORE_TOKEN; "": none
+	// MasterPort is the MASTER_PORT workers get: a port left free for the
+	// trainer's own store (torch's TCPStore), not fairgo's. "": the store's.
+	MasterPort string
+	// MachineAddrs are the emulated machines' NIC addresses (with NetNS):
+	// MASTER_ADDR is then the address of the machine of global rank 0,
+	// where a trainer's own store listens.
+	MachineAddrs []string
 }
 
 // MPSEnv is where a private MPS daemon's clients find it.
@@ -84,6 +91,17 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 		}
 	}
 	per := n / groups
+	masterAddr, masterPort := host, port
+	if x.MasterPort != "" {
+		masterPort = x.MasterPort
+	}
+	if x.NetNS && len(x.MachineAddrs) == groups && c.NodeRank == 0 {
+		for slot := range n {
+			if perm[slot] == 0 {
+				masterAddr = x.MachineAddrs[slot/per]
+			}
+		}
+	}
 	hostname, _ := os.Hostname()
 	if hostname == "" {
 		hostname = "localhost"
@@ -96,8 +114,8 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 		env.set("WORLD_SIZE", strconv.Itoa(c.NNodes*n))
 		env.set("LOCAL_RANK", strconv.Itoa(slot%per))
 		env.set("LOCAL_WORLD_SIZE", strconv.Itoa(per))
-		env.set("MASTER_ADDR", host)
-		env.set("MASTER_PORT", port)
+		env.set("MASTER_ADDR", masterAddr)
+		env.set("MASTER_PORT", masterPort)
 		env.set("FAIRGO_STORE_ADDR", storeAddr)
 		if x.StoreToken != "" {
 			env.set(EnvStoreToken, x.StoreToken)

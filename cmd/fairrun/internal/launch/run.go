@@ -130,9 +130,29 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		bindHost = tb.Plan().BridgeAddr.Addr().String()
 		dialHost = bindHost
 	}
-	storeAddr := net.JoinHostPort(dialHost, strconv.Itoa(c.MasterPort))
+	// fairgo's store takes --master-port + 1 (a free port on a single
+	// node), so that MASTER_PORT stays free for the trainer's own store, as
+	// torchrun leaves it.
+	storePort := 0
+	if c.MasterPort != 0 {
+		storePort = c.MasterPort + 1
+		x.MasterPort = strconv.Itoa(c.MasterPort)
+	}
+	if tb != nil {
+		for _, m := range tb.Plan().Machines {
+			x.MachineAddrs = append(x.MachineAddrs, m.Addr.Addr().String())
+		}
+	}
+	storeAddr := net.JoinHostPort(dialHost, strconv.Itoa(storePort))
 	if c.NodeRank == 0 {
-		srv, err := rendezvous.Listen(net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(c.MasterPort)), rendezvous.WithServerLogger(log), rendezvous.WithToken(x.StoreToken))
+		if c.MasterPort == 0 {
+			p, err := freePort(bindHost)
+			if err != nil {
+				return setupFailed(fmt.Errorf("fairrun: a free MASTER_PORT: %w", err))
+			}
+			x.MasterPort = strconv.Itoa(p)
+		}
+		srv, err := rendezvous.Listen(net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(storePort)), rendezvous.WithServerLogger(log), rendezvous.WithToken(x.StoreToken))
 		if err != nil {
 			return setupFailed(fmt.Errorf("fairrun: host the store: %w", err))
 		}
@@ -186,4 +206,15 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		g.start = tb.Run
 	}
 	return g.run(ctx, c, workers)
+}
+
+// freePort asks the kernel for a port that is free on host now (the
+// trainer's own store binds it later).
+func freePort(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(strings.Trim(host, "[]"), "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -67,14 +68,14 @@ func needNetAdmin(t *testing.T, spec Spec) {
 func leftovers(t *testing.T, runID string, indexes []int) []string {
 	t.Helper()
 	var out []string
-	links, err := netlink.LinkList()
+	links, err := dump(netlink.LinkList)
 	require.NoError(t, err)
 	for _, l := range links {
 		if strings.Contains(l.Attrs().Name, runID) {
 			out = append(out, "link "+l.Attrs().Name)
 		}
 	}
-	qs, err := netlink.QdiscList(nil)
+	qs, err := dump(func() ([]netlink.Qdisc, error) { return netlink.QdiscList(nil) })
 	require.NoError(t, err)
 	for _, q := range qs {
 		if slices.Contains(indexes, q.Attrs().LinkIndex) {
@@ -145,7 +146,7 @@ func TestSetupAndClose(t *testing.T) {
 		require.NoError(t, err)
 		indexes = append(indexes, host.Attrs().Index)
 		require.Equal(t, br.Attrs().Index, host.Attrs().MasterIndex, "%s is on the bridge", m.HostVeth)
-		qs, err := netlink.QdiscList(host)
+		qs, err := dump(func() ([]netlink.Qdisc, error) { return netlink.QdiscList(host) })
 		require.NoError(t, err)
 		require.Len(t, qs, 1)
 		tbf, ok := qs[0].(*netlink.Tbf)
@@ -173,14 +174,14 @@ func TestSetupAndClose(t *testing.T) {
 			if len(a) != 1 || a[0].IPNet.String() != m.Addr.String() {
 				return fmt.Errorf("machine %d: %s has %v, want %v", i, NIC, a, m.Addr)
 			}
-			links, err := netlink.LinkList()
+			links, err := dump(netlink.LinkList)
 			if err != nil {
 				return err
 			}
 			if len(links) != 2 {
 				return fmt.Errorf("machine %d sees %d links, want lo and %s", i, len(links), NIC)
 			}
-			qs, err := netlink.QdiscList(nic)
+			qs, err := dump(func() ([]netlink.Qdisc, error) { return netlink.QdiscList(nic) })
 			if err != nil {
 				return err
 			}
@@ -397,4 +398,16 @@ func loadAverage() float64 {
 	var v float64
 	fmt.Sscan(string(b), &v)
 	return v
+}
+
+// dump repeats a netlink dump that another process's changes interrupted
+// (other tests build testbeds at the same time).
+func dump[T any](list func() (T, error)) (T, error) {
+	for range 20 {
+		v, err := list()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return list()
 }

@@ -117,6 +117,9 @@ func (cs Classes) Classify(err error) Code {
 	if errors.As(err, &ce) {
 		return ce.Code
 	}
+	if errors.Is(err, fairgo.ErrMismatch) {
+		return Mismatch
+	}
 	for _, m := range cs.Mismatch {
 		if errors.Is(err, m) {
 			return Mismatch
