@@ -157,7 +157,7 @@ type MismatchError struct {
 }
 
 func (e *MismatchError) Error() string {
-	return fmt.Sprintf("hier: call %d (%s): the ranks disagree on the %s: this rank has %s, the ranks have %s to %s",
+	return fmt.Sprintf("hier: call %d (%s) mismatched across ranks: they disagree on the %s: this rank has %s, the ranks have %s to %s",
 		e.Seq, e.Call, e.Field, e.This, e.Low, e.High)
 }
 

@@ -233,8 +233,8 @@ class TestSimLibrary(unittest.TestCase):
         self.assertIn("rank 0 of 1", repr(c))
         # Zero elements: a valid call that enqueues nothing.
         w = c.allreduce(0, 0, _lib.FLOAT32, "avg", 0)
+        w.wait(5.0)  # nothing to reduce, but it still follows the caller's stream
         self.assertTrue(w.test())
-        w.wait(1.0)
         w.free()
         w.free()  # the Python object forgets its handle: no second C free
         self.assertIsNone(c.allreduce(0, 0, _lib.BFLOAT16, "sum", 0, track=True))
@@ -280,6 +280,7 @@ class TestSimLibrary(unittest.TestCase):
         self.assertEqual(dll.fairgo_allreduce(comm, None, 0, _lib.FLOAT32, _lib.SUM, None, None), _lib.ERR_INVALID_ARGUMENT)
         self.assertEqual(dll.fairgo_allreduce(comm, None, 0, _lib.FLOAT32, _lib.SUM, None, ctypes.byref(work)), _lib.OK)
         done = ctypes.c_int(-1)
+        self.assertEqual(dll.fairgo_work_wait(work, 5000), _lib.OK)
         self.assertEqual(dll.fairgo_work_test(work, ctypes.byref(done)), _lib.OK)
         self.assertEqual(done.value, 1)
         self.assertEqual(dll.fairgo_work_test(work, None), _lib.ERR_INVALID_ARGUMENT)
@@ -467,8 +468,9 @@ class TestSimJob(unittest.TestCase):
         with self.assertRaises(fairgo_torch.FairgoTimeoutError) as cm:
             w.wait(20)
         self.assertEqual(cm.exception.code, _lib.ERR_TIMEOUT)
-        with self.assertRaises(fairgo_torch.FairgoTimeoutError):  # the communicators are aborted
+        with self.assertRaises(fairgo_torch.ClosedError) as cm:  # the communicators are aborted
             a.allreduce(pa, 8, _lib.FLOAT32, "sum", 0)
+        self.assertIn("timed out", str(cm.exception))
         del b
 
     def test_close_with_work_pending(self):
