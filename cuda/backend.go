@@ -154,6 +154,7 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 		set      func(c *hier.Comms, cm hier.Comm)
 		leaderOf func(color int) int // global rank of its first member
 		skip     bool
+		config   *nccl.Config // nil: NCCL's defaults
 	}
 	intraCK := func(g hier.Grid) (int, int) { return g.Machine, g.Local }
 	railCK := func(g hier.Grid) (int, int) { return g.Local, g.Machine }
@@ -162,11 +163,14 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 	checkCK := func(g hier.Grid) (int, int) { return 0, g.Rank() }
 	checkLeader := func(int) int { return layout.RankAt(0, 0) }
 	subs := []sub{
-		{"check", W, checkCK, func(c *hier.Comms, cm hier.Comm) { c.Check = cm }, checkLeader, W == 1},
-		{"intra-rs/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraReduceScatter = cm }, intraLeader, D == 1},
-		{"intra-ag/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraAllGather = cm }, intraLeader, D == 1},
-		{"rail-collect/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailCollect = cm }, railLeader, M == 1},
-		{"rail-diffuse/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailDiffuse = cm }, railLeader, M == 1},
+		// The check moves a few kilobytes: one CTA, so that it never takes
+		// SMs that the data's kernels (and, with ranks sharing a GPU under
+		// MPS, other ranks' kernels they wait for) need.
+		{"check", W, checkCK, func(c *hier.Comms, cm hier.Comm) { c.Check = cm }, checkLeader, W == 1, &nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"}},
+		{"intra-rs/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraReduceScatter = cm }, intraLeader, D == 1, nil},
+		{"intra-ag/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraAllGather = cm }, intraLeader, D == 1, nil},
+		{"rail-collect/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailCollect = cm }, railLeader, M == 1, nil},
+		{"rail-diffuse/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailDiffuse = cm }, railLeader, M == 1, nil},
 	}
 	for _, s := range subs {
 		if s.skip { // one-rank communicators stay nil, on every rank alike
@@ -183,7 +187,7 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 		if split {
 			raw, err = eachRank(ctx, name(out[0].Grid)+" split", devs, func(i int) (*nccl.Comm, error) {
 				color, key := s.colorKey(out[i].Grid)
-				c, err := world[i].Split(color, key, nil)
+				c, err := world[i].Split(color, key, s.config)
 				if err == nil && c == nil {
 					err = fmt.Errorf("ncclCommSplit(color %d, key %d) returned no communicator", color, key)
 				}
@@ -211,6 +215,9 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 			}
 			raw, err = eachRank(ctx, name(out[0].Grid), devs, func(i int) (*nccl.Comm, error) {
 				_, key := s.colorKey(out[i].Grid)
+				if s.config != nil && lib.Supports("ncclCommInitRankConfig") {
+					return lib.CommInitRankConfig(ctx, s.size, ids[i], key, s.config)
+				}
 				return lib.CommInitRank(s.size, ids[i], key)
 			})
 		}

@@ -52,8 +52,9 @@ type Device struct {
 	ncclMu  sync.Mutex
 	ncclLib *nccl.Library
 
-	group groupState
-	host  hostAllocs // page-locked host memory from AllocHost
+	group  groupState
+	host   hostAllocs // page-locked host memory from AllocHost
+	ranges rangeCache // allocations CheckRange has seen, to skip the driver on the hot path
 }
 
 // Open retains the primary context of GPU ordinal, creates nothing on it
@@ -218,6 +219,7 @@ func (d *Device) Free(ptr uintptr) error {
 	if !ok {
 		return &fairgo.ArgError{Arg: "ptr", Value: fmt.Sprintf("%#x", ptr), Reason: fmt.Sprintf("not allocated by Alloc on %v (or already freed)", d)}
 	}
+	d.ranges.forget(ptr)
 	return d.do(func() error { return cu.MemFree(cu.DevicePtr(ptr)) })
 }
 
@@ -241,6 +243,9 @@ func (d *Device) CheckRange(ptr uintptr, bytes int64) error {
 	if bytes == 0 {
 		return nil
 	}
+	if d.ranges.covers(ptr, bytes) {
+		return nil
+	}
 	bad := func(reason string) error {
 		return &fairgo.ArgError{Arg: "device buffer", Value: fmt.Sprintf("[%#x, +%d)", ptr, bytes), Reason: reason}
 	}
@@ -257,7 +262,54 @@ func (d *Device) CheckRange(ptr uintptr, bytes int64) error {
 	if ptr < a.start || uint64(ptr-a.start)+uint64(bytes) > uint64(a.size) {
 		return bad(fmt.Sprintf("the allocation [%#x, +%d) is too short", a.start, a.size))
 	}
+	d.ranges.add(a.start, a.size)
 	return nil
+}
+
+// rangeCache remembers the last allocations CheckRange validated (a
+// trainer passes the same buckets every step). Free forgets an allocation;
+// memory another allocator frees and reuses keeps its entry, which is still
+// memory of this device (addresses are unique across devices), so the
+// check stays a check of the device, at worst of a stale size.
+type rangeCache struct {
+	mu      sync.Mutex
+	entries [32]struct {
+		start uintptr
+		size  int64
+	}
+	next int
+}
+
+func (c *rangeCache) covers(ptr uintptr, bytes int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.entries {
+		if e.size > 0 && ptr >= e.start && uint64(ptr-e.start)+uint64(bytes) <= uint64(e.size) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *rangeCache) add(start uintptr, size int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.entries[c.next] = struct {
+		start uintptr
+		size  int64
+	}{start, size}
+	c.next = (c.next + 1) % len(c.entries)
+}
+
+// forget drops the entries of the allocation at start.
+func (c *rangeCache) forget(start uintptr) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.entries {
+		if c.entries[i].start == start {
+			c.entries[i].size = 0
+		}
+	}
 }
 
 func (d *Device) stream(s streams.Stream) (*Stream, error) {

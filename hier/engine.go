@@ -175,7 +175,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, work: q.work})
 		r.mu.Unlock()
 	}
-	q.work.markEnqueued(ev)
+	q.work.markEnqueued(ev, last)
 	r.enqueued.Store(q.seq)
 	r.checkLater(q)
 	if ev == nil && q.check == nil { // nothing on the device, no peer to hear from
@@ -200,7 +200,7 @@ func (r *Reducer) checkLater(q *request) {
 func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
 	err = fmt.Errorf("hier: %v: enqueueing: %w", q, err)
 	r.abort(fmt.Errorf("%w: %w", fairgo.ErrAborted, err))
-	q.work.markEnqueued(nil)
+	q.work.markEnqueued(nil, nil)
 	q.work.finish(err)
 	r.events.put(q.after)
 }

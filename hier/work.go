@@ -21,8 +21,9 @@ type Work struct {
 	once     sync.Once
 	err      error
 
-	mu    sync.Mutex    // guards event against recycling while StreamWait enqueues a wait on it
-	event streams.Event // recorded after the call's last stage; nil if nothing was enqueued or once recycled
+	mu    sync.Mutex     // guards event against recycling while StreamWait enqueues a wait on it
+	event streams.Event  // recorded after the call's last stage; nil if nothing was enqueued or once recycled
+	last  streams.Stream // the stream the event was recorded on
 }
 
 func newWork() *Work {
@@ -48,9 +49,9 @@ func (w *Work) finish(err error) {
 
 // markEnqueued publishes the completion event (nil when the call enqueued
 // nothing on the device).
-func (w *Work) markEnqueued(ev streams.Event) {
+func (w *Work) markEnqueued(ev streams.Event, last streams.Stream) {
 	w.mu.Lock()
-	w.event = ev
+	w.event, w.last = ev, last
 	w.mu.Unlock()
 	w.enqOnce.Do(func() { close(w.enqueued) })
 }
@@ -129,6 +130,9 @@ poll:
 	defer w.mu.Unlock()
 	if w.event == nil { // nothing enqueued, or already complete: the result is final
 		return w.Err()
+	}
+	if s == w.last { // enqueued on s itself (an inline call): already in order
+		return nil
 	}
 	return s.WaitEvent(w.event)
 }
