@@ -4,6 +4,8 @@ CUDA_ENV  := CGO_LDFLAGS=-L/usr/lib/x86_64-linux-gnu/stubs
 NVCC      ?= nvcc
 PTX_SRC   := cuda/kernels/reduce.cu
 PTX_OUT   := cuda/kernels/reduce.ptx
+TRAIN_SRC := examples/ddp/internal/gpu/train.cu
+TRAIN_OUT := examples/ddp/internal/gpu/train.ptx
 
 .PHONY: test vet fuzz demo cuda-deps ptx ptx-check cuda-build gpu-bin clean
 
@@ -23,9 +25,10 @@ demo:
 cuda-deps:
 	bash .ci/cuda-deps.sh
 
-ptx: $(PTX_SRC) cuda/kernels/train.cu
+# The library's reduce kernels, and the training kernels of examples/ddp.
+ptx: $(PTX_SRC) $(TRAIN_SRC)
 	$(NVCC) -ptx -arch=compute_70 -O3 -o $(PTX_OUT) $(PTX_SRC)
-	$(NVCC) -ptx -arch=compute_70 -O3 -o cuda/kernels/train.ptx cuda/kernels/train.cu
+	$(NVCC) -ptx -arch=compute_70 -O3 -o $(TRAIN_OUT) $(TRAIN_SRC)
 
 # Regenerates the PTX into a temporary file and fails if the committed one differs.
 ptx-check:
@@ -33,8 +36,8 @@ ptx-check:
 		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-reduce.ptx $(PTX_SRC) && \
 		grep -v '^//' /tmp/fairgo-reduce.ptx >/tmp/fairgo-reduce.new && grep -v '^//' $(PTX_OUT) >/tmp/fairgo-reduce.old && \
 		diff -q /tmp/fairgo-reduce.old /tmp/fairgo-reduce.new && \
-		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-train.ptx cuda/kernels/train.cu && \
-		grep -v '^//' /tmp/fairgo-train.ptx >/tmp/fairgo-train.new && grep -v '^//' cuda/kernels/train.ptx >/tmp/fairgo-train.old && \
+		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-train.ptx $(TRAIN_SRC) && \
+		grep -v '^//' /tmp/fairgo-train.ptx >/tmp/fairgo-train.new && grep -v '^//' $(TRAIN_OUT) >/tmp/fairgo-train.old && \
 		diff -q /tmp/fairgo-train.old /tmp/fairgo-train.new && echo "ptx: committed PTX matches"; \
 	else echo "ptx: nvcc not found, skipped"; fi
 
@@ -52,6 +55,7 @@ gpu-bin: cuda-deps
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/cuda.test ./cuda
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/nccl.test ./nccl
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/hier.test ./hier
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/ddpgpu.test ./examples/ddp/internal/gpu
 	@pkgs=$$(for p in cmd examples bench/cmd; do [ -d $$p ] && echo ./$$p/...; done | tr "\n" " "); \
 	if [ -n "$$pkgs" ]; then echo "$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs"; \
 		$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs; fi

@@ -4,9 +4,10 @@
 // GPU with no host-to-device copy.
 //
 // Compiled to PTX by `make ptx` (nvcc -ptx -arch=compute_70), committed and
-// embedded in package cuda (cuda/train.go). Matrices are row-major. Every
-// kernel is deterministic (no atomics; every sum has a fixed order), so
-// replicas that start equal and see equal gradients stay bit-identical.
+// embedded in examples/ddp/internal/gpu (kernels.go). Matrices are
+// row-major. Every kernel is deterministic (no atomics; every sum has a
+// fixed order), so replicas that start equal and see equal gradients stay
+// bit-identical.
 
 typedef unsigned long long u64;
 typedef long long i64;

@@ -13,88 +13,14 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cuda"
+	"github.com/fairgo/fairgo/examples/ddp/internal/gpu"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/hier/setup"
-	"github.com/fairgo/fairgo/rendezvous"
 )
-
-func init() { backends["cuda"] = openCUDA }
-
-// cudaCluster is this process's ranks on GPUs: one per process under a
-// launcher, or -devices GPUs of one machine driven by one process.
-type cudaCluster struct {
-	reducers []*hier.Reducer
-}
-
-// openCUDA builds the Reducers with setup.New (under fairrun, torchrun,
-// Slurm or Open MPI: one process per GPU, the grid comes from topology
-// discovery) or setup.NewLocal (no launcher: one machine of -devices GPUs):
-//
-//	fairrun --nproc-per-node 4 --emulate-machines 2 -- ddp -backend cuda
-//	ddp -backend cuda -machines 1 -devices 2
-//
-// The model computes on the GPUs (trainGPU).
-func openCUDA(ctx context.Context, o options, hopts []hier.Option) (cluster, error) {
-	if _, err := rendezvous.FromEnv(); err == nil {
-		r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hopts...))
-		if err != nil {
-			return nil, err
-		}
-		return &cudaCluster{reducers: []*hier.Reducer{r}}, nil
-	} else if !errors.Is(err, rendezvous.ErrNoLaunchEnv) {
-		return nil, err
-	}
-	if o.machines != 1 {
-		return nil, fmt.Errorf("without a launcher the cuda backend drives one machine (-machines 1 -devices N); emulate %d machines with fairrun --emulate-machines", o.machines)
-	}
-	devices := make([]int, o.devices)
-	for i := range devices {
-		devices[i] = i
-	}
-	rs, err := setup.NewLocal(ctx, nil, cuda.Backend{}, devices,
-		setup.WithLaunch(rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1}), setup.WithReducer(hopts...))
-	if err != nil {
-		return nil, err
-	}
-	return &cudaCluster{reducers: rs}, nil
-}
-
-func (c *cudaCluster) Ranks() ([]*hier.Reducer, []Memory) {
-	mems := make([]Memory, len(c.reducers))
-	for i, r := range c.reducers {
-		d, _ := r.Device().(*cuda.Device)
-		mems[i] = cudaMemory{d}
-	}
-	return c.reducers, mems
-}
-
-// Train makes run use the GPU trainer.
-func (c *cudaCluster) Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch func(EpochStats)) (*Result, error) {
-	return trainGPU(ctx, cfg, r, onEpoch)
-}
-
-// Close closes the Reducers, which own their devices and communicators.
-func (c *cudaCluster) Close() error { return hier.CloseAll(c.reducers) }
-
-// cudaMemory adapts *cuda.Device to Memory. Its Upload and Download wait
-// for the whole device to be idle: trainGPU uses them only outside the
-// steps (initial parameters, epoch statistics, the final check).
-type cudaMemory struct{ d *cuda.Device }
-
-func (m cudaMemory) AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error) {
-	if m.d == nil {
-		return fairgo.Tensor{}, errors.New("ddp: the Reducer's device is not a *cuda.Device")
-	}
-	return m.d.AllocTensor(count, dt)
-}
-func (m cudaMemory) Free(ptr uintptr) error                 { return m.d.Free(ptr) }
-func (m cudaMemory) Upload(dst uintptr, src []byte) error   { return m.d.Upload(dst, src) }
-func (m cudaMemory) Download(dst []byte, src uintptr) error { return m.d.Download(dst, src) }
 
 // trainGPU is Train on a GPU: the same model, data task, buckets, optimizer
 // and replica check, with every step computed by the kernels of
-// cuda/kernels/train.cu on one compute stream of the rank's GPU and no host
-// copy or host wait inside a step:
+// internal/gpu (train.cu) on one compute stream of the rank's GPU and no
+// host copy or host wait inside a step:
 //
 //   - the step's batch is generated on the GPU from (seed, rank, step) and
 //     labelled by the teacher (uploaded once);
@@ -113,7 +39,7 @@ func (m cudaMemory) Download(dst []byte, src uintptr) error { return m.d.Downloa
 // pass is done (what the overlap did not hide).
 //
 // Gradients are communicated in float32 only.
-func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, onEpoch func(EpochStats)) (*Result, error) {
+func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoch func(EpochStats)) (*Result, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -124,7 +50,6 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, onEpoch func(Epo
 	if !ok {
 		return nil, fmt.Errorf("ddp: the Reducer's device is a %T, not a *cuda.Device", r.Device())
 	}
-	mem := cudaMemory{d}
 	rank, world := r.WorldRank(), r.Grid().Size()
 	model, err := NewMLP[float32](cfg.Sizes)
 	if err != nil {
@@ -136,7 +61,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, onEpoch func(Epo
 	if err != nil {
 		return nil, err
 	}
-	tr, err := cuda.NewTrain(d)
+	tr, err := gpu.LoadKernels(d)
 	if err != nil {
 		return nil, fmt.Errorf("ddp: %w", err)
 	}
@@ -188,7 +113,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, onEpoch func(Epo
 	teacher := NewTeacher(cfg.Seed, in, classes)
 	tbytes := make([]byte, 4*len(teacher.w))
 	encode(fairgo.Float32, tbytes, teacher.w)
-	if err := d.UploadAsync(teacherT.Ptr, tbytes, compute); err != nil {
+	if err := gpu.UploadAsync(d, teacherT.Ptr, tbytes, compute); err != nil {
 		return nil, fmt.Errorf("ddp: uploading the teacher: %w", err)
 	}
 	for _, t := range []fairgo.Tensor{velocity, stats} {
@@ -336,7 +261,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, onEpoch func(Epo
 			comm += wait
 		}
 		sb := make([]byte, 16)
-		if err := d.DownloadAsync(sb, stats.Ptr, compute); err != nil {
+		if err := gpu.DownloadAsync(d, sb, stats.Ptr, compute); err != nil {
 			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
 		}
 		if err := d.FillAsync(stats, 0, 0, 0, compute); err != nil {
@@ -347,7 +272,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, onEpoch func(Epo
 		steps := float64(cfg.Steps)
 		vals := []float64{sum[0] / steps, sum[1] / (steps * float64(batch)),
 			comp.Seconds() / steps, comm.Seconds() / steps}
-		if err := allReduceHost(ctx, r, mem, hostStats, vals); err != nil {
+		if err := allReduceHost(ctx, r, d, hostStats, vals); err != nil {
 			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
 		}
 		es := EpochStats{Epoch: epoch, Loss: vals[0], Accuracy: vals[1], Compute: seconds(vals[2]), Comm: seconds(vals[3])}
@@ -364,7 +289,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, onEpoch func(Epo
 	if err := d.Download(res.Params, params.Ptr); err != nil {
 		return nil, fmt.Errorf("ddp: downloading the final parameters: %w", err)
 	}
-	if err := checkReplicas(ctx, r, mem, res.Params, world); err != nil {
+	if err := checkReplicas(ctx, r, d, res.Params, world); err != nil {
 		return res, err
 	}
 	errs := []error{tr.Close()}

@@ -1,34 +1,99 @@
 //go:build cuda
 
-package cuda
+package gpu
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/cuda"
 )
 
+// devices opens the first n GPUs, or skips the test when there are fewer.
+func devices(t testing.TB, n int) []*cuda.Device {
+	t.Helper()
+	have, err := cuda.Count()
+	if err != nil {
+		t.Fatalf("counting GPUs: %v", err)
+	}
+	if have < n {
+		t.Skipf("needs %d GPUs, found %d", n, have)
+	}
+	devs := make([]*cuda.Device, n)
+	for i := range devs {
+		d, err := cuda.Open(i)
+		if err != nil {
+			t.Fatalf("Open(%d): %v", i, err)
+		}
+		devs[i] = d
+		t.Cleanup(func() {
+			if err := d.Close(); err != nil {
+				t.Errorf("closing %v: %v", d, err)
+			}
+		})
+	}
+	return devs
+}
+
+func newStream(t testing.TB, d *cuda.Device) *cuda.Stream {
+	t.Helper()
+	s, err := d.CreateStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// asBytes views a slice's elements as bytes (no copy).
+func asBytes[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
+}
+
+func upload[T any](t testing.TB, d *cuda.Device, dst uintptr, src []T) {
+	t.Helper()
+	if err := d.Upload(dst, asBytes(src)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func download[T any](t testing.TB, d *cuda.Device, src uintptr, n int) []T {
+	t.Helper()
+	out := make([]T, n)
+	if err := d.Download(asBytes(out), src); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func isInvalid(err error) bool { return err != nil && errors.Is(err, fairgo.ErrInvalidArgument) }
+
 // trainKit is a device, a stream on it and the training kernels.
-func trainKit(t *testing.T) (*Device, *Stream, *Train) {
+func trainKit(t *testing.T) (*cuda.Device, *cuda.Stream, *Kernels) {
 	t.Helper()
 	d := devices(t, 1)[0]
-	s := stream(t, d)
-	tr, err := NewTrain(d)
+	s := newStream(t, d)
+	tr, err := LoadKernels(d)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := tr.Close(); err != nil {
-			t.Errorf("Train.Close: %v", err)
+			t.Errorf("Kernels.Close: %v", err)
 		}
 	})
 	return d, s, tr
 }
 
 // tensorOf allocates a tensor holding vals (float32, int32 or float64).
-func tensorOf[T float32 | int32 | float64](t *testing.T, d *Device, dt fairgo.DType, vals []T) fairgo.Tensor {
+func tensorOf[T float32 | int32 | float64](t *testing.T, d *cuda.Device, dt fairgo.DType, vals []T) fairgo.Tensor {
 	t.Helper()
 	x, err := d.AllocTensor(int64(len(vals)), dt)
 	if err != nil {
@@ -39,7 +104,7 @@ func tensorOf[T float32 | int32 | float64](t *testing.T, d *Device, dt fairgo.DT
 	return x
 }
 
-func zeros(t *testing.T, d *Device, n int) fairgo.Tensor {
+func zeros(t *testing.T, d *cuda.Device, n int) fairgo.Tensor {
 	return tensorOf(t, d, fairgo.Float32, make([]float32, n))
 }
 
@@ -63,7 +128,7 @@ func near(t *testing.T, what string, got, want []float32, tol float64) {
 	}
 }
 
-// hostMatMul is the float64 reference of Train.MatMul.
+// hostMatMul is the float64 reference of Kernels.MatMul.
 func hostMatMul(a, b []float32, m, n, k int, ta, tb bool) []float32 {
 	c := make([]float32, m*n)
 	for i := range m {
@@ -423,8 +488,11 @@ func TestTrainArgs(t *testing.T) {
 		}
 	}
 	other := devices(t, 1)[0]
-	if err := tr.SGD(f, f, f, 1, 0, stream(t, other)); !isInvalid(err) {
+	if err := tr.SGD(f, f, f, 1, 0, newStream(t, other)); !isInvalid(err) {
 		t.Errorf("a stream of another Device: %v, want an invalid-argument error", err)
+	}
+	if err := UploadAsync(d, f.Ptr, []byte{1}, newStream(t, other)); !isInvalid(err) {
+		t.Errorf("UploadAsync on a stream of another Device: %v, want an invalid-argument error", err)
 	}
 }
 
@@ -433,7 +501,7 @@ func TestTrainAsyncCopies(t *testing.T) {
 	n := 1 << 16
 	src := randn(rand.New(rand.NewPCG(13, 14)), n)
 	x := zeros(t, d, n)
-	if err := d.UploadAsync(x.Ptr, asBytes(src), s); err != nil {
+	if err := UploadAsync(d, x.Ptr, asBytes(src), s); err != nil {
 		t.Fatal(err)
 	}
 	// Ordered with kernels on the same stream: p -= 1·(0·v + g) with g = p.
@@ -442,7 +510,7 @@ func TestTrainAsyncCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make([]float32, n)
-	if err := d.DownloadAsync(asBytes(got), x.Ptr, s); err != nil {
+	if err := DownloadAsync(d, asBytes(got), x.Ptr, s); err != nil {
 		t.Fatal(err)
 	}
 	want := make([]float32, n)
@@ -450,7 +518,7 @@ func TestTrainAsyncCopies(t *testing.T) {
 		want[i] = p - 0.5*p
 	}
 	near(t, "upload, sgd, download", got, want, 1e-6)
-	if err := d.UploadAsync(0, []byte{1}, s); !isInvalid(err) {
+	if err := UploadAsync(d, 0, []byte{1}, s); !isInvalid(err) {
 		t.Errorf("UploadAsync to 0: %v, want an invalid-argument error", err)
 	}
 }
