@@ -53,11 +53,11 @@ const (
 // Emulation is the testbed as the launcher describes it: the zero value
 // means not emulated, or not told.
 type Emulation struct {
-	Machines   int           // emulated machines; 0: none
-	NICGbit    float64       // each machine's NIC rate, Gbit/s each way; 0: no shaped NIC
-	NICLatency time.Duration // one-way delay each NIC adds
-	MPS        bool          // ranks sharing a GPU run under MPS
-	NetNS      bool          // each machine in a network namespace of its own
+	Machines   int           `json:"emulated_machines,omitempty"` // emulated machines; 0: none
+	NICGbit    float64       `json:"nic_gbit,omitempty"`          // each machine's NIC rate, Gbit/s each way; 0: no shaped NIC
+	NICLatency time.Duration `json:"nic_latency_ns,omitempty"`    // one-way delay each NIC adds
+	MPS        bool          `json:"mps"`                         // ranks sharing a GPU run under MPS
+	NetNS      bool          `json:"netns"`                       // each machine in a network namespace of its own
 }
 
 // NICBytesPerSecond is the NIC rate in bytes per second, 0 when unknown.
@@ -149,8 +149,8 @@ func EmulationFromEnv(lookup rendezvous.LookupFunc) (Emulation, error) {
 
 // Placement is how the job's ranks sit on GPUs.
 type Placement struct {
-	RanksPerGPU          int  // the most ranks on one GPU (1: a GPU each)
-	SharedAcrossMachines bool // ranks of different machines share a GPU
+	RanksPerGPU          int  `json:"ranks_per_gpu"`                    // the most ranks on one GPU (1: a GPU each)
+	SharedAcrossMachines bool `json:"shared_across_machines,omitempty"` // ranks of different machines share a GPU
 }
 
 // Seat is where one rank runs: its machine index and an identity of its

@@ -1,4 +1,4 @@
-package bench
+package report
 
 import (
 	"io"
@@ -6,6 +6,8 @@ import (
 
 	"github.com/vbauerster/mpb/v8"
 	"github.com/vbauerster/mpb/v8/decor"
+
+	"github.com/fairgo/fairgo/bench"
 )
 
 // IsTerminal reports whether f is a character device (a terminal).
@@ -16,7 +18,7 @@ func IsTerminal(f *os.File) bool {
 
 // NewProgress returns a progress bar on w when w is a terminal, and nil
 // (no progress shown) otherwise.
-func NewProgress(w *os.File, name string) Progress {
+func NewProgress(w *os.File, name string) bench.Progress {
 	if w == nil || !IsTerminal(w) {
 		return nil
 	}
