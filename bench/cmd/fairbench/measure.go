@@ -84,44 +84,48 @@ func (m *measurement) single(ctx context.Context, e env, g gridFlags, cfg bench.
 	return err
 }
 
-func setupSweep(fs *flag.FlagSet) func(context.Context, env) error {
+// setupPoints declares what sweep and overlap share, and with more the
+// flags of what they measure, whose function completes the configuration.
+func setupPoints(fs *flag.FlagSet, name string, fn measureFn, more func(*flag.FlagSet) func(*bench.Config) error) func(context.Context, env) error {
 	var m measurement
 	var g gridFlags
-	var s sizeFlags
 	var methods methodFlags
 	m.register(fs)
 	g.register(fs, true)
-	s.register(fs)
 	methods.register(fs)
+	complete := more(fs)
 	return func(ctx context.Context, e env) error {
 		cfg, err := m.config(e, &methods)
 		if err != nil {
 			return err
 		}
-		if cfg.Sizes, err = s.sizes(); err != nil {
+		if err := complete(&cfg); err != nil {
 			return err
 		}
-		return m.single(ctx, e, g, cfg, bench.Sweep, "sweep")
+		return m.single(ctx, e, g, cfg, fn, name)
 	}
 }
 
-func setupOverlap(fs *flag.FlagSet) func(context.Context, env) error {
-	var m measurement
-	var g gridFlags
-	var o overlapFlags
-	var methods methodFlags
-	m.register(fs)
-	g.register(fs, true)
-	o.register(fs)
-	methods.register(fs)
-	return func(ctx context.Context, e env) error {
-		cfg, err := m.config(e, &methods)
-		if err != nil {
+func setupSweep(fs *flag.FlagSet) func(context.Context, env) error {
+	return setupPoints(fs, "sweep", bench.Sweep, func(fs *flag.FlagSet) func(*bench.Config) error {
+		var s sizeFlags
+		s.register(fs)
+		return func(cfg *bench.Config) (err error) {
+			cfg.Sizes, err = s.sizes()
 			return err
 		}
-		cfg.Buckets, cfg.BucketBytes = o.buckets, o.bucketBytes
-		return m.single(ctx, e, g, cfg, bench.Overlap, "overlap")
-	}
+	})
+}
+
+func setupOverlap(fs *flag.FlagSet) func(context.Context, env) error {
+	return setupPoints(fs, "overlap", bench.Overlap, func(fs *flag.FlagSet) func(*bench.Config) error {
+		var o overlapFlags
+		o.register(fs)
+		return func(cfg *bench.Config) error {
+			cfg.Buckets, cfg.BucketBytes = o.buckets, o.bucketBytes
+			return nil
+		}
+	})
 }
 
 func progress(stderr io.Writer, name string) bench.Progress {
