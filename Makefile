@@ -50,15 +50,15 @@ cuda-build: cuda-deps
 		g++ -std=c++17 -O1 -w -o /tmp/fairgo-hostcheck cuda/kernels/hostcheck.cpp && /tmp/fairgo-hostcheck; \
 	else echo "hostcheck: g++ not found, skipped"; fi
 
+# Everything scripts/gpu.sh runs on the GPU machine: the test binaries of
+# the GPU packages and the programs (fairrun, fairbench, allreduce, ddp).
 gpu-bin: cuda-deps
 	mkdir -p bin
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/cuda.test ./cuda
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/nccl.test ./nccl
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/hier.test ./hier
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/ddpgpu.test ./examples/ddp/internal/gpu
-	@pkgs=$$(for p in cmd examples bench/cmd; do [ -d $$p ] && echo ./$$p/...; done | tr "\n" " "); \
-	if [ -n "$$pkgs" ]; then echo "$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs"; \
-		$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs; fi
+	$(CUDA_ENV) $(GO) build -tags cuda -o bin/ ./cmd/... ./examples/... ./bench/cmd/...
 
 clean:
 	rm -rf bin

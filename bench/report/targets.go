@@ -308,7 +308,7 @@ func modelTarget(runs []string, byRun map[string][]bench.Record, o TargetOptions
 		p, _, err := FitModel(byRun[run], mo)
 		if err != nil {
 			if i == 0 {
-				t.Missing = []string{err.Error()}
+				t.Missing = []string{strings.ReplaceAll(err.Error(), "\n", "; ")}
 			}
 			continue
 		}
@@ -373,7 +373,7 @@ func PrintTargets(w io.Writer, ts []Target) error {
 		if t.Pass {
 			pass = "yes"
 		}
-		where := t.Where
+		where := strings.ReplaceAll(t.Where, "\n", "; ")
 		if len(t.Missing) > 0 {
 			where = strings.TrimSpace(where + " [missing: " + strings.Join(t.Missing, "; ") + "]")
 		}
