@@ -1,7 +1,7 @@
 // Package model is an alpha-beta cost model of allreduce on M machines × D
-// GPUs — NCCL's flat ring and tree, the naive hierarchy, and fairgo's two
-// rail forms — fitted to two measured links, so that a benchmark's points
-// can be checked against it and extrapolated to larger clusters.
+// GPUs: NCCL's flat ring and tree, the naive hierarchy, and fairgo's two
+// rail forms. Fitted to two measured links, it checks a benchmark's points
+// and extrapolates them to larger clusters.
 //
 // # Links
 //
