@@ -41,7 +41,7 @@ func main() {
 }
 
 // errUsage marks a command line that names no command, or an unknown one.
-var errUsage = errors.New("usage")
+var errUsage = errors.New("bad command line")
 
 // command is one subcommand: its flags (declared on fs by setup) and what
 // it does with them.
