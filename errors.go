@@ -21,8 +21,12 @@ var (
 	// watchdog timeout, or an explicit Abort).
 	ErrAborted = errors.New("fairgo: aborted")
 	// ErrTimeout is reported when the watchdog gives up on work that did not
-	// complete in time.
+	// complete in time, on the rank that timed out and on its peers.
 	ErrTimeout = errors.New("fairgo: timed out")
+	// ErrMismatch is reported when the ranks made different calls at the
+	// same place in their call order (kind, count, element type, operator
+	// or root differ).
+	ErrMismatch = errors.New("fairgo: ranks made mismatched calls")
 )
 
 // ArgError describes an argument or option that failed validation. It wraps

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
@@ -158,7 +159,10 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 	railCK := func(g hier.Grid) (int, int) { return g.Local, g.Machine }
 	intraLeader := func(m int) int { return layout.RankAt(m, 0) }
 	railLeader := func(d int) int { return layout.RankAt(0, d) }
+	checkCK := func(g hier.Grid) (int, int) { return 0, g.Rank() }
+	checkLeader := func(int) int { return layout.RankAt(0, 0) }
 	subs := []sub{
+		{"check", W, checkCK, func(c *hier.Comms, cm hier.Comm) { c.Check = cm }, checkLeader, W == 1},
 		{"intra-rs/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraReduceScatter = cm }, intraLeader, D == 1},
 		{"intra-ag/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraAllGather = cm }, intraLeader, D == 1},
 		{"rail-collect/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailCollect = cm }, railLeader, M == 1},
@@ -168,7 +172,13 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 		if s.skip { // one-rank communicators stay nil, on every rank alike
 			continue
 		}
-		name := func(g hier.Grid) string { c, _ := s.colorKey(g); return fmt.Sprintf(s.name, c) }
+		name := func(g hier.Grid) string {
+			if !strings.Contains(s.name, "%") { // one communicator of every rank
+				return s.name
+			}
+			c, _ := s.colorKey(g)
+			return fmt.Sprintf(s.name, c)
+		}
 		var raw []*nccl.Comm
 		if split {
 			raw, err = eachRank(ctx, name(out[0].Grid)+" split", devs, func(i int) (*nccl.Comm, error) {
@@ -186,7 +196,7 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 			for i, r := range ranks {
 				color, _ := s.colorKey(out[i].Grid)
 				if s.leaderOf(color) == r {
-					if ids[i], err = shareID(ctx, lib, store, fmt.Sprintf("nccl/"+s.name, color), true); err != nil {
+					if ids[i], err = shareID(ctx, lib, store, "nccl/"+name(out[i].Grid), true); err != nil {
 						return fail(err)
 					}
 				}
@@ -194,7 +204,7 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 			for i, r := range ranks {
 				color, _ := s.colorKey(out[i].Grid)
 				if s.leaderOf(color) != r {
-					if ids[i], err = shareID(ctx, lib, store, fmt.Sprintf("nccl/"+s.name, color), false); err != nil {
+					if ids[i], err = shareID(ctx, lib, store, "nccl/"+name(out[i].Grid), false); err != nil {
 						return fail(err)
 					}
 				}

@@ -253,7 +253,7 @@ func (d *Device) Group(fn func() error) error {
 
 // NewLocalRanks builds, in one process, a machines × perMachine grid over
 // devs (rank r = m·perMachine + d runs on devs[r], each GPU once) and the
-// five NCCL communicators of every rank, the way Backend makes them (a world
+// six NCCL communicators of every rank, the way Backend makes them (a world
 // communicator, then ncclCommSplit, or unique ids without it), with the
 // grid declared instead of discovered. One-rank intra or rail communicators
 // are left nil, as hier allows. The caller keeps the devices; CloseRanks
@@ -298,7 +298,7 @@ func CloseRanks(ranks []hier.Rank) error {
 		wg.Add(1)
 		go func(c *hier.Comms) {
 			defer wg.Done()
-			for _, p := range []*hier.Comm{&c.World, &c.IntraReduceScatter, &c.IntraAllGather, &c.RailCollect, &c.RailDiffuse} {
+			for _, p := range []*hier.Comm{&c.World, &c.IntraReduceScatter, &c.IntraAllGather, &c.RailCollect, &c.RailDiffuse, &c.Check} {
 				if *p != nil {
 					errs[i] = errors.Join(errs[i], (*p).Close())
 					*p = nil

@@ -53,6 +53,7 @@ type Device struct {
 	ncclLib *nccl.Library
 
 	group groupState
+	host  hostAllocs // page-locked host memory from AllocHost
 }
 
 // Open retains the primary context of GPU ordinal, creates nothing on it
@@ -389,6 +390,9 @@ func (d *Device) Close() error {
 		errs = append(errs, ctxSet(d.ctx))
 		for p := range allocs {
 			errs = append(errs, cu.MemFree(cu.DevicePtr(p)))
+		}
+		for _, b := range d.host.drain() {
+			errs = append(errs, memFreeHost(d.ctx, b))
 		}
 		errs = append(errs, ctxSet(prev))
 	}

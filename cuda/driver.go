@@ -45,6 +45,14 @@ static CUresult fg_event_query(CUcontext ctx, CUevent e) { FG_IN_CTX(ctx, cuEven
 static CUresult fg_event_sync(CUcontext ctx, CUevent e) { FG_IN_CTX(ctx, cuEventSynchronize(e)) }
 static CUresult fg_event_elapsed(CUcontext ctx, float* ms, CUevent a, CUevent b) { FG_IN_CTX(ctx, cuEventElapsedTime(ms, a, b)) }
 
+static CUresult fg_mem_alloc_host(CUcontext ctx, void** p, size_t n) { FG_IN_CTX(ctx, cuMemAllocHost(p, n)) }
+static CUresult fg_mem_free_host(CUcontext ctx, void* p) { FG_IN_CTX(ctx, cuMemFreeHost(p)) }
+static CUresult fg_pinned_htod(CUcontext ctx, uintptr_t dst, void* src, size_t n, CUstream s) {
+	FG_IN_CTX(ctx, cuMemcpyHtoDAsync((CUdeviceptr)dst, src, n, s))
+}
+static CUresult fg_pinned_dtoh(CUcontext ctx, void* dst, uintptr_t src, size_t n, CUstream s) {
+	FG_IN_CTX(ctx, cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, n, s))
+}
 static CUresult fg_copy_async(CUcontext ctx, uintptr_t dst, uintptr_t src, size_t n, CUstream s) {
 	FG_IN_CTX(ctx, cuMemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, s))
 }
@@ -240,6 +248,30 @@ func eventElapsed(c cContext, start, end cEvent) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
+}
+
+// memAllocHost allocates n bytes of page-locked host memory.
+func memAllocHost(c cContext, n int) ([]byte, error) {
+	var p unsafe.Pointer
+	if err := check("cuMemAllocHost", C.fg_mem_alloc_host(c, &p, C.size_t(n))); err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+func memFreeHost(c cContext, b []byte) error {
+	return check("cuMemFreeHost", C.fg_mem_free_host(c, unsafe.Pointer(unsafe.SliceData(b))))
+}
+
+// pinnedToDeviceAsync and pinnedToHostAsync copy between page-locked host memory (memAllocHost)
+// and the device on s; the host bytes are C memory, so cgo's pointer rules
+// are kept.
+func pinnedToDeviceAsync(c cContext, dst uintptr, src []byte, s cStream) error {
+	return check("cuMemcpyHtoDAsync", C.fg_pinned_htod(c, C.uintptr_t(dst), unsafe.Pointer(unsafe.SliceData(src)), C.size_t(len(src)), s))
+}
+
+func pinnedToHostAsync(c cContext, dst []byte, src uintptr, s cStream) error {
+	return check("cuMemcpyDtoHAsync", C.fg_pinned_dtoh(c, unsafe.Pointer(unsafe.SliceData(dst)), C.uintptr_t(src), C.size_t(len(dst)), s))
 }
 
 func copyAsync(c cContext, dst, src uintptr, n int64, s cStream) error {

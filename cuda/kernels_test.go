@@ -18,6 +18,7 @@ import (
 type typeRef[T, A any] struct {
 	load    func(T) A
 	store   func(A) T
+	term    func(fairgo.Op, A, int64) A
 	combine func(fairgo.Op, A, A) A
 	finish  func(fairgo.Op, A, int64) A
 	eq      func(T, T) bool
@@ -49,12 +50,18 @@ func fcombine[A float](op fairgo.Op, a, b A) A {
 	}
 }
 
-func ffinish[A float](op fairgo.Op, a A, d int64) A {
+// fterm scales every term of a floating-point Avg by 1/d before it sums,
+// as the kernel does; nothing is left for ffinish.
+func fterm[A float](op fairgo.Op, x A, d int64) A {
 	if op == fairgo.Avg {
-		return a / A(d)
+		return x * (1 / A(d))
 	}
-	return a
+	return x
 }
+
+func ffinish[A float](_ fairgo.Op, a A, _ int64) A { return a }
+
+func iterm[T integer](_ fairgo.Op, x T, _ int64) T { return x }
 
 func feq[A float](a, b A) bool { return a == b || (a != a && b != b) }
 
@@ -85,7 +92,7 @@ func ifinish[T integer](op fairgo.Op, a T, d int64) T {
 func intRef[T integer]() typeRef[T, T] {
 	return typeRef[T, T]{
 		load: func(v T) T { return v }, store: func(v T) T { return v },
-		combine: icombine[T], finish: ifinish[T], eq: func(a, b T) bool { return a == b },
+		term: iterm[T], combine: icombine[T], finish: ifinish[T], eq: func(a, b T) bool { return a == b },
 		gen: func(r *rand.Rand, _ int64, _ int) T { return T(r.Uint64()) },
 	}
 }
@@ -96,7 +103,7 @@ func nanAt(i int64, k int) bool { return k == 1 && i%997 == 5 }
 func floatRef[A float](scale float64) typeRef[A, A] {
 	return typeRef[A, A]{
 		load: func(v A) A { return v }, store: func(v A) A { return v },
-		combine: fcombine[A], finish: ffinish[A], eq: feq[A],
+		term: fterm[A], combine: fcombine[A], finish: ffinish[A], eq: feq[A],
 		gen: func(r *rand.Rand, i int64, k int) A {
 			if nanAt(i, k) {
 				return A(nan())
@@ -110,7 +117,7 @@ func nan() float64 { var z float64; return z / z }
 
 func halfRef(toF32 func(uint16) float32, fromF32 func(float32) uint16, scale float32) typeRef[uint16, float32] {
 	return typeRef[uint16, float32]{
-		load: toF32, store: fromF32, combine: fcombine[float32], finish: ffinish[float32],
+		load: toF32, store: fromF32, term: fterm[float32], combine: fcombine[float32], finish: ffinish[float32],
 		eq: func(a, b uint16) bool { return feq(toF32(a), toF32(b)) },
 		gen: func(r *rand.Rand, i int64, k int) uint16 {
 			if nanAt(i, k) {
@@ -172,9 +179,9 @@ func testReduceType[T, A any](t *testing.T, d *Device, s *Stream, dt fairgo.DTyp
 					got := download[T](t, d, dstBuf, int(dstLen))
 					bad := 0
 					for i := int64(0); i < count && bad < 5; i++ {
-						acc := tr.load(srcHost[off+i])
+						acc := tr.term(op, tr.load(srcHost[off+i]), divisor)
 						for k := 1; k < n; k++ {
-							acc = tr.combine(op, acc, tr.load(srcHost[off+int64(k)*stride+i]))
+							acc = tr.combine(op, acc, tr.term(op, tr.load(srcHost[off+int64(k)*stride+i]), divisor))
 						}
 						want := tr.store(tr.finish(op, acc, divisor))
 						if !tr.eq(got[off+i], want) {

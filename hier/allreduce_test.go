@@ -56,6 +56,8 @@ func drawCase(t *rapid.T) allReduceCase {
 		hier.WithStagingMemory(rapid.Int64Range(int64(par)*(unit+int64(m)*staging.Align), 2*minStaging).Draw(t, "staging")),
 		hier.WithPaddingMemory(rapid.Int64Range(unit, 8*unit).Draw(t, "padding")),
 		hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat")),
+		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.Flat, hier.Auto}).Draw(t, "algorithm")),
+		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
 	}
 	return allReduceCase{
 		cfg: sim.Config{Machines: m, Devices: d, Seed: rapid.Int64().Draw(t, "seed"),
@@ -100,17 +102,19 @@ func TestAllReduceLarge(t *testing.T) {
 		count int
 		dt    fairgo.DType
 		op    fairgo.Op
+		algo  hier.Algorithm
 	}{
-		{3, 5, 1000003, fairgo.BFloat16, fairgo.Avg},
-		{2, 2, 4<<20 + 1, fairgo.Float32, fairgo.Sum},
-		{8, 1, 2000003, fairgo.Float16, fairgo.Sum},
-		{1, 8, 3 << 20, fairgo.Int32, fairgo.Max},
-		{2, 4, 1<<21 - 1, fairgo.Float64, fairgo.Prod},
-		{4, 3, 12*100000 + 11, fairgo.Uint8, fairgo.Sum},
+		{3, 5, 1000003, fairgo.BFloat16, fairgo.Avg, hier.RailAllToAll},
+		{2, 2, 4<<20 + 1, fairgo.Float32, fairgo.Sum, hier.RailRSAG},
+		{8, 1, 2000003, fairgo.Float16, fairgo.Sum, hier.RailAllToAll},
+		{1, 8, 3 << 20, fairgo.Int32, fairgo.Max, hier.Auto},
+		{2, 4, 1<<21 - 1, fairgo.Float64, fairgo.Prod, hier.RailRSAG},
+		{4, 3, 12*100000 + 11, fairgo.Uint8, fairgo.Sum, hier.RailAllToAll},
+		{3, 2, 600001, fairgo.Int64, fairgo.Avg, hier.RailRSAG},
 	} {
-		t.Run(tc.dt.String()+"/"+tc.op.String(), func(t *testing.T) {
+		t.Run(tc.dt.String()+"/"+tc.op.String()+"/"+tc.algo.String(), func(t *testing.T) {
 			c := allReduceCase{cfg: sim.Config{Machines: tc.m, Devices: tc.d, Seed: 1, Jitter: 10 * time.Microsecond},
-				opts: []hier.Option{hier.WithSliceSize(1 << 20)}, dt: tc.dt, op: tc.op, count: tc.count, seed: 3}
+				opts: []hier.Option{hier.WithSliceSize(1 << 20), hier.WithAlgorithm(tc.algo)}, dt: tc.dt, op: tc.op, count: tc.count, seed: 3}
 			require.NoError(t, c.run(t, nil))
 		})
 	}
@@ -119,13 +123,20 @@ func TestAllReduceLarge(t *testing.T) {
 // Removing any one event wait from the stage chain must make the property
 // test fail: the jitter reorders the stages and the results come out wrong.
 func TestMissingEventWaitIsCaught(t *testing.T) {
-	for _, stage := range []streams.Stage{streams.Collect, streams.Add, streams.Diffuse, streams.AllGather} {
-		t.Run(stage.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		algo  hier.Algorithm
+		stage streams.Stage
+	}{
+		{hier.RailAllToAll, streams.Collect}, {hier.RailAllToAll, streams.Add}, {hier.RailAllToAll, streams.Diffuse}, {hier.RailAllToAll, streams.AllGather},
+		{hier.RailRSAG, streams.Collect}, {hier.RailRSAG, streams.Add}, {hier.RailRSAG, streams.Diffuse}, {hier.RailRSAG, streams.AllGather},
+	} {
+		algo, stage := tc.algo, tc.stage
+		t.Run(algo.String()+"/"+stage.String(), func(t *testing.T) {
 			caught := false
 			for attempt := 0; attempt < 20 && !caught; attempt++ {
 				c := allReduceCase{
 					cfg:  sim.Config{Machines: 3, Devices: 2, Seed: int64(attempt), Jitter: 300 * time.Microsecond, StallTimeout: 20 * time.Second},
-					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever)},
+					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo)},
 					dt:   fairgo.Float32, op: fairgo.Sum, count: 6*16*10 + 5, seed: uint64(attempt),
 				}
 				require.NoError(t, c.run(t, nil), "control run without the hook")
@@ -135,7 +146,7 @@ func TestMissingEventWaitIsCaught(t *testing.T) {
 					t.Logf("attempt %d caught it: %v", attempt, err)
 				}
 			}
-			require.True(t, caught, "dropping the %s wait went unnoticed", stage)
+			require.True(t, caught, "dropping the %s wait of %s went unnoticed", stage, algo)
 		})
 	}
 }
@@ -171,7 +182,7 @@ func TestSixteenBitAccumulatesInFloat32(t *testing.T) {
 				}
 				return total
 			}
-			hierW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(hier.FlatNever))
+			hierW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll))
 			got, err := hierW.allReduce(t, dt, fairgo.Sum, in)
 			require.NoError(t, err)
 			flatW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(1<<40))
@@ -289,8 +300,8 @@ func TestConcurrentCallers(t *testing.T) {
 	}
 }
 
-// Ranks that enqueue calls in different orders get the sim's mismatch error
-// naming the communicator and the sequence number, not a hang.
+// Ranks that enqueue calls in different orders get a mismatch error naming
+// the call and the field that differs, not a hang.
 func TestDifferentOrdersFailClearly(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: 5 * time.Second}, hier.WithFlatThreshold(hier.FlatNever))
 	a := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*100), make([]byte, 4*100)})
@@ -304,9 +315,17 @@ func TestDifferentOrdersFailClearly(t *testing.T) {
 	// after the watcher's abort grace.
 	require.Less(t, time.Since(start), 5*time.Second, "failed work took %v to report", time.Since(start))
 	require.Error(t, err)
-	require.ErrorIs(t, err, sim.ErrMismatch)
-	require.Contains(t, err.Error(), "rail-collect")
-	require.Contains(t, err.Error(), "seq 0")
+	require.ErrorIs(t, err, fairgo.ErrMismatch)
+	for _, wk := range works {
+		require.ErrorIs(t, wk.Err(), fairgo.ErrMismatch)
+	}
+	var me *hier.MismatchError
+	require.ErrorAs(t, works[0].Err(), &me)
+	require.Equal(t, uint64(1), me.Seq)
+	require.Equal(t, "count", me.Field)
+	require.Equal(t, "100", me.This)
+	require.Equal(t, "100", me.Low)
+	require.Equal(t, "300", me.High)
 }
 
 // A rank that never calls cannot hang the others: the watchdog aborts.
@@ -335,11 +354,30 @@ func TestWaitHonoursContext(t *testing.T) {
 	require.NoError(t, wk.Wait(context.Background()))
 }
 
+// Every rank makes the same invalid calls (SPMD code with a bug): each gets
+// a typed error at once, nothing reaches the device, and the Reducers stay
+// usable.
 func TestBadInput(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 7})
-	r := w.reducers[0]
-	good := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64)})[0]
-	other := w.upload(t, fairgo.Float32, [][]byte{nil, make([]byte, 64)})[1] // memory of device 1
+	bufs := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	for g, r := range w.reducers {
+		badCalls(t, r, bufs[g], bufs[(g+1)%len(bufs)]) // another device's memory
+	}
+	// A valid call afterwards completes everywhere.
+	ctx := context.Background()
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	var works []*hier.Work
+	for g, rr := range w.reducers {
+		works = append(works, rr.AllReduce(ctx, ts[g], fairgo.Sum))
+	}
+	require.NoError(t, reftest.WaitAll(works))
+	for _, r := range w.reducers {
+		require.NoError(t, r.Err())
+	}
+}
+
+// badCalls makes a dozen invalid calls on r and checks each error.
+func badCalls(t *testing.T, r *hier.Reducer, good, other fairgo.Tensor) {
 	ctx := context.Background()
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
@@ -372,14 +410,6 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
-	// Nothing was enqueued: the buffer is untouched and the peers are not
-	// waiting for this rank (a valid call afterwards completes everywhere).
-	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
-	var works []*hier.Work
-	for g, rr := range w.reducers {
-		works = append(works, rr.AllReduce(ctx, ts[g], fairgo.Sum))
-	}
-	require.NoError(t, reftest.WaitAll(works))
 }
 
 func TestInvalidOptions(t *testing.T) {
@@ -478,8 +508,9 @@ func TestCallerStreams(t *testing.T) {
 
 func TestZeroCountCompletes(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2})
-	for g, r := range w.reducers {
-		tn := fairgo.Tensor{DType: fairgo.Float32}
-		require.NoError(t, r.AllReduce(context.Background(), tn, fairgo.Sum).Wait(context.Background()), "rank %d", g)
+	var works []*hier.Work
+	for _, r := range w.reducers {
+		works = append(works, r.AllReduce(context.Background(), fairgo.Tensor{DType: fairgo.Float32}, fairgo.Sum))
 	}
+	require.NoError(t, reftest.WaitAll(works))
 }

@@ -1,6 +1,7 @@
 package hier
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -35,6 +36,15 @@ type Device interface {
 	Upload(dst uintptr, src []byte) error
 	Download(dst []byte, src uintptr) error
 
+	// AllocHost allocates host memory that CopyFromHostAsync and
+	// CopyToHostAsync move to and from the device without blocking the
+	// host (page-locked on a GPU); FreeHost releases it. The bytes of an
+	// enqueued copy must not be touched until its stream has run it.
+	AllocHost(bytes int) ([]byte, error)
+	FreeHost(b []byte) error
+	CopyFromHostAsync(dst uintptr, src []byte, s streams.Stream) error
+	CopyToHostAsync(dst []byte, src uintptr, s streams.Stream) error
+
 	// CheckRange returns an error wrapping fairgo.ErrInvalidArgument when
 	// [ptr, ptr+bytes) is not memory of this device.
 	CheckRange(ptr uintptr, bytes int64) error
@@ -51,7 +61,8 @@ type Device interface {
 	// and, for Avg, the sum divided by divisor (integers: truncated toward
 	// zero). Float16 and bfloat16 accumulate in float32 and round once; the
 	// other types accumulate in their own type. Strides and counts are in
-	// elements. dst must not overlap src.
+	// elements. dst may equal a source exactly (an in-place division with
+	// n = 1) but must not partly overlap any.
 	ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int, s streams.Stream) error
 
 	// Group runs fn with communicator calls fused into one launch
@@ -103,17 +114,29 @@ type Comm interface {
 // engine share it without importing each other).
 type Grid = fairgo.Grid
 
-// Comms are the five communicators of one rank. Intra communicators hold
+// Comms are the six communicators of one rank. Intra communicators hold
 // the D ranks of this machine ranked by local index; rail communicators hold
 // the M ranks with this local index ranked by machine index. Each pipeline
 // stage that talks has its own communicator so that stages of different
-// slices run concurrently without NCCL ordering deadlocks.
+// slices run concurrently without NCCL ordering deadlocks; the check
+// communicator carries the cross-rank consistency check of every call,
+// beside the data.
 type Comms struct {
 	World              Comm // all ranks, in the launcher's global order
 	IntraReduceScatter Comm // stage 1 (and flat work inside a machine)
 	IntraAllGather     Comm // stage 5
 	RailCollect        Comm // stage 2
 	RailDiffuse        Comm // stage 4
+	Check              Comm // all ranks, any order: the consistency check
+}
+
+// Board is a small key-value board shared by the ranks of a job, where a
+// Reducer leaves word of a failure for its peers (which rank timed out, how
+// far each rank got). A rendezvous store satisfies it. Get blocks until the
+// key exists or ctx ends.
+type Board interface {
+	Set(ctx context.Context, key string, value []byte) error
+	Get(ctx context.Context, key string) ([]byte, error)
 }
 
 // Rank bundles what the engine needs for one rank: its device, its place in
@@ -125,6 +148,11 @@ type Rank struct {
 	Device        Device
 	Comms         Comms
 	OwnsResources bool
+	// Board, when set, lets the Reducers of a job tell each other why they
+	// failed: a timeout on one rank then reads as a timeout on all, with
+	// the call each rank reached. Nil: each rank knows only its own cause.
+	// Every rank of a job must be given the same board, or none.
+	Board Board
 	// Closers run after the communicators and the device are closed, when
 	// OwnsResources is set (setup code hands over the store it opened).
 	Closers []func() error
@@ -149,7 +177,7 @@ func (r Rank) Release() error {
 // distinct is the non-nil communicators, each once.
 func (c Comms) distinct() []Comm {
 	var out []Comm
-	for _, cm := range []Comm{c.World, c.IntraReduceScatter, c.IntraAllGather, c.RailCollect, c.RailDiffuse} {
+	for _, cm := range []Comm{c.World, c.IntraReduceScatter, c.IntraAllGather, c.RailCollect, c.RailDiffuse, c.Check} {
 		if cm != nil && !slices.Contains(out, cm) {
 			out = append(out, cm)
 		}
@@ -181,6 +209,9 @@ func (r Rank) validate() error {
 	g := r.Grid
 	if c.World == nil || c.World.Size() != g.Size() {
 		return &fairgo.ArgError{Arg: "world communicator", Value: c.World, Reason: fmt.Sprintf("must hold %d ranks", g.Size())}
+	}
+	if g.Size() > 1 && (c.Check == nil || c.Check.Size() != g.Size() || c.Check == c.World) {
+		return &fairgo.ArgError{Arg: "check communicator", Value: c.Check, Reason: fmt.Sprintf("must hold the %d ranks, apart from the world communicator", g.Size())}
 	}
 	for _, x := range []struct {
 		name       string

@@ -212,3 +212,22 @@ func TestBroadcastAndAllToAll(t *testing.T) {
 		}
 	}
 }
+
+// The smallest blocks on a 2 × 2 grid: one element per rank in the slice of
+// one alignment unit (rapid found both failing once, before the transpose
+// fix of the staging area).
+func TestReduceScatterOneElementBlocks(t *testing.T) {
+	require.NoError(t, regressionBlockCase().runReduceScatter(t))
+}
+
+func TestAllGatherOneElementBlocks(t *testing.T) {
+	require.NoError(t, regressionBlockCase().runAllGather(t))
+}
+
+func regressionBlockCase() blockCase {
+	return blockCase{
+		cfg:  sim.Config{Machines: 2, Devices: 2, Jitter: 20 * time.Microsecond, StallTimeout: 20 * time.Second},
+		opts: []hier.Option{hier.WithSliceSize(64), hier.WithParallelism(1), hier.WithStagingMemory(64 + 2*staging.Align + 4*staging.Align)},
+		dt:   fairgo.BFloat16, op: fairgo.Avg, c: 1,
+	}
+}

@@ -29,13 +29,20 @@ func (r *Reducer) engine(ready chan<- error) {
 		ready <- fmt.Errorf("hier: %w", err)
 		return
 	}
+	if r.comms.Check != nil {
+		if err := r.startChecker(); err != nil {
+			close(r.watchCh)
+			ready <- errors.Join(err, r.chain.Release())
+			return
+		}
+	}
 	ready <- nil
 	for {
 		q := r.next()
 		if q == nil {
 			break
 		}
-		r.execute(q)
+		r.execute(q, r.chain.Stream(streams.ReduceScatter))
 		r.idle()
 	}
 	close(r.watchCh)
@@ -48,6 +55,15 @@ func (r *Reducer) engine(ready chan<- error) {
 	}
 	grace.Stop()
 	var errs []error
+	if r.checker != nil {
+		errs = append(errs, r.checker.stop())
+	}
+	if r.board != nil {
+		r.board.stop()
+	}
+	if r.calib != nil {
+		errs = append(errs, r.calib.release(r.dev))
+	}
 	errs = append(errs, r.chain.Release(), r.events.release())
 	if r.stagingR != nil {
 		errs = append(errs, r.stagingR.Close())
@@ -102,19 +118,18 @@ func (r *Reducer) park() {
 	<-r.wake
 }
 
-// execute enqueues one request's device work and hands its completion event
-// to the watcher.
-func (r *Reducer) execute(q *request) {
-	fail := func(err error) {
-		q.work.finish(err)
-		r.events.put(q.after)
-	}
-	if err := q.ctx.Err(); err != nil {
-		fail(err)
+// execute enqueues one request's device work, starting on first (the
+// engine's first stage, or the caller's stream for an inline call), and
+// hands its completion event and its check to the watcher and the checker.
+// It runs on the engine goroutine, or on the caller's while it holds busy.
+func (r *Reducer) execute(q *request, first streams.Stream) {
+	if q.rejected != nil { // refused at the call: only its check runs
+		r.checkLater(q)
 		return
 	}
 	if cause := r.brokenCause(); cause != nil {
-		fail(fmt.Errorf("hier: %v: %w", q, cause))
+		q.work.finish(brokenErr(q, cause))
+		r.events.put(q.after)
 		return
 	}
 	for _, t := range []fairgo.Tensor{q.a, q.b} {
@@ -122,40 +137,61 @@ func (r *Reducer) execute(q *request) {
 			continue
 		}
 		if err := r.dev.CheckRange(t.Ptr, t.ByteLen()); err != nil {
-			fail(fmt.Errorf("hier: %v: %w", q, err))
+			q.rejected = fmt.Errorf("hier: %v: %w", q, err)
+			q.work.finish(q.rejected)
+			r.events.put(q.after)
+			r.checkLater(q)
 			return
 		}
 	}
-	first := r.chain.Stream(streams.ReduceScatter)
-	if err := r.waitOverlaps(q, first); err != nil {
-		r.abortAfterEnqueueError(q, err)
-		return
-	}
-	last, err := r.dispatch(q)
+	waited, err := r.waitOverlaps(q, first)
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return
 	}
-	if last == nil { // nothing to do on the device
-		q.work.markEnqueued(nil)
-		fail(nil)
-		return
-	}
-	ev, err := r.events.get()
-	if err == nil {
-		err = ev.Record(last)
-	}
+	last, err := r.dispatch(q, first)
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return
+	}
+	if last == nil && waited {
+		// No device work, but what the call waited for (its After event,
+		// earlier calls on its memory) is its result: later StreamWaits
+		// must wait for it too.
+		last = first
+	}
+	var ev streams.Event
+	if last != nil {
+		ev, err = r.events.get()
+		if err == nil {
+			err = ev.Record(last)
+		}
+		if err != nil {
+			r.abortAfterEnqueueError(q, err)
+			return
+		}
+		lo, hi := q.span()
+		r.mu.Lock()
+		r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, work: q.work})
+		r.mu.Unlock()
 	}
 	q.work.markEnqueued(ev)
-	lo, hi := q.span()
-	r.mu.Lock()
-	r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, work: q.work})
-	r.mu.Unlock()
-	p := pending{req: q, ev: ev, start: time.Now()}
-	r.watchCh <- p
+	r.enqueued.Store(q.seq)
+	r.checkLater(q)
+	if ev == nil && q.check == nil { // nothing on the device, no peer to hear from
+		q.work.finish(nil)
+		r.events.put(q.after)
+		r.completed.Store(q.seq)
+		return
+	}
+	r.watchCh <- pending{req: q, ev: ev}
+}
+
+// checkLater hands the call to the checker, when there are peers.
+func (r *Reducer) checkLater(q *request) {
+	if r.checker != nil && !r.skipCheck {
+		r.checker.submit(q)
+	}
 }
 
 // abortAfterEnqueueError handles a failure in the middle of enqueueing: the
@@ -180,12 +216,14 @@ func (q *request) span() (lo, hi uintptr) {
 }
 
 // waitOverlaps makes the first stage wait for the caller's After event and
-// for every earlier call still in flight whose memory overlaps this one's.
-func (r *Reducer) waitOverlaps(q *request, first streams.Stream) error {
+// for every earlier call still in flight whose memory overlaps this one's,
+// and reports whether there was anything to wait for.
+func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, err error) {
 	if q.after != nil {
 		if err := first.WaitEvent(q.after); err != nil {
-			return err
+			return true, err
 		}
+		waited = true
 	}
 	lo, hi := q.span()
 	r.mu.Lock() // held while enqueueing the waits: the watcher recycles events under it
@@ -193,28 +231,30 @@ func (r *Reducer) waitOverlaps(q *request, first streams.Stream) error {
 	for _, f := range r.inflight {
 		if f.lo < hi && lo < f.hi {
 			if err := first.WaitEvent(f.ev); err != nil {
-				return err
+				return true, err
 			}
+			waited = true
 		}
 	}
-	return nil
+	return waited, nil
 }
 
 // dispatch enqueues the request's stages and returns the stream its last
-// work went to, or nil when there was nothing to do.
-func (r *Reducer) dispatch(q *request) (streams.Stream, error) {
-	first := r.chain.Stream(streams.ReduceScatter)
+// work went to, or nil when there was nothing to do. Flat work goes on
+// first; the pipeline's stages on the engine's streams.
+func (r *Reducer) dispatch(q *request, first streams.Stream) (streams.Stream, error) {
 	g := r.grid
 	switch q.kind {
 	case kindAllReduce:
 		t := q.a
-		switch {
-		case t.Count == 0 || g.Size() == 1:
+		if t.Count == 0 || g.Size() == 1 {
 			return nil, nil
-		case g.Machines == 1 || (r.cfg.flatThreshold != FlatNever && t.ByteLen() < r.cfg.flatThreshold):
+		}
+		algo := r.algorithm(t.ByteLen())
+		if algo == Flat {
 			return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, q.op, first)
 		}
-		return r.allReduce(t, q.op)
+		return r.allReduce(t, q.op, algo)
 	case kindReduceScatter:
 		return r.reduceScatter(q.a, q.b, q.op)
 	case kindAllGather:
@@ -289,28 +329,4 @@ func (r *Reducer) paddingRing() (*padding.Ring, error) {
 		r.paddingR = ring
 	}
 	return r.paddingR, nil
-}
-
-// stageOps returns the operator of the intra-machine stage and of the add
-// stage for op, and the add stage's divisor. With M > 1, Avg sums inside
-// the machine and divides once, by the world size, in the add stage.
-func (r *Reducer) stageOps(op fairgo.Op) (intra, add fairgo.Op, divisor int) {
-	if op == fairgo.Avg {
-		return fairgo.Sum, fairgo.Avg, r.grid.Size()
-	}
-	return op, op, 1
-}
-
-// uniform returns counts and displacements for a rail all-to-all of n
-// elements per peer, peer k at k·stride, skipping peer skip (−1: none).
-func uniform(m int, n, stride int64, skip int) (counts, displs []int64) {
-	counts = make([]int64, m)
-	displs = make([]int64, m)
-	for k := range counts {
-		if k != skip {
-			counts[k] = n
-		}
-		displs[k] = int64(k) * stride
-	}
-	return counts, displs
 }

@@ -6,3 +6,11 @@ import "github.com/fairgo/fairgo/streams"
 // r's pipeline. It exists only in test builds, so that a test can prove the
 // property tests catch a missing dependency. Call it before r's first call.
 func SkipStageWait(r *Reducer, s streams.Stage) { r.skipWait = s }
+
+// InlineCalls is how many calls r enqueued on the caller's goroutine.
+func InlineCalls(r *Reducer) uint64 { return r.inlined.Load() }
+
+// SkipCheck turns off r's cross-rank check, so that a benchmark can measure
+// what the check costs. Every rank of the world must do it before its first
+// call.
+func SkipCheck(r *Reducer) { r.skipCheck = true }

@@ -186,16 +186,24 @@ func checkParallel(dt fairgo.DType, op fairgo.Op, in, out [][]byte) error {
 	})
 }
 
-// Every dtype × op at counts {0, 1, 7, 4097, 1 Mi + 3, 64 Mi} on 1×2 and 2×1.
+// Every dtype × op at counts {0, 1, 7, 4097, 1 Mi + 3} on 1×2 (flat) and on
+// 2×1 with both rail forms, and 64 Mi elements for the float types' Sum and
+// Avg.
 func TestGPUMatrix(t *testing.T) {
-	counts := []int{0, 1, 7, 4097, 1<<20 + 3, 64 << 20}
-	for _, g := range gpuGrids {
-		t.Run(fmt.Sprintf("%dx%d", g[0], g[1]), func(t *testing.T) {
-			w := gpuWorld(t, g[0], g[1], hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(2*time.Minute))
+	for _, g := range []struct {
+		m, d int
+		algo hier.Algorithm
+	}{{1, 2, hier.Flat}, {2, 1, hier.RailAllToAll}, {2, 1, hier.RailRSAG}} {
+		t.Run(fmt.Sprintf("%dx%d/%s", g.m, g.d, g.algo), func(t *testing.T) {
+			w := gpuWorld(t, g.m, g.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(g.algo), hier.WithTimeout(2*time.Minute))
 			start := time.Now()
 			runs := 0
 			for _, dt := range fairgo.DTypes {
 				for _, op := range fairgo.Ops {
+					counts := []int{0, 1, 7, 4097, 1<<20 + 3}
+					if dt.IsFloat() && (op == fairgo.Sum || op == fairgo.Avg) {
+						counts = append(counts, 64<<20)
+					}
 					for _, n := range counts {
 						in := hashInputs(dt, op, w.size(), n, uint64(n)*31+uint64(dt)*7+uint64(op))
 						out, err := w.allReduce(t, dt, op, in)
@@ -206,7 +214,7 @@ func TestGPUMatrix(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("grid %dx%d: %d allreduces (10 dtypes × 5 ops × %v) all correct in %v", g[0], g[1], runs, counts, time.Since(start).Round(time.Millisecond))
+			t.Logf("grid %dx%d %s: %d allreduces (10 dtypes × 5 ops) all correct in %v", g.m, g.d, g.algo, runs, time.Since(start).Round(time.Millisecond))
 		})
 	}
 }
@@ -225,6 +233,8 @@ func TestGPUProperty(t *testing.T) {
 				slice := rapid.Int64Range(max(unit, bytes/32), 2*bytes+unit).Draw(rt, "slice")
 				w := gpuWorld(t, g[0], g[1],
 					hier.WithSliceSize(slice), hier.WithParallelism(par),
+					hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.Auto, hier.RailAllToAll, hier.RailRSAG}).Draw(rt, "algorithm")),
+					hier.WithInlineEnqueue(rapid.Bool().Draw(rt, "inline")),
 					hier.WithStagingMemory(int64(par)*(slice+unit+int64(g[0])*staging.Align)),
 					hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, 0, bytes / 2}).Draw(rt, "flat")),
 					hier.WithTimeout(time.Minute))
@@ -294,27 +304,32 @@ func TestGPUReduceScatterAllGather(t *testing.T) {
 	}
 }
 
-// Bad input on the GPU path is rejected before anything is enqueued.
+// Bad input on the GPU path is rejected before anything is enqueued; when
+// every rank makes the same bad calls, the Reducers stay usable.
 func TestGPUBadInput(t *testing.T) {
 	w := gpuWorld(t, 2, 1, hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(time.Minute))
 	ctx := context.Background()
 	host := make([]float32, 1024)
-	other, err := w.alloc(1, 1024, fairgo.Float32) // memory of GPU 1
-	require.NoError(t, err)
-	mine, err := w.alloc(0, 1024, fairgo.Float32)
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		name string
-		t    fairgo.Tensor
-	}{
-		{"host pointer", fairgo.Tensor{Ptr: uintptr(unsafe.Pointer(&host[0])), Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
-		{"other GPU's pointer", other},
-		{"buffer shorter than count", fairgo.Tensor{Ptr: mine.Ptr, Bytes: 4096, Count: 1025, DType: fairgo.Float32}},
-		{"range past the allocation", fairgo.Tensor{Ptr: mine.Ptr + 2048, Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
-	} {
-		err := w.reducers[0].AllReduce(ctx, tc.t, fairgo.Sum).Wait(ctx)
-		require.ErrorIs(t, err, fairgo.ErrInvalidArgument, tc.name)
-		t.Logf("%s: %v", tc.name, err)
+	mine := make([]fairgo.Tensor, 2)
+	for g := range mine {
+		var err error
+		mine[g], err = w.alloc(g, 1024, fairgo.Float32)
+		require.NoError(t, err)
+	}
+	for g, r := range w.reducers {
+		for _, tc := range []struct {
+			name string
+			t    fairgo.Tensor
+		}{
+			{"host pointer", fairgo.Tensor{Ptr: uintptr(unsafe.Pointer(&host[0])), Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
+			{"other GPU's pointer", mine[1-g]},
+			{"buffer shorter than count", fairgo.Tensor{Ptr: mine[g].Ptr, Bytes: 4096, Count: 1025, DType: fairgo.Float32}},
+			{"range past the allocation", fairgo.Tensor{Ptr: mine[g].Ptr + 2048, Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
+		} {
+			err := r.AllReduce(ctx, tc.t, fairgo.Sum).Wait(ctx)
+			require.ErrorIs(t, err, fairgo.ErrInvalidArgument, tc.name)
+			t.Logf("rank %d, %s: %v", g, tc.name, err)
+		}
 	}
 	runtime.KeepAlive(host)
 	// Nothing was enqueued: a valid call on both ranks still matches up.
@@ -329,8 +344,12 @@ func TestGPUBadInput(t *testing.T) {
 func TestGPUBFloat16VersusFlatNCCL(t *testing.T) {
 	const n = 1<<22 + 3
 	dt := fairgo.BFloat16
-	for _, op := range []fairgo.Op{fairgo.Sum, fairgo.Avg} {
-		w := gpuWorld(t, 2, 1, hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(time.Minute))
+	for _, tc := range []struct {
+		op   fairgo.Op
+		algo hier.Algorithm
+	}{{fairgo.Sum, hier.RailAllToAll}, {fairgo.Avg, hier.RailAllToAll}, {fairgo.Sum, hier.RailRSAG}, {fairgo.Avg, hier.RailRSAG}} {
+		op := tc.op
+		w := gpuWorld(t, 2, 1, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(time.Minute))
 		in := hashInputs(dt, op, 2, n, 77)
 		got, err := w.allReduce(t, dt, op, in)
 		require.NoError(t, err)
@@ -351,7 +370,7 @@ func TestGPUBFloat16VersusFlatNCCL(t *testing.T) {
 			return total
 		}
 		fe, ne := errOf(got[0]), errOf(flatOut[0])
-		t.Logf("bfloat16 %s of %d elements on 2×1: total abs error fairgo %.6g, flat NCCL %.6g", op, n, fe, ne)
+		t.Logf("bfloat16 %s of %d elements on 2×1 (%s): total abs error fairgo %.6g, flat NCCL %.6g", op, n, tc.algo, fe, ne)
 		require.LessOrEqual(t, fe, ne*(1+1e-12))
 	}
 }
@@ -408,13 +427,19 @@ func TestGPUTiming(t *testing.T) {
 	var rows []timing
 	for _, g := range gpuGrids {
 		w := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute))
-		noSpin := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithSpin(0))
-		for _, mib := range []int64{1, 16, 64, 256} {
-			n := mib << 20 / 4
+		inline := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithInlineEnqueue(true))
+		unchecked := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithInlineEnqueue(true))
+		for _, r := range unchecked.reducers {
+			hier.SkipCheck(r)
+		}
+		a2a := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithAlgorithm(hier.RailAllToAll))
+		rsag := gpuWorld(t, g[0], g[1], hier.WithTimeout(time.Minute), hier.WithAlgorithm(hier.RailRSAG))
+		for _, kib := range []int64{64, 256, 1 << 10, 16 << 10, 64 << 10, 256 << 10} {
+			n := kib << 10 / 4
 			in := hashInputs(fairgo.Float32, fairgo.Sum, w.size(), int(n), 3)
 			ts := w.upload(t, fairgo.Float32, in)
 			W := float64(w.size())
-			for _, algo := range []string{"flat", "fairgo", "fairgo-nospin"} {
+			for _, algo := range []string{"flat", "fairgo", "fairgo-inline", "inline-nocheck", "rail-a2a", "rail-rsag"} {
 				var samples []float64
 				for it := 0; it < warm+iters; it++ {
 					var d time.Duration
@@ -423,8 +448,14 @@ func TestGPUTiming(t *testing.T) {
 						d = timeFlat(t, w, ts)
 					case "fairgo":
 						d = timeFairgo(t, w, ts)
+					case "fairgo-inline":
+						d = timeFairgo(t, inline, ts)
+					case "inline-nocheck":
+						d = timeFairgo(t, unchecked, ts)
+					case "rail-a2a":
+						d = timeFairgo(t, a2a, ts)
 					default:
-						d = timeFairgo(t, noSpin, ts)
+						d = timeFairgo(t, rsag, ts)
 					}
 					if it >= warm {
 						samples = append(samples, float64(d.Nanoseconds())/1e3)
@@ -432,15 +463,15 @@ func TestGPUTiming(t *testing.T) {
 				}
 				sort.Float64s(samples)
 				med := samples[len(samples)/2]
-				algbw := float64(mib<<20) / (med * 1e-6) / 1e9
-				rows = append(rows, timing{Grid: fmt.Sprintf("%dx%d", g[0], g[1]), Bytes: mib << 20, Algo: algo,
+				algbw := float64(kib<<10) / (med * 1e-6) / 1e9
+				rows = append(rows, timing{Grid: fmt.Sprintf("%dx%d", g[0], g[1]), Bytes: kib << 10, Algo: algo,
 					Median: med, Min: samples[0], Max: samples[len(samples)-1], BusBW: algbw * 2 * (W - 1) / W})
 			}
 		}
 	}
-	t.Logf("%-5s %10s %-7s %12s %12s %12s %10s", "grid", "bytes", "algo", "median(us)", "min(us)", "max(us)", "busbw")
+	t.Logf("%-5s %10s %-14s %12s %12s %12s %10s", "grid", "bytes", "algo", "median(us)", "min(us)", "max(us)", "busbw")
 	for _, r := range rows {
-		t.Logf("%-5s %10d %-7s %12.1f %12.1f %12.1f %10.1f", r.Grid, r.Bytes, r.Algo, r.Median, r.Min, r.Max, r.BusBW)
+		t.Logf("%-5s %10d %-14s %12.1f %12.1f %12.1f %10.1f", r.Grid, r.Bytes, r.Algo, r.Median, r.Min, r.Max, r.BusBW)
 	}
 	if dir := os.Getenv("FAIRGO_OUT"); dir != "" {
 		b, _ := json.MarshalIndent(rows, "", " ")
@@ -463,41 +494,36 @@ func timeFlat(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 }
 
 // timeFairgo times one fairgo AllReduce per rank between two events on a
-// caller stream (After and StreamWait); the slowest rank.
+// caller stream (After and StreamWait), each rank on a goroutine of its own
+// (inline enqueueing needs that); the slowest rank.
 func timeFairgo(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
-	type pair struct{ start, end *cuda.Event }
-	evs := make([]pair, w.size())
-	var works []*hier.Work
 	ctx := context.Background()
-	var streamsToClose []*cuda.Stream
-	for g, r := range w.reducers {
-		dev := w.devs[g].(*cuda.Device)
-		s, err := dev.CreateStream()
-		require.NoError(t, err)
-		streamsToClose = append(streamsToClose, s)
-		start, err := dev.CreateEvent(true)
-		require.NoError(t, err)
-		end, err := dev.CreateEvent(true)
-		require.NoError(t, err)
-		require.NoError(t, start.Record(s))
-		wk := r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
-		require.NoError(t, wk.StreamWait(ctx, s))
-		require.NoError(t, end.Record(s))
-		works = append(works, wk)
-		evs[g] = pair{start, end}
-	}
-	require.NoError(t, reftest.WaitAll(works))
 	ds := make([]time.Duration, w.size())
-	for g, p := range evs {
-		require.NoError(t, p.end.Synchronize())
-		d, err := cuda.Elapsed(p.start, p.end)
-		require.NoError(t, err)
-		ds[g] = d
-		_ = p.start.Close()
-		_ = p.end.Close()
+	errs := make([]error, w.size())
+	var wg sync.WaitGroup
+	for g, r := range w.reducers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev := w.devs[g].(*cuda.Device)
+			s, err := dev.CreateStream()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			defer s.Close()
+			ds[g], errs[g] = dev.TimeRegion(s, func() error {
+				wk := r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
+				if err := wk.StreamWait(ctx, s); err != nil {
+					return err
+				}
+				return nil
+			})
+		}()
 	}
-	for _, s := range streamsToClose {
-		_ = s.Close()
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
 	}
 	return slices.Max(ds)
 }

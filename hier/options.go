@@ -82,6 +82,7 @@ type config struct {
 	flatThreshold int64
 	timeout       time.Duration
 	algorithm     Algorithm
+	inline        bool
 	spin          time.Duration
 	spinSet       bool
 	logger        *slog.Logger
@@ -117,6 +118,16 @@ func WithFlatThreshold(bytes int64) Option { return func(c *config) { c.flatThre
 // WithAlgorithm fixes the algorithm of every allreduce that is not below
 // the flat threshold (Auto, the default, measures and chooses per size).
 func WithAlgorithm(a Algorithm) Option { return func(c *config) { c.algorithm = a } }
+
+// WithInlineEnqueue lets a flat allreduce (one machine, below the flat
+// threshold, or measured faster flat) be enqueued on the calling goroutine,
+// straight onto its After stream, when no earlier call is still waiting for
+// the engine: no hand-off, no extra events. Only turn it on when each rank
+// of the process is driven by its own goroutine: NCCL's first use of a
+// communicator can block the calling thread until the peers join, so one
+// goroutine enqueueing for several ranks could deadlock. setup.New (one rank
+// per process) turns it on.
+func WithInlineEnqueue(on bool) Option { return func(c *config) { c.inline = on } }
 
 // WithTimeout arms a watchdog: work not complete this long after it was
 // enqueued aborts the communicators and fails with fairgo.ErrTimeout, so a

@@ -2,184 +2,241 @@ package hier
 
 import (
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/padding"
 	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
 
-// allReduce enqueues the five-stage pipeline for every slice of t (M > 1).
-func (r *Reducer) allReduce(t fairgo.Tensor, op fairgo.Op) (streams.Stream, error) {
-	g := r.grid
-	M, D, m, d := g.Machines, g.Devices, g.Machine, g.Local
-	W := int64(g.Size())
-	dt := t.DType
-	es := int64(dt.Size())
-	intraOp, addOp, div := r.stageOps(op)
-	rs, col, add, dif, ag := r.stages()
-	for sl := range staging.Slices(t.Count, int(es), g.Size(), r.layout.SliceBytes) {
-		base := t.Ptr + uintptr(sl.Offset*es)
-		S, P := sl.Shard, sl.PadShard
-		cell := func(dd, mm int) uintptr { return base + uintptr((int64(dd)*int64(M)+int64(mm))*S*es) }
-		tail := base + uintptr(W*S*es)
+// part is one [D][M][n] part of a slice: the grid part in the caller's
+// buffer, or the padding part in a padding slot. recv is where the
+// all-to-all collect stage of RailAllToAll receives the M shards of row d.
+type part struct {
+	cells staging.Cells
+	recv  uintptr
+}
 
-		// Where the collect stage receives: the neighbour's slot, dead after
-		// the reduce-scatter (D ≥ 2), or a staging slot (D = 1).
-		var st *staging.Slot
-		recv := cell((d+1)%D, 0)
-		var padRecv uintptr
-		if D == 1 {
-			ring, err := r.stagingRing()
-			if err != nil {
-				return nil, err
-			}
-			s := ring.Next()
-			st = &s
-			recv = s.Ptr
-			padRecv = s.Ptr + uintptr(r.layout.PaddingReceiveOffset())
-		}
-		var pslot staging.Slot
-		var pv padding.View
-		if P > 0 {
-			ring, err := r.paddingRing()
-			if err != nil {
-				return nil, err
-			}
-			pslot, pv = ring.Next(P, int(es))
-			if D > 1 {
-				padRecv = pv.Row((d + 1) % D)
-			}
-		}
+// slicePlan is what the stages of one slice of an allreduce work on.
+type slicePlan struct {
+	parts   []part        // the non-empty parts, grid first
+	recvBuf *staging.Slot // D = 1 RailAllToAll: the staging slot received into
+	pad     *staging.Slot // the padding slot, when the slice has a tail
+	padBase uintptr       // the padding part's cells
+	tail    uintptr       // the caller's tail elements
+	tailLen int64         // their bytes
+}
 
-		// 1 reduce-scatter inside the machine.
-		if P > 0 {
-			if err := rs.WaitEvent(pslot.Guard); err != nil {
-				return nil, err
-			}
-			if err := r.dev.CopyAsync(pv.Base, tail, sl.Tail*es, rs); err != nil {
-				return nil, err
-			}
-		}
-		if D > 1 {
-			c := r.comms.IntraReduceScatter
-			if err := r.dev.Group(func() error {
-				if S > 0 {
-					if err := c.ReduceScatter(base, cell(d, 0), int64(M)*S, dt, intraOp, rs); err != nil {
-						return err
-					}
-				}
-				if P > 0 {
-					return c.ReduceScatter(pv.Base, pv.Row(d), int64(M)*P, dt, intraOp, rs)
-				}
-				return nil
-			}); err != nil {
-				return nil, err
-			}
-		}
-		if err := r.handoff(streams.ReduceScatter); err != nil {
+// stageOps are the operators of the stages for one call's op and dtype.
+type stageOps struct {
+	intra      fairgo.Op // stage 1 (NCCL reduce-scatter inside the machine)
+	rail       fairgo.Op // RailRSAG's rail reduce-scatter (NCCL)
+	add        fairgo.Op // RailAllToAll's reduction kernel
+	addDivisor int       // its Avg divisor
+	divideBy   int       // RailRSAG: divide the rail's result by this in the add stage (integer Avg); 1: nothing
+}
+
+// stageOps gives each stage its operator. Floating-point Avg averages at
+// every level (NCCL's Avg pre-multiplies each input by 1/n, and the kernel
+// divides its float32 sum by M), so that no partial sum overflows where a
+// flat average would not; integer Avg sums and truncates once, by the world
+// size, as flat NCCL does.
+func (r *Reducer) stageOps(op fairgo.Op, dt fairgo.DType) stageOps {
+	switch {
+	case op != fairgo.Avg:
+		return stageOps{intra: op, rail: op, add: op, addDivisor: 1, divideBy: 1}
+	case dt.IsFloat():
+		return stageOps{intra: fairgo.Avg, rail: fairgo.Avg, add: fairgo.Avg, addDivisor: r.grid.Machines, divideBy: 1}
+	default:
+		w := r.grid.Size()
+		return stageOps{intra: fairgo.Sum, rail: fairgo.Sum, add: fairgo.Avg, addDivisor: w, divideBy: w}
+	}
+}
+
+// allReduce enqueues the five-stage pipeline for every slice of t (M > 1)
+// with the rail phase of algo (RailAllToAll or RailRSAG).
+func (r *Reducer) allReduce(t fairgo.Tensor, op fairgo.Op, algo Algorithm) (streams.Stream, error) {
+	ops := r.stageOps(op, t.DType)
+	es := t.DType.Size()
+	for sl := range staging.Slices(t.Count, es, r.grid.Size(), r.layout.SliceBytes) {
+		p, err := r.planSlice(t, sl, algo)
+		if err != nil {
 			return nil, err
 		}
-
-		// 2 collect: shard [d][k] to machine k.
-		if st != nil {
-			if err := col.WaitEvent(st.Guard); err != nil {
-				return nil, err
-			}
-		}
-		if err := r.dev.Group(func() error {
-			c := r.comms.RailCollect
-			if S > 0 {
-				counts, displs := uniform(M, S, S, -1)
-				if err := c.AllToAllv(cell(d, 0), counts, displs, recv, counts, displs, dt, col); err != nil {
-					return err
-				}
-			}
-			if P > 0 {
-				counts, displs := uniform(M, P, P, -1)
-				return c.AllToAllv(pv.Row(d), counts, displs, padRecv, counts, displs, dt, col)
-			}
-			return nil
-		}); err != nil {
+		if err := r.runSlice(p, t.DType, ops, algo); err != nil {
 			return nil, err
-		}
-		if err := r.handoff(streams.Collect); err != nil {
-			return nil, err
-		}
-
-		// 3 add: reduce the M received shards into [d][m].
-		if S > 0 {
-			if err := r.dev.ReduceAsync(cell(d, m), recv, M, S, S, dt, addOp, div, add); err != nil {
-				return nil, err
-			}
-		}
-		if P > 0 {
-			if err := r.dev.ReduceAsync(pv.Cell(d, m), padRecv, M, P, P, dt, addOp, div, add); err != nil {
-				return nil, err
-			}
-		}
-		if st != nil {
-			if err := st.Guard.Record(add); err != nil {
-				return nil, err
-			}
-		}
-		if err := r.handoff(streams.Add); err != nil {
-			return nil, err
-		}
-
-		// 4 diffuse: shard [d][m] to every other machine, into [d][k].
-		if err := r.dev.Group(func() error {
-			c := r.comms.RailDiffuse
-			if S > 0 {
-				sc, zero := uniform(M, S, 0, m)
-				rc, rd := uniform(M, S, S, m)
-				if err := c.AllToAllv(cell(d, m), sc, zero, cell(d, 0), rc, rd, dt, dif); err != nil {
-					return err
-				}
-			}
-			if P > 0 {
-				sc, zero := uniform(M, P, 0, m)
-				rc, rd := uniform(M, P, P, m)
-				return c.AllToAllv(pv.Cell(d, m), sc, zero, pv.Row(d), rc, rd, dt, dif)
-			}
-			return nil
-		}); err != nil {
-			return nil, err
-		}
-		if err := r.handoff(streams.Diffuse); err != nil {
-			return nil, err
-		}
-
-		// 5 all-gather inside the machine, then the tail back from padding.
-		if D > 1 {
-			c := r.comms.IntraAllGather
-			if err := r.dev.Group(func() error {
-				if S > 0 {
-					if err := c.AllGather(cell(d, 0), base, int64(M)*S, dt, ag); err != nil {
-						return err
-					}
-				}
-				if P > 0 {
-					return c.AllGather(pv.Row(d), pv.Base, int64(M)*P, dt, ag)
-				}
-				return nil
-			}); err != nil {
-				return nil, err
-			}
-		}
-		if P > 0 {
-			if err := r.dev.CopyAsync(tail, pv.Base, sl.Tail*es, ag); err != nil {
-				return nil, err
-			}
-			if err := pslot.Guard.Record(ag); err != nil {
-				return nil, err
-			}
 		}
 	}
-	return ag, nil
+	return r.chain.Stream(streams.AllGather), nil
+}
+
+// planSlice lays out one slice: its grid part in place, its tail in a
+// padding slot, and where the all-to-all collect receives: the neighbour's
+// row, dead after the reduce-scatter (D ≥ 2), or a staging slot (D = 1).
+func (r *Reducer) planSlice(t fairgo.Tensor, sl staging.Slice, algo Algorithm) (*slicePlan, error) {
+	g := r.grid
+	D, d := g.Devices, g.Local
+	es := int64(t.DType.Size())
+	base := t.Ptr + uintptr(sl.Offset*es)
+	p := &slicePlan{}
+	var gridRecv, padRecv uintptr
+	if D == 1 && algo == RailAllToAll {
+		ring, err := r.stagingRing()
+		if err != nil {
+			return nil, err
+		}
+		s := ring.Next()
+		p.recvBuf = &s
+		gridRecv = s.Ptr
+		padRecv = s.Ptr + uintptr(r.layout.PaddingReceiveOffset())
+	}
+	grid := staging.Cells{Base: base, Devices: D, Machines: g.Machines, N: sl.Shard, ElemSize: es}
+	if sl.Shard > 0 {
+		if p.recvBuf == nil {
+			gridRecv = grid.Row((d + 1) % D)
+		}
+		p.parts = append(p.parts, part{cells: grid, recv: gridRecv})
+	}
+	if sl.PadShard > 0 {
+		ring, err := r.paddingRing()
+		if err != nil {
+			return nil, err
+		}
+		slot, cells := ring.Next(sl.PadShard, int(es))
+		p.pad = &slot
+		p.padBase = cells.Base
+		p.tail = base + uintptr(grid.Bytes())
+		p.tailLen = sl.Tail * es
+		if p.recvBuf == nil {
+			padRecv = cells.Row((d + 1) % D)
+		}
+		p.parts = append(p.parts, part{cells: cells, recv: padRecv})
+	}
+	return p, nil
+}
+
+// eachPart runs fn for every part of p inside one communicator group.
+func (r *Reducer) eachPart(p *slicePlan, fn func(pt part) error) error {
+	return r.dev.Group(func() error {
+		for _, pt := range p.parts {
+			if err := fn(pt); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// runSlice enqueues the five stages of one slice.
+func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Algorithm) error {
+	g := r.grid
+	M, D, m, d := g.Machines, g.Devices, g.Machine, g.Local
+	rs, col, add, dif, ag := r.stages()
+	c := r.comms
+
+	// 1 reduce-scatter inside the machine: row d gets the machine's sum.
+	if p.pad != nil {
+		if err := rs.WaitEvent(p.pad.Guard); err != nil {
+			return err
+		}
+		if err := r.dev.CopyAsync(p.padBase, p.tail, p.tailLen, rs); err != nil {
+			return err
+		}
+	}
+	if D > 1 {
+		if err := r.eachPart(p, func(pt part) error {
+			x := pt.cells
+			return c.IntraReduceScatter.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, ops.intra, rs)
+		}); err != nil {
+			return err
+		}
+	}
+	if err := r.handoff(streams.ReduceScatter); err != nil {
+		return err
+	}
+
+	// 2 collect on the rail: cell [d][k] to machine k, or NCCL's
+	// reduce-scatter of row d leaving cell [d][m] reduced.
+	if p.recvBuf != nil {
+		if err := col.WaitEvent(p.recvBuf.Guard); err != nil {
+			return err
+		}
+	}
+	if err := r.eachPart(p, func(pt part) error {
+		x := pt.cells
+		if algo == RailRSAG {
+			return c.RailCollect.ReduceScatter(x.Row(d), x.Cell(d, m), x.N, dt, ops.rail, col)
+		}
+		counts, displs := sameCounts(M, x.N), strided(M, x.N)
+		return c.RailCollect.AllToAllv(x.Row(d), counts, displs, pt.recv, counts, displs, dt, col)
+	}); err != nil {
+		return err
+	}
+	if err := r.handoff(streams.Collect); err != nil {
+		return err
+	}
+
+	// 3 add: reduce the M received shards into cell [d][m] (RailRSAG:
+	// only integer Avg's division is left).
+	for _, pt := range p.parts {
+		x := pt.cells
+		var err error
+		switch {
+		case algo == RailAllToAll:
+			err = r.dev.ReduceAsync(x.Cell(d, m), pt.recv, M, x.N, x.N, dt, ops.add, ops.addDivisor, add)
+		case ops.divideBy > 1:
+			err = r.dev.ReduceAsync(x.Cell(d, m), x.Cell(d, m), 1, x.N, x.N, dt, fairgo.Avg, ops.divideBy, add)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if p.recvBuf != nil {
+		if err := p.recvBuf.Guard.Record(add); err != nil {
+			return err
+		}
+	}
+	if err := r.handoff(streams.Add); err != nil {
+		return err
+	}
+
+	// 4 diffuse on the rail: cell [d][m] to every other machine, filling
+	// row d.
+	if err := r.eachPart(p, func(pt part) error {
+		x := pt.cells
+		if algo == RailRSAG {
+			return c.RailDiffuse.AllGather(x.Cell(d, m), x.Row(d), x.N, dt, dif)
+		}
+		sendCounts := withoutPeer(sameCounts(M, x.N), m)
+		return c.RailDiffuse.AllToAllv(x.Cell(d, m), sendCounts, make([]int64, M), x.Row(d), sendCounts, strided(M, x.N), dt, dif)
+	}); err != nil {
+		return err
+	}
+	if err := r.handoff(streams.Diffuse); err != nil {
+		return err
+	}
+
+	// 5 all-gather inside the machine, then the tail back from padding.
+	if D > 1 {
+		if err := r.eachPart(p, func(pt part) error {
+			x := pt.cells
+			return c.IntraAllGather.AllGather(x.Row(d), x.Base, x.RowCount(), dt, ag)
+		}); err != nil {
+			return err
+		}
+	}
+	if p.pad != nil {
+		if err := r.dev.CopyAsync(p.tail, p.padBase, p.tailLen, ag); err != nil {
+			return err
+		}
+		if err := p.pad.Guard.Record(ag); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // reduceScatter enqueues a hierarchical reduce-scatter: per slice of the
-// blocks, an intra-machine reduce-scatter of the gathered [D][M][n] slice, a
-// rail all-to-all and the add kernel writing straight into recv.
+// blocks, the gather of every rank's part into a [D][M][n] staging slot, an
+// intra-machine reduce-scatter, a rail all-to-all and the add kernel
+// writing straight into recv.
 func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams.Stream, error) {
 	g := r.grid
 	M, D, d := g.Machines, g.Devices, g.Local
@@ -198,7 +255,7 @@ func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams
 	case M == 1:
 		return rs, r.comms.IntraReduceScatter.ReduceScatter(send.Ptr, recv.Ptr, c, dt, op, rs)
 	}
-	intraOp, addOp, div := r.stageOps(op)
+	ops := r.stageOps(op, dt)
 	ring, err := r.stagingRing()
 	if err != nil {
 		return nil, err
@@ -207,28 +264,29 @@ func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams
 		n := b.Count
 		st := ring.Next()
 		out := recv.Ptr + uintptr(b.Offset*es)
+		x := staging.Cells{Base: st.Ptr, Devices: D, Machines: M, N: n, ElemSize: es}
+		counts := sameCounts(M, n)
 		if D > 1 {
-			x := func(dd, mm int) uintptr { return st.Ptr + uintptr((int64(dd)*int64(M)+int64(mm))*n*es) }
 			if err := rs.WaitEvent(st.Guard); err != nil {
 				return nil, err
 			}
-			if err := r.transpose(x(0, 0), send.Ptr+uintptr(b.Offset*es), n, c, es, true, rs); err != nil {
+			if err := r.transpose(x, send.Ptr+uintptr(b.Offset*es), c, true, rs); err != nil {
 				return nil, err
 			}
-			if err := r.comms.IntraReduceScatter.ReduceScatter(st.Ptr, x(d, 0), int64(M)*n, dt, intraOp, rs); err != nil {
+			if err := r.comms.IntraReduceScatter.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, ops.intra, rs); err != nil {
 				return nil, err
 			}
 			if err := r.handoff(streams.ReduceScatter); err != nil {
 				return nil, err
 			}
-			counts, displs := uniform(M, n, n, -1)
-			if err := r.comms.RailCollect.AllToAllv(x(d, 0), counts, displs, x((d+1)%D, 0), counts, displs, dt, col); err != nil {
+			nb := x.Row((d + 1) % D)
+			if err := r.comms.RailCollect.AllToAllv(x.Row(d), counts, strided(M, n), nb, counts, strided(M, n), dt, col); err != nil {
 				return nil, err
 			}
 			if err := r.handoff(streams.Collect); err != nil {
 				return nil, err
 			}
-			if err := r.dev.ReduceAsync(out, x((d+1)%D, 0), M, n, n, dt, addOp, div, add); err != nil {
+			if err := r.dev.ReduceAsync(out, nb, M, n, n, dt, ops.add, ops.addDivisor, add); err != nil {
 				return nil, err
 			}
 		} else {
@@ -238,18 +296,17 @@ func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams
 			if err := col.WaitEvent(st.Guard); err != nil {
 				return nil, err
 			}
-			counts, recvDispls := uniform(M, n, n, -1)
-			_, sendDispls := uniform(M, n, c, -1)
+			sendDispls := strided(M, c)
 			for k := range sendDispls {
 				sendDispls[k] += b.Offset
 			}
-			if err := r.comms.RailCollect.AllToAllv(send.Ptr, counts, sendDispls, st.Ptr, counts, recvDispls, dt, col); err != nil {
+			if err := r.comms.RailCollect.AllToAllv(send.Ptr, counts, sendDispls, st.Ptr, counts, strided(M, n), dt, col); err != nil {
 				return nil, err
 			}
 			if err := r.handoff(streams.Collect); err != nil {
 				return nil, err
 			}
-			if err := r.dev.ReduceAsync(out, st.Ptr, M, n, n, dt, addOp, div, add); err != nil {
+			if err := r.dev.ReduceAsync(out, st.Ptr, M, n, n, dt, ops.add, ops.addDivisor, add); err != nil {
 				return nil, err
 			}
 		}
@@ -298,24 +355,23 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 		if err := r.handoffsFrom(streams.ReduceScatter); err != nil {
 			return nil, err
 		}
+		counts := sameCounts(M, n)
 		if D > 1 {
 			st := ring.Next()
-			x := func(dd, mm int) uintptr { return st.Ptr + uintptr((int64(dd)*int64(M)+int64(mm))*n*es) }
+			x := staging.Cells{Base: st.Ptr, Devices: D, Machines: M, N: n, ElemSize: es}
 			if err := dif.WaitEvent(st.Guard); err != nil {
 				return nil, err
 			}
-			sc, zero := uniform(M, n, 0, -1)
-			rc, rd := uniform(M, n, n, -1)
-			if err := r.comms.RailDiffuse.AllToAllv(src, sc, zero, x(d, 0), rc, rd, dt, dif); err != nil {
+			if err := r.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M), x.Row(d), counts, strided(M, n), dt, dif); err != nil {
 				return nil, err
 			}
 			if err := r.handoff(streams.Diffuse); err != nil {
 				return nil, err
 			}
-			if err := r.comms.IntraAllGather.AllGather(x(d, 0), st.Ptr, int64(M)*n, dt, ag); err != nil {
+			if err := r.comms.IntraAllGather.AllGather(x.Row(d), x.Base, x.RowCount(), dt, ag); err != nil {
 				return nil, err
 			}
-			if err := r.transpose(st.Ptr, recv.Ptr+uintptr(b.Offset*es), n, c, es, false, ag); err != nil {
+			if err := r.transpose(x, recv.Ptr+uintptr(b.Offset*es), c, false, ag); err != nil {
 				return nil, err
 			}
 			if err := st.Guard.Record(ag); err != nil {
@@ -323,18 +379,16 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 			}
 			continue
 		}
-		// D = 1: receive straight into recv's blocks; skip the self copy
-		// when the call is in place.
-		skip := -1
+		// D = 1: receive straight into recv's blocks; in place, this rank's
+		// own block is already there.
 		if self == send.Ptr {
-			skip = g.Machine
+			counts = withoutPeer(counts, g.Machine)
 		}
-		sc, zero := uniform(M, n, 0, skip)
-		rc, rd := uniform(M, n, c, skip)
-		for k := range rd {
-			rd[k] += b.Offset
+		recvDispls := strided(M, c)
+		for k := range recvDispls {
+			recvDispls[k] += b.Offset
 		}
-		if err := r.comms.RailDiffuse.AllToAllv(src, sc, zero, recv.Ptr, rc, rd, dt, dif); err != nil {
+		if err := r.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M), recv.Ptr, counts, recvDispls, dt, dif); err != nil {
 			return nil, err
 		}
 		if err := r.handoff(streams.Diffuse); err != nil {
@@ -349,25 +403,48 @@ func (r *Reducer) stages() (rs, col, add, dif, ag streams.Stream) {
 	return c.Stream(streams.ReduceScatter), c.Stream(streams.Collect), c.Stream(streams.Add), c.Stream(streams.Diffuse), c.Stream(streams.AllGather)
 }
 
-// transpose copies a slice of n elements of every rank's block between the
+// transpose copies a slice of x.N elements of every rank's block between the
 // caller's buffer, where blocks of c elements stand in grid order (m·D+d,
-// machine-major), and a staging area laid out [D][M][n] (device-major): one
-// strided copy per local index. gather copies buffer → staging; otherwise
-// staging → buffer.
-func (r *Reducer) transpose(stage, buf uintptr, n, c, es int64, gather bool, s streams.Stream) error {
-	M, D := int64(r.grid.Machines), int64(r.grid.Devices)
-	for d := int64(0); d < D; d++ {
-		row := stage + uintptr(d*M*n*es) // [d][0] in staging
-		col := buf + uintptr(d*c*es)     // block of grid rank 0·D+d
-		var err error
-		if gather {
-			err = r.dev.Copy2DAsync(row, n*es, col, D*c*es, n*es, M, s)
-		} else {
-			err = r.dev.Copy2DAsync(col, D*c*es, row, n*es, n*es, M, s)
+// machine-major), and the [D][M][n] cells x (device-major): one strided copy
+// per local index. gather copies buffer → cells; otherwise cells → buffer.
+func (r *Reducer) transpose(x staging.Cells, buf uintptr, c int64, gather bool, s streams.Stream) error {
+	D := int64(x.Devices)
+	width := x.N * x.ElemSize
+	for d := range x.Devices {
+		row := x.Row(d)                             // [d][0] in the cells
+		col := buf + uintptr(int64(d)*c*x.ElemSize) // block of grid rank 0·D+d
+		dst, dstPitch, src, srcPitch := row, width, col, D*c*x.ElemSize
+		if !gather {
+			dst, dstPitch, src, srcPitch = col, D*c*x.ElemSize, row, width
 		}
-		if err != nil {
+		if err := r.dev.Copy2DAsync(dst, dstPitch, src, srcPitch, width, int64(x.Machines), s); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// sameCounts is m counts of n elements: a rail all-to-all that exchanges n
+// elements with every peer.
+func sameCounts(m int, n int64) []int64 {
+	counts := make([]int64, m)
+	for k := range counts {
+		counts[k] = n
+	}
+	return counts
+}
+
+// strided is the displacements of m blocks of stride elements: k·stride.
+func strided(m int, stride int64) []int64 {
+	displs := make([]int64, m)
+	for k := range displs {
+		displs[k] = int64(k) * stride
+	}
+	return displs
+}
+
+// withoutPeer zeroes the count of peer k (the exchange skips it).
+func withoutPeer(counts []int64, k int) []int64 {
+	counts[k] = 0
+	return counts
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -48,6 +49,9 @@ type request struct {
 	recvCounts []int64
 	after      streams.Event // recorded on the caller's stream at call time
 	work       *Work
+	seq        uint64  // the call's number in this Reducer's call order, from 1
+	rejected   error   // set when this rank refused the call: only its check runs
+	check      *ticket // the outcome of the cross-rank check; nil without peers
 }
 
 func (q *request) String() string {
@@ -67,12 +71,13 @@ type Reducer struct {
 	events eventPool
 
 	mu       sync.Mutex
+	seq      uint64 // the last call number handed out
 	queue    []*request
 	closed   bool
 	busy     bool  // the engine goroutine is enqueueing a request
 	broken   error // set once the communicators were aborted
 	inflight []inflight
-	choices  []Choice // the calibrated choice table; nil until calibrated
+	measured map[int]Algorithm // Auto's choice per size class, once measured
 	wake     chan struct{}
 
 	abortOnce  sync.Once
@@ -81,13 +86,20 @@ type Reducer struct {
 	watchCh    chan pending
 	watchDone  chan struct{}
 
+	checker   *checker      // nil without peers
+	enqueued  atomic.Uint64 // the last call whose device work was enqueued
+	completed atomic.Uint64 // the last call whose Work completed
+	inlined   atomic.Uint64 // calls enqueued on the caller's goroutine
+	board     *bulletin     // nil without a Board
+
 	// Owned by the engine goroutine.
-	chain      *streams.Chain
-	stagingR   *staging.Ring
-	paddingR   *padding.Ring
-	skipWait   streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
-	closeErr   error
-	engineExit error
+	chain     *streams.Chain
+	stagingR  *staging.Ring
+	paddingR  *padding.Ring
+	calib     *exchange     // the calibration's exchange buffer, once needed
+	skipWait  streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
+	skipCheck bool          // test hook (export_test.go): no cross-rank check
+	closeErr  error
 }
 
 // inflight is the memory range of a call whose device work may still run.
@@ -101,6 +113,9 @@ type inflight struct {
 // communicators, and starts its goroutine. Sim clusters and setup.New call it;
 // trainers usually do not. ctx bounds the construction only.
 func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	if err := rk.validate(); err != nil {
 		return nil, err
 	}
@@ -121,7 +136,10 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
 		wake: make(chan struct{}, 1), closing: make(chan struct{}),
 		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
-		skipWait: -1,
+		skipWait: -1, measured: map[int]Algorithm{},
+	}
+	if rk.Board != nil && rk.Grid.Size() > 1 {
+		r.board = newBulletin(r, rk.Board)
 	}
 	ready := make(chan error, 1)
 	go r.engine(ready)
@@ -169,90 +187,94 @@ func (r *Reducer) FlatThreshold() int64 { return r.cfg.flatThreshold }
 
 // AllReduce reduces t in place across all ranks with op.
 func (r *Reducer) AllReduce(ctx context.Context, t fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {
+	q := &request{kind: kindAllReduce, a: t, op: op}
 	if err := t.Validate(); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	if !op.Valid() {
-		return failedWork(&fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
+		return r.reject(q, &fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
 	}
-	return r.submit(ctx, &request{kind: kindAllReduce, a: t, op: op}, opts)
+	return r.submit(ctx, q, opts)
 }
 
 // ReduceScatter reduces send (M·D·c elements, blocks in grid order m·D+d)
 // across ranks with op; the rank at grid position g receives block g in recv
 // (c elements). Grid().Rank() is this rank's block index.
 func (r *Reducer) ReduceScatter(ctx context.Context, send, recv fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {
+	q := &request{kind: kindReduceScatter, a: send, b: recv, op: op}
 	w := int64(r.grid.Size())
 	if err := r.checkPair(send, recv); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	if send.Count%w != 0 {
-		return failedWork(&fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the %d ranks", w)})
+		return r.reject(q, &fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the %d ranks", w)})
 	}
 	if err := r.checkCounts(send, recv, send.Count/w, "reduce-scatter"); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	if !op.Valid() {
-		return failedWork(&fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
+		return r.reject(q, &fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
 	}
-	return r.submit(ctx, &request{kind: kindReduceScatter, a: send, b: recv, op: op}, opts)
+	return r.submit(ctx, q, opts)
 }
 
 // AllGather gathers every rank's send (c elements) into recv (M·D·c
 // elements, blocks in grid order m·D+d).
 func (r *Reducer) AllGather(ctx context.Context, send, recv fairgo.Tensor, opts ...CallOption) *Work {
+	q := &request{kind: kindAllGather, a: send, b: recv}
 	if err := r.checkPair(send, recv); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	w := int64(r.grid.Size())
 	if send.Count > (1<<62)/w {
-		return failedWork(&fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: "times the world size overflows"})
+		return r.reject(q, &fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: "times the world size overflows"})
 	}
 	if err := r.checkCounts(send, recv, send.Count*w, "all-gather"); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
-	return r.submit(ctx, &request{kind: kindAllGather, a: send, b: recv}, opts)
+	return r.submit(ctx, q, opts)
 }
 
 // Broadcast copies t of the world rank root to t of every rank (flat, on the
 // world communicator).
 func (r *Reducer) Broadcast(ctx context.Context, t fairgo.Tensor, root int, opts ...CallOption) *Work {
+	q := &request{kind: kindBroadcast, a: t, root: root}
 	if err := t.Validate(); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	if root < 0 || root >= r.grid.Size() {
-		return failedWork(&fairgo.ArgError{Arg: "root", Value: root, Reason: fmt.Sprintf("outside [0, %d)", r.grid.Size())})
+		return r.reject(q, &fairgo.ArgError{Arg: "root", Value: root, Reason: fmt.Sprintf("outside [0, %d)", r.grid.Size())})
 	}
-	return r.submit(ctx, &request{kind: kindBroadcast, a: t, root: root}, opts)
+	return r.submit(ctx, q, opts)
 }
 
 // AllToAll sends block k of send to world rank k, and receives block k of
 // recv from world rank k (flat, on the world communicator). Both hold
 // WorldSize × c elements.
 func (r *Reducer) AllToAll(ctx context.Context, send, recv fairgo.Tensor, opts ...CallOption) *Work {
+	q := &request{kind: kindAllToAllv, a: send, b: recv}
 	w := int64(r.grid.Size())
 	if err := r.checkPair(send, recv); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	if err := r.checkCounts(send, recv, send.Count, "all-to-all"); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	if send.Count%w != 0 {
-		return failedWork(&fairgo.ArgError{Arg: "count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the world size %d", w)})
+		return r.reject(q, &fairgo.ArgError{Arg: "count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the world size %d", w)})
 	}
-	counts := make([]int64, w)
-	for k := range counts {
-		counts[k] = send.Count / w
-	}
-	return r.submit(ctx, &request{kind: kindAllToAllv, a: send, b: recv, sendCounts: counts, recvCounts: counts}, opts)
+	q.sendCounts = sameCounts(int(w), send.Count/w)
+	q.recvCounts = q.sendCounts
+	return r.submit(ctx, q, opts)
 }
 
 // AllToAllv sends sendCounts[k] elements to world rank k, taken from send
 // one block after the other, and receives recvCounts[k] elements from world
 // rank k into recv likewise (flat, on the world communicator).
 func (r *Reducer) AllToAllv(ctx context.Context, send fairgo.Tensor, sendCounts []int64, recv fairgo.Tensor, recvCounts []int64, opts ...CallOption) *Work {
+	q := &request{kind: kindAllToAllv, a: send, b: recv}
 	if err := r.checkPair(send, recv); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	for _, c := range []struct {
 		name   string
@@ -260,18 +282,18 @@ func (r *Reducer) AllToAllv(ctx context.Context, send fairgo.Tensor, sendCounts 
 		counts []int64
 	}{{"sendCounts", send, sendCounts}, {"recvCounts", recv, recvCounts}} {
 		if len(c.counts) != r.grid.Size() {
-			return failedWork(&fairgo.ArgError{Arg: c.name, Value: len(c.counts), Reason: fmt.Sprintf("needs one count per rank (%d)", r.grid.Size())})
+			return r.reject(q, &fairgo.ArgError{Arg: c.name, Value: len(c.counts), Reason: fmt.Sprintf("needs one count per rank (%d)", r.grid.Size())})
 		}
 		var total int64
 		for _, n := range c.counts {
 			if n < 0 || total > c.t.Count-n {
-				return failedWork(&fairgo.ArgError{Arg: c.name, Value: c.counts, Reason: fmt.Sprintf("negative, or more than the tensor's %d elements", c.t.Count)})
+				return r.reject(q, &fairgo.ArgError{Arg: c.name, Value: c.counts, Reason: fmt.Sprintf("negative, or more than the tensor's %d elements", c.t.Count)})
 			}
 			total += n
 		}
 	}
-	return r.submit(ctx, &request{kind: kindAllToAllv, a: send, b: recv,
-		sendCounts: append([]int64(nil), sendCounts...), recvCounts: append([]int64(nil), recvCounts...)}, opts)
+	q.sendCounts, q.recvCounts = append([]int64(nil), sendCounts...), append([]int64(nil), recvCounts...)
+	return r.submit(ctx, q, opts)
 }
 
 // checkPair validates a send/receive pair and its element type.
@@ -297,10 +319,42 @@ func (r *Reducer) checkCounts(send, recv fairgo.Tensor, want int64, what string)
 	return nil
 }
 
-// submit queues a validated request for the engine goroutine.
+// errNilContext is the error of a call given a nil context.
+var errNilContext = &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"}
+
+// reject fails a call this rank refused. With peers, the call still takes
+// its place in the call order and its check runs, marked rejected: peers
+// that accepted it learn of it as a mismatch instead of waiting for data
+// that will never come.
+func (r *Reducer) reject(q *request, err error) *Work {
+	w := failedWork(err)
+	if r.grid.Size() == 1 {
+		return w
+	}
+	q.work, q.rejected = w, err
+	r.mu.Lock()
+	if r.closed || r.broken != nil {
+		r.mu.Unlock()
+		return w
+	}
+	r.seq++
+	q.seq = r.seq
+	r.queue = append(r.queue, q)
+	r.mu.Unlock()
+	r.kick()
+	return w
+}
+
+// submit queues a validated request for the engine goroutine. A context
+// already done, or nil, rejects the call; once a call is queued its device
+// work is enqueued whatever happens to ctx later, so that the ranks stay in
+// step.
 func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Work {
+	if ctx == nil {
+		return r.reject(q, errNilContext)
+	}
 	if err := ctx.Err(); err != nil {
-		return failedWork(err)
+		return r.reject(q, err)
 	}
 	var cc callConfig
 	for _, o := range opts {
@@ -318,7 +372,23 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	}
 	if r.broken != nil {
 		r.mu.Unlock()
-		return failedWork(fmt.Errorf("hier: %v: %w", q, r.broken))
+		return failedWork(brokenErr(q, r.broken))
+	}
+	if r.inlineLocked(q) {
+		// Nothing is queued before this flat call: enqueue it here, on the
+		// caller's stream, without the engine's hand-off and events.
+		r.busy = true
+		r.seq++
+		q.seq = r.seq
+		r.mu.Unlock()
+		first := cc.after
+		if first == nil {
+			first = r.chain.Stream(streams.ReduceScatter)
+		}
+		r.execute(q, first)
+		r.inlined.Add(1)
+		r.idle()
+		return q.work
 	}
 	if cc.after != nil {
 		// Recorded under the lock, so the capture happens before any later
@@ -329,14 +399,44 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 		}
 		if err != nil {
 			r.mu.Unlock()
-			return failedWork(fmt.Errorf("hier: %v: recording the After event: %w", q, err))
+			return r.reject(q, fmt.Errorf("hier: %v: recording the After event: %w", q, err))
 		}
 		q.after = ev
 	}
+	r.seq++
+	q.seq = r.seq
 	r.queue = append(r.queue, q)
 	r.mu.Unlock()
 	r.kick()
 	return q.work
+}
+
+// inlineLocked reports whether q may be enqueued on the calling goroutine
+// (r.mu held): WithInlineEnqueue is on, no earlier call waits for the
+// engine, and q is a flat allreduce whose algorithm is known without a
+// calibration.
+func (r *Reducer) inlineLocked(q *request) bool {
+	if !r.cfg.inline || len(r.queue) > 0 || r.busy || q.kind != kindAllReduce || q.a.Count == 0 || r.grid.Size() == 1 {
+		return false
+	}
+	bytes := q.a.ByteLen()
+	switch {
+	case r.grid.Machines == 1, r.cfg.algorithm == Flat:
+		return true
+	case r.cfg.algorithm != Auto:
+		return r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold
+	case r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold:
+		return true
+	}
+	class, lo, ok := r.classOf(bytes)
+	if !ok {
+		return false
+	}
+	if lo > maxCalibrationBytes {
+		class, _, _ = r.classOf(maxCalibrationBytes)
+	}
+	a, measured := r.measured[class]
+	return measured && a == Flat
 }
 
 // idle ends the engine goroutine's current execution.
@@ -401,6 +501,19 @@ func (r *Reducer) brokenCause() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.broken
+}
+
+// Err reports why the Reducer is broken, or nil. A Reducer breaks when its
+// communicators were aborted: a timeout (fairgo.ErrTimeout, here or on a
+// peer), a failed peer or communicator (fairgo.ErrAborted), or calls that
+// did not match across ranks (fairgo.ErrMismatch). A broken Reducer fails
+// every later call at once with an error wrapping fairgo.ErrClosed and the
+// cause; Close it and build a new one.
+func (r *Reducer) Err() error { return r.brokenCause() }
+
+// brokenErr is the error of a call made on a broken Reducer.
+func brokenErr(q *request, cause error) error {
+	return fmt.Errorf("hier: %v: the Reducer is broken: %w (%w)", q, fairgo.ErrClosed, cause)
 }
 
 // commList is the distinct non-nil communicators.
@@ -481,11 +594,14 @@ func CloseAll(rs []*Reducer) error {
 type Choice struct {
 	MinBytes  int64
 	Algorithm Algorithm
+	// Measured is false for a size class Auto has not measured yet (no
+	// call of that size so far); Algorithm is then a guess.
+	Measured bool
 }
 
 // Choices is the algorithm of every size class, ascending by MinBytes,
-// starting at 0. Until the calibration of Auto has run it reports the
-// choices it would make without measurement.
+// starting at 0 (on one machine: Flat throughout). With Auto, a class is
+// measured by the first call that falls in it.
 func (r *Reducer) Choices() []Choice {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -507,23 +623,4 @@ func pick(cs []Choice, bytes int64) Algorithm {
 		}
 	}
 	return a
-}
-
-// choicesLocked is the current choice table (r.mu held).
-func (r *Reducer) choicesLocked() []Choice {
-	if r.choices != nil {
-		return r.choices
-	}
-	g := r.grid
-	if g.Size() == 1 || g.Machines == 1 {
-		return []Choice{{0, Flat}}
-	}
-	hierAlgo := r.cfg.algorithm
-	if hierAlgo == Auto {
-		hierAlgo = RailAllToAll
-	}
-	if hierAlgo == Flat || r.cfg.flatThreshold == FlatNever {
-		return []Choice{{0, hierAlgo}}
-	}
-	return []Choice{{0, Flat}, {r.cfg.flatThreshold, hierAlgo}}
 }

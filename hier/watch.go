@@ -10,11 +10,12 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-// pending is enqueued device work the watcher waits for.
+// pending is a call the watcher waits for: its completion event (nil when
+// it put nothing on the device) and its check (req.check, nil without
+// peers).
 type pending struct {
-	req   *request
-	ev    streams.Event
-	start time.Time
+	req *request
+	ev  streams.Event
 }
 
 const (
@@ -22,12 +23,14 @@ const (
 	abortGrace = 10 * time.Second      // how long to wait for device work after an abort
 )
 
-// watch completes Works in enqueue order as their completion events fire,
-// and runs the watchdog.
+// watch completes Works in call order as their device work and their
+// checks end, and runs the watchdog. A call's clock starts when the
+// watcher turns to it, that is once every earlier call has completed: time
+// spent queued behind healthy work is not held against it.
 func (r *Reducer) watch() {
 	defer close(r.watchDone)
 	for p := range r.watchCh {
-		err := r.await(p)
+		err := r.await(p, time.Now())
 		if err != nil {
 			err = fmt.Errorf("hier: %v: %w", p.req, err)
 		}
@@ -41,6 +44,7 @@ func (r *Reducer) watch() {
 		}
 		r.mu.Unlock()
 		p.req.work.finish(err)
+		r.completed.Store(p.req.seq)
 		if err == nil || ev == nil {
 			r.events.put(ev)
 		}
@@ -48,21 +52,59 @@ func (r *Reducer) watch() {
 	}
 }
 
-// await waits for one completion event, checking the communicators'
-// asynchronous errors and the watchdog deadline while it waits.
-func (r *Reducer) await(p pending) error {
-	var abortedAt time.Time
+// await waits for one call's completion event and check, watching the
+// communicators' asynchronous errors and the watchdog deadline meanwhile.
+func (r *Reducer) await(p pending, start time.Time) error {
+	var (
+		abortedAt time.Time
+		dataDone  = p.ev == nil
+		dataErr   error
+		checkDone = p.req.check == nil
+		checkErr  error
+		checkC    <-chan struct{}
+		timedOut  bool
+		poll      = time.NewTimer(watchPoll)
+	)
+	poll.Stop()
+	defer poll.Stop()
+	if !checkDone {
+		checkC = p.req.check.done
+	}
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
-		_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
-		cancel()
-		if done, qerr := p.ev.Query(); done {
-			if qerr != nil {
-				if cause := r.brokenCause(); cause != nil && !errors.Is(qerr, cause) {
-					return fmt.Errorf("%w (%w)", cause, qerr)
+		if !dataDone {
+			ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
+			_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
+			cancel()
+			dataDone, dataErr = p.ev.Query()
+		}
+		if !checkDone {
+			if dataDone { // only the check is left: wait for it, a poll at a time
+				poll.Reset(watchPoll)
+				select {
+				case <-checkC:
+					checkDone, checkErr = true, p.req.check.err
+				case <-poll.C:
+				}
+				poll.Stop()
+			} else {
+				select {
+				case <-checkC:
+					checkDone, checkErr = true, p.req.check.err
+				default:
 				}
 			}
-			return qerr
+		}
+		if checkDone && errors.Is(checkErr, fairgo.ErrMismatch) {
+			return checkErr // whatever the data did, the call did not match
+		}
+		if dataDone && checkDone {
+			if dataErr != nil {
+				if cause := r.brokenCause(); cause != nil && !errors.Is(dataErr, cause) {
+					return fmt.Errorf("%w (%w)", cause, dataErr)
+				}
+				return dataErr
+			}
+			return checkErr
 		}
 		now := time.Now()
 		if cause := r.brokenCause(); cause != nil {
@@ -75,9 +117,11 @@ func (r *Reducer) await(p pending) error {
 		}
 		if c, cerr := r.commFailure(); cerr != nil {
 			r.abort(fmt.Errorf("%w: communicator %s failed: %w", fairgo.ErrAborted, c.Name(), cerr))
+			continue
 		}
-		if r.cfg.timeout > 0 && now.Sub(p.start) > r.cfg.timeout {
-			r.abort(fmt.Errorf("%w: %v not complete after %v", fairgo.ErrTimeout, p.req, r.cfg.timeout))
+		if r.cfg.timeout > 0 && now.Sub(start) > r.cfg.timeout && !timedOut {
+			timedOut = true
+			r.timedOut(p.req, now.Sub(start))
 		}
 	}
 }

@@ -88,6 +88,9 @@ func (w *Work) IsCompleted() bool {
 // Wait blocks until the work is done and returns its error, or returns
 // ctx.Err() unchanged if ctx ends first. The work itself goes on.
 func (w *Work) Wait(ctx context.Context) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	select {
 	case <-w.done:
 		return w.err
@@ -101,6 +104,9 @@ func (w *Work) Wait(ctx context.Context) error {
 // device (it waits only until the engine has enqueued the call, which it does
 // in call order). A stream of the same device as the Reducer's is expected.
 func (w *Work) StreamWait(ctx context.Context, s streams.Stream) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	deadline := time.Now().Add(w.spin)
 poll:
 	for time.Now().Before(deadline) {

@@ -1,30 +1,41 @@
-package padding
+package padding_test
 
 import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"pgregory.net/rapid"
+
+	"github.com/fairgo/fairgo/padding"
+	"github.com/fairgo/fairgo/sim"
+	"github.com/fairgo/fairgo/staging"
 )
 
-// Cells of a view tile [Base, Base+Bytes) exactly, in [d][m] order.
-func TestViewCellsTileTheSlot(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		v := View{
-			Base:     uintptr(rapid.IntRange(0, 1<<20).Draw(t, "base")) * 256,
-			Machines: rapid.IntRange(1, 16).Draw(t, "M"),
-			Devices:  rapid.IntRange(1, 16).Draw(t, "D"),
-			PadShard: rapid.Int64Range(0, 16).Draw(t, "p"),
-			ElemSize: rapid.SampledFrom([]int64{1, 2, 4, 8}).Draw(t, "es"),
+// The ring hands out its slots round robin, each viewed as the [D][M][p]
+// cells of a slice's padding inside the slot.
+func TestRingHandsOutSlotsAsCells(t *testing.T) {
+	c, err := sim.NewCluster(sim.Config{Machines: 3, Devices: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	l, err := staging.Plan(staging.Params{Machines: 3, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 8 << 20, PaddingBytes: 3 * 6 * staging.Align, Parallelism: 2})
+	require.NoError(t, err)
+	require.Equal(t, 3, l.PaddingSlots)
+	r, err := padding.NewRing(c.Device(0), l)
+	require.NoError(t, err)
+	var first staging.Slot
+	for i := range 7 {
+		s, cells := r.Next(int64(1+i%4), 4)
+		require.Equal(t, i%3, s.Index)
+		require.Equal(t, s.Ptr, cells.Base)
+		require.Equal(t, 2, cells.Devices)
+		require.Equal(t, 3, cells.Machines)
+		require.LessOrEqual(t, cells.Bytes(), s.Bytes, "the cells of a padding of %d elements fit the slot", cells.N)
+		require.NoError(t, c.Device(0).CheckRange(cells.Base, cells.Bytes()))
+		if i == 0 {
+			first = s
 		}
-		next := v.Base
-		for d := 0; d < v.Devices; d++ {
-			require.Equal(t, v.Cell(d, 0), v.Row(d))
-			for m := 0; m < v.Machines; m++ {
-				require.Equal(t, next, v.Cell(d, m))
-				next += uintptr(v.PadShard * v.ElemSize)
-			}
+		if i == 3 {
+			require.Equal(t, first.Ptr, s.Ptr)
 		}
-		require.Equal(t, v.Base+uintptr(v.Bytes()), next)
-	})
+	}
+	require.NoError(t, r.Close())
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/rendezvous"
 )
 
 // DefaultStallTimeout is how long a collective waits for its peers when
@@ -84,6 +85,7 @@ type Cluster struct {
 	devices []*Device    // by global rank
 	comms   []hier.Comms // by global rank
 	groups  []*group
+	board   *rendezvous.MemoryStore // the Board of its ranks
 
 	mu     sync.Mutex
 	closed bool
@@ -108,7 +110,7 @@ func NewCluster(cfg Config) (*Cluster, error) {
 	} else {
 		cfg.RankOrder = append([]int(nil), cfg.RankOrder...)
 	}
-	c := &Cluster{cfg: cfg, devices: make([]*Device, n), comms: make([]hier.Comms, n)}
+	c := &Cluster{cfg: cfg, devices: make([]*Device, n), comms: make([]hier.Comms, n), board: rendezvous.NewMemoryStore()}
 	global := make([]int, n) // grid rank -> global rank
 	for g, r := range cfg.RankOrder {
 		global[r] = g
@@ -131,6 +133,9 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		world[g] = g
 	}
 	newComm("world", world, func(hc *hier.Comms, cm *Comm) { hc.World = cm })
+	if n > 1 {
+		newComm("check", world, func(hc *hier.Comms, cm *Comm) { hc.Check = cm })
+	}
 	for m := range M {
 		ranks := make([]int, D)
 		for d := range D {
@@ -186,7 +191,7 @@ func (c *Cluster) Rank(global int) hier.Rank {
 	if d == nil {
 		return hier.Rank{}
 	}
-	return hier.Rank{Grid: d.grid, Device: d, Comms: c.comms[global]}
+	return hier.Rank{Grid: d.grid, Device: d, Comms: c.comms[global], Board: c.board}
 }
 
 // Reducers builds a hier.Reducer for every rank, concurrently (they
@@ -244,7 +249,7 @@ func (c *Cluster) Close() error {
 	for _, g := range c.groups {
 		g.fail(fmt.Errorf("sim: %s: cluster closed: %w", g.name, fairgo.ErrClosed))
 	}
-	var errs []error
+	errs := []error{c.board.Close()}
 	for _, d := range c.devices {
 		errs = append(errs, d.Close())
 		d.mem.release()

@@ -216,6 +216,76 @@ func (d *Device) stream(st streams.Stream) (*Stream, error) {
 	return s, nil
 }
 
+// AllocHost returns host memory for the asynchronous copies (any memory
+// would do on the host; the CUDA backend's is page-locked). FreeHost
+// releases it.
+func (d *Device) AllocHost(bytes int) ([]byte, error) {
+	if bytes < 1 {
+		return nil, &fairgo.ArgError{Arg: "bytes", Value: bytes, Reason: "must be at least 1"}
+	}
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	return make([]byte, bytes), nil
+}
+
+// FreeHost releases memory from AllocHost.
+func (d *Device) FreeHost([]byte) error { return nil }
+
+// CopyFromHostAsync enqueues a copy of src to dst on s; src is read when
+// the stream runs the copy, as on a GPU.
+func (d *Device) CopyFromHostAsync(dst uintptr, src []byte, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	if err := d.mem.checkRange(dst, int64(len(src))); err != nil {
+		return fmt.Errorf("sim: copy from the host to %s: %w", d, err)
+	}
+	return s.enqueue(op{name: "copy from host", run: func(context.Context) error {
+		return d.mem.write("copy from host", dst, src)
+	}})
+}
+
+// CopyToHostAsync enqueues a copy of device memory at src into dst on s;
+// dst holds the bytes once the stream has run the copy.
+func (d *Device) CopyToHostAsync(dst []byte, src uintptr, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	if err := d.mem.checkRange(src, int64(len(dst))); err != nil {
+		return fmt.Errorf("sim: copy to the host from %s: %w", d, err)
+	}
+	return s.enqueue(op{name: "copy to host", run: func(context.Context) error {
+		b, err := d.mem.read("copy to host", src, int64(len(dst)))
+		if err != nil {
+			return err
+		}
+		copy(dst, b)
+		return nil
+	}})
+}
+
+// DelayAsync enqueues an operation that takes dur (a slow producer, for
+// tests; the CUDA backend has the same).
+func (d *Device) DelayAsync(dur time.Duration, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	return s.enqueue(op{name: "delay", run: func(ctx context.Context) error {
+		t := time.NewTimer(dur)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+}
+
 // CopyAsync enqueues a copy of bytes from src to dst, both on this device.
 func (d *Device) CopyAsync(dst, src uintptr, bytes int64, st streams.Stream) error {
 	s, err := d.stream(st)
@@ -273,8 +343,9 @@ func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch 
 
 // ReduceAsync enqueues the add stage's kernel (see hier.Device):
 // dst[i] = op over k in [0, n) of src[k·stride + i] for i in [0, count),
-// computed by elem.ReduceShards. dst must not overlap the sources (checked
-// here; a GPU would silently compute garbage).
+// computed by elem.ReduceShards. dst may be one of the sources exactly but
+// must not partly overlap any (checked here; a GPU would silently compute
+// garbage).
 func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, rop fairgo.Op, divisor int, st streams.Stream) error {
 	s, err := d.stream(st)
 	if err != nil {
@@ -299,8 +370,8 @@ func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fa
 	}
 	for k := range int64(n) {
 		shard := src + uintptr(k*stride*size)
-		if overlaps(dst, bytes, shard, bytes) {
-			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("overlaps source shard %d at %#x", k, shard)}
+		if shard != dst && overlaps(dst, bytes, shard, bytes) {
+			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("partly overlaps source shard %d at %#x", k, shard)}
 		}
 	}
 	return s.enqueue(op{name: "reduce", run: func(context.Context) error {

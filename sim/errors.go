@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/fairgo/fairgo"
 )
 
 // Sentinel errors of the simulated cluster, wrapped by the typed errors below.
 var (
 	// ErrMismatch: the ranks of a communicator enqueued different calls at
 	// the same sequence number.
-	ErrMismatch = errors.New("sim: mismatched collectives")
+	ErrMismatch = fmt.Errorf("sim: mismatched collectives: %w", fairgo.ErrMismatch)
 	// ErrStall: a collective did not gather all its ranks within
 	// Config.StallTimeout (on NCCL it would hang).
 	ErrStall = errors.New("sim: collective stalled")

@@ -90,15 +90,6 @@ func Release(x any) error {
 // Stream returns the stream of a stage.
 func (c *Chain) Stream(s Stage) Stream { return c.streams[s] }
 
-// Handoff records the end of stage from on its stream and makes the next
-// stage's stream wait for it.
-func (c *Chain) Handoff(from Stage) error {
-	if err := c.Record(from); err != nil {
-		return err
-	}
-	return c.Wait(from + 1)
-}
-
 // Record records the hand-off event at the end of stage from.
 func (c *Chain) Record(from Stage) error {
 	if from < 0 || from >= NumStages-1 {

@@ -1,21 +1,55 @@
 // Command fairrun launches the workers of a fairgo job on one node, the way
-// torchrun does, and can split one host into several emulated machines.
+// torchrun does, and can split one host into several emulated machines with
+// NICs of their own, to benchmark multi-machine layouts on one box.
 //
-//	fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P]
-//	        [--emulate-machines M [--gpus G]] [--shuffle-ranks SEED] [--grace D] -- prog args...
+//	fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+//	        [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D]] [--mps auto|on|off]]
+//	        [--shuffle-ranks SEED] [--grace D] -- prog args...
 //
-// Node rank 0 hosts the rendezvous store. Each worker gets RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FAIRGO_STORE_ADDR
-// and GROUP_RANK, plus NCCL_NVLS_ENABLE=0 unless the environment sets it.
-// Every output line is prefixed with the worker's rank ("[3] ..."). When one
-// worker fails, or fairrun gets SIGINT or SIGTERM, every worker's process
-// group gets SIGTERM, then SIGKILL after the grace period, and fairrun exits
-// with the first failure's code (128+N for signal N).
+// "fairrun --help" documents every flag. Node rank 0 hosts the rendezvous
+// store, bound to --master-addr (or --store-bind), never every interface
+// unless asked. Each worker gets RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FAIRGO_STORE_ADDR and
+// GROUP_RANK, NCCL_NVLS_ENABLE=0 unless the environment sets it, and the
+// testbed description FAIRGO_TESTBED_MACHINES, _NIC_GBIT, _NIC_LATENCY,
+// _NETNS and _MPS. Every output line is prefixed with the worker's rank
+// ("[3] ...").
+//
+// Every worker runs in its own process group, and fairrun is a child
+// subreaper, so it adopts the processes a worker leaves behind. A worker's
+// exit is seen from its process status at once, even while a child of it
+// holds its output open. When one worker fails, or fairrun gets SIGINT or
+// SIGTERM, every process of the job (the workers' groups and every adopted
+// process, such as children a worker started with setsid) gets SIGTERM,
+// then SIGKILL after --grace; fairrun names the first failed rank and exits
+// with its code (128+N for signal N).
 //
 // --emulate-machines M cuts the N workers into M contiguous groups, each a
-// virtual machine with its own NCCL_HOSTID and FAIRGO_MACHINE_ID, its own
-// LOCAL_RANK numbering and NCCL_SOCKET_IFNAME=lo; worker i gets
-// CUDA_VISIBLE_DEVICES set to GPU i mod G (several workers may share a GPU).
+// virtual machine with its own NCCL_HOSTID and FAIRGO_MACHINE_ID and its
+// own LOCAL_RANK numbering; worker i gets CUDA_VISIBLE_DEVICES set to GPU i
+// mod G (several workers may share a GPU). Without --nic-gbit, NCCL talks
+// between them over loopback (NCCL_SOCKET_IFNAME=lo). With --nic-gbit B,
+// each emulated machine is a network namespace with one NIC, eth0, a veth
+// whose other end is on a bridge in the root namespace (10.77.x.0/24,
+// bridge .1, machine i .(i+2), MTU 9000), shaped by tbf to B Gbit/s on both
+// ends (so in each direction) and, with --nic-latency D, delayed by netem
+// on the machine's end. Its workers run inside the namespace with
+// NCCL_SOCKET_IFNAME=eth0 and NCCL_IB_DISABLE=1 (unless set), and the store
+// is served on the bridge. This needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
+// and a kernel with network namespaces, veth, bridge and tbf (netem for
+// --nic-latency); fairrun checks them first and stops, before starting any
+// worker, saying what is missing. Everything it builds carries a per-run
+// name and is removed on exit, on a signal and on failure; the namespaces
+// are held only by fairrun and its workers, so they vanish even if fairrun
+// is killed, and the next run removes a killed run's bridge.
+//
+// With --mps auto (the default), when ranks of different emulated machines
+// share a GPU the workers run under a private MPS daemon
+// (nvidia-cuda-mps-control -d, looked up in PATH and /usr/local/nvidia/bin,
+// with fresh CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY), stopped
+// with "quit" at the end; without the daemon the GPU time-slices between
+// them and timings are not faithful. fairrun changes no GPU setting.
+//
 // --shuffle-ranks SEED permutes the global ranks over the workers, to test
 // that nothing depends on the rank order.
 package main
@@ -33,6 +67,10 @@ import (
 
 func main() {
 	cfg, err := launch.ParseArgs(os.Args[1:])
+	if errors.Is(err, launch.ErrHelp) {
+		fmt.Print(launch.Usage())
+		os.Exit(0)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

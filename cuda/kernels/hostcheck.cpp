@@ -111,9 +111,14 @@ template <typename A> A rcombine(int op, A a, A b) {
     }
   }
 }
+// avg of floats: every term times 1/d before the sum (rterm), nothing after.
+template <typename A> A rterm(int op, A x, i64 d) {
+  if constexpr (std::is_floating_point<A>::value) { if (op == AVG) return x * ((A)1 / (A)d); }
+  return x;
+}
 template <typename A> A rfinish(int op, A a, i64 d) {
   if (op != AVG) return a;
-  if constexpr (std::is_floating_point<A>::value) return a / (A)d;
+  if constexpr (std::is_floating_point<A>::value) return a;
   else if constexpr (std::is_signed<A>::value) return (A)((i64)a / d);
   else return (A)((u64)a / (u64)d);
 }
@@ -153,8 +158,8 @@ template <typename T> void run(const char* tname, kfn* fns) {
           i64 divisor = n + 1;
           for (i64 i = 0; i < count; i++) {
             typedef typename RefAcc<T>::A A;
-            A a = RefAcc<T>::ld(s[i]);
-            for (int k = 1; k < n; k++) a = rcombine<A>(op, a, RefAcc<T>::ld(s[k * stride + i]));
+            A a = rterm<A>(op, RefAcc<T>::ld(s[i]), divisor);
+            for (int k = 1; k < n; k++) a = rcombine<A>(op, a, rterm<A>(op, RefAcc<T>::ld(s[k * stride + i]), divisor));
             want[i] = RefAcc<T>::st(rfinish<A>(op, a, divisor));
           }
           int G = 1 + (int)(rng() % 3), B = 1 + (int)(rng() % 5);
@@ -183,6 +188,15 @@ int main() {
   run<u32>("uint32", fns_uint32);
   run<i64>("int64", fns_int64);
   run<u64>("uint64", fns_uint64);
+  // avg near the top of the range: the terms are scaled before they sum
+  {
+    float big[2] = {3.0e38f, 3.2e38f}, out = 0;
+    launch(1, 1, [&] { fg_reduce_avg_float32(&out, big, 2, 1, 1, 2); });
+    CHECK(std::isfinite(out) && out == 3.0e38f * 0.5f + 3.2e38f * 0.5f, "avg float32 near the maximum: %g", out);
+    bf16_t b[2], bo; b[0].bits = f2b_ref(3.0e38f); b[1].bits = f2b_ref(3.3e38f);
+    launch(1, 1, [&] { fg_reduce_avg_bfloat16(&bo, b, 2, 1, 1, 2); });
+    CHECK(std::isfinite(b2f_ref(bo.bits)), "avg bfloat16 near the maximum: %g", b2f_ref(bo.bits));
+  }
   // fill
   std::vector<half_t> h(100); launch(2, 3, [&] { fg_fill_float16(h.data(), 100, -1.0, 0.5, 7); });
   for (int i = 0; i < 100; i++) CHECK(h2f_ref(h[i].bits) == (float)(-1.0 + 0.5 * (i % 7)), "fill %d", i);

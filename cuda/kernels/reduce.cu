@@ -7,9 +7,12 @@
 // cuda_fp16.h), so compute_70 is enough and the driver JIT-compiles it for newer GPUs.
 //
 // reduce:  dst[i] = op over k in [0, n) of src[k*stride + i], i in [0, count)
-//          avg divides the accumulated sum by divisor (integers truncate
-//          toward zero after a wrapping sum in their own type). float16 and
-//          bfloat16 accumulate in float32 and round once, to nearest even.
+//          avg of floats multiplies every term by 1/divisor before it sums
+//          (so a sum of large values cannot overflow where their average
+//          would not, as NCCL's pre-multiplied average); avg of integers
+//          divides the wrapping sum by divisor, truncating toward zero.
+//          float16 and bfloat16 accumulate in float32 and round once, to
+//          nearest even.
 //          max/min propagate NaN.
 
 typedef unsigned char u8;
@@ -135,11 +138,25 @@ template <typename T> struct IsFloat { enum { value = 0 }; };
 template <> struct IsFloat<float> { enum { value = 1 }; };
 template <> struct IsFloat<double> { enum { value = 1 }; };
 
+// A product that the compiler may not contract into a fused multiply-add
+// with the sum that follows: the avg's scaled terms round as on the host.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+#else
+__device__ __forceinline__ float mul_rn(float a, float b) { return a * b; }
+__device__ __forceinline__ double mul_rn(double a, double b) { return a * b; }
+#endif
+
 template <typename A, int F> struct Arith;
 template <typename A> struct Arith<A, 1> {
   static __device__ __forceinline__ A add(A a, A b) { return a + b; }
   static __device__ __forceinline__ A mul(A a, A b) { return a * b; }
   static __device__ __forceinline__ A div(A a, i64 d) { return a / (A)d; }
+  // avg: every term scaled by 1/d before the sum, nothing after.
+  static __device__ __forceinline__ A avg_scale(i64 d) { return (A)1 / (A)d; }
+  static __device__ __forceinline__ A avg_term(A x, A s) { return mul_rn(x, s); }
+  static __device__ __forceinline__ A avg_finish(A a, i64) { return a; }
   // NaN-propagating: a NaN on either side wins; ties keep b.
   static __device__ __forceinline__ A max(A a, A b) { return (a > b || a != a) ? a : b; }
   static __device__ __forceinline__ A min(A a, A b) { return (a < b || a != a) ? a : b; }
@@ -152,29 +169,38 @@ template <typename A> struct Arith<A, 0> {
   static __device__ __forceinline__ A div(A a, i64 d) {
     return IsSigned<A>::value ? (A)((i64)a / d) : (A)((u64)a / (u64)d);
   }
+  // avg: the wrapping sum, divided once.
+  static __device__ __forceinline__ A avg_scale(i64) { return (A)1; }
+  static __device__ __forceinline__ A avg_term(A x, A) { return x; }
+  static __device__ __forceinline__ A avg_finish(A a, i64 d) { return div(a, d); }
   static __device__ __forceinline__ A max(A a, A b) { return a > b ? a : b; }
   static __device__ __forceinline__ A min(A a, A b) { return a < b ? a : b; }
 };
 
-struct OpSum {
-  template <typename A> static __device__ __forceinline__ A combine(A a, A b) { return Arith<A, IsFloat<A>::value>::add(a, b); }
+// Each operator: scale (computed once from the divisor), term (applied to
+// every loaded value), combine, finish.
+struct OpPlain {
+  template <typename A> static __device__ __forceinline__ A scale(i64) { return (A)1; }
+  template <typename A> static __device__ __forceinline__ A term(A x, A) { return x; }
   template <typename A> static __device__ __forceinline__ A finish(A a, i64) { return a; }
+};
+struct OpSum : OpPlain {
+  template <typename A> static __device__ __forceinline__ A combine(A a, A b) { return Arith<A, IsFloat<A>::value>::add(a, b); }
 };
 struct OpAvg {
+  template <typename A> static __device__ __forceinline__ A scale(i64 d) { return Arith<A, IsFloat<A>::value>::avg_scale(d); }
+  template <typename A> static __device__ __forceinline__ A term(A x, A s) { return Arith<A, IsFloat<A>::value>::avg_term(x, s); }
   template <typename A> static __device__ __forceinline__ A combine(A a, A b) { return Arith<A, IsFloat<A>::value>::add(a, b); }
-  template <typename A> static __device__ __forceinline__ A finish(A a, i64 d) { return Arith<A, IsFloat<A>::value>::div(a, d); }
+  template <typename A> static __device__ __forceinline__ A finish(A a, i64 d) { return Arith<A, IsFloat<A>::value>::avg_finish(a, d); }
 };
-struct OpMax {
+struct OpMax : OpPlain {
   template <typename A> static __device__ __forceinline__ A combine(A a, A b) { return Arith<A, IsFloat<A>::value>::max(a, b); }
-  template <typename A> static __device__ __forceinline__ A finish(A a, i64) { return a; }
 };
-struct OpMin {
+struct OpMin : OpPlain {
   template <typename A> static __device__ __forceinline__ A combine(A a, A b) { return Arith<A, IsFloat<A>::value>::min(a, b); }
-  template <typename A> static __device__ __forceinline__ A finish(A a, i64) { return a; }
 };
-struct OpProd {
+struct OpProd : OpPlain {
   template <typename A> static __device__ __forceinline__ A combine(A a, A b) { return Arith<A, IsFloat<A>::value>::mul(a, b); }
-  template <typename A> static __device__ __forceinline__ A finish(A a, i64) { return a; }
 };
 
 // ---- the reduction ----------------------------------------------------------
@@ -193,6 +219,7 @@ __device__ __forceinline__ void reduce_kernel(T* __restrict__ dst, const T* __re
   enum { V = Pack<T>::N };
   const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   const i64 nthreads = (i64)gridDim.x * blockDim.x;
+  const A sc = Op::template scale<A>(divisor);
   i64 done = 0;
   // Vector path: 16-byte loads and stores when both pointers and the stride
   // allow; the tail (fewer than V elements) goes through the scalar loop.
@@ -206,22 +233,22 @@ __device__ __forceinline__ void reduce_kernel(T* __restrict__ dst, const T* __re
       A acc[V];
       p.u = s4[i];
 #pragma unroll
-      for (int j = 0; j < V; j++) acc[j] = Tr::load(p.e[j]);
+      for (int j = 0; j < V; j++) acc[j] = Op::term(Tr::load(p.e[j]), sc);
       i64 k = 1;
       for (; k + 1 < n; k += 2) {  // two loads in flight per step
         Pack<T> q, r;
         q.u = s4[k * stride4 + i];
         r.u = s4[(k + 1) * stride4 + i];
 #pragma unroll
-        for (int j = 0; j < V; j++) acc[j] = Op::combine(acc[j], Tr::load(q.e[j]));
+        for (int j = 0; j < V; j++) acc[j] = Op::combine(acc[j], Op::term(Tr::load(q.e[j]), sc));
 #pragma unroll
-        for (int j = 0; j < V; j++) acc[j] = Op::combine(acc[j], Tr::load(r.e[j]));
+        for (int j = 0; j < V; j++) acc[j] = Op::combine(acc[j], Op::term(Tr::load(r.e[j]), sc));
       }
       if (k < n) {
         Pack<T> q;
         q.u = s4[k * stride4 + i];
 #pragma unroll
-        for (int j = 0; j < V; j++) acc[j] = Op::combine(acc[j], Tr::load(q.e[j]));
+        for (int j = 0; j < V; j++) acc[j] = Op::combine(acc[j], Op::term(Tr::load(q.e[j]), sc));
       }
 #pragma unroll
       for (int j = 0; j < V; j++) p.e[j] = Tr::store(Op::finish(acc[j], divisor));
@@ -230,8 +257,8 @@ __device__ __forceinline__ void reduce_kernel(T* __restrict__ dst, const T* __re
     done = nvec * V;
   }
   for (i64 i = done + tid; i < count; i += nthreads) {
-    A acc = Tr::load(src[i]);
-    for (i64 k = 1; k < n; k++) acc = Op::combine(acc, Tr::load(src[k * stride + i]));
+    A acc = Op::term(Tr::load(src[i]), sc);
+    for (i64 k = 1; k < n; k++) acc = Op::combine(acc, Op::term(Tr::load(src[k * stride + i]), sc));
     dst[i] = Tr::store(Op::finish(acc, divisor));
   }
 }

@@ -123,13 +123,17 @@ func (e *Error) Unwrap() error { return e.Err }
 // device topology.DefaultOrdinal gives (0 when CUDA_VISIBLE_DEVICES names one
 // device, else LOCAL_RANK), describes the process (topology.Self), meets
 // every rank through store (nil: the launcher's store, closed when the
-// Reducer closes) and runs topology.Discover, so that any global rank order
+// Reducer closes; a store the caller passes must stay open as long as the
+// Reducer, which leaves word of failures there) and runs topology.Discover, so that any global rank order
 // gives one grid; then b.Connect opens the device and builds the
 // communicators, and the Reducer owns them all: Close releases them.
 //
 // ctx bounds the whole setup; when a rank never joins, the error lists
 // what the others reported. Errors are *Error.
 func New(ctx context.Context, store rendezvous.Store, b Backend, opts ...Option) (*hier.Reducer, error) {
+	if ctx == nil {
+		return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"}}
+	}
 	rs, err := build(ctx, store, b, nil, opts)
 	if err != nil {
 		return nil, err
@@ -147,6 +151,9 @@ func New(ctx context.Context, store rendezvous.Store, b Backend, opts ...Option)
 // hier.CloseAll (NCCL may synchronise the ranks of a communicator when they
 // are destroyed).
 func NewLocal(ctx context.Context, store rendezvous.Store, b Backend, devices []int, opts ...Option) ([]*hier.Reducer, error) {
+	if ctx == nil {
+		return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"}}
+	}
 	if len(devices) == 0 {
 		return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "devices", Value: devices, Reason: "needs at least one device"}}
 	}
@@ -240,10 +247,11 @@ func newBuilder(b Backend, devices []int, opts []Option) (*builder, error) {
 	return s, nil
 }
 
-// reducerOptions are the Reducer options: the logger first, so that an
-// explicit hier.WithLogger in WithReducer wins.
+// reducerOptions are the Reducer options: setup's defaults first (the
+// logger; inline enqueueing for the one rank of a process), so that the
+// caller's WithReducer options win.
 func (s *builder) reducerOptions() []hier.Option {
-	opts := []hier.Option{hier.WithLogger(s.cfg.logger)}
+	opts := []hier.Option{hier.WithLogger(s.cfg.logger), hier.WithInlineEnqueue(len(s.devices) == 1)}
 	return append(opts, s.cfg.reducer...)
 }
 
@@ -376,6 +384,11 @@ func (s *builder) connect(ctx context.Context, layout *topology.Layout) ([]hier.
 func (s *builder) reducers(ctx context.Context, rks []hier.Rank) ([]*hier.Reducer, error) {
 	k := len(rks)
 	opts := s.reducerOptions()
+	for i := range rks {
+		if rks[i].Board == nil { // the Reducers tell each other of failures through the store
+			rks[i].Board = rendezvous.WithPrefix(s.store, "board")
+		}
+	}
 	if s.owned != nil {
 		closer := &sharedCloser{c: s.owned, users: k}
 		for i := range rks {

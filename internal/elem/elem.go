@@ -175,9 +175,10 @@ func Combine(dt fairgo.DType, op fairgo.Op, acc, x []byte) error {
 // of the add-stage kernel: float16 and bfloat16 accumulate in float32 and
 // round once at the end; float32 and float64 accumulate in their own type;
 // integers wrap in their own type; sources are combined in order. For Avg
-// the accumulated sum is divided by divisor (floats: in the accumulation
-// type, then rounded; integers: truncated toward zero after the wrapping
-// sum). Every source must be as long as dst; dst may alias srcs[0].
+// of floats every term is multiplied by 1/divisor in the accumulation type
+// before it sums (so no partial sum overflows where the average would not);
+// integer Avg truncates the wrapping sum toward zero. Every source must be
+// as long as dst; dst may alias srcs[0].
 func ReduceShards(dt fairgo.DType, op fairgo.Op, dst []byte, srcs [][]byte, divisor int) error {
 	if err := check(dt, op, len(dst)); err != nil {
 		return err
@@ -193,28 +194,36 @@ func ReduceShards(dt fairgo.DType, op fairgo.Op, dst []byte, srcs [][]byte, divi
 	if op == fairgo.Avg && divisor < 1 {
 		return fmt.Errorf("elem: avg divisor %d must be at least 1: %w", divisor, fairgo.ErrInvalidArgument)
 	}
-	avg := op == fairgo.Avg
 	if fastReduce(dt, op, dst, srcs, divisor) {
 		return nil
 	}
+	avg := op == fairgo.Avg
 	n := len(dst) / dt.Size()
 	switch dt {
 	case fairgo.Float32:
-		reduce(n, dst, srcs, ldF32, stF32, opFunc[float32](op), avg, floatDiv[float32](divisor))
+		reduce(n, dst, srcs, ldF32, stF32, opFunc[float32](op), when(avg, floatScale[float32](divisor)), nil)
 	case fairgo.Float64:
-		reduce(n, dst, srcs, ldF64, stF64, opFunc[float64](op), avg, floatDiv[float64](divisor))
+		reduce(n, dst, srcs, ldF64, stF64, opFunc[float64](op), when(avg, floatScale[float64](divisor)), nil)
 	case fairgo.Int8:
-		reduce(n, dst, srcs, ldI8, stI8, opFunc[int8](op), avg, intDiv[int8](divisor))
+		reduce(n, dst, srcs, ldI8, stI8, opFunc[int8](op), nil, when(avg, intDiv[int8](divisor)))
 	case fairgo.Uint8:
-		reduce(n, dst, srcs, ldU8, stU8, opFunc[uint8](op), avg, uintDiv[uint8](divisor))
+		reduce(n, dst, srcs, ldU8, stU8, opFunc[uint8](op), nil, when(avg, uintDiv[uint8](divisor)))
 	case fairgo.Int32:
-		reduce(n, dst, srcs, ldI32, stI32, opFunc[int32](op), avg, intDiv[int32](divisor))
+		reduce(n, dst, srcs, ldI32, stI32, opFunc[int32](op), nil, when(avg, intDiv[int32](divisor)))
 	case fairgo.Uint32:
-		reduce(n, dst, srcs, ldU32, stU32, opFunc[uint32](op), avg, uintDiv[uint32](divisor))
+		reduce(n, dst, srcs, ldU32, stU32, opFunc[uint32](op), nil, when(avg, uintDiv[uint32](divisor)))
 	case fairgo.Int64:
-		reduce(n, dst, srcs, ldI64, stI64, opFunc[int64](op), avg, intDiv[int64](divisor))
+		reduce(n, dst, srcs, ldI64, stI64, opFunc[int64](op), nil, when(avg, intDiv[int64](divisor)))
 	case fairgo.Uint64:
-		reduce(n, dst, srcs, ldU64, stU64, opFunc[uint64](op), avg, uintDiv[uint64](divisor))
+		reduce(n, dst, srcs, ldU64, stU64, opFunc[uint64](op), nil, when(avg, uintDiv[uint64](divisor)))
+	}
+	return nil
+}
+
+// when returns f if cond holds, else nil.
+func when[T any](cond bool, f func(T) T) func(T) T {
+	if cond {
+		return f
 	}
 	return nil
 }

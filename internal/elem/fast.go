@@ -81,6 +81,30 @@ func tryReduce[T number](op fairgo.Op, dstB []byte, srcsB [][]byte, div func(T) 
 	return true
 }
 
+// tryAvgFloat runs ReduceShards' fast path for a floating-point Avg: every
+// term is scaled by 1/divisor in T before it sums, as the kernel does.
+func tryAvgFloat[T float32 | float64](dstB []byte, srcsB [][]byte, divisor int) bool {
+	dst, ok := view[T](dstB)
+	if !ok {
+		return false
+	}
+	inv := T(1) / T(divisor)
+	for k, b := range srcsB {
+		s, ok := view[T](b)
+		if !ok {
+			return false
+		}
+		for i := range dst {
+			if k == 0 {
+				dst[i] = s[i] * inv
+			} else {
+				dst[i] += s[i] * inv
+			}
+		}
+	}
+	return true
+}
+
 // tryScale runs Scale's fast path.
 func tryScale[T number](b []byte, div func(T) T) bool {
 	v, ok := view[T](b)
@@ -179,22 +203,30 @@ func combine16(op fairgo.Op, acc, x []byte, bf bool) {
 }
 
 // reduce16 is ReduceShards for the 16-bit floats: accumulate in float32
-// source by source (element-wise the same order), round once at the end.
+// source by source (element-wise the same order), round once at the end;
+// Avg scales every term by 1/divisor in float32 before it sums.
 func reduce16(op fairgo.Op, dst []byte, srcs [][]byte, bf, avg bool, divisor int) {
 	n := len(dst) / 2
 	acc, tmp := make([]float32, n), make([]float32, n)
+	inv := float32(1) / float32(divisor)
 	load16(acc, srcs[0], bf)
+	if avg {
+		scaleBy(acc, inv)
+	}
 	for _, s := range srcs[1:] {
 		load16(tmp, s, bf)
+		if avg {
+			scaleBy(tmp, inv)
+		}
 		combineFast(op, acc, tmp)
 	}
-	if avg {
-		q := float32(divisor)
-		for i := range acc {
-			acc[i] /= q
-		}
-	}
 	store16(dst, acc, bf)
+}
+
+func scaleBy[T float32 | float64](v []T, s T) {
+	for i := range v {
+		v[i] *= s
+	}
 }
 
 // scale16 is Scale for the 16-bit floats.
@@ -239,8 +271,14 @@ func fastReduce(dt fairgo.DType, op fairgo.Op, dst []byte, srcs [][]byte, diviso
 		reduce16(op, dst, srcs, dt == fairgo.BFloat16, op == fairgo.Avg, divisor)
 		return true
 	case fairgo.Float32:
+		if op == fairgo.Avg {
+			return tryAvgFloat[float32](dst, srcs, divisor)
+		}
 		return tryReduce(op, dst, srcs, floatDiv[float32](divisor))
 	case fairgo.Float64:
+		if op == fairgo.Avg {
+			return tryAvgFloat[float64](dst, srcs, divisor)
+		}
 		return tryReduce(op, dst, srcs, floatDiv[float64](divisor))
 	case fairgo.Int8:
 		return tryReduce(op, dst, srcs, intDiv[int8](divisor))

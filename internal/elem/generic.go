@@ -23,17 +23,27 @@ func combine[T number](n int, acc, x []byte, ld loader[T], st storer[T], f func(
 	}
 }
 
-func reduce[T number](n int, dst []byte, srcs [][]byte, ld loader[T], st storer[T], f func(a, b T) T, avg bool, div func(T) T) {
+// reduce combines the sources element by element: term is applied to every
+// loaded value (nil: none), fin to the result (nil: none).
+func reduce[T number](n int, dst []byte, srcs [][]byte, ld loader[T], st storer[T], f func(a, b T) T, term, fin func(T) T) {
+	if term == nil {
+		term = func(v T) T { return v }
+	}
 	for i := range n {
-		acc := ld(srcs[0], i)
+		acc := term(ld(srcs[0], i))
 		for _, s := range srcs[1:] {
-			acc = f(acc, ld(s, i))
+			acc = f(acc, term(ld(s, i)))
 		}
-		if avg {
-			acc = div(acc)
+		if fin != nil {
+			acc = fin(acc)
 		}
 		st(dst, i, acc)
 	}
+}
+
+func floatScale[T float32 | float64](d int) func(T) T {
+	inv := T(1) / T(d)
+	return func(v T) T { return v * inv }
 }
 
 func mapInPlace[T number](n int, b []byte, ld loader[T], st storer[T], f func(T) T) {

@@ -13,9 +13,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
 )
 
 // Defaults of the command line.
@@ -25,18 +30,44 @@ const (
 	DefaultMasterPort = 29500 // with --nnodes > 1; a single node picks a free port
 )
 
+// Limits of the emulated NICs.
+const (
+	MaxNICGbit     = testbed.MaxGbit     // a larger --nic-gbit is taken for a typo (Mbit/s?)
+	MaxNICLatency  = testbed.MaxLatency  // one-way delay added to every packet
+	MaxNICMachines = testbed.MaxMachines // one /24 subnet: the bridge and one address per machine
+)
+
+// MPSMode says when fairrun runs the workers under a private MPS daemon.
+type MPSMode string
+
+// MPS modes (--mps).
+const (
+	MPSAuto MPSMode = "auto" // on when ranks of different emulated machines share a GPU and the daemon is installed
+	MPSOn   MPSMode = "on"   // always; an error when nvidia-cuda-mps-control is missing
+	MPSOff  MPSMode = "off"  // never
+)
+
 // Config is one fairrun invocation.
 type Config struct {
 	NProcPerNode    int    // workers on this node
 	NNodes          int    // nodes in the job
 	NodeRank        int    // this node's index in [0, NNodes)
-	MasterAddr      string // host of the store (node rank 0)
+	MasterAddr      string // host of the store (node rank 0), as the workers dial it
 	MasterPort      int    // port of the store; 0: a free port (single node only)
+	StoreBind       string // host or IP the store listens on; "": MasterAddr
 	EmulateMachines int    // split this node's workers into this many virtual machines; 0: off
 	GPUs            int    // GPUs to spread emulated machines over; 0: detect
 	Shuffle         bool   // permute global ranks across this node's workers
 	ShuffleSeed     uint64 // the permutation's seed
 	Grace           time.Duration
+
+	// An emulated machine's NIC (with EmulateMachines): NICGbit > 0 puts
+	// every emulated machine in a network namespace of its own with one NIC
+	// shaped to NICGbit Gbit/s each way; NICLatency adds a one-way delay to
+	// every packet a machine sends.
+	NICGbit    float64
+	NICLatency time.Duration
+	MPS        MPSMode // "": MPSAuto
 
 	Program string   // the worker program
 	Args    []string // its arguments
@@ -45,10 +76,16 @@ type Config struct {
 	Stdout io.Writer    // where prefixed worker stdout goes; nil: os.Stdout
 	Stderr io.Writer    // where prefixed worker stderr and fairrun's messages go; nil: os.Stderr
 	Logger *slog.Logger // nil: a text logger on Stderr
+
+	prober testbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
 }
 
 // ErrUsage wraps every command-line error.
 var ErrUsage = errors.New("fairrun: invalid command line")
+
+// ErrHelp is returned by ParseArgs for -h, -help and --help: print Usage()
+// to stdout and exit 0.
+var ErrHelp = errors.New("fairrun: help requested")
 
 // UsageError names the flag at fault. It wraps ErrUsage.
 type UsageError struct {
@@ -64,26 +101,56 @@ func (e *UsageError) Error() string {
 // Unwrap returns ErrUsage.
 func (e *UsageError) Unwrap() error { return ErrUsage }
 
-// Usage is the synopsis printed with command-line errors.
-const Usage = `usage: fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P]
-               [--emulate-machines M [--gpus G]] [--shuffle-ranks SEED] [--grace D] -- prog args...`
+// Synopsis is the short form printed with command-line errors.
+const Synopsis = `usage: fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+               [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D]] [--mps auto|on|off]]
+               [--shuffle-ranks SEED] [--grace D] -- prog args...
+run "fairrun --help" for every flag`
 
-// ParseArgs reads fairrun's command line (without the program name). Flags
-// come first; the worker program and its arguments follow "--" (or the
-// first argument that is not a flag).
-func ParseArgs(args []string) (Config, error) {
-	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace}
+const usageHead = `usage: fairrun [flags] -- prog args...
+
+fairrun starts --nproc-per-node copies of prog on this node with the
+torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) and FAIRGO_STORE_ADDR, hosts the rendezvous store
+on node rank 0, prefixes every output line with the rank, and ends every
+process of the job when one worker fails or on SIGINT/SIGTERM, exiting with
+the first failure's code.
+
+--emulate-machines M splits one host into M machines (own NCCL_HOSTID,
+FAIRGO_MACHINE_ID, LOCAL_RANK numbering, GPUs round-robin). With --nic-gbit
+each machine also gets a network namespace with one NIC (eth0, a veth on a
+bridge, shaped by tbf in both directions); this needs root (CAP_NET_ADMIN,
+CAP_SYS_ADMIN) and a kernel with network namespaces, veth, bridge and tbf
+(netem for --nic-latency). Workers learn the testbed from
+FAIRGO_TESTBED_MACHINES, _NIC_GBIT, _NIC_LATENCY, _NETNS and _MPS.
+
+flags:
+`
+
+// newFlagSet declares every flag of fairrun, bound to c.
+func newFlagSet(c *Config) *flag.FlagSet {
 	fs := flag.NewFlagSet("fairrun", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.IntVar(&c.NProcPerNode, "nproc-per-node", 0, "workers on this node")
-	fs.IntVar(&c.NNodes, "nnodes", 1, "nodes in the job")
-	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's rank")
-	fs.StringVar(&c.MasterAddr, "master-addr", DefaultMasterAddr, "host of the store (node rank 0)")
-	fs.IntVar(&c.MasterPort, "master-port", -1, "port of the store")
-	fs.IntVar(&c.EmulateMachines, "emulate-machines", 0, "virtual machines on this node")
-	fs.IntVar(&c.GPUs, "gpus", 0, "GPUs for emulated machines (default: nvidia-smi -L, else 1)")
-	fs.DurationVar(&c.Grace, "grace", DefaultGrace, "time between SIGTERM and SIGKILL")
-	fs.Func("shuffle-ranks", "permute global ranks with this seed", func(s string) error {
+	fs.IntVar(&c.NProcPerNode, "nproc-per-node", 0, "`N` workers to start on this node (required)")
+	fs.IntVar(&c.NNodes, "nnodes", 1, "`K` nodes in the job; run one fairrun per node")
+	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
+	fs.StringVar(&c.MasterAddr, "master-addr", DefaultMasterAddr, "`host` of the store, as every worker dials it (not allowed with --nic-gbit: the bridge's address is used)")
+	fs.IntVar(&c.MasterPort, "master-port", -1, fmt.Sprintf("`port` of the store (default: a free port on one node, %d with --nnodes > 1)", DefaultMasterPort))
+	fs.StringVar(&c.StoreBind, "store-bind", "", "`host` or IP the store listens on (default: --master-addr; never every interface unless given 0.0.0.0 or ::)")
+	fs.IntVar(&c.EmulateMachines, "emulate-machines", 0, "split this node's workers into `M` emulated machines (must divide --nproc-per-node)")
+	fs.IntVar(&c.GPUs, "gpus", 0, "`G` GPUs to spread emulated machines over (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else 1)")
+	fs.Float64Var(&c.NICGbit, "nic-gbit", 0, fmt.Sprintf("give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= %d; needs --emulate-machines, root)", MaxNICGbit))
+	fs.DurationVar(&c.NICLatency, "nic-latency", 0, "one-way `delay` added to every packet an emulated machine sends, e.g. 50us (needs --nic-gbit)")
+	fs.Func("mps", "`mode` of running the workers under a private CUDA MPS daemon: auto (when ranks of different emulated machines share a GPU), on, off (default auto)", func(s string) error {
+		switch m := MPSMode(s); m {
+		case MPSAuto, MPSOn, MPSOff:
+			c.MPS = m
+			return nil
+		}
+		return fmt.Errorf("%q is not auto, on or off", s)
+	})
+	fs.DurationVar(&c.Grace, "grace", DefaultGrace, "`duration` between SIGTERM and SIGKILL when the job is stopped")
+	fs.Func("shuffle-ranks", "permute the global ranks over this node's workers with this `seed`, to test that nothing depends on rank order", func(s string) error {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
 			return fmt.Errorf("seed %q is not an unsigned integer", s)
@@ -91,18 +158,47 @@ func ParseArgs(args []string) (Config, error) {
 		c.Shuffle, c.ShuffleSeed = true, v
 		return nil
 	})
+	return fs
+}
+
+// Usage is fairrun's whole help text: what it does and every flag.
+func Usage() string {
+	var b strings.Builder
+	b.WriteString(usageHead)
+	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
+	newFlagSet(&c).VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(&b, "  --%s %s\n        %s", f.Name, arg, usage)
+		switch f.DefValue {
+		case "", "0", "-1", "0s":
+		default:
+			fmt.Fprintf(&b, " (default %s)", f.DefValue)
+		}
+		b.WriteString("\n")
+	})
+	return b.String()
+}
+
+// ParseArgs reads fairrun's command line (without the program name). Flags
+// come first; the worker program and its arguments follow "--" (or the
+// first argument that is not a flag). -h, -help and --help give ErrHelp.
+func ParseArgs(args []string) (Config, error) {
+	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
+	fs := newFlagSet(&c)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return Config{}, fmt.Errorf("%w\n%s", ErrUsage, Usage)
+			return Config{}, ErrHelp
 		}
-		return Config{}, fmt.Errorf("%w: %v\n%s", ErrUsage, err, Usage)
+		return Config{}, fmt.Errorf("%w: %v\n%s", ErrUsage, err, Synopsis)
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	rest := fs.Args()
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
 	}
 	if len(rest) == 0 {
-		return Config{}, fmt.Errorf("%w: no worker program\n%s", ErrUsage, Usage)
+		return Config{}, fmt.Errorf("%w: no worker program\n%s", ErrUsage, Synopsis)
 	}
 	c.Program, c.Args = rest[0], rest[1:]
 	if c.MasterPort < 0 {
@@ -110,6 +206,14 @@ func ParseArgs(args []string) (Config, error) {
 		if c.NNodes > 1 {
 			c.MasterPort = DefaultMasterPort
 		}
+	}
+	// Flags whose zero value is also their default: given explicitly, zero
+	// is wrong.
+	if set["nic-gbit"] && c.NICGbit == 0 {
+		return Config{}, &UsageError{Flag: "nic-gbit", Value: c.NICGbit, Reason: "must be > 0"}
+	}
+	if set["master-addr"] && c.NICGbit > 0 {
+		return Config{}, &UsageError{Flag: "master-addr", Value: c.MasterAddr, Reason: "not allowed with --nic-gbit: the store is served on the emulated machines' bridge"}
 	}
 	return c, c.Validate()
 }
@@ -132,6 +236,8 @@ func (c Config) Validate() error {
 		return bad("master-port", c.MasterPort, "a job of several nodes needs a fixed port")
 	case c.MasterAddr == "":
 		return bad("master-addr", `""`, "empty")
+	case c.StoreBind != "" && hasPort(c.StoreBind):
+		return bad("store-bind", c.StoreBind, "give a host or IP; the port is --master-port")
 	case c.EmulateMachines < 0:
 		return bad("emulate-machines", c.EmulateMachines, "negative")
 	case c.EmulateMachines > 0 && c.NProcPerNode%c.EmulateMachines != 0:
@@ -140,10 +246,32 @@ func (c Config) Validate() error {
 		return bad("gpus", c.GPUs, "negative")
 	case c.Grace < 0:
 		return bad("grace", c.Grace, "negative")
+	case math.IsNaN(c.NICGbit) || c.NICGbit < 0 || c.NICGbit > MaxNICGbit:
+		return bad("nic-gbit", c.NICGbit, fmt.Sprintf("must be in (0, %d] Gbit/s", MaxNICGbit))
+	case c.NICGbit > 0 && c.EmulateMachines == 0:
+		return bad("nic-gbit", c.NICGbit, "needs --emulate-machines (the NICs belong to emulated machines)")
+	case c.NICGbit > 0 && c.EmulateMachines > MaxNICMachines:
+		return bad("emulate-machines", c.EmulateMachines, fmt.Sprintf("at most %d emulated machines with --nic-gbit (one /24 subnet)", MaxNICMachines))
+	case c.NICGbit > 0 && c.NNodes > 1:
+		return bad("nic-gbit", c.NICGbit, fmt.Sprintf("emulated NICs cannot reach other nodes: needs --nnodes 1, not %d", c.NNodes))
+	case c.NICGbit > 0 && c.StoreBind != "":
+		return bad("store-bind", c.StoreBind, "not allowed with --nic-gbit: the store is served on the emulated machines' bridge")
+	case c.NICLatency < 0 || c.NICLatency > MaxNICLatency:
+		return bad("nic-latency", c.NICLatency, fmt.Sprintf("must be in [0, %v]", MaxNICLatency))
+	case c.NICLatency > 0 && c.NICGbit == 0:
+		return bad("nic-latency", c.NICLatency, "needs --nic-gbit (the delay is added on the emulated NICs)")
+	case c.MPS != "" && c.MPS != MPSAuto && c.MPS != MPSOn && c.MPS != MPSOff:
+		return bad("mps", c.MPS, "must be auto, on or off")
 	case c.Program == "":
 		return fmt.Errorf("%w: no worker program", ErrUsage)
 	}
 	return nil
+}
+
+// hasPort reports whether addr is "host:port" rather than a host or IP.
+func hasPort(addr string) bool {
+	_, _, err := net.SplitHostPort(addr)
+	return err == nil
 }
 
 func (c Config) stdout() io.Writer {

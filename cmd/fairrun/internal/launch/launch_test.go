@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,6 +62,9 @@ func binaries(t *testing.T) (worker, fairrun string) {
 }
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv(envRole); role != "" {
+		os.Exit(runRole(role))
+	}
 	code := m.Run()
 	if workerBin != "" {
 		os.RemoveAll(filepath.Dir(workerBin))
@@ -75,25 +80,54 @@ func TestParseArgs(t *testing.T) {
 		flag string // the flag a UsageError must name; "-": any usage error
 	}{
 		{name: "minimal", args: "--nproc-per-node 2 -- prog a -b",
-			want: Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, Program: "prog", Args: []string{"a", "-b"}}},
+			want: Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, MPS: MPSAuto, Program: "prog", Args: []string{"a", "-b"}}},
 		{name: "no dashes", args: "-nproc-per-node=1 prog",
-			want: Config{NProcPerNode: 1, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, Program: "prog", Args: []string{}}},
+			want: Config{NProcPerNode: 1, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, MPS: MPSAuto, Program: "prog", Args: []string{}}},
 		{name: "everything", args: "--nproc-per-node 4 --nnodes 2 --node-rank 1 --master-addr h0 --master-port 1234 --emulate-machines 2 --gpus 2 --shuffle-ranks 9 --grace 2s -- p",
-			want: Config{NProcPerNode: 4, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 1234, EmulateMachines: 2, GPUs: 2, Shuffle: true, ShuffleSeed: 9, Grace: 2 * time.Second, Program: "p", Args: []string{}}},
-		{name: "several nodes default port", args: "--nproc-per-node 1 --nnodes 2 -- p",
-			want: Config{NProcPerNode: 1, NNodes: 2, MasterAddr: DefaultMasterAddr, MasterPort: DefaultMasterPort, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+			want: Config{NProcPerNode: 4, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 1234, EmulateMachines: 2, GPUs: 2, Shuffle: true, ShuffleSeed: 9, Grace: 2 * time.Second, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "several nodes default port", args: "--nproc-per-node 1 --nnodes 2 --master-addr h0 -- p",
+			want: Config{NProcPerNode: 1, NNodes: 2, MasterAddr: "h0", MasterPort: DefaultMasterPort, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
 		{name: "missing nproc", args: "-- p", flag: "nproc-per-node"},
 		{name: "no program", args: "--nproc-per-node 2 --", flag: "-"},
 		{name: "unknown flag", args: "--nproc 2 -- p", flag: "-"},
 		{name: "bad seed", args: "--nproc-per-node 2 --shuffle-ranks x -- p", flag: "-"},
-		{name: "node rank too large", args: "--nproc-per-node 2 --nnodes 2 --node-rank 2 -- p", flag: "node-rank"},
-		{name: "free port with several nodes", args: "--nproc-per-node 2 --nnodes 2 --master-port 0 -- p", flag: "master-port"},
+		{name: "node rank too large", args: "--nproc-per-node 2 --nnodes 2 --master-addr h0 --node-rank 2 -- p", flag: "node-rank"},
+		{name: "free port with several nodes", args: "--nproc-per-node 2 --nnodes 2 --master-addr h0 --master-port 0 -- p", flag: "master-port"},
 		{name: "port out of range", args: "--nproc-per-node 2 --master-port 70000 -- p", flag: "master-port"},
 		{name: "indivisible emulation", args: "--nproc-per-node 6 --emulate-machines 4 -- p", flag: "emulate-machines"},
 		{name: "negative gpus", args: "--nproc-per-node 2 --gpus -1 -- p", flag: "gpus"},
+		{name: "testbed", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 10 --nic-latency 50us --mps on -- p",
+			want: Config{NProcPerNode: 4, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 10, NICLatency: 50 * time.Microsecond,
+				MPS: MPSOn, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+		{name: "fractional rate, mps off", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 0.5 --mps off -- p",
+			want: Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 0.5, MPS: MPSOff, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+		{name: "store bind", args: "--nproc-per-node 2 --nnodes 2 --master-addr 10.0.0.1 --store-bind 0.0.0.0 -- p",
+			want: Config{NProcPerNode: 2, NNodes: 2, MasterAddr: "10.0.0.1", MasterPort: DefaultMasterPort, StoreBind: "0.0.0.0", MPS: MPSAuto, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+		{name: "zero rate", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 0 -- p", flag: "nic-gbit"},
+		{name: "negative rate", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit -1 -- p", flag: "nic-gbit"},
+		{name: "rate too high", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10000 -- p", flag: "nic-gbit"},
+		{name: "rate not a number", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit fast -- p", flag: "-"},
+		{name: "NaN rate", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit NaN -- p", flag: "nic-gbit"},
+		{name: "nic without emulation", args: "--nproc-per-node 2 --nic-gbit 10 -- p", flag: "nic-gbit"},
+		{name: "nic on several nodes", args: "--nproc-per-node 2 --nnodes 2 --emulate-machines 2 --nic-gbit 10 -- p", flag: "nic-gbit"},
+		{name: "nic with master addr", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --master-addr 127.0.0.1 -- p", flag: "master-addr"},
+		{name: "nic with store bind", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --store-bind 127.0.0.1 -- p", flag: "store-bind"},
+		{name: "too many nic machines", args: "--nproc-per-node 254 --emulate-machines 254 --nic-gbit 10 -- p", flag: "emulate-machines"},
+		{name: "negative latency", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-latency -1ms -- p", flag: "nic-latency"},
+		{name: "latency too large", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-latency 2s -- p", flag: "nic-latency"},
+		{name: "latency without nic", args: "--nproc-per-node 2 --emulate-machines 2 --nic-latency 1ms -- p", flag: "nic-latency"},
+		{name: "bad mps", args: "--nproc-per-node 2 --mps yes -- p", flag: "-"},
+		{name: "store bind with port", args: "--nproc-per-node 2 --store-bind 127.0.0.1:80 -- p", flag: "store-bind"},
+		{name: "help", args: "--help", flag: "help"},
+		{name: "h", args: "-h -- p", flag: "help"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseArgs(strings.Fields(tc.args))
+			if tc.flag == "help" {
+				require.ErrorIs(t, err, ErrHelp)
+				require.NotErrorIs(t, err, ErrUsage)
+				return
+			}
 			if tc.flag == "" {
 				require.NoError(t, err)
 				require.Equal(t, tc.want, got)
@@ -125,7 +159,7 @@ func TestPlan(t *testing.T) {
 
 	t.Run("plain", func(t *testing.T) {
 		c := Config{NProcPerNode: 3, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 555, Program: "p"}
-		ws, err := Plan(c, base, "h0:555", nil)
+		ws, err := Plan(c, base, "h0:555", nil, Extras{})
 		require.NoError(t, err)
 		require.Len(t, ws, 3)
 		for i, w := range ws {
@@ -148,14 +182,14 @@ func TestPlan(t *testing.T) {
 
 	t.Run("NVLS kept when set", func(t *testing.T) {
 		c := Config{NProcPerNode: 1, NNodes: 1, MasterAddr: "a", Program: "p"}
-		ws, err := Plan(c, append(slices.Clone(base), "NCCL_NVLS_ENABLE=1"), "a:1", nil)
+		ws, err := Plan(c, append(slices.Clone(base), "NCCL_NVLS_ENABLE=1"), "a:1", nil, Extras{})
 		require.NoError(t, err)
 		require.Equal(t, "1", envMap(ws[0].Env)["NCCL_NVLS_ENABLE"])
 	})
 
 	t.Run("emulated and shuffled", func(t *testing.T) {
 		c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 4, Shuffle: true, ShuffleSeed: 3, Program: "p"}
-		ws, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1", "2"})
+		ws, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1", "2"}, Extras{})
 		require.NoError(t, err)
 		var ranks []int
 		for i, w := range ws {
@@ -175,7 +209,7 @@ func TestPlan(t *testing.T) {
 		require.NotEqual(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, ranks, "seed 3 permutes")
 		slices.Sort(ranks)
 		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, ranks)
-		again, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1", "2"})
+		again, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1", "2"}, Extras{})
 		require.NoError(t, err)
 		require.Equal(t, ws, again, "the seed fixes the permutation")
 	})
@@ -429,4 +463,86 @@ func TestFairrunSignal(t *testing.T) {
 		t.Fatalf("fairrun did not exit after SIGTERM; stderr: %s", se.String())
 	}
 	requireGone(t, pids)
+}
+
+// fairrun --help and -h print every flag on stdout and exit 0; usage errors
+// exit 2 with the synopsis on stderr.
+func TestFairrunHelp(t *testing.T) {
+	_, fairrun := binaries(t)
+	var flags []string
+	newFlagSet(&Config{}).VisitAll(func(f *flag.Flag) { flags = append(flags, f.Name) })
+	require.Contains(t, flags, "nic-gbit")
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stdout []string // every one must appear
+		stderr []string
+	}{
+		{args: []string{"--help"}, code: 0, stdout: flags},
+		{args: []string{"-h"}, code: 0, stdout: flags},
+		{args: []string{"-help", "--", "prog"}, code: 0, stdout: flags},
+		{args: []string{"--nproc-per-node", "2"}, code: 2, stderr: []string{"no worker program", "usage:", "fairrun --help"}},
+		{args: []string{"--bogus", "--", "p"}, code: 2, stderr: []string{"-bogus", "usage:"}},
+		{args: []string{"--nproc-per-node", "2", "--nic-gbit", "10", "--", "p"}, code: 2, stderr: []string{"--nic-gbit 10", "--emulate-machines"}},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			cmd := exec.Command(fairrun, tc.args...)
+			var so, se syncBuffer
+			cmd.Stdout, cmd.Stderr = &so, &se
+			err := cmd.Run()
+			if tc.code == 0 {
+				require.NoError(t, err, "stderr: %s", se.String())
+				require.Empty(t, se.String())
+			} else {
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee)
+				require.Equal(t, tc.code, ee.ExitCode())
+				require.Empty(t, so.String())
+			}
+			for _, f := range tc.stdout {
+				require.Contains(t, so.String(), "\n  --"+f+" ", "flag %s is not documented", f)
+			}
+			for _, s := range tc.stderr {
+				require.Contains(t, se.String(), s)
+			}
+		})
+	}
+}
+
+// The store listens on --master-addr (or --store-bind), not on every
+// interface, also for a job of several nodes.
+func TestRunStoreBind(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		nnodes int
+		bind   string
+		want   string // the listening socket's address in /proc/net/tcp{,6}
+	}{
+		{name: "one node", nnodes: 1, want: "0100007F"},
+		{name: "several nodes", nnodes: 2, want: "0100007F"},
+		{name: "several nodes, every interface asked", nnodes: 2, bind: "0.0.0.0", want: "0+"}, // Go listens on [::] then
+		{name: "one node, bind given", nnodes: 1, bind: "127.0.0.1", want: "0100007F"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			port := ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+			var so, se syncBuffer
+			c := Config{NProcPerNode: 1, NNodes: tc.nnodes, MasterAddr: "127.0.0.1", MasterPort: port, StoreBind: tc.bind,
+				Grace: time.Second, Program: "/bin/sh",
+				Args:   []string{"-c", `awk -v p="$(printf ':%04X' "${FAIRGO_STORE_ADDR##*:}")" '$2 ~ p"$" && $4 == "0A" {print $2}' /proc/net/tcp /proc/net/tcp6`},
+				Stdout: &so, Stderr: &se}
+			if tc.nnodes == 1 {
+				c.MasterPort = 0
+			}
+			code, err := Run(context.Background(), c)
+			require.NoError(t, err, "stderr: %s", se.String())
+			require.Equal(t, 0, code)
+			out := strings.TrimSpace(so.String())
+			require.Regexp(t, `^\[0\] ([0-9A-F]{8}|[0-9A-F]{32}):[0-9A-F]{4}$`, out, "stderr: %s", se.String())
+			addr, _, _ := strings.Cut(strings.Fields(out)[1], ":")
+			require.Regexp(t, "^"+tc.want+"$", addr, "listening address")
+		})
+	}
 }

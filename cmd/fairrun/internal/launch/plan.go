@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
 )
 
 // Worker is one process to start.
@@ -21,16 +23,42 @@ type Worker struct {
 	Env     []string // its whole environment
 }
 
+// Extras is what Run set up beside the command line that the workers must
+// know about.
+type Extras struct {
+	NetNS bool    // every emulated machine is a network namespace with NIC testbed.NIC
+	MPS   *MPSEnv // the private MPS daemon; nil: none
+}
+
+// MPSEnv is where a private MPS daemon's clients find it.
+type MPSEnv struct {
+	PipeDir string // CUDA_MPS_PIPE_DIRECTORY
+	LogDir  string // CUDA_MPS_LOG_DIRECTORY
+}
+
+// Variables that describe the testbed to every worker, for benchmarks to
+// record.
+const (
+	EnvTestbedMachines   = "FAIRGO_TESTBED_MACHINES"    // machines in the job, emulated or not
+	EnvTestbedNICGbit    = "FAIRGO_TESTBED_NIC_GBIT"    // shaped NIC rate in Gbit/s; 0: not shaped
+	EnvTestbedNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // added one-way delay, a Go duration ("0s")
+	EnvTestbedNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine in its own network namespace
+	EnvTestbedMPS        = "FAIRGO_TESTBED_MPS"         // 1: workers run under a private MPS daemon
+)
+
 // Plan computes every worker's environment. base is the environment the
 // workers inherit; storeAddr the "host:port" of the store; gpus the devices
-// emulated machines are spread over (ignored without emulation).
+// emulated machines are spread over (ignored without emulation); x what Run
+// set up for them.
 //
 // Global ranks are NodeRank·N + slot, permuted within the node with
 // --shuffle-ranks. With --emulate-machines M, slots are cut into M
 // contiguous groups of N/M; each group gets its own NCCL_HOSTID and
 // FAIRGO_MACHINE_ID and its own LOCAL_RANK numbering, and slot i is pinned to
-// gpus[i mod len(gpus)] through CUDA_VISIBLE_DEVICES.
-func Plan(c Config, base []string, storeAddr string, gpus []string) ([]Worker, error) {
+// gpus[i mod len(gpus)] through CUDA_VISIBLE_DEVICES. NCCL's sockets use
+// the machine's NIC, eth0, in its namespace (and NCCL_IB_DISABLE=1 unless
+// set, so that no RDMA device bypasses the shaped NIC), else lo.
+func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([]Worker, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -78,13 +106,34 @@ func Plan(c Config, base []string, storeAddr string, gpus []string) ([]Worker, e
 			env.set("NCCL_HOSTID", id)
 			env.set("FAIRGO_MACHINE_ID", id)
 			env.set("CUDA_VISIBLE_DEVICES", w.GPU)
-			env.setDefault("NCCL_SOCKET_IFNAME", "lo")
+			if x.NetNS {
+				env.set("NCCL_SOCKET_IFNAME", testbed.NIC)
+				env.setDefault("NCCL_IB_DISABLE", "1")
+			} else {
+				env.setDefault("NCCL_SOCKET_IFNAME", "lo")
+			}
 		}
 		env.set("GROUP_RANK", strconv.Itoa(w.Machine))
+		if x.MPS != nil {
+			env.set("CUDA_MPS_PIPE_DIRECTORY", x.MPS.PipeDir)
+			env.set("CUDA_MPS_LOG_DIRECTORY", x.MPS.LogDir)
+		}
+		env.set(EnvTestbedMachines, strconv.Itoa(c.NNodes*groups))
+		env.set(EnvTestbedNICGbit, strconv.FormatFloat(c.NICGbit, 'g', -1, 64))
+		env.set(EnvTestbedNICLatency, c.NICLatency.String())
+		env.set(EnvTestbedNetNS, boolEnv(x.NetNS))
+		env.set(EnvTestbedMPS, boolEnv(x.MPS != nil))
 		w.Env = env.list()
 		workers[slot] = w
 	}
 	return workers, nil
+}
+
+func boolEnv(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 func splitHostPort(addr string) (host, port string, err error) {

@@ -1,20 +1,16 @@
 package launch
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
-	"sync"
+	"strings"
 	"syscall"
-	"time"
 
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -34,8 +30,22 @@ const (
 // returns the exit code fairrun should end with: 0 when every worker
 // exited 0; otherwise the first failure's code (128 + N for a worker killed
 // by signal N), or 128 + N when fairrun itself was stopped by signal N (the
-// cause of ctx, see SignalError). The error explains a non-zero code.
-func Run(ctx context.Context, c Config) (int, error) {
+// cause of ctx, see SignalError). The error explains a non-zero code; a
+// worker's failure is an *ExitError naming its rank.
+//
+// A worker's exit is seen from its process status within milliseconds,
+// whatever its output does. While the workers run, the process is a child
+// subreaper (Linux) and reaps every child it has; when the job ends it ends
+// every child left, including orphans the workers left behind (SIGTERM,
+// SIGKILL after the grace period). Do not start other child processes
+// beside Run in the same process.
+//
+// With --nic-gbit, Run first checks the privileges and kernel features the
+// emulated NICs need (stopping with a *testbed.MissingError before anything
+// is started) and builds the testbed; with MPS it starts a private MPS
+// daemon. Both are removed before Run returns, whatever happened; when ctx
+// ends during setup, what was built is removed and Run returns 128 + N.
+func Run(ctx context.Context, c Config) (code int, err error) {
 	if err := c.Validate(); err != nil {
 		return ExitLaunchFailure, err
 	}
@@ -44,20 +54,54 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if base == nil {
 		base = os.Environ()
 	}
-
-	// The store.
-	storeAddr := net.JoinHostPort(c.MasterAddr, strconv.Itoa(c.MasterPort))
-	if c.NodeRank == 0 {
-		listen := storeAddr
-		if c.NNodes > 1 {
-			listen = net.JoinHostPort("", strconv.Itoa(c.MasterPort)) // every interface
+	// A failure before the workers start: 128 + N when a signal ended ctx.
+	setupFailed := func(err error) (int, error) {
+		var se *SignalError
+		if ctx.Err() != nil && errors.As(context.Cause(ctx), &se) {
+			return 128 + int(se.Signal), err
 		}
-		srv, err := rendezvous.Listen(listen, rendezvous.WithServerLogger(log))
+		return ExitLaunchFailure, err
+	}
+	var x Extras
+
+	// The emulated NICs.
+	var tb *testbed.Testbed
+	if c.NICGbit > 0 {
+		spec := testbed.Spec{Machines: c.EmulateMachines, Gbit: c.NICGbit, Latency: c.NICLatency}
+		if err := c.prober.Check(spec); err != nil {
+			return setupFailed(err)
+		}
+		tb, err = testbed.Setup(ctx, spec, log)
 		if err != nil {
-			return ExitLaunchFailure, fmt.Errorf("fairrun: host the store: %w", err)
+			return setupFailed(fmt.Errorf("fairrun: build the emulated NICs: %w", err))
+		}
+		defer func() {
+			if cerr := tb.Close(); cerr != nil {
+				log.Error("fairrun: removing the emulated NICs failed", "err", cerr)
+				err = errors.Join(err, cerr)
+			}
+		}()
+		x.NetNS = true
+	}
+
+	// The store: bound to the address given, never every interface unless
+	// asked; with emulated NICs on the bridge, which every namespace reaches.
+	bindHost, dialHost := c.StoreBind, c.MasterAddr
+	if bindHost == "" {
+		bindHost = c.MasterAddr
+	}
+	if tb != nil {
+		bindHost = tb.Plan().BridgeAddr.Addr().String()
+		dialHost = bindHost
+	}
+	storeAddr := net.JoinHostPort(dialHost, strconv.Itoa(c.MasterPort))
+	if c.NodeRank == 0 {
+		srv, err := rendezvous.Listen(net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(c.MasterPort)), rendezvous.WithServerLogger(log))
+		if err != nil {
+			return setupFailed(fmt.Errorf("fairrun: host the store: %w", err))
 		}
 		_, port, _ := net.SplitHostPort(srv.Addr())
-		storeAddr = net.JoinHostPort(c.MasterAddr, port)
+		storeAddr = net.JoinHostPort(dialHost, port)
 		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		served := make(chan struct{})
 		go func() { srv.Serve(sctx); close(served) }()
@@ -71,181 +115,39 @@ func Run(ctx context.Context, c Config) (int, error) {
 			log.Warn("fairrun: ranks of one emulated machine share a GPU (NCCL refuses that)", "ranks_per_machine", per, "gpus", len(gpus))
 		}
 	}
-	workers, err := Plan(c, base, storeAddr, gpus)
+
+	// MPS.
+	if wantMPS(c, gpus) {
+		control, err := findMPSControl(base)
+		switch {
+		case err != nil && c.MPS == MPSOn:
+			return setupFailed(fmt.Errorf("fairrun: --mps on: %w", err))
+		case err != nil:
+			log.Warn("fairrun: ranks of different emulated machines share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful", "err", err)
+		default:
+			d, err := startMPS(ctx, control, base, log)
+			if err != nil {
+				return setupFailed(err)
+			}
+			defer func() {
+				if serr := d.Stop(); serr != nil {
+					log.Error("fairrun: stopping the MPS daemon failed", "err", serr)
+				}
+			}()
+			x.MPS = &d.env
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return setupFailed(context.Cause(ctx))
+	}
+
+	workers, err := Plan(c, base, storeAddr, gpus, x)
 	if err != nil {
 		return ExitLaunchFailure, err
 	}
 	g := &group{log: log, grace: c.Grace, stdout: &lockedWriter{w: c.stdout()}, stderr: &lockedWriter{w: c.stderr()}}
+	if tb != nil {
+		g.start = tb.Run
+	}
 	return g.run(ctx, c, workers)
-}
-
-// lockedWriter writes whole lines from many goroutines.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) writeLine(prefix, line []byte) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	buf := make([]byte, 0, len(prefix)+len(line)+1)
-	buf = append(append(buf, prefix...), line...)
-	if len(line) == 0 || line[len(line)-1] != '\n' {
-		buf = append(buf, '\n')
-	}
-	l.w.Write(buf)
-}
-
-// prefixLines copies r to w line by line, each line led by prefix.
-func prefixLines(r io.Reader, w *lockedWriter, prefix string) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	p := []byte(prefix)
-	for {
-		line, err := br.ReadBytes('\n')
-		if len(line) > 0 {
-			w.writeLine(p, line)
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-type group struct {
-	log            *slog.Logger
-	grace          time.Duration
-	stdout, stderr *lockedWriter
-}
-
-type exit struct {
-	w    Worker
-	pid  int
-	code int
-	err  error
-}
-
-type proc struct {
-	w       Worker
-	cmd     *exec.Cmd
-	running bool
-}
-
-func (g *group) run(ctx context.Context, c Config, workers []Worker) (int, error) {
-	exits := make(chan exit, len(workers))
-	var output sync.WaitGroup
-	procs := make([]*proc, 0, len(workers))
-	code, cause := 0, error(nil)
-	for _, w := range workers {
-		p, err := g.start(c, w, exits, &output)
-		if err != nil {
-			code, cause = ExitStartFailure, err
-			break
-		}
-		procs = append(procs, p)
-	}
-	running := len(procs)
-	var killTimer <-chan time.Time
-	stopping := false
-	stop := func(why string) {
-		if stopping {
-			return
-		}
-		stopping = true
-		g.log.Info("fairrun: stopping workers", "why", why, "running", running, "grace", g.grace)
-		for _, p := range procs {
-			if p.running {
-				signalGroup(p.cmd.Process.Pid, syscall.SIGTERM)
-			}
-		}
-		killTimer = time.After(g.grace)
-	}
-	if cause != nil {
-		stop(cause.Error())
-	}
-	done := ctx.Done()
-	for running > 0 {
-		select {
-		case e := <-exits:
-			running--
-			for _, p := range procs {
-				if p.w.Slot == e.w.Slot {
-					p.running = false
-				}
-			}
-			if e.code != 0 && !stopping {
-				code, cause = e.code, fmt.Errorf("fairrun: worker rank %d (pid %d) failed: %w", e.w.Rank, e.pid, e.err)
-				g.log.Error("fairrun: worker failed", "rank", e.w.Rank, "exit_code", e.code, "err", e.err)
-				stop(fmt.Sprintf("rank %d exited with code %d", e.w.Rank, e.code))
-			}
-		case <-done:
-			done = nil
-			if !stopping {
-				code, cause = 1, context.Cause(ctx)
-				var se *SignalError
-				if errors.As(cause, &se) {
-					code = 128 + int(se.Signal)
-				}
-				stop(cause.Error())
-			}
-		case <-killTimer:
-			killTimer = nil
-			for _, p := range procs {
-				if p.running {
-					g.log.Warn("fairrun: worker ignored SIGTERM; killing it", "rank", p.w.Rank, "pid", p.cmd.Process.Pid)
-					signalGroup(p.cmd.Process.Pid, syscall.SIGKILL)
-				}
-			}
-		}
-	}
-	output.Wait()
-	return code, cause
-}
-
-// start launches one worker in its own process group.
-func (g *group) start(c Config, w Worker, exits chan<- exit, output *sync.WaitGroup) (*proc, error) {
-	cmd := exec.Command(c.Program, c.Args...)
-	cmd.Env = w.Env
-	cmd.SysProcAttr = sysProcAttr()
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, fmt.Errorf("fairrun: rank %d: %w", w.Rank, err)
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, fmt.Errorf("fairrun: rank %d: %w", w.Rank, err)
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("fairrun: start rank %d: %w", w.Rank, err)
-	}
-	prefix := "[" + strconv.Itoa(w.Rank) + "] "
-	output.Add(2)
-	var pipes sync.WaitGroup
-	pipes.Add(2)
-	go func() { defer output.Done(); defer pipes.Done(); prefixLines(stdout, g.stdout, prefix) }()
-	go func() { defer output.Done(); defer pipes.Done(); prefixLines(stderr, g.stderr, prefix) }()
-	go func() {
-		pipes.Wait() // Wait closes the pipes: read them to the end first
-		err := cmd.Wait()
-		code := 0
-		if err != nil {
-			code = 1
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-					code = 128 + int(ws.Signal())
-				} else if ee.ExitCode() > 0 {
-					code = ee.ExitCode()
-				}
-			}
-		}
-		exits <- exit{w: w, pid: cmd.Process.Pid, code: code, err: err}
-	}()
-	return &proc{w: w, cmd: cmd, running: true}, nil
-}
-
-// signalGroup signals the worker's whole process group (its children too).
-func signalGroup(pid int, sig syscall.Signal) {
-	if err := syscall.Kill(-pid, sig); err != nil {
-		syscall.Kill(pid, sig)
-	}
 }

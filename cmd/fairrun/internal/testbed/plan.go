@@ -1,0 +1,221 @@
+// Package testbed builds fairrun's emulated cluster: one network namespace
+// per emulated machine, each with one NIC (a veth on a shared bridge) shaped
+// to a fixed rate in both directions. The plan (names, addresses, qdisc
+// parameters) is computed without touching the system; Setup builds it
+// through netlink, needing neither ip nor tc, and Close removes it.
+package testbed
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Spec is the testbed the command line asks for.
+type Spec struct {
+	Machines int           // emulated machines, each with a namespace and a NIC
+	Gbit     float64       // NIC rate in Gbit/s (10^9 bit/s), each direction
+	Latency  time.Duration // one-way delay added to every packet a machine sends; 0: none
+}
+
+// Limits of a Spec.
+const (
+	MaxMachines = 253 // one /24: .1 is the bridge, machines are .2 ... .254
+	MaxGbit     = 1000
+	MaxLatency  = time.Second
+)
+
+// Validate checks the spec.
+func (s Spec) Validate() error {
+	switch {
+	case s.Machines < 1 || s.Machines > MaxMachines:
+		return fmt.Errorf("testbed: %d machines: must be in [1, %d]", s.Machines, MaxMachines)
+	case math.IsNaN(s.Gbit) || s.Gbit <= 0 || s.Gbit > MaxGbit:
+		return fmt.Errorf("testbed: NIC rate %v Gbit/s: must be in (0, %d]", s.Gbit, MaxGbit)
+	case s.Latency < 0 || s.Latency > MaxLatency:
+		return fmt.Errorf("testbed: NIC latency %v: must be in [0, %v]", s.Latency, MaxLatency)
+	}
+	return nil
+}
+
+// Naming. Interface names have at most 15 bytes (IFNAMSIZ - 1).
+const (
+	NIC          = "eth0" // the NIC's name inside every machine's namespace
+	bridgePrefix = "frb"  // bridge: frb + run id
+	vethPrefix   = "frv"  // root end of machine i's veth: frv + run id + "m" + i
+	runIDLen     = 8      // 6 hex digits of fairrun's pid, 2 random
+	subnetBase   = "10.77.0.0/16"
+)
+
+// MTU of every NIC and of the bridge: jumbo frames, as GPU clusters'
+// Ethernet fabrics use them. At 1500 bytes the bridge forwards six times
+// as many packets, and on a small host the CPU, not the tbf, then sets the
+// rate (measured on 2 cores, TCP through a 10 Gbit/s tbf: 7.2–9.5 Gbit/s at
+// MTU 1500, 9.7–9.9 at 9000).
+const MTU = 9000
+
+// Plan is everything Setup creates.
+type Plan struct {
+	MTU        int          // of the NICs and the bridge
+	RunID      string       // per-run suffix of every name
+	Bridge     string       // the bridge in the root namespace
+	Subnet     netip.Prefix // a free /24 inside 10.77.0.0/16
+	BridgeAddr netip.Prefix // .1 of Subnet: the store listens here
+	Machines   []Machine
+	Shaping    Shaping
+}
+
+// Machine is one emulated machine's namespace and NIC.
+type Machine struct {
+	Index    int
+	HostVeth string       // the veth end on the bridge, in the root namespace
+	NIC      string       // the veth end in the machine's namespace
+	Addr     netip.Prefix // the NIC's address: .(Index+2) of Subnet
+}
+
+// Shaping is the qdisc configuration of every veth end.
+//
+// A tbf on both ends of each veth shapes both directions of a machine's
+// NIC: the namespace end shapes what the machine sends, the bridge end what
+// it receives (several senders converging on one machine queue there, as on
+// a real switch port).
+//
+// Burst (the bucket) is max(256 KiB, 200 µs at the rate): 1 Gbit/s → 256
+// KiB, 10 → 256 KiB, 40 → 1 MB, 100 → 2.5 MB. It must hold a whole GSO
+// super-packet (up to 64 KiB, more with BIG TCP) or tbf splits each one
+// into MTU segments at a CPU cost that makes high rates erratic, and it
+// must cover the latency of the qdisc watchdog timer (tens of µs; a late
+// timer loses the tokens that overflow the bucket, so a bucket of a few µs
+// of traffic falls short of the rate). It must stay small against the
+// messages being timed: the first Burst bytes after an idle period leave at
+// veth speed, which at 10 Gbit/s saves 0.2 ms on a transfer (6% of a 4 MiB
+// one); a bucket of 1 ms would make small collectives look 30% faster
+// than a real NIC allows.
+//
+// Limit (bytes that may wait for tokens) is Burst plus 4 ms at the rate,
+// at most 64 MiB: deep enough that incast of several senders into one
+// machine does not drop at the first burst, shallow enough to keep the
+// queueing delay of a saturated NIC at a few ms.
+//
+// With a latency, a netem qdisc is the root of the namespace end (packets
+// the machine sends wait Latency) and the tbf its child.
+type Shaping struct {
+	RateBytes  uint64        // bytes per second
+	BurstBytes uint32        // tbf bucket
+	LimitBytes uint32        // tbf queue
+	Latency    time.Duration // netem delay on the namespace end; 0: no netem
+	NetemLimit uint32        // netem queue in packets
+}
+
+// Shaping parameters (see Shaping).
+const (
+	minBurst     = 256 << 10
+	burstTime    = 200 * time.Microsecond
+	queueTime    = 4 * time.Millisecond
+	maxLimit     = 64 << 20
+	minNetemPkts = 1000
+)
+
+// ShapingFor returns the qdisc parameters of a NIC of gbit Gbit/s with a
+// one-way latency.
+func ShapingFor(gbit float64, latency time.Duration) Shaping {
+	rate := gbit * 1e9 / 8 // bytes per second
+	at := func(d time.Duration) float64 { return rate * d.Seconds() }
+	burst := math.Max(minBurst, at(burstTime))
+	limit := math.Min(burst+at(queueTime), maxLimit)
+	s := Shaping{RateBytes: uint64(math.Round(rate)), BurstBytes: uint32(burst), LimitBytes: uint32(limit)}
+	if latency > 0 {
+		// Every packet in flight through the delay sits in netem: room for
+		// twice the rate × delay in 1500-byte packets, and netem's default.
+		pkts := math.Ceil(2 * at(latency) / 1500)
+		s.Latency = latency
+		s.NetemLimit = uint32(math.Min(math.Max(pkts, minNetemPkts), 1<<24))
+	}
+	return s
+}
+
+// NewPlan lays out the testbed of spec with the given run id on subnet (a
+// /24).
+func NewPlan(spec Spec, runID string, subnet netip.Prefix) (Plan, error) {
+	if err := spec.Validate(); err != nil {
+		return Plan{}, err
+	}
+	if len(runID) != runIDLen || strings.Trim(runID, "0123456789abcdef") != "" {
+		return Plan{}, fmt.Errorf("testbed: run id %q: want %d lower-case hex digits", runID, runIDLen)
+	}
+	if !subnet.Addr().Is4() || subnet.Bits() != 24 || subnet.Masked() != subnet {
+		return Plan{}, fmt.Errorf("testbed: subnet %v: want an IPv4 /24", subnet)
+	}
+	p := Plan{
+		MTU:        MTU,
+		RunID:      runID,
+		Bridge:     bridgePrefix + runID,
+		Subnet:     subnet,
+		BridgeAddr: netip.PrefixFrom(nthAddr(subnet, 1), 24),
+		Shaping:    ShapingFor(spec.Gbit, spec.Latency),
+	}
+	for i := range spec.Machines {
+		p.Machines = append(p.Machines, Machine{
+			Index:    i,
+			HostVeth: vethPrefix + runID + "m" + strconv.Itoa(i),
+			NIC:      NIC,
+			Addr:     netip.PrefixFrom(nthAddr(subnet, i+2), 24),
+		})
+	}
+	return p, nil
+}
+
+func nthAddr(subnet netip.Prefix, n int) netip.Addr {
+	a := subnet.Addr().As4()
+	a[3] = byte(n)
+	return netip.AddrFrom4(a)
+}
+
+// PickSubnet returns the first /24 of 10.77.0.0/16 that overlaps none of
+// the prefixes in use (the addresses of the root namespace).
+func PickSubnet(inUse []netip.Prefix) (netip.Prefix, error) {
+	base := netip.MustParsePrefix(subnetBase).Addr().As4()
+	for i := range 256 {
+		a := base
+		a[2] = byte(i)
+		cand := netip.PrefixFrom(netip.AddrFrom4(a), 24)
+		free := true
+		for _, u := range inUse {
+			if u.Overlaps(cand) {
+				free = false
+				break
+			}
+		}
+		if free {
+			return cand, nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("testbed: every /24 of %s is in use", subnetBase)
+}
+
+// NewRunID returns a run id: fairrun's pid in 6 hex digits, so that a later
+// run can tell a crashed run's leftovers from a live run's, and 2 random
+// ones, so that runs of one process differ.
+func NewRunID(pid int) (string, error) {
+	var b [1]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("testbed: run id: %w", err)
+	}
+	return fmt.Sprintf("%06x", pid&0xffffff) + hex.EncodeToString(b[:]), nil
+}
+
+// OwnerPid returns the pid encoded in the name of a bridge that a run
+// created, and whether name is such a bridge.
+func OwnerPid(name string) (int, bool) {
+	id, ok := strings.CutPrefix(name, bridgePrefix)
+	if !ok || len(id) != runIDLen || strings.Trim(id, "0123456789abcdef") != "" {
+		return 0, false
+	}
+	pid, err := strconv.ParseInt(id[:6], 16, 32)
+	return int(pid), err == nil
+}

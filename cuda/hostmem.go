@@ -1,0 +1,143 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"sync"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// hostAllocs are the page-locked buffers AllocHost handed out, by address,
+// so that FreeHost and the async copies accept only those.
+type hostAllocs struct {
+	mu   sync.Mutex
+	live map[*byte]int
+}
+
+func (h *hostAllocs) add(b []byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.live == nil {
+		h.live = map[*byte]int{}
+	}
+	h.live[&b[0]] = len(b)
+}
+
+// owns reports whether b lies inside one buffer AllocHost returned.
+func (h *hostAllocs) owns(b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p := uintptr(unsafe.Pointer(&b[0]))
+	for base, n := range h.live {
+		lo := uintptr(unsafe.Pointer(base))
+		if p >= lo && p+uintptr(len(b)) <= lo+uintptr(n) {
+			return true
+		}
+	}
+	return false
+}
+
+// drain forgets every buffer and returns them (Close frees them).
+func (h *hostAllocs) drain() [][]byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out [][]byte
+	for base, n := range h.live {
+		out = append(out, unsafe.Slice(base, n))
+	}
+	h.live = nil
+	return out
+}
+
+func (h *hostAllocs) remove(b []byte) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(b) == 0 {
+		return false
+	}
+	if _, ok := h.live[&b[0]]; !ok {
+		return false
+	}
+	delete(h.live, &b[0])
+	return true
+}
+
+// AllocHost allocates page-locked host memory, which CopyFromHostAsync and
+// CopyToHostAsync move to and from the device without blocking the host.
+// Free it with FreeHost.
+func (d *Device) AllocHost(bytes int) ([]byte, error) {
+	if bytes < 1 {
+		return nil, &fairgo.ArgError{Arg: "bytes", Value: bytes, Reason: "must be at least 1"}
+	}
+	if err := d.alive(); err != nil {
+		return nil, err
+	}
+	b, err := memAllocHost(d.ctx, bytes)
+	if err != nil {
+		return nil, err
+	}
+	d.host.add(b)
+	return b, nil
+}
+
+// FreeHost releases memory from AllocHost.
+func (d *Device) FreeHost(b []byte) error {
+	if !d.host.remove(b) {
+		return &fairgo.ArgError{Arg: "host buffer", Value: len(b), Reason: "not from AllocHost, or freed already"}
+	}
+	if d.closed.Load() {
+		return nil
+	}
+	return memFreeHost(d.ctx, b)
+}
+
+// CopyFromHostAsync enqueues a copy of src (memory from AllocHost) to dst on
+// s. src must not change until s has run the copy.
+func (d *Device) CopyFromHostAsync(dst uintptr, src []byte, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	if !d.host.owns(src) {
+		return &fairgo.ArgError{Arg: "src", Value: len(src), Reason: "host memory not from AllocHost"}
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	return pinnedToDeviceAsync(d.ctx, dst, src, cs.h)
+}
+
+// CopyToHostAsync enqueues a copy of device memory at src into dst (memory
+// from AllocHost) on s; dst holds the bytes once s has run the copy.
+func (d *Device) CopyToHostAsync(dst []byte, src uintptr, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	if !d.host.owns(dst) {
+		return &fairgo.ArgError{Arg: "dst", Value: len(dst), Reason: "host memory not from AllocHost"}
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	return pinnedToHostAsync(d.ctx, dst, src, cs.h)
+}
+
+// MemInfo returns the device's free and total memory in bytes
+// (cuMemGetInfo), for leak checks.
+func (d *Device) MemInfo() (free, total int64, err error) {
+	err = d.do(func() error {
+		var e error
+		free, total, e = cu.MemInfo()
+		return e
+	})
+	return free, total, err
+}

@@ -1,0 +1,138 @@
+package hier
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fairgo/fairgo"
+)
+
+// Board keys. A rank whose watchdog fires writes its progress and the
+// timeout note; every rank listens for the note, writes its own progress
+// and aborts with a TimeoutError naming the rank that timed out.
+const (
+	boardTimeout  = "fairgo-board/timeout"
+	boardProgress = "fairgo-board/progress/"
+	// progressWait bounds how long the rank that timed out gathers the
+	// others' progress before it reports.
+	progressWait = 2 * time.Second
+)
+
+// TimeoutError is the error of calls on every rank of a job once the
+// watchdog (WithTimeout) fired on one of them: Rank is the world rank whose
+// call did not complete in time. It wraps fairgo.ErrTimeout and
+// fairgo.ErrAborted (the communicators were aborted).
+type TimeoutError struct {
+	Rank     int    // the world rank whose watchdog fired
+	Detail   string // its stuck call and how long it waited
+	Progress string // how far each rank got, as the Board reported it ("" without a Board)
+}
+
+func (e *TimeoutError) Error() string {
+	s := fmt.Sprintf("hier: rank %d timed out: %s", e.Rank, e.Detail)
+	if e.Progress != "" {
+		s += "; " + e.Progress
+	}
+	return s
+}
+
+// Unwrap returns fairgo.ErrTimeout and fairgo.ErrAborted.
+func (e *TimeoutError) Unwrap() []error { return []error{fairgo.ErrTimeout, fairgo.ErrAborted} }
+
+// progress is how far this rank got: the last call enqueued on the device
+// and the last completed.
+func (r *Reducer) progress() string {
+	return fmt.Sprintf("enqueued call %d, completed %d", r.enqueued.Load(), r.completed.Load())
+}
+
+// timedOut reports that q did not complete within the watchdog's time and
+// aborts: with a Board, after telling the peers and gathering how far each
+// rank got.
+func (r *Reducer) timedOut(q *request, waited time.Duration) {
+	r.timedOutOn(fmt.Sprintf("%v (call %d)", q, q.seq), waited)
+}
+
+// timedOutOn is timedOut for any work the engine waits on.
+func (r *Reducer) timedOutOn(what string, waited time.Duration) {
+	e := &TimeoutError{Rank: r.WorldRank(),
+		Detail: fmt.Sprintf("%s not complete %v after it could start (WithTimeout %v)", what, waited.Round(time.Millisecond), r.cfg.timeout)}
+	if r.board != nil {
+		e.Progress = r.board.report(e)
+	} else {
+		e.Progress = fmt.Sprintf("this rank %s", r.progress())
+	}
+	r.abort(e)
+}
+
+// bulletin is a Reducer's link to the Board.
+type bulletin struct {
+	r      *Reducer
+	b      Board
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newBulletin(r *Reducer, b Board) *bulletin {
+	bl := &bulletin{r: r, b: b, done: make(chan struct{})}
+	bl.ctx, bl.cancel = context.WithCancel(context.Background())
+	go bl.listen()
+	return bl
+}
+
+func (bl *bulletin) stop() {
+	bl.cancel()
+	<-bl.done
+}
+
+// listen waits for a timeout note from any rank.
+func (bl *bulletin) listen() {
+	defer close(bl.done)
+	v, err := bl.b.Get(bl.ctx, boardTimeout)
+	if err != nil {
+		return // closed, or the board failed: nothing to relay
+	}
+	rank, detail, _ := strings.Cut(string(v), "\n")
+	from, err := strconv.Atoi(rank)
+	if err != nil || from == bl.r.WorldRank() {
+		return // our own note: timedOut reports it
+	}
+	bl.publishProgress()
+	bl.r.abort(&TimeoutError{Rank: from, Detail: detail, Progress: "this rank " + bl.r.progress()})
+}
+
+func (bl *bulletin) publishProgress() {
+	ctx, cancel := context.WithTimeout(bl.ctx, progressWait)
+	defer cancel()
+	_ = bl.b.Set(ctx, boardProgress+strconv.Itoa(bl.r.WorldRank()), []byte(bl.r.progress()))
+}
+
+// report tells the peers that this rank timed out and gathers, for a short
+// while, how far every rank got.
+func (bl *bulletin) report(e *TimeoutError) string {
+	bl.publishProgress()
+	ctx, cancel := context.WithTimeout(bl.ctx, progressWait)
+	defer cancel()
+	_ = bl.b.Set(ctx, boardTimeout, []byte(strconv.Itoa(e.Rank)+"\n"+e.Detail))
+	w := bl.r.grid.Size()
+	reports := make([]string, w)
+	var wg sync.WaitGroup
+	for k := range w {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := bl.b.Get(ctx, boardProgress+strconv.Itoa(k))
+			if err != nil {
+				reports[k] = fmt.Sprintf("rank %d: no report within %v", k, progressWait)
+				return
+			}
+			reports[k] = fmt.Sprintf("rank %d: %s", k, v)
+		}()
+	}
+	wg.Wait()
+	return "progress: " + strings.Join(reports, "; ")
+}

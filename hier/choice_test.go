@@ -1,0 +1,115 @@
+package hier_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/reftest"
+	"github.com/fairgo/fairgo/sim"
+)
+
+// Auto measures a size class at its first call and chooses the same
+// algorithm on every rank, although each rank's own timings differ (the
+// jitter is drawn per stream); results stay right throughout.
+func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 21, Jitter: 200 * time.Microsecond},
+		hier.WithFlatThreshold(64<<10))
+	before := w.reducers[0].Choices()
+	require.Equal(t, hier.Flat, before[0].Algorithm)
+	for _, c := range before[1:] {
+		require.False(t, c.Measured, "nothing measured yet: %+v", c)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, count := range []int{20000, 70000, 300000, 20001} { // 80 KB, 280 KB, 1.2 MB: three classes
+		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, 4, count)
+		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+		require.NoError(t, err)
+		require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+	}
+	first := w.reducers[0].Choices()
+	measured := 0
+	for _, c := range first {
+		if c.Measured && c.MinBytes >= 64<<10 {
+			measured++
+		}
+	}
+	require.Equal(t, 3, measured, "one measured class per size: %+v", first)
+	for g, r := range w.reducers[1:] {
+		require.Equal(t, first, r.Choices(), "rank %d", g+1)
+		for _, b := range []int64{1000, 80000, 280000, 1200000, 1 << 30} {
+			require.Equal(t, w.reducers[0].AlgorithmFor(b), r.AlgorithmFor(b), "rank %d, %d bytes", g+1, b)
+		}
+	}
+}
+
+// A fixed algorithm is reported as such; one machine is always flat.
+func TestChoicesReportTheFixedAlgorithm(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1}, hier.WithAlgorithm(hier.RailRSAG), hier.WithFlatThreshold(1<<20))
+	require.Equal(t, []hier.Choice{{MinBytes: 0, Algorithm: hier.Flat, Measured: true}, {MinBytes: 1 << 20, Algorithm: hier.RailRSAG, Measured: true}}, w.reducers[0].Choices())
+	require.Equal(t, hier.Flat, w.reducers[0].AlgorithmFor(1<<20-1))
+	require.Equal(t, hier.RailRSAG, w.reducers[0].AlgorithmFor(1<<20))
+	one := newWorld(t, sim.Config{Machines: 1, Devices: 4})
+	require.Equal(t, hier.Flat, one.reducers[0].AlgorithmFor(1<<30))
+	for _, s := range []string{"auto", "flat", "rail-a2a", "rail-rsag"} {
+		a, err := hier.ParseAlgorithm(s)
+		require.NoError(t, err)
+		require.Equal(t, s, a.String())
+	}
+	_, err := hier.ParseAlgorithm("ring")
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+}
+
+// Inline calls (each rank driven by its own goroutine) stay in call order
+// with the calls the engine enqueues: a broadcast through the engine, then
+// inline allreduces on the same memory, then a hierarchical one, all with
+// the caller's stream, give the sums of the broadcast values.
+func TestInlineEnqueueKeepsCallOrder(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 1, Devices: 3, Seed: 5, Jitter: 100 * time.Microsecond}, hier.WithInlineEnqueue(true))
+	const n, rounds = 999, 30
+	rng := rand.New(rand.NewPCG(8, 9))
+	in := reftest.RandomInputs(rng, fairgo.Int64, fairgo.Sum, 3, n)
+	bufs := w.upload(t, fairgo.Int64, in)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for g, r := range w.reducers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := w.devs[g].NewStream()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			var works []*hier.Work
+			for i := range rounds {
+				if i%5 == 0 { // through the engine, then (once it is done) inline again
+					works = append(works, r.Broadcast(context.Background(), bufs[g], 1, hier.After(s)))
+					if i%10 == 0 {
+						if errs[g] = works[len(works)-1].Wait(context.Background()); errs[g] != nil {
+							return
+						}
+					}
+				}
+				works = append(works, r.AllReduce(context.Background(), bufs[g], fairgo.Max, hier.After(s)))
+			}
+			errs[g] = reftest.WaitAll(works)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for g, r := range w.reducers {
+		require.Positive(t, hier.InlineCalls(r), "rank %d never enqueued inline", g)
+	}
+	want := slices.Repeat([][]byte{in[1]}, 3) // Max of three copies of rank 1's values
+	require.NoError(t, reftest.CheckResults(fairgo.Int64, reftest.ComputeReference(fairgo.Int64, fairgo.Max, want), w.download(t, bufs)))
+}

@@ -1,0 +1,133 @@
+package hier_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/reftest"
+	"github.com/fairgo/fairgo/sim"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// BenchmarkEnqueue measures the host time of one single-slice AllReduce:
+// from the call until its device work is enqueued (what StreamWait waits
+// for), on rank 0, while every rank makes the same calls from a goroutine of
+// its own. The device work itself is tiny (4 KiB), and every 32 calls the
+// ranks wait for completion so that queues stay short. ns/op is the whole
+// loop; enqueue-ns/op is the figure of issue 11's target T6.
+func BenchmarkEnqueue(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		cfg  sim.Config
+		opts []hier.Option
+	}{
+		{"1x2/flat/inline", sim.Config{Machines: 1, Devices: 2}, []hier.Option{hier.WithInlineEnqueue(true)}},
+		{"1x2/flat/engine", sim.Config{Machines: 1, Devices: 2}, nil},
+		{"2x2/rail-a2a", sim.Config{Machines: 2, Devices: 2}, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}},
+		{"2x2/rail-rsag", sim.Config{Machines: 2, Devices: 2}, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			w := newWorld(b, tc.cfg, tc.opts...)
+			benchEnqueue(b, w.reducers, w.devs, 1024)
+		})
+	}
+}
+
+// benchEnqueue runs the enqueue benchmark on any world (sim or GPUs).
+func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count int64) {
+	n := len(reds)
+	ts := make([]fairgo.Tensor, n)
+	ss := make([]streams.Stream, n)
+	for g := range reds {
+		var err error
+		ts[g], err = devs[g].AllocTensor(count, fairgo.Float32)
+		require.NoError(b, err)
+		require.NoError(b, devs[g].Upload(ts[g].Ptr, make([]byte, 4*count)))
+		ss[g], err = devs[g].NewStream()
+		require.NoError(b, err)
+	}
+	b.Cleanup(func() {
+		for g := range ts {
+			_ = devs[g].Free(ts[g].Ptr)
+		}
+	})
+	ctx := context.Background()
+	const batch = 32
+	iters := make(chan bool) // one value per iteration; closed at the end
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var enqueue time.Duration
+	var calls int
+	errs := make([]error, n)
+	followers := make([]chan bool, n)
+	for g := 1; g < n; g++ {
+		followers[g] = make(chan bool, 1024)
+	}
+	step := func(g int, last bool, works *[]*hier.Work) error {
+		start := time.Now()
+		wk := reds[g].AllReduce(ctx, ts[g], fairgo.Sum, hier.After(ss[g]))
+		if err := wk.StreamWait(ctx, ss[g]); err != nil {
+			return err
+		}
+		if g == 0 {
+			mu.Lock()
+			enqueue += time.Since(start)
+			calls++
+			mu.Unlock()
+		}
+		*works = append(*works, wk)
+		if len(*works) == batch || last {
+			err := reftest.WaitAll(*works)
+			*works = (*works)[:0]
+			return err
+		}
+		return nil
+	}
+	for g := 1; g < n; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var works []*hier.Work
+			for last := range followers[g] {
+				if errs[g] == nil {
+					errs[g] = step(g, last, &works)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var works []*hier.Work
+		for last := range iters {
+			for g := 1; g < n; g++ {
+				followers[g] <- last
+			}
+			if errs[0] == nil {
+				errs[0] = step(0, last, &works)
+			}
+		}
+		for g := 1; g < n; g++ {
+			close(followers[g])
+		}
+	}()
+	b.SetBytes(4 * count)
+	i := 0
+	for b.Loop() {
+		iters <- false
+		i++
+	}
+	iters <- true // a last call that waits for everything
+	close(iters)
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(b, err)
+	}
+	b.ReportMetric(float64(enqueue.Nanoseconds())/float64(calls), "enqueue-ns/op")
+}

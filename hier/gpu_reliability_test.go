@@ -1,0 +1,328 @@
+//go:build cuda
+
+package hier_test
+
+// Issue 12's checks on GPUs: mismatches caught by the check communicator,
+// 16-bit values near the maximum, dependencies of calls with nothing to do,
+// no leaks over many Reducers and many calls, the host cost of an enqueue,
+// and a fault-injection worker for fairrun.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/cuda"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/hier/setup"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/reftest"
+)
+
+// Counts that differ only in the tail fail on every rank with ErrMismatch,
+// through the NCCL check communicator, on both grids and every algorithm.
+func TestGPUMismatchedCounts(t *testing.T) {
+	for _, tc := range []struct {
+		m, d int
+		algo hier.Algorithm
+	}{{1, 2, hier.Flat}, {2, 1, hier.RailAllToAll}, {2, 1, hier.RailRSAG}} {
+		t.Run(fmt.Sprintf("%dx%d/%s", tc.m, tc.d, tc.algo), func(t *testing.T) {
+			// A mismatch aborts the communicators: build them for this test.
+			w := freshGPUWorld(t, tc.m, tc.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(30*time.Second))
+			ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*1048577), make([]byte, 4*1048578)})
+			var works []*hier.Work
+			for g, r := range w.reducers {
+				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+				t.Logf("rank %d: %v", g, err)
+			}
+		})
+	}
+}
+
+// freshGPUWorld is gpuWorld over communicators of its own, destroyed at the
+// end of the test (for tests that abort them).
+func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
+	t.Helper()
+	gpuRanks(t, 1, 1) // opens the devices
+	if len(gpus.devs) < m*d {
+		t.Skipf("needs %d GPUs", m*d)
+	}
+	rs, err := cuda.NewLocalRanks(gpus.devs[:m*d], m, d)
+	require.NoError(t, err)
+	w := &world{m: m, d: d, closeFn: func() {}}
+	for _, rk := range rs {
+		r, err := hier.NewReducer(context.Background(), rk, opts...)
+		require.NoError(t, err)
+		w.reducers = append(w.reducers, r)
+		w.devs = append(w.devs, rk.Device.(*cuda.Device))
+	}
+	t.Cleanup(func() {
+		w.close()
+		require.NoError(t, cuda.CloseRanks(rs))
+	})
+	return w
+}
+
+// float16 and bfloat16 Avg of values near the maximum, and Sum whose total
+// fits, come out finite and right on every algorithm.
+func TestGPUSixteenBitNearTheMaximum(t *testing.T) {
+	for _, tc := range []struct {
+		m, d int
+		algo hier.Algorithm
+	}{{1, 2, hier.Flat}, {2, 1, hier.RailAllToAll}, {2, 1, hier.RailRSAG}} {
+		for _, dt := range []fairgo.DType{fairgo.Float16, fairgo.BFloat16} {
+			t.Run(fmt.Sprintf("%dx%d/%s/%s", tc.m, tc.d, tc.algo, dt), func(t *testing.T) {
+				w := gpuWorld(t, tc.m, tc.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(30*time.Second))
+				maxv := 65504.0
+				if dt == fairgo.BFloat16 {
+					maxv = 3.3e38
+				}
+				const count = 1<<20 + 5
+				for _, op := range []fairgo.Op{fairgo.Avg, fairgo.Sum} {
+					in := make([][]byte, 2)
+					for g := range in {
+						in[g] = make([]byte, 2*count)
+						for i := range count {
+							frac := float64(hashValue(uint64(op), g, i)%1000) / 1000
+							v := maxv * (0.26 + 0.65*frac)
+							if op == fairgo.Sum {
+								v = maxv / 2 * (0.5 + 0.45*frac)
+							}
+							elem.Set(dt, in[g], i, v)
+						}
+					}
+					out, err := w.allReduce(t, dt, op, in)
+					require.NoError(t, err)
+					for i := range count {
+						v := elem.Get(dt, out[0], i)
+						require.False(t, math.IsInf(v, 0) || math.IsNaN(v), "%v element %d is %v", op, i, v)
+					}
+					require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out), "%v", op)
+					w.freeAllocs()
+				}
+			})
+		}
+	}
+}
+
+// A call with nothing to do on the device keeps its After dependency: the
+// consumer ordered by StreamWait sees what the delayed producer wrote.
+func TestGPUNoOpCallKeepsItsDependency(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		m, d  int
+		count int64
+	}{{"one rank", 1, 1, 1024}, {"count 0 on 1x2", 1, 2, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := gpuWorld(t, tc.m, tc.d, hier.WithTimeout(30*time.Second))
+			const n = 1 << 20
+			var works []*hier.Work
+			outs := make([]fairgo.Tensor, w.size())
+			consumers := make([]*cuda.Stream, w.size())
+			for g, r := range w.reducers {
+				dev := w.devs[g].(*cuda.Device)
+				buf, err := w.alloc(g, n, fairgo.Float32)
+				require.NoError(t, err)
+				src, err := w.alloc(g, n, fairgo.Float32)
+				require.NoError(t, err)
+				outs[g], err = w.alloc(g, n, fairgo.Float32)
+				require.NoError(t, err)
+				ones := make([]byte, 4*n)
+				for i := range n {
+					elem.Set(fairgo.Float32, ones, i, 1)
+				}
+				require.NoError(t, dev.Upload(src.Ptr, ones))
+				require.NoError(t, dev.Upload(buf.Ptr, make([]byte, 4*n)))
+				producer, err := dev.CreateStream()
+				require.NoError(t, err)
+				require.NoError(t, dev.DelayAsync(200*time.Millisecond, producer))
+				require.NoError(t, dev.CopyAsync(buf.Ptr, src.Ptr, 4*n, producer))
+				wk := r.AllReduce(context.Background(), buf.Slice(0, tc.count), fairgo.Sum, hier.After(producer))
+				consumers[g], err = dev.CreateStream()
+				require.NoError(t, err)
+				require.NoError(t, wk.StreamWait(context.Background(), consumers[g]))
+				require.NoError(t, dev.CopyAsync(outs[g].Ptr, buf.Ptr, 4*n, consumers[g]))
+				works = append(works, wk)
+			}
+			require.NoError(t, reftest.WaitAll(works))
+			for g := range w.reducers {
+				require.NoError(t, consumers[g].Synchronize())
+				out := make([]byte, 4*n)
+				require.NoError(t, w.devs[g].Download(out, outs[g].Ptr))
+				require.Equal(t, 1.0, elem.Get(fairgo.Float32, out, n-1), "rank %d read the buffer before the producer wrote it", g)
+			}
+		})
+	}
+}
+
+// Close and recreate a Reducer 100 times: device memory returns to where
+// it started (±1%) and goroutines do not pile up; then 10,000 allreduces on
+// one Reducer leave device memory and goroutines flat.
+func TestGPUNoLeaks(t *testing.T) {
+	rs := gpuRanks(t, 2, 1)
+	dev0 := rs[0].Device.(*cuda.Device)
+	cycle := func() {
+		w := gpuWorld(t, 2, 1, hier.WithTimeout(30*time.Second))
+		ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4<<20), make([]byte, 4<<20)})
+		var works []*hier.Work
+		for g, r := range w.reducers {
+			works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+		}
+		require.NoError(t, reftest.WaitAll(works))
+		w.close()
+	}
+	cycle() // NCCL connects lazily: the first use allocates its buffers
+	runtime.GC()
+	freeBefore, total, err := dev0.MemInfo()
+	require.NoError(t, err)
+	goBefore := runtime.NumGoroutine()
+	const cycles = 100
+	for range cycles {
+		cycle()
+	}
+	runtime.GC()
+	time.Sleep(100 * time.Millisecond)
+	freeAfter, _, err := dev0.MemInfo()
+	require.NoError(t, err)
+	drift := float64(freeBefore-freeAfter) / float64(freeBefore)
+	t.Logf("%d Reducers made and closed: device free memory %d → %d of %d bytes (drift %.4f%%), goroutines %d → %d",
+		cycles, freeBefore, freeAfter, total, 100*drift, goBefore, runtime.NumGoroutine())
+	require.Less(t, math.Abs(drift), 0.01)
+	require.LessOrEqual(t, runtime.NumGoroutine(), goBefore+5)
+
+	w := gpuWorld(t, 2, 1, hier.WithTimeout(30*time.Second), hier.WithAlgorithm(hier.RailAllToAll))
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 1<<20), make([]byte, 1<<20)})
+	run := func(calls int) {
+		for c := 0; c < calls; c += 100 {
+			var works []*hier.Work
+			for range 100 {
+				for g, r := range w.reducers {
+					works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+				}
+			}
+			require.NoError(t, reftest.WaitAll(works))
+		}
+	}
+	run(1000) // reach the steady state: pools, rings and NCCL's buffers
+	free1, _, err := dev0.MemInfo()
+	require.NoError(t, err)
+	var heap1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&heap1)
+	g1 := runtime.NumGoroutine()
+	start := time.Now()
+	run(10000)
+	free2, _, err := dev0.MemInfo()
+	require.NoError(t, err)
+	var heap2 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&heap2)
+	t.Logf("10000 allreduces of 1 MiB on 2x1 in %v: device free %d → %d bytes, Go heap %d → %d bytes, goroutines %d → %d",
+		time.Since(start).Round(time.Millisecond), free1, free2, heap1.HeapInuse, heap2.HeapInuse, g1, runtime.NumGoroutine())
+	require.Equal(t, free1, free2, "device memory grew over 10000 calls")
+	require.Less(t, float64(heap2.HeapInuse), 1.5*float64(heap1.HeapInuse)+8<<20)
+	require.LessOrEqual(t, runtime.NumGoroutine(), g1+2)
+}
+
+// BenchmarkGPUEnqueue is BenchmarkEnqueue on the GPUs: the host time of one
+// single-slice AllReduce (target T6).
+func BenchmarkGPUEnqueue(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		m, d int
+		opts []hier.Option
+	}{
+		{"1x2/flat/inline", 1, 2, []hier.Option{hier.WithInlineEnqueue(true)}},
+		{"1x2/flat/engine", 1, 2, nil},
+		{"2x1/rail-a2a", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}},
+		{"2x1/rail-rsag", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}},
+	} {
+		for _, check := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s/check=%v", tc.name, check), func(b *testing.B) {
+				w := gpuWorld(b, tc.m, tc.d, append([]hier.Option{hier.WithTimeout(time.Minute)}, tc.opts...)...)
+				if !check {
+					for _, r := range w.reducers {
+						hier.SkipCheck(r)
+					}
+				}
+				benchEnqueue(b, w.reducers, w.devs, 1<<16)
+			})
+		}
+	}
+}
+
+// TestGPUFaultWorker is not a test on its own: under fairrun, with
+// FAIRGO_FAULT_WORKER=1, every process builds its Reducer with setup.New
+// and runs allreduces of 16 MiB until one fails; the rank named by
+// FAIRGO_FAULT_KILL_RANK kills itself (SIGKILL) after FAIRGO_FAULT_KILL_AFTER.
+// Each survivor prints how long after the death its Wait returned, and
+// whether the error was typed (ErrTimeout / ErrAborted); it ignores SIGTERM
+// meanwhile so that fairrun's grace period lets it report.
+func TestGPUFaultWorker(t *testing.T) {
+	if os.Getenv("FAIRGO_FAULT_WORKER") != "1" {
+		t.Skip("a worker for fairrun's fault runs (FAIRGO_FAULT_WORKER=1)")
+	}
+	killRank, _ := strconv.Atoi(os.Getenv("FAIRGO_FAULT_KILL_RANK"))
+	killAfter, err := time.ParseDuration(os.Getenv("FAIRGO_FAULT_KILL_AFTER"))
+	require.NoError(t, err)
+	timeout, err := time.ParseDuration(os.Getenv("FAIRGO_FAULT_TIMEOUT"))
+	require.NoError(t, err)
+	ignoreTerm()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hier.WithTimeout(timeout)))
+	require.NoError(t, err)
+	rank := r.WorldRank()
+	dev := r.Device().(*cuda.Device)
+	buf, err := dev.AllocTensor(4<<20, fairgo.Float32)
+	require.NoError(t, err)
+	start := time.Now()
+	deathAt := start.Add(killAfter)
+	for i := 0; ; i++ {
+		if rank == killRank && time.Now().After(deathAt) {
+			fmt.Printf("fault: rank %d: killing itself after %d allreduces\n", rank, i)
+			_ = killSelf()
+		}
+		err := r.AllReduce(ctx, buf, fairgo.Sum).Wait(ctx)
+		if err == nil {
+			continue
+		}
+		after := time.Since(deathAt)
+		typed := errors.Is(err, fairgo.ErrTimeout) || errors.Is(err, fairgo.ErrAborted)
+		fmt.Printf("fault: rank %d: Wait returned after %d allreduces, %.2f s after the death (timeout %v): typed=%v timeout=%v aborted=%v: %v\n",
+			rank, i, after.Seconds(), timeout, typed, errors.Is(err, fairgo.ErrTimeout), errors.Is(err, fairgo.ErrAborted), err)
+		require.True(t, typed, "untyped error: %v", err)
+		require.Less(t, after, timeout+5*time.Second, "the survivor took too long")
+		_ = hier.CloseAll([]*hier.Reducer{r})
+		return
+	}
+}
+
+// ignoreTerm keeps the process alive through fairrun's SIGTERM, so that a
+// fault worker can report what its Wait returned.
+func ignoreTerm() {
+	c := make(chan os.Signal, 4)
+	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		for s := range c {
+			fmt.Printf("fault: got %v, reporting first\n", s)
+		}
+	}()
+}
+
+func killSelf() error { return syscall.Kill(os.Getpid(), syscall.SIGKILL) }

@@ -1,0 +1,347 @@
+package hier_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/reftest"
+	"github.com/fairgo/fairgo/sim"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// Counts that differ only past the last multiple of M·D go through the same
+// collectives on every rank: only the check tells them apart. Every rank's
+// Work fails with a MismatchError; none returns nil.
+func TestCountsDifferingInTheTailFail(t *testing.T) {
+	for _, tc := range []struct {
+		counts []int
+		algo   hier.Algorithm
+	}{
+		{[]int{1002, 1001, 1001, 1001}, hier.RailAllToAll},
+		{[]int{1048577, 1048578, 1048578, 1048578}, hier.RailRSAG},
+		{[]int{1001, 1001, 1001, 1002}, hier.Flat},
+	} {
+		t.Run(tc.algo.String(), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 3}, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo))
+			data := make([][]byte, 4)
+			for g := range data {
+				data[g] = make([]byte, 4*tc.counts[g])
+			}
+			ts := w.upload(t, fairgo.Float32, data)
+			var works []*hier.Work
+			for g, r := range w.reducers {
+				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+				var me *hier.MismatchError
+				require.ErrorAs(t, err, &me)
+				require.Equal(t, "count", me.Field)
+				require.Contains(t, err.Error(), "count")
+				require.ErrorIs(t, w.reducers[g].Err(), fairgo.ErrMismatch)
+			}
+		})
+	}
+}
+
+// Ops, element types and roots that differ are caught too.
+func TestShapesDifferingAcrossRanksFail(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		field string
+		call  func(g int, r *hier.Reducer, t fairgo.Tensor) *hier.Work
+	}{
+		{"op", "operator", func(g int, r *hier.Reducer, t fairgo.Tensor) *hier.Work {
+			op := fairgo.Sum
+			if g == 1 {
+				op = fairgo.Max
+			}
+			return r.AllReduce(context.Background(), t, op)
+		}},
+		{"dtype", "element type", func(g int, r *hier.Reducer, t fairgo.Tensor) *hier.Work {
+			if g == 2 {
+				t.DType = fairgo.Int32
+			}
+			return r.AllReduce(context.Background(), t, fairgo.Sum)
+		}},
+		{"root", "root", func(g int, r *hier.Reducer, t fairgo.Tensor) *hier.Work {
+			return r.Broadcast(context.Background(), t, g%2)
+		}},
+		{"kind", "kind", func(g int, r *hier.Reducer, t fairgo.Tensor) *hier.Work {
+			if g == 3 {
+				return r.Broadcast(context.Background(), t, 0)
+			}
+			return r.AllReduce(context.Background(), t, fairgo.Sum)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 4, StallTimeout: 20 * time.Second})
+			ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)})
+			var works []*hier.Work
+			for g, r := range w.reducers {
+				works = append(works, tc.call(g, r, ts[g]))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+				var me *hier.MismatchError
+				if errors.As(err, &me) { // the sim may see the data mismatch first
+					require.Equal(t, tc.field, me.Field)
+				}
+			}
+		})
+	}
+}
+
+// A call that one rank refuses (here: its context was already done) while
+// the others accept it fails everywhere at once, instead of leaving the
+// others waiting for data that never comes.
+func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 4, StallTimeout: time.Minute})
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	w0 := w.reducers[0].AllReduce(done, ts[0], fairgo.Sum)
+	w1 := w.reducers[1].AllReduce(context.Background(), ts[1], fairgo.Sum)
+	require.ErrorIs(t, w0.Wait(context.Background()), context.Canceled)
+	err := w1.Wait(context.Background())
+	require.ErrorIs(t, err, fairgo.ErrMismatch)
+	require.Contains(t, err.Error(), "acceptance")
+	require.Less(t, time.Since(start), 10*time.Second)
+}
+
+// A nil context is a typed error, never a panic.
+func TestNilContext(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 1, Devices: 2})
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64)})
+	//lint:ignore SA1012 the nil context is the point
+	wk := w.reducers[0].AllReduce(nil, ts[0], fairgo.Sum) //nolint:staticcheck
+	require.ErrorIs(t, wk.Err(), fairgo.ErrInvalidArgument)
+	require.ErrorIs(t, wk.Wait(nil), fairgo.ErrInvalidArgument)            //nolint:staticcheck
+	require.ErrorIs(t, wk.StreamWait(nil, nil), fairgo.ErrInvalidArgument) //nolint:staticcheck
+	_, err := hier.NewReducer(nil, w.cluster.Rank(0))                      //nolint:staticcheck
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+	// The peer then makes the same (refused) call: the Reducers stay in step.
+	require.ErrorIs(t, w.reducers[1].AllReduce(nil, ts[1], fairgo.Sum).Err(), fairgo.ErrInvalidArgument) //nolint:staticcheck
+	var works []*hier.Work
+	for g, r := range w.reducers {
+		works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+	}
+	require.NoError(t, reftest.WaitAll(works))
+}
+
+// Once a call has returned its Work, its device work is enqueued whatever
+// happens to its context: a rank whose contexts expire right after the
+// calls does not drop them, and every rank gets the right sums.
+func TestExpiringContextDoesNotDropCalls(t *testing.T) {
+	const calls = 40
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 9, Jitter: 50 * time.Microsecond}, hier.WithFlatThreshold(hier.FlatNever))
+	rng := rand.New(rand.NewPCG(1, 2))
+	inputs := make([][][]byte, calls)
+	bufs := make([][]fairgo.Tensor, calls)
+	for c := range calls {
+		inputs[c] = reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, 4, 1000+c)
+		bufs[c] = w.upload(t, fairgo.Int32, inputs[c])
+	}
+	var works []*hier.Work
+	for g, r := range w.reducers {
+		for c := range calls {
+			ctx := context.Background()
+			if g == 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Millisecond)
+				defer cancel()
+			}
+			works = append(works, r.AllReduce(ctx, bufs[c][g], fairgo.Sum))
+		}
+	}
+	require.NoError(t, reftest.WaitAll(works))
+	for c := range calls {
+		require.NoError(t, reftest.CheckResults(fairgo.Int32, reftest.ComputeReference(fairgo.Int32, fairgo.Sum, inputs[c]), w.download(t, bufs[c])), "call %d", c)
+	}
+}
+
+// The watchdog's clock starts when a call could start (its predecessors
+// done), not when it was queued: a long batch of healthy calls, each well
+// within the timeout, all succeed although the batch takes longer.
+func TestTimeoutCountsFromWhenTheCallCouldStart(t *testing.T) {
+	const timeout, calls = 400 * time.Millisecond, 12
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 2, StallTimeout: time.Minute},
+		hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(timeout))
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
+	slow := make([]streams.Stream, 2)
+	for g := range slow {
+		s, err := w.devs[g].NewStream()
+		require.NoError(t, err)
+		slow[g] = s
+	}
+	start := time.Now()
+	var works []*hier.Work
+	for range calls {
+		for g, r := range w.reducers {
+			// Each call waits for 80 ms of its caller's work: the batch
+			// takes about a second, every call 80 ms.
+			require.NoError(t, w.devs[g].(*sim.Device).DelayAsync(80*time.Millisecond, slow[g]))
+			works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum, hier.After(slow[g])))
+		}
+	}
+	require.NoError(t, reftest.WaitAll(works))
+	require.Greater(t, time.Since(start), 2*timeout, "the batch must outlast the timeout for the test to mean anything")
+}
+
+// A rank whose watchdog fires tells the others: every rank's error wraps
+// ErrTimeout (and ErrAborted), names the rank that timed out, and reports
+// how far each rank got; the broken Reducers say so.
+func TestTimeoutIsReportedOnEveryRank(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 6, StallTimeout: time.Minute},
+		hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(300*time.Millisecond))
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*64), make([]byte, 4*64)})
+	// Two calls everywhere, a third on rank 0 only: rank 1 "skipped" a call
+	// of the same shape, which shapes cannot reveal.
+	var works []*hier.Work
+	for range 2 {
+		for g, r := range w.reducers {
+			works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+		}
+	}
+	require.NoError(t, reftest.WaitAll(works))
+	start := time.Now()
+	err := w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum).Wait(context.Background())
+	require.Less(t, time.Since(start), 15*time.Second)
+	require.ErrorIs(t, err, fairgo.ErrTimeout)
+	require.ErrorIs(t, err, fairgo.ErrAborted)
+	var te *hier.TimeoutError
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, 0, te.Rank)
+	require.Contains(t, te.Progress, "rank 0: enqueued call 3, completed 2")
+	require.Contains(t, te.Progress, "rank 1: enqueued call 2, completed 2")
+	// Rank 1 learns of it from the board, and says so.
+	require.Eventually(t, func() bool { return w.reducers[1].Err() != nil }, 10*time.Second, 10*time.Millisecond)
+	for _, r := range w.reducers {
+		require.ErrorIs(t, r.Err(), fairgo.ErrTimeout)
+		later := r.AllReduce(context.Background(), ts[0], fairgo.Sum).Wait(context.Background())
+		require.ErrorIs(t, later, fairgo.ErrClosed)
+		require.ErrorIs(t, later, fairgo.ErrTimeout)
+	}
+}
+
+// A call with nothing to do on the device still honours its After stream
+// and the calls on its memory still in flight: a consumer ordered by
+// StreamWait sees what the producer wrote.
+func TestNoOpCallsKeepTheirDependencies(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		m, d int
+		call func(r *hier.Reducer, buf fairgo.Tensor, s streams.Stream) *hier.Work
+	}{
+		{"one rank allreduce", 1, 1, func(r *hier.Reducer, b fairgo.Tensor, s streams.Stream) *hier.Work {
+			return r.AllReduce(context.Background(), b, fairgo.Sum, hier.After(s))
+		}},
+		{"one rank broadcast", 1, 1, func(r *hier.Reducer, b fairgo.Tensor, s streams.Stream) *hier.Work {
+			return r.Broadcast(context.Background(), b, 0, hier.After(s))
+		}},
+		{"one rank reduce-scatter in place", 1, 1, func(r *hier.Reducer, b fairgo.Tensor, s streams.Stream) *hier.Work {
+			return r.ReduceScatter(context.Background(), b, b, fairgo.Sum, hier.After(s))
+		}},
+		{"one rank all-gather in place", 1, 1, func(r *hier.Reducer, b fairgo.Tensor, s streams.Stream) *hier.Work {
+			return r.AllGather(context.Background(), b, b, hier.After(s))
+		}},
+		{"count 0 on 2x2", 2, 2, func(r *hier.Reducer, b fairgo.Tensor, s streams.Stream) *hier.Work {
+			return r.AllReduce(context.Background(), b.Slice(0, 0), fairgo.Sum, hier.After(s))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: tc.m, Devices: tc.d, Seed: 1})
+			const n = 256
+			works := make([]*hier.Work, w.size())
+			outs := make([]fairgo.Tensor, w.size())
+			bufs := w.upload(t, fairgo.Float32, make([][]byte, w.size()))
+			consumers := make([]streams.Stream, w.size())
+			for g, r := range w.reducers {
+				dev := w.devs[g]
+				buf, err := dev.AllocTensor(n, fairgo.Float32)
+				require.NoError(t, err)
+				bufs[g] = buf
+				src, err := dev.AllocTensor(n, fairgo.Float32)
+				require.NoError(t, err)
+				ones := make([]byte, 4*n)
+				for i := range n {
+					elem.Set(fairgo.Float32, ones, i, 1)
+				}
+				require.NoError(t, dev.Upload(src.Ptr, ones))
+				require.NoError(t, dev.Upload(buf.Ptr, make([]byte, 4*n)))
+				producer, err := dev.NewStream()
+				require.NoError(t, err)
+				// The producer writes the buffer after a delay.
+				require.NoError(t, dev.(*sim.Device).DelayAsync(100*time.Millisecond, producer))
+				require.NoError(t, dev.CopyAsync(buf.Ptr, src.Ptr, 4*n, producer))
+				works[g] = tc.call(r, buf, producer)
+				consumers[g], err = dev.NewStream()
+				require.NoError(t, err)
+				require.NoError(t, works[g].StreamWait(context.Background(), consumers[g]))
+				outs[g], err = dev.AllocTensor(n, fairgo.Float32)
+				require.NoError(t, err)
+				require.NoError(t, dev.CopyAsync(outs[g].Ptr, buf.Ptr, 4*n, consumers[g]))
+			}
+			require.NoError(t, reftest.WaitAll(works))
+			for g := range w.reducers {
+				require.NoError(t, w.devs[g].(*sim.Device).Synchronize(context.Background()))
+				out := make([]byte, 4*n)
+				require.NoError(t, w.devs[g].Download(out, outs[g].Ptr))
+				require.Equal(t, 1.0, elem.Get(fairgo.Float32, out, 0), "rank %d: the consumer read the buffer before the producer wrote it", g)
+			}
+		})
+	}
+}
+
+// Avg of values near a 16-bit type's maximum does not overflow where a flat
+// average would not (every level averages; partial sums never exceed the
+// inputs), on every algorithm; Sum whose total fits does not overflow
+// either.
+func TestSixteenBitNearTheMaximum(t *testing.T) {
+	for _, dt := range []fairgo.DType{fairgo.Float16, fairgo.BFloat16} {
+		maxv := 65504.0
+		if dt == fairgo.BFloat16 {
+			maxv = 3.3e38
+		}
+		for _, algo := range []hier.Algorithm{hier.Flat, hier.RailAllToAll, hier.RailRSAG} {
+			t.Run(dt.String()+"/"+algo.String(), func(t *testing.T) {
+				const m, d, count = 2, 4, 4099
+				w := newWorld(t, sim.Config{Machines: m, Devices: d, Seed: 8}, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo))
+				rng := rand.New(rand.NewPCG(5, 6))
+				avgIn := make([][]byte, m*d)
+				sumIn := make([][]byte, m*d)
+				for g := range avgIn {
+					avgIn[g], sumIn[g] = make([]byte, 2*count), make([]byte, 2*count)
+					for i := range count {
+						elem.Set(dt, avgIn[g], i, maxv*(0.26+0.65*rng.Float64())) // ~17,000 – 60,000 for float16
+						elem.Set(dt, sumIn[g], i, maxv/float64(m*d)*(0.5+0.45*rng.Float64()))
+					}
+				}
+				for _, c := range []struct {
+					op fairgo.Op
+					in [][]byte
+				}{{fairgo.Avg, avgIn}, {fairgo.Sum, sumIn}} {
+					out, err := w.allReduce(t, dt, c.op, c.in)
+					require.NoError(t, err)
+					for i := range count {
+						v := elem.Get(dt, out[0], i)
+						require.False(t, math.IsInf(v, 0) || math.IsNaN(v), "%v element %d is %v", c.op, i, v)
+					}
+					require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, c.op, c.in), out), "%v", c.op)
+				}
+			})
+		}
+	}
+}
