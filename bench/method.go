@@ -39,6 +39,9 @@ type Variant struct {
 	FlatThreshold int64 // 0: fairgo's default; hier.FlatNever: never flat
 	Spin          time.Duration
 	SpinSet       bool
+	// Inline (hier.WithInlineEnqueue) when InlineSet; else as setup does
+	// it: on when the process drives one rank, off when it drives several.
+	Inline, InlineSet bool
 }
 
 // Options are the variant's hier options.
@@ -48,7 +51,19 @@ func (v Variant) Options() []hier.Option {
 	if v.SpinSet {
 		opts = append(opts, hier.WithSpin(v.Spin))
 	}
+	if v.InlineSet {
+		opts = append(opts, hier.WithInlineEnqueue(v.Inline))
+	}
 	return opts
+}
+
+// inline is whether the variant enqueues flat calls inline on a testbed
+// whose process drives localRanks ranks.
+func (v Variant) inline(localRanks int) bool {
+	if v.InlineSet {
+		return v.Inline
+	}
+	return localRanks == 1
 }
 
 var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
@@ -56,7 +71,9 @@ var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
 // ParseVariant reads "NAME=key:value,key:value" (or a bare NAME for the
 // defaults). Keys: algo (auto, flat, rail-a2a, rail-rsag), slice (a size),
 // parallelism (slices in flight), flat (the flat threshold: a size, or
-// never), spin (a duration). NAME may not be flat or naive.
+// never), spin (a duration), inline (on or off: hier.WithInlineEnqueue;
+// by default on when the process drives one rank, as setup.New does). NAME
+// may not be flat or naive.
 func ParseVariant(s string) (Variant, error) {
 	name, spec, _ := strings.Cut(strings.TrimSpace(s), "=")
 	v := Variant{Name: strings.TrimSpace(name), Spec: strings.TrimSpace(spec)}
@@ -96,8 +113,17 @@ func ParseVariant(s string) (Variant, error) {
 		case "spin":
 			v.Spin, err = time.ParseDuration(val)
 			v.SpinSet = true
+		case "inline":
+			v.InlineSet = true
+			switch val {
+			case "on":
+				v.Inline = true
+			case "off":
+			default:
+				err = errors.New("on or off")
+			}
 		default:
-			return bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin)", key))
+			return bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline)", key))
 		}
 		if err != nil {
 			return bad(fmt.Sprintf("%s: %v", key, err))

@@ -82,6 +82,7 @@ type FairgoSetup struct {
 	SliceBytes    int64    `json:"slice_bytes"`
 	Parallelism   int      `json:"parallelism"`
 	FlatThreshold int64    `json:"flat_threshold"` // hier.FlatNever (-1): never flat
+	Inline        bool     `json:"inline"`         // flat calls enqueued inline (hier.WithInlineEnqueue)
 }
 
 // Choice is one size class of a Reducer's choices.

@@ -148,7 +148,7 @@ func newRun(ctx context.Context, tb *testbed.Testbed, cfg Config) (*run, error) 
 		if m.Variant == nil {
 			continue
 		}
-		opts := append(m.Variant.Options(), hier.WithTimeout(10*time.Minute))
+		opts := append(m.Variant.Options(), hier.WithTimeout(10*time.Minute), hier.WithInlineEnqueue(m.Variant.inline(len(r.ranks))))
 		reds, err := tb.Reducers(ctx, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("bench: building the Reducers of %s: %w", m.Name, err)
@@ -185,7 +185,7 @@ func (r *run) start(steps int) {
 func (r *run) fairgoSetup(m Method, bytes int64) FairgoSetup {
 	red := r.callers[0].reds[m.Name]
 	fs := FairgoSetup{Spec: m.Variant.Spec, Algorithm: m.Variant.Algorithm.String(), SliceBytes: red.SliceBytes(),
-		Parallelism: resolvedPar(m.Variant.Parallelism), FlatThreshold: red.FlatThreshold()}
+		Parallelism: resolvedPar(m.Variant.Parallelism), FlatThreshold: red.FlatThreshold(), Inline: m.Variant.inline(len(r.ranks))}
 	for _, c := range red.Choices() {
 		fs.Choices = append(fs.Choices, Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String()})
 	}

@@ -102,7 +102,7 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 func TestChosenAlgorithmIsRecorded(t *testing.T) {
 	tb := openSimT(t, 2, 2, 0)
 	cfg := Config{Sizes: []int64{1 << 10, 64 << 10}, Iters: 1, Reps: 1, Check: true,
-		Methods: methods(t, "fairgo", "rsag=algo:rail-rsag,flat:4K", "a2a=algo:rail-a2a,flat:never")}
+		Methods: methods(t, "fairgo", "rsag=algo:rail-rsag,flat:4K,inline:on", "a2a=algo:rail-a2a,flat:never")}
 	recs, err := Sweep(context.Background(), tb, cfg)
 	require.NoError(t, err)
 	chosen := map[string]string{}
@@ -111,6 +111,9 @@ func TestChosenAlgorithmIsRecorded(t *testing.T) {
 		chosen[r.Algorithm+"/"+FormatSize(r.Bytes)] = r.Fairgo.Chosen
 	}
 	require.Equal(t, map[string]string{"rsag/1K": "flat", "rsag/64K": "rail-rsag", "a2a/1K": "rail-a2a", "a2a/64K": "rail-a2a"}, chosen)
+	for _, r := range recs {
+		require.Equal(t, r.Algorithm == "rsag", r.Fairgo.Inline, "inline only where asked: several ranks in this process")
+	}
 }
 
 func TestOverlapRecords(t *testing.T) {
@@ -172,6 +175,9 @@ func TestParseVariant(t *testing.T) {
 		{in: "a2a = algorithm:rail-a2a, flat:never, spin:0s", want: Variant{Name: "a2a", Spec: "algorithm:rail-a2a, flat:never, spin:0s",
 			Algorithm: hier.RailAllToAll, FlatThreshold: hier.FlatNever, SpinSet: true}},
 		{in: "f=flat:1M,par:2", want: Variant{Name: "f", Spec: "flat:1M,par:2", FlatThreshold: 1 << 20, Parallelism: 2}},
+		{in: "i=inline:on", want: Variant{Name: "i", Spec: "inline:on", Inline: true, InlineSet: true}},
+		{in: "o=inline:off", want: Variant{Name: "o", Spec: "inline:off", InlineSet: true}},
+		{in: "x=inline:maybe", bad: true},
 		{in: "=slice:1M", bad: true},
 		{in: "flat=slice:1M", bad: true},
 		{in: "naive", bad: true},

@@ -11,7 +11,7 @@ import (
 )
 
 var csvHeader = []string{"kind", "run", "label", "link", "backend", "sim_timings", "machines", "devices", "processes",
-	"emulated_machines", "nic_gbit", "nic_latency_us", "mps", "netns", "ranks_per_gpu", "invalid",
+	"launcher_machines", "nic_gbit", "nic_latency_us", "mps", "netns", "ranks_per_gpu", "invalid",
 	"dtype", "op", "algorithm", "fairgo_spec", "fairgo_chosen", "slice_bytes", "parallelism", "flat_threshold",
 	"bytes", "count", "buckets", "iters", "reps", "time_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps", "ideal_busbw_gbps",
 	"wrong", "nccl_version", "nccl_env"}

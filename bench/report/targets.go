@@ -270,21 +270,25 @@ func commands(ss []sample) []string {
 }
 
 // commandOf is the command that measured a record: fairbench's own, under
-// the fairrun line that made its testbed.
+// the fairrun line that made its testbed when it ran in several processes.
 func commandOf(r bench.Record) string {
-	if r.Command == "" {
-		return ""
-	}
-	tb := r.Testbed
-	if tb.Machines == 0 {
+	if r.Command == "" || r.Processes <= 1 {
 		return r.Command
 	}
-	fr := fmt.Sprintf("fairrun --emulate-machines %d --nproc-per-node %d", tb.Machines, r.Processes)
+	tb := r.Testbed
+	fr := "fairrun"
+	if tb.Emulated() {
+		fr += fmt.Sprintf(" --emulate-machines %d", tb.Machines)
+	}
+	fr += fmt.Sprintf(" --nproc-per-node %d", r.Processes)
 	if tb.NICGbit > 0 {
 		fr += fmt.Sprintf(" --nic-gbit %g", tb.NICGbit)
 	}
 	if tb.NICLatency > 0 {
 		fr += fmt.Sprintf(" --nic-latency %v", tb.NICLatency)
+	}
+	if tb.MPS {
+		fr += " --mps on"
 	}
 	return fr + " -- " + r.Command
 }

@@ -132,7 +132,7 @@ func TestTargetsOfAModelledRun(t *testing.T) {
 	require.True(t, got["T8"].Pass)
 	require.Equal(t, 32+12+12+9+1, got["T8"].Points)
 	// The commands name the testbed.
-	require.Contains(t, strings.Join(got["T3"].Command, "\n"), "fairrun --emulate-machines 4 --nproc-per-node 8 --nic-gbit 10 -- fairbench sweep")
+	require.Contains(t, strings.Join(got["T3"].Command, "\n"), "fairrun --emulate-machines 4 --nproc-per-node 8 --nic-gbit 10 --mps on -- fairbench sweep")
 }
 
 func TestTargetsFindTheWorstPoint(t *testing.T) {

@@ -43,7 +43,7 @@ func (i Info) Invalid() string {
 // The variables a launcher (fairrun --emulate-machines) sets to describe
 // the emulated testbed.
 const (
-	EnvMachines   = "FAIRGO_TESTBED_MACHINES"    // emulated machines M
+	EnvMachines   = "FAIRGO_TESTBED_MACHINES"    // machines M of the job, emulated or not
 	EnvNICGbit    = "FAIRGO_TESTBED_NIC_GBIT"    // each machine's NIC, Gbit/s each way
 	EnvNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // one-way delay added by each NIC
 	EnvMPS        = "FAIRGO_TESTBED_MPS"         // 1: ranks run under an MPS daemon
@@ -51,9 +51,9 @@ const (
 )
 
 // Emulation is the testbed as the launcher describes it: the zero value
-// means not emulated, or not told.
+// means no launcher told.
 type Emulation struct {
-	Machines   int           `json:"emulated_machines,omitempty"` // emulated machines; 0: none
+	Machines   int           `json:"launcher_machines,omitempty"` // machines the launcher made (emulated when several share a host); 0: not told
 	NICGbit    float64       `json:"nic_gbit,omitempty"`          // each machine's NIC rate, Gbit/s each way; 0: no shaped NIC
 	NICLatency time.Duration `json:"nic_latency_ns,omitempty"`    // one-way delay each NIC adds
 	MPS        bool          `json:"mps"`                         // ranks sharing a GPU run under MPS
@@ -63,13 +63,16 @@ type Emulation struct {
 // NICBytesPerSecond is the NIC rate in bytes per second, 0 when unknown.
 func (e Emulation) NICBytesPerSecond() float64 { return e.NICGbit * 1e9 / 8 }
 
+// Emulated reports whether the launcher split one host into machines.
+func (e Emulation) Emulated() bool { return e.Machines > 1 || e.NICGbit > 0 || e.NetNS }
+
 func (e Emulation) String() string {
-	if e == (Emulation{}) {
+	if !e.Emulated() && !e.MPS {
 		return "not emulated"
 	}
 	var parts []string
 	if e.Machines > 0 {
-		parts = append(parts, fmt.Sprintf("%d emulated machines", e.Machines))
+		parts = append(parts, fmt.Sprintf("%d emulated machine(s)", e.Machines))
 	}
 	if e.NICGbit > 0 {
 		nic := fmt.Sprintf("one NIC per machine at %g Gbit/s", e.NICGbit)

@@ -216,4 +216,7 @@ func TestEmulationFromEnv(t *testing.T) {
 	require.Equal(t, 1.25e9, e.NICBytesPerSecond())
 	require.Contains(t, e.String(), "10 Gbit/s")
 	require.Equal(t, "not emulated", Emulation{}.String())
+	require.Equal(t, "not emulated", Emulation{Machines: 1}.String(), "one machine under fairrun")
+	require.False(t, Emulation{Machines: 1}.Emulated())
+	require.True(t, Emulation{Machines: 2}.Emulated())
 }
