@@ -19,6 +19,8 @@
 #                       1M–1G (2×1 ~30 s, 2×2 ~40 s, 4×2 ~60 s)
 #   overlap             T5: 64 × 25 MiB back to back on the testbed's 2×2 (~40 s)
 #   links               the model's links: NVLink pair, testbed network pair (~40 s)
+#   enqueue             T6: hier's BenchmarkGPUEnqueue (host time to enqueue one
+#                       single-slice AllReduce) into enqueue.txt (~1 min)
 #   targets             T1–T8: every bench section above twice (runs r1, r2; r1
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
@@ -28,12 +30,14 @@
 # NIC_LATENCY (e.g. 50us; default none), MPS (auto), RUN (r1: the run label
 # of single bench sections), RUNS ("r1 r2": targets), VARIANTS (further
 # fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
-# (T6: µs, or a file of `go test -bench` output), NVLINK_SIZES, NET_SIZES.
+# (T6: µs, or a file of `go test -bench` output; default enqueue.txt when
+# the enqueue section made it), ENQUEUE_BENCH (the benchmarks T6 takes the
+# worst of, a regular expression; default Enqueue), NVLINK_SIZES, NET_SIZES.
 #
 # Under $OUT: machine.txt, logs/STEP.log (every command's output),
 # json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
-# test), and from targets/analyse targets.json, targets.txt, model.txt,
-# digest.txt, results.csv. The last thing printed is a table of the steps.
+# test), enqueue.txt (the enqueue benchmark), and from targets/analyse
+# targets.json, targets.txt, model.txt, digest.txt, results.csv. The last thing printed is a table of the steps.
 # Exit status 0 when every step passed.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on these shared hosts, in every process
@@ -47,6 +51,7 @@ RUN=${RUN:-r1}
 RUNS=${RUNS:-r1 r2}
 VARIANTS=${VARIANTS:-}
 ENQUEUE=${ENQUEUE:-}
+ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
 mkdir -p "$OUT/logs" "$OUT/json"
@@ -245,6 +250,15 @@ section_links() {
   bench links 240 "$BIN/fairbench" links -backend cuda $NET_SIZES -w 1 -n 1 -reps 3 -fairrun "$BIN/fairrun" -fairrun-flags "$fr"
 }
 
+section_enqueue() {
+  need hier.test || return
+  step enqueue 300 "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkGPUEnqueue$' -test.benchtime 2000x -test.timeout 280s
+  grep -E '^Benchmark' "$OUT/logs/enqueue.log" >"$OUT/enqueue.txt"
+  local n
+  n=$(grep -c 'enqueue-ns/op' "$OUT/enqueue.txt")
+  note "$([ "$rc" -eq 0 ] && [ "$n" -gt 0 ] && echo PASS || echo FAIL)" enqueue "$secs" "rc=$rc $n benchmarks (enqueue.txt)"
+}
+
 section_analyse() {
   need fairbench || return
   local files
@@ -253,8 +267,9 @@ section_analyse() {
     note FAIL analyse 0 "no records under $OUT/json"
     return
   fi
-  local enq=()
-  [ -n "$ENQUEUE" ] && enq=(-enqueue "$ENQUEUE")
+  local enq=() e=$ENQUEUE
+  [ -z "$e" ] && [ -s "$OUT/enqueue.txt" ] && e=$OUT/enqueue.txt
+  [ -n "$e" ] && enq=(-enqueue "$e" -enqueue-bench "$ENQUEUE_BENCH")
   step targets 60 "$BIN/fairbench" targets -in "$files" -out "$OUT/targets.json" "${enq[@]}"
   tail -n +2 "$OUT/logs/targets.log" >"$OUT/targets.txt"
   local passed
@@ -314,6 +329,7 @@ while [ $# -gt 0 ]; do
     ;;
   overlap) section_overlap ;;
   links) section_links ;;
+  enqueue) section_enqueue ;;
   targets) section_targets ;;
   analyse) section_analyse ;;
   *)

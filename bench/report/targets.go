@@ -398,9 +398,13 @@ func WriteTargetsJSON(w io.Writer, ts []Target) error {
 
 var benchLine = regexp.MustCompile(`^(Benchmark\S*)\s+\d+\s+(.*)$`)
 
+// EnqueueMetric is the unit of T6 in hier's enqueue benchmarks.
+const EnqueueMetric = "enqueue-ns/op"
+
 // ParseEnqueue reads T6's input: a number of microseconds, or a file of `go
 // test -bench` output (text, or -json events) whose benchmark lines
-// matching pattern report ns/op: the largest such time, in µs.
+// matching pattern report the metric (EnqueueMetric, else ns/op): the
+// largest such time, in µs.
 func ParseEnqueue(arg, pattern string) (*Enqueue, error) {
 	if us, err := strconv.ParseFloat(arg, 64); err == nil {
 		if us < 0 {
@@ -430,22 +434,30 @@ func ParseEnqueue(arg, pattern string) (*Enqueue, error) {
 		if m == nil || !re.MatchString(m[1]) {
 			continue
 		}
-		fields := strings.Fields(m[2])
-		for i := 1; i < len(fields); i++ {
-			if fields[i] != "ns/op" {
-				continue
-			}
-			ns, err := strconv.ParseFloat(fields[i-1], 64)
-			if err == nil && (best == nil || ns/1e3 > best.Micros) {
-				best = &Enqueue{Micros: ns / 1e3, Where: m[1]}
-			}
+		ns, ok := metric(strings.Fields(m[2]), EnqueueMetric)
+		if !ok {
+			ns, ok = metric(strings.Fields(m[2]), "ns/op")
+		}
+		if ok && (best == nil || ns/1e3 > best.Micros) {
+			best = &Enqueue{Micros: ns / 1e3, Where: m[1]}
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("report: -enqueue %s: %w", arg, err)
 	}
 	if best == nil {
-		return nil, fmt.Errorf("report: -enqueue %s: no benchmark matching %q reports ns/op", arg, pattern)
+		return nil, fmt.Errorf("report: -enqueue %s: no benchmark matching %q reports %s or ns/op", arg, pattern, EnqueueMetric)
 	}
 	return best, nil
+}
+
+// metric finds "VALUE unit" among a benchmark line's fields.
+func metric(fields []string, unit string) (float64, bool) {
+	for i := 1; i < len(fields); i++ {
+		if fields[i] == unit {
+			v, err := strconv.ParseFloat(fields[i-1], 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }
