@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/refdata"
 	"github.com/fairgo/fairgo/internal/testbed"
 )
 
@@ -150,6 +153,23 @@ func TestRecordsCarryTheTestbed(t *testing.T) {
 	require.Contains(t, p.Invalid, "without MPS")
 	r.info.Emulation.MPS = true
 	require.Empty(t, r.proto(KindSweep, 1<<20, 1<<18).Invalid)
+}
+
+// TestCountWrong: identical outputs are checked once, and a corrupted one
+// on its own.
+func TestCountWrong(t *testing.T) {
+	const world, n = 3, 1000
+	dt, op := fairgo.Float32, fairgo.Sum
+	good := make([]byte, n*4)
+	for i := range n {
+		want, _ := refdata.Expected(dt, op, 5, world, int64(i))
+		elem.Set(dt, good, i, want)
+	}
+	bad := slices.Clone(good)
+	for _, i := range []int{3, 500, 999} {
+		elem.Set(dt, bad, i, elem.Get(dt, bad, i)+1)
+	}
+	require.Equal(t, []int64{0, 3, 0, 0, 3}, countWrong(dt, op, 5, world, [][]byte{good, bad, slices.Clone(good), good, bad}))
 }
 
 func TestIdealBusBW(t *testing.T) {
