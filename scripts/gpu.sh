@@ -37,8 +37,9 @@
 # Under $OUT: machine.txt, logs/STEP.log (every command's output),
 # json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
 # test), enqueue.txt (the enqueue benchmark), and from targets/analyse
-# targets.json, targets.txt, model.txt, digest.txt, results.csv. The last thing printed is a table of the steps.
-# Exit status 0 when every step passed.
+# targets.json, targets.txt, model.txt, digest.txt, results.csv. The last
+# thing printed is the targets table (when made) and a table of the steps.
+# Exit status 0 when every step passed (a target missed is not a failed step).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on these shared hosts, in every process
 
