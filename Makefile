@@ -1,9 +1,12 @@
 # fairgo — make targets. `make test` is the test command CI runs.
 GO        ?= go
 CUDA_ENV  := CGO_LDFLAGS=-L/usr/lib/x86_64-linux-gnu/stubs
+STRIP     := -ldflags="-s -w"
 NVCC      ?= nvcc
 PTX_SRC   := cuda/kernels/reduce.cu
 PTX_OUT   := cuda/kernels/reduce.ptx
+TRAIN_SRC := examples/ddp/internal/gpu/train.cu
+TRAIN_OUT := examples/ddp/internal/gpu/train.ptx
 
 .PHONY: test vet fuzz demo cuda-deps ptx ptx-check cuda-build gpu-bin clean libfairgo libfairgo-sim capi-test python-test
 
@@ -23,9 +26,10 @@ demo:
 cuda-deps:
 	bash .ci/cuda-deps.sh
 
-ptx: $(PTX_SRC) cuda/kernels/train.cu
+# The library's reduce kernels, and the training kernels of examples/ddp.
+ptx: $(PTX_SRC) $(TRAIN_SRC)
 	$(NVCC) -ptx -arch=compute_70 -O3 -o $(PTX_OUT) $(PTX_SRC)
-	$(NVCC) -ptx -arch=compute_70 -O3 -o cuda/kernels/train.ptx cuda/kernels/train.cu
+	$(NVCC) -ptx -arch=compute_70 -O3 -o $(TRAIN_OUT) $(TRAIN_SRC)
 
 # Regenerates the PTX into a temporary file and fails if the committed one differs.
 ptx-check:
@@ -33,8 +37,8 @@ ptx-check:
 		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-reduce.ptx $(PTX_SRC) && \
 		grep -v '^//' /tmp/fairgo-reduce.ptx >/tmp/fairgo-reduce.new && grep -v '^//' $(PTX_OUT) >/tmp/fairgo-reduce.old && \
 		diff -q /tmp/fairgo-reduce.old /tmp/fairgo-reduce.new && \
-		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-train.ptx cuda/kernels/train.cu && \
-		grep -v '^//' /tmp/fairgo-train.ptx >/tmp/fairgo-train.new && grep -v '^//' cuda/kernels/train.ptx >/tmp/fairgo-train.old && \
+		$(NVCC) -ptx -arch=compute_70 -O3 -o /tmp/fairgo-train.ptx $(TRAIN_SRC) && \
+		grep -v '^//' /tmp/fairgo-train.ptx >/tmp/fairgo-train.new && grep -v '^//' $(TRAIN_OUT) >/tmp/fairgo-train.old && \
 		diff -q /tmp/fairgo-train.old /tmp/fairgo-train.new && echo "ptx: committed PTX matches"; \
 	else echo "ptx: nvcc not found, skipped"; fi
 
@@ -47,14 +51,16 @@ cuda-build: cuda-deps
 		g++ -std=c++17 -O1 -w -o /tmp/fairgo-hostcheck cuda/kernels/hostcheck.cpp && /tmp/fairgo-hostcheck; \
 	else echo "hostcheck: g++ not found, skipped"; fi
 
+# Everything scripts/gpu.sh runs on the GPU machine: the test binaries of
+# the GPU packages, the programs (fairrun, fairbench, allreduce, ddp) and
+# libfairgo. Stripped, so that bin/ and lib/ travel together under 64 MiB.
 gpu-bin: cuda-deps libfairgo
 	mkdir -p bin
-	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/cuda.test ./cuda
-	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/nccl.test ./nccl
-	$(CUDA_ENV) $(GO) test -c -tags cuda -o bin/hier.test ./hier
-	@pkgs=$$($(GO) list -tags cuda $$(for p in cmd examples bench/cmd; do [ -d $$p ] && echo ./$$p/...; done) | grep -v '/cmd/libfairgo$$' | tr "\n" " "); \
-	if [ -n "$$pkgs" ]; then echo "$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs"; \
-		$(CUDA_ENV) $(GO) build -tags cuda -o bin/ $$pkgs; fi
+	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/cuda.test ./cuda
+	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/nccl.test ./nccl
+	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/hier.test ./hier
+	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/ddpgpu.test ./examples/ddp/internal/gpu
+	$(CUDA_ENV) $(GO) build -tags cuda $(STRIP) -o bin/ $$($(GO) list -tags cuda ./cmd/... ./examples/... ./bench/cmd/... | grep -v '/cmd/libfairgo$$')
 
 # libfairgo.so, fairgo's C ABI (cmd/libfairgo/fairgo.h), for the PyTorch DDP
 # comm hook (python/fairgo_torch) and other languages: lib/libfairgo.so and

@@ -5,9 +5,11 @@ go 1.26.8
 require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/stretchr/testify v1.12.1
+	github.com/vbauerster/mpb/v8 v8.9.3
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sync v0.24.0
+	gonum.org/v1/plot v0.17.0
 	gorgonia.org/cu v0.9.6
 	pgregory.net/rapid v1.3.0
 )
@@ -25,10 +27,8 @@ require (
 	github.com/mattn/go-runewidth v0.0.16 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
-	github.com/vbauerster/mpb/v8 v8.9.3 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/sys v0.30.0
 	golang.org/x/text v0.28.0 // indirect
-	gonum.org/v1/plot v0.17.0 // indirect
 )

@@ -2,58 +2,93 @@ package bench
 
 import (
 	"bufio"
-	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
+
+	"github.com/fairgo/fairgo/internal/testbed"
 )
 
 // Record kinds.
 const (
-	KindSweep   = "sweep"   // one size, one algorithm
-	KindOverlap = "overlap" // K buckets, one parallelism, one algorithm
-	KindLink    = "link"    // a 2-rank allreduce over one link (links mode)
+	KindSweep   = "sweep"   // one size, one method
+	KindOverlap = "overlap" // K buckets back to back, one method
+	KindLink    = "link"    // a 2-rank allreduce over one link (links)
 )
 
-// Record is one measured point: one algorithm at one size (sweep, link) or
-// one bucket list and parallelism (overlap). Times are per call for sweep
-// and link, per round of Buckets calls for overlap.
+// Record is one measured point: one method at one size (sweep, link) or
+// one round of Buckets calls (overlap). Times are per call for sweep and
+// link, per round for overlap.
 type Record struct {
-	Kind        string `json:"kind"`
-	Label       string `json:"label,omitempty"` // free text from -label
-	Link        string `json:"link,omitempty"`  // links mode: "nvlink" or "net"
-	Backend     string `json:"backend"`
-	SimTimings  bool   `json:"sim_timings,omitempty"`
-	Machines    int    `json:"machines"`
-	Devices     int    `json:"devices"`
-	Processes   int    `json:"processes"`
-	DType       string `json:"dtype"`
-	Op          string `json:"op"`
-	Algorithm   string `json:"algorithm"`
-	Bytes       int64  `json:"bytes"` // per call (sweep, link) or per bucket (overlap)
-	Count       int64  `json:"count"`
-	Buckets     int    `json:"buckets,omitempty"`
-	Parallelism int    `json:"parallelism"`
-	SliceBytes  int64  `json:"slice_bytes"`
-	FlatThresh  int64  `json:"flat_threshold"`
-	Iters       int    `json:"iters"`
-	Reps        int    `json:"reps"`
+	Kind       string `json:"kind"`
+	Run        string `json:"run,omitempty"`     // the run's label (-run), grouping records for targets
+	Label      string `json:"label,omitempty"`   // free text (-label)
+	Link       string `json:"link,omitempty"`    // links: "nvlink" or "net"
+	Command    string `json:"command,omitempty"` // the fairbench command that measured it
+	Backend    string `json:"backend"`
+	SimTimings bool   `json:"sim_timings,omitempty"`
+	Machines   int    `json:"machines"`
+	Devices    int    `json:"devices"`
+	Processes  int    `json:"processes"`
+	Testbed    Setup  `json:"testbed"`
+	// Invalid says why the timing means nothing (ranks of different
+	// machines time-slicing one GPU without MPS); "" when valid.
+	Invalid string `json:"invalid,omitempty"`
+
+	DType     string `json:"dtype"`
+	Op        string `json:"op"`
+	Algorithm string `json:"algorithm"` // flat, naive, or the fairgo variant's name
+	Bytes     int64  `json:"bytes"`     // per call (sweep, link) or per bucket (overlap)
+	Count     int64  `json:"count"`
+	Buckets   int    `json:"buckets,omitempty"`
+	Iters     int    `json:"iters"` // calls back to back per timed repetition
+	Reps      int    `json:"reps"`
+	// Fairgo is the variant's configuration and choices; nil for flat and
+	// naive.
+	Fairgo *FairgoSetup `json:"fairgo,omitempty"`
 
 	TimeUS float64   `json:"time_us"` // median over repetitions
 	MinUS  float64   `json:"min_us"`
 	MaxUS  float64   `json:"max_us"`
 	RepsUS []float64 `json:"reps_us,omitempty"`
-	AlgBW  float64   `json:"algbw_gbps"` // bytes moved per call / time, GB/s (1e9)
+	AlgBW  float64   `json:"algbw_gbps"` // bytes moved per timed unit / time, GB/s (1e9)
 	BusBW  float64   `json:"busbw_gbps"` // algbw · 2(n−1)/n
-	Wrong  int64     `json:"wrong"`      // wrong elements over all ranks; -1: not checked
+	// IdealBusBW is the NIC-bound ideal busbw when the testbed's NIC rate
+	// is known and M > 1 (IdealBusBW), else 0.
+	IdealBusBW float64 `json:"ideal_busbw_gbps,omitempty"`
+	Wrong      int64   `json:"wrong"` // wrong elements over all ranks; -1: not checked
 
 	NCCLVersion string   `json:"nccl_version,omitempty"`
 	NCCLEnv     []string `json:"nccl_env,omitempty"`
 	Host        string   `json:"host,omitempty"`
 	When        string   `json:"when,omitempty"`
+}
+
+// Setup is the testbed a record was measured on, as the launcher described
+// it and as the ranks sat on the GPUs.
+type Setup struct {
+	testbed.Emulation
+	testbed.Placement
+}
+
+// FairgoSetup is a fairgo variant as a record carries it.
+type FairgoSetup struct {
+	Spec          string   `json:"spec,omitempty"` // as given to -fairgo
+	Algorithm     string   `json:"algorithm"`      // the configured one (auto: chosen per size)
+	Chosen        string   `json:"chosen"`         // what the Reducer used at this size (AlgorithmFor)
+	Choices       []Choice `json:"choices"`        // the Reducer's choice per size class
+	SliceBytes    int64    `json:"slice_bytes"`
+	Parallelism   int      `json:"parallelism"`
+	FlatThreshold int64    `json:"flat_threshold"` // hier.FlatNever (-1): never flat
+	Inline        bool     `json:"inline"`         // flat calls enqueued inline (hier.WithInlineEnqueue)
+}
+
+// Choice is one size class of a Reducer's choices.
+type Choice struct {
+	MinBytes  int64  `json:"min_bytes"`
+	Algorithm string `json:"algorithm"`
 }
 
 // World is Machines × Devices.
@@ -79,6 +114,20 @@ func Bandwidths(bytes int64, sec float64, n int) (algbw, busbw float64) {
 		busbw = algbw * 2 * float64(n-1) / float64(n)
 	}
 	return algbw, busbw
+}
+
+// IdealBusBW is the busbw in GB/s of an allreduce of bytes on M machines ×
+// D devices that is bound only by one NIC of nicBytesPerSec per machine: a
+// hierarchical allreduce sends 2(M−1)/M of the bytes out of each machine,
+// so t = 2(M−1)/M · bytes / B, and busbw = bytes/t · 2(W−1)/W with W = M·D.
+// It is 0 when M < 2 or the rate is unknown.
+func IdealBusBW(bytes int64, m, d int, nicBytesPerSec float64) float64 {
+	if m < 2 || nicBytesPerSec <= 0 || bytes <= 0 {
+		return 0
+	}
+	t := 2 * float64(m-1) / float64(m) * float64(bytes) / nicBytesPerSec
+	_, bus := Bandwidths(bytes, t, m*d)
+	return bus
 }
 
 // WriteJSONL appends records to w, one JSON object a line.
@@ -135,32 +184,4 @@ func ReadJSONLFiles(paths []string) ([]Record, error) {
 		all = append(all, recs...)
 	}
 	return all, nil
-}
-
-var csvHeader = []string{"kind", "label", "link", "backend", "sim_timings", "machines", "devices", "processes", "dtype", "op",
-	"algorithm", "bytes", "count", "buckets", "parallelism", "slice_bytes", "flat_threshold", "iters", "reps",
-	"time_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps", "wrong", "nccl_version", "nccl_env"}
-
-// WriteCSV writes records as CSV with a header line.
-func WriteCSV(w io.Writer, recs []Record) error {
-	cw := csv.NewWriter(w)
-	if err := cw.Write(csvHeader); err != nil {
-		return fmt.Errorf("bench: writing CSV: %w", err)
-	}
-	f := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
-	i := func(v int64) string { return strconv.FormatInt(v, 10) }
-	for _, r := range recs {
-		row := []string{r.Kind, r.Label, r.Link, r.Backend, strconv.FormatBool(r.SimTimings), i(int64(r.Machines)), i(int64(r.Devices)),
-			i(int64(r.Processes)), r.DType, r.Op, r.Algorithm, i(r.Bytes), i(r.Count), i(int64(r.Buckets)), i(int64(r.Parallelism)),
-			i(r.SliceBytes), i(r.FlatThresh), i(int64(r.Iters)), i(int64(r.Reps)), f(r.TimeUS), f(r.MinUS), f(r.MaxUS),
-			f(r.AlgBW), f(r.BusBW), i(r.Wrong), r.NCCLVersion, strings.Join(r.NCCLEnv, " ")}
-		if err := cw.Write(row); err != nil {
-			return fmt.Errorf("bench: writing CSV: %w", err)
-		}
-	}
-	cw.Flush()
-	if err := cw.Error(); err != nil {
-		return fmt.Errorf("bench: writing CSV: %w", err)
-	}
-	return nil
 }

@@ -1,18 +1,19 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/refdata"
+	"github.com/fairgo/fairgo/internal/testbed"
 )
 
 // Config is one benchmark run on a testbed.
@@ -20,26 +21,47 @@ type Config struct {
 	Sizes       []int64 // bytes per call (sweep)
 	DType       fairgo.DType
 	Op          fairgo.Op
-	Warmup      int // untimed calls of each algorithm per size
-	Iters       int // timed calls per repetition
+	Warmup      int // untimed rounds of each method per point
+	Iters       int // calls back to back per timed repetition (sweep)
 	Reps        int // repetitions (median and spread)
 	Check       bool
 	Seed        uint64
-	Algorithms  []Algorithm // nil: all
-	Slice       int64       // fairgo slice size; 0: default
-	FlatThresh  int64       // fairgo flat threshold; 0: default
-	Parallelism []int       // fairgo parallelism settings; sweep uses the first; nil: default
-	Buckets     int         // overlap: buckets per round
-	BucketBytes int64       // overlap: bytes per bucket
-	Label       string      // copied into every record
-	Link        string      // copied into every record (links mode)
-	Kind        string      // record kind for sweep rows (KindSweep, or KindLink)
+	Methods     []Method // nil: flat, naive and fairgo with its defaults
+	Buckets     int      // overlap: buckets per round
+	BucketBytes int64    // overlap: bytes per bucket
+	Run         string   // copied into every record: the run's label
+	Label       string   // copied into every record
+	Command     string   // copied into every record
+	Link        string   // copied into every record (links)
+	Kind        string   // record kind of sweep points (KindSweep, or KindLink)
 
-	// Table receives the rows as they are measured (root process only);
-	// nil prints nothing.
-	Table *Table
+	// Observer is told of the run and of every point as it is measured
+	// (root process only); nil: nobody.
+	Observer Observer
 	// Progress, if set, is told of every timed step (root only).
 	Progress Progress
+}
+
+// Observer follows a run: the report's table implements it.
+type Observer interface {
+	Start(Header)
+	Point([]Record)
+}
+
+// Header is what a run knows before its first point.
+type Header struct {
+	Testbed testbed.Info
+	Config  Config
+	// Fairgo is, for each fairgo method in Config.Methods order, its
+	// resolved options and choices before the first call.
+	Fairgo []FairgoSetup
+}
+
+// Progress counts timed steps.
+type Progress interface {
+	SetTotal(n int64)
+	Increment()
+	Close()
 }
 
 func (c *Config) defaults() error {
@@ -49,14 +71,11 @@ func (c *Config) defaults() error {
 	if c.Op == 0 {
 		c.Op = fairgo.Sum
 	}
-	if c.Algorithms == nil {
-		c.Algorithms = Algorithms
+	if c.Methods == nil {
+		c.Methods, _ = Methods("flat,naive,fairgo", nil)
 	}
 	if c.Kind == "" {
 		c.Kind = KindSweep
-	}
-	if len(c.Parallelism) == 0 {
-		c.Parallelism = []int{0}
 	}
 	bad := func(arg string, v any, why string) error { return &fairgo.ArgError{Arg: arg, Value: v, Reason: why} }
 	switch {
@@ -74,144 +93,140 @@ func (c *Config) defaults() error {
 	return nil
 }
 
-// Progress counts timed steps.
-type Progress interface {
-	SetTotal(n int64)
-	Increment()
-	Close()
+// run is one run's state.
+type run struct {
+	ctx     context.Context
+	tb      *testbed.Testbed
+	info    testbed.Info
+	cfg     Config
+	ranks   []*testbed.Rank
+	world   int
+	bufs    []fairgo.Tensor
+	callers []*caller
+	step    int // Gather key counter
+	when    string
 }
 
-// bench is one run's state.
-type bench struct {
-	ctx   context.Context
-	tb    Testbed
-	info  Info
-	cfg   Config
-	ranks []Rank
-	world int
-	bufs  []fairgo.Tensor
-	reds  map[int][]*hier.Reducer // by parallelism setting
-	step  int                     // Gather key counter
-	when  string
-}
-
-// Run runs the sweep mode on tb and returns the records (on the root
-// process; others get nil).
-func Run(ctx context.Context, tb Testbed, cfg Config) ([]Record, error) {
-	b, err := newBench(ctx, tb, cfg)
+// Sweep measures every method at every size, one size after another, and
+// returns the records (on the root process; the others get nil).
+func Sweep(ctx context.Context, tb *testbed.Testbed, cfg Config) ([]Record, error) {
+	r, err := newRun(ctx, tb, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer b.close()
-	return b.sweep()
+	return r.sweep()
 }
 
-// RunOverlap runs the overlap mode: for every parallelism setting, rounds of
-// cfg.Buckets calls of cfg.BucketBytes each, enqueued back to back.
-func RunOverlap(ctx context.Context, tb Testbed, cfg Config) ([]Record, error) {
+// Overlap measures rounds of cfg.Buckets calls of cfg.BucketBytes each,
+// enqueued back to back, for every method: the time of a whole round.
+func Overlap(ctx context.Context, tb *testbed.Testbed, cfg Config) ([]Record, error) {
 	if cfg.Buckets < 1 || cfg.BucketBytes < 1 {
 		return nil, &fairgo.ArgError{Arg: "-buckets/-bucket-bytes", Value: fmt.Sprintf("%d × %d", cfg.Buckets, cfg.BucketBytes), Reason: "both must be positive"}
 	}
-	b, err := newBench(ctx, tb, cfg)
+	r, err := newRun(ctx, tb, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer b.close()
-	return b.overlap()
+	return r.overlap()
 }
 
-func newBench(ctx context.Context, tb Testbed, cfg Config) (*bench, error) {
+func newRun(ctx context.Context, tb *testbed.Testbed, cfg Config) (*run, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
 	info := tb.Info()
-	b := &bench{ctx: ctx, tb: tb, info: info, cfg: cfg, ranks: tb.Ranks(), world: info.World(),
-		reds: map[int][]*hier.Reducer{}, when: time.Now().UTC().Format(time.RFC3339)}
-	if len(b.ranks) == 0 {
+	r := &run{ctx: ctx, tb: tb, info: info, cfg: cfg, ranks: tb.Ranks(), world: info.World(), when: time.Now().UTC().Format(time.RFC3339)}
+	if len(r.ranks) == 0 {
 		return nil, errors.New("bench: the testbed has no ranks in this process")
 	}
-	return b, nil
-}
-
-func (b *bench) close() {
-	for _, rs := range b.reds {
-		for _, r := range rs {
-			if r != nil {
-				_ = r.Close()
-			}
+	r.bufs = make([]fairgo.Tensor, len(r.ranks))
+	r.callers = make([]*caller, len(r.ranks))
+	for i, rk := range r.ranks {
+		r.callers[i] = &caller{idx: i, rank: rk, reds: map[string]*hier.Reducer{}, op: cfg.Op}
+	}
+	// A Reducer per variant and rank; the testbed closes them.
+	for _, m := range cfg.Methods {
+		if m.Variant == nil {
+			continue
+		}
+		opts := append(m.Variant.Options(), hier.WithTimeout(10*time.Minute), hier.WithInlineEnqueue(m.Variant.inline(len(r.ranks))))
+		reds, err := tb.Reducers(ctx, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("bench: building the Reducers of %s: %w", m.Name, err)
+		}
+		for i, red := range reds {
+			r.callers[i].reds[m.Name] = red
 		}
 	}
+	return r, nil
 }
 
-// reducers returns (making them on first use) a Reducer per local rank with
-// the given parallelism and the configured slice and flat threshold.
-func (b *bench) reducers(par int) ([]*hier.Reducer, error) {
-	if rs, ok := b.reds[par]; ok {
-		return rs, nil
+// start tells the observer and the progress bar what is coming.
+func (r *run) start(steps int) {
+	if !r.tb.Root() {
+		return
 	}
-	rs := make([]*hier.Reducer, len(b.ranks))
-	err := b.forRanks(func(i int, r Rank) error {
-		red, err := hier.NewReducer(b.ctx, r.Hier(), hier.WithSliceSize(b.cfg.Slice), hier.WithFlatThreshold(b.cfg.FlatThresh),
-			hier.WithParallelism(par), hier.WithTimeout(10*time.Minute))
-		rs[i] = red
-		return err
-	})
-	b.reds[par] = rs
-	if err != nil {
-		return nil, fmt.Errorf("bench: building reducers: %w", err)
+	if r.cfg.Progress != nil {
+		r.cfg.Progress.SetTotal(int64(steps * r.cfg.Reps * len(r.cfg.Methods)))
 	}
-	return rs, nil
+	if r.cfg.Observer == nil {
+		return
+	}
+	h := Header{Testbed: r.info, Config: r.cfg}
+	for _, m := range r.cfg.Methods {
+		if m.Variant != nil {
+			h.Fairgo = append(h.Fairgo, r.fairgoSetup(m, -1))
+		}
+	}
+	r.cfg.Observer.Start(h)
 }
 
-// forRanks runs fn for every local rank on goroutines of its own (ranks of
-// one process must enqueue concurrently: each waits for its peers).
-func (b *bench) forRanks(fn func(i int, r Rank) error) error {
-	errs := make([]error, len(b.ranks))
-	var wg sync.WaitGroup
-	for i, r := range b.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(i, r); err != nil {
-				errs[i] = fmt.Errorf("rank %d: %w", r.WorldRank(), err)
-			}
-		}()
+// fairgoSetup describes a variant's first local Reducer; bytes < 0 leaves
+// Chosen empty.
+func (r *run) fairgoSetup(m Method, bytes int64) FairgoSetup {
+	red := r.callers[0].reds[m.Name]
+	fs := FairgoSetup{Spec: m.Variant.Spec, Algorithm: m.Variant.Algorithm.String(), SliceBytes: red.SliceBytes(),
+		Parallelism: resolvedPar(m.Variant.Parallelism), FlatThreshold: red.FlatThreshold(), Inline: m.Variant.inline(len(r.ranks))}
+	for _, c := range red.Choices() {
+		fs.Choices = append(fs.Choices, Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String()})
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	if bytes >= 0 {
+		fs.Chosen = red.AlgorithmFor(bytes).String()
+	}
+	return fs
 }
 
 // alloc gives every local rank a buffer of count elements, plus room for
 // the naive hierarchy's padding.
-func (b *bench) alloc(count int64) error {
-	return b.forRanks(func(i int, r Rank) error {
-		t, err := r.Alloc(count+int64(b.world), b.cfg.DType)
+func (r *run) alloc(count int64) error {
+	return r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+		t, err := rk.Alloc(count+int64(r.world), r.cfg.DType)
 		if err != nil {
 			return fmt.Errorf("allocating %d elements: %w", count, err)
 		}
-		b.bufs[i] = t
+		r.bufs[i] = t
 		return nil
 	})
 }
 
-// rankResult is what one process reports for one point: for each algorithm,
-// the per-call times of each repetition for each local rank, and the wrong
+// rankResult is what one process reports for one point: for each method,
+// the per-unit times of each repetition for each local rank, and the wrong
 // elements per local rank.
 type rankResult struct {
-	Times [][][]float64 `json:"t"` // [alg][rep][local rank] seconds per timed unit
-	Wrong [][]int64     `json:"w"` // [alg][local rank]; nil: not checked
+	Times [][][]float64 `json:"t"` // [method][rep][local rank] seconds per timed unit
+	Wrong [][]int64     `json:"w"` // [method][local rank]; nil: not checked
 }
 
 // timeUnit runs, for every local rank at once, units calls of enqueue
 // inside the rank's timer, and returns each rank's time per unit.
-func (b *bench) timeUnit(units int, enqueue func(c *caller) error, callers []*caller) ([]float64, error) {
-	if err := b.tb.Barrier(b.ctx); err != nil {
+func (r *run) timeUnit(units int, enqueue func(c *caller) error) ([]float64, error) {
+	if err := r.tb.Barrier(r.ctx); err != nil {
 		return nil, err
 	}
-	out := make([]float64, len(b.ranks))
-	err := b.forRanks(func(i int, r Rank) error {
-		c := callers[i]
-		d, err := r.Time(b.ctx, func() error {
+	out := make([]float64, len(r.ranks))
+	err := r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+		c := r.callers[i]
+		d, err := rk.Time(r.ctx, func() error {
 			for range units {
 				if err := enqueue(c); err != nil {
 					return err
@@ -220,7 +235,7 @@ func (b *bench) timeUnit(units int, enqueue func(c *caller) error, callers []*ca
 			return nil
 		})
 		if err == nil {
-			err = c.wait(b.ctx)
+			err = c.wait(r.ctx)
 		}
 		out[i] = d.Seconds() / float64(units)
 		return err
@@ -228,81 +243,76 @@ func (b *bench) timeUnit(units int, enqueue func(c *caller) error, callers []*ca
 	return out, err
 }
 
-func (b *bench) callers(par int) ([]*caller, error) {
-	reds, err := b.reducers(par)
-	if err != nil {
-		return nil, err
-	}
-	cs := make([]*caller, len(b.ranks))
-	for i, r := range b.ranks {
-		cs[i] = &caller{idx: i, rank: r, red: reds[i], op: b.cfg.Op}
-	}
-	return cs, nil
-}
-
-// measure runs warm-up and the timed repetitions of every algorithm,
-// alternating, with run enqueueing one timed unit for a caller.
-func (b *bench) measure(res *rankResult, callers []*caller, run func(alg Algorithm, c *caller) error) error {
-	algs := b.cfg.Algorithms
-	res.Times = make([][][]float64, len(algs))
-	if b.cfg.Warmup > 0 {
-		for _, alg := range algs {
-			if _, err := b.timeUnit(b.cfg.Warmup, func(c *caller) error { return run(alg, c) }, callers); err != nil {
-				return fmt.Errorf("%v warm-up: %w", alg, err)
-			}
+// measure runs the warm-up and the timed repetitions of every method,
+// alternating, with enqueue enqueueing one timed unit of a method.
+func (r *run) measure(res *rankResult, units int, enqueue func(m Method, c *caller) error) error {
+	ms := r.cfg.Methods
+	res.Times = make([][][]float64, len(ms))
+	for _, m := range ms {
+		if r.cfg.Warmup == 0 {
+			break
+		}
+		if _, err := r.timeUnit(r.cfg.Warmup, func(c *caller) error { return enqueue(m, c) }); err != nil {
+			return fmt.Errorf("%s warm-up: %w", m.Name, err)
 		}
 	}
-	for rep := 0; rep < b.cfg.Reps; rep++ {
-		for k, alg := range algs {
-			ts, err := b.timeUnit(b.cfg.Iters, func(c *caller) error { return run(alg, c) }, callers)
+	for range r.cfg.Reps {
+		for k, m := range ms {
+			ts, err := r.timeUnit(units, func(c *caller) error { return enqueue(m, c) })
 			if err != nil {
-				return fmt.Errorf("%v: %w", alg, err)
+				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 			res.Times[k] = append(res.Times[k], ts)
-			if b.cfg.Progress != nil {
-				b.cfg.Progress.Increment()
+			if r.cfg.Progress != nil && r.tb.Root() {
+				r.cfg.Progress.Increment()
 			}
 		}
 	}
 	return nil
 }
 
-// check runs each algorithm once on fresh inputs over every bucket and
-// counts wrong elements per local rank.
-func (b *bench) check(res *rankResult, callers []*caller, count, stride int64, buckets int, keep bool) error {
-	algs := b.cfg.Algorithms
-	res.Wrong = make([][]int64, len(algs))
-	dt, op, seed := b.cfg.DType, b.cfg.Op, b.cfg.Seed
-	outs := make([][][]byte, len(b.ranks)) // [local rank][alg] when keep
-	for k, alg := range algs {
-		res.Wrong[k] = make([]int64, len(b.ranks))
-		err := b.forRanks(func(i int, r Rank) error {
-			buf := b.bufs[i]
-			for j := 0; j < buckets; j++ {
-				t := buf.Slice(int64(j)*stride, count)
-				if err := r.Upload(t, refdata.Input(dt, op, seed, r.WorldRank(), int64(j)*stride, count)); err != nil {
+// check runs each method once on fresh inputs over every bucket and counts
+// wrong elements per local rank. With one bucket the outputs of every
+// method and local rank are kept and checked against one pass of the
+// reference (every rank expects the same result).
+func (r *run) check(res *rankResult, count, stride int64, buckets int) error {
+	ms := r.cfg.Methods
+	res.Wrong = make([][]int64, len(ms))
+	dt, op, seed := r.cfg.DType, r.cfg.Op, r.cfg.Seed
+	keep := buckets == 1
+	inputs := make([][][]byte, len(r.ranks)) // [local rank][bucket]
+	for i, rk := range r.ranks {
+		for j := range buckets {
+			inputs[i] = append(inputs[i], refdata.Input(dt, op, seed, rk.WorldRank, int64(j)*stride, count))
+		}
+	}
+	outs := make([][][]byte, len(r.ranks)) // [local rank][method] when keep
+	for k, m := range ms {
+		res.Wrong[k] = make([]int64, len(r.ranks))
+		err := r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+			for j := range buckets {
+				if err := rk.Upload(r.bufs[i].Slice(int64(j)*stride, count), inputs[i][j]); err != nil {
 					return err
 				}
 			}
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("%v check: uploading inputs: %w", alg, err)
+			return fmt.Errorf("%s check: uploading inputs: %w", m.Name, err)
 		}
-		if _, err := b.timeUnit(1, func(c *caller) error {
-			for j := 0; j < buckets; j++ {
-				t := b.bucket(c, j, count, stride)
-				if err := c.call(b.ctx, alg, t); err != nil {
+		if _, err := r.timeUnit(1, func(c *caller) error {
+			for j := range buckets {
+				if err := c.call(r.ctx, m, r.bucket(c, j, count, stride)); err != nil {
 					return err
 				}
 			}
 			return nil
-		}, callers); err != nil {
-			return fmt.Errorf("%v check: %w", alg, err)
+		}); err != nil {
+			return fmt.Errorf("%s check: %w", m.Name, err)
 		}
-		err = b.forRanks(func(i int, r Rank) error {
-			for j := 0; j < buckets; j++ {
-				out, err := r.Download(b.bufs[i].Slice(int64(j)*stride, count))
+		err = r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+			for j := range buckets {
+				out, err := rk.Download(r.bufs[i].Slice(int64(j)*stride, count))
 				if err != nil {
 					return err
 				}
@@ -310,29 +320,50 @@ func (b *bench) check(res *rankResult, callers []*caller, count, stride int64, b
 					outs[i] = append(outs[i], out)
 					continue
 				}
-				res.Wrong[k][i] += refdata.CountWrong(dt, op, seed, b.world, int64(j)*stride, [][]byte{out})[0]
+				res.Wrong[k][i] += refdata.CountWrong(dt, op, seed, r.world, int64(j)*stride, [][]byte{out})[0]
 			}
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("%v check: %w", alg, err)
+			return fmt.Errorf("%s check: %w", m.Name, err)
 		}
 	}
-	if keep { // one reference pass for every algorithm (buckets == 1)
-		for i := range b.ranks {
-			w := refdata.CountWrong(dt, op, seed, b.world, 0, outs[i])
-			for k := range algs {
-				res.Wrong[k][i] = w[k]
+	if keep {
+		wrong := countWrong(dt, op, seed, r.world, slices.Concat(outs...))
+		for i := range r.ranks {
+			for k := range ms {
+				res.Wrong[k][i] = wrong[i*len(ms)+k]
 			}
 		}
 	}
 	return nil
 }
 
+// countWrong is refdata.CountWrong over the first elements of outs,
+// checking each distinct output once: ranks usually agree to the bit.
+func countWrong(dt fairgo.DType, op fairgo.Op, seed uint64, world int, outs [][]byte) []int64 {
+	var distinct [][]byte
+	which := make([]int, len(outs))
+	for i, out := range outs {
+		j := slices.IndexFunc(distinct, func(d []byte) bool { return bytes.Equal(d, out) })
+		if j < 0 {
+			j = len(distinct)
+			distinct = append(distinct, out)
+		}
+		which[i] = j
+	}
+	wrong := refdata.CountWrong(dt, op, seed, world, 0, distinct)
+	out := make([]int64, len(outs))
+	for i, j := range which {
+		out[i] = wrong[j]
+	}
+	return out
+}
+
 // bucket is bucket j of the caller's buffer, with the rest of the stride
 // as room for the naive hierarchy's padding.
-func (b *bench) bucket(c *caller, j int, count, stride int64) fairgo.Tensor {
-	buf := b.bufs[c.idx]
+func (r *run) bucket(c *caller, j int, count, stride int64) fairgo.Tensor {
+	buf := r.bufs[c.idx]
 	t := buf.Slice(int64(j)*stride, count)
 	t.Bytes = min(stride*int64(buf.DType.Size()), buf.Bytes-int64(j)*stride*int64(buf.DType.Size()))
 	return t
@@ -340,13 +371,13 @@ func (b *bench) bucket(c *caller, j int, count, stride int64) fairgo.Tensor {
 
 // gather sends this process's result to the root and returns every
 // process's (root only).
-func (b *bench) gather(res rankResult) ([]rankResult, error) {
+func (r *run) gather(res rankResult) ([]rankResult, error) {
 	blob, err := json.Marshal(res)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	b.step++
-	blobs, err := b.tb.Gather(b.ctx, fmt.Sprintf("result/%d", b.step), blob)
+	r.step++
+	blobs, err := r.tb.Gather(r.ctx, fmt.Sprintf("result/%d", r.step), blob)
 	if err != nil || blobs == nil {
 		return nil, err
 	}
@@ -359,13 +390,44 @@ func (b *bench) gather(res rankResult) ([]rankResult, error) {
 	return out, nil
 }
 
+// point measures one point (a size, or a round of buckets) and returns its
+// records on the root, nil elsewhere.
+func (r *run) point(proto Record, count, stride int64, buckets, units int) ([]Record, error) {
+	var res rankResult
+	if r.cfg.Check {
+		if err := r.check(&res, count, stride, buckets); err != nil {
+			return nil, err
+		}
+	}
+	err := r.measure(&res, units, func(m Method, c *caller) error {
+		for j := range buckets {
+			if err := c.call(r.ctx, m, r.bucket(c, j, count, stride)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	all, err := r.gather(res)
+	if err != nil || all == nil {
+		return nil, err
+	}
+	recs := r.summarize(all, proto)
+	if r.cfg.Observer != nil {
+		r.cfg.Observer.Point(recs)
+	}
+	return recs, nil
+}
+
 // summarize turns every process's result for one point into one record per
-// algorithm. A repetition's time is the mean over all ranks; the record
-// holds the median over repetitions.
-func (b *bench) summarize(all []rankResult, proto Record) []Record {
+// method. A repetition's time is the mean over all ranks; the record holds
+// the median over repetitions.
+func (r *run) summarize(all []rankResult, proto Record) []Record {
 	var recs []Record
-	for k, alg := range b.cfg.Algorithms {
-		reps := make([]float64, b.cfg.Reps)
+	for k, m := range r.cfg.Methods {
+		reps := make([]float64, r.cfg.Reps)
 		for rep := range reps {
 			var sum float64
 			var n int
@@ -378,7 +440,7 @@ func (b *bench) summarize(all []rankResult, proto Record) []Record {
 			reps[rep] = sum / float64(max(n, 1)) * 1e6
 		}
 		wrong := int64(-1)
-		if b.cfg.Check {
+		if r.cfg.Check {
 			wrong = 0
 			for _, pr := range all {
 				for _, w := range pr.Wrong[k] {
@@ -386,146 +448,81 @@ func (b *bench) summarize(all []rankResult, proto Record) []Record {
 				}
 			}
 		}
-		r := proto
-		r.Algorithm = alg.String()
-		r.RepsUS = reps
-		r.TimeUS = median(reps)
-		r.MinUS, r.MaxUS = slices.Min(reps), slices.Max(reps)
-		r.AlgBW, r.BusBW = Bandwidths(r.TotalBytes(), r.TimeUS/1e6, r.World())
-		r.Wrong = wrong
-		recs = append(recs, r)
+		rec := proto
+		rec.Algorithm = m.Name
+		if m.Variant != nil {
+			fs := r.fairgoSetup(m, rec.Bytes)
+			rec.Fairgo = &fs
+		}
+		rec.RepsUS = reps
+		rec.TimeUS = median(reps)
+		rec.MinUS, rec.MaxUS = slices.Min(reps), slices.Max(reps)
+		rec.AlgBW, rec.BusBW = Bandwidths(rec.TotalBytes(), rec.TimeUS/1e6, rec.World())
+		rec.IdealBusBW = IdealBusBW(rec.TotalBytes(), rec.Machines, rec.Devices, rec.Testbed.NICBytesPerSecond())
+		rec.Wrong = wrong
+		recs = append(recs, rec)
 	}
 	return recs
 }
 
-func (b *bench) proto(bytes, count int64, par int, slice int64) Record {
-	return Record{Kind: b.cfg.Kind, Label: b.cfg.Label, Link: b.cfg.Link, Backend: b.info.Backend, SimTimings: b.info.SimTimings,
-		Machines: b.info.Machines, Devices: b.info.Devices, Processes: b.info.Processes,
-		DType: b.cfg.DType.String(), Op: b.cfg.Op.String(), Bytes: bytes, Count: count, Parallelism: par, SliceBytes: slice,
-		Iters: b.cfg.Iters, Reps: b.cfg.Reps, NCCLVersion: b.info.NCCLVersion, NCCLEnv: NCCLEnv(), Host: b.info.Host, When: b.when}
+func (r *run) proto(kind string, bytes, count int64) Record {
+	i := r.info
+	return Record{Kind: kind, Run: r.cfg.Run, Label: r.cfg.Label, Link: r.cfg.Link, Command: r.cfg.Command, Backend: i.Backend,
+		SimTimings: i.SimTimings, Machines: i.Machines, Devices: i.Devices, Processes: i.Processes,
+		Testbed: Setup{Emulation: i.Emulation, Placement: i.Placement}, Invalid: i.Invalid(),
+		DType: r.cfg.DType.String(), Op: r.cfg.Op.String(), Bytes: bytes, Count: count, Iters: r.cfg.Iters, Reps: r.cfg.Reps,
+		NCCLVersion: i.NCCLVersion, NCCLEnv: i.NCCLEnv, Host: i.Host, When: r.when}
 }
 
-func (b *bench) sweep() ([]Record, error) {
-	es := int64(b.cfg.DType.Size())
+func (r *run) sweep() ([]Record, error) {
+	es := int64(r.cfg.DType.Size())
 	var maxCount int64
-	for _, s := range b.cfg.Sizes {
+	for _, s := range r.cfg.Sizes {
 		maxCount = max(maxCount, s/es)
 	}
 	if maxCount == 0 {
-		return nil, &fairgo.ArgError{Arg: "-e", Value: slices.Max(b.cfg.Sizes), Reason: fmt.Sprintf("no size holds one %s", b.cfg.DType)}
+		return nil, &fairgo.ArgError{Arg: "-e", Value: slices.Max(append([]int64{0}, r.cfg.Sizes...)), Reason: fmt.Sprintf("no size holds one %s", r.cfg.DType)}
 	}
-	b.bufs = make([]fairgo.Tensor, len(b.ranks))
-	if err := b.alloc(maxCount); err != nil {
+	if err := r.alloc(maxCount); err != nil {
 		return nil, err
 	}
-	par := b.cfg.Parallelism[0]
-	callers, err := b.callers(par)
-	if err != nil {
-		return nil, err
-	}
-	red := callers[0].red
-	if b.cfg.Progress != nil {
-		b.cfg.Progress.SetTotal(int64(len(b.cfg.Sizes) * b.cfg.Reps * len(b.cfg.Algorithms)))
-	}
-	if b.cfg.Table != nil && b.tb.Root() {
-		b.cfg.Table.Header(b.info, b.cfg, red)
-	}
+	r.start(len(r.cfg.Sizes))
 	var recs []Record
-	for _, size := range b.cfg.Sizes {
+	for _, size := range r.cfg.Sizes {
 		count := size / es
 		if count == 0 {
 			continue
 		}
-		var res rankResult
-		if b.cfg.Check {
-			if err := b.check(&res, callers, count, maxCount+int64(b.world), 1, true); err != nil {
-				return recs, fmt.Errorf("bench: size %s: %w", FormatSize(size), err)
-			}
-		}
-		err := b.measure(&res, callers, func(alg Algorithm, c *caller) error {
-			return c.call(b.ctx, alg, b.bucket(c, 0, count, maxCount+int64(b.world)))
-		})
+		rs, err := r.point(r.proto(r.cfg.Kind, count*es, count), count, maxCount+int64(r.world), 1, r.cfg.Iters)
 		if err != nil {
 			return recs, fmt.Errorf("bench: size %s: %w", FormatSize(size), err)
-		}
-		all, err := b.gather(res)
-		if err != nil {
-			return recs, err
-		}
-		if all == nil {
-			continue
-		}
-		p := b.proto(count*es, count, resolvedPar(par), red.SliceBytes())
-		p.FlatThresh = red.FlatThreshold()
-		rs := b.summarize(all, p)
-		if b.cfg.Table != nil {
-			b.cfg.Table.Row(rs)
 		}
 		recs = append(recs, rs...)
 	}
 	return recs, nil
 }
 
-func (b *bench) overlap() ([]Record, error) {
-	es := int64(b.cfg.DType.Size())
-	count := b.cfg.BucketBytes / es
+func (r *run) overlap() ([]Record, error) {
+	es := int64(r.cfg.DType.Size())
+	count := r.cfg.BucketBytes / es
 	if count == 0 {
-		return nil, &fairgo.ArgError{Arg: "-bucket-bytes", Value: b.cfg.BucketBytes, Reason: fmt.Sprintf("holds no %s", b.cfg.DType)}
+		return nil, &fairgo.ArgError{Arg: "-bucket-bytes", Value: r.cfg.BucketBytes, Reason: fmt.Sprintf("holds no %s", r.cfg.DType)}
 	}
-	w := int64(b.world)
+	w := int64(r.world)
 	stride := (count + w - 1) / w * w
 	if stride == count {
-		stride += w // room for nothing else is needed, but keep buckets apart
+		stride += w // keep buckets apart
 	}
-	K := b.cfg.Buckets
-	b.bufs = make([]fairgo.Tensor, len(b.ranks))
-	if err := b.alloc(stride * int64(K)); err != nil {
+	K := r.cfg.Buckets
+	if err := r.alloc(stride * int64(K)); err != nil {
 		return nil, err
 	}
-	if b.cfg.Progress != nil {
-		b.cfg.Progress.SetTotal(int64(len(b.cfg.Parallelism) * b.cfg.Reps * len(b.cfg.Algorithms)))
-	}
-	var recs []Record
-	for n, par := range b.cfg.Parallelism {
-		callers, err := b.callers(par)
-		if err != nil {
-			return recs, err
-		}
-		red := callers[0].red
-		if n == 0 && b.cfg.Table != nil && b.tb.Root() {
-			b.cfg.Table.Header(b.info, b.cfg, red)
-		}
-		var res rankResult
-		if b.cfg.Check {
-			if err := b.check(&res, callers, count, stride, K, false); err != nil {
-				return recs, fmt.Errorf("bench: parallelism %d: %w", par, err)
-			}
-		}
-		err = b.measure(&res, callers, func(alg Algorithm, c *caller) error {
-			for j := 0; j < K; j++ {
-				if err := c.call(b.ctx, alg, b.bucket(c, j, count, stride)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return recs, fmt.Errorf("bench: parallelism %d: %w", par, err)
-		}
-		all, err := b.gather(res)
-		if err != nil {
-			return recs, err
-		}
-		if all == nil {
-			continue
-		}
-		p := b.proto(count*es, count, resolvedPar(par), red.SliceBytes())
-		p.Kind, p.Buckets, p.FlatThresh = KindOverlap, K, red.FlatThreshold()
-		rs := b.summarize(all, p)
-		if b.cfg.Table != nil {
-			b.cfg.Table.Row(rs)
-		}
-		recs = append(recs, rs...)
+	r.start(1)
+	p := r.proto(KindOverlap, count*es, count)
+	p.Buckets, p.Iters = K, 1
+	recs, err := r.point(p, count, stride, K, 1)
+	if err != nil {
+		return recs, fmt.Errorf("bench: %d buckets of %s: %w", K, FormatSize(r.cfg.BucketBytes), err)
 	}
 	return recs, nil
 }

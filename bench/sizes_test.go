@@ -74,13 +74,3 @@ func TestParseIntList(t *testing.T) {
 		}
 	}
 }
-
-func TestParseAlgorithms(t *testing.T) {
-	got, err := ParseAlgorithms("fairgo,flat")
-	if err != nil || len(got) != 2 || got[0] != Fairgo || got[1] != Flat {
-		t.Errorf("ParseAlgorithms = %v, %v", got, err)
-	}
-	if _, err := ParseAlgorithms("ring"); err == nil {
-		t.Error("unknown algorithm accepted")
-	}
-}

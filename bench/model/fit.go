@@ -54,3 +54,31 @@ func FitLink(points []Point) (Link, error) {
 
 // LinkTime is the 2-rank allreduce time FitLink fits.
 func LinkTime(l Link, n float64) float64 { return 2*l.Alpha + n/l.BW }
+
+// Testbed are the measurements a model of fairrun's testbed is fitted to:
+// 2-rank allreduces over an NVLink pair (1 × 2) and over a network pair of
+// machines (2 × 1).
+type Testbed struct {
+	NVLink, Net []Point
+	// OneNICPerMachine: the D GPUs of a machine share one NIC (fairrun
+	// --nic-gbit), so the fitted network bandwidth is the machine's.
+	OneNICPerMachine bool
+}
+
+// Fit fits both links and returns the model's parameters (α_peer = α_n, a
+// free add kernel).
+func (t Testbed) Fit() (Params, error) {
+	intra, err := FitLink(t.NVLink)
+	if err != nil {
+		return Params{}, fmt.Errorf("NVLink pair: %w", err)
+	}
+	net, err := FitLink(t.Net)
+	if err != nil {
+		return Params{}, fmt.Errorf("network pair: %w", err)
+	}
+	p := Params{Intra: intra, Net: net, PeerAlpha: -1}
+	if t.OneNICPerMachine {
+		p.NetPerMachine = net.BW
+	}
+	return p, p.Validate()
+}

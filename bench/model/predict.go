@@ -4,13 +4,16 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 )
 
 // Measurement is one measured point to compare the model with.
 type Measurement struct {
-	Grid          Grid
-	Algorithm     string  // "flat", "naive" or "fairgo"
+	Grid      Grid
+	Algorithm string // "flat", "naive" or "fairgo"
+	// Chosen is, for fairgo, the algorithm its Reducer used at this size:
+	// "flat", RailAllToAll or RailRSAG ("" reads as RailAllToAll above the
+	// flat threshold).
+	Chosen        string
 	Bytes         float64 // per call
 	Buckets       int     // calls enqueued back to back (0 or 1: one)
 	Seconds       float64 // per call, or per round of Buckets calls
@@ -29,7 +32,18 @@ func (p Params) Predict(m Measurement) (float64, error) {
 	case "naive":
 		return k * p.Naive(m.Grid, m.Bytes), nil
 	case "fairgo":
-		return p.FairgoTime(m.Grid, m.Bytes, max(m.Buckets, 1), Fairgo{Slice: m.Slice, Parallelism: m.Parallelism, FlatThreshold: m.FlatThreshold}), nil
+		o := Fairgo{Rail: m.Chosen, Slice: m.Slice, Parallelism: m.Parallelism, FlatThreshold: m.FlatThreshold}
+		switch m.Chosen {
+		case "flat":
+			return k * p.Flat(m.Grid, m.Bytes), nil
+		case "", RailAllToAll, RailRSAG:
+		default:
+			return 0, fmt.Errorf("model: no prediction for fairgo's %q", m.Chosen)
+		}
+		if m.Chosen != "" {
+			o.FlatThreshold = -1 // the record says what was used
+		}
+		return p.FairgoTime(m.Grid, m.Bytes, max(m.Buckets, 1), o), nil
 	}
 	return 0, fmt.Errorf("model: no prediction for algorithm %q", m.Algorithm)
 }
@@ -100,10 +114,14 @@ type Prediction struct {
 	Flat       float64
 	FlatAlgo   string
 	Naive      float64
-	Fairgo     float64 // with the best slice
-	BestSlice  float64
-	Speedup    float64 // Flat / Fairgo
+	// A2A and RSAG are fairgo with either rail form at its best slice.
+	A2A, RSAG           float64
+	A2ASlice, RSAGSlice float64
+	Speedup             float64 // Flat / min(A2A, RSAG)
 }
+
+// Fairgo is the faster rail form's time.
+func (pr Prediction) Fairgo() float64 { return math.Min(pr.A2A, pr.RSAG) }
 
 // Table tabulates every machine count and size for D GPUs per machine,
 // fairgo using its best slice size with parallelism par.
@@ -112,11 +130,12 @@ func (p Params) Table(d int, machines []int, sizes []float64, par int) []Predict
 	for _, m := range machines {
 		g := Grid{M: m, D: d}
 		for _, n := range sizes {
-			slice, tf := p.BestSlice(g, n, par)
 			pr := Prediction{Grid: g, Bytes: n, Ring: p.Ring(g, n), Tree: p.Tree(g, n), Flat: p.Flat(g, n),
-				FlatAlgo: p.FlatAlgo(g, n), Naive: p.Naive(g, n), Fairgo: tf, BestSlice: slice}
-			if tf > 0 {
-				pr.Speedup = pr.Flat / tf
+				FlatAlgo: p.FlatAlgo(g, n), Naive: p.Naive(g, n)}
+			pr.A2ASlice, pr.A2A = p.BestSlice(g, n, RailAllToAll, par)
+			pr.RSAGSlice, pr.RSAG = p.BestSlice(g, n, RailRSAG, par)
+			if f := pr.Fairgo(); f > 0 {
+				pr.Speedup = pr.Flat / f
 			}
 			out = append(out, pr)
 		}
@@ -124,35 +143,15 @@ func (p Params) Table(d int, machines []int, sizes []float64, par int) []Predict
 	return out
 }
 
-// Crossover is the smallest of sizes at which fairgo (best slice) beats
-// the flat allreduce on g, and whether it stays ahead at every larger size;
-// 0 when it never wins.
-func (p Params) Crossover(g Grid, sizes []float64, par int) (float64, bool) {
-	s := slices.Clone(sizes)
-	sort.Float64s(s)
-	first := 0.0
-	stays := true
-	for _, n := range s {
-		_, tf := p.BestSlice(g, n, par)
-		wins := tf < p.Flat(g, n)
-		if wins && first == 0 {
-			first = n
-		}
-		if !wins && first != 0 {
-			stays = false
-		}
-	}
-	return first, stays
-}
-
 // FitPeerAlpha chooses the all-to-all's per-peer cost that best explains
-// the fairgo measurements on 3 machines or more (the only ones it affects),
-// among 0 and α_n·2^k for k in [-10, 1], minimising the squared log ratio of
-// predicted to measured time. It reports false without such measurements.
+// the rail-a2a fairgo measurements on 3 machines or more (the only ones it
+// affects), among 0 and α_n·2^k for k in [-10, 1], minimising the squared
+// log ratio of predicted to measured time. It reports false without such
+// measurements.
 func (p Params) FitPeerAlpha(ms []Measurement) (float64, bool) {
 	var use []Measurement
 	for _, m := range ms {
-		if m.Algorithm == "fairgo" && m.Grid.M >= 3 && m.Seconds > 0 {
+		if m.Algorithm == "fairgo" && (m.Chosen == "" || m.Chosen == RailAllToAll) && m.Grid.M >= 3 && m.Seconds > 0 {
 			use = append(use, m)
 		}
 	}

@@ -24,16 +24,8 @@ import (
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/internal/refdata"
+	"github.com/fairgo/fairgo/internal/testbed"
 )
-
-// testbed is where the ranks live: the simulated cluster, or GPUs.
-type testbed interface {
-	// Ranks returns the global ranks this process drives and their reducers.
-	Ranks() ([]int, []*hier.Reducer)
-	Upload(rank int, data []byte, dt fairgo.DType) (fairgo.Tensor, error)
-	Download(rank int, t fairgo.Tensor) ([]byte, error)
-	Close() error
-}
 
 type flags struct {
 	backend           string
@@ -47,16 +39,10 @@ type flags struct {
 	iters             int
 }
 
-// openers maps a backend name to its constructor; cuda.go adds "cuda" in
-// builds with the cuda tag.
-var openers = map[string]func(ctx context.Context, f flags, opts []hier.Option) (testbed, error){
-	"sim": openSim,
-}
-
 func main() {
 	var f flags
 	flag.StringVar(&f.backend, "backend", "sim", "where the ranks run: sim, or cuda (cuda build)")
-	flag.IntVar(&f.machines, "machines", 2, "machines M (sim; cuda in one process)")
+	flag.IntVar(&f.machines, "machines", 2, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
 	flag.IntVar(&f.devices, "devices", 2, "devices per machine D (sim; cuda in one process)")
 	flag.Int64Var(&f.count, "count", 1<<20+3, "elements per rank")
 	flag.StringVar(&f.dtype, "dtype", "float32", "element type: float16 bfloat16 float32 float64 int8 uint8 int32 uint32 int64 uint64")
@@ -82,27 +68,37 @@ func run(f flags) error {
 	if err != nil {
 		return err
 	}
-	open, ok := openers[f.backend]
-	if !ok {
-		return fmt.Errorf("backend %q is not in this build (have %v; the cuda backend needs `go build -tags cuda`)", f.backend, keys(openers))
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	opts := []hier.Option{hier.WithSliceSize(f.slice), hier.WithFlatThreshold(f.flat), hier.WithTimeout(5 * time.Minute)}
-	tb, err := open(ctx, f, opts)
+	// The simulated cluster, or GPUs: one rank per process under a launcher
+	// (fairrun, torchrun), else every rank of the -machines × -devices grid
+	// over this process's GPUs.
+	tb, err := testbed.Open(ctx, f.backend, testbed.Spec{Machines: f.machines, Devices: f.devices, Seed: int64(f.seed), Jitter: f.jitter})
 	if err != nil {
 		return err
 	}
 	defer tb.Close()
-	ranks, reducers := tb.Ranks()
+	reducers, err := tb.Reducers(ctx, hier.WithSliceSize(f.slice), hier.WithFlatThreshold(f.flat), hier.WithTimeout(5*time.Minute))
+	if err != nil {
+		return err
+	}
+	ranks := tb.Ranks()
+	if tb.Info().Backend != "sim" {
+		for _, r := range reducers {
+			fmt.Printf("rank %d: grid %v on %v\n", r.WorldRank(), r.Grid(), r.Device())
+		}
+	}
 	world := reducers[0].Grid().Size()
 
 	var worst, worstRatio float64
 	for it := 0; it < f.iters; it++ {
 		seed := f.seed + uint64(it)
 		ts := make([]fairgo.Tensor, len(ranks))
-		for i, g := range ranks {
-			if ts[i], err = tb.Upload(g, refdata.Input(dt, op, seed, g, 0, f.count), dt); err != nil {
+		for i, r := range ranks {
+			if ts[i], err = r.Alloc(f.count, dt); err != nil {
+				return err
+			}
+			if err := r.Upload(ts[i], refdata.Input(dt, op, seed, r.WorldRank, 0, f.count)); err != nil {
 				return err
 			}
 		}
@@ -117,15 +113,15 @@ func run(f flags) error {
 			}
 		}
 		elapsed := time.Since(start)
-		for i, g := range ranks {
-			out, err := tb.Download(g, ts[i])
+		for i, r := range ranks {
+			out, err := r.Download(ts[i])
 			if err != nil {
 				return err
 			}
 			maxErr, ratio, err := check(dt, op, seed, world, out)
 			worst, worstRatio = math.Max(worst, maxErr), math.Max(worstRatio, ratio)
 			if err != nil {
-				return fmt.Errorf("rank %d: %w", g, err)
+				return fmt.Errorf("rank %d: %w", r.WorldRank, err)
 			}
 		}
 		fmt.Printf("iteration %d: %d × %s %s on %d×%d ranks in %v\n", it, f.count, dt, op,
@@ -158,11 +154,3 @@ func check(dt fairgo.DType, op fairgo.Op, seed uint64, world int, out []byte) (f
 }
 
 var errMismatch = errors.New("result differs from the reference")
-
-func keys[V any](m map[string]V) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}

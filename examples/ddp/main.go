@@ -18,7 +18,8 @@
 //	go run ./examples/ddp -machines 2 -devices 4
 //
 // On GPUs (the cuda build: forward, backward, data and optimizer run as
-// kernels of the project's PTX on one compute stream per rank, each bucket's
+// kernels of this example's own PTX (internal/gpu) on one compute stream per
+// rank, each bucket's
 // allreduce ordered after its gradients with hier.After and the optimizer
 // ordered after the allreduces with Work.StreamWait; compute and exposed
 // communication are timed with CUDA events), one process per GPU under
@@ -41,7 +42,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -52,7 +52,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/sim"
+	"github.com/fairgo/fairgo/internal/testbed"
 )
 
 // options are the command line.
@@ -83,29 +83,11 @@ func defaults() options {
 	}
 }
 
-// cluster is where the ranks live. ranks are the Reducers and devices this
-// process drives (all of them on sim, one per process on GPUs).
-type cluster interface {
-	Ranks() ([]*hier.Reducer, []Memory)
-	Close() error
-}
-
-// trainer is a cluster with its own training loop (the cuda backend computes
-// on the GPU); run uses Train for the others.
-type trainer interface {
-	Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch func(EpochStats)) (*Result, error)
-}
-
-// backends maps a backend name to its constructor.
-var backends = map[string]func(ctx context.Context, o options, hopts []hier.Option) (cluster, error){
-	"sim": openSim,
-}
-
 func main() {
 	o := defaults()
 	flag.StringVar(&o.backend, "backend", o.backend, "where the ranks run: sim, or cuda (cuda build)")
-	flag.IntVar(&o.machines, "machines", o.machines, "machines M of the simulated cluster (cuda: ignored under a launcher)")
-	flag.IntVar(&o.devices, "devices", o.devices, "devices per machine D of the simulated cluster (cuda without a launcher: GPUs of this process)")
+	flag.IntVar(&o.machines, "machines", o.machines, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
+	flag.IntVar(&o.devices, "devices", o.devices, "devices per machine D (sim; cuda in one process: M·D GPUs)")
 	flag.IntVar(&o.epochs, "epochs", o.epochs, "epochs (passes over each rank's shard)")
 	flag.IntVar(&o.steps, "steps", o.steps, "steps per epoch")
 	flag.IntVar(&o.batch, "batch", o.batch, "samples per rank and step")
@@ -168,9 +150,15 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	open, ok := backends[o.backend]
-	if !ok {
-		return nil, fmt.Errorf("backend %q is not in this build (have %v; the cuda backend needs `go build -tags cuda`)", o.backend, slices.Sorted(maps.Keys(backends)))
+	// The training loop: on the host for the simulated cluster, on the GPU
+	// with the kernels of internal/gpu for the cuda backend.
+	train := Train
+	switch o.backend {
+	case "sim":
+	case "cuda":
+		train = trainGPU
+	default:
+		return nil, fmt.Errorf("backend %q: sim, or cuda (in a build with -tags cuda)", o.backend)
 	}
 	model, err := NewMLP[float32](o.sizes())
 	if err != nil {
@@ -191,14 +179,20 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	// The watchdog turns a dead or diverging peer into an error instead of
-	// a hang.
-	cl, err := open(ctx, o, []hier.Option{hier.WithTimeout(2 * time.Minute), hier.WithFlatThreshold(o.flat)})
+	// The simulated cluster, or GPUs: one rank per process under a launcher
+	// (fairrun, torchrun), else every rank of the -machines × -devices grid
+	// over this process's GPUs.
+	tb, err := testbed.Open(ctx, o.backend, testbed.Spec{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter})
 	if err != nil {
 		return nil, err
 	}
-	defer cl.Close()
-	reducers, mems := cl.Ranks()
+	defer tb.Close()
+	// The watchdog turns a dead or diverging peer into an error instead of
+	// a hang.
+	reducers, err := tb.Reducers(ctx, hier.WithTimeout(2*time.Minute), hier.WithFlatThreshold(o.flat))
+	if err != nil {
+		return nil, err
+	}
 	grid := reducers[0].Grid()
 	// With one process per GPU, the process of world rank 0 does the talking.
 	if !slices.ContainsFunc(reducers, func(r *hier.Reducer) bool { return r.WorldRank() == 0 }) {
@@ -217,10 +211,6 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	printBuckets(out, buckets, model.ParamList(), dt, reducers[0].FlatThreshold(), grid, note)
 
-	train := Train
-	if t, ok := cl.(trainer); ok {
-		train = t.Train
-	}
 	results := make([]*Result, len(reducers))
 	eg, ctx := errgroup.WithContext(ctx)
 	start := time.Now()
@@ -233,7 +223,7 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 			}
 		}
 		eg.Go(func() error {
-			res, err := train(ctx, cfg, r, mems[i], onEpoch)
+			res, err := train(ctx, cfg, r, tb.Ranks()[i].Device, onEpoch)
 			results[i] = res
 			if err != nil {
 				return fmt.Errorf("rank %d: %w", r.WorldRank(), err)
@@ -310,37 +300,3 @@ func size(b int64) string {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%6.2f ms", d.Seconds()*1000) }
-
-// simCluster is every rank of a simulated cluster in this process.
-type simCluster struct {
-	c        *sim.Cluster
-	reducers []*hier.Reducer
-}
-
-func openSim(ctx context.Context, o options, hopts []hier.Option) (cluster, error) {
-	c, err := sim.NewCluster(sim.Config{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter})
-	if err != nil {
-		return nil, err
-	}
-	rs, err := c.Reducers(ctx, hopts...)
-	if err != nil {
-		return nil, errors.Join(err, c.Close())
-	}
-	return &simCluster{c: c, reducers: rs}, nil
-}
-
-func (s *simCluster) Ranks() ([]*hier.Reducer, []Memory) {
-	mems := make([]Memory, len(s.reducers))
-	for i := range mems {
-		mems[i] = s.c.Device(i)
-	}
-	return s.reducers, mems
-}
-
-func (s *simCluster) Close() error {
-	var errs []error
-	for _, r := range s.reducers {
-		errs = append(errs, r.Close())
-	}
-	return errors.Join(append(errs, s.c.Close())...)
-}

@@ -17,7 +17,7 @@ import (
 
 // Memory is what the trainer needs of its rank's device besides the
 // Reducer: tensors, and synchronous copies between host and device.
-// *sim.Device implements it; cuda.go adapts *cuda.Device.
+// *sim.Device and *cuda.Device implement it.
 type Memory interface {
 	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
 	Free(ptr uintptr) error

@@ -3,18 +3,24 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo/bench"
 )
 
 // rows returns the table's data lines, split into fields.
-func rows(t *testing.T, out string) [][]string {
-	t.Helper()
+func rows(out string) [][]string {
 	var rs [][]string
 	for _, l := range strings.Split(out, "\n") {
 		if l == "" || strings.HasPrefix(l, "#") {
@@ -27,122 +33,179 @@ func rows(t *testing.T, out string) [][]string {
 
 func runCmd(t *testing.T, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	if err := run(ctx, args, &stdout, &stderr); err != nil {
-		t.Fatalf("fairbench %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
-	}
+	err := run(ctx, args, &stdout, &stderr)
+	require.NoError(t, err, "fairbench %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), stdout.String(), stderr.String())
 	return stdout.String()
 }
 
 // TestAcceptanceSweep is issue 5's CI command:
 //
-//	go run ./bench/cmd/fairbench -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
+//	go run ./bench/cmd/fairbench sweep -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
 func TestAcceptanceSweep(t *testing.T) {
-	dir := t.TempDir()
-	js := filepath.Join(dir, "out.jsonl")
-	out := runCmd(t, "-backend", "sim", "-machines", "2", "-devices", "4", "-b", "1K", "-e", "4M", "-f", "4", "-check", "-json", js)
-	if !strings.Contains(out, "not GPU timings") {
-		t.Error("the sim table does not say its timings are not GPU timings")
-	}
-	rs := rows(t, out)
-	if len(rs) != 7 { // 1K 4K 16K 64K 256K 1M 4M
-		t.Fatalf("%d rows, want 7:\n%s", len(rs), out)
-	}
+	js := filepath.Join(t.TempDir(), "out.jsonl")
+	out := runCmd(t, "sweep", "-backend", "sim", "-machines", "2", "-devices", "4", "-b", "1K", "-e", "4M", "-f", "4", "-check",
+		"-run", "ci", "-json", js)
+	require.Contains(t, out, "not GPU timings", "the sim table says its timings are not GPU timings")
+	require.Contains(t, out, "testbed: not emulated")
+	rs := rows(out)
+	require.Len(t, rs, 7, "1K 4K 16K 64K 256K 1M 4M\n%s", out)
 	for _, r := range rs {
-		if len(r) != 22 {
-			t.Fatalf("row with %d fields: %v", len(r), r)
-		}
-		for _, col := range []int{9, 14, 19} { // #wrong of flat, naive, fairgo
-			if r[col] != "0" {
-				t.Errorf("size %s: #wrong column %d is %s, want 0\n%s", r[0], col, r[col], out)
-			}
+		// size count type op, time ±% algbw busbw #wrong × 3, ideal, 3 ratios
+		require.Len(t, r, 4+3*5+1+3, "%v", r)
+		for _, col := range []int{8, 13, 18} { // #wrong of flat, naive, fairgo
+			require.Equal(t, "0", r[col], "size %s\n%s", r[0], out)
 		}
 	}
 	recs, err := bench.ReadJSONLFiles([]string{js})
-	if err != nil || len(recs) != 21 {
-		t.Fatalf("JSON: %d records, %v", len(recs), err)
-	}
+	require.NoError(t, err)
+	require.Len(t, recs, 21)
 	for _, r := range recs {
-		if r.Wrong != 0 || r.Machines != 2 || r.Devices != 4 || !r.SimTimings || r.TimeUS <= 0 {
-			t.Errorf("record %+v", r)
-		}
+		require.Zero(t, r.Wrong)
+		require.Equal(t, 2, r.Machines)
+		require.Equal(t, 4, r.Devices)
+		require.True(t, r.SimTimings)
+		require.Positive(t, r.TimeUS)
+		require.Equal(t, "ci", r.Run)
+		require.Contains(t, r.Command, "fairbench sweep -backend sim")
+		require.Empty(t, r.Invalid)
 	}
 }
 
-func TestOverlapScaleLinksModelAndPlots(t *testing.T) {
+func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	if testing.Short() {
 		t.Skip("several sim runs")
 	}
 	dir := t.TempDir()
-	// Overlap with every parallelism setting, checked.
+	// Overlap with two fairgo variants, checked.
 	ov := filepath.Join(dir, "overlap.jsonl")
-	out := runCmd(t, "-mode", "overlap", "-machines", "2", "-devices", "2", "-buckets", "4", "-bucket-bytes", "64K",
-		"-parallelism", "1,2", "-w", "1", "-n", "1", "-reps", "2", "-check", "-json", ov, "-csv", filepath.Join(dir, "o.csv"))
-	rs := rows(t, out)
-	if len(rs) != 2 {
-		t.Fatalf("overlap: %d rows, want 2:\n%s", len(rs), out)
+	out := runCmd(t, "overlap", "-machines", "2", "-devices", "2", "-buckets", "4", "-bucket-bytes", "64K",
+		"-fairgo", "p1=parallelism:1,slice:16K", "-fairgo", "p2=parallelism:2,algo:rail-rsag,slice:16K", "-w", "1", "-n", "1", "-reps", "2",
+		"-check", "-json", ov, "-csv", filepath.Join(dir, "o.csv"))
+	rs := rows(out)
+	require.Len(t, rs, 1, out)
+	require.Equal(t, "4×64K", rs[0][0])
+	require.Len(t, rs[0], 4+4*5+1+2*3)
+	for _, col := range []int{8, 13, 18, 23} {
+		require.Equal(t, "0", rs[0][col], out)
 	}
-	for _, r := range rs {
-		if r[0] != "4×64K" || r[9] != "0" || r[14] != "0" || r[19] != "0" {
-			t.Errorf("overlap row %v", r)
-		}
-	}
+	require.Contains(t, out, "fairgo variant p2: parallelism:2,algo:rail-rsag,slice:16K: algorithm rail-rsag")
 	// Scale over 1, 2 and 4 machines, in process on sim.
 	sc := filepath.Join(dir, "scale.jsonl")
-	out = runCmd(t, "-mode", "scale", "-machines-list", "1,2,4", "-devices", "2", "-b", "16K", "-e", "64K", "-f", "4",
+	out = runCmd(t, "scale", "-machines-list", "1,2,4", "-devices", "2", "-b", "16K", "-e", "64K", "-f", "4",
 		"-w", "0", "-n", "1", "-reps", "1", "-json", sc, "-plot", filepath.Join(dir, "plots"))
-	if !strings.Contains(out, "scale summary") {
-		t.Errorf("no scale summary:\n%s", out)
-	}
+	require.Contains(t, out, "scale summary")
 	// Links, then the model over everything.
 	ln := filepath.Join(dir, "links.jsonl")
-	out = runCmd(t, "-mode", "links", "-b", "4K", "-e", "256K", "-f", "4", "-w", "0", "-n", "2", "-reps", "1", "-json", ln)
-	if !strings.Contains(out, "# link nvlink:") || !strings.Contains(out, "# link net:") {
-		t.Errorf("links output lacks the fits:\n%s", out)
+	out = runCmd(t, "links", "-b", "4K", "-e", "256K", "-f", "4", "-w", "0", "-n", "2", "-reps", "1", "-json", ln)
+	require.Contains(t, out, "# link nvlink:")
+	require.Contains(t, out, "# link net:")
+	in := strings.Join([]string{ln, sc, ov}, ",")
+	out = runCmd(t, "model", "-include-sim", "-in", in, "-model-machines", "8,64")
+	for _, want := range []string{"error against", "predictions for M machines × D = 8 GPUs", "median |error|", "rail-a2a(us)"} {
+		require.Contains(t, out, want)
 	}
-	out = runCmd(t, "-mode", "model", "-backend", "sim", "-in", strings.Join([]string{ln, sc, ov}, ","), "-model-machines", "1,8,1024")
-	for _, want := range []string{"error against", "predictions for D = 8", "where fairgo wins", "median |error|"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("model output lacks %q:\n%s", want, out)
-		}
-	}
+	out = runCmd(t, "report", "-in", in, "-csv", filepath.Join(dir, "all.csv"))
+	require.Contains(t, out, "p2/best")
 	for _, f := range []string{"speedup_2gpus_float32.png", "speedup_2gpus_float32.svg", "busbw_4x2_float32.png"} {
-		if st, err := os.Stat(filepath.Join(dir, "plots", f)); err != nil || st.Size() == 0 {
-			t.Errorf("plot %s: %v", f, err)
+		st, err := os.Stat(filepath.Join(dir, "plots", f))
+		require.NoError(t, err, f)
+		require.Positive(t, st.Size(), f)
+	}
+	// Targets of sim records: written, with what is missing named.
+	tj := filepath.Join(dir, "targets.json")
+	out = runCmd(t, "targets", "-in", in, "-include-sim", "-enqueue", "6.5", "-out", tj)
+	require.Contains(t, out, "T6")
+	blob, err := os.ReadFile(tj)
+	require.NoError(t, err)
+	var ts []map[string]any
+	require.NoError(t, json.Unmarshal(blob, &ts))
+	require.Len(t, ts, 8)
+	require.Equal(t, "T6", ts[5]["id"])
+	require.Equal(t, true, ts[5]["pass"])
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"help"}, {"--help"}} {
+		var stdout, stderr bytes.Buffer
+		require.NoError(t, run(context.Background(), args, &stdout, &stderr), "%v", args)
+		for _, c := range []string{"sweep", "overlap", "scale", "links", "model", "report", "targets", "help"} {
+			require.Contains(t, stdout.String(), "  "+c+" ", "%v lists %s", args, c)
 		}
 	}
+	flagsOf := func(out string) []string {
+		var names []string
+		for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(out, -1) {
+			names = append(names, m[1])
+		}
+		slices.Sort(names)
+		return names
+	}
+	want := map[string][]string{
+		"sweep": {"algos", "b", "backend", "check", "csv", "devices", "dtype", "e", "f", "fairgo", "jitter", "json", "label", "machines",
+			"n", "op", "plot", "reps", "run", "seed", "timeout", "w"},
+		"targets": {"enqueue", "enqueue-bench", "in", "include-sim", "out", "variant"},
+		"model": {"in", "include-sim", "model-devices", "model-machines", "model-parallelism", "model-sizes", "net-alpha-us", "net-gbps",
+			"nvlink-alpha-us", "nvlink-gbps"},
+	}
+	for cmd, names := range want {
+		var stdout, stderr bytes.Buffer
+		require.NoError(t, run(context.Background(), []string{"help", cmd}, &stdout, &stderr))
+		require.Equal(t, names, flagsOf(stdout.String()), "help %s", cmd)
+		stderr.Reset()
+		err := run(context.Background(), []string{cmd, "-h"}, &stdout, &stderr)
+		require.ErrorIs(t, err, flag.ErrHelp)
+		require.Equal(t, names, flagsOf(stderr.String()), "%s -h", cmd)
+	}
+	// Only the overlap command has buckets; only scale a machine list.
+	var stdout bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"help", "scale"}, &stdout, &bytes.Buffer{}))
+	require.Contains(t, flagsOf(stdout.String()), "machines-list")
+	require.NotContains(t, flagsOf(stdout.String()), "machines")
+	require.NotContains(t, flagsOf(stdout.String()), "buckets")
 }
 
 func TestFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
-		{"-mode", "bogus"}, {"-b", "1Q"}, {"-dtype", "float7"}, {"-op", "xor"}, {"-algos", "ring"},
-		{"-parallelism", "0"}, {"-link", "pcie"}, {"-backend", "tpu"}, {"-b", "8M", "-e", "1M"},
-		{"-mode", "model"}, {"extra"},
+		{}, {"bogus"}, {"-backend", "sim"}, {"help", "bogus"},
+		{"sweep", "-b", "1Q"}, {"sweep", "-dtype", "float7"}, {"sweep", "-op", "xor"}, {"sweep", "-algos", "ring"},
+		{"sweep", "-fairgo", "x=parallelism:0"}, {"sweep", "-fairgo", "flat"}, {"sweep", "-fairgo", "a", "-fairgo", "a"},
+		{"links", "-link", "pcie"}, {"sweep", "-backend", "tpu"}, {"sweep", "-b", "8M", "-e", "1M"},
+		{"model"}, {"targets"}, {"targets", "-in", "x.jsonl", "-enqueue", "/nonexistent"}, {"sweep", "extra"},
+		{"sweep", "-buckets", "4"}, {"overlap", "-buckets", "0"}, {"model", "-in", "x", "-model-machines", "0"},
 	} {
 		var stdout, stderr bytes.Buffer
-		if err := run(context.Background(), args, &stdout, &stderr); err == nil {
-			t.Errorf("fairbench %v: no error", args)
-		}
+		err := run(context.Background(), args, &stdout, &stderr)
+		require.Error(t, err, "fairbench %v", args)
+		require.False(t, errors.Is(err, flag.ErrHelp), "fairbench %v", args)
 	}
 }
 
+// TestWorkerArgs: what scale gives the sweep workers it launches.
 func TestWorkerArgs(t *testing.T) {
-	var stderr bytes.Buffer
-	o, err := parseFlags([]string{"-mode", "scale", "-backend", "cuda", "-b", "1M", "-check", "-json", "x", "-machines-list", "1,2", "-model-devices", "4"}, &stderr)
-	if err != nil {
-		t.Fatal(err)
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var b backendFlags
+	var s sizeFlags
+	var tf timingFlags
+	var m methodFlags
+	b.register(fs)
+	s.register(fs)
+	tf.register(fs)
+	m.register(fs)
+	require.NoError(t, fs.Parse([]string{"-backend", "cuda", "-b", "1M", "-check", "-run", "r2", "-fairgo", "a=slice:64M", "-fairgo", "b"}))
+	args := strings.Join(append(append(append(b.args(fs), s.args(fs)...), tf.args(fs)...), m.args(fs)...), " ")
+	for _, want := range []string{"-backend=cuda", "-b=1M", "-check=true", "-run=r2", "-fairgo=a=slice:64M", "-fairgo=b"} {
+		require.Contains(t, args, want)
 	}
-	args := strings.Join(o.workerArgs("sweep"), " ")
-	for _, want := range []string{"-mode sweep", "-backend cuda", "-b=1M", "-check=true"} {
-		if !strings.Contains(args, want) {
-			t.Errorf("worker args %q lack %q", args, want)
-		}
+	for _, bad := range []string{"-json", "-e=", "-timeout"} {
+		require.NotContains(t, args, bad)
 	}
-	for _, bad := range []string{"-json", "machines-list", "model-devices", "scale"} {
-		if strings.Contains(args, bad) {
-			t.Errorf("worker args %q carry %q", args, bad)
-		}
-	}
+	// The workers parse them back to the same variants.
+	fs2 := flag.NewFlagSet("w", flag.ContinueOnError)
+	var m2 methodFlags
+	m2.register(fs2)
+	require.NoError(t, fs2.Parse(m.args(fs)))
+	require.Equal(t, m.variants, m2.variants)
 }

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/bench/report"
+)
+
+// setupAnalysis declares the records to read (-in, -include-sim) and runs
+// do on them.
+func setupAnalysis(fs *flag.FlagSet, do func(e env, recs []bench.Record, includeSim bool) error) func(context.Context, env) error {
+	var in inputFlags
+	in.register(fs)
+	return func(_ context.Context, e env) error {
+		recs, err := in.records()
+		if err != nil {
+			return err
+		}
+		return do(e, recs, in.includeSim)
+	}
+}
+
+func setupModel(fs *flag.FlagSet) func(context.Context, env) error {
+	var m modelFlags
+	m.register(fs)
+	return setupAnalysis(fs, func(e env, recs []bench.Record, includeSim bool) error {
+		o, err := m.options(includeSim)
+		if err != nil {
+			return err
+		}
+		return report.ModelReport(e.stdout, recs, o)
+	})
+}
+
+func setupReport(fs *flag.FlagSet) func(context.Context, env) error {
+	var out outputFlags
+	out.register(fs)
+	return setupAnalysis(fs, func(e env, recs []bench.Record, _ bool) error {
+		return errors.Join(report.Summary(e.stdout, recs), out.write(recs, e.stdout))
+	})
+}
+
+func setupTargets(fs *flag.FlagSet) func(context.Context, env) error {
+	var t targetFlags
+	t.register(fs)
+	return setupAnalysis(fs, func(e env, recs []bench.Record, includeSim bool) error {
+		o, err := t.options(includeSim)
+		if err != nil {
+			return err
+		}
+		ts, err := report.Targets(recs, o)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stdout, "# issue 11's targets over %d records (T1–T5, T7 on the first run; T8 the second against the first)\n", len(recs))
+		if err := report.PrintTargets(e.stdout, ts); err != nil {
+			return err
+		}
+		if t.out == "" {
+			return nil
+		}
+		f, err := os.Create(t.out)
+		if err != nil {
+			return err
+		}
+		if err := errors.Join(report.WriteTargetsJSON(f, ts), f.Close()); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stdout, "# targets written to %s\n", t.out)
+		return nil
+	})
+}

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/bench/report"
+	"github.com/fairgo/fairgo/internal/testbed"
+)
+
+// The flags come in groups; a flag belongs to one group, so it means the
+// same in every command that takes it, and a command's -h lists only the
+// groups it takes. A group that a launched worker needs again can give its
+// flags back as arguments (args).
+
+// sizeValue is a flag of bytes with K, M, G suffixes.
+type sizeValue int64
+
+func (v *sizeValue) String() string { return bench.FormatSize(int64(*v)) }
+func (v *sizeValue) Set(s string) error {
+	n, err := bench.ParseSize(s)
+	*v = sizeValue(n)
+	return err
+}
+
+func sizeFlag(fs *flag.FlagSet, dst *int64, name, def, usage string) {
+	v, _ := bench.ParseSize(def)
+	*dst = v
+	fs.Var((*sizeValue)(dst), name, usage+" (K, M, G suffixes)")
+}
+
+// given lists the flags of names that were set, as "-name=value".
+func given(fs *flag.FlagSet, names ...string) []string {
+	var out []string
+	fs.Visit(func(f *flag.Flag) {
+		for _, n := range names {
+			if f.Name == n {
+				out = append(out, "-"+f.Name+"="+f.Value.String())
+			}
+		}
+	})
+	return out
+}
+
+// backendFlags: where the ranks run.
+type backendFlags struct {
+	backend string
+	jitter  time.Duration
+}
+
+func (b *backendFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&b.backend, "backend", "sim", "where the ranks run: sim, or cuda (a build with -tags cuda; one rank per process under a launcher)")
+	fs.DurationVar(&b.jitter, "jitter", 0, "sim: random delay before each device operation")
+}
+
+func (b *backendFlags) args(fs *flag.FlagSet) []string {
+	return append([]string{"-backend=" + b.backend}, given(fs, "jitter")...)
+}
+
+// gridFlags: the grid one process drives (ignored under a launcher, where
+// the grid is discovered).
+type gridFlags struct {
+	machines, devices int
+	withMachines      bool
+}
+
+func (g *gridFlags) register(fs *flag.FlagSet, withMachines bool) {
+	g.withMachines = withMachines
+	if withMachines {
+		fs.IntVar(&g.machines, "machines", 0, "machines M one process drives (default: sim 2, cuda 1; under a launcher the grid is discovered)")
+	}
+	fs.IntVar(&g.devices, "devices", 0, "devices per machine D (default: sim 2, cuda the visible GPUs / M; scale: 2)")
+}
+
+// grid resolves the defaults for a backend.
+func (g *gridFlags) grid(backend string) (int, int) {
+	m, d := g.machines, g.devices
+	if m == 0 {
+		m = map[bool]int{true: 2, false: 1}[backend == "sim"]
+	}
+	if d == 0 {
+		d = 2
+		if n, ok := gpuCount(); ok && backend != "sim" {
+			d = max(n/m, 1)
+		}
+	}
+	return m, d
+}
+
+// sizeFlags: the sizes of a sweep, as nccl-tests reads them.
+type sizeFlags struct{ begin, end, factor int64 }
+
+func (s *sizeFlags) register(fs *flag.FlagSet) {
+	sizeFlag(fs, &s.begin, "b", "1M", "smallest size in bytes")
+	sizeFlag(fs, &s.end, "e", "64M", "largest size in bytes")
+	fs.Int64Var(&s.factor, "f", 4, "size multiplication factor")
+}
+
+func (s *sizeFlags) sizes() ([]int64, error) { return bench.Sizes(s.begin, s.end, s.factor) }
+
+func (s *sizeFlags) args(fs *flag.FlagSet) []string { return given(fs, "b", "e", "f") }
+
+// timingFlags: how each point is measured and labelled.
+type timingFlags struct {
+	dtype, op, run, label string
+	warmup, iters, reps   int
+	check                 bool
+	seed                  uint64
+	timeout               time.Duration
+}
+
+func (t *timingFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&t.dtype, "dtype", "float32", "element type (float16, bfloat16, float32, float64, int8, …)")
+	fs.StringVar(&t.op, "op", "sum", "reduction: sum, avg, max, min, prod")
+	fs.IntVar(&t.warmup, "w", 1, "untimed rounds of each method per point")
+	fs.IntVar(&t.iters, "n", 1, "calls back to back per timed repetition (1: one call at a time)")
+	fs.IntVar(&t.reps, "reps", 3, "timed repetitions of each method, alternating (median and spread)")
+	fs.BoolVar(&t.check, "check", false, "check every rank's result against a float64 reference")
+	fs.Uint64Var(&t.seed, "seed", 1, "seed of the check inputs and of the sim's delays")
+	fs.StringVar(&t.run, "run", "", "the run's label, stored in every record (targets group records by it)")
+	fs.StringVar(&t.label, "label", "", "free text stored in every record")
+	fs.DurationVar(&t.timeout, "timeout", 30*time.Minute, "give up after this long")
+}
+
+func (t *timingFlags) args(fs *flag.FlagSet) []string {
+	return given(fs, "dtype", "op", "w", "n", "reps", "check", "seed", "run", "label")
+}
+
+// config is the bench configuration the flags describe.
+func (t *timingFlags) config() (bench.Config, error) {
+	dt, err := fairgo.ParseDType(t.dtype)
+	if err != nil {
+		return bench.Config{}, err
+	}
+	op, err := fairgo.ParseOp(t.op)
+	if err != nil {
+		return bench.Config{}, err
+	}
+	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, Check: t.check, Seed: t.seed,
+		Run: t.run, Label: t.label}, nil
+}
+
+// variantList is the repeatable -fairgo flag.
+type variantList []bench.Variant
+
+func (v *variantList) String() string {
+	var s []string
+	for _, x := range *v {
+		s = append(s, variantString(x))
+	}
+	return strings.Join(s, " ")
+}
+
+func (v *variantList) Set(s string) error {
+	x, err := bench.ParseVariant(s)
+	if err == nil {
+		*v = append(*v, x)
+	}
+	return err
+}
+
+func variantString(v bench.Variant) string {
+	if v.Spec == "" {
+		return v.Name
+	}
+	return v.Name + "=" + v.Spec
+}
+
+// methodFlags: what is measured.
+type methodFlags struct {
+	algos    string
+	variants variantList
+}
+
+func (m *methodFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&m.algos, "algos", "flat,naive,fairgo", "methods to measure: flat, naive, fairgo (every -fairgo variant)")
+	fs.Var(&m.variants, "fairgo", "a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
+		"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, flat (flat threshold: size or never), spin (duration),\n"+
+		"inline (on, off; default on with one rank per process, as setup.New does);\n"+
+		"e.g. -fairgo rsag=algo:rail-rsag,slice:64M (default: one variant \"fairgo\" with fairgo's defaults)")
+}
+
+func (m *methodFlags) methods() ([]bench.Method, error) { return bench.Methods(m.algos, m.variants) }
+
+func (m *methodFlags) args(fs *flag.FlagSet) []string {
+	out := given(fs, "algos")
+	for _, v := range m.variants {
+		out = append(out, "-fairgo="+variantString(v))
+	}
+	return out
+}
+
+// overlapFlags: the bucket round of overlap.
+type overlapFlags struct {
+	buckets     int
+	bucketBytes int64
+}
+
+func (o *overlapFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&o.buckets, "buckets", 64, "buckets per round")
+	sizeFlag(fs, &o.bucketBytes, "bucket-bytes", "25M", "bytes per bucket")
+}
+
+// outputFlags: where records, CSV and plots go.
+type outputFlags struct{ json, csv, plot string }
+
+func (o *outputFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.json, "json", "", "write the records as JSON lines to this file")
+	fs.StringVar(&o.csv, "csv", "", "write the records as CSV to this file")
+	fs.StringVar(&o.plot, "plot", "", "write PNG and SVG plots into this folder")
+}
+
+// launchFlags: how scale and links start workers on GPUs.
+type launchFlags struct{ fairrun, fairrunFlags string }
+
+func (l *launchFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.fairrun, "fairrun", "", "the fairrun launcher for emulated machines (default: beside this program, else PATH)")
+	fs.StringVar(&l.fairrunFlags, "fairrun-flags", "", `further fairrun flags, e.g. "--nic-gbit 10 --mps on"`)
+}
+
+// inputFlags: records to read.
+type inputFlags struct {
+	in         string
+	includeSim bool
+}
+
+func (i *inputFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&i.in, "in", "", "comma-separated JSON-lines files of records (from -json)")
+	fs.BoolVar(&i.includeSim, "include-sim", false, "count records with sim timings (wall clock, not GPU timings)")
+}
+
+func (i *inputFlags) records() ([]bench.Record, error) {
+	if i.in == "" {
+		return nil, &fairgo.ArgError{Arg: "-in", Value: `""`, Reason: "needs records (JSON lines from -json)"}
+	}
+	return bench.ReadJSONLFiles(strings.Split(i.in, ","))
+}
+
+// modelFlags: the model's overrides and its predictions.
+type modelFlags struct {
+	devices, parallelism           int
+	machines, sizes                string
+	nvAlpha, nvGBps, netAl, netGBs float64
+}
+
+func (m *modelFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&m.devices, "model-devices", 8, "GPUs per machine of the predictions")
+	fs.StringVar(&m.machines, "model-machines", "8,16,32,64", "machine counts of the predictions")
+	fs.StringVar(&m.sizes, "model-sizes", "1M,16M,256M,1G", "sizes of the predictions")
+	fs.IntVar(&m.parallelism, "model-parallelism", 0, "fairgo's parallelism in the predictions (0: fairgo's default)")
+	fs.Float64Var(&m.nvAlpha, "nvlink-alpha-us", 0, "NVLink latency in µs (with -nvlink-gbps; default: fitted)")
+	fs.Float64Var(&m.nvGBps, "nvlink-gbps", 0, "NVLink bandwidth in GB/s (default: fitted)")
+	fs.Float64Var(&m.netAl, "net-alpha-us", 0, "network latency in µs (with -net-gbps; default: fitted)")
+	fs.Float64Var(&m.netGBs, "net-gbps", 0, "network bandwidth of one NIC in GB/s (default: fitted)")
+}
+
+func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
+	o := report.ModelOptions{Devices: m.devices, Parallelism: m.parallelism, IncludeSim: includeSim}
+	var err error
+	if o.Machines, err = bench.ParseIntList("-model-machines", m.machines); err != nil {
+		return o, err
+	}
+	for _, s := range strings.Split(m.sizes, ",") {
+		v, err := bench.ParseSize(s)
+		if err != nil {
+			return o, fmt.Errorf("-model-sizes: %w", err)
+		}
+		o.Sizes = append(o.Sizes, float64(v))
+	}
+	if m.nvGBps > 0 {
+		o.Intra.Alpha, o.Intra.BW = m.nvAlpha*1e-6, m.nvGBps*1e9
+	}
+	if m.netGBs > 0 {
+		o.Net.Alpha, o.Net.BW = m.netAl*1e-6, m.netGBs*1e9
+	}
+	if m.devices < 1 {
+		return o, &fairgo.ArgError{Arg: "-model-devices", Value: m.devices, Reason: "must be at least 1"}
+	}
+	return o, nil
+}
+
+// targetFlags: the targets' inputs and output.
+type targetFlags struct {
+	out, variant, enqueue, enqueueBench string
+}
+
+func (t *targetFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&t.out, "out", "", "write the targets as JSON to this file (e.g. bench/results/targets.json)")
+	fs.StringVar(&t.variant, "variant", bench.DefaultVariant, "the fairgo variant the targets are about")
+	fs.StringVar(&t.enqueue, "enqueue", "", "T6: µs to enqueue one single-slice AllReduce, or a file of `go test -bench` output (text or -json)")
+	fs.StringVar(&t.enqueueBench, "enqueue-bench", "Enqueue", "T6: the benchmarks of the -enqueue file to read (a regular expression)")
+}
+
+func (t *targetFlags) options(includeSim bool) (report.TargetOptions, error) {
+	o := report.TargetOptions{Variant: t.variant, IncludeSim: includeSim}
+	if t.enqueue != "" {
+		e, err := report.ParseEnqueue(t.enqueue, t.enqueueBench)
+		if err != nil {
+			return o, err
+		}
+		o.Enqueue = e
+	}
+	return o, nil
+}
+
+// spec is the testbed spec of a single-process grid.
+func spec(b backendFlags, t timingFlags, m, d int) testbed.Spec {
+	return testbed.Spec{Machines: m, Devices: d, Seed: int64(t.seed), Jitter: b.jitter}
+}
+
+// linkName checks -link.
+func linkName(s string) error {
+	switch s {
+	case "", "nvlink", "net":
+		return nil
+	}
+	return &fairgo.ArgError{Arg: "-link", Value: strconv.Quote(s), Reason: "nvlink, net, or empty for both"}
+}

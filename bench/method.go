@@ -1,0 +1,242 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/testbed"
+)
+
+// The baselines fairgo is measured against.
+const (
+	// Flat is one NCCL allreduce on the world communicator.
+	Flat = "flat"
+	// Naive is the hierarchy written by hand on one stream: NCCL
+	// reduce-scatter inside the machine, allreduce on the rail, all-gather
+	// inside the machine.
+	Naive = "naive"
+	// DefaultVariant is the name of fairgo with its default options.
+	DefaultVariant = "fairgo"
+)
+
+// Variant is one configuration of fairgo's Reducer, measured as a column of
+// its own under its Name.
+type Variant struct {
+	Name string
+	Spec string // the options as given, "algo:rail-rsag,slice:64M"; "" for the defaults
+
+	Algorithm     hier.Algorithm
+	Slice         int64 // 0: fairgo's default
+	Parallelism   int   // 0: fairgo's default
+	FlatThreshold int64 // 0: fairgo's default; hier.FlatNever: never flat
+	Spin          time.Duration
+	SpinSet       bool
+	// Inline (hier.WithInlineEnqueue) when InlineSet; else as setup does
+	// it: on when the process drives one rank, off when it drives several.
+	Inline, InlineSet bool
+}
+
+// Options are the variant's hier options.
+func (v Variant) Options() []hier.Option {
+	opts := []hier.Option{hier.WithAlgorithm(v.Algorithm), hier.WithSliceSize(v.Slice), hier.WithParallelism(v.Parallelism),
+		hier.WithFlatThreshold(v.FlatThreshold)}
+	if v.SpinSet {
+		opts = append(opts, hier.WithSpin(v.Spin))
+	}
+	if v.InlineSet {
+		opts = append(opts, hier.WithInlineEnqueue(v.Inline))
+	}
+	return opts
+}
+
+// inline is whether the variant enqueues flat calls inline on a testbed
+// whose process drives localRanks ranks.
+func (v Variant) inline(localRanks int) bool {
+	if v.InlineSet {
+		return v.Inline
+	}
+	return localRanks == 1
+}
+
+var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
+
+// ParseVariant reads "NAME=key:value,key:value" (or a bare NAME for the
+// defaults). Keys: algo (auto, flat, rail-a2a, rail-rsag), slice (a size),
+// parallelism (slices in flight), flat (the flat threshold: a size, or
+// never), spin (a duration), inline (on or off: hier.WithInlineEnqueue;
+// by default on when the process drives one rank, as setup.New does). NAME
+// may not be flat or naive.
+func ParseVariant(s string) (Variant, error) {
+	name, spec, _ := strings.Cut(strings.TrimSpace(s), "=")
+	v := Variant{Name: strings.TrimSpace(name), Spec: strings.TrimSpace(spec)}
+	bad := func(why string) (Variant, error) {
+		return Variant{}, &fairgo.ArgError{Arg: "-fairgo", Value: strconv.Quote(s), Reason: why}
+	}
+	if !variantName.MatchString(v.Name) || v.Name == Flat || v.Name == Naive {
+		return bad("needs a NAME (a letter, then letters, digits, '_', '.', '-'; not flat or naive) before '='")
+	}
+	for _, kv := range strings.Split(v.Spec, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		key, val, ok := strings.Cut(kv, ":")
+		if !ok {
+			return bad(fmt.Sprintf("%q is not key:value", kv))
+		}
+		val = strings.TrimSpace(val)
+		var err error
+		switch strings.TrimSpace(key) {
+		case "algo", "algorithm":
+			v.Algorithm, err = hier.ParseAlgorithm(val)
+		case "slice":
+			v.Slice, err = ParseSize(val)
+		case "parallelism", "par":
+			v.Parallelism, err = strconv.Atoi(val)
+			if err == nil && v.Parallelism < 1 {
+				err = errors.New("must be at least 1")
+			}
+		case "flat", "flat-threshold":
+			if val == "never" {
+				v.FlatThreshold = hier.FlatNever
+			} else {
+				v.FlatThreshold, err = ParseSize(val)
+			}
+		case "spin":
+			v.Spin, err = time.ParseDuration(val)
+			v.SpinSet = true
+		case "inline":
+			v.InlineSet = true
+			switch val {
+			case "on":
+				v.Inline = true
+			case "off":
+			default:
+				err = errors.New("on or off")
+			}
+		default:
+			return bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline)", key))
+		}
+		if err != nil {
+			return bad(fmt.Sprintf("%s: %v", key, err))
+		}
+	}
+	if err := hier.ValidateOptions(v.Options()...); err != nil {
+		return bad(err.Error())
+	}
+	return v, nil
+}
+
+// Method is one way to allreduce that a run measures: a baseline (Flat,
+// Naive) or a fairgo Variant.
+type Method struct {
+	Name    string
+	Variant *Variant // nil for the baselines
+}
+
+// Methods lists flat and naive (when asked for) and every variant (when
+// fairgo is asked for), in that order. baselines is a comma-separated list
+// of flat, naive and fairgo; no variant means one with the defaults.
+func Methods(list string, variants []Variant) ([]Method, error) {
+	var out []Method
+	var fairgoToo bool
+	for _, f := range strings.Split(list, ",") {
+		switch f = strings.TrimSpace(f); f {
+		case "":
+		case Flat, Naive:
+			if !slices.ContainsFunc(out, func(m Method) bool { return m.Name == f }) {
+				out = append(out, Method{Name: f})
+			}
+		case DefaultVariant:
+			fairgoToo = true
+		default:
+			return nil, &fairgo.ArgError{Arg: "-algos", Value: f, Reason: "unknown (flat, naive, fairgo)"}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Method) int { return strings.Compare(a.Name, b.Name) }) // flat before naive
+	if fairgoToo {
+		if len(variants) == 0 {
+			variants = []Variant{{Name: DefaultVariant}}
+		}
+		seen := map[string]bool{}
+		for i := range variants {
+			if seen[variants[i].Name] {
+				return nil, &fairgo.ArgError{Arg: "-fairgo", Value: variants[i].Name, Reason: "two variants of one name"}
+			}
+			seen[variants[i].Name] = true
+			out = append(out, Method{Name: variants[i].Name, Variant: &variants[i]})
+		}
+	}
+	if len(out) == 0 {
+		return nil, &fairgo.ArgError{Arg: "-algos", Value: list, Reason: "empty list"}
+	}
+	return out, nil
+}
+
+// caller enqueues calls of the methods for one rank on its stream.
+type caller struct {
+	idx   int // index among the testbed's local ranks
+	rank  *testbed.Rank
+	reds  map[string]*hier.Reducer // by variant name
+	op    fairgo.Op
+	works []*hier.Work // fairgo calls whose completion is still to be checked
+}
+
+// call enqueues one allreduce of t with m on the rank's stream. t.Bytes
+// must leave room for t.Count rounded up to a multiple of D (the naive
+// hierarchy pads; padding elements are reduced too and never read back).
+func (c *caller) call(ctx context.Context, m Method, t fairgo.Tensor) error {
+	s := c.rank.Stream
+	hr := c.rank.Hier
+	cm := hr.Comms
+	switch {
+	case m.Variant != nil:
+		w := c.reds[m.Name].AllReduce(ctx, t, c.op, hier.After(s))
+		c.works = append(c.works, w)
+		return w.StreamWait(ctx, s)
+	case m.Name == Flat:
+		return cm.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, c.op, s)
+	case m.Name == Naive:
+		g := hr.Grid
+		D := int64(g.Devices)
+		chunk := (t.Count + D - 1) / D
+		if chunk*D*int64(t.DType.Size()) > t.Bytes {
+			return fmt.Errorf("bench: naive hierarchy: buffer of %d bytes has no room to pad %d elements to a multiple of %d", t.Bytes, t.Count, D)
+		}
+		mine := t.Ptr + uintptr(int64(g.Local)*chunk*int64(t.DType.Size()))
+		if D > 1 {
+			if err := cm.IntraReduceScatter.ReduceScatter(t.Ptr, mine, chunk, t.DType, c.op, s); err != nil {
+				return err
+			}
+		}
+		if g.Machines > 1 {
+			if err := cm.RailCollect.AllReduce(mine, mine, chunk, t.DType, c.op, s); err != nil {
+				return err
+			}
+		}
+		if D > 1 {
+			return cm.IntraReduceScatter.AllGather(mine, t.Ptr, chunk, t.DType, s)
+		}
+		return nil
+	}
+	return fmt.Errorf("bench: %s: unknown method", m.Name)
+}
+
+// wait returns the first error of the fairgo calls enqueued since the last
+// wait (their device work is complete once the stream is idle).
+func (c *caller) wait(ctx context.Context) error {
+	var errs []error
+	for _, w := range c.works {
+		errs = append(errs, w.Wait(ctx))
+	}
+	c.works = c.works[:0]
+	return errors.Join(errs...)
+}

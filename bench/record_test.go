@@ -1,0 +1,47 @@
+package bench
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestBandwidths(t *testing.T) {
+	alg, bus := Bandwidths(1e9, 1, 8)
+	require.Equal(t, 1.0, alg)
+	require.InDelta(t, 1.75, bus, 1e-12)
+	_, bus = Bandwidths(1e9, 1, 1)
+	require.Zero(t, bus, "one rank")
+	a, b := Bandwidths(1e9, 0, 8)
+	require.Zero(t, a, "zero time")
+	require.Zero(t, b, "zero time")
+}
+
+func TestJSONL(t *testing.T) {
+	var recs []Record
+	for _, a := range []struct {
+		alg string
+		us  float64
+	}{{"flat", 200}, {"naive", 300}, {"fairgo", 100}} {
+		r := Record{Kind: KindSweep, Run: "r1", Backend: "sim", SimTimings: true, Machines: 2, Devices: 2, DType: "float32", Op: "sum",
+			Algorithm: a.alg, Bytes: 4 << 20, Count: 1 << 20, TimeUS: a.us, MinUS: a.us * 0.9, MaxUS: a.us * 1.1}
+		r.Testbed.NICGbit, r.Testbed.MPS = 10, true
+		if a.alg == "fairgo" {
+			r.Fairgo = &FairgoSetup{Algorithm: "auto", Chosen: "rail-rsag", Choices: []Choice{{MinBytes: 0, Algorithm: "flat"}, {MinBytes: 256 << 10, Algorithm: "rail-rsag"}}}
+		}
+		r.AlgBW, r.BusBW = Bandwidths(r.Bytes, r.TimeUS/1e6, 4)
+		recs = append(recs, r)
+	}
+	var buf bytes.Buffer
+	require.NoError(t, WriteJSONL(&buf, recs))
+	prefixed := "[0] " + strings.ReplaceAll(buf.String(), "\n", "\nnoise\n")
+	back, err := ReadJSONL(strings.NewReader(prefixed))
+	require.NoError(t, err)
+	require.Equal(t, recs, back)
+	require.False(t, math.IsNaN(back[0].BusBW))
+	_, err = ReadJSONL(strings.NewReader("{not json\n"))
+	require.Error(t, err)
+}

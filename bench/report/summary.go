@@ -1,0 +1,183 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/bench/model"
+)
+
+// pointKey identifies the records of one point across methods.
+type pointKey struct {
+	kind, run, label, dtype, op string
+	m, d, buckets, iters        int
+	bytes                       int64
+}
+
+func keyOf(r bench.Record) pointKey {
+	return pointKey{r.Kind, r.Run, r.Label, r.DType, r.Op, r.Machines, r.Devices, r.Buckets, r.Iters, r.Bytes}
+}
+
+// points groups records into points, in the order they first appear.
+func points(recs []bench.Record, keep func(bench.Record) bool) ([]pointKey, map[pointKey]point) {
+	var order []pointKey
+	ps := map[pointKey]point{}
+	for _, r := range recs {
+		if keep != nil && !keep(r) {
+			continue
+		}
+		k := keyOf(r)
+		if ps[k] == nil {
+			ps[k] = point{}
+			order = append(order, k)
+		}
+		ps[k][r.Algorithm] = r
+	}
+	return order, ps
+}
+
+// variantNames lists the fairgo variants of recs in the order they appear.
+func variantNames(recs []bench.Record) []string {
+	var out []string
+	for _, r := range recs {
+		if r.Fairgo != nil && !slices.Contains(out, r.Algorithm) {
+			out = append(out, r.Algorithm)
+		}
+	}
+	return out
+}
+
+// Summary prints a compact digest of records: per point the time and busbw
+// of every method, the ideal busbw and every variant's ratios, the wrong
+// elements and what marks the point (run, label, sim, invalid); then the
+// links fitted to link records.
+func Summary(w io.Writer, recs []bench.Record) error {
+	variants := variantNames(recs)
+	methods := append([]string{bench.Flat, bench.Naive}, variants...)
+	order, ps := points(recs, func(r bench.Record) bool { return r.Kind != bench.KindLink })
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	head := []string{"kind", "grid", "type", "size", "iters"}
+	for _, m := range methods {
+		head = append(head, m+" us")
+	}
+	for _, m := range methods {
+		head = append(head, m+" busbw")
+	}
+	head = append(head, "ideal")
+	for _, v := range variants {
+		head = append(head, v+"/flat", v+"/best", v+"/ideal")
+	}
+	head = append(head, "wrong", "notes")
+	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+	for _, k := range order {
+		p := ps[k]
+		size := bench.FormatSize(k.bytes)
+		if k.kind == bench.KindOverlap {
+			size = fmt.Sprintf("%d×%s", k.buckets, size)
+		}
+		row := []string{k.kind, fmt.Sprintf("%d×%d", k.m, k.d), k.dtype, size, fmt.Sprint(k.iters)}
+		for _, m := range methods {
+			row = append(row, fmtTime(p.time(m)))
+		}
+		var any bench.Record
+		wrong, checked := int64(0), false
+		for _, m := range methods {
+			r, ok := p[m]
+			if !ok {
+				row = append(row, "-")
+				continue
+			}
+			any = r
+			row = append(row, fmtBW(r.BusBW))
+			if r.Wrong >= 0 {
+				wrong += r.Wrong
+				checked = true
+			}
+		}
+		row = append(row, fmtIdeal(any.IdealBusBW))
+		for _, v := range variants {
+			row = append(row, fmtRatio(p.vsFlat(v)), fmtRatio(p.vsBest(v)), fmtRatio(p.vsIdeal(v)))
+		}
+		ws := "-"
+		if checked {
+			ws = fmt.Sprint(wrong)
+		}
+		row = append(row, ws, notes(any))
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	links := map[string][]model.Point{}
+	for _, r := range recs {
+		if r.Kind == bench.KindLink {
+			links[r.Link] = append(links[r.Link], model.Point{Bytes: float64(r.Bytes), Seconds: r.TimeUS / 1e6})
+		}
+	}
+	for _, l := range slices.Sorted(maps.Keys(links)) {
+		if fit, err := model.FitLink(links[l]); err == nil {
+			fmt.Fprintf(w, "link %s: %v (%d sizes)\n", l, fit, len(links[l]))
+		}
+	}
+	return nil
+}
+
+// notes marks a point: its run and label, sim timings, an invalid testbed.
+func notes(r bench.Record) string {
+	var parts []string
+	if r.Run != "" {
+		parts = append(parts, "run="+r.Run)
+	}
+	if r.Label != "" {
+		parts = append(parts, r.Label)
+	}
+	if r.Testbed.NICGbit > 0 {
+		parts = append(parts, fmt.Sprintf("nic=%gGbit", r.Testbed.NICGbit))
+	}
+	if r.SimTimings {
+		parts = append(parts, "sim(not GPU timings)")
+	}
+	if r.Invalid != "" {
+		parts = append(parts, "INVALID")
+	}
+	return orNone(strings.Join(parts, " "))
+}
+
+func fmtIdeal(bw float64) string {
+	if bw <= 0 {
+		return "-"
+	}
+	return fmtBW(bw)
+}
+
+// Scale prints every fairgo variant's speedup per machine count and size:
+// the digest of fairbench scale.
+func Scale(w io.Writer, recs []bench.Record) error {
+	variants := variantNames(recs)
+	order, ps := points(recs, func(r bench.Record) bool { return r.Kind == bench.KindSweep })
+	fmt.Fprintf(w, "#\n# scale summary: median time per call (us); v/x = time(x)/time(v)\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := []string{"machines", "size", "type", "flat", "naive"}
+	head = append(head, variants...)
+	for _, v := range variants {
+		head = append(head, v+"/flat", v+"/naive")
+	}
+	fmt.Fprintln(tw, "# "+strings.Join(head, "\t")+"\t")
+	for _, k := range order {
+		p := ps[k]
+		row := []string{fmt.Sprint(k.m), bench.FormatSize(k.bytes), k.dtype, fmtTime(p.time(bench.Flat)), fmtTime(p.time(bench.Naive))}
+		for _, v := range variants {
+			row = append(row, fmtTime(p.time(v)))
+		}
+		for _, v := range variants {
+			row = append(row, fmtRatio(p.vsFlat(v)), fmtRatio(p.ratio(v, p.time(bench.Naive))))
+		}
+		fmt.Fprintln(tw, "  "+strings.Join(row, "\t")+"\t")
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,463 @@
+package report
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/fairgo/fairgo/bench"
+)
+
+// Target is one of issue 11's targets, measured on a run's records.
+type Target struct {
+	ID   string `json:"id"`
+	What string `json:"what"`
+	// Measured is the worst case over the target's points in the first
+	// run (nil: no point measured), and Where says where it occurred.
+	Measured *float64 `json:"measured"`
+	Where    string   `json:"where,omitempty"`
+	Target   string   `json:"target"` // e.g. "≥ 0.97"
+	Pass     bool     `json:"pass"`
+	Points   int      `json:"points"`            // points compared in the first run
+	Missing  []string `json:"missing,omitempty"` // what the target needs and the records lack
+	// Runs is the worst case of every run, by run label.
+	Runs    map[string]*float64 `json:"runs,omitempty"`
+	Command []string            `json:"command"` // the commands that measured the points
+}
+
+// TargetOptions steer Targets.
+type TargetOptions struct {
+	Variant    string   // the fairgo variant the targets are about; "" is bench.DefaultVariant
+	Enqueue    *Enqueue // T6's input; nil: not measured
+	IncludeSim bool     // count sim records (tests); their times are not GPU times
+}
+
+// Enqueue is T6's input: the host time to enqueue one single-slice
+// AllReduce, from a Go benchmark.
+type Enqueue struct {
+	Micros float64
+	Where  string
+}
+
+// The size ranges of the targets.
+const (
+	kib = int64(1) << 10
+	mib = int64(1) << 20
+	gib = int64(1) << 30
+)
+
+// sample is one ratio a target compares: its key matches the same point in
+// another run (T8).
+type sample struct {
+	key, where string
+	value      float64
+	command    string
+}
+
+// requirement is one part of a target: the records it takes and the
+// ratio it computes at each of their points.
+type requirement struct {
+	name  string
+	keep  func(bench.Record) bool
+	ratio func(p point, v string) float64
+}
+
+// targetDef defines a target over one run's records.
+type targetDef struct {
+	id, what, target string
+	atLeast          bool // the worst case is the smallest (else the largest)
+	threshold        float64
+	parts            []requirement
+}
+
+func sweepOn(m, d int, testbed bool, dtypes []string, lo, hi int64, iters func(int) bool) func(bench.Record) bool {
+	return func(r bench.Record) bool {
+		onTestbed := r.Testbed.NICGbit > 0
+		inProcess := !onTestbed && r.Processes == 1
+		return r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && onTestbed == testbed && (testbed || inProcess) &&
+			slices.Contains(dtypes, r.DType) && r.Bytes >= lo && r.Bytes <= hi && iters(r.Iters)
+	}
+}
+
+func anyIters(int) bool { return true }
+
+func targetDefs() []targetDef {
+	f32 := []string{"float32"}
+	vsFlat := func(p point, v string) float64 { return p.vsFlat(v) }
+	vsBest := func(p point, v string) float64 { return p.vsBest(v) }
+	vsIdeal := func(p point, v string) float64 { return p.vsIdeal(v) }
+	var t1 []requirement
+	for _, dt := range []string{"float32", "bfloat16"} {
+		for _, it := range []struct {
+			name string
+			ok   func(int) bool
+		}{{"one call at a time", func(n int) bool { return n == 1 }}, {"20 back to back", func(n int) bool { return n >= 20 }}} {
+			t1 = append(t1, requirement{fmt.Sprintf("1×2 in one process, %s, %s", dt, it.name),
+				sweepOn(1, 2, false, []string{dt}, 64*kib, gib, it.ok), vsFlat})
+		}
+	}
+	overlap := func(r bench.Record) bool {
+		return r.Kind == bench.KindOverlap && r.Machines == 2 && r.Devices == 2 && r.Testbed.NICGbit > 0 && r.Buckets == 64 && r.Bytes == 25*mib
+	}
+	return []targetDef{
+		{id: "T1", what: "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, one call at a time and 20 back to back",
+			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: t1},
+		{id: "T2", what: "2 × 1 in one process (NVLink) and 2 × 1 on the testbed: fairgo/flat at every size 1M–1G",
+			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
+				{"2×1 in one process", sweepOn(2, 1, false, f32, mib, gib, anyIters), vsFlat},
+				{"2×1 on the testbed", sweepOn(2, 1, true, f32, mib, gib, anyIters), vsFlat}}},
+		{id: "T3", what: "testbed 2 × 2 and 4 × 2: fairgo / max(flat, naive) at every size 1M–1G",
+			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
+				{"2×2 on the testbed", sweepOn(2, 2, true, f32, mib, gib, anyIters), vsBest},
+				{"4×2 on the testbed", sweepOn(4, 2, true, f32, mib, gib, anyIters), vsBest}}},
+		{id: "T4", what: "testbed 2 × 1, 2 × 2, 4 × 2: fairgo busbw / NIC-bound ideal busbw at 64M–1G",
+			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: []requirement{
+				{"2×1 on the testbed", sweepOn(2, 1, true, f32, 64*mib, gib, anyIters), vsIdeal},
+				{"2×2 on the testbed", sweepOn(2, 2, true, f32, 64*mib, gib, anyIters), vsIdeal},
+				{"4×2 on the testbed", sweepOn(4, 2, true, f32, 64*mib, gib, anyIters), vsIdeal}}},
+		{id: "T5", what: "testbed 2 × 2, 64 buckets × 25 MiB back to back: time(min(flat, naive)) / time(fairgo)",
+			target: "≥ 1.0", atLeast: true, threshold: 1.0, parts: []requirement{{"2×2 on the testbed, 64×25M", overlap, vsBest}}},
+	}
+}
+
+// runsOf groups records by run label, runs in the order they first appear.
+func runsOf(recs []bench.Record) ([]string, map[string][]bench.Record) {
+	var order []string
+	by := map[string][]bench.Record{}
+	for _, r := range recs {
+		if _, ok := by[r.Run]; !ok {
+			order = append(order, r.Run)
+		}
+		by[r.Run] = append(by[r.Run], r)
+	}
+	return order, by
+}
+
+// samples computes a target's ratios over one run's records and lists the
+// parts that have no point.
+func (d targetDef) samples(recs []bench.Record, o TargetOptions) ([]sample, []string) {
+	var out []sample
+	var missing []string
+	for _, req := range d.parts {
+		order, ps := points(recs, func(r bench.Record) bool {
+			return r.Invalid == "" && (o.IncludeSim || !r.SimTimings) && req.keep(r)
+		})
+		n := 0
+		for _, k := range order {
+			p := ps[k]
+			x := req.ratio(p, o.Variant)
+			if math.IsNaN(x) {
+				continue
+			}
+			n++
+			where := fmt.Sprintf("%s, %s %s", req.name, k.dtype, sizeName(k))
+			if k.iters > 1 {
+				where += fmt.Sprintf(", %d back to back", k.iters)
+			}
+			out = append(out, sample{key: fmt.Sprintf("%s|%s|%d|%d|%d", req.name, k.dtype, k.iters, k.buckets, k.bytes), where: where,
+				value: x, command: commandOf(p[o.Variant])})
+		}
+		if n == 0 {
+			missing = append(missing, req.name)
+		}
+	}
+	return out, missing
+}
+
+func sizeName(k pointKey) string {
+	if k.buckets > 0 {
+		return fmt.Sprintf("%d×%s", k.buckets, bench.FormatSize(k.bytes))
+	}
+	return bench.FormatSize(k.bytes)
+}
+
+// worst is the sample farthest on the failing side.
+func (d targetDef) worst(ss []sample) (sample, bool) {
+	if len(ss) == 0 {
+		return sample{}, false
+	}
+	return slices.MinFunc(ss, func(a, b sample) int {
+		if d.atLeast {
+			return cmp.Compare(a.value, b.value)
+		}
+		return cmp.Compare(b.value, a.value)
+	}), true
+}
+
+func (d targetDef) passes(x float64) bool {
+	if d.atLeast {
+		return x >= d.threshold
+	}
+	return x <= d.threshold
+}
+
+// Targets computes issue 11's targets T1–T8 from the records of one or
+// more runs (grouped by run label, in the order they first appear): T1–T5
+// and T7 on the first run, T6 from o.Enqueue, T8 comparing every ratio of
+// T1–T5 in the second run with the first.
+func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
+	if o.Variant == "" {
+		o.Variant = bench.DefaultVariant
+	}
+	runs, byRun := runsOf(recs)
+	if len(runs) == 0 {
+		return nil, errors.New("report: targets: no records")
+	}
+	var out []Target
+	first := map[string]sample{} // T1–T5 samples of the first run, by key, for T8
+	second := map[string]sample{}
+	for _, d := range targetDefs() {
+		t := Target{ID: d.id, What: d.what, Target: d.target, Runs: map[string]*float64{}}
+		for i, run := range runs {
+			ss, missing := d.samples(byRun[run], o)
+			w, ok := d.worst(ss)
+			if ok {
+				t.Runs[run] = ptr(w.value)
+			}
+			for _, s := range ss {
+				switch i {
+				case 0:
+					first[d.id+"|"+s.key] = s
+				case 1:
+					second[d.id+"|"+s.key] = s
+				}
+			}
+			if i > 0 {
+				continue
+			}
+			t.Points, t.Missing = len(ss), missing
+			t.Command = commands(ss)
+			if ok {
+				t.Measured, t.Where = ptr(w.value), runName(run)+w.where
+				t.Pass = len(missing) == 0 && d.passes(w.value)
+			}
+		}
+		out = append(out, t)
+	}
+	out = append(out, enqueueTarget(o.Enqueue), modelTarget(runs, byRun, o), repeatTarget(runs, first, second))
+	slices.SortStableFunc(out, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+func ptr(x float64) *float64 { return &x }
+
+func runName(run string) string {
+	if run == "" {
+		return ""
+	}
+	return "run " + run + ": "
+}
+
+func commands(ss []sample) []string {
+	var out []string
+	for _, s := range ss {
+		if s.command != "" && !slices.Contains(out, s.command) {
+			out = append(out, s.command)
+		}
+	}
+	return out
+}
+
+// commandOf is the command that measured a record: fairbench's own, under
+// the fairrun line that made its testbed when it ran in several processes.
+func commandOf(r bench.Record) string {
+	if r.Command == "" || r.Processes <= 1 {
+		return r.Command
+	}
+	tb := r.Testbed
+	fr := "fairrun"
+	if tb.Emulated() {
+		fr += fmt.Sprintf(" --emulate-machines %d", tb.Machines)
+	}
+	fr += fmt.Sprintf(" --nproc-per-node %d", r.Processes)
+	if tb.NICGbit > 0 {
+		fr += fmt.Sprintf(" --nic-gbit %g", tb.NICGbit)
+	}
+	if tb.NICLatency > 0 {
+		fr += fmt.Sprintf(" --nic-latency %v", tb.NICLatency)
+	}
+	if tb.MPS {
+		fr += " --mps on"
+	}
+	return fr + " -- " + r.Command
+}
+
+func enqueueTarget(e *Enqueue) Target {
+	t := Target{ID: "T6", What: "host time to enqueue one single-slice AllReduce (Go benchmark), µs", Target: "≤ 10",
+		Command: []string{"go test -run '^$' -bench Enqueue ./hier (fairbench targets -enqueue FILE|µs)"}}
+	if e == nil {
+		t.Missing = []string{"no -enqueue input"}
+		return t
+	}
+	t.Measured, t.Where, t.Points, t.Pass = ptr(e.Micros), e.Where, 1, e.Micros <= 10
+	return t
+}
+
+func modelTarget(runs []string, byRun map[string][]bench.Record, o TargetOptions) Target {
+	t := Target{ID: "T7", What: "model error at every measured testbed point, |predicted − measured| / measured", Target: "≤ 0.15",
+		Runs: map[string]*float64{}, Command: []string{"fairbench model -in RECORDS (bench/model fitted to the run's links)"}}
+	mo := ModelOptions{IncludeSim: o.IncludeSim}
+	for i, run := range runs {
+		p, _, err := FitModel(byRun[run], mo)
+		if err != nil {
+			if i == 0 {
+				t.Missing = []string{strings.ReplaceAll(err.Error(), "\n", "; ")}
+			}
+			continue
+		}
+		errs := TestbedErrors(p, byRun[run], mo)
+		w, ok := worstError(errs)
+		if !ok {
+			if i == 0 {
+				t.Missing = []string{"no testbed point"}
+			}
+			continue
+		}
+		t.Runs[run] = ptr(math.Abs(w.Rel))
+		if i == 0 {
+			t.Measured = ptr(math.Abs(w.Rel))
+			t.Where = fmt.Sprintf("%s%s %v %s %s (predicted %.1f µs, measured %.1f µs)", runName(run), w.Algorithm, w.Grid,
+				bench.FormatSize(int64(w.Bytes)), w.Label, w.Predicted*1e6, w.Seconds*1e6)
+			t.Points = len(errs)
+			t.Pass = math.Abs(w.Rel) <= 0.15
+		}
+	}
+	return t
+}
+
+func repeatTarget(runs []string, first, second map[string]sample) Target {
+	t := Target{ID: "T8", What: "every ratio of T1–T5 in a second run against the first, |second/first − 1|", Target: "≤ 0.10"}
+	if len(runs) < 2 {
+		t.Missing = []string{"a second run (records with another -run label)"}
+		return t
+	}
+	var worst float64
+	var where string
+	for _, k := range slices.Sorted(maps.Keys(first)) {
+		a, b := first[k], second[k]
+		if _, ok := second[k]; !ok || a.value <= 0 {
+			continue
+		}
+		t.Points++
+		if d := math.Abs(b.value/a.value - 1); d >= worst {
+			worst = d
+			where = fmt.Sprintf("%s %s: %.3f in run %s, %.3f in run %s", strings.SplitN(k, "|", 2)[0], a.where, a.value, runs[0], b.value, runs[1])
+		}
+	}
+	if t.Points == 0 {
+		t.Missing = []string{"no ratio measured in both runs"}
+		return t
+	}
+	t.Measured, t.Where, t.Pass = ptr(worst), where, worst <= 0.10
+	t.Command = []string{fmt.Sprintf("the same commands, run %s and run %s", runs[0], runs[1])}
+	return t
+}
+
+// PrintTargets prints the targets as a table.
+func PrintTargets(w io.Writer, ts []Target) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "id\tmeasured\ttarget\tpass\tpoints\twhere (worst case)\t")
+	for _, t := range ts {
+		m := "-"
+		if t.Measured != nil {
+			m = strconv.FormatFloat(*t.Measured, 'f', 3, 64)
+		}
+		pass := "no"
+		if t.Pass {
+			pass = "yes"
+		}
+		where := strings.ReplaceAll(t.Where, "\n", "; ")
+		if len(t.Missing) > 0 {
+			where = strings.TrimSpace(where + " [missing: " + strings.Join(t.Missing, "; ") + "]")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t\n", t.ID, m, t.Target, pass, t.Points, where)
+	}
+	return tw.Flush()
+}
+
+// WriteTargetsJSON writes the targets as one indented JSON array.
+func WriteTargetsJSON(w io.Writer, ts []Target) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(ts); err != nil {
+		return fmt.Errorf("report: writing targets: %w", err)
+	}
+	return nil
+}
+
+var benchLine = regexp.MustCompile(`^(Benchmark\S*)\s+\d+\s+(.*)$`)
+
+// EnqueueMetric is the unit of T6 in hier's enqueue benchmarks.
+const EnqueueMetric = "enqueue-ns/op"
+
+// ParseEnqueue reads T6's input: a number of microseconds, or a file of `go
+// test -bench` output (text, or -json events) whose benchmark lines
+// matching pattern report the metric (EnqueueMetric, else ns/op): the
+// largest such time, in µs.
+func ParseEnqueue(arg, pattern string) (*Enqueue, error) {
+	if us, err := strconv.ParseFloat(arg, 64); err == nil {
+		if us < 0 {
+			return nil, fmt.Errorf("report: -enqueue %s: negative", arg)
+		}
+		return &Enqueue{Micros: us, Where: "given"}, nil
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil, fmt.Errorf("report: -enqueue-bench %q: %w", pattern, err)
+	}
+	f, err := os.Open(arg)
+	if err != nil {
+		return nil, fmt.Errorf("report: -enqueue: %w", err)
+	}
+	defer f.Close()
+	var best *Enqueue
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var ev struct{ Output string }
+		if strings.HasPrefix(line, "{") && json.Unmarshal([]byte(line), &ev) == nil {
+			line = ev.Output
+		}
+		m := benchLine.FindStringSubmatch(strings.TrimSpace(line))
+		if m == nil || !re.MatchString(m[1]) {
+			continue
+		}
+		ns, ok := metric(strings.Fields(m[2]), EnqueueMetric)
+		if !ok {
+			ns, ok = metric(strings.Fields(m[2]), "ns/op")
+		}
+		if ok && (best == nil || ns/1e3 > best.Micros) {
+			best = &Enqueue{Micros: ns / 1e3, Where: m[1]}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("report: -enqueue %s: %w", arg, err)
+	}
+	if best == nil {
+		return nil, fmt.Errorf("report: -enqueue %s: no benchmark matching %q reports %s or ns/op", arg, pattern, EnqueueMetric)
+	}
+	return best, nil
+}
+
+// metric finds "VALUE unit" among a benchmark line's fields.
+func metric(fields []string, unit string) (float64, bool) {
+	for i := 1; i < len(fields); i++ {
+		if fields[i] == unit {
+			v, err := strconv.ParseFloat(fields[i-1], 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,268 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/bench/model"
+	"github.com/fairgo/fairgo/internal/testbed"
+)
+
+// truth is the testbed the synthetic records come from: NVLink, and one
+// NIC per machine that moves 1.19 GB/s of a 10 Gbit/s line.
+var truth = model.Params{Intra: model.Link{Alpha: 8e-6, BW: 250e9}, Net: model.Link{Alpha: 150e-6, BW: 1.19e9},
+	NetPerMachine: 1.19e9, PeerAlpha: -1}
+
+// inProcess models M × D GPUs of one host driven by one process: every
+// link is NVLink.
+var inProcess = model.Params{Intra: truth.Intra, Net: truth.Intra, PeerAlpha: -1}
+
+type layout struct {
+	m, d    int
+	testbed bool
+	dtypes  []string
+	iters   []int
+	lo, hi  int64
+}
+
+// synthRun makes a run's records as scripts/gpu.sh targets would: flat,
+// naive and fairgo (rail-rsag, 16 MiB slices) timed exactly as truth
+// predicts; slow(layout, size) slows fairgo by a factor.
+func synthRun(run string, slow func(m, d int, testbed bool, bytes int64) float64) []bench.Record {
+	layouts := []layout{
+		{1, 2, false, []string{"float32", "bfloat16"}, []int{1, 20}, 64 << 10, 1 << 30},
+		{2, 1, false, []string{"float32"}, []int{1}, 1 << 20, 1 << 30},
+		{2, 1, true, []string{"float32"}, []int{1}, 1 << 20, 1 << 30},
+		{2, 2, true, []string{"float32"}, []int{1}, 1 << 20, 1 << 30},
+		{4, 2, true, []string{"float32"}, []int{1}, 1 << 20, 1 << 30},
+	}
+	var recs []bench.Record
+	add := func(l layout, kind, dt string, iters, buckets int, bytes int64) {
+		p, cmd := inProcess, fmt.Sprintf("fairbench sweep -backend cuda -machines %d -devices %d", l.m, l.d)
+		tb := bench.Setup{Placement: testbed.Placement{RanksPerGPU: 1}}
+		procs := 1
+		if l.testbed {
+			p, cmd, procs = truth, "fairbench sweep -backend cuda", l.m*l.d
+			tb.Emulation = testbed.Emulation{Machines: l.m, NICGbit: 10, MPS: true, NetNS: true}
+			tb.Placement = testbed.Placement{RanksPerGPU: l.m, SharedAcrossMachines: l.m > 1 && l.d > 1}
+		}
+		g := model.Grid{M: l.m, D: l.d}
+		n := float64(bytes)
+		k := float64(max(buckets, 1))
+		chosen := "rail-rsag"
+		if l.m == 1 {
+			chosen = "flat"
+		}
+		fo := model.Fairgo{Rail: chosen, Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1}
+		times := map[string]float64{"flat": k * p.Flat(g, n), "naive": k * p.Naive(g, n),
+			"fairgo": p.FairgoTime(g, n, max(buckets, 1), fo) * slow(l.m, l.d, l.testbed, bytes)}
+		if l.m == 1 {
+			times["fairgo"] = k * p.Flat(g, n) * slow(l.m, l.d, l.testbed, bytes)
+		}
+		for _, alg := range []string{"flat", "naive", "fairgo"} {
+			r := bench.Record{Kind: kind, Run: run, Command: cmd, Backend: "cuda", Machines: l.m, Devices: l.d, Processes: procs, Testbed: tb,
+				DType: dt, Op: "sum", Algorithm: alg, Bytes: bytes, Buckets: buckets, Iters: iters, Reps: 3, TimeUS: times[alg] * 1e6}
+			if alg == "fairgo" {
+				r.Fairgo = &bench.FairgoSetup{Algorithm: "auto", Chosen: chosen, SliceBytes: 16 << 20, Parallelism: 4, FlatThreshold: -1}
+			}
+			r.AlgBW, r.BusBW = bench.Bandwidths(r.TotalBytes(), times[alg], l.m*l.d)
+			if l.testbed {
+				r.IdealBusBW = bench.IdealBusBW(r.TotalBytes(), l.m, l.d, 1.25e9)
+			}
+			recs = append(recs, r)
+		}
+	}
+	for _, l := range layouts {
+		for _, dt := range l.dtypes {
+			for _, it := range l.iters {
+				for s := l.lo; s <= l.hi; s *= 4 {
+					add(l, bench.KindSweep, dt, it, 0, s)
+				}
+			}
+		}
+	}
+	add(layout{m: 2, d: 2, testbed: true}, bench.KindOverlap, "float32", 1, 64, 25<<20)
+	return recs
+}
+
+func same(int, int, bool, int64) float64 { return 1 }
+
+func byID(t *testing.T, ts []Target) map[string]Target {
+	t.Helper()
+	out := map[string]Target{}
+	for _, x := range ts {
+		out[x.ID] = x
+	}
+	require.Len(t, out, 8, "T1–T8")
+	return out
+}
+
+func TestTargetsOfAModelledRun(t *testing.T) {
+	recs := append(synthRun("r1", same), synthRun("r2", same)...)
+	ts, err := Targets(recs, TargetOptions{Enqueue: &Enqueue{Micros: 7.5, Where: "BenchmarkEnqueue"}})
+	require.NoError(t, err)
+	got := byID(t, ts)
+	// T1: fairgo is flat on one machine here: 1.00 at every one of 2 types
+	// × 2 call patterns × 8 sizes.
+	require.Equal(t, 32, got["T1"].Points)
+	require.InDelta(t, 1, *got["T1"].Measured, 1e-9)
+	require.True(t, got["T1"].Pass)
+	require.Equal(t, 12, got["T2"].Points)
+	require.Equal(t, 12, got["T3"].Points)
+	require.Equal(t, 9, got["T4"].Points)
+	require.Equal(t, 1, got["T5"].Points)
+	require.Empty(t, got["T4"].Missing)
+	require.True(t, got["T6"].Pass)
+	require.Equal(t, 7.5, *got["T6"].Measured)
+	// The model fitted to the run's own links predicts its points.
+	require.Less(t, *got["T7"].Measured, 0.01, got["T7"].Where)
+	require.True(t, got["T7"].Pass)
+	require.Equal(t, 3*6*3+3, got["T7"].Points, "every testbed sweep point of every method, and the overlap round")
+	// Two identical runs repeat exactly.
+	require.InDelta(t, 0, *got["T8"].Measured, 1e-12)
+	require.True(t, got["T8"].Pass)
+	require.Equal(t, 32+12+12+9+1, got["T8"].Points)
+	// The commands name the testbed.
+	require.Contains(t, strings.Join(got["T3"].Command, "\n"), "fairrun --emulate-machines 4 --nproc-per-node 8 --nic-gbit 10 --mps on -- fairbench sweep")
+}
+
+func TestTargetsFindTheWorstPoint(t *testing.T) {
+	slow := func(m, d int, tb bool, bytes int64) float64 {
+		if m == 4 && tb && bytes == 16<<20 {
+			return 2 // fairgo at half speed on the testbed's 4 × 2 at 16 MiB
+		}
+		return 1
+	}
+	second := func(m, d int, tb bool, bytes int64) float64 {
+		if m == 1 && bytes == 1<<20 {
+			return 1.25 // a one-machine point 20% slower in the second run
+		}
+		return slow(m, d, tb, bytes)
+	}
+	recs := append(synthRun("a", slow), synthRun("b", second)...)
+	// A sim record and an invalid one are never counted.
+	junk := synthRun("a", func(int, int, bool, int64) float64 { return 100 })[:3]
+	for i := range junk {
+		junk[i].SimTimings = i == 0
+		junk[i].Invalid = map[bool]string{true: "time-sliced"}[i > 0]
+	}
+	recs = append(recs, junk...)
+	ts, err := Targets(recs, TargetOptions{})
+	require.NoError(t, err)
+	got := byID(t, ts)
+	t3 := got["T3"]
+	require.False(t, t3.Pass)
+	require.Contains(t, t3.Where, "run a: 4×2 on the testbed, float32 16M")
+	flat, naive := truth.Flat(model.Grid{M: 4, D: 2}, 16<<20), truth.Naive(model.Grid{M: 4, D: 2}, 16<<20)
+	fo := truth.FairgoTime(model.Grid{M: 4, D: 2}, 16<<20, 1, model.Fairgo{Rail: "rail-rsag", Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1})
+	require.InDelta(t, math.Min(flat, naive)/(2*fo), *t3.Measured, 1e-9)
+	// The model cannot explain the slow point: T7 fails there.
+	require.False(t, got["T7"].Pass)
+	require.InDelta(t, 0.5, *got["T7"].Measured, 1e-6)
+	require.Contains(t, got["T7"].Where, "fairgo 4×2 16M")
+	// T8: 1/1.25 = 0.8 in the second run.
+	require.InDelta(t, 0.2, *got["T8"].Measured, 1e-9)
+	require.False(t, got["T8"].Pass)
+	require.Contains(t, got["T8"].Where, "T1 1×2 in one process")
+	// No T6 input.
+	require.False(t, got["T6"].Pass)
+	require.Nil(t, got["T6"].Measured)
+
+	var js bytes.Buffer
+	require.NoError(t, WriteTargetsJSON(&js, ts))
+	var back []map[string]any
+	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
+	require.Len(t, back, 8)
+	for _, o := range back {
+		for _, k := range []string{"id", "measured", "target", "pass", "command"} {
+			require.Contains(t, o, k)
+		}
+	}
+	var tab bytes.Buffer
+	require.NoError(t, PrintTargets(&tab, ts))
+	require.Contains(t, tab.String(), "T3")
+	require.Contains(t, tab.String(), "missing: no -enqueue input")
+}
+
+func TestTargetsNameWhatIsMissing(t *testing.T) {
+	var only []bench.Record
+	for _, r := range synthRun("x", same) {
+		if r.Machines == 2 && r.Devices == 2 {
+			only = append(only, r)
+		}
+	}
+	ts, err := Targets(only, TargetOptions{Variant: "fairgo"})
+	require.NoError(t, err)
+	got := byID(t, ts)
+	require.False(t, got["T1"].Pass)
+	require.Nil(t, got["T1"].Measured)
+	require.Len(t, got["T1"].Missing, 4)
+	require.Equal(t, []string{"4×2 on the testbed"}, got["T3"].Missing)
+	require.False(t, got["T3"].Pass, "a missing layout fails the target")
+	require.NotEmpty(t, got["T7"].Missing, "no links to fit")
+	require.Contains(t, got["T8"].Missing[0], "second run")
+	_, err = Targets(nil, TargetOptions{})
+	require.Error(t, err)
+}
+
+func TestParseEnqueue(t *testing.T) {
+	e, err := ParseEnqueue("8.25", "Enqueue")
+	require.NoError(t, err)
+	require.Equal(t, 8.25, e.Micros)
+	dir := t.TempDir()
+	text := filepath.Join(dir, "bench.txt")
+	require.NoError(t, os.WriteFile(text, []byte(`goos: linux
+BenchmarkEnqueue/flat-16         	  200000	      3100 ns/op	  12 B/op
+BenchmarkEnqueue/one-slice-16    	  150000	     19200 ns/op	      9200 enqueue-ns/op
+BenchmarkOther-16                	  100000	     99000 ns/op
+PASS
+`), 0o644))
+	e, err = ParseEnqueue(text, "Enqueue")
+	require.NoError(t, err)
+	require.Equal(t, 9.2, e.Micros)
+	require.Equal(t, "BenchmarkEnqueue/one-slice-16", e.Where)
+	js := filepath.Join(dir, "bench.json")
+	require.NoError(t, os.WriteFile(js, []byte(`{"Action":"output","Output":"BenchmarkEnqueue-16 \t 1000 \t 4500 ns/op\n"}`+"\n"), 0o644))
+	e, err = ParseEnqueue(js, "Enqueue")
+	require.NoError(t, err)
+	require.Equal(t, 4.5, e.Micros)
+	_, err = ParseEnqueue(text, "Nothing")
+	require.Error(t, err)
+	_, err = ParseEnqueue(filepath.Join(dir, "absent"), "Enqueue")
+	require.Error(t, err)
+	_, err = ParseEnqueue("-3", "Enqueue")
+	require.Error(t, err)
+}
+
+func TestModelReport(t *testing.T) {
+	recs := synthRun("r1", same)
+	var buf bytes.Buffer
+	require.NoError(t, ModelReport(&buf, recs, ModelOptions{Devices: 8, Machines: []int{8, 64}, Sizes: []float64{1 << 20, 1 << 30}}))
+	out := buf.String()
+	for _, want := range []string{"one NIC per machine (fairrun --nic-gbit 10)", "error against", "testbed points: worst |error|",
+		"predictions for M machines × D = 8 GPUs, one NIC per GPU", "rail-rsag(us)", "NCCL's double binary tree"} {
+		require.Contains(t, out, want)
+	}
+	p, _, err := FitModel(recs, ModelOptions{})
+	require.NoError(t, err)
+	require.InDelta(t, truth.Net.BW, p.Net.BW, truth.Net.BW*1e-6)
+	require.InDelta(t, truth.Net.BW, p.NetPerMachine, truth.Net.BW*1e-6)
+	// Records of two NIC rates are refused.
+	other := synthRun("r2", same)
+	for i := range other {
+		if other[i].Testbed.NICGbit > 0 {
+			other[i].Testbed.NICGbit = 40
+		}
+	}
+	_, _, err = FitModel(append(recs, other...), ModelOptions{})
+	require.Error(t, err)
+}

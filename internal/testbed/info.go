@@ -1,0 +1,218 @@
+package testbed
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fairgo/fairgo/rendezvous"
+)
+
+// Info describes a testbed: for a benchmark's header and records.
+type Info struct {
+	Backend     string   // "sim", "cuda" (every rank in one process), "cuda-mp" (one rank per process)
+	Timing      string   // how Rank.Time measures, e.g. "CUDA events on the benchmark stream"
+	SimTimings  bool     // timings are wall clock on the simulated cluster, not GPU timings
+	NCCLVersion string   // "2.28.3", or "" without NCCL
+	NCCLEnv     []string // the NCCL_* variables of the environment, sorted
+	GPUs        []string // the devices this process drives, e.g. "cuda:0 (NVIDIA H200)"
+	Machines    int      // M
+	Devices     int      // D
+	Processes   int      // processes taking part
+	Host        string
+	Emulation   Emulation // what the launcher says about emulated machines
+	Placement   Placement // how ranks sit on GPUs
+}
+
+// World is M × D.
+func (i Info) World() int { return i.Machines * i.Devices }
+
+// Invalid is why timings on this testbed mean nothing, or "": ranks of
+// different machines sharing a GPU without MPS time-slice it, which puts a
+// ~12 ms floor under every collective that spins on the GPU.
+func (i Info) Invalid() string {
+	if i.Placement.SharedAcrossMachines && !i.Emulation.MPS {
+		return fmt.Sprintf("ranks of different machines share a GPU (%d ranks per GPU) without MPS: the GPU time-slices between them", i.Placement.RanksPerGPU)
+	}
+	return ""
+}
+
+// The variables a launcher (fairrun --emulate-machines) sets to describe
+// the emulated testbed.
+const (
+	EnvMachines   = "FAIRGO_TESTBED_MACHINES"    // machines M of the job, emulated or not
+	EnvNICGbit    = "FAIRGO_TESTBED_NIC_GBIT"    // each machine's NIC, Gbit/s each way
+	EnvNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // one-way delay added by each NIC
+	EnvMPS        = "FAIRGO_TESTBED_MPS"         // 1: ranks run under an MPS daemon
+	EnvNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine has a network namespace of its own
+)
+
+// Emulation is the testbed as the launcher describes it: the zero value
+// means no launcher told.
+type Emulation struct {
+	Machines   int           `json:"launcher_machines,omitempty"` // machines the launcher made (emulated when several share a host); 0: not told
+	NICGbit    float64       `json:"nic_gbit,omitempty"`          // each machine's NIC rate, Gbit/s each way; 0: no shaped NIC
+	NICLatency time.Duration `json:"nic_latency_ns,omitempty"`    // one-way delay each NIC adds
+	MPS        bool          `json:"mps"`                         // ranks sharing a GPU run under MPS
+	NetNS      bool          `json:"netns"`                       // each machine in a network namespace of its own
+}
+
+// NICBytesPerSecond is the NIC rate in bytes per second, 0 when unknown.
+func (e Emulation) NICBytesPerSecond() float64 { return e.NICGbit * 1e9 / 8 }
+
+// Emulated reports whether the launcher split one host into machines.
+func (e Emulation) Emulated() bool { return e.Machines > 1 || e.NICGbit > 0 || e.NetNS }
+
+func (e Emulation) String() string {
+	if !e.Emulated() && !e.MPS {
+		return "not emulated"
+	}
+	var parts []string
+	if e.Machines > 0 {
+		parts = append(parts, fmt.Sprintf("%d emulated machine(s)", e.Machines))
+	}
+	if e.NICGbit > 0 {
+		nic := fmt.Sprintf("one NIC per machine at %g Gbit/s", e.NICGbit)
+		if e.NICLatency > 0 {
+			nic += fmt.Sprintf(" + %v one-way latency", e.NICLatency)
+		}
+		parts = append(parts, nic)
+	} else {
+		parts = append(parts, "no shaped NIC")
+	}
+	parts = append(parts, "network namespaces "+onOff(e.NetNS), "MPS "+onOff(e.MPS))
+	return strings.Join(parts, ", ")
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// EmulationFromEnv reads the FAIRGO_TESTBED_* variables through lookup
+// (os.LookupEnv). NIC_LATENCY is a Go duration ("50us"); a bare number is
+// read as microseconds. A malformed value is an error naming the variable.
+func EmulationFromEnv(lookup rendezvous.LookupFunc) (Emulation, error) {
+	var e Emulation
+	get := func(name string) (string, bool) {
+		v, ok := lookup(name)
+		v = strings.TrimSpace(v)
+		return v, ok && v != ""
+	}
+	bad := func(name, v, why string) (Emulation, error) {
+		return Emulation{}, fmt.Errorf("testbed: %s=%q: %s", name, v, why)
+	}
+	if v, ok := get(EnvMachines); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return bad(EnvMachines, v, "not a machine count")
+		}
+		e.Machines = n
+	}
+	if v, ok := get(EnvNICGbit); ok {
+		g, err := strconv.ParseFloat(v, 64)
+		if err != nil || g < 0 {
+			return bad(EnvNICGbit, v, "not a rate in Gbit/s")
+		}
+		e.NICGbit = g
+	}
+	if v, ok := get(EnvNICLatency); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			us, ferr := strconv.ParseFloat(v, 64)
+			if ferr != nil {
+				return bad(EnvNICLatency, v, "neither a duration (50us) nor microseconds")
+			}
+			d = time.Duration(us * float64(time.Microsecond))
+		}
+		if d < 0 {
+			return bad(EnvNICLatency, v, "negative")
+		}
+		e.NICLatency = d
+	}
+	for _, f := range []struct {
+		name string
+		dst  *bool
+	}{{EnvMPS, &e.MPS}, {EnvNetNS, &e.NetNS}} {
+		if v, ok := get(f.name); ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return bad(f.name, v, "not 1 or 0")
+			}
+			*f.dst = b
+		}
+	}
+	return e, nil
+}
+
+// Placement is how the job's ranks sit on GPUs.
+type Placement struct {
+	RanksPerGPU          int  `json:"ranks_per_gpu"`                    // the most ranks on one GPU (1: a GPU each)
+	SharedAcrossMachines bool `json:"shared_across_machines,omitempty"` // ranks of different machines share a GPU
+}
+
+// Seat is where one rank runs: its machine index and an identity of its
+// GPU that is equal for two ranks exactly when they share the GPU.
+type Seat struct {
+	Machine int
+	GPU     string
+}
+
+// PlacementOf summarises the seats of every rank of a job.
+func PlacementOf(seats []Seat) Placement {
+	machines := map[string][]int{}
+	for _, s := range seats {
+		if !slices.Contains(machines[s.GPU], s.Machine) {
+			machines[s.GPU] = append(machines[s.GPU], s.Machine)
+		}
+	}
+	count := map[string]int{}
+	var p Placement
+	for _, s := range seats {
+		count[s.GPU]++
+		p.RanksPerGPU = max(p.RanksPerGPU, count[s.GPU])
+		if len(machines[s.GPU]) > 1 {
+			p.SharedAcrossMachines = true
+		}
+	}
+	return p
+}
+
+func (p Placement) String() string {
+	s := fmt.Sprintf("%d rank(s) per GPU", p.RanksPerGPU)
+	if p.SharedAcrossMachines {
+		s += ", ranks of different machines share GPUs"
+	}
+	return s
+}
+
+// UnderLauncher reports whether this process is one worker of a job of
+// several processes (WORLD_SIZE > 1 from fairrun, torchrun, Slurm or Open
+// MPI). A job of one process is driven by the single-process openers.
+func UnderLauncher() bool {
+	l, err := rendezvous.FromEnv()
+	return err == nil && l.WorldSize > 1
+}
+
+// NCCLEnv returns the NCCL_* variables of the environment, sorted.
+func NCCLEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "NCCL_") {
+			out = append(out, kv)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// hostname is the host's name, or "" when unknown.
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}

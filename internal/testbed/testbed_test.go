@@ -1,0 +1,222 @@
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/rendezvous"
+)
+
+func TestSimTestbedRunsAnAllReduce(t *testing.T) {
+	ctx := context.Background()
+	tb, err := OpenSim(Spec{Machines: 2, Devices: 3, Seed: 1, Jitter: 20 * time.Microsecond})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tb.Close()) }()
+	info := tb.Info()
+	require.Equal(t, "sim", info.Backend)
+	require.True(t, info.SimTimings)
+	require.Equal(t, 6, info.World())
+	require.Len(t, info.GPUs, 6)
+	require.Empty(t, info.Invalid())
+	require.True(t, tb.Root())
+	require.NoError(t, tb.Barrier(ctx))
+	blobs, err := tb.Gather(ctx, "k", []byte("x"))
+	require.NoError(t, err)
+	require.Equal(t, [][]byte{[]byte("x")}, blobs)
+
+	reds, err := tb.Reducers(ctx, hier.WithFlatThreshold(hier.FlatNever))
+	require.NoError(t, err)
+	const n = 1001
+	ts := make([]fairgo.Tensor, len(tb.Ranks()))
+	err = tb.ForRanks(func(i int, r *Rank) error {
+		require.Equal(t, i, r.WorldRank)
+		x, err := r.Alloc(n, fairgo.Float32)
+		if err != nil {
+			return err
+		}
+		buf := make([]byte, n*4)
+		for j := range n {
+			elem.Set(fairgo.Float32, buf, j, float64(r.WorldRank+j))
+		}
+		ts[i] = x
+		return r.Upload(x, buf)
+	})
+	require.NoError(t, err)
+	err = tb.ForRanks(func(i int, r *Rank) error {
+		d, err := r.Time(ctx, func() error {
+			w := reds[i].AllReduce(ctx, ts[i], fairgo.Sum, hier.After(r.Stream))
+			if err := w.StreamWait(ctx, r.Stream); err != nil {
+				return err
+			}
+			return w.Wait(ctx)
+		})
+		if err == nil && d <= 0 {
+			err = fmt.Errorf("time %v", d)
+		}
+		return err
+	})
+	require.NoError(t, err)
+	err = tb.ForRanks(func(i int, r *Rank) error {
+		out, err := r.Download(ts[i])
+		if err != nil {
+			return err
+		}
+		for j := range n {
+			if got, want := elem.Get(fairgo.Float32, out, j), float64(15+6*j); got != want {
+				return fmt.Errorf("element %d = %g, want %g", j, got, want)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Error(t, tb.Ranks()[0].Upload(ts[0].Slice(0, 1), make([]byte, 8)), "more bytes than the tensor")
+	require.NoError(t, tb.Close())
+	require.NoError(t, tb.Close(), "closing twice")
+	_, err = tb.Reducers(ctx)
+	require.Error(t, err)
+}
+
+func TestOpen(t *testing.T) {
+	_, err := Open(context.Background(), "tpu", Spec{Machines: 1, Devices: 1})
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+	_, err = OpenSim(Spec{Machines: 0, Devices: 1})
+	require.Error(t, err)
+	if !CUDABuilt {
+		_, err = Open(context.Background(), "cuda", Spec{Machines: 1, Devices: 1})
+		require.ErrorIs(t, err, ErrNoCUDA)
+	}
+	tb, err := Open(context.Background(), "sim", Spec{Machines: 1, Devices: 2})
+	require.NoError(t, err)
+	require.NoError(t, tb.Close())
+}
+
+// TestGroup runs barriers and gathers of three processes over one store.
+func TestGroup(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	store := rendezvous.NewMemoryStore()
+	const size = 3
+	got := make([][][]byte, size)
+	all := make([][][]byte, size)
+	var wg sync.WaitGroup
+	errs := make([]error, size)
+	for p := range size {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tb := &Testbed{group: &group{store: store, rank: p, size: size}}
+			for range 3 {
+				if err := tb.Barrier(ctx); err != nil {
+					errs[p] = err
+					return
+				}
+			}
+			var err error
+			if got[p], err = tb.Gather(ctx, "g", []byte{byte(p)}); err != nil {
+				errs[p] = err
+				return
+			}
+			all[p], errs[p] = tb.group.gather(ctx, "all", []byte{byte(10 + p)}, true)
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.Equal(t, [][]byte{{0}, {1}, {2}}, got[0])
+	require.Nil(t, got[1])
+	for p := range size {
+		require.Equal(t, [][]byte{{10}, {11}, {12}}, all[p])
+	}
+}
+
+func TestPlacement(t *testing.T) {
+	tests := []struct {
+		name  string
+		seats []Seat
+		want  Placement
+	}{
+		{"one GPU each", []Seat{{0, "h/0"}, {0, "h/1"}, {1, "h/2"}, {1, "h/3"}}, Placement{RanksPerGPU: 1}},
+		{"2x2 on two GPUs", []Seat{{0, "h/0"}, {0, "h/1"}, {1, "h/0"}, {1, "h/1"}}, Placement{RanksPerGPU: 2, SharedAcrossMachines: true}},
+		{"two ranks of one machine share", []Seat{{0, "h/0"}, {0, "h/0"}, {1, "h/1"}}, Placement{RanksPerGPU: 2}},
+		{"4x2 on two GPUs", []Seat{{0, "h/0"}, {0, "h/1"}, {1, "h/0"}, {1, "h/1"}, {2, "h/0"}, {2, "h/1"}, {3, "h/0"}, {3, "h/1"}},
+			Placement{RanksPerGPU: 4, SharedAcrossMachines: true}},
+		{"other hosts", []Seat{{0, "a/0"}, {1, "b/0"}}, Placement{RanksPerGPU: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, PlacementOf(tc.seats))
+		})
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	shared := Placement{RanksPerGPU: 2, SharedAcrossMachines: true}
+	tests := []struct {
+		name    string
+		info    Info
+		invalid bool
+	}{
+		{"one rank per GPU", Info{Placement: Placement{RanksPerGPU: 1}}, false},
+		{"shared without MPS", Info{Placement: shared}, true},
+		{"shared, MPS unknown", Info{Placement: shared, Emulation: Emulation{Machines: 2}}, true},
+		{"shared under MPS", Info{Placement: shared, Emulation: Emulation{Machines: 2, MPS: true}}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.invalid, tc.info.Invalid() != "", tc.info.Invalid())
+		})
+	}
+}
+
+func TestEmulationFromEnv(t *testing.T) {
+	env := func(kv ...string) rendezvous.LookupFunc {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	tests := []struct {
+		name string
+		env  rendezvous.LookupFunc
+		want Emulation
+		bad  bool
+	}{
+		{"nothing", env(), Emulation{}, false},
+		{"testbed", env(EnvMachines, "4", EnvNICGbit, "10", EnvNICLatency, "50us", EnvMPS, "1", EnvNetNS, "1"),
+			Emulation{Machines: 4, NICGbit: 10, NICLatency: 50 * time.Microsecond, MPS: true, NetNS: true}, false},
+		{"latency in microseconds", env(EnvNICLatency, "25"), Emulation{NICLatency: 25 * time.Microsecond}, false},
+		{"no MPS", env(EnvMachines, "2", EnvMPS, "0", EnvNetNS, "0"), Emulation{Machines: 2}, false},
+		{"empty values", env(EnvNICGbit, " "), Emulation{}, false},
+		{"bad rate", env(EnvNICGbit, "ten"), Emulation{}, true},
+		{"negative machines", env(EnvMachines, "-1"), Emulation{}, true},
+		{"bad latency", env(EnvNICLatency, "soon"), Emulation{}, true},
+		{"bad MPS", env(EnvMPS, "maybe"), Emulation{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := EmulationFromEnv(tc.env)
+			if tc.bad {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+	e := Emulation{Machines: 2, NICGbit: 10, MPS: true, NetNS: true}
+	require.Equal(t, 1.25e9, e.NICBytesPerSecond())
+	require.Contains(t, e.String(), "10 Gbit/s")
+	require.Equal(t, "not emulated", Emulation{}.String())
+	require.Equal(t, "not emulated", Emulation{Machines: 1}.String(), "one machine under fairrun")
+	require.False(t, Emulation{Machines: 1}.Emulated())
+	require.True(t, Emulation{Machines: 2}.Emulated())
+}

@@ -1,0 +1,348 @@
+#!/usr/bin/env bash
+# fairgo's checks and benchmarks on the GPU machine. Run from the repository
+# root with the binaries of `make gpu-bin` in bin/ (no Go needed there):
+#
+#   scripts/gpu.sh SECTION [ARGS] [SECTION [ARGS]] ...
+#
+# Sections (durations on 2 × H200 with the 10 Gbit/s testbed):
+#   tests               the GPU test binaries: nccl, cuda, the ddp kernels,
+#                       and hier's ^TestGPU tests (~4 min; limits add up to 9.5)
+#   test NAME REGEX     one test binary (bin/NAME.test) with -test.run REGEX
+#   fairrun             examples/allreduce under fairrun: 1×2, then 2×2 and 4×2
+#                       on the testbed with shuffled ranks (~2 min)
+#   ddp                 examples/ddp on GPUs: 1×2 in one process, 2×2 on the
+#                       testbed (~1 min)
+#   bench-1x2           T1's sweeps: 1×2 in one process, float32 and bfloat16,
+#                       one call at a time and 20 back to back, 64K–1G (~30 s)
+#   bench-2x1           T2's in-process sweep: 2×1 in one process, 1M–1G (~10 s)
+#   testbed MxD ...     sweeps on fairrun's testbed, e.g. testbed 2x1 2x2 4x2,
+#                       1M–1G (2×1 ~30 s, 2×2 ~40 s, 4×2 ~60 s)
+#   overlap             T5: 64 × 25 MiB back to back on the testbed's 2×2 (~40 s)
+#   links               the model's links: NVLink pair, testbed network pair (~40 s)
+#   enqueue             T6: hier's BenchmarkGPUEnqueue (host time to enqueue one
+#                       single-slice AllReduce) into enqueue.txt (~1 min)
+#   targets             T1–T8: every bench section above twice (runs r1, r2; r1
+#                       checks results), then the targets, the model and a
+#                       digest (~6 min)
+#   analyse             targets, model and digest of the records under $OUT/json
+#
+# Settings (environment): OUT (default ./out), BIN (./bin), NIC_GBIT (10),
+# NIC_LATENCY (e.g. 50us; default none), MPS (auto), RUN (r1: the run label
+# of single bench sections), RUNS ("r1 r2": targets), VARIANTS (further
+# fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
+# (T6: µs, or a file of `go test -bench` output; default enqueue.txt when
+# the enqueue section made it), ENQUEUE_BENCH (the benchmarks T6 takes the
+# worst of, a regular expression; default Enqueue), NVLINK_SIZES, NET_SIZES.
+#
+# Under $OUT: machine.txt, logs/STEP.log (every command's output),
+# json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
+# test), enqueue.txt (the enqueue benchmark), and from targets/analyse
+# targets.json, targets.txt, model.txt, digest.txt, results.csv. The last
+# thing printed is the targets table (when made) and a table of the steps.
+# Exit status 0 when every step passed (a target missed is not a failed step).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on these shared hosts, in every process
+
+OUT=${OUT:-./out}
+BIN=${BIN:-./bin}
+NIC_GBIT=${NIC_GBIT:-10}
+NIC_LATENCY=${NIC_LATENCY:-}
+MPS=${MPS:-auto}
+RUN=${RUN:-r1}
+RUNS=${RUNS:-r1 r2}
+VARIANTS=${VARIANTS:-}
+ENQUEUE=${ENQUEUE:-}
+ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
+NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
+NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
+mkdir -p "$OUT/logs" "$OUT/json"
+OUT=$(cd "$OUT" && pwd)
+
+declare -a table
+status=0
+CHECK=(-check -w 0) # the check's call of each method warms it up
+
+# note STATUS NAME SECONDS DETAIL: a line of the final table.
+note() {
+  table+=("$(printf '%-4s %-28s %5ss  %s' "$1" "$2" "$3" "$4")")
+  [ "$1" = PASS ] || [ "$1" = SKIP ] || status=1
+}
+
+# step NAME LIMIT CMD...: runs CMD with NCCL_NVLS_ENABLE=0 and a time limit,
+# output to logs/NAME.log; sets rc and secs.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  echo "== $name: $*" >"$OUT/logs/$name.log"
+  timeout -k 10 "$limit" env NCCL_NVLS_ENABLE=0 "$@" >>"$OUT/logs/$name.log" 2>&1
+  rc=$?
+  secs=$((SECONDS - t0))
+  [ "$rc" -eq 124 ] && echo "== $name: killed after ${limit}s" >>"$OUT/logs/$name.log"
+}
+
+need() {
+  local b
+  for b in "$@"; do
+    if [ ! -x "$BIN/$b" ]; then
+      note FAIL "$b" 0 "missing $BIN/$b: run make gpu-bin on the build machine"
+      return 1
+    fi
+  done
+}
+
+machine() {
+  {
+    date -u
+    nvidia-smi -L 2>&1
+    nvidia-smi topo -m 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv 2>&1
+    ls -l /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1
+    env | grep -E '^(NCCL|CUDA|FAIRGO)_' | sort
+  } >"$OUT/machine.txt"
+}
+
+# fairrun_flags M: the testbed of M emulated machines.
+fairrun_flags() {
+  local f=(--emulate-machines "$1" --nic-gbit "$NIC_GBIT" --mps "$MPS")
+  [ -n "$NIC_LATENCY" ] && f+=(--nic-latency "$NIC_LATENCY")
+  echo "${f[@]}"
+}
+
+variant_flags() {
+  local v
+  for v in $VARIANTS; do printf -- '-fairgo %s ' "$v"; done
+}
+
+# gotest NAME BINARY LIMIT REGEX [ARGS]: a test binary, the tests chosen by
+# name; the verdict from the binary's exit status and its --- lines.
+gotest() {
+  local name=$1 bin=$2 limit=$3 re=$4
+  shift 4
+  need "$bin" || return
+  step "$name" "$limit" "$BIN/$bin" -test.v -test.count=1 -test.timeout "$((limit - 15))s" -test.run "$re" "$@"
+  local log="$OUT/logs/$name.log" pass fail skip
+  pass=$(grep -cE '^\s*--- PASS: ' "$log")
+  fail=$(grep -cE '^\s*--- FAIL: ' "$log")
+  skip=$(grep -cE '^\s*--- SKIP: ' "$log")
+  local verdict=PASS
+  { [ "$rc" -ne 0 ] || [ "$fail" -ne 0 ] || [ "$pass" -eq 0 ]; } && verdict=FAIL
+  note "$verdict" "$name" "$secs" "rc=$rc pass=$pass fail=$fail skip=$skip -test.run '$re'"
+  [ "$fail" -ne 0 ] && note FAIL "  failed" 0 "$(grep -E '^\s*--- FAIL: ' "$log" | awk '{print $3}' | head -8 | paste -sd' ')"
+  return 0
+}
+
+section_tests() {
+  gotest nccl nccl.test 60 '.'
+  gotest cuda cuda.test 180 '.'
+  gotest ddpgpu ddpgpu.test 60 '.'
+  FAIRGO_OUT=$OUT gotest hier-gpu hier.test 270 '^TestGPU' -rapid.checks=25
+}
+
+# allreduce NAME NPROC "FAIRRUN FLAGS" "ALLREDUCE FLAGS": every rank prints ok.
+allreduce() {
+  local name=$1 nproc=$2 fr=$3 ar=$4
+  need fairrun allreduce || return
+  # shellcheck disable=SC2086
+  step "$name" 150 "$BIN/fairrun" --nproc-per-node "$nproc" $fr -- "$BIN/allreduce" -backend cuda $ar
+  local oks
+  oks=$(grep -cE '^\[[0-9]+\] ok ' "$OUT/logs/$name.log")
+  local verdict=PASS
+  { [ "$rc" -ne 0 ] || [ "$oks" -ne "$nproc" ]; } && verdict=FAIL
+  note "$verdict" "$name" "$secs" "rc=$rc ok=$oks/$nproc"
+}
+
+section_fairrun() {
+  allreduce allreduce-1x2-f32 2 "--shuffle-ranks 3" "-dtype float32 -op sum -count 1048579 -iters 2"
+  allreduce allreduce-1x2-bf16 2 "" "-dtype bfloat16 -op avg -count 3000001"
+  allreduce allreduce-2x2-f32 4 "$(fairrun_flags 2) --shuffle-ranks 7" "-dtype float32 -op sum -count 1048579 -iters 2"
+  allreduce allreduce-2x2-i64 4 "$(fairrun_flags 2) --shuffle-ranks 5" "-dtype int64 -op min -count 100003 -flat-threshold -1"
+  allreduce allreduce-4x2-bf16 8 "$(fairrun_flags 4) --shuffle-ranks 9" "-dtype bfloat16 -op avg -count 1000003 -slice 1048576"
+  allreduce allreduce-4x2-f16 8 "$(fairrun_flags 4)" "-dtype float16 -op prod -count 65537 -flat-threshold -1"
+}
+
+# ddp_check NAME: the loss falls and the replicas end identical.
+ddp_check() {
+  local log="$OUT/logs/$1.log" first last verdict=PASS
+  first=$(grep -E 'epoch +[0-9]+ +loss' "$log" | head -1 | sed -E 's/.*loss ([0-9.eE+-]+).*/\1/')
+  last=$(grep -E 'epoch +[0-9]+ +loss' "$log" | tail -1 | sed -E 's/.*loss ([0-9.eE+-]+).*/\1/')
+  if [ "$rc" -ne 0 ] || [ -z "$first" ] || [ -z "$last" ] || ! grep -q 'replicas identical' "$log" ||
+    ! awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'; then
+    verdict=FAIL
+  fi
+  note "$verdict" "$1" "$secs" "rc=$rc loss ${first:-?} -> ${last:-?}"
+}
+
+section_ddp() {
+  local model="-in 128 -hidden 1024 -depth 2 -classes 10 -batch 256 -epochs 8 -steps 40"
+  if need ddp; then
+    # shellcheck disable=SC2086
+    step ddp-1x2 150 "$BIN/ddp" -backend cuda -machines 1 -devices 2 $model
+    ddp_check ddp-1x2
+  fi
+  if need fairrun ddp; then
+    # shellcheck disable=SC2086
+    step ddp-2x2-testbed 180 "$BIN/fairrun" $(fairrun_flags 2) --nproc-per-node 4 -- "$BIN/ddp" -backend cuda $model
+    ddp_check ddp-2x2-testbed
+  fi
+}
+
+# bench NAME LIMIT CMD...: a fairbench command that writes json/RUN-NAME.jsonl;
+# passes when it exits 0 and no record has a wrong element or is invalid.
+bench() {
+  local name=$1 limit=$2
+  shift 2
+  local js="$OUT/json/$RUN-$name.jsonl"
+  rm -f "$js"
+  step "$RUN-$name" "$limit" "$@" -run "$RUN" -json "$js"
+  local n=0 wrong=0 invalid=0
+  if [ -f "$js" ]; then
+    n=$(grep -c . "$js")
+    wrong=$(grep -c '"wrong":[1-9]' "$js")
+    invalid=$(grep -c '"invalid":' "$js")
+  fi
+  local verdict=PASS
+  { [ "$rc" -ne 0 ] || [ "$n" -eq 0 ] || [ "$wrong" -ne 0 ] || [ "$invalid" -ne 0 ]; } && verdict=FAIL
+  note "$verdict" "$RUN-$name" "$secs" "rc=$rc records=$n wrong=$wrong invalid=$invalid"
+}
+
+section_bench_1x2() {
+  need fairbench || return
+  local dt n
+  for dt in float32 bfloat16; do
+    for n in 1 20; do
+      # shellcheck disable=SC2086,SC2046
+      bench "1x2-$dt-n$n" 120 "$BIN/fairbench" sweep -backend cuda -machines 1 -devices 2 -dtype "$dt" $NVLINK_SIZES \
+        -n "$n" -reps 3 "${CHECK[@]}" -label 1x2 $(variant_flags)
+    done
+  done
+}
+
+section_bench_2x1() {
+  need fairbench || return
+  # shellcheck disable=SC2086,SC2046
+  bench 2x1 120 "$BIN/fairbench" sweep -backend cuda -machines 2 -devices 1 $NET_SIZES -n 1 -reps 3 "${CHECK[@]}" -label 2x1 $(variant_flags)
+}
+
+section_testbed() {
+  need fairrun fairbench || return
+  local l m d
+  for l in "$@"; do
+    m=${l%x*} d=${l#*x}
+    # shellcheck disable=SC2086,SC2046
+    bench "testbed-$l" 240 "$BIN/fairrun" $(fairrun_flags "$m") --nproc-per-node $((m * d)) -- \
+      "$BIN/fairbench" sweep -backend cuda $NET_SIZES -n 1 -reps 3 "${CHECK[@]}" -label "testbed-$l" $(variant_flags)
+  done
+}
+
+section_overlap() {
+  need fairrun fairbench || return
+  # shellcheck disable=SC2046
+  bench overlap-2x2 180 "$BIN/fairrun" $(fairrun_flags 2) --nproc-per-node 4 -- \
+    "$BIN/fairbench" overlap -backend cuda -buckets 64 -bucket-bytes 25M -w 1 -reps 3 -label testbed-2x2 $(variant_flags)
+}
+
+section_links() {
+  need fairrun fairbench || return
+  local fr
+  fr=$(fairrun_flags 2)
+  fr=${fr#--emulate-machines 2 } # links sets the machine count itself
+  # shellcheck disable=SC2086
+  bench links 240 "$BIN/fairbench" links -backend cuda $NET_SIZES -w 1 -n 1 -reps 3 -fairrun "$BIN/fairrun" -fairrun-flags "$fr"
+}
+
+section_enqueue() {
+  need hier.test || return
+  step enqueue 300 "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkGPUEnqueue$' -test.benchtime 2000x -test.timeout 280s
+  grep -E '^Benchmark' "$OUT/logs/enqueue.log" >"$OUT/enqueue.txt"
+  local n
+  n=$(grep -c 'enqueue-ns/op' "$OUT/enqueue.txt")
+  note "$([ "$rc" -eq 0 ] && [ "$n" -gt 0 ] && echo PASS || echo FAIL)" enqueue "$secs" "rc=$rc $n benchmarks (enqueue.txt)"
+}
+
+section_analyse() {
+  need fairbench || return
+  local files
+  files=$(ls "$OUT"/json/*.jsonl 2>/dev/null | paste -sd, -)
+  if [ -z "$files" ]; then
+    note FAIL analyse 0 "no records under $OUT/json"
+    return
+  fi
+  local enq=() e=$ENQUEUE
+  [ -z "$e" ] && [ -s "$OUT/enqueue.txt" ] && e=$OUT/enqueue.txt
+  [ -n "$e" ] && enq=(-enqueue "$e" -enqueue-bench "$ENQUEUE_BENCH")
+  step targets 60 "$BIN/fairbench" targets -in "$files" -out "$OUT/targets.json" "${enq[@]}"
+  tail -n +2 "$OUT/logs/targets.log" >"$OUT/targets.txt"
+  local passed
+  passed=$(grep -cE '^T[0-9] .* yes ' "$OUT/targets.txt")
+  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" targets "$secs" "rc=$rc targets met: $passed of 8 (targets.json)"
+  local first
+  first=$(ls "$OUT"/json/"${RUNS%% *}"-*.jsonl 2>/dev/null | paste -sd, -)
+  step model 60 "$BIN/fairbench" model -in "${first:-$files}"
+  tail -n +2 "$OUT/logs/model.log" >"$OUT/model.txt"
+  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" model "$secs" "rc=$rc $(grep -m1 'testbed points: worst' "$OUT/model.txt" | sed 's/^# //')$([ "$rc" -ne 0 ] && tail -1 "$OUT/model.txt")"
+  step digest 60 "$BIN/fairbench" report -in "$files" -csv "$OUT/results.csv"
+  tail -n +2 "$OUT/logs/digest.log" >"$OUT/digest.txt"
+  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" digest "$secs" "rc=$rc digest.txt, results.csv"
+}
+
+section_targets() {
+  local first=1 run single=$RUN
+  for run in $RUNS; do
+    RUN=$run
+    if [ "$first" -eq 1 ]; then CHECK=(-check -w 0); else CHECK=(-w 1); fi
+    first=0
+    section_bench_1x2
+    section_bench_2x1
+    section_testbed 2x1 2x2 4x2
+    section_overlap
+  done
+  RUN=$single
+  CHECK=(-check -w 0)
+  section_analyse
+}
+
+[ $# -eq 0 ] && { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
+machine
+start=$SECONDS
+while [ $# -gt 0 ]; do
+  s=$1
+  shift
+  case $s in
+  tests) section_tests ;;
+  test)
+    [ $# -ge 2 ] || { echo "usage: scripts/gpu.sh test NAME REGEX" >&2; exit 2; }
+    gotest "$1" "$1.test" 300 "$2"
+    shift 2
+    ;;
+  fairrun) section_fairrun ;;
+  ddp) section_ddp ;;
+  bench-1x2) section_bench_1x2 ;;
+  bench-2x1) section_bench_2x1 ;;
+  testbed)
+    layouts=()
+    while [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+x[0-9]+$ ]]; do
+      layouts+=("$1")
+      shift
+    done
+    [ ${#layouts[@]} -gt 0 ] || layouts=(2x1 2x2 4x2)
+    section_testbed "${layouts[@]}"
+    ;;
+  overlap) section_overlap ;;
+  links) section_links ;;
+  enqueue) section_enqueue ;;
+  targets) section_targets ;;
+  analyse) section_analyse ;;
+  *)
+    echo "scripts/gpu.sh: unknown section $s (run it without arguments for the list)" >&2
+    exit 2
+    ;;
+  esac
+done
+
+echo
+echo "== fairgo GPU run, $(date -u +%H:%M:%S) UTC, $((SECONDS - start)) s, NIC ${NIC_GBIT} Gbit/s, MPS $MPS, logs and records in $OUT"
+[ -f "$OUT/targets.txt" ] && grep -v '^#' "$OUT/targets.txt"
+printf '%s\n' "${table[@]}"
+[ "$status" -eq 0 ] && echo "RESULT: PASS" || echo "RESULT: FAIL"
+exit "$status"
