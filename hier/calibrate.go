@@ -53,16 +53,34 @@ func (r *Reducer) classBase() int64 {
 	return minClassBytes
 }
 
-// candidates are the algorithms Auto chooses from.
-func (r *Reducer) candidates() []Algorithm {
-	if r.cfg.flatThreshold == FlatNever {
-		return []Algorithm{RailAllToAll, RailRSAG}
-	}
-	return []Algorithm{Flat, RailAllToAll, RailRSAG}
+// route is what Auto chooses for a size class: an algorithm, and for the
+// rail's NCCL form whether the call is cut into slices (overlapping in the
+// pipeline) or goes through as one: where the network dominates, the
+// overlap of the NVLink stages gains little and fewer exchanges in flight
+// on the NIC can fill it better, which only measurement tells.
+type route struct {
+	algo     Algorithm
+	unsliced bool
 }
 
-// guess is the algorithm of a class not measured yet.
-const guess = RailAllToAll
+func (rt route) String() string {
+	if rt.unsliced {
+		return rt.algo.String() + "-unsliced"
+	}
+	return rt.algo.String()
+}
+
+// candidates are the routes Auto chooses from.
+func (r *Reducer) candidates() []route {
+	cs := []route{{algo: RailAllToAll}, {algo: RailRSAG}, {algo: RailRSAG, unsliced: true}}
+	if r.cfg.flatThreshold == FlatNever {
+		return cs
+	}
+	return append([]route{{algo: Flat}}, cs...)
+}
+
+// guess is the route of a class not measured yet.
+var guess = route{algo: RailAllToAll}
 
 // choicesLocked is the current choice table (r.mu held): Flat below the
 // flat threshold, then one entry per size class that has been measured (or
@@ -85,7 +103,7 @@ func (r *Reducer) choicesLocked() []Choice {
 		return append(out, Choice{MinBytes: start, Algorithm: fixed, Measured: true})
 	}
 	if start < r.classBase() {
-		out = append(out, Choice{MinBytes: start, Algorithm: guess})
+		out = append(out, Choice{MinBytes: start, Algorithm: guess.algo})
 	}
 	for class := 0; ; class++ {
 		lo := r.classBase() << class
@@ -93,22 +111,21 @@ func (r *Reducer) choicesLocked() []Choice {
 		if !measured {
 			a = guess
 		}
-		out = append(out, Choice{MinBytes: lo, Algorithm: a, Measured: measured})
+		out = append(out, Choice{MinBytes: lo, Algorithm: a.algo, Unsliced: a.unsliced, Measured: measured})
 		if lo >= maxCalibrationBytes {
 			return out
 		}
 	}
 }
 
-// algorithm is the algorithm of an allreduce of bytes on more than one
-// machine, measuring its size class first when Auto has not yet (engine
-// goroutine only).
-func (r *Reducer) algorithm(bytes int64) Algorithm {
+// routeFor is the route of an allreduce of bytes, measuring its size class
+// first when Auto has not yet (engine goroutine only).
+func (r *Reducer) routeFor(bytes int64) route {
 	if r.cfg.algorithm != Auto || r.grid.Machines == 1 {
-		return r.AlgorithmFor(bytes)
+		return route{algo: r.AlgorithmFor(bytes)}
 	}
 	if t := r.cfg.flatThreshold; t != FlatNever && bytes < t {
-		return Flat
+		return route{algo: Flat}
 	}
 	class, lo, ok := r.classOf(bytes)
 	if !ok {
@@ -133,7 +150,7 @@ func (r *Reducer) algorithm(bytes int64) Algorithm {
 // calibrate measures the candidates at the size of a class and returns the
 // fastest. Failures are consistent across ranks (they agree on whether to
 // measure first); a class that cannot be measured gets the guess.
-func (r *Reducer) calibrate(class int) Algorithm {
+func (r *Reducer) calibrate(class int) route {
 	lo := r.classBase() << class
 	size := min(lo+lo/2, maxCalibrationBytes) // inside the class
 	size = size / 64 * 64
@@ -159,7 +176,7 @@ func (r *Reducer) calibrate(class int) Algorithm {
 
 // timeCandidates runs each candidate on a scratch buffer of size bytes and
 // returns the slowest rank's best time of each, in nanoseconds.
-func (r *Reducer) timeCandidates(size int64, cands []Algorithm) ([]int64, error) {
+func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	first := r.chain.Stream(streams.ReduceScatter)
 	hdr, err := r.calibrationHeader()
 	if err != nil {
@@ -197,7 +214,7 @@ func (r *Reducer) timeCandidates(size int64, cands []Algorithm) ([]int64, error)
 		best[i] = math.MaxInt64
 		for rep := range reps + 1 {
 			start := time.Now()
-			last, err := r.allReduceWith(t, fairgo.Sum, a)
+			last, err := r.allReduceWith(t, fairgo.Sum, a, first)
 			if err == nil {
 				err = ev.Record(last)
 			}
@@ -222,14 +239,17 @@ func freeIf(dev Device, ptr uintptr, allocErr error) error {
 	return dev.Free(ptr)
 }
 
-// allReduceWith enqueues an allreduce of t with a given algorithm on the
-// engine's streams and returns the stream its last work is on.
-func (r *Reducer) allReduceWith(t fairgo.Tensor, op fairgo.Op, a Algorithm) (streams.Stream, error) {
-	if a == Flat {
-		first := r.chain.Stream(streams.ReduceScatter)
+// allReduceWith enqueues an allreduce of t by a given route, flat work on
+// first, and returns the stream its last work is on.
+func (r *Reducer) allReduceWith(t fairgo.Tensor, op fairgo.Op, rt route, first streams.Stream) (streams.Stream, error) {
+	if rt.algo == Flat {
 		return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, op, first)
 	}
-	return r.allReduce(t, op, a)
+	slice := r.layout.SliceBytes
+	if rt.unsliced {
+		slice = math.MaxInt64
+	}
+	return r.allReduce(t, op, rt.algo, slice)
 }
 
 // calibrationHeader is a small device buffer and its host twin for the

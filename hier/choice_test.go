@@ -2,6 +2,7 @@ package hier_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -112,4 +113,27 @@ func TestInlineEnqueueKeepsCallOrder(t *testing.T) {
 	}
 	want := slices.Repeat([][]byte{in[1]}, 3) // Max of three copies of rank 1's values
 	require.NoError(t, reftest.CheckResults(fairgo.Int64, reftest.ComputeReference(fairgo.Int64, fairgo.Max, want), w.download(t, bufs)))
+}
+
+// The route Auto may choose at large sizes: the rail's NCCL form with the
+// whole call as one slice, padding included, on several grids.
+func TestUnslicedRailRSAG(t *testing.T) {
+	for _, tc := range []struct{ m, d, count int }{{2, 2, 1 << 20}, {3, 2, 1000003}, {4, 1, 65537}, {2, 3, 7}} {
+		t.Run(fmt.Sprintf("%dx%d/%d", tc.m, tc.d, tc.count), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: tc.m, Devices: tc.d, Seed: 7, Jitter: 20 * time.Microsecond},
+				hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(64<<10))
+			for _, r := range w.reducers {
+				hier.SetRoute(r, hier.RailRSAG, true)
+			}
+			for _, op := range []fairgo.Op{fairgo.Sum, fairgo.Avg} {
+				rng := rand.New(rand.NewPCG(uint64(tc.count), 1))
+				in := reftest.RandomInputs(rng, fairgo.BFloat16, op, w.size(), tc.count)
+				out, err := w.allReduce(t, fairgo.BFloat16, op, in)
+				require.NoError(t, err)
+				require.NoError(t, reftest.CheckResults(fairgo.BFloat16, reftest.ComputeReference(fairgo.BFloat16, op, in), out))
+			}
+			c := w.reducers[0].Choices()
+			require.True(t, c[len(c)-1].Unsliced)
+		})
+	}
 }

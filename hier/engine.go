@@ -250,11 +250,7 @@ func (r *Reducer) dispatch(q *request, first streams.Stream) (streams.Stream, er
 		if t.Count == 0 || g.Size() == 1 {
 			return nil, nil
 		}
-		algo := r.algorithm(t.ByteLen())
-		if algo == Flat {
-			return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, q.op, first)
-		}
-		return r.allReduce(t, q.op, algo)
+		return r.allReduceWith(t, q.op, r.routeFor(t.ByteLen()), first)
 	case kindReduceScatter:
 		return r.reduceScatter(q.a, q.b, q.op)
 	case kindAllGather:

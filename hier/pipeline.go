@@ -51,11 +51,13 @@ func (r *Reducer) stageOps(op fairgo.Op, dt fairgo.DType) stageOps {
 }
 
 // allReduce enqueues the five-stage pipeline for every slice of t (M > 1)
-// with the rail phase of algo (RailAllToAll or RailRSAG).
-func (r *Reducer) allReduce(t fairgo.Tensor, op fairgo.Op, algo Algorithm) (streams.Stream, error) {
+// with the rail phase of algo (RailAllToAll or RailRSAG), slices of at most
+// sliceBytes (the layout's; RailRSAG, which needs no staging slot, may take
+// larger ones).
+func (r *Reducer) allReduce(t fairgo.Tensor, op fairgo.Op, algo Algorithm, sliceBytes int64) (streams.Stream, error) {
 	ops := r.stageOps(op, t.DType)
 	es := t.DType.Size()
-	for sl := range staging.Slices(t.Count, es, r.grid.Size(), r.layout.SliceBytes) {
+	for sl := range staging.Slices(t.Count, es, r.grid.Size(), sliceBytes) {
 		p, err := r.planSlice(t, sl, algo)
 		if err != nil {
 			return nil, err

@@ -78,7 +78,7 @@ type Reducer struct {
 	busy     bool  // the engine goroutine is enqueueing a request
 	broken   error // set once the communicators were aborted
 	inflight []inflight
-	measured map[int]Algorithm // Auto's choice per size class, once measured
+	measured map[int]route // Auto's choice per size class, once measured
 	wake     chan struct{}
 
 	abortOnce  sync.Once
@@ -137,7 +137,7 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
 		wake: make(chan struct{}, 1), closing: make(chan struct{}),
 		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
-		skipWait: -1, measured: map[int]Algorithm{},
+		skipWait: -1, measured: map[int]route{},
 	}
 	if rk.Board != nil && rk.Grid.Size() > 1 {
 		r.board = newBulletin(r, rk.Board)
@@ -437,7 +437,7 @@ func (r *Reducer) inlineLocked(q *request) bool {
 		class, _, _ = r.classOf(maxCalibrationBytes)
 	}
 	a, measured := r.measured[class]
-	return measured && a == Flat
+	return measured && a.algo == Flat
 }
 
 // idle ends the engine goroutine's current execution.
@@ -595,6 +595,9 @@ func CloseAll(rs []*Reducer) error {
 type Choice struct {
 	MinBytes  int64
 	Algorithm Algorithm
+	// Unsliced: the call goes through the pipeline as one slice (Auto
+	// measured that faster than slices overlapping).
+	Unsliced bool
 	// Measured is false for a size class Auto has not measured yet (no
 	// call of that size so far); Algorithm is then a guess.
 	Measured bool
