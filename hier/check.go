@@ -236,12 +236,7 @@ func (c *checker) ask() {
 	c.kick()
 }
 
-func (c *checker) kick() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-}
+func (c *checker) kick() { notify(c.wake) }
 
 // stop ends the checker and frees its resources. The engine calls it after
 // the watcher has finished: calls still undecided then (their peers never

@@ -448,9 +448,13 @@ func (r *Reducer) idle() {
 	r.kick()
 }
 
-func (r *Reducer) kick() {
+func (r *Reducer) kick() { notify(r.wake) }
+
+// notify wakes the goroutine waiting on ch (a channel of capacity one)
+// without blocking: a wake already pending is enough.
+func notify(ch chan struct{}) {
 	select {
-	case r.wake <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -477,10 +481,7 @@ func (r *Reducer) Close() error {
 			r.events.put(q.after)
 		}
 	}
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
+	r.kick()
 	<-r.engineDone
 	return r.closeErr
 }
