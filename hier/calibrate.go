@@ -345,6 +345,7 @@ func (r *Reducer) waitEvent(ev streams.Event, what string) error {
 		_ = ev.Wait(ctx)
 		cancel()
 		if done, err := ev.Query(); done {
+			r.progressed()
 			return err
 		}
 		if cause := r.brokenCause(); cause != nil {

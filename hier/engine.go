@@ -89,7 +89,7 @@ func (r *Reducer) next() *request {
 			q := r.queue[0]
 			r.queue[0] = nil
 			r.queue = r.queue[1:]
-			r.busy = true
+			r.busy, r.busySince, r.busySeq = true, time.Now(), q.seq
 			r.mu.Unlock()
 			return q
 		}
@@ -198,6 +198,9 @@ func (r *Reducer) checkLater(q *request) {
 // peers may already have enqueued their part, so the communicators are
 // aborted rather than left to hang.
 func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
+	if cause := r.brokenCause(); cause != nil && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w (%w)", cause, err) // an abort (a timeout) ended the enqueue: it is the cause
+	}
 	err = fmt.Errorf("hier: %v: enqueueing: %w", q, err)
 	r.abort(fmt.Errorf("%w: %w", fairgo.ErrAborted, err))
 	q.work.markEnqueued(nil, nil)

@@ -75,7 +75,9 @@ type Reducer struct {
 	seq      uint64 // the last call number handed out
 	queue    []*request
 	closed   bool
-	busy     bool  // the engine goroutine is enqueueing a request
+	busy      bool      // a request is being enqueued (by the engine, or inline by its caller)
+	busySince time.Time // since when
+	busySeq   uint64    // which call
 	broken   error // set once the communicators were aborted
 	inflight []inflight
 	measured map[int]route // Auto's choice per size class, once measured
@@ -378,9 +380,9 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	if r.inlineLocked(q) {
 		// Nothing is queued before this flat call: enqueue it here, on the
 		// caller's stream, without the engine's hand-off and events.
-		r.busy = true
 		r.seq++
 		q.seq = r.seq
+		r.busy, r.busySince, r.busySeq = true, time.Now(), q.seq
 		r.mu.Unlock()
 		first := cc.after
 		if first == nil {
@@ -482,7 +484,14 @@ func (r *Reducer) Close() error {
 		}
 	}
 	r.kick()
-	<-r.engineDone
+	select {
+	case <-r.engineDone:
+	case <-time.After(2 * r.closeGrace()):
+		// A call stuck in its enqueue (NCCL blocking the caller's thread)
+		// keeps the engine from exiting: aborting ends it.
+		r.abort(fmt.Errorf("%w: the Reducer was closed while a call was stuck in its enqueue", fairgo.ErrClosed))
+		<-r.engineDone
+	}
 	return r.closeErr
 }
 

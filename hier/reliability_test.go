@@ -3,8 +3,10 @@ package hier_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -343,5 +345,75 @@ func TestSixteenBitNearTheMaximum(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// blockingComm is a world communicator whose calls after the first block
+// until the communicator is aborted, as NCCL can block the enqueueing
+// thread when its queue to the device is full of work waiting for a dead
+// peer.
+type blockingComm struct {
+	hier.Comm
+	mu      sync.Mutex
+	calls   int
+	aborted chan struct{}
+	once    sync.Once
+}
+
+func (c *blockingComm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+	c.mu.Lock()
+	c.calls++
+	n := c.calls
+	c.mu.Unlock()
+	if n > 1 {
+		<-c.aborted
+		return fmt.Errorf("blocked enqueue ended by the abort: %w", fairgo.ErrAborted)
+	}
+	return c.Comm.AllReduce(send, recv, count, dt, op, s)
+}
+
+func (c *blockingComm) Abort() error {
+	c.once.Do(func() { close(c.aborted) })
+	return c.Comm.Abort()
+}
+
+// A call stuck in its enqueue (inline, on the caller's goroutine, so no
+// Work is pending yet) is still covered by the watchdog: the caller gets a
+// Work failed with ErrTimeout instead of hanging.
+func TestWatchdogCoversAStuckEnqueue(t *testing.T) {
+	c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	rks := []hier.Rank{c.Rank(0), c.Rank(1)}
+	stuck := &blockingComm{Comm: rks[0].Comms.World, aborted: make(chan struct{})}
+	rks[0].Comms.World = stuck
+	var rs []*hier.Reducer
+	for _, rk := range rks {
+		r, err := hier.NewReducer(context.Background(), rk, hier.WithInlineEnqueue(true), hier.WithTimeout(300*time.Millisecond))
+		require.NoError(t, err)
+		rs = append(rs, r)
+	}
+	t.Cleanup(func() { _ = hier.CloseAll(rs) })
+	ts := make([]fairgo.Tensor, 2)
+	for g := range ts {
+		ts[g], err = c.Device(g).AllocTensor(1024, fairgo.Float32)
+		require.NoError(t, err)
+	}
+	var works []*hier.Work
+	for g, r := range rs {
+		works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+	}
+	require.NoError(t, reftest.WaitAll(works))
+	start := time.Now()
+	done := make(chan *hier.Work)
+	go func() { done <- rs[0].AllReduce(context.Background(), ts[0], fairgo.Sum) }()
+	select {
+	case wk := <-done:
+		err := wk.Wait(context.Background())
+		require.ErrorIs(t, err, fairgo.ErrTimeout)
+		require.Contains(t, err.Error(), "enqueueing call 2")
+		require.Less(t, time.Since(start), 10*time.Second)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stuck enqueue was never aborted")
 	}
 }

@@ -29,26 +29,66 @@ const (
 // spent queued behind healthy work is not held against it.
 func (r *Reducer) watch() {
 	defer close(r.watchDone)
-	for p := range r.watchCh {
-		err := r.await(p, time.Now())
-		if err != nil {
-			err = fmt.Errorf("hier: %v: %w", p.req, err)
-		}
-		ev := p.req.work.releaseEvent()
-		r.mu.Lock()
-		for i, f := range r.inflight {
-			if f.work == p.req.work {
-				r.inflight = append(r.inflight[:i], r.inflight[i+1:]...)
-				break
+	tick := time.NewTicker(watchPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case p, ok := <-r.watchCh:
+			if !ok {
+				return
 			}
+			r.complete(p)
+		case <-tick.C:
+			r.checkEnqueueStall()
 		}
-		r.mu.Unlock()
-		p.req.work.finish(err)
-		r.completed.Store(p.req.seq)
-		if err == nil || ev == nil {
-			r.events.put(ev)
+	}
+}
+
+// complete waits for one pending call and finishes its Work.
+func (r *Reducer) complete(p pending) {
+	err := r.await(p, time.Now())
+	if err != nil {
+		err = fmt.Errorf("hier: %v: %w", p.req, err)
+	}
+	ev := p.req.work.releaseEvent()
+	r.mu.Lock()
+	for i, f := range r.inflight {
+		if f.work == p.req.work {
+			r.inflight = append(r.inflight[:i], r.inflight[i+1:]...)
+			break
 		}
-		r.events.put(p.req.after)
+	}
+	r.mu.Unlock()
+	p.req.work.finish(err)
+	r.completed.Store(p.req.seq)
+	if err == nil || ev == nil {
+		r.events.put(ev)
+	}
+	r.events.put(p.req.after)
+}
+
+// progressed tells the enqueue watchdog that the engine, busy with one
+// call for long (a calibration), is making progress.
+func (r *Reducer) progressed() {
+	r.mu.Lock()
+	r.busySince = time.Now()
+	r.mu.Unlock()
+}
+
+// checkEnqueueStall is the watchdog of enqueueing itself: NCCL can block
+// the thread that enqueues (its queue to the device full of work that
+// waits for a dead peer), which leaves no pending call to time out.
+func (r *Reducer) checkEnqueueStall() {
+	if r.cfg.timeout <= 0 {
+		return
+	}
+	r.mu.Lock()
+	busy, since, seq, broken := r.busy, r.busySince, r.busySeq, r.broken
+	r.mu.Unlock()
+	if busy && broken == nil {
+		if waited := time.Since(since); waited > r.cfg.timeout {
+			r.timedOutOn(fmt.Sprintf("enqueueing call %d", seq), waited)
+		}
 	}
 }
 
