@@ -71,17 +71,17 @@ type Reducer struct {
 	layout staging.Layout
 	events eventPool
 
-	mu       sync.Mutex
-	seq      uint64 // the last call number handed out
-	queue    []*request
-	closed   bool
+	mu        sync.Mutex
+	seq       uint64 // the last call number handed out
+	queue     []*request
+	closed    bool
 	busy      bool      // a request is being enqueued (by the engine, or inline by its caller)
 	busySince time.Time // since when
 	busySeq   uint64    // which call
-	broken   error // set once the communicators were aborted
-	inflight []inflight
-	measured map[int]route // Auto's choice per size class, once measured
-	wake     chan struct{}
+	broken    error     // set once the communicators were aborted
+	inflight  []inflight
+	measured  map[int]route // Auto's choice per size class, once measured
+	wake      chan struct{}
 
 	abortOnce  sync.Once
 	closing    chan struct{} // closed by Close
