@@ -72,7 +72,11 @@ func (r *Reducer) engine(ready chan<- error) {
 		errs = append(errs, r.paddingR.Close())
 	}
 	if r.rank.OwnsResources {
-		errs = append(errs, r.rank.Release())
+		if r.abortsFinished(r.closeGrace()) {
+			errs = append(errs, r.rank.Release())
+		} else { // destroying a communicator NCCL is still aborting would be worse than leaking it
+			errs = append(errs, fmt.Errorf("hier: the communicators were still aborting %v after Close; left to NCCL", r.closeGrace()))
+		}
 	}
 	r.closeErr = errors.Join(errs...)
 }

@@ -84,6 +84,7 @@ type Reducer struct {
 	wake      chan struct{}
 
 	abortOnce  sync.Once
+	aborted    chan struct{} // closed when abort's communicator aborts have returned
 	closing    chan struct{} // closed by Close
 	engineDone chan struct{}
 	watchCh    chan pending
@@ -139,7 +140,7 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
 		wake: make(chan struct{}, 1), closing: make(chan struct{}),
 		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
-		skipWait: -1, measured: map[int]route{},
+		skipWait: -1, measured: map[int]route{}, aborted: make(chan struct{}),
 	}
 	if rk.Board != nil && rk.Grid.Size() > 1 {
 		r.board = newBulletin(r, rk.Board)
@@ -496,16 +497,40 @@ func (r *Reducer) Close() error {
 }
 
 // abort aborts every communicator once; later calls fail with cause.
+//
+// The aborts run on a goroutine of their own: ncclCommAbort may take its
+// time (or hang) while a peer is dead, and the failure must reach the
+// caller regardless. The engine waits for them (closeGrace at most) before
+// it destroys the communicators.
 func (r *Reducer) abort(cause error) {
 	r.abortOnce.Do(func() {
 		r.mu.Lock()
 		r.broken = cause
 		r.mu.Unlock()
 		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.grid.String(), "cause", cause)
-		for _, c := range r.commList() {
-			_ = c.Abort()
-		}
+		go func() {
+			defer close(r.aborted)
+			for _, c := range r.commList() {
+				_ = c.Abort()
+			}
+		}()
 	})
+}
+
+// abortsFinished waits, up to d, for the aborts abort started (true when
+// none was started).
+func (r *Reducer) abortsFinished(d time.Duration) bool {
+	if r.brokenCause() == nil {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.aborted:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 func (r *Reducer) brokenCause() error {

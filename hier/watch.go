@@ -20,7 +20,7 @@ type pending struct {
 
 const (
 	watchPoll  = 50 * time.Millisecond // how often a wait checks communicator errors and deadlines
-	abortGrace = 10 * time.Second      // how long to wait for device work after an abort
+	abortGrace = 2 * time.Second       // how long to wait for device work after an abort before reporting it
 )
 
 // watch completes Works in call order as their device work and their

@@ -195,6 +195,11 @@ func (p Placement) String() string {
 // several processes (WORLD_SIZE > 1 from fairrun, torchrun, Slurm or Open
 // MPI). A job of one process is driven by the single-process openers.
 func UnderLauncher() bool {
+	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "FAIRGO_STORE_ADDR"} {
+		if s := os.Getenv(v); s != "" && s != "1" {
+			return true // a launcher's variable: reading the rest may still fail, and says why
+		}
+	}
 	l, err := rendezvous.FromEnv()
 	return err == nil && l.WorldSize > 1
 }
