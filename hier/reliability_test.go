@@ -417,3 +417,39 @@ func TestWatchdogCoversAStuckEnqueue(t *testing.T) {
 		t.Fatal("the stuck enqueue was never aborted")
 	}
 }
+
+// hangingAbortComm is a communicator whose Abort does not return until
+// released, as ncclCommAbort can hang while a peer is dead.
+type hangingAbortComm struct {
+	hier.Comm
+	release chan struct{}
+}
+
+func (c *hangingAbortComm) Abort() error {
+	<-c.release
+	return c.Comm.Abort()
+}
+
+// A communicator abort that hangs does not hold back the failure: the
+// caller's Wait returns the timeout within its grace after the deadline.
+func TestHangingAbortStillReports(t *testing.T) {
+	c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	rk := c.Rank(0)
+	hang := &hangingAbortComm{Comm: rk.Comms.World, release: make(chan struct{})}
+	rk.Comms.World = hang
+	r, err := hier.NewReducer(context.Background(), rk, hier.WithAlgorithm(hier.Flat), hier.WithTimeout(300*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(func() { close(hang.release) }) // runs first: lets Close finish
+	ts, err := c.Device(0).AllocTensor(1024, fairgo.Float32)
+	require.NoError(t, err)
+	start := time.Now()
+	wk := r.AllReduce(context.Background(), ts, fairgo.Sum) // rank 1 never joins
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = wk.Wait(ctx)
+	require.ErrorIs(t, err, fairgo.ErrTimeout)
+	require.Less(t, time.Since(start), 300*time.Millisecond+5*time.Second)
+}
