@@ -22,7 +22,7 @@ const (
 	boardProgress = "fairgo-board/progress/"
 	// progressWait bounds how long the rank that timed out gathers the
 	// others' progress before it reports.
-	progressWait = 2 * time.Second
+	progressWait = time.Second
 )
 
 // TimeoutError is the error of calls on every rank of a job once the

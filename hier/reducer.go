@@ -498,9 +498,10 @@ func (r *Reducer) Close() error {
 
 // abort aborts every communicator once; later calls fail with cause.
 //
-// The aborts run on a goroutine of their own: ncclCommAbort may take its
-// time (or hang) while a peer is dead, and the failure must reach the
-// caller regardless. The engine waits for them (closeGrace at most) before
+// The aborts run on goroutines of their own, all at once: ncclCommAbort
+// may take its time (or hang) while a peer is dead, freeing memory can wait
+// for another communicator's kernels until that one is aborted too, and the
+// failure must reach the caller regardless. The engine waits for them (closeGrace at most) before
 // it destroys the communicators.
 func (r *Reducer) abort(cause error) {
 	r.abortOnce.Do(func() {
@@ -508,11 +509,17 @@ func (r *Reducer) abort(cause error) {
 		r.broken = cause
 		r.mu.Unlock()
 		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.grid.String(), "cause", cause)
-		go func() {
-			defer close(r.aborted)
-			for _, c := range r.commList() {
+		var wg sync.WaitGroup
+		for _, c := range r.commList() {
+			wg.Add(1)
+			go func() { // all at once: one abort can wait on the device for the kernels of another communicator
+				defer wg.Done()
 				_ = c.Abort()
-			}
+			}()
+		}
+		go func() {
+			wg.Wait()
+			close(r.aborted)
 		}()
 	})
 }
