@@ -32,7 +32,9 @@
 # fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
 # (T6: µs, or a file of `go test -bench` output; default enqueue.txt when
 # the enqueue section made it), ENQUEUE_BENCH (the benchmarks T6 takes the
-# worst of, a regular expression; default Enqueue), NVLINK_SIZES, NET_SIZES.
+# worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
+# to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
+# on a host of one GPU), NVLINK_SIZES, NET_SIZES.
 #
 # Under $OUT: machine.txt, logs/STEP.log (every command's output),
 # json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
@@ -53,6 +55,7 @@ RUNS=${RUNS:-r1 r2}
 VARIANTS=${VARIANTS:-}
 ENQUEUE=${ENQUEUE:-}
 ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
+MODEL_LINKS=${MODEL_LINKS:-}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
 mkdir -p "$OUT/logs" "$OUT/json"
@@ -271,14 +274,16 @@ section_analyse() {
   local enq=() e=$ENQUEUE
   [ -z "$e" ] && [ -s "$OUT/enqueue.txt" ] && e=$OUT/enqueue.txt
   [ -n "$e" ] && enq=(-enqueue "$e" -enqueue-bench "$ENQUEUE_BENCH")
-  step targets 60 "$BIN/fairbench" targets -in "$files" -out "$OUT/targets.json" "${enq[@]}"
+  # shellcheck disable=SC2086
+  step targets 60 "$BIN/fairbench" targets -in "$files" -out "$OUT/targets.json" "${enq[@]}" $MODEL_LINKS
   tail -n +2 "$OUT/logs/targets.log" >"$OUT/targets.txt"
   local passed
   passed=$(grep -cE '^T[0-9] .* yes ' "$OUT/targets.txt")
   note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" targets "$secs" "rc=$rc targets met: $passed of 8 (targets.json)"
   local first
   first=$(ls "$OUT"/json/"${RUNS%% *}"-*.jsonl 2>/dev/null | paste -sd, -)
-  step model 60 "$BIN/fairbench" model -in "${first:-$files}"
+  # shellcheck disable=SC2086
+  step model 60 "$BIN/fairbench" model -in "${first:-$files}" $MODEL_LINKS
   tail -n +2 "$OUT/logs/model.log" >"$OUT/model.txt"
   note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" model "$secs" "rc=$rc $(grep -m1 'testbed points: worst' "$OUT/model.txt" | sed 's/^# //')$([ "$rc" -ne 0 ] && tail -1 "$OUT/model.txt")"
   step digest 60 "$BIN/fairbench" report -in "$files" -csv "$OUT/results.csv"

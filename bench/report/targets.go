@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/bench/model"
 )
 
 // Target is one of issue 11's targets, measured on a run's records.
@@ -41,6 +42,8 @@ type TargetOptions struct {
 	Variant    string   // the fairgo variant the targets are about; "" is bench.DefaultVariant
 	Enqueue    *Enqueue // T6's input; nil: not measured
 	IncludeSim bool     // count sim records (tests); their times are not GPU times
+	// Intra and Net replace T7's fitted links when their bandwidth is set.
+	Intra, Net model.Link
 }
 
 // Enqueue is T6's input: the host time to enqueue one single-slice
@@ -307,7 +310,7 @@ func enqueueTarget(e *Enqueue) Target {
 func modelTarget(runs []string, byRun map[string][]bench.Record, o TargetOptions) Target {
 	t := Target{ID: "T7", What: "model error at every measured testbed point, |predicted − measured| / measured", Target: "≤ 0.15",
 		Runs: map[string]*float64{}, Command: []string{"fairbench model -in RECORDS (bench/model fitted to the run's links)"}}
-	mo := ModelOptions{IncludeSim: o.IncludeSim}
+	mo := ModelOptions{IncludeSim: o.IncludeSim, Intra: o.Intra, Net: o.Net}
 	for i, run := range runs {
 		p, _, err := FitModel(byRun[run], mo)
 		if err != nil {

@@ -266,3 +266,23 @@ func TestModelReport(t *testing.T) {
 	_, _, err = FitModel(append(recs, other...), ModelOptions{})
 	require.Error(t, err)
 }
+
+// Without an NVLink pair in the records (a host of one GPU: only M × 1 on
+// the testbed), T7 fits the network and takes the NVLink link it is given.
+func TestTargetsModelWithAGivenNVLink(t *testing.T) {
+	var only []bench.Record
+	for _, r := range synthRun("x", same) {
+		if r.Devices == 1 && r.Testbed.NICGbit > 0 {
+			only = append(only, r)
+		}
+	}
+	ts, err := Targets(only, TargetOptions{})
+	require.NoError(t, err)
+	require.Contains(t, strings.Join(byID(t, ts)["T7"].Missing, " "), "NVLink pair")
+	ts, err = Targets(only, TargetOptions{Intra: truth.Intra})
+	require.NoError(t, err)
+	t7 := byID(t, ts)["T7"]
+	require.Empty(t, t7.Missing)
+	require.Less(t, *t7.Measured, 0.01, t7.Where)
+	require.Equal(t, 3*6, t7.Points, "the 2 × 1 testbed points of every method")
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/bench/model"
 	"github.com/fairgo/fairgo/bench/report"
 	"github.com/fairgo/fairgo/internal/testbed"
 )
@@ -241,11 +242,34 @@ func (i *inputFlags) records() ([]bench.Record, error) {
 	return bench.ReadJSONLFiles(strings.Split(i.in, ","))
 }
 
-// modelFlags: the model's overrides and its predictions.
-type modelFlags struct {
-	devices, parallelism           int
-	machines, sizes                string
+// linkFlags: links given to the model instead of fitted (model, targets).
+type linkFlags struct {
 	nvAlpha, nvGBps, netAl, netGBs float64
+}
+
+func (l *linkFlags) register(fs *flag.FlagSet) {
+	fs.Float64Var(&l.nvAlpha, "nvlink-alpha-us", 0, "NVLink latency in µs (with -nvlink-gbps; default: fitted)")
+	fs.Float64Var(&l.nvGBps, "nvlink-gbps", 0, "NVLink bandwidth in GB/s (default: fitted)")
+	fs.Float64Var(&l.netAl, "net-alpha-us", 0, "network latency in µs (with -net-gbps; default: fitted)")
+	fs.Float64Var(&l.netGBs, "net-gbps", 0, "network bandwidth of one NIC in GB/s (default: fitted)")
+}
+
+// links returns the given links (a zero Link where fitted).
+func (l *linkFlags) links() (intra, net model.Link) {
+	if l.nvGBps > 0 {
+		intra = model.Link{Alpha: l.nvAlpha * 1e-6, BW: l.nvGBps * 1e9}
+	}
+	if l.netGBs > 0 {
+		net = model.Link{Alpha: l.netAl * 1e-6, BW: l.netGBs * 1e9}
+	}
+	return intra, net
+}
+
+// modelFlags: the model's given links and its predictions.
+type modelFlags struct {
+	linkFlags
+	devices, parallelism int
+	machines, sizes      string
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -253,10 +277,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.machines, "model-machines", "8,16,32,64", "machine counts of the predictions")
 	fs.StringVar(&m.sizes, "model-sizes", "1M,16M,256M,1G", "sizes of the predictions")
 	fs.IntVar(&m.parallelism, "model-parallelism", 0, "fairgo's parallelism in the predictions (0: fairgo's default)")
-	fs.Float64Var(&m.nvAlpha, "nvlink-alpha-us", 0, "NVLink latency in µs (with -nvlink-gbps; default: fitted)")
-	fs.Float64Var(&m.nvGBps, "nvlink-gbps", 0, "NVLink bandwidth in GB/s (default: fitted)")
-	fs.Float64Var(&m.netAl, "net-alpha-us", 0, "network latency in µs (with -net-gbps; default: fitted)")
-	fs.Float64Var(&m.netGBs, "net-gbps", 0, "network bandwidth of one NIC in GB/s (default: fitted)")
+	m.linkFlags.register(fs)
 }
 
 func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
@@ -272,12 +293,7 @@ func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
 		}
 		o.Sizes = append(o.Sizes, float64(v))
 	}
-	if m.nvGBps > 0 {
-		o.Intra.Alpha, o.Intra.BW = m.nvAlpha*1e-6, m.nvGBps*1e9
-	}
-	if m.netGBs > 0 {
-		o.Net.Alpha, o.Net.BW = m.netAl*1e-6, m.netGBs*1e9
-	}
+	o.Intra, o.Net = m.links()
 	if m.devices < 1 {
 		return o, &fairgo.ArgError{Arg: "-model-devices", Value: m.devices, Reason: "must be at least 1"}
 	}
@@ -286,6 +302,7 @@ func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
 
 // targetFlags: the targets' inputs and output.
 type targetFlags struct {
+	linkFlags
 	out, variant, enqueue, enqueueBench string
 }
 
@@ -294,10 +311,12 @@ func (t *targetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.variant, "variant", bench.DefaultVariant, "the fairgo variant the targets are about")
 	fs.StringVar(&t.enqueue, "enqueue", "", "T6: µs to enqueue one single-slice AllReduce, or a file of `go test -bench` output (text or -json)")
 	fs.StringVar(&t.enqueueBench, "enqueue-bench", "Enqueue", "T6: the benchmarks of the -enqueue file to read (a regular expression)")
+	t.linkFlags.register(fs) // T7's model
 }
 
 func (t *targetFlags) options(includeSim bool) (report.TargetOptions, error) {
 	o := report.TargetOptions{Variant: t.variant, IncludeSim: includeSim}
+	o.Intra, o.Net = t.links()
 	if t.enqueue != "" {
 		e, err := report.ParseEnqueue(t.enqueue, t.enqueueBench)
 		if err != nil {
