@@ -266,6 +266,31 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 	}
 }
 
+// BenchmarkGPUEnqueueJob is BenchmarkGPUEnqueue for a job of one rank per
+// process under a launcher (FAIRGO_ENQUEUE_WORKER=1, e.g. fairrun's testbed
+// on a host of one GPU): setup.New's Reducer, which enqueues inline. Every
+// rank must run the same iterations: use a fixed -test.benchtime (2000x).
+func BenchmarkGPUEnqueueJob(b *testing.B) {
+	if os.Getenv("FAIRGO_ENQUEUE_WORKER") != "1" {
+		b.Skip("a worker under a launcher (FAIRGO_ENQUEUE_WORKER=1, fixed -test.benchtime)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hier.WithTimeout(time.Minute)))
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = r.Close() })
+	dev := r.Device().(*cuda.Device)
+	grid := fmt.Sprintf("%dx%d", r.Grid().Machines, r.Grid().Devices)
+	for _, check := range []bool{true, false} {
+		b.Run(fmt.Sprintf("%s/job/check=%v", grid, check), func(b *testing.B) {
+			if !check {
+				hier.SkipCheck(r)
+			}
+			benchEnqueue(b, []*hier.Reducer{r}, []testDevice{dev}, 1<<16)
+		})
+	}
+}
+
 // TestGPUFaultWorker is not a test on its own: under fairrun, with
 // FAIRGO_FAULT_WORKER=1, every process builds its Reducer with setup.New
 // and runs allreduces of 16 MiB until one fails; the rank named by
