@@ -53,7 +53,10 @@ func drawCase(t *rapid.T) allReduceCase {
 	opts := []hier.Option{
 		hier.WithSliceSize(slice),
 		hier.WithParallelism(par),
-		hier.WithStagingMemory(rapid.Int64Range(int64(par)*(unit+int64(m)*staging.Align), 2*minStaging).Draw(t, "staging")),
+		// Staging as small as one unit per slot, but not so small that a
+		// large call takes more than ~512 pipeline steps (each with the
+		// sim's jitter: minutes).
+		hier.WithStagingMemory(rapid.Int64Range(max(int64(par)*(unit+int64(m)*staging.Align), min(minStaging, int64(par)*bytes/512)), 2*minStaging).Draw(t, "staging")),
 		hier.WithPaddingMemory(rapid.Int64Range(unit, 8*unit).Draw(t, "padding")),
 		hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat")),
 		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.Flat, hier.Auto}).Draw(t, "algorithm")),

@@ -21,16 +21,15 @@ import (
 // all see the same maxima) and aborts the communicators, since mismatched
 // collectives may never finish.
 //
-// Checks are batched and deferred, to stay off the data's way: a batch
-// holds up to checkBatch calls and goes out when the watcher waits for a
-// verdict (the call's data is done), when it is full, or checkDelay after
-// its oldest call was made (so that a call whose data hangs because of a
-// mismatch is still checked). Ranks may batch differently: entry i of every
-// rank's batch is the i-th call not yet decided (the same call on every
-// rank, since all ranks decide alike), tagged with its number; a call is
-// decided once every rank has put it in a batch, and is carried over to the
-// next batch otherwise. Every batch is one allreduce of the same size, so
-// the k-th batches of all ranks meet.
+// A check goes out as soon as the checker is idle, so that it runs beside
+// the call's data rather than after it; calls made while a check is in
+// flight wait for the next one, which carries up to checkBatch of them.
+// Ranks may batch differently: entry i of every rank's batch is the i-th
+// call not yet decided (the same call on every rank, since all ranks decide
+// alike), tagged with its number; a call is decided once every rank has put
+// it in a batch, and is carried over to the next batch otherwise. Every
+// batch is one allreduce of the same size, so the k-th batches of all ranks
+// meet.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call
@@ -45,7 +44,6 @@ const (
 	entryWords = 1 + nFields // the call's number, then its shape
 	checkBatch = 32          // calls per batch
 	batchWords = 2 * checkBatch * entryWords
-	checkDelay = 500 * time.Microsecond // the longest a call waits for its batch to go out unasked
 )
 
 // shape is what the check compares: a call's fields, each encoded so that 0
@@ -187,7 +185,6 @@ type checker struct {
 
 	mu      sync.Mutex
 	pending []*request // submitted and not decided, in call order
-	asked   bool       // the watcher waits for a verdict
 	closing bool
 	wake    chan struct{}
 	stopped chan struct{}
@@ -220,18 +217,8 @@ func (r *Reducer) startChecker() error {
 // submit hands a call to the checker; calls arrive in call order.
 func (c *checker) submit(q *request) {
 	q.check = &ticket{done: make(chan struct{})}
-	q.submitted = time.Now()
 	c.mu.Lock()
 	c.pending = append(c.pending, q)
-	c.mu.Unlock()
-	c.kick()
-}
-
-// ask tells the checker that a verdict is awaited: the next batch goes out
-// now.
-func (c *checker) ask() {
-	c.mu.Lock()
-	c.asked = true
 	c.mu.Unlock()
 	c.kick()
 }
@@ -271,15 +258,9 @@ func (c *checker) run() {
 		return
 	}
 	defer release()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
 	for {
 		c.mu.Lock()
-		n, asked, closing := len(c.pending), c.asked, c.closing
-		var wait time.Duration
-		if n > 0 {
-			wait = checkDelay - time.Since(c.pending[0].submitted)
-		}
+		n, closing := len(c.pending), c.closing
 		c.mu.Unlock()
 		switch {
 		case closing || c.r.brokenCause() != nil && n > 0:
@@ -288,21 +269,13 @@ func (c *checker) run() {
 				return
 			}
 			continue
-		case n > 0 && (asked || n >= checkBatch || wait <= 0):
+		case n > 0:
 			if err := c.send(); err != nil {
 				c.r.abort(fmt.Errorf("%w: hier: the consistency check failed: %w", fairgo.ErrAborted, err))
 			}
 			continue
-		case n > 0:
-			timer.Reset(wait)
-		default:
-			timer.Reset(time.Hour)
 		}
-		select {
-		case <-c.wake:
-		case <-timer.C:
-		}
-		timer.Stop()
+		<-c.wake
 	}
 }
 
@@ -328,7 +301,6 @@ func (c *checker) failPending(err error) {
 func (c *checker) send() error {
 	c.mu.Lock()
 	calls := append([]*request(nil), c.pending[:min(len(c.pending), checkBatch)]...)
-	c.asked = false
 	c.mu.Unlock()
 	clear(c.host)
 	for i, q := range calls {

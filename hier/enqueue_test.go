@@ -34,13 +34,15 @@ func BenchmarkEnqueue(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			w := newWorld(b, tc.cfg, tc.opts...)
-			benchEnqueue(b, w.reducers, w.devs, 1024)
+			benchEnqueue(b, w.reducers, w.devs, 1024, 32)
 		})
 	}
 }
 
-// benchEnqueue runs the enqueue benchmark on any world (sim or GPUs).
-func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count int64) {
+// benchEnqueue runs the enqueue benchmark on any world (sim or GPUs): calls
+// of count float32 elements, batch of them enqueued before they are waited
+// for (1: one call at a time).
+func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count int64, batch int) {
 	n := len(reds)
 	ts := make([]fairgo.Tensor, n)
 	ss := make([]streams.Stream, n)
@@ -58,7 +60,6 @@ func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count i
 		}
 	})
 	ctx := context.Background()
-	const batch = 32
 	iters := make(chan bool) // one value per iteration; closed at the end
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -260,7 +260,7 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 						hier.SkipCheck(r)
 					}
 				}
-				benchEnqueue(b, w.reducers, w.devs, 1<<16)
+				benchEnqueue(b, w.reducers, w.devs, 1<<16, 32)
 			})
 		}
 	}
@@ -282,12 +282,16 @@ func BenchmarkGPUEnqueueJob(b *testing.B) {
 	dev := r.Device().(*cuda.Device)
 	grid := fmt.Sprintf("%dx%d", r.Grid().Machines, r.Grid().Devices)
 	for _, check := range []bool{true, false} {
-		b.Run(fmt.Sprintf("%s/job/check=%v", grid, check), func(b *testing.B) {
-			if !check {
-				hier.SkipCheck(r)
+		for _, size := range []int64{64 << 10, 1 << 20} {
+			for _, batch := range []int{32, 1} {
+				b.Run(fmt.Sprintf("%s/job/%dKiB/batch=%d/check=%v", grid, size>>10, batch, check), func(b *testing.B) {
+					if !check {
+						hier.SkipCheck(r)
+					}
+					benchEnqueue(b, []*hier.Reducer{r}, []testDevice{dev}, size/4, batch)
+				})
 			}
-			benchEnqueue(b, []*hier.Reducer{r}, []testDevice{dev}, 1<<16)
-		})
+		}
 	}
 }
 

@@ -49,10 +49,9 @@ type request struct {
 	recvCounts []int64
 	after      streams.Event // recorded on the caller's stream at call time
 	work       *Work
-	seq        uint64    // the call's number in this Reducer's call order, from 1
-	rejected   error     // set when this rank refused the call: only its check runs
-	check      *ticket   // the outcome of the cross-rank check; nil without peers
-	submitted  time.Time // when the checker got it
+	seq        uint64  // the call's number in this Reducer's call order, from 1
+	rejected   error   // set when this rank refused the call: only its check runs
+	check      *ticket // the outcome of the cross-rank check; nil without peers
 }
 
 func (q *request) String() string {

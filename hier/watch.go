@@ -118,8 +118,7 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			dataDone, dataErr = p.ev.Query()
 		}
 		if !checkDone {
-			if dataDone { // only the check is left: ask for it, wait a poll at a time
-				r.checker.ask()
+			if dataDone { // only the check is left: wait for it a poll at a time
 				poll.Reset(watchPoll)
 				select {
 				case <-checkC:

@@ -6,10 +6,12 @@
     comm = fairgo_torch.init()                          # after torch.cuda.set_device(dev)
     ddp.register_comm_hook(comm, fairgo_torch.allreduce_hook)
 
-The hook averages each gradient bucket in place with fairgo on PyTorch's
-current stream (ordered after the backward work already there, the stream
-then waits for the result) and returns a completed CUDA future without
-blocking the host. It uses libfairgo.so through ctypes (no compiled
+The hook averages each gradient bucket in place with fairgo, ordered after
+the backward work already on PyTorch's current stream, on a side stream of
+its own (so that the backward goes on while the bucket is reduced, as with
+DDP's own allreduce), and returns a completed CUDA future of that side
+stream without blocking the host: whoever waits on the future waits for the
+reduction. It uses libfairgo.so through ctypes (no compiled
 extension): build it with `make libfairgo` and point FAIRGO_LIB at it, or
 put it next to this package.
 """
@@ -134,22 +136,43 @@ def shutdown() -> None:
         comm.close()
 
 
+_side_streams: dict = {}
+_side_lock = threading.Lock()
+
+
+def _side_stream(device):
+    """The hook's side stream of a device (one per device and process)."""
+    import torch
+
+    with _side_lock:
+        st = _side_streams.get(device)
+        if st is None:
+            st = _side_streams[device] = torch.cuda.Stream(device=device)
+        return st
+
+
 def allreduce_hook(state, bucket):
     """DDP comm hook (DistributedDataParallel.register_comm_hook): averages
     bucket.buffer() in place across all ranks with fairgo.
 
     state is the Comm to use (None: the default from init()). The reduction
-    runs on torch.cuda.current_stream() of the buffer's device, after the
-    work already enqueued there; that stream waits for the result; the
-    returned torch.futures.Future is already completed with the buffer (a
-    CUDA future: waiting on it syncs the waiter's stream with the current
-    one, without blocking the host). Errors of earlier buckets' device work
-    are raised here, from a later bucket."""
+    runs on a side stream of the buffer's device after the work already
+    enqueued on torch.cuda.current_stream(); the current stream does not
+    wait for it, so the backward pass overlaps it. The returned
+    torch.futures.Future is already completed with the buffer as a CUDA
+    future of the side stream: waiting on it (DDP does, before it copies the
+    buckets back into the gradients) syncs the waiter's stream with the
+    reduction, without blocking the host. Errors of earlier buckets' device
+    work are raised here, from a later bucket."""
     import torch
 
     comm = state if isinstance(state, Comm) else default_comm()
     buf = bucket.buffer()
-    comm.allreduce_(buf, op="avg")
+    side = _side_stream(buf.device)
+    side.wait_stream(torch.cuda.current_stream(buf.device))
+    comm.allreduce_(buf, op="avg", stream=side)
+    buf.record_stream(side)  # the caching allocator keeps it until the side stream is past the reduction
     fut = torch.futures.Future(devices=[buf.device])
-    fut.set_result(buf)
+    with torch.cuda.stream(side):
+        fut.set_result(buf)
     return fut

@@ -10,7 +10,8 @@ Every rank checks: allreduce_ against a reference for several dtypes, ops
 and sizes (and against torch.distributed's NCCL allreduce); that a call
 returns while the GPU is still busy with earlier work on the stream and
 that the stream's later work sees the result (ordering without host
-blocking); the DDP hook's future; the error paths; close. Prints
+blocking); the DDP hook's future, and that the hook leaves the current
+stream free while a bucket waits for a late rank; the error paths; close. Prints
 "gpu_smoke: ok" per rank, or raises.
 """
 
@@ -160,6 +161,32 @@ def check_hook(comm, device):
     log(f"hook: completed CUDA future in {hook_ms:.2f} ms, value synced on another stream")
 
 
+def check_hook_overlap(comm, device):
+    """The hook leaves the current stream free: work enqueued there after
+    the hook runs while the reduction still waits for a late rank (rank 0
+    joins 1.5 s late), as the backward pass must."""
+    buf = torch.full((1 << 20,), float(RANK + 1), device=device)
+    torch.cuda.synchronize(device)
+    if RANK == 0:
+        time.sleep(1.5)
+    fut = fairgo_torch.allreduce_hook(comm, FakeBucket(buf))
+    if RANK != 0:
+        marker = torch.cuda.Event()
+        marker.record(torch.cuda.current_stream(device))
+        t0 = time.perf_counter()
+        while not marker.query():
+            if time.perf_counter() - t0 > 1.0:
+                raise AssertionError("the current stream waits for the hook's reduction: the backward would stall behind it")
+            time.sleep(0.001)
+    with torch.cuda.stream(torch.cuda.Stream(device=device)):
+        got = fut.wait()[:4].clone()
+    torch.cuda.synchronize(device)
+    want = (WORLD + 1) / 2
+    if not torch.all(got == want):
+        raise AssertionError(f"hook overlap: got {got.tolist()}, want {want}")
+    log("hook: the current stream runs on while a bucket waits for a late rank")
+
+
 def check_errors(comm, device):
     def expect(exc, fn, text):
         try:
@@ -191,6 +218,7 @@ def main():
     check_allreduce(comm, dev)
     check_ordering(comm, dev)
     check_hook(comm, dev)
+    check_hook_overlap(comm, dev)
     check_errors(comm, dev)
     dist.barrier()
     fairgo_torch.shutdown()
