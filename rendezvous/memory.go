@@ -56,15 +56,10 @@ func (s *MemoryStore) Set(ctx context.Context, key string, value []byte) error {
 	if err := checkValue(value); err != nil {
 		return err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.initLocked()
-	if s.closed {
-		return ErrClosed
-	}
 	s.setLocked(key, clone(value))
 	return nil
 }
@@ -75,14 +70,8 @@ func (s *MemoryStore) wait(ctx context.Context, key string, get bool) ([]byte, e
 		return nil, err
 	}
 	for {
-		if err := ctx.Err(); err != nil {
+		if err := s.enter(ctx); err != nil {
 			return nil, err
-		}
-		s.mu.Lock()
-		s.initLocked()
-		if s.closed {
-			s.mu.Unlock()
-			return nil, ErrClosed
 		}
 		if v, ok := s.data[key]; ok {
 			if get {
@@ -130,15 +119,10 @@ func (s *MemoryStore) Add(ctx context.Context, key string, delta int64) (int64, 
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.enter(ctx); err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.initLocked()
-	if s.closed {
-		return 0, ErrClosed
-	}
 	var n int64
 	if v, ok := s.data[key]; ok {
 		var err error
@@ -169,15 +153,10 @@ func (s *MemoryStore) CompareSet(ctx context.Context, key string, expected, desi
 	if err := checkValue(desired); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.initLocked()
-	if s.closed {
-		return nil, ErrClosed
-	}
 	cur, ok := s.data[key]
 	switch {
 	case !ok && len(expected) == 0, ok && bytes.Equal(cur, expected):
@@ -195,15 +174,10 @@ func (s *MemoryStore) Delete(ctx context.Context, key string) (bool, error) {
 	if err := checkKey(key); err != nil {
 		return false, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.enter(ctx); err != nil {
 		return false, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.initLocked()
-	if s.closed {
-		return false, ErrClosed
-	}
 	_, ok := s.data[key]
 	delete(s.data, key)
 	return ok, nil
@@ -214,6 +188,21 @@ func (s *MemoryStore) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.data)
+}
+
+// enter checks ctx, locks s and readies it; on an error (ctx done, s
+// closed) s is left unlocked.
+func (s *MemoryStore) enter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.initLocked()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
 }
 
 // Close implements Store: blocked callers and later calls get ErrClosed.
