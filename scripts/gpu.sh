@@ -21,6 +21,21 @@
 #   links               the model's links: NVLink pair, testbed network pair (~40 s)
 #   enqueue             T6: hier's BenchmarkGPUEnqueue (host time to enqueue one
 #                       single-slice AllReduce) into enqueue.txt (~1 min)
+#   enqueue-job         T6 for one rank per process: BenchmarkGPUEnqueueJob on
+#                       the testbed's 2×1 into enqueue-job.txt (~30 s)
+#   fault MxD ...       issue 12's fault run: M×D workers under fairrun (on the
+#                       testbed when M > 1) run 16 MiB allreduces, the last rank
+#                       SIGKILLs itself after 4 s; passes when fairrun names it
+#                       and every survivor's Wait returns a typed error within
+#                       timeout + 5 s (timeout 10 s; ~30 s each)
+#   launchers           examples/allreduce without fairrun: under torchrun
+#                       (--nproc-per-node = the GPUs) and mpirun -np GPUs (skipped
+#                       when Open MPI is absent) (~30 s)
+#   hook MxD ...        the PyTorch comm hook on M×D (torchrun for 1×D, fairrun's
+#                       testbed otherwise): python/tests/gpu_smoke.py, then
+#                       examples/ddp_torch's ResNet-18, 50 steps, with DDP's
+#                       allreduce and with fairgo's hook, same seeds: the losses
+#                       within 1e-3 relative, images/s of both (~1–2 min each)
 #   targets             T1–T8: every bench section above twice (runs r1, r2; r1
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
@@ -263,6 +278,96 @@ section_enqueue() {
   note "$([ "$rc" -eq 0 ] && [ "$n" -gt 0 ] && echo PASS || echo FAIL)" enqueue "$secs" "rc=$rc $n benchmarks (enqueue.txt)"
 }
 
+section_enqueue_job() {
+  need fairrun hier.test || return
+  # shellcheck disable=SC2046
+  step enqueue-job 200 "$BIN/fairrun" $(fairrun_flags 2) --nproc-per-node 2 -- env FAIRGO_ENQUEUE_WORKER=1 \
+    "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkGPUEnqueueJob$' -test.benchtime 1000x -test.timeout 180s
+  grep -E '^\[0\] Benchmark' "$OUT/logs/enqueue-job.log" | sed 's/^\[0\] //' >"$OUT/enqueue-job.txt"
+  local n
+  n=$(grep -c 'enqueue-ns/op' "$OUT/enqueue-job.txt")
+  note "$([ "$rc" -eq 0 ] && [ "$n" -gt 0 ] && echo PASS || echo FAIL)" enqueue-job "$secs" "rc=$rc $n benchmarks (enqueue-job.txt)"
+}
+
+# fault_verdict LOG RANKS KILLED LIMIT: fairrun named the killed rank, and
+# every other rank reported a typed error within LIMIT seconds of the death.
+fault_verdict() {
+  local log=$1 n=$2 killed=$3 limit=$4 named typed slow
+  named=$(grep -cE "worker failed.* rank=$killed " "$log")
+  typed=$(grep -cE 'fault: rank [0-9]+: Wait returned .* typed=true' "$log")
+  slow=$(grep -E 'fault: rank [0-9]+: Wait returned' "$log" | sed -E 's/.*, ([0-9.]+) s after the death.*/\1/' |
+    awk -v l="$limit" '$1 >= l { n++ } END { print n + 0 }')
+  local worst
+  worst=$(grep -E 'fault: rank [0-9]+: Wait returned' "$log" | sed -E 's/.*, ([0-9.]+) s after the death.*/\1/' | sort -g | tail -1)
+  local verdict=PASS
+  { [ "$named" -eq 0 ] || [ "$typed" -ne $((n - 1)) ] || [ "$slow" -ne 0 ]; } && verdict=FAIL
+  echo "$verdict" "named=$named typed=$typed/$((n - 1)) slowest=${worst:-?}s (limit ${limit}s)"
+}
+
+section_fault() {
+  need fairrun hier.test || return
+  local l m d n fr v
+  for l in "$@"; do
+    m=${l%x*} d=${l#*x} n=$((m * d))
+    fr=(--nproc-per-node "$n" --grace 25s)
+    # shellcheck disable=SC2207
+    [ "$m" -gt 1 ] && fr+=($(fairrun_flags "$m"))
+    step "fault-$l" 120 "$BIN/fairrun" "${fr[@]}" -- env FAIRGO_FAULT_WORKER=1 FAIRGO_FAULT_KILL_RANK=$((n - 1)) \
+      FAIRGO_FAULT_KILL_AFTER=4s FAIRGO_FAULT_TIMEOUT=10s "$BIN/hier.test" -test.run '^TestGPUFaultWorker$' -test.v
+    v=$(fault_verdict "$OUT/logs/fault-$l.log" "$n" $((n - 1)) 15)
+    note "${v%% *}" "fault-$l" "$secs" "rc=$rc (fairrun returns the dead rank's code) ${v#* }"
+  done
+}
+
+# oks NAME WANT: the allreduce step printed ok WANT times.
+oks() {
+  local got
+  got=$(grep -cE '(^|\] )ok max_abs_error' "$OUT/logs/$1.log")
+  note "$({ [ "$rc" -eq 0 ] && [ "$got" -ge "$2" ]; } && echo PASS || echo FAIL)" "$1" "$secs" "rc=$rc ok=$got/$2"
+}
+
+section_launchers() {
+  need allreduce || return
+  local n
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  [ "$n" -ge 1 ] || { note FAIL launchers 0 "no GPU listed by nvidia-smi -L"; return; }
+  local ar=("$BIN/allreduce" -backend cuda -count 1048579 -iters 2)
+  step torchrun 120 python3 -m torch.distributed.run --nproc-per-node "$n" --no-python "${ar[@]}"
+  oks torchrun "$n"
+  if command -v mpirun >/dev/null; then
+    step mpirun 120 mpirun --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE=0 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29611 "${ar[@]}"
+    oks mpirun "$n"
+  else
+    note SKIP mpirun 0 "Open MPI is not installed"
+  fi
+}
+
+section_hook() {
+  need fairrun || return
+  [ -f lib/libfairgo.so ] || { note FAIL hook 0 "missing lib/libfairgo.so: run make gpu-bin on the build machine"; return; }
+  local l m d n launch h verdict
+  for l in "$@"; do
+    m=${l%x*} d=${l#*x} n=$((m * d))
+    if [ "$m" -eq 1 ]; then
+      launch=(python3 -m torch.distributed.run --nproc-per-node "$n")
+    else
+      # shellcheck disable=SC2207
+      launch=("$BIN/fairrun" $(fairrun_flags "$m") --nproc-per-node "$n" -- python3)
+    fi
+    step "smoke-$l" 180 env FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python" "${launch[@]}" python/tests/gpu_smoke.py
+    local ok
+    ok=$(grep -c 'gpu_smoke: ok' "$OUT/logs/smoke-$l.log")
+    note "$({ [ "$rc" -eq 0 ] && [ "$ok" -eq "$n" ]; } && echo PASS || echo FAIL)" "smoke-$l" "$secs" "rc=$rc ok=$ok/$n"
+    for h in default fairgo; do
+      step "resnet-$l-$h" 300 env FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python" "${launch[@]}" \
+        examples/ddp_torch/train_resnet.py --hook "$h" --steps 50 --batch-size 32 --losses-out "$OUT/resnet-$l-$h.json"
+    done
+    step "resnet-$l-compare" 30 python3 examples/ddp_torch/compare_losses.py "$OUT/resnet-$l-default.json" "$OUT/resnet-$l-fairgo.json"
+    verdict=$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)
+    note "$verdict" "resnet-$l" "$secs" "$(grep -E 'images/s|agree' "$OUT/logs/resnet-$l-compare.log" | sed -E 's/ \(.*\)//' | paste -sd';' -)"
+  done
+}
+
 section_analyse() {
   need fairbench || return
   local files
@@ -336,6 +441,17 @@ while [ $# -gt 0 ]; do
   overlap) section_overlap ;;
   links) section_links ;;
   enqueue) section_enqueue ;;
+  enqueue-job) section_enqueue_job ;;
+  launchers) section_launchers ;;
+  fault | hook)
+    layouts=()
+    while [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+x[0-9]+$ ]]; do
+      layouts+=("$1")
+      shift
+    done
+    [ ${#layouts[@]} -gt 0 ] || { echo "usage: scripts/gpu.sh $s MxD ..." >&2; exit 2; }
+    "section_$s" "${layouts[@]}"
+    ;;
   targets) section_targets ;;
   analyse) section_analyse ;;
   *)
