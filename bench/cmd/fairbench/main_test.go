@@ -146,7 +146,7 @@ func TestHelp(t *testing.T) {
 	want := map[string][]string{
 		"sweep": {"algos", "b", "backend", "check", "csv", "devices", "dtype", "e", "f", "fairgo", "jitter", "json", "label", "machines",
 			"n", "op", "plot", "reps", "run", "seed", "timeout", "w"},
-		"targets": {"enqueue", "enqueue-bench", "in", "include-sim", "out", "variant"},
+		"targets": {"enqueue", "enqueue-bench", "in", "include-sim", "net-alpha-us", "net-gbps", "nvlink-alpha-us", "nvlink-gbps", "out", "variant"},
 		"model": {"in", "include-sim", "model-devices", "model-machines", "model-parallelism", "model-sizes", "net-alpha-us", "net-gbps",
 			"nvlink-alpha-us", "nvlink-gbps"},
 	}

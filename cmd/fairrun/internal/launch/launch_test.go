@@ -543,6 +543,25 @@ func TestFairrunHelp(t *testing.T) {
 	}
 }
 
+// freePortPair returns a port p free on 127.0.0.1 with p+1 free on every
+// interface: a job of several nodes serves fairgo's store on MASTER_PORT+1.
+func freePortPair(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		p := ln.Addr().(*net.TCPAddr).Port
+		next, err := net.Listen("tcp", fmt.Sprintf(":%d", p+1))
+		ln.Close()
+		if err == nil {
+			next.Close()
+			return p
+		}
+	}
+	t.Fatal("no pair of free ports")
+	return 0
+}
+
 // The store listens on --master-addr (or --store-bind), not on every
 // interface, also for a job of several nodes.
 func TestRunStoreBind(t *testing.T) {
@@ -558,10 +577,7 @@ func TestRunStoreBind(t *testing.T) {
 		{name: "one node, bind given", nnodes: 1, bind: "127.0.0.1", want: "0100007F"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			port := ln.Addr().(*net.TCPAddr).Port
-			ln.Close()
+			port := freePortPair(t)
 			var so, se syncBuffer
 			c := Config{NProcPerNode: 1, NNodes: tc.nnodes, MasterAddr: "127.0.0.1", MasterPort: port, StoreBind: tc.bind,
 				Grace: time.Second, Program: "/bin/sh", Env: append(os.Environ(), EnvStoreToken+"=shared"),
