@@ -269,7 +269,7 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 // BenchmarkGPUEnqueueJob is BenchmarkGPUEnqueue for a job of one rank per
 // process under a launcher (FAIRGO_ENQUEUE_WORKER=1, e.g. fairrun's testbed
 // on a host of one GPU): setup.New's Reducer, which enqueues inline. Every
-// rank must run the same iterations: use a fixed -test.benchtime (2000x).
+// rank must run the same iterations: use a fixed -test.benchtime (e.g. 1000x).
 func BenchmarkGPUEnqueueJob(b *testing.B) {
 	if os.Getenv("FAIRGO_ENQUEUE_WORKER") != "1" {
 		b.Skip("a worker under a launcher (FAIRGO_ENQUEUE_WORKER=1, fixed -test.benchtime)")
