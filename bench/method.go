@@ -39,9 +39,13 @@ type Variant struct {
 	FlatThreshold int64 // 0: fairgo's default; hier.FlatNever: never flat
 	Spin          time.Duration
 	SpinSet       bool
-	// Inline (hier.WithInlineEnqueue) when InlineSet; else as setup does
-	// it: on when the process drives one rank, off when it drives several.
+	// Inline (hier.WithInlineEnqueue) when InlineSet; else on (the bench
+	// drives every rank from a goroutine of its own).
 	Inline, InlineSet bool
+	// Serial (hier.WithSerialRail) when SerialSet.
+	Serial, SerialSet bool
+	// NoCheck turns the cross-rank check off (hier.WithCheck(false)).
+	NoCheck bool
 }
 
 // Options are the variant's hier options.
@@ -54,16 +58,25 @@ func (v Variant) Options() []hier.Option {
 	if v.InlineSet {
 		opts = append(opts, hier.WithInlineEnqueue(v.Inline))
 	}
+	if v.SerialSet {
+		opts = append(opts, hier.WithSerialRail(v.Serial))
+	}
+	if v.NoCheck {
+		opts = append(opts, hier.WithCheck(false))
+	}
 	return opts
 }
 
-// inline is whether the variant enqueues flat calls inline on a testbed
-// whose process drives localRanks ranks.
-func (v Variant) inline(localRanks int) bool {
+// inline is whether the variant enqueues flat calls inline. The bench
+// drives every local rank from a goroutine of its own (testbed.ForRanks),
+// which is what hier.WithInlineEnqueue asks of its caller, so it is on
+// unless the variant says otherwise, also where one process drives several
+// ranks.
+func (v Variant) inline() bool {
 	if v.InlineSet {
 		return v.Inline
 	}
-	return localRanks == 1
+	return true
 }
 
 var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
@@ -72,8 +85,9 @@ var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
 // defaults). Keys: algo (auto, flat, rail-a2a, rail-rsag), slice (a size),
 // parallelism (slices in flight), flat (the flat threshold: a size, or
 // never), spin (a duration), inline (on or off: hier.WithInlineEnqueue;
-// by default on when the process drives one rank, as setup.New does). NAME
-// may not be flat or naive.
+// on by default: every rank has a goroutine of its own), rail
+// (serial or overlap: hier.WithSerialRail), check (on or off:
+// hier.WithCheck). NAME may not be flat or naive.
 func ParseVariant(s string) (Variant, error) {
 	name, spec, _ := strings.Cut(strings.TrimSpace(s), "=")
 	v := Variant{Name: strings.TrimSpace(name), Spec: strings.TrimSpace(spec)}
@@ -122,8 +136,25 @@ func ParseVariant(s string) (Variant, error) {
 			default:
 				err = errors.New("on or off")
 			}
+		case "rail":
+			v.SerialSet = true
+			switch val {
+			case "serial":
+				v.Serial = true
+			case "overlap":
+			default:
+				err = errors.New("serial or overlap")
+			}
+		case "check":
+			switch val {
+			case "on":
+			case "off":
+				v.NoCheck = true
+			default:
+				err = errors.New("on or off")
+			}
 		default:
-			return bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline)", key))
+			return bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline, rail, check)", key))
 		}
 		if err != nil {
 			return bad(fmt.Sprintf("%s: %v", key, err))

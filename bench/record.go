@@ -59,6 +59,8 @@ type Record struct {
 	// is known and M > 1 (IdealBusBW), else 0.
 	IdealBusBW float64 `json:"ideal_busbw_gbps,omitempty"`
 	Wrong      int64   `json:"wrong"` // wrong elements over all ranks; -1: not checked
+	// Load is the hosts' CPU time and TCP segments per timed unit.
+	Load *Load `json:"load,omitempty"`
 
 	NCCLVersion string   `json:"nccl_version,omitempty"`
 	NCCLEnv     []string `json:"nccl_env,omitempty"`
@@ -75,10 +77,11 @@ type Setup struct {
 
 // FairgoSetup is a fairgo variant as a record carries it.
 type FairgoSetup struct {
-	Spec          string   `json:"spec,omitempty"` // as given to -fairgo
-	Algorithm     string   `json:"algorithm"`      // the configured one (auto: chosen per size)
-	Chosen        string   `json:"chosen"`         // what the Reducer used at this size (AlgorithmFor)
-	Choices       []Choice `json:"choices"`        // the Reducer's choice per size class
+	Spec          string   `json:"spec,omitempty"`  // as given to -fairgo
+	Algorithm     string   `json:"algorithm"`       // the configured one (auto: chosen per size)
+	Chosen        string   `json:"chosen"`          // what the Reducer used at this size (AlgorithmFor)
+	Route         string   `json:"route,omitempty"` // the same with its form: "rail-rsag-unsliced" (ChoiceFor)
+	Choices       []Choice `json:"choices"`         // the Reducer's choice per size class
 	SliceBytes    int64    `json:"slice_bytes"`
 	Parallelism   int      `json:"parallelism"`
 	FlatThreshold int64    `json:"flat_threshold"` // hier.FlatNever (-1): never flat
@@ -89,6 +92,7 @@ type FairgoSetup struct {
 type Choice struct {
 	MinBytes  int64  `json:"min_bytes"`
 	Algorithm string `json:"algorithm"`
+	Route     string `json:"route,omitempty"` // with its form, as hier.Choice.String names it
 }
 
 // World is Machines × Devices.

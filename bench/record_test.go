@@ -45,3 +45,44 @@ func TestJSONL(t *testing.T) {
 	_, err = ReadJSONL(strings.NewReader("{not json\n"))
 	require.Error(t, err)
 }
+
+func TestParseTCPCounters(t *testing.T) {
+	snmp := "Ip: Forwarding DefaultTTL\nIp: 1 64\n" +
+		"Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs InErrs\nTcp: 1 200 11288 37 0\nUdp: InDatagrams\nUdp: 5\n"
+	out, re, err := parseTCPCounters([]byte(snmp))
+	require.NoError(t, err)
+	require.Equal(t, int64(11288), out)
+	require.Equal(t, int64(37), re)
+	_, _, err = parseTCPCounters([]byte("Tcp: RtoAlgorithm\nTcp: 1\n"))
+	require.Error(t, err)
+	_, _, err = parseTCPCounters([]byte("Udp: InDatagrams\nUdp: 5\n"))
+	require.Error(t, err)
+}
+
+func TestSumLoadCountsANamespaceOnce(t *testing.T) {
+	ds := []hostDelta{
+		{CPU: 1, Out: 100, Retrans: 2, NetNS: "a"},
+		{CPU: 2, Out: 90, Retrans: 1, NetNS: "a"}, // the same machine: its larger reading counts
+		{CPU: 3, Out: 50, Retrans: 5, NetNS: "b"},
+	}
+	l := sumLoad(ds, 2)
+	require.InDelta(t, 3.0, l.CPUSeconds, 1e-12)
+	require.InDelta(t, 75.0, l.TCPOutSegs, 1e-12)
+	require.InDelta(t, 3.5, l.TCPRetrans, 1e-12)
+	require.Equal(t, 2, l.Namespaces)
+	require.Empty(t, l.Unavailable)
+	l = sumLoad([]hostDelta{{Err: "no /proc"}}, 1)
+	require.Equal(t, "no /proc", l.Unavailable)
+}
+
+func TestSampleHostReadsThisProcess(t *testing.T) {
+	a := sampleHost()
+	x := 0
+	for i := range 20_000_000 { // burn a little CPU
+		x += i % 7
+	}
+	d := a.until(sampleHost())
+	require.Empty(t, d.Err)
+	require.Greater(t, d.CPU, 0.0, "x=%d", x)
+	require.NotEmpty(t, d.NetNS)
+}

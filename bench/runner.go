@@ -149,7 +149,7 @@ func newRun(ctx context.Context, tb *testbed.Testbed, cfg Config) (*run, error) 
 		if m.Variant == nil {
 			continue
 		}
-		opts := append(m.Variant.Options(), hier.WithTimeout(10*time.Minute), hier.WithInlineEnqueue(m.Variant.inline(len(r.ranks))))
+		opts := append(m.Variant.Options(), hier.WithTimeout(10*time.Minute), hier.WithInlineEnqueue(m.Variant.inline()))
 		reds, err := tb.Reducers(ctx, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("bench: building the Reducers of %s: %w", m.Name, err)
@@ -186,12 +186,13 @@ func (r *run) start(steps int) {
 func (r *run) fairgoSetup(m Method, bytes int64) FairgoSetup {
 	red := r.callers[0].reds[m.Name]
 	fs := FairgoSetup{Spec: m.Variant.Spec, Algorithm: m.Variant.Algorithm.String(), SliceBytes: red.SliceBytes(),
-		Parallelism: resolvedPar(m.Variant.Parallelism), FlatThreshold: red.FlatThreshold(), Inline: m.Variant.inline(len(r.ranks))}
+		Parallelism: resolvedPar(m.Variant.Parallelism), FlatThreshold: red.FlatThreshold(), Inline: m.Variant.inline()}
 	for _, c := range red.Choices() {
-		fs.Choices = append(fs.Choices, Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String()})
+		fs.Choices = append(fs.Choices, Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String(), Route: c.String()})
 	}
 	if bytes >= 0 {
-		fs.Chosen = red.AlgorithmFor(bytes).String()
+		c := red.ChoiceFor(bytes)
+		fs.Chosen, fs.Route = c.Algorithm.String(), c.String()
 	}
 	return fs
 }
@@ -215,6 +216,10 @@ func (r *run) alloc(count int64) error {
 type rankResult struct {
 	Times [][][]float64 `json:"t"` // [method][rep][local rank] seconds per timed unit
 	Wrong [][]int64     `json:"w"` // [method][local rank]; nil: not checked
+	// Load is the process's CPU time and TCP counters over each method's
+	// timed repetitions, [method]; Units the timed units they span.
+	Load  []hostDelta `json:"l,omitempty"`
+	Units int         `json:"u,omitempty"`
 }
 
 // timeUnit runs, for every local rank at once, units calls of enqueue
@@ -256,12 +261,16 @@ func (r *run) measure(res *rankResult, units int, enqueue func(m Method, c *call
 			return fmt.Errorf("%s warm-up: %w", m.Name, err)
 		}
 	}
+	res.Load = make([]hostDelta, len(ms))
+	res.Units = units * r.cfg.Reps
 	for range r.cfg.Reps {
 		for k, m := range ms {
+			before := sampleHost()
 			ts, err := r.timeUnit(units, func(c *caller) error { return enqueue(m, c) })
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.Name, err)
 			}
+			res.Load[k] = res.Load[k].add(before.until(sampleHost()))
 			res.Times[k] = append(res.Times[k], ts)
 			if r.cfg.Progress != nil && r.tb.Root() {
 				r.cfg.Progress.Increment()
@@ -460,6 +469,15 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 		rec.AlgBW, rec.BusBW = Bandwidths(rec.TotalBytes(), rec.TimeUS/1e6, rec.World())
 		rec.IdealBusBW = IdealBusBW(rec.TotalBytes(), rec.Machines, rec.Devices, rec.Testbed.NICBytesPerSecond())
 		rec.Wrong = wrong
+		var loads []hostDelta
+		for _, pr := range all {
+			if k < len(pr.Load) {
+				loads = append(loads, pr.Load[k])
+			}
+		}
+		if len(loads) > 0 {
+			rec.Load = sumLoad(loads, all[0].Units)
+		}
 		recs = append(recs, rec)
 	}
 	return recs

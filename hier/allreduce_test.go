@@ -61,6 +61,7 @@ func drawCase(t *rapid.T) allReduceCase {
 		hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat")),
 		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.Flat, hier.Auto}).Draw(t, "algorithm")),
 		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
+		hier.WithSerialRail(rapid.Bool().Draw(t, "serial rail")),
 	}
 	return allReduceCase{
 		cfg: sim.Config{Machines: m, Devices: d, Seed: rapid.Int64().Draw(t, "seed"),
@@ -125,22 +126,36 @@ func TestAllReduceLarge(t *testing.T) {
 
 // Removing any one event wait from the stage chain must make the property
 // test fail: the jitter reorders the stages and the results come out wrong.
+// With a serial rail the diffuse runs on the collect's stream: for
+// RailRSAG, whose add stage has nothing to do for a float sum, the waits
+// into and out of the add stage order nothing that the stream does not.
 func TestMissingEventWaitIsCaught(t *testing.T) {
-	for _, tc := range []struct {
-		algo  hier.Algorithm
-		stage streams.Stage
-	}{
-		{hier.RailAllToAll, streams.Collect}, {hier.RailAllToAll, streams.Add}, {hier.RailAllToAll, streams.Diffuse}, {hier.RailAllToAll, streams.AllGather},
-		{hier.RailRSAG, streams.Collect}, {hier.RailRSAG, streams.Add}, {hier.RailRSAG, streams.Diffuse}, {hier.RailRSAG, streams.AllGather},
-	} {
+	all := []streams.Stage{streams.Collect, streams.Add, streams.Diffuse, streams.AllGather}
+	type testCase struct {
+		algo   hier.Algorithm
+		serial bool
+		stage  streams.Stage
+	}
+	var cases []testCase
+	for _, stage := range all {
+		cases = append(cases, testCase{hier.RailAllToAll, false, stage}, testCase{hier.RailRSAG, false, stage},
+			testCase{hier.RailAllToAll, true, stage})
+	}
+	cases = append(cases, testCase{hier.RailRSAG, true, streams.Collect}, testCase{hier.RailRSAG, true, streams.AllGather})
+	for _, tc := range cases {
 		algo, stage := tc.algo, tc.stage
-		t.Run(algo.String()+"/"+stage.String(), func(t *testing.T) {
+		name := algo.String() + "/" + stage.String()
+		if tc.serial {
+			name = algo.String() + "-serial/" + stage.String()
+		}
+		t.Run(name, func(t *testing.T) {
 			caught := false
 			for attempt := 0; attempt < 20 && !caught; attempt++ {
 				c := allReduceCase{
 					cfg:  sim.Config{Machines: 3, Devices: 2, Seed: int64(attempt), Jitter: 300 * time.Microsecond, StallTimeout: 20 * time.Second},
-					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo)},
-					dt:   fairgo.Float32, op: fairgo.Sum, count: 6*16*10 + 5, seed: uint64(attempt),
+					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo),
+						hier.WithSerialRail(tc.serial)},
+					dt: fairgo.Float32, op: fairgo.Sum, count: 6*16*10 + 5, seed: uint64(attempt),
 				}
 				require.NoError(t, c.run(t, nil), "control run without the hook")
 				err := c.run(t, func(r *hier.Reducer) { hier.SkipStageWait(r, stage) })

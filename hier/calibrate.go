@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -20,10 +21,10 @@ import (
 // uses the fastest from then on: every rank measures the same calls and
 // sees the same maxima, so every rank chooses alike.
 const (
-	minClassBytes         = 64 << 10
-	maxCalibrationBytes   = 256 << 20 // classes above are measured at this size
-	calibrationMinRepeats = 2         // timed runs per candidate (after one warm-up) for large classes
-	calibrationMaxRepeats = 5         // and for small ones
+	minClassBytes        = 64 << 10
+	maxCalibrationBytes  = 256 << 20 // classes above are measured at this size
+	calibrationMinRounds = 3         // timed runs per candidate (after one warm-up of each) for classes ≥ 16 MiB
+	calibrationMaxRounds = 5         // and for smaller ones
 )
 
 // classOf is the size class of an allreduce of bytes, and its first byte
@@ -61,13 +62,18 @@ func (r *Reducer) classBase() int64 {
 type route struct {
 	algo     Algorithm
 	unsliced bool
+	serial   bool // the rail's collect and diffuse on one stream and communicator (lanesFor)
 }
 
 func (rt route) String() string {
+	s := rt.algo.String()
 	if rt.unsliced {
-		return rt.algo.String() + "-unsliced"
+		s += "-unsliced"
 	}
-	return rt.algo.String()
+	if rt.serial && !rt.unsliced {
+		s += "-serial"
+	}
+	return s
 }
 
 // candidates are the routes Auto chooses from.
@@ -78,6 +84,10 @@ func (r *Reducer) candidates() []route {
 	}
 	return append([]route{{algo: Flat}}, cs...)
 }
+
+// fixedSerial is whether a fixed algorithm's rail runs serially
+// (WithSerialRail; not unless the option says so).
+func (r *Reducer) fixedSerial() bool { return r.cfg.serialSet && r.cfg.serialRail }
 
 // guess is the route of a class not measured yet.
 var guess = route{algo: RailAllToAll}
@@ -100,7 +110,7 @@ func (r *Reducer) choicesLocked() []Choice {
 		start = r.cfg.flatThreshold
 	}
 	if fixed != Auto {
-		return append(out, Choice{MinBytes: start, Algorithm: fixed, Measured: true})
+		return append(out, Choice{MinBytes: start, Algorithm: fixed, Serial: r.fixedSerial(), Measured: true})
 	}
 	if start < r.classBase() {
 		out = append(out, Choice{MinBytes: start, Algorithm: guess.algo})
@@ -111,7 +121,8 @@ func (r *Reducer) choicesLocked() []Choice {
 		if !measured {
 			a = guess
 		}
-		out = append(out, Choice{MinBytes: lo, Algorithm: a.algo, Unsliced: a.unsliced, Measured: measured})
+		out = append(out, Choice{MinBytes: lo, Algorithm: a.algo, Unsliced: a.unsliced, Serial: a.serial, Measured: measured,
+			Calibration: r.calibrations[class]})
 		if lo >= maxCalibrationBytes {
 			return out
 		}
@@ -122,7 +133,7 @@ func (r *Reducer) choicesLocked() []Choice {
 // first when Auto has not yet (engine goroutine only).
 func (r *Reducer) routeFor(bytes int64) route {
 	if r.cfg.algorithm != Auto || r.grid.Machines == 1 {
-		return route{algo: r.AlgorithmFor(bytes)}
+		return route{algo: r.AlgorithmFor(bytes), serial: r.fixedSerial()}
 	}
 	if t := r.cfg.flatThreshold; t != FlatNever && bytes < t {
 		return route{algo: Flat}
@@ -140,9 +151,12 @@ func (r *Reducer) routeFor(bytes int64) route {
 	if measured {
 		return a
 	}
-	a = r.calibrate(class)
+	a, cal := r.calibrate(class)
 	r.mu.Lock()
 	r.measured[class] = a
+	if cal != nil {
+		r.calibrations[class] = cal
+	}
 	r.mu.Unlock()
 	return a
 }
@@ -150,32 +164,75 @@ func (r *Reducer) routeFor(bytes int64) route {
 // calibrate measures the candidates at the size of a class and returns the
 // fastest. Failures are consistent across ranks (they agree on whether to
 // measure first); a class that cannot be measured gets the guess.
-func (r *Reducer) calibrate(class int) route {
+func (r *Reducer) calibrate(class int) (route, *Calibration) {
 	lo := r.classBase() << class
 	size := min(lo+lo/2, maxCalibrationBytes) // inside the class
 	size = size / 64 * 64
 	cands := r.candidates()
+	start := time.Now()
 	times, err := r.timeCandidates(size, cands)
 	if err != nil {
 		r.cfg.logger.Warn("fairgo: could not calibrate a size class; guessing", "class_bytes", lo, "guess", guess, "err", err)
-		return guess
+		return guess, nil
 	}
-	best := 0
-	for i := range cands {
-		if times[i] < times[best] {
-			best = i
-		}
-	}
-	attrs := []any{"class_bytes", lo, "measured_bytes", size, "choice", cands[best].String()}
+	best := fastest(times)
+	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Cost: time.Since(start)}
+	attrs := []any{"class_bytes", lo, "measured_bytes", size, "choice", cands[best].String(), "cost", cal.Cost.Round(time.Millisecond)}
 	for i, a := range cands {
+		cal.Times[a.String()] = time.Duration(times[i])
 		attrs = append(attrs, a.String()+"_us", float64(times[i])/1e3)
 	}
 	r.cfg.logger.Info("fairgo: calibrated size class", attrs...)
-	return cands[best]
+	return cands[best], cal
 }
 
+// calibrationTie is how much slower than the fastest a candidate may be
+// and still win for coming earlier in the list (flat first, then the
+// simpler forms): differences inside the calibration's noise should not
+// flip a choice between runs.
+const calibrationTie = 0.02
+
+// fastest is the index of the smallest time, a tie going to the earlier.
+func fastest(times []int64) int {
+	best := 0
+	for i, t := range times {
+		if t < times[best] {
+			best = i
+		}
+	}
+	for i, t := range times[:best] {
+		if float64(t) <= float64(times[best])*(1+calibrationTie) {
+			return i
+		}
+	}
+	return best
+}
+
+// Calibration is what Auto measured for one size class.
+type Calibration struct {
+	// Bytes is the size the candidates were timed at.
+	Bytes int64
+	// Times is each candidate route's time (hier.Choice names), the
+	// slowest rank's median over the timed runs; a candidate dropped after
+	// its first timed run has that run's time.
+	Times map[string]time.Duration
+	// Cost is the wall time the calibration took on this rank: what the
+	// first call of the class waited beyond its own work.
+	Cost time.Duration
+}
+
+// calibrationDrop: after the first timed round, a candidate slower than
+// this many times the fastest is not timed again.
+const calibrationDrop = 1.3
+
 // timeCandidates runs each candidate on a scratch buffer of size bytes and
-// returns the slowest rank's best time of each, in nanoseconds.
+// returns, for each, the slowest rank's median time in nanoseconds. Every
+// candidate first runs once untimed (NCCL sets up a communicator's
+// connections for an algorithm at its first use, which would be timed
+// otherwise); then rounds of every candidate, the order rotated from round
+// to round so that none always follows the same one. Candidates far behind
+// after the first round are dropped, which the ranks agree on through the
+// same exchange as the times.
 func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	first := r.chain.Stream(streams.ReduceScatter)
 	hdr, err := r.calibrationHeader()
@@ -200,36 +257,85 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	if err := r.drain(); err != nil {
 		return nil, err
 	}
-	reps := calibrationMaxRepeats
+	rounds := calibrationMaxRounds
 	if size >= 16<<20 {
-		reps = calibrationMinRepeats
+		rounds = calibrationMinRounds
 	}
 	ev, err := r.events.get()
 	if err != nil {
 		return nil, err
 	}
 	defer r.events.put(ev)
-	best := make([]int64, len(cands))
-	for i, a := range cands {
-		best[i] = math.MaxInt64
-		for rep := range reps + 1 {
-			start := time.Now()
-			last, err := r.allReduceWith(t, fairgo.Sum, a, first)
-			if err == nil {
-				err = ev.Record(last)
+	run := func(a route) (int64, error) {
+		start := time.Now()
+		last, err := r.allReduceWith(t, fairgo.Sum, a, first)
+		if err == nil {
+			err = ev.Record(last)
+		}
+		if err == nil {
+			err = r.waitEvent(ev, fmt.Sprintf("the calibration's %v of %d bytes", a, size))
+		}
+		if err != nil {
+			return 0, fmt.Errorf("timing %v at %d bytes: %w", a, size, err)
+		}
+		return time.Since(start).Nanoseconds(), nil
+	}
+	for _, a := range cands { // warm-up
+		if _, err := run(a); err != nil {
+			return nil, err
+		}
+	}
+	samples := make([][]int64, len(cands))
+	live := make([]bool, len(cands))
+	for i := range live {
+		live[i] = true
+	}
+	for round := range rounds {
+		for j := range cands {
+			i := (j + round) % len(cands)
+			if !live[i] {
+				continue
 			}
-			if err == nil {
-				err = r.waitEvent(ev, fmt.Sprintf("the calibration's %v of %d bytes", a, size))
-			}
+			d, err := run(cands[i])
 			if err != nil {
-				return nil, fmt.Errorf("timing %v at %d bytes: %w", a, size, err)
+				return nil, err
 			}
-			if d := time.Since(start).Nanoseconds(); rep > 0 && d < best[i] { // rep 0 warms up
-				best[i] = d
+			samples[i] = append(samples[i], d)
+		}
+		if round == 0 && rounds > 1 {
+			firsts := make([]int64, len(cands))
+			for i := range cands {
+				firsts[i] = samples[i][0]
+			}
+			agreed, err := r.worldMax(hdr, firsts, first)
+			if err != nil {
+				return nil, err
+			}
+			lead := slices.Min(agreed)
+			for i := range cands {
+				live[i] = float64(agreed[i]) <= calibrationDrop*float64(lead)
+				if !live[i] {
+					samples[i] = agreed[i : i+1] // what every rank saw
+				}
 			}
 		}
 	}
-	return r.worldMax(hdr, best, first)
+	meds := make([]int64, len(cands))
+	for i := range cands {
+		meds[i] = medianInt(samples[i])
+	}
+	return r.worldMax(hdr, meds, first)
+}
+
+// medianInt is the median of xs (the mean of the middle two for an even
+// count); xs is sorted in place.
+func medianInt(xs []int64) int64 {
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 func freeIf(dev Device, ptr uintptr, allocErr error) error {
@@ -249,7 +355,7 @@ func (r *Reducer) allReduceWith(t fairgo.Tensor, op fairgo.Op, rt route, first s
 	if rt.unsliced {
 		slice = math.MaxInt64
 	}
-	return r.allReduce(t, op, rt.algo, slice)
+	return r.allReduce(t, op, rt, slice)
 }
 
 // calibrationHeader is a small device buffer and its host twin for the

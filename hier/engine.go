@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -29,7 +30,7 @@ func (r *Reducer) engine(ready chan<- error) {
 		ready <- fmt.Errorf("hier: %w", err)
 		return
 	}
-	if r.comms.Check != nil {
+	if r.comms.Check != nil && !r.cfg.checkOff {
 		if err := r.startChecker(); err != nil {
 			close(r.watchCh)
 			ready <- errors.Join(err, r.chain.Release())
@@ -176,7 +177,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		}
 		lo, hi := q.span()
 		r.mu.Lock()
-		r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, work: q.work})
+		r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, last: last, work: q.work})
 		r.mu.Unlock()
 	}
 	q.work.markEnqueued(ev, last)
@@ -224,7 +225,11 @@ func (q *request) span() (lo, hi uintptr) {
 
 // waitOverlaps makes the first stage wait for the caller's After event and
 // for every earlier call still in flight whose memory overlaps this one's,
-// and reports whether there was anything to wait for.
+// and reports whether there was anything to wait for. An event recorded on
+// first itself needs no wait (the stream runs in order), and of the events
+// recorded on one stream only the newest is waited for (it captures the
+// others): back to back calls on one buffer cost at most one wait per
+// stream, not one per call in flight.
 func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, err error) {
 	if q.after != nil {
 		if err := first.WaitEvent(q.after); err != nil {
@@ -235,12 +240,25 @@ func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, e
 	lo, hi := q.span()
 	r.mu.Lock() // held while enqueueing the waits: the watcher recycles events under it
 	defer r.mu.Unlock()
-	for _, f := range r.inflight {
-		if f.lo < hi && lo < f.hi {
-			if err := first.WaitEvent(f.ev); err != nil {
-				return true, err
-			}
-			waited = true
+	var seen [streams.NumStages + 1]streams.Stream // streams already waited on (first counts as one)
+	seen[0] = first
+	n := 1
+	for i := len(r.inflight) - 1; i >= 0; i-- { // newest first
+		f := r.inflight[i]
+		if f.hi <= lo || hi <= f.lo {
+			continue
+		}
+		if slices.Contains(seen[:n], f.last) {
+			waited = true // ordered already, by the stream or by a newer wait
+			continue
+		}
+		if err := first.WaitEvent(f.ev); err != nil {
+			return true, err
+		}
+		waited = true
+		if n < len(seen) {
+			seen[n] = f.last
+			n++
 		}
 	}
 	return waited, nil

@@ -85,6 +85,9 @@ type config struct {
 	inline        bool
 	spin          time.Duration
 	spinSet       bool
+	serialRail    bool
+	serialSet     bool
+	checkOff      bool
 	logger        *slog.Logger
 }
 
@@ -128,6 +131,24 @@ func WithAlgorithm(a Algorithm) Option { return func(c *config) { c.algorithm = 
 // goroutine enqueueing for several ranks could deadlock. setup.New (one rank
 // per process) turns it on.
 func WithInlineEnqueue(on bool) Option { return func(c *config) { c.inline = on } }
+
+// WithSerialRail fixes how the rail's two exchanges (collect and diffuse)
+// of a sliced allreduce share the network: on, one after the other on one
+// stream and communicator, so that a rank has at most one exchange on its
+// NIC at a time; off, each on a stream and communicator of its own, so that
+// the diffuse of one slice overlaps the collect of the next. Unset, Auto
+// measures both and a fixed algorithm uses the serial form.
+func WithSerialRail(on bool) Option {
+	return func(c *config) { c.serialRail, c.serialSet = on, true }
+}
+
+// WithCheck turns the cross-rank consistency check off (false) or on (true,
+// the default). The check compares every call's shape (kind, count, element
+// type, operator, root) across ranks beside the data, so that calls that
+// differ between ranks fail with fairgo.ErrMismatch on every rank instead
+// of hanging or returning wrong data. Off, such calls are undefined
+// behaviour, as with NCCL itself.
+func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 
 // WithTimeout arms a watchdog: work not complete this long after it was
 // enqueued aborts the communicators and fails with fairgo.ErrTimeout, so a

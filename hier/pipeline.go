@@ -50,23 +50,64 @@ func (r *Reducer) stageOps(op fairgo.Op, dt fairgo.DType) stageOps {
 	}
 }
 
+// lanes are the streams one call's stages run on and the communicators of
+// its rail exchanges: normally a stream and a communicator per stage; with
+// a serial rail, the diffuse runs on the collect's stream and communicator,
+// so that the two rail exchanges of all slices go over the network one
+// after the other instead of side by side.
+type lanes struct {
+	st               [streams.NumStages]streams.Stream
+	collect, diffuse Comm
+}
+
+func (r *Reducer) lanesFor(serial bool) lanes {
+	var l lanes
+	for s := range streams.NumStages {
+		l.st[s] = r.chain.Stream(s)
+	}
+	l.collect, l.diffuse = r.comms.RailCollect, r.comms.RailDiffuse
+	if serial {
+		l.st[streams.Diffuse] = l.st[streams.Collect]
+		l.diffuse = l.collect
+	}
+	return l
+}
+
+// pass hands a slice from stage from to the next on l: the hand-off event
+// recorded on from's stream, waited for on the next one's (unless both are
+// one stream, or the test hook drops that wait).
+func (r *Reducer) pass(l *lanes, from streams.Stage) error {
+	on, to := l.st[from], l.st[from+1]
+	if on == to {
+		return nil
+	}
+	if err := r.chain.RecordOn(from, on); err != nil {
+		return err
+	}
+	if r.skipWait == from+1 {
+		return nil
+	}
+	return r.chain.WaitOn(from+1, to)
+}
+
 // allReduce enqueues the five-stage pipeline for every slice of t (M > 1)
-// with the rail phase of algo (RailAllToAll or RailRSAG), slices of at most
-// sliceBytes (the layout's; RailRSAG, which needs no staging slot, may take
-// larger ones).
-func (r *Reducer) allReduce(t fairgo.Tensor, op fairgo.Op, algo Algorithm, sliceBytes int64) (streams.Stream, error) {
+// with the rail phase of rt.algo (RailAllToAll or RailRSAG), slices of at
+// most sliceBytes (the layout's; RailRSAG, which needs no staging slot, may
+// take larger ones), on the lanes rt asks for.
+func (r *Reducer) allReduce(t fairgo.Tensor, op fairgo.Op, rt route, sliceBytes int64) (streams.Stream, error) {
 	ops := r.stageOps(op, t.DType)
 	es := t.DType.Size()
+	l := r.lanesFor(rt.serial)
 	for sl := range staging.Slices(t.Count, es, r.grid.Size(), sliceBytes) {
-		p, err := r.planSlice(t, sl, algo)
+		p, err := r.planSlice(t, sl, rt.algo)
 		if err != nil {
 			return nil, err
 		}
-		if err := r.runSlice(p, t.DType, ops, algo); err != nil {
+		if err := r.runSlice(p, t.DType, ops, rt.algo, &l); err != nil {
 			return nil, err
 		}
 	}
-	return r.chain.Stream(streams.AllGather), nil
+	return l.st[streams.AllGather], nil
 }
 
 // planSlice lays out one slice: its grid part in place, its tail in a
@@ -127,10 +168,10 @@ func (r *Reducer) eachPart(p *slicePlan, fn func(pt part) error) error {
 }
 
 // runSlice enqueues the five stages of one slice.
-func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Algorithm) error {
+func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Algorithm, l *lanes) error {
 	g := r.grid
 	M, D, m, d := g.Machines, g.Devices, g.Machine, g.Local
-	rs, col, add, dif, ag := r.stages()
+	rs, col, add, dif, ag := l.st[streams.ReduceScatter], l.st[streams.Collect], l.st[streams.Add], l.st[streams.Diffuse], l.st[streams.AllGather]
 	c := r.comms
 
 	// 1 reduce-scatter inside the machine: row d gets the machine's sum.
@@ -150,7 +191,7 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 			return err
 		}
 	}
-	if err := r.handoff(streams.ReduceScatter); err != nil {
+	if err := r.pass(l, streams.ReduceScatter); err != nil {
 		return err
 	}
 
@@ -164,14 +205,14 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	if err := r.eachPart(p, func(pt part) error {
 		x := pt.cells
 		if algo == RailRSAG {
-			return c.RailCollect.ReduceScatter(x.Row(d), x.Cell(d, m), x.N, dt, ops.rail, col)
+			return l.collect.ReduceScatter(x.Row(d), x.Cell(d, m), x.N, dt, ops.rail, col)
 		}
 		counts, displs := sameCounts(M, x.N), strided(M, x.N)
-		return c.RailCollect.AllToAllv(x.Row(d), counts, displs, pt.recv, counts, displs, dt, col)
+		return l.collect.AllToAllv(x.Row(d), counts, displs, pt.recv, counts, displs, dt, col)
 	}); err != nil {
 		return err
 	}
-	if err := r.handoff(streams.Collect); err != nil {
+	if err := r.pass(l, streams.Collect); err != nil {
 		return err
 	}
 
@@ -195,7 +236,7 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 			return err
 		}
 	}
-	if err := r.handoff(streams.Add); err != nil {
+	if err := r.pass(l, streams.Add); err != nil {
 		return err
 	}
 
@@ -204,14 +245,14 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	if err := r.eachPart(p, func(pt part) error {
 		x := pt.cells
 		if algo == RailRSAG {
-			return c.RailDiffuse.AllGather(x.Cell(d, m), x.Row(d), x.N, dt, dif)
+			return l.diffuse.AllGather(x.Cell(d, m), x.Row(d), x.N, dt, dif)
 		}
 		sendCounts := withoutPeer(sameCounts(M, x.N), m)
-		return c.RailDiffuse.AllToAllv(x.Cell(d, m), sendCounts, make([]int64, M), x.Row(d), sendCounts, strided(M, x.N), dt, dif)
+		return l.diffuse.AllToAllv(x.Cell(d, m), sendCounts, make([]int64, M), x.Row(d), sendCounts, strided(M, x.N), dt, dif)
 	}); err != nil {
 		return err
 	}
-	if err := r.handoff(streams.Diffuse); err != nil {
+	if err := r.pass(l, streams.Diffuse); err != nil {
 		return err
 	}
 

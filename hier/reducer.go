@@ -70,17 +70,18 @@ type Reducer struct {
 	layout staging.Layout
 	events eventPool
 
-	mu        sync.Mutex
-	seq       uint64 // the last call number handed out
-	queue     []*request
-	closed    bool
-	busy      bool      // a request is being enqueued (by the engine, or inline by its caller)
-	busySince time.Time // since when
-	busySeq   uint64    // which call
-	broken    error     // set once the communicators were aborted
-	inflight  []inflight
-	measured  map[int]route // Auto's choice per size class, once measured
-	wake      chan struct{}
+	mu           sync.Mutex
+	seq          uint64 // the last call number handed out
+	queue        []*request
+	closed       bool
+	busy         bool      // a request is being enqueued (by the engine, or inline by its caller)
+	busySince    time.Time // since when
+	busySeq      uint64    // which call
+	broken       error     // set once the communicators were aborted
+	inflight     []inflight
+	measured     map[int]route        // Auto's choice per size class, once measured
+	calibrations map[int]*Calibration // what Auto measured for it (none for SetRoute's choices)
+	wake         chan struct{}
 
 	abortOnce  sync.Once
 	aborted    chan struct{} // closed when abort's communicator aborts have returned
@@ -109,6 +110,7 @@ type Reducer struct {
 type inflight struct {
 	lo, hi uintptr
 	ev     streams.Event
+	last   streams.Stream // the stream ev was recorded on
 	work   *Work
 }
 
@@ -139,7 +141,7 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
 		wake: make(chan struct{}, 1), closing: make(chan struct{}),
 		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
-		skipWait: -1, measured: map[int]route{}, aborted: make(chan struct{}),
+		skipWait: -1, measured: map[int]route{}, calibrations: map[int]*Calibration{}, aborted: make(chan struct{}),
 	}
 	if rk.Board != nil && rk.Grid.Size() > 1 {
 		r.board = newBulletin(r, rk.Board)
@@ -639,9 +641,15 @@ type Choice struct {
 	// Unsliced: the call goes through the pipeline as one slice (Auto
 	// measured that faster than slices overlapping).
 	Unsliced bool
+	// Serial: the rail's collect and diffuse of all slices run one after
+	// the other on one stream and communicator (WithSerialRail).
+	Serial bool
 	// Measured is false for a size class Auto has not measured yet (no
 	// call of that size so far); Algorithm is then a guess.
 	Measured bool
+	// Calibration is what Auto measured to choose, nil when it did not
+	// (a fixed algorithm, a class not measured yet, a failed calibration).
+	Calibration *Calibration
 }
 
 // Choices is the algorithm of every size class, ascending by MinBytes,
@@ -653,19 +661,28 @@ func (r *Reducer) Choices() []Choice {
 	return append([]Choice(nil), r.choicesLocked()...)
 }
 
+// String names the choice's route: the algorithm, with "-unsliced" or
+// "-serial" when they apply ("rail-rsag-unsliced").
+func (c Choice) String() string {
+	return route{algo: c.Algorithm, unsliced: c.Unsliced, serial: c.Serial}.String()
+}
+
 // AlgorithmFor is the algorithm an allreduce of bytes bytes uses.
-func (r *Reducer) AlgorithmFor(bytes int64) Algorithm {
+func (r *Reducer) AlgorithmFor(bytes int64) Algorithm { return r.ChoiceFor(bytes).Algorithm }
+
+// ChoiceFor is the choice an allreduce of bytes bytes follows.
+func (r *Reducer) ChoiceFor(bytes int64) Choice {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return pick(r.choicesLocked(), bytes)
 }
 
-func pick(cs []Choice, bytes int64) Algorithm {
-	a := Flat
+func pick(cs []Choice, bytes int64) Choice {
+	out := Choice{Algorithm: Flat, Measured: true}
 	for _, c := range cs {
 		if bytes >= c.MinBytes {
-			a = c.Algorithm
+			out = c
 		}
 	}
-	return a
+	return out
 }

@@ -101,6 +101,31 @@ func (c *Chain) Record(from Stage) error {
 	return nil
 }
 
+// RecordOn records the hand-off event at the end of stage from on s: a
+// call may run a stage on another stage's stream (the rail's two
+// exchanges on one stream), and then hands off from there.
+func (c *Chain) RecordOn(from Stage, s Stream) error {
+	if from < 0 || from >= NumStages-1 {
+		return fmt.Errorf("streams: no stage after %s", from)
+	}
+	if err := c.handoffs[from].Record(s); err != nil {
+		return fmt.Errorf("streams: recording the %s hand-off: %w", from, err)
+	}
+	return nil
+}
+
+// WaitOn makes s, the stream that runs stage to, wait on the hand-off event
+// of the stage before it.
+func (c *Chain) WaitOn(to Stage, s Stream) error {
+	if to < 1 || to >= NumStages {
+		return fmt.Errorf("streams: no stage before %s", to)
+	}
+	if err := s.WaitEvent(c.handoffs[to-1]); err != nil {
+		return fmt.Errorf("streams: %s waiting on %s: %w", to, to-1, err)
+	}
+	return nil
+}
+
 // Wait makes stage to's stream wait on the hand-off event of the stage before it.
 func (c *Chain) Wait(to Stage) error {
 	if to < 1 || to >= NumStages {

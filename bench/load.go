@@ -1,0 +1,167 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Load is what one method cost the hosts beside its time, per timed unit:
+// the CPU time of every process of the job (their NCCL proxy and socket
+// threads included) and the TCP segments the job's network namespaces sent
+// and retransmitted. On the emulated testbed both tell a pipeline's costs
+// apart from the links': a CPU-bound socket transport, or TCP losing
+// packets in a shaped NIC's queue.
+type Load struct {
+	CPUSeconds  float64 `json:"cpu_s"`           // user + system, summed over processes
+	TCPOutSegs  float64 `json:"tcp_out_segs"`    // segments sent, summed over network namespaces
+	TCPRetrans  float64 `json:"tcp_retrans"`     // segments retransmitted, likewise
+	Namespaces  int     `json:"netns,omitempty"` // distinct network namespaces counted
+	Unavailable string  `json:"unavailable,omitempty"`
+}
+
+// hostSample is one process's counters at one moment.
+type hostSample struct {
+	cpu              time.Duration
+	outSegs, retrans int64
+	netns            string // the network namespace's identity; "" when unreadable
+	err              string
+}
+
+// sampleHost reads this process's CPU time and its network namespace's TCP
+// counters.
+func sampleHost() hostSample {
+	var s hostSample
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		s.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	} else {
+		s.err = "getrusage: " + err.Error()
+	}
+	ns, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		s.err = "network namespace: " + err.Error()
+		return s
+	}
+	snmp, err := os.ReadFile("/proc/self/net/snmp")
+	if err != nil {
+		s.err = "tcp counters: " + err.Error()
+		return s
+	}
+	out, re, err := parseTCPCounters(snmp)
+	if err != nil {
+		s.err = err.Error()
+		return s
+	}
+	s.netns, s.outSegs, s.retrans = ns, out, re
+	return s
+}
+
+// parseTCPCounters reads OutSegs and RetransSegs from the Tcp lines of
+// /proc/net/snmp (a header line of names, then one of values).
+func parseTCPCounters(snmp []byte) (out, retrans int64, err error) {
+	var names []string
+	sc := bufio.NewScanner(bytes.NewReader(snmp))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || f[0] != "Tcp:" {
+			continue
+		}
+		if names == nil {
+			names = f[1:]
+			continue
+		}
+		vals := f[1:]
+		found := 0
+		for i, n := range names {
+			if i >= len(vals) || (n != "OutSegs" && n != "RetransSegs") {
+				continue
+			}
+			v, perr := strconv.ParseInt(vals[i], 10, 64)
+			if perr != nil {
+				return 0, 0, fmt.Errorf("bench: /proc/net/snmp %s: %w", n, perr)
+			}
+			if n == "OutSegs" {
+				out = v
+			} else {
+				retrans = v
+			}
+			found++
+		}
+		if found != 2 {
+			return 0, 0, fmt.Errorf("bench: /proc/net/snmp has no OutSegs and RetransSegs")
+		}
+		return out, retrans, nil
+	}
+	return 0, 0, fmt.Errorf("bench: /proc/net/snmp has no Tcp lines")
+}
+
+// hostDelta is one process's counters over one method's timed units.
+type hostDelta struct {
+	CPU     float64 `json:"c"` // seconds
+	Out     int64   `json:"o"`
+	Retrans int64   `json:"r"`
+	NetNS   string  `json:"n,omitempty"`
+	Err     string  `json:"e,omitempty"`
+}
+
+// add accumulates e into d (one method's repetitions).
+func (d hostDelta) add(e hostDelta) hostDelta {
+	if d.Err == "" {
+		d.Err = e.Err
+	}
+	if d.NetNS != "" && e.NetNS != d.NetNS && d.Err == "" {
+		d.Err = "the network namespace changed"
+	}
+	d.CPU += e.CPU
+	d.Out += e.Out
+	d.Retrans += e.Retrans
+	d.NetNS = e.NetNS
+	return d
+}
+
+func (a hostSample) until(b hostSample) hostDelta {
+	d := hostDelta{CPU: (b.cpu - a.cpu).Seconds(), Out: b.outSegs - a.outSegs, Retrans: b.retrans - a.retrans, NetNS: b.netns}
+	switch {
+	case a.err != "":
+		d.Err = a.err
+	case b.err != "":
+		d.Err = b.err
+	case a.netns != b.netns:
+		d.Err = "the network namespace changed"
+	}
+	return d
+}
+
+// sumLoad adds the processes' deltas for units timed units: CPU over every
+// process, TCP counters once per network namespace (the processes of one
+// emulated machine share it; the largest of their readings counts).
+func sumLoad(ds []hostDelta, units int) *Load {
+	l := &Load{}
+	perNS := map[string]hostDelta{}
+	for _, d := range ds {
+		if d.Err != "" {
+			l.Unavailable = d.Err
+			continue
+		}
+		l.CPUSeconds += d.CPU
+		if p, ok := perNS[d.NetNS]; !ok || d.Out > p.Out {
+			perNS[d.NetNS] = d
+		}
+	}
+	for _, d := range perNS {
+		l.TCPOutSegs += float64(d.Out)
+		l.TCPRetrans += float64(d.Retrans)
+	}
+	l.Namespaces = len(perNS)
+	u := float64(max(units, 1))
+	l.CPUSeconds /= u
+	l.TCPOutSegs /= u
+	l.TCPRetrans /= u
+	return l
+}
