@@ -152,7 +152,7 @@ func TestMissingEventWaitIsCaught(t *testing.T) {
 			caught := false
 			for attempt := 0; attempt < 20 && !caught; attempt++ {
 				c := allReduceCase{
-					cfg:  sim.Config{Machines: 3, Devices: 2, Seed: int64(attempt), Jitter: 300 * time.Microsecond, StallTimeout: 20 * time.Second},
+					cfg: sim.Config{Machines: 3, Devices: 2, Seed: int64(attempt), Jitter: 300 * time.Microsecond, StallTimeout: 20 * time.Second},
 					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo),
 						hier.WithSerialRail(tc.serial)},
 					dt: fairgo.Float32, op: fairgo.Sum, count: 6*16*10 + 5, seed: uint64(attempt),

@@ -76,9 +76,17 @@ func (rt route) String() string {
 	return s
 }
 
-// candidates are the routes Auto chooses from.
-func (r *Reducer) candidates() []route {
-	cs := []route{{algo: RailAllToAll}, {algo: RailRSAG}, {algo: RailRSAG, unsliced: true}}
+// candidates are the routes Auto chooses from at size bytes: flat, the
+// all-to-all and the NCCL form of the rail in slices (serial unless
+// WithSerialRail says otherwise), and the NCCL form unsliced; the sliced
+// NCCL form only where its slice is not the whole call.
+func (r *Reducer) candidates(bytes int64) []route {
+	serial := !r.cfg.serialSet || r.cfg.serialRail
+	cs := []route{{algo: RailAllToAll, serial: serial}}
+	if sliced := (route{algo: RailRSAG, serial: serial}); r.sliceFor(bytes, sliced) < bytes {
+		cs = append(cs, sliced)
+	}
+	cs = append(cs, route{algo: RailRSAG, unsliced: true})
 	if r.cfg.flatThreshold == FlatNever {
 		return cs
 	}
@@ -132,11 +140,14 @@ func (r *Reducer) choicesLocked() []Choice {
 // routeFor is the route of an allreduce of bytes, measuring its size class
 // first when Auto has not yet (engine goroutine only).
 func (r *Reducer) routeFor(bytes int64) route {
-	if r.cfg.algorithm != Auto || r.grid.Machines == 1 {
-		return route{algo: r.AlgorithmFor(bytes), serial: r.fixedSerial()}
+	if r.grid.Machines == 1 {
+		return route{algo: Flat}
 	}
 	if t := r.cfg.flatThreshold; t != FlatNever && bytes < t {
 		return route{algo: Flat}
+	}
+	if r.cfg.algorithm != Auto { // as choicesLocked reports it
+		return route{algo: r.cfg.algorithm, serial: r.fixedSerial()}
 	}
 	class, lo, ok := r.classOf(bytes)
 	if !ok {
@@ -168,8 +179,11 @@ func (r *Reducer) calibrate(class int) (route, *Calibration) {
 	lo := r.classBase() << class
 	size := min(lo+lo/2, maxCalibrationBytes) // inside the class
 	size = size / 64 * 64
-	cands := r.candidates()
 	start := time.Now()
+	if !r.cfg.sliceSet {
+		r.linkModel() // before the timing: the sliced candidates take its slices
+	}
+	cands := r.candidates(size)
 	times, err := r.timeCandidates(size, cands)
 	if err != nil {
 		r.cfg.logger.Warn("fairgo: could not calibrate a size class; guessing", "class_bytes", lo, "guess", guess, "err", err)
@@ -351,11 +365,49 @@ func (r *Reducer) allReduceWith(t fairgo.Tensor, op fairgo.Op, rt route, first s
 	if rt.algo == Flat {
 		return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, op, first)
 	}
-	slice := r.layout.SliceBytes
+	return r.allReduce(t, op, rt, r.sliceFor(t.ByteLen(), rt))
+}
+
+// sliceFor is the slice of a hierarchical allreduce of bytes by rt: the
+// whole call when unsliced, WithSliceSize's when given, else the link
+// model's (measured at the first call of at least probeMinBytes: the
+// probe is a collective, so that call is enqueued only once every rank has
+// made it, like the first call of a size class that Auto measures), within
+// the staging slot for the all-to-all's D = 1 receive ring. Smaller calls
+// before the probe take the layout's slice.
+func (r *Reducer) sliceFor(bytes int64, rt route) int64 {
 	if rt.unsliced {
-		slice = math.MaxInt64
+		return math.MaxInt64
 	}
-	return r.allReduce(t, op, rt, slice)
+	if r.cfg.sliceSet || (r.links == nil && bytes < probeMinBytes) {
+		return r.layout.SliceBytes
+	}
+	m := r.linkModel()
+	if m == nil {
+		return r.layout.SliceBytes
+	}
+	s := m.sliceBytes(r.grid, bytes)
+	if rt.algo == RailAllToAll && r.grid.Devices == 1 {
+		s = min(s, r.layout.SliceBytes)
+	}
+	return s
+}
+
+// linkModel is the links the slices come from, probed at the first call
+// that needs them; nil when the probe failed (the layout's slice then
+// serves, on every rank alike: a failed probe fails everywhere).
+func (r *Reducer) linkModel() *linkModel {
+	if r.links == nil && !r.linksTried {
+		r.linksTried = true
+		m, err := r.probeLinks()
+		if err != nil {
+			r.cfg.logger.Warn("fairgo: could not measure the links; slices keep the default size", "slice_bytes", r.layout.SliceBytes, "err", err)
+			return nil
+		}
+		r.links = &m
+		r.cfg.logger.Info("fairgo: measured the links", "grid", r.grid.String(), "links", m.String())
+	}
+	return r.links
 }
 
 // calibrationHeader is a small device buffer and its host twin for the

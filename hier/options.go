@@ -76,6 +76,7 @@ type Option func(*config)
 
 type config struct {
 	sliceBytes    int64
+	sliceSet      bool // WithSliceSize gave a size: no slice from the link model
 	stagingBytes  int64
 	paddingBytes  int64
 	parallelism   int
@@ -92,10 +93,14 @@ type config struct {
 }
 
 // WithSliceSize sets the slice size in bytes: a tensor larger than this is
-// cut into slices that go through the pipeline one after another. Zero means
+// cut into slices that go through the pipeline one after another. Zero
+// means that the slice of each allreduce comes from the job's links: at its
+// first hierarchical allreduce the Reducer measures the intra-machine link
+// and the rail, and cuts each call into the number of slices that
+// minimizes its modelled time (see Choice and the README). The staging
+// slots of D = 1 and of ReduceScatter and AllGather are sized for
 // DefaultSliceBytes grown with the grid (M·D·DefaultMinShardBytes, at most
-// MaxDefaultSliceBytes). Grow it with the machine count: each of the M·D
-// shards of a slice should stay large enough to fill the network.
+// MaxDefaultSliceBytes) when it is zero.
 func WithSliceSize(bytes int64) Option { return func(c *config) { c.sliceBytes = bytes } }
 
 // WithStagingMemory sets the bytes of device memory for staging slots (the
@@ -207,6 +212,7 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	if !c.spinSet {
 		c.spin = DefaultSpin
 	}
+	c.sliceSet = c.sliceBytes > 0
 	if c.sliceBytes == 0 {
 		c.sliceBytes = DefaultSliceBytes
 		if grown := int64(g.Size()) * DefaultMinShardBytes; grown > c.sliceBytes {

@@ -97,13 +97,15 @@ type Reducer struct {
 	board     *bulletin     // nil without a Board
 
 	// Owned by the engine goroutine.
-	chain     *streams.Chain
-	stagingR  *staging.Ring
-	paddingR  *padding.Ring
-	calib     *exchange     // the calibration's exchange buffer, once needed
-	skipWait  streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
-	skipCheck bool          // test hook (export_test.go): no cross-rank check
-	closeErr  error
+	chain      *streams.Chain
+	stagingR   *staging.Ring
+	paddingR   *padding.Ring
+	calib      *exchange  // the calibration's exchange buffer, once needed
+	links      *linkModel // the links the slices come from, once probed
+	linksTried bool
+	skipWait   streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
+	skipCheck  bool          // test hook (export_test.go): no cross-rank check
+	closeErr   error
 }
 
 // inflight is the memory range of a call whose device work may still run.
@@ -444,12 +446,19 @@ func (r *Reducer) inlineLocked(q *request) bool {
 	return measured && a.algo == Flat
 }
 
-// idle ends the engine goroutine's current execution.
+// idle ends the current execution (the engine goroutine's, or an inline
+// caller's).
+// The engine is woken only when it has something to do (a queued call,
+// or Close waiting for the execution to end): waking it after every inline
+// call would cost the caller a wake-up and the engine its spin.
 func (r *Reducer) idle() {
 	r.mu.Lock()
 	r.busy = false
+	wake := len(r.queue) > 0 || r.closed
 	r.mu.Unlock()
-	r.kick()
+	if wake {
+		r.kick()
+	}
 }
 
 func (r *Reducer) kick() { notify(r.wake) }

@@ -1,0 +1,194 @@
+package hier
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/staging"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// The slice size of the pipeline comes from the job's own links. Slicing
+// lets the NVLink stages of one slice run while the network carries
+// another, but every slice pays each stage's fixed cost again (an NCCL
+// launch, the network's round trips, the socket transport's per-operation
+// work): the best number of slices is where the overlap it buys stops
+// paying for those costs, which depends on both links and on the grid. The
+// Reducer measures both links once, with every rank busy as in the
+// pipeline (the D rails of a machine share its NIC), and derives the slice
+// of each call from the model below.
+
+// link is one kind of link as one rank sees it while every rank uses its
+// own: an NCCL reduce-scatter (or all-gather) of n bytes over p ranks
+// takes alpha + (p−1)/p · n / bw seconds.
+type link struct {
+	alpha float64 // seconds
+	bw    float64 // bytes per second
+}
+
+// linkModel is the intra-machine link and the rail (the network) as the
+// probe measured them; the zero value means "not measured".
+type linkModel struct {
+	intra, rail link
+}
+
+func (m linkModel) String() string {
+	return fmt.Sprintf("intra α %.1f µs, %.2f GB/s; rail α %.1f µs, %.3f GB/s",
+		m.intra.alpha*1e6, m.intra.bw/1e9, m.rail.alpha*1e6, m.rail.bw/1e9)
+}
+
+// maxModelSlices bounds the slices the model considers for one call.
+const maxModelSlices = 64
+
+// stageTimes is the model's time of each pipeline stage for one slice of
+// s bytes on grid g: the intra reduce-scatter and all-gather, and the rail
+// phase (its reduce-scatter and all-gather, or collect and diffuse, of the
+// rank's row of s/D bytes).
+func (m linkModel) stageTimes(g Grid, s float64) (intra, rail float64) {
+	M, D := float64(g.Machines), float64(g.Devices)
+	if g.Devices > 1 {
+		intra = m.intra.alpha + (D-1)/D*s/m.intra.bw
+	}
+	if g.Machines > 1 {
+		rail = 2 * (m.rail.alpha + (M-1)/M*s/D/m.rail.bw)
+	}
+	return intra, rail
+}
+
+// pipelineTime is the model's time of an allreduce of bytes in k slices:
+// the first slice through every stage, then one slice per time of the
+// slowest stage.
+func (m linkModel) pipelineTime(g Grid, bytes int64, k int) float64 {
+	s := float64(bytes) / float64(k)
+	intra, rail := m.stageTimes(g, s)
+	return 2*intra + rail + float64(k-1)*math.Max(intra, rail)
+}
+
+// sliceBytes is the slice, a multiple of the grid's unit (M·D·Align), that
+// minimizes the model's time of an allreduce of bytes; bytes itself (one
+// slice) when that is fastest or the model is unknown. Fewer slices win
+// ties.
+func (m linkModel) sliceBytes(g Grid, bytes int64) int64 {
+	unit := int64(g.Size()) * staging.Align
+	if m.rail.bw <= 0 || (g.Devices > 1 && m.intra.bw <= 0) || bytes <= unit {
+		return bytes
+	}
+	best, bestT := 1, m.pipelineTime(g, bytes, 1)
+	for k := 2; k <= maxModelSlices && int64(k)*unit <= bytes; k++ {
+		if t := m.pipelineTime(g, bytes, k); t < bestT*(1-1e-9) {
+			best, bestT = k, t
+		}
+	}
+	if best == 1 {
+		return bytes
+	}
+	per := (bytes + int64(best) - 1) / int64(best)
+	return (per + unit - 1) / unit * unit
+}
+
+// Probe sizes: per rank, the small one mostly latency, the large one
+// mostly bandwidth.
+const (
+	probeMinBytes = 1 << 20 // the smallest call that probes the links
+	probeSmall    = 256 << 10
+	probeLarge    = 8 << 20
+	probeRuns     = 3 // timed runs per size, after one untimed
+)
+
+// probeLinks measures the intra link (an allreduce on the intra
+// communicator, every machine at once) and the rail (an allreduce on the
+// rail communicator, every rail at once, so that a machine's D rails share
+// its NIC as they do in the pipeline), each at two sizes, and fits the
+// model. Every rank takes the slowest rank's times, so every rank derives
+// the same slices. Engine goroutine only.
+func (r *Reducer) probeLinks() (linkModel, error) {
+	g := r.grid
+	first := r.chain.Stream(streams.ReduceScatter)
+	hdr, err := r.calibrationHeader()
+	if err != nil {
+		return linkModel{}, err
+	}
+	scratch, aerr := r.dev.Alloc(probeLarge)
+	ok := int64(1)
+	if aerr != nil {
+		ok = 0
+	}
+	agreed, err := r.worldMax(hdr, []int64{-ok}, first)
+	if err != nil {
+		return linkModel{}, errors.Join(err, freeIf(r.dev, scratch, aerr))
+	}
+	if agreed[0] != -1 {
+		return linkModel{}, errors.Join(fmt.Errorf("a rank could not allocate %d bytes for the link probe", probeLarge), aerr, freeIf(r.dev, scratch, aerr))
+	}
+	defer r.dev.Free(scratch)
+	if err := r.drain(); err != nil {
+		return linkModel{}, err
+	}
+	ev, err := r.events.get()
+	if err != nil {
+		return linkModel{}, err
+	}
+	defer r.events.put(ev)
+	timeOn := func(c Comm, bytes int64) (int64, error) {
+		if c == nil || c.Size() < 2 {
+			return 0, nil
+		}
+		var samples []int64
+		for run := range probeRuns + 1 {
+			start := time.Now()
+			err := c.AllReduce(scratch, scratch, bytes/4, fairgo.Float32, fairgo.Sum, first)
+			if err == nil {
+				err = ev.Record(first)
+			}
+			if err == nil {
+				err = r.waitEvent(ev, fmt.Sprintf("the link probe's allreduce of %d bytes on %s", bytes, c.Name()))
+			}
+			if err != nil {
+				return 0, err
+			}
+			if run > 0 {
+				samples = append(samples, time.Since(start).Nanoseconds())
+			}
+		}
+		return medianInt(samples), nil
+	}
+	var times [4]int64
+	for i, p := range []struct {
+		c     Comm
+		bytes int64
+	}{{r.comms.IntraReduceScatter, probeSmall}, {r.comms.IntraReduceScatter, probeLarge},
+		{r.comms.RailCollect, probeSmall}, {r.comms.RailCollect, probeLarge}} {
+		if times[i], err = timeOn(p.c, p.bytes); err != nil {
+			return linkModel{}, err
+		}
+	}
+	maxed, err := r.worldMax(hdr, times[:], first)
+	if err != nil {
+		return linkModel{}, err
+	}
+	return fitLinks(g, maxed), nil
+}
+
+// fitLinks fits each link to its two probe times (ns, small then large;
+// 0 where the grid has no such link): an allreduce of n bytes over p ranks
+// takes 2α + 2(p−1)/p · n / B. A link whose large probe was not slower
+// than its small one gets the large probe's bandwidth and no α.
+func fitLinks(g Grid, ns []int64) linkModel {
+	fit := func(p int, t1, t2 int64) link {
+		if p < 2 || t2 <= 0 {
+			return link{}
+		}
+		f := 2 * float64(p-1) / float64(p)
+		s1, s2 := float64(t1)*1e-9, float64(t2)*1e-9
+		if s2 <= s1 {
+			return link{bw: f * probeLarge / s2}
+		}
+		bw := f * (probeLarge - probeSmall) / (s2 - s1)
+		alpha := math.Max(0, (s1-f*probeSmall/bw)/2)
+		return link{alpha: alpha, bw: bw}
+	}
+	return linkModel{intra: fit(g.Devices, ns[0], ns[1]), rail: fit(g.Machines, ns[2], ns[3])}
+}

@@ -1,0 +1,79 @@
+package hier
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/fairgo/fairgo/staging"
+)
+
+// The fit recovers a link's α and bandwidth from two probe times made with
+// them.
+func TestFitLinksRecoversTheModel(t *testing.T) {
+	g := Grid{Machines: 4, Devices: 8}
+	want := linkModel{intra: link{alpha: 20e-6, bw: 300e9}, rail: link{alpha: 400e-6, bw: 1.2e9}}
+	probe := func(l link, p int, n float64) int64 {
+		return int64(math.Round((2*l.alpha + 2*float64(p-1)/float64(p)*n/l.bw) * 1e9))
+	}
+	ns := []int64{probe(want.intra, 8, probeSmall), probe(want.intra, 8, probeLarge), probe(want.rail, 4, probeSmall), probe(want.rail, 4, probeLarge)}
+	got := fitLinks(g, ns)
+	require.InEpsilon(t, want.intra.bw, got.intra.bw, 1e-3)
+	require.InEpsilon(t, want.rail.bw, got.rail.bw, 1e-3)
+	require.InDelta(t, want.intra.alpha, got.intra.alpha, 1e-7)
+	require.InDelta(t, want.rail.alpha, got.rail.alpha, 1e-7)
+
+	// No intra link on one device per machine; a large probe no slower
+	// than the small one gives a bandwidth and no α.
+	got = fitLinks(Grid{Machines: 2, Devices: 1}, []int64{0, 0, 2e6, 2e6})
+	require.Zero(t, got.intra)
+	require.Zero(t, got.rail.alpha)
+	require.InEpsilon(t, probeLarge/2e-3, got.rail.bw, 1e-9)
+}
+
+func TestSliceBytesExamples(t *testing.T) {
+	testbed := linkModel{intra: link{alpha: 300e-6, bw: 2.8e9}, rail: link{alpha: 2e-3, bw: 0.3125e9 / 4}}
+	for _, tc := range []struct {
+		name   string
+		g      Grid
+		m      linkModel
+		bytes  int64
+		sliced bool
+	}{
+		{"one device per machine: nothing to overlap", Grid{Machines: 8, Devices: 1}, testbed, 256 << 20, false},
+		{"not measured", Grid{Machines: 2, Devices: 4}, linkModel{}, 256 << 20, false},
+		{"network-bound, large", Grid{Machines: 2, Devices: 4}, testbed, 256 << 20, true},
+		{"small: one slice", Grid{Machines: 2, Devices: 4}, testbed, 256 << 10, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.m.sliceBytes(tc.g, tc.bytes)
+			require.Equal(t, tc.sliced, s < tc.bytes, "slice %d of %d", s, tc.bytes)
+		})
+	}
+}
+
+// The chosen slice is a whole number of grid units, cuts the call into at
+// most maxModelSlices, and is no slower in the model than any other number
+// of slices it could have taken.
+func TestSliceBytesMinimizesTheModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		g := Grid{Machines: rapid.IntRange(1, 64).Draw(t, "M"), Devices: rapid.IntRange(1, 8).Draw(t, "D")}
+		m := linkModel{
+			intra: link{alpha: rapid.Float64Range(0, 1e-3).Draw(t, "intra α"), bw: rapid.Float64Range(1e8, 1e12).Draw(t, "intra B")},
+			rail:  link{alpha: rapid.Float64Range(0, 1e-2).Draw(t, "rail α"), bw: rapid.Float64Range(1e7, 1e11).Draw(t, "rail B")},
+		}
+		bytes := rapid.Int64Range(1, 4<<30).Draw(t, "bytes")
+		s := m.sliceBytes(g, bytes)
+		if s == bytes {
+			return
+		}
+		unit := int64(g.Size()) * staging.Align
+		require.Zero(t, s%unit, "slice %d not a multiple of %d", s, unit)
+		require.Less(t, s, bytes)
+		k := int((bytes + s - 1) / s)
+		require.LessOrEqual(t, k, maxModelSlices)
+		require.Less(t, m.pipelineTime(g, bytes, k), m.pipelineTime(g, bytes, 1))
+	})
+}
