@@ -125,7 +125,10 @@ func (r *Reducer) planSlice(t fairgo.Tensor, sl staging.Slice, algo Algorithm) (
 		if err != nil {
 			return nil, err
 		}
-		s := ring.Next()
+		s, err := ring.Next()
+		if err != nil {
+			return nil, err
+		}
 		p.recvBuf = &s
 		gridRecv = s.Ptr
 		padRecv = s.Ptr + uintptr(r.layout.PaddingReceiveOffset())
@@ -142,7 +145,10 @@ func (r *Reducer) planSlice(t fairgo.Tensor, sl staging.Slice, algo Algorithm) (
 		if err != nil {
 			return nil, err
 		}
-		slot, cells := ring.Next(sl.PadShard, int(es))
+		slot, cells, err := ring.Next(sl.PadShard, int(es))
+		if err != nil {
+			return nil, err
+		}
 		p.pad = &slot
 		p.padBase = cells.Base
 		p.tail = base + uintptr(grid.Bytes())
@@ -305,7 +311,10 @@ func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams
 	}
 	for b := range staging.Blocks(c, int(es), g.Size(), r.layout.SliceBytes) {
 		n := b.Count
-		st := ring.Next()
+		st, err := ring.Next()
+		if err != nil {
+			return nil, err
+		}
 		out := recv.Ptr + uintptr(b.Offset*es)
 		x := staging.Cells{Base: st.Ptr, Devices: D, Machines: M, N: n, ElemSize: es}
 		counts := sameCounts(M, n)
@@ -400,7 +409,10 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 		}
 		counts := sameCounts(M, n)
 		if D > 1 {
-			st := ring.Next()
+			st, err := ring.Next()
+			if err != nil {
+				return nil, err
+			}
 			x := staging.Cells{Base: st.Ptr, Devices: D, Machines: M, N: n, ElemSize: es}
 			if err := dif.WaitEvent(st.Guard); err != nil {
 				return nil, err

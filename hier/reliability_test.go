@@ -178,7 +178,10 @@ func TestExpiringContextDoesNotDropCalls(t *testing.T) {
 // done), not when it was queued: a long batch of healthy calls, each well
 // within the timeout, all succeed although the batch takes longer.
 func TestTimeoutCountsFromWhenTheCallCouldStart(t *testing.T) {
-	const timeout, calls = 400 * time.Millisecond, 12
+	// The timeout leaves room for a loaded CI host (two cores running the
+	// other packages' tests): with 400 ms the first call's own 80 ms
+	// sometimes stretched past it.
+	const timeout, delay, calls = time.Second, 200 * time.Millisecond, 12
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 2, StallTimeout: time.Minute},
 		hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(timeout))
 	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
@@ -192,9 +195,9 @@ func TestTimeoutCountsFromWhenTheCallCouldStart(t *testing.T) {
 	var works []*hier.Work
 	for range calls {
 		for g, r := range w.reducers {
-			// Each call waits for 80 ms of its caller's work: the batch
-			// takes about a second, every call 80 ms.
-			require.NoError(t, w.devs[g].(*sim.Device).DelayAsync(80*time.Millisecond, slow[g]))
+			// Each call waits for 200 ms of its caller's work: the batch
+			// takes about 2.4 s, every call 200 ms.
+			require.NoError(t, w.devs[g].(*sim.Device).DelayAsync(delay, slow[g]))
 			works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum, hier.After(slow[g])))
 		}
 	}

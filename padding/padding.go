@@ -16,7 +16,8 @@ type Ring struct {
 	machines, devices int
 }
 
-// NewRing allocates the padding slots a layout asks for.
+// NewRing makes the padding slots a layout asks for (each allocated at its
+// first use).
 func NewRing(dev staging.Allocator, l staging.Layout) (*Ring, error) {
 	r, err := staging.NewRing(dev, l.PaddingSlots, l.PaddingSlotBytes)
 	if err != nil {
@@ -28,9 +29,12 @@ func NewRing(dev staging.Allocator, l staging.Layout) (*Ring, error) {
 // Next hands out the next slot, viewed as the [D][M][padShard] cells of a
 // slice's padding, of elemSize-byte elements. The caller waits on the
 // slot's Guard before its first use and records it after its last.
-func (r *Ring) Next(padShard int64, elemSize int) (staging.Slot, staging.Cells) {
-	s := r.ring.Next()
-	return s, staging.Cells{Base: s.Ptr, Machines: r.machines, Devices: r.devices, N: padShard, ElemSize: int64(elemSize)}
+func (r *Ring) Next(padShard int64, elemSize int) (staging.Slot, staging.Cells, error) {
+	s, err := r.ring.Next()
+	if err != nil {
+		return staging.Slot{}, staging.Cells{}, err
+	}
+	return s, staging.Cells{Base: s.Ptr, Machines: r.machines, Devices: r.devices, N: padShard, ElemSize: int64(elemSize)}, nil
 }
 
 // Close frees the slots.

@@ -23,7 +23,8 @@ func TestRingHandsOutSlotsAsCells(t *testing.T) {
 	require.NoError(t, err)
 	var first staging.Slot
 	for i := range 7 {
-		s, cells := r.Next(int64(1+i%4), 4)
+		s, cells, err := r.Next(int64(1+i%4), 4)
+		require.NoError(t, err)
 		require.Equal(t, i%3, s.Index)
 		require.Equal(t, s.Ptr, cells.Base)
 		require.Equal(t, 2, cells.Devices)

@@ -25,31 +25,30 @@ type Slot struct {
 	Guard streams.Event
 }
 
-// Ring is a ring of equal slots in one allocation, handed out round-robin.
-// It is not safe for concurrent use: the engine goroutine of a device owns it.
+// Ring is a ring of equal slots handed out round-robin, each allocated at
+// its first use: a call that needs one slot pays for one, not for the
+// whole budget. It is not safe for concurrent use: the engine goroutine of
+// a device owns it.
 type Ring struct {
-	dev   Allocator
-	base  uintptr
-	slots []Slot
-	next  int
+	dev       Allocator
+	slotBytes int64
+	slots     []Slot // Ptr 0: not allocated yet
+	next      int
 }
 
-// NewRing allocates n slots of slotBytes each and one guard event per slot.
+// NewRing makes a ring of n slots of slotBytes each, with one guard event
+// per slot; the memory comes at each slot's first use (Next).
 func NewRing(dev Allocator, n int, slotBytes int64) (*Ring, error) {
 	if n < 1 || slotBytes < 1 {
 		return nil, fmt.Errorf("staging: a ring needs at least one slot of at least one byte, got %d × %d", n, slotBytes)
 	}
-	base, err := dev.Alloc(int64(n) * slotBytes)
-	if err != nil {
-		return nil, fmt.Errorf("staging: allocating %d slots of %d bytes: %w", n, slotBytes, err)
-	}
-	r := &Ring{dev: dev, base: base, slots: make([]Slot, n)}
+	r := &Ring{dev: dev, slotBytes: slotBytes, slots: make([]Slot, n)}
 	for i := range r.slots {
 		ev, err := dev.NewEvent()
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("staging: creating slot event: %w", err), r.Close())
 		}
-		r.slots[i] = Slot{Index: i, Ptr: base + uintptr(int64(i)*slotBytes), Bytes: slotBytes, Guard: ev}
+		r.slots[i] = Slot{Index: i, Bytes: slotBytes, Guard: ev}
 	}
 	return r, nil
 }
@@ -57,23 +56,35 @@ func NewRing(dev Allocator, n int, slotBytes int64) (*Ring, error) {
 // Len is the number of slots.
 func (r *Ring) Len() int { return len(r.slots) }
 
-// Next returns the next slot in round-robin order.
-func (r *Ring) Next() Slot {
-	s := r.slots[r.next]
+// Next returns the next slot in round-robin order, allocating its memory
+// at its first use.
+func (r *Ring) Next() (Slot, error) {
+	s := &r.slots[r.next]
+	if s.Ptr == 0 {
+		p, err := r.dev.Alloc(r.slotBytes)
+		if err != nil {
+			return Slot{}, fmt.Errorf("staging: allocating slot %d of %d bytes: %w", s.Index, r.slotBytes, err)
+		}
+		s.Ptr = p
+	}
 	r.next = (r.next + 1) % len(r.slots)
-	return s
+	return *s, nil
 }
 
-// Close frees the ring's memory. The caller must have waited for the work
-// that used it.
+// Close frees the ring's memory and events. The caller must have waited
+// for the work that used it.
 func (r *Ring) Close() error {
-	if r.base == 0 {
-		return nil
+	var errs []error
+	for i := range r.slots {
+		s := &r.slots[i]
+		if s.Ptr != 0 {
+			errs = append(errs, r.dev.Free(s.Ptr))
+			s.Ptr = 0
+		}
+		if s.Guard != nil {
+			errs = append(errs, streams.Release(s.Guard))
+			s.Guard = nil
+		}
 	}
-	errs := []error{r.dev.Free(r.base)}
-	for _, s := range r.slots {
-		errs = append(errs, streams.Release(s.Guard))
-	}
-	r.base = 0
 	return errors.Join(errs...)
 }
