@@ -182,7 +182,7 @@ func (m *methodFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.algos, "algos", "flat,naive,fairgo", "methods to measure: flat, naive, fairgo (every -fairgo variant)")
 	fs.Var(&m.variants, "fairgo", "a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
 		"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, flat (flat threshold: size or never), spin (duration),\n"+
-		"inline (on, off; default on with one rank per process, as setup.New does);\n"+
+		"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off);\n"+
 		"e.g. -fairgo rsag=algo:rail-rsag,slice:64M (default: one variant \"fairgo\" with fairgo's defaults)")
 }
 
