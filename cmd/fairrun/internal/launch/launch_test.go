@@ -25,7 +25,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	tbinfo "github.com/fairgo/fairgo/internal/testbed"
 	"github.com/fairgo/fairgo/rendezvous"
+	"github.com/fairgo/fairgo/topology"
 )
 
 // Binaries built once for the package's tests.
@@ -364,6 +366,34 @@ func TestPlanRanksSharingAGPU(t *testing.T) {
 				require.Len(t, hostIDs, tc.machines, "one NCCL host per machine")
 			}
 		})
+	}
+}
+
+// What fairrun tells the workers is what their readers read: topology's
+// identities, and the testbed the benchmark records (machines M, not the
+// NCCL hosts; the intra-machine link and its rate).
+func TestWorkersReadWhatPlanWrites(t *testing.T) {
+	require.Equal(t, topology.EnvMachineID, EnvMachineID)
+	require.Equal(t, topology.EnvNCCLHostID, EnvNCCLHostID)
+	require.Equal(t, topology.EnvDeviceID, EnvDeviceID)
+	require.Equal(t, tbinfo.IntraNVLink, IntraNVLink)
+	require.Equal(t, tbinfo.IntraLoopback, IntraLoopback)
+	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 2, NICGbit: 2.5, NVLinkGbit: 20, Program: "p"}
+	ws, err := Plan(c, nil, "10.77.0.1:9", []string{"0"}, Extras{NetNS: true, MPS: &MPSEnv{PipeDir: "/p", LogDir: "/l"}})
+	require.NoError(t, err)
+	for _, w := range ws {
+		e := envMap(w.Env)
+		lookup := func(k string) (string, bool) { v, ok := e[k]; return v, ok }
+		emu, err := tbinfo.EmulationFromEnv(lookup)
+		require.NoError(t, err)
+		require.Equal(t, tbinfo.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: tbinfo.IntraLoopback, NVLinkGbit: 20}, emu)
+		dev, err := topology.DescribeDevice(0, lookup, nil)
+		require.NoError(t, err)
+		require.True(t, dev.ExplicitID())
+		require.Equal(t, e[EnvDeviceID], dev.ID)
+		id, err := topology.MachineIdentity(topology.Host{Lookup: lookup})
+		require.NoError(t, err)
+		require.Equal(t, e[EnvMachineID], id.ID, "the machine, not the rank's NCCL host")
 	}
 }
 
