@@ -1,8 +1,12 @@
 // Package testbed opens the ranks a program drives — every rank of a
 // simulated cluster, several GPUs in one process, or one GPU per process
 // under a launcher — as one Testbed, with a device, a stream and a timer per
-// rank. The benchmark harness, the examples and tests share it, and each
-// opens its cluster by calling the opener it wants: there is no registry.
+// rank, and on demand a world communicator on which NCCL runs its ring only
+// (RingWorld). Info describes it, as the launcher told (FAIRGO_TESTBED_*:
+// emulated machines, NICs, MPS, the intra-machine link) and as the ranks
+// sit on GPUs and NCCL hosts. The benchmark harness, the examples and tests
+// share it, and each opens its cluster by calling the opener it wants:
+// there is no registry.
 package testbed
 
 import (
