@@ -39,7 +39,7 @@ type Record struct {
 
 	DType     string `json:"dtype"`
 	Op        string `json:"op"`
-	Algorithm string `json:"algorithm"` // flat, naive, or the fairgo variant's name
+	Algorithm string `json:"algorithm"` // flat, flat-ring, naive, or the fairgo variant's name
 	Bytes     int64  `json:"bytes"`     // per call (sweep, link) or per bucket (overlap)
 	Count     int64  `json:"count"`
 	Buckets   int    `json:"buckets,omitempty"`
