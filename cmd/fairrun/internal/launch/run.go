@@ -75,9 +75,10 @@ const (
 // emulated NICs need (stopping with a *testbed.MissingError before anything
 // is started) and builds the testbed (--nvlink-gbit, which shapes the
 // loopback that ranks sharing a GPU talk over, is refused with a
-// *UsageError when the ranks of a machine have GPUs of their own); with MPS
-// it starts a private MPS daemon. Both are removed before Run returns, whatever happened; when ctx
-// ends during setup, what was built is removed and Run returns 128 + N.
+// *UsageError when the ranks of a machine have GPUs of their own); with
+// MPS it starts a private MPS daemon. Both are removed before Run returns,
+// whatever happened; when ctx ends during setup, what was built is removed
+// and Run returns 128 + N.
 func Run(ctx context.Context, c Config) (code int, err error) {
 	if err := c.Validate(); err != nil {
 		return ExitLaunchFailure, err
@@ -113,7 +114,7 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 	if c.NVLinkGbit > 0 && !shared {
 		return setupFailed(&UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: fmt.Sprintf(
 			"the ranks of each emulated machine have GPUs of their own (%d per machine, %d GPUs) and talk GPU to GPU, which tbf cannot shape; "+
-				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than --gpus)", per, len(gpus))})
+				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs)", per, len(gpus))})
 	}
 	if shared {
 		log.Info("fairrun: ranks of one emulated machine share a GPU: each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
