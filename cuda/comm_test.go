@@ -363,9 +363,11 @@ func TestDuplicate(t *testing.T) {
 		}
 	}()
 	for i, c := range dups {
-		checkComm(t, "flat-ring", c, len(devs), i)
-		if c.Name() != "flat-ring" || c.Device() != devs[i] || c.NCCL() == worlds[i].NCCL() {
-			t.Fatalf("copy %d: %v of %v", i, c, worlds[i])
+		if c.Size() != len(devs) || c.Rank() != i || c.Name() != "flat-ring" || c.Device() != devs[i] || c.NCCL() == worlds[i].NCCL() {
+			t.Fatalf("copy %d: %v (rank %d of %d) of %v", i, c, c.Rank(), c.Size(), worlds[i])
+		}
+		if err := c.Err(); err != nil {
+			t.Errorf("copy %d: Err = %v", i, err)
 		}
 	}
 	if len(devs) == 2 {
