@@ -1,7 +1,8 @@
 // Package bench measures allreduce methods on a testbed: flat NCCL on the
-// world communicator, the naive hierarchy a user writes by hand, and
-// fairgo's Reducer in named variants, alternating in the same processes on
-// the same buffers, and returns one Record per method and point. Package
+// world communicator (NCCL's choice of algorithm, and its ring alone), the
+// naive hierarchy a user writes by hand, and fairgo's Reducer in named
+// variants, alternating in the same processes on the same buffers, and
+// returns one Record per method and point. Package
 // bench/report turns records into tables, CSV, plots, the cost-model report
 // and the targets; command fairbench (bench/cmd/fairbench) drives
 // both.
@@ -9,6 +10,9 @@
 // # Methods
 //
 //   - flat: one NCCL allreduce on the world communicator;
+//   - flat-ring: one NCCL allreduce on a world communicator of its own that
+//     NCCL initialised under NCCL_ALGO=Ring (testbed.RingWorld), so the
+//     ring whatever NCCL would choose;
 //   - naive: NCCL reduce-scatter inside the machine, allreduce on the rail,
 //     all-gather inside the machine, all on one stream;
 //   - fairgo variants: hier.Reducer.AllReduce with the options of a Variant
@@ -28,7 +32,11 @@
 // reaches.
 //
 // Every record carries the testbed (emulated machines, NIC rate and
-// latency, MPS, namespaces, ranks per GPU) and is marked Invalid when ranks
-// of different machines shared a GPU without MPS. The sim testbed's
+// latency, MPS, namespaces, ranks per GPU, NCCL hosts, the intra-machine
+// link: GPU to GPU, or loopback TCP standing in for NVLink, with its shaped
+// rate) and whether flat NCCL was topology-unaware (every rank its own NCCL
+// host while machines hold several ranks: NCCL's ring then runs over all
+// ranks and crosses each NIC 2(W−1)/W of the data), and is marked Invalid
+// when ranks of different machines shared a GPU without MPS. The sim testbed's
 // timings are wall clock on the host, not GPU timings, and say so.
 package bench

@@ -17,15 +17,30 @@ import (
 
 // The baselines fairgo is measured against.
 const (
-	// Flat is one NCCL allreduce on the world communicator.
+	// Flat is one NCCL allreduce on the world communicator: NCCL's own
+	// choice of algorithm.
 	Flat = "flat"
+	// FlatRing is one NCCL allreduce on a world communicator of its own
+	// that NCCL initialised with NCCL_ALGO=Ring (testbed.RingWorld): the
+	// ring, whatever NCCL would choose. On the simulated cluster it is the
+	// sim's allreduce on a communicator of its own.
+	FlatRing = "flat-ring"
 	// Naive is the hierarchy written by hand on one stream: NCCL
 	// reduce-scatter inside the machine, allreduce on the rail, all-gather
 	// inside the machine.
 	Naive = "naive"
 	// DefaultVariant is the name of fairgo with its default options.
 	DefaultVariant = "fairgo"
+	// DefaultMethods is what a run measures unless told: every baseline and
+	// fairgo.
+	DefaultMethods = Flat + "," + FlatRing + "," + Naive + "," + DefaultVariant
 )
+
+// Baselines are the baselines' names, in the order runs measure them.
+var Baselines = []string{Flat, FlatRing, Naive}
+
+// IsBaseline reports whether name is one of Baselines.
+func IsBaseline(name string) bool { return slices.Contains(Baselines, name) }
 
 // Variant is one configuration of fairgo's Reducer, measured as a column of
 // its own under its Name.
@@ -167,38 +182,45 @@ func ParseVariant(s string) (Variant, error) {
 }
 
 // Method is one way to allreduce that a run measures: a baseline (Flat,
-// Naive) or a fairgo Variant.
+// FlatRing, Naive) or a fairgo Variant.
 type Method struct {
 	Name    string
 	Variant *Variant // nil for the baselines
 }
 
-// Methods lists flat and naive (when asked for) and every variant (when
-// fairgo is asked for), in that order. baselines is a comma-separated list
-// of flat, naive and fairgo; no variant means one with the defaults.
+// Methods lists the baselines asked for, in the order of Baselines, and
+// every variant (when fairgo is asked for). list is a comma-separated list
+// of flat, flat-ring, naive and fairgo (DefaultMethods has them all); no
+// variant means one with the defaults. A variant may not take a baseline's
+// name.
 func Methods(list string, variants []Variant) ([]Method, error) {
 	var out []Method
 	var fairgoToo bool
 	for _, f := range strings.Split(list, ",") {
-		switch f = strings.TrimSpace(f); f {
-		case "":
-		case Flat, Naive:
+		switch f = strings.TrimSpace(f); {
+		case f == "":
+		case IsBaseline(f):
 			if !slices.ContainsFunc(out, func(m Method) bool { return m.Name == f }) {
 				out = append(out, Method{Name: f})
 			}
-		case DefaultVariant:
+		case f == DefaultVariant:
 			fairgoToo = true
 		default:
-			return nil, &fairgo.ArgError{Arg: "-algos", Value: f, Reason: "unknown (flat, naive, fairgo)"}
+			return nil, &fairgo.ArgError{Arg: "-algos", Value: f, Reason: "unknown (" + strings.Join(Baselines, ", ") + ", " + DefaultVariant + ")"}
 		}
 	}
-	slices.SortStableFunc(out, func(a, b Method) int { return strings.Compare(a.Name, b.Name) }) // flat before naive
+	slices.SortStableFunc(out, func(a, b Method) int {
+		return slices.Index(Baselines, a.Name) - slices.Index(Baselines, b.Name)
+	})
 	if fairgoToo {
 		if len(variants) == 0 {
 			variants = []Variant{{Name: DefaultVariant}}
 		}
 		seen := map[string]bool{}
 		for i := range variants {
+			if IsBaseline(variants[i].Name) {
+				return nil, &fairgo.ArgError{Arg: "-fairgo", Value: variants[i].Name, Reason: "a baseline's name"}
+			}
 			if seen[variants[i].Name] {
 				return nil, &fairgo.ArgError{Arg: "-fairgo", Value: variants[i].Name, Reason: "two variants of one name"}
 			}
@@ -217,6 +239,7 @@ type caller struct {
 	idx   int // index among the testbed's local ranks
 	rank  *testbed.Rank
 	reds  map[string]*hier.Reducer // by variant name
+	ring  hier.Comm                // FlatRing's world communicator (testbed.RingWorld); nil when not measured
 	op    fairgo.Op
 	works []*hier.Work // fairgo calls whose completion is still to be checked
 }
@@ -235,6 +258,11 @@ func (c *caller) call(ctx context.Context, m Method, t fairgo.Tensor) error {
 		return w.StreamWait(ctx, s)
 	case m.Name == Flat:
 		return cm.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, c.op, s)
+	case m.Name == FlatRing:
+		if c.ring == nil {
+			return fmt.Errorf("bench: %s: no ring world communicator", m.Name)
+		}
+		return c.ring.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, c.op, s)
 	case m.Name == Naive:
 		g := hr.Grid
 		D := int64(g.Devices)

@@ -39,7 +39,7 @@ type Record struct {
 
 	DType     string `json:"dtype"`
 	Op        string `json:"op"`
-	Algorithm string `json:"algorithm"` // flat, naive, or the fairgo variant's name
+	Algorithm string `json:"algorithm"` // flat, flat-ring, naive, or the fairgo variant's name
 	Bytes     int64  `json:"bytes"`     // per call (sweep, link) or per bucket (overlap)
 	Count     int64  `json:"count"`
 	Buckets   int    `json:"buckets,omitempty"`
@@ -69,10 +69,38 @@ type Record struct {
 }
 
 // Setup is the testbed a record was measured on, as the launcher described
-// it and as the ranks sat on the GPUs.
+// it and as the ranks sat on the GPUs and NCCL hosts.
 type Setup struct {
 	testbed.Emulation
 	testbed.Placement
+	// FlatTopologyUnaware: flat NCCL did not know the machines (every rank
+	// its own NCCL host while machines hold several ranks), so flat and
+	// flat-ring ran a ring over all ranks (testbed.Info.FlatTopologyUnaware).
+	FlatTopologyUnaware bool `json:"flat_topology_unaware,omitempty"`
+}
+
+// SetupOf is the Setup of a testbed.
+func SetupOf(i testbed.Info) Setup {
+	return Setup{Emulation: i.Emulation, Placement: i.Placement, FlatTopologyUnaware: i.FlatTopologyUnaware()}
+}
+
+// IntraLine says in one line what the intra-machine link was and whether
+// flat NCCL knew the machines, e.g. "intra-machine link: emulated
+// (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here";
+// "" when the testbed told neither.
+func (s Setup) IntraLine() string {
+	link := s.IntraLink()
+	switch {
+	case link == "" && !s.FlatTopologyUnaware:
+		return ""
+	case link == "":
+		link = "not told"
+	}
+	line := "intra-machine link: " + link
+	if s.FlatTopologyUnaware {
+		line += "; flat NCCL is topology-unaware here"
+	}
+	return line
 }
 
 // FairgoSetup is a fairgo variant as a record carries it.
@@ -124,7 +152,8 @@ func Bandwidths(bytes int64, sec float64, n int) (algbw, busbw float64) {
 // D devices that is bound only by one NIC of nicBytesPerSec per machine: a
 // hierarchical allreduce sends 2(M−1)/M of the bytes out of each machine,
 // so t = 2(M−1)/M · bytes / B, and busbw = bytes/t · 2(W−1)/W with W = M·D.
-// It is 0 when M < 2 or the rate is unknown.
+// M is the machines (fairgo's grid), also where every rank is an NCCL host
+// of its own. It is 0 when M < 2 or the rate is unknown.
 func IdealBusBW(bytes int64, m, d int, nicBytesPerSec float64) float64 {
 	if m < 2 || nicBytesPerSec <= 0 || bytes <= 0 {
 		return 0

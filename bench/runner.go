@@ -26,7 +26,7 @@ type Config struct {
 	Reps        int // repetitions (median and spread)
 	Check       bool
 	Seed        uint64
-	Methods     []Method // nil: flat, naive and fairgo with its defaults
+	Methods     []Method // nil: DefaultMethods (every baseline, and fairgo with its defaults)
 	Buckets     int      // overlap: buckets per round
 	BucketBytes int64    // overlap: bytes per bucket
 	Run         string   // copied into every record: the run's label
@@ -72,7 +72,7 @@ func (c *Config) defaults() error {
 		c.Op = fairgo.Sum
 	}
 	if c.Methods == nil {
-		c.Methods, _ = Methods("flat,naive,fairgo", nil)
+		c.Methods, _ = Methods(DefaultMethods, nil)
 	}
 	if c.Kind == "" {
 		c.Kind = KindSweep
@@ -143,6 +143,16 @@ func newRun(ctx context.Context, tb *testbed.Testbed, cfg Config) (*run, error) 
 	r.callers = make([]*caller, len(r.ranks))
 	for i, rk := range r.ranks {
 		r.callers[i] = &caller{idx: i, rank: rk, reds: map[string]*hier.Reducer{}, op: cfg.Op}
+	}
+	// The flat ring's communicators; the testbed closes them.
+	if slices.ContainsFunc(cfg.Methods, func(m Method) bool { return m.Name == FlatRing }) {
+		ring, err := tb.RingWorld(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", FlatRing, err)
+		}
+		for i := range r.callers {
+			r.callers[i].ring = ring[i]
+		}
 	}
 	// A Reducer per variant and rank; the testbed closes them.
 	for _, m := range cfg.Methods {
@@ -487,7 +497,7 @@ func (r *run) proto(kind string, bytes, count int64) Record {
 	i := r.info
 	return Record{Kind: kind, Run: r.cfg.Run, Label: r.cfg.Label, Link: r.cfg.Link, Command: r.cfg.Command, Backend: i.Backend,
 		SimTimings: i.SimTimings, Machines: i.Machines, Devices: i.Devices, Processes: i.Processes,
-		Testbed: Setup{Emulation: i.Emulation, Placement: i.Placement}, Invalid: i.Invalid(),
+		Testbed: SetupOf(i), Invalid: i.Invalid(),
 		DType: r.cfg.DType.String(), Op: r.cfg.Op.String(), Bytes: bytes, Count: count, Iters: r.cfg.Iters, Reps: r.cfg.Reps,
 		NCCLVersion: i.NCCLVersion, NCCLEnv: i.NCCLEnv, Host: i.Host, When: r.when}
 }

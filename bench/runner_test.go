@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,11 +73,11 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 		tb := openSimT(t, c.m, c.d, 50*time.Microsecond)
 		var obs observed
 		cfg := Config{Sizes: []int64{6, 1000, 12345, 100003}, DType: c.dt, Op: c.op, Iters: 2, Reps: 2, Warmup: 1, Check: true,
-			Seed: 3, Methods: methods(t, "flat,naive,fairgo", "fairgo=slice:16K,flat:2K,algo:"+c.algo), Observer: &obs}
+			Seed: 3, Methods: methods(t, DefaultMethods, "fairgo=slice:16K,flat:2K,algo:"+c.algo), Observer: &obs}
 		recs, err := Sweep(context.Background(), tb, cfg)
 		require.NoError(t, err, "%d×%d %v %v", c.m, c.d, c.dt, c.op)
 		require.NotEmpty(t, recs)
-		require.Zero(t, len(recs)%3)
+		require.Zero(t, len(recs)%4)
 		for _, r := range recs {
 			require.Zero(t, r.Wrong, "%d×%d %v %v %s %d elements", c.m, c.d, c.dt, c.op, r.Algorithm, r.Count)
 			require.Positive(t, r.TimeUS)
@@ -96,7 +98,8 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 		}
 		require.Len(t, obs.headers, 1)
 		require.Len(t, obs.headers[0].Fairgo, 1)
-		require.Len(t, obs.points, len(recs)/3)
+		require.Len(t, obs.points, len(recs)/4)
+		require.Equal(t, []string{Flat, FlatRing, Naive, DefaultVariant}, []string{recs[0].Algorithm, recs[1].Algorithm, recs[2].Algorithm, recs[3].Algorithm})
 	}
 }
 
@@ -153,6 +156,63 @@ func TestRecordsCarryTheTestbed(t *testing.T) {
 	require.Contains(t, p.Invalid, "without MPS")
 	r.info.Emulation.MPS = true
 	require.Empty(t, r.proto(KindSweep, 1<<20, 1<<18).Invalid)
+	require.False(t, p.Testbed.FlatTopologyUnaware)
+	require.Empty(t, p.Testbed.IntraLine())
+}
+
+// Machines of several ranks on one GPU: every record says the intra-machine
+// link is emulated and that flat NCCL did not know the machines, and the
+// NIC-bound ideal counts M machines, not the W NCCL hosts.
+func TestRecordsOfRanksSharingAGPU(t *testing.T) {
+	r := &run{cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Reps: 1, Methods: methods(t, "flat,flat-ring,naive")}, info: testbed.Info{
+		Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
+		Emulation: testbed.Emulation{Machines: 2, NICGbit: 2.5, NetNS: true, MPS: true, Intra: testbed.IntraLoopback, NVLinkGbit: 20},
+		Placement: testbed.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8},
+	}}
+	p := r.proto(KindSweep, 256<<20, 64<<20)
+	require.True(t, p.Testbed.FlatTopologyUnaware)
+	require.Equal(t, "intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here", p.Testbed.IntraLine())
+	require.Empty(t, p.Invalid, "under MPS")
+	times := [][][]float64{{{1.0}}, {{1.0}}, {{1.0}}} // [method][rep][local rank]
+	recs := r.summarize([]rankResult{{Times: times}}, p)
+	require.Len(t, recs, 3)
+	want := IdealBusBW(256<<20, 2, 4, 2.5e9/8)
+	require.InDelta(t, want, recs[0].IdealBusBW, 1e-12)
+	require.NotEqual(t, IdealBusBW(256<<20, 8, 1, 2.5e9/8), recs[0].IdealBusBW, "not as if every NCCL host were a machine")
+	// 2 × 4 at 2.5 Gbit/s: t = S/B, busbw = B·2·7/8 = 0.547 GB/s (GPU.md's 0.55).
+	require.InDelta(t, 0.546875, want, 1e-9)
+
+	// The records travel through JSON and come back alike; records of
+	// before these fields read as not told.
+	var buf bytes.Buffer
+	require.NoError(t, WriteJSONL(&buf, recs))
+	back, err := ReadJSONL(&buf)
+	require.NoError(t, err)
+	require.Equal(t, recs, back)
+	old, err := ReadJSONL(strings.NewReader(`{"kind":"sweep","algorithm":"flat","machines":2,"devices":2,"testbed":{"launcher_machines":2,"nic_gbit":10,"mps":true,"netns":true,"ranks_per_gpu":2,"shared_across_machines":true}}`))
+	require.NoError(t, err)
+	require.False(t, old[0].Testbed.FlatTopologyUnaware)
+	require.Empty(t, old[0].Testbed.IntraLine())
+}
+
+// flat-ring runs on the testbed's ring world communicator, made only when
+// asked for.
+func TestFlatRingUsesItsOwnCommunicator(t *testing.T) {
+	tb := openSimT(t, 2, 2, 0)
+	r, err := newRun(context.Background(), tb, Config{Iters: 1, Reps: 1, Methods: methods(t, "flat,naive")})
+	require.NoError(t, err)
+	for _, c := range r.callers {
+		require.Nil(t, c.ring, "no flat-ring asked for")
+	}
+	r, err = newRun(context.Background(), tb, Config{Iters: 1, Reps: 1, Methods: methods(t, "flat-ring")})
+	require.NoError(t, err)
+	ring, err := tb.RingWorld(context.Background())
+	require.NoError(t, err)
+	for i, c := range r.callers {
+		require.Same(t, ring[i], c.ring)
+		require.NotSame(t, c.rank.Hier.Comms.World, c.ring)
+		require.Equal(t, "flat-ring", c.ring.Name())
+	}
 }
 
 // TestCountWrong: identical outputs are checked once, and a corrupted one
@@ -232,12 +292,15 @@ func TestMethods(t *testing.T) {
 		return out
 	}
 	require.Equal(t, []string{"flat", "naive", "fairgo"}, names(methods(t, "fairgo,naive,flat")))
+	require.Equal(t, []string{"flat", "flat-ring", "naive", "fairgo"}, names(methods(t, DefaultMethods)))
+	require.Equal(t, []string{"flat", "flat-ring", "naive", "fairgo"}, names(methods(t, "naive,fairgo,flat-ring,flat,naive")))
+	require.Equal(t, []string{"flat-ring", "naive"}, names(methods(t, "naive,flat-ring")))
 	require.Equal(t, []string{"flat", "a", "b"}, names(methods(t, "flat,fairgo", "a=slice:1M", "b")))
 	require.Equal(t, []string{"naive"}, names(methods(t, "naive", "a=slice:1M")))
 	for _, bad := range []struct {
 		list  string
 		specs []string
-	}{{"ring", nil}, {"", nil}, {"fairgo", []string{"a", "a=slice:1M"}}} {
+	}{{"ring", nil}, {"", nil}, {"fairgo", []string{"a", "a=slice:1M"}}, {"fairgo", []string{"flat-ring=slice:1M"}}} {
 		_, err := Methods(bad.list, variants(t, bad.specs...))
 		require.Error(t, err, "%v", bad)
 	}
@@ -246,7 +309,7 @@ func TestMethods(t *testing.T) {
 // BenchmarkSimAllReduce times one method on a simulated 2×2 cluster: a
 // harness self-check (sim timings are host timings, not GPU timings).
 func BenchmarkSimAllReduce(b *testing.B) {
-	for _, m := range methods(b, "flat,naive,fairgo") {
+	for _, m := range methods(b, DefaultMethods) {
 		for _, size := range []int64{64 << 10, 1 << 20} {
 			b.Run(m.Name+"/"+FormatSize(size), func(b *testing.B) {
 				tb := openSimT(b, 2, 2, 0)

@@ -251,6 +251,59 @@ func (d *Device) Group(fn func() error) error {
 	})
 }
 
+// Duplicate makes, for each of comms (this process's ranks of one
+// communicator, each on a device of its own), a new communicator of the
+// same ranks in the same order, named name: ncclCommSplit(color 0, key =
+// rank) on every rank at once, each on a locked OS thread with its device
+// current, as Backend makes its communicators. Every rank of the
+// communicator, in every process, must call it. NCCL reads its tuning
+// variables (NCCL_ALGO, NCCL_PROTO, ...) when it initialises a
+// communicator, so a copy made while they have other values than at the
+// original's making behaves differently: a flat ring baseline is the world
+// communicator duplicated under NCCL_ALGO=Ring. It needs ncclCommSplit
+// (NCCL 2.18 or newer). On error nothing is left: the copies made are
+// aborted.
+func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error) {
+	if len(comms) == 0 {
+		return nil, &fairgo.ArgError{Arg: "communicators to duplicate", Value: 0, Reason: "none"}
+	}
+	devs := make([]*Device, len(comms))
+	for i, c := range comms {
+		if c == nil {
+			return nil, &fairgo.ArgError{Arg: "communicators to duplicate", Value: i, Reason: "nil"}
+		}
+		devs[i] = c.d
+	}
+	if lib := comms[0].lib; !lib.Supports("ncclCommSplit") {
+		return nil, fmt.Errorf("cuda: duplicating %s needs ncclCommSplit (NCCL 2.18 or newer), not in %v", comms[0].name, lib)
+	}
+	raw, err := eachRank(ctx, name+" (split of "+comms[0].name+")", devs, func(i int) (*nccl.Comm, error) {
+		c, err := comms[i].c.Split(0, comms[i].rank, nil)
+		if err == nil && c == nil {
+			err = fmt.Errorf("ncclCommSplit(color 0, key %d) of %s returned no communicator", comms[i].rank, comms[i].name)
+		}
+		return c, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Comm, len(raw))
+	for i, r := range raw {
+		cm, err := NewComm(devs[i], r, name)
+		if err == nil && (cm.Size() != comms[i].size || cm.Rank() != comms[i].rank) {
+			err = fmt.Errorf("cuda: %s is rank %d of %d, its original %s rank %d of %d", name, cm.Rank(), cm.Size(), comms[i].name, comms[i].rank, comms[i].size)
+		}
+		if err != nil {
+			for _, c := range raw {
+				_ = c.Abort()
+			}
+			return nil, err
+		}
+		out[i] = cm
+	}
+	return out, nil
+}
+
 // NewLocalRanks builds, in one process, a machines × perMachine grid over
 // devs (rank r = m·perMachine + d runs on devs[r], each GPU once) and the
 // six NCCL communicators of every rank, the way Backend makes them (a world

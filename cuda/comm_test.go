@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -329,5 +330,72 @@ func TestCommAbort(t *testing.T) {
 	}
 	if err := CloseRanks(ranks); err != nil {
 		t.Errorf("CloseRanks after Abort: %v", err)
+	}
+}
+
+// Duplicate copies the world communicator of one or two GPUs: same ranks,
+// its own name, and every collective right on the copy (on two GPUs).
+func TestDuplicate(t *testing.T) {
+	n, err := Count()
+	if err != nil || n < 1 {
+		t.Skipf("needs a GPU (%d, %v)", n, err)
+	}
+	devs := devices(t, min(n, 2))
+	needNCCL(t)
+	ranks, err := NewLocalRanks(devs, 1, len(devs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer CloseRanks(ranks)
+	worlds := make([]*Comm, len(ranks))
+	for i, rk := range ranks {
+		worlds[i] = rk.Comms.World.(*Comm)
+	}
+	dups, err := Duplicate(context.Background(), worlds, "flat-ring")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range dups {
+			if err := c.Close(); err != nil {
+				t.Errorf("closing %v: %v", c, err)
+			}
+		}
+	}()
+	for i, c := range dups {
+		if c.Size() != len(devs) || c.Rank() != i || c.Name() != "flat-ring" || c.Device() != devs[i] || c.NCCL() == worlds[i].NCCL() {
+			t.Fatalf("copy %d: %v (rank %d of %d) of %v", i, c, c.Rank(), c.Size(), worlds[i])
+		}
+		if err := c.Err(); err != nil {
+			t.Errorf("copy %d: Err = %v", i, err)
+		}
+	}
+	if len(devs) == 2 {
+		dupOf := func(rk hier.Rank) hier.Comm {
+			for i := range ranks {
+				if ranks[i].Device == rk.Device {
+					return dups[i]
+				}
+			}
+			return nil
+		}
+		testCollectives(t, ranks, []*Stream{stream(t, devs[0]), stream(t, devs[1])}, dupOf)
+		return
+	}
+	const count = 1001
+	x := tensor(t, devs[0], count, fairgo.Float32)
+	perRank(t, ranks, []*Stream{stream(t, devs[0])}, func(_ int, _ hier.Rank, d *Device, s *Stream) error {
+		if err := d.FillAsync(x, 3, 1, 5, s); err != nil {
+			return err
+		}
+		return dups[0].AllReduce(x.Ptr, x.Ptr, count, fairgo.Float32, fairgo.Sum, s)
+	})
+	for i, v := range download[float32](t, devs[0], x.Ptr, count) {
+		if want := float32(3 + i%5); v != want {
+			t.Fatalf("one-rank all-reduce on the copy: element %d = %v, want %v", i, v, want)
+		}
+	}
+	if _, err := Duplicate(context.Background(), nil, "x"); !isInvalid(err) {
+		t.Errorf("nothing to duplicate: %v", err)
 	}
 }

@@ -16,7 +16,15 @@
 #                       one call at a time and 20 back to back, 64K–1G (~30 s)
 #   bench-2x1           T2's in-process sweep: 2×1 in one process, 1M–1G (~10 s)
 #   testbed MxD ...     sweeps on fairrun's testbed, e.g. testbed 2x1 2x2 4x2,
-#                       1M–1G (2×1 ~30 s, 2×2 ~40 s, 4×2 ~60 s)
+#                       1M–1G (2×1 ~30 s, 2×2 ~40 s, 4×2 ~60 s at 10 Gbit/s).
+#                       A layout with more ranks per machine than GPUs runs
+#                       too (fairrun makes each rank of such a machine an
+#                       NCCL host of its own, its intra-machine link loopback
+#                       TCP standing in for NVLink, NVLINK_GBIT shaping it;
+#                       flat NCCL is then topology-unaware): on one GPU the
+#                       issue's testbed is NIC_GBIT=2.5 scripts/gpu.sh
+#                       testbed 2x2 2x4 4x2 (slower: the step's limit grows
+#                       as NIC_GBIT falls)
 #   overlap             T5: 64 × 25 MiB back to back on the testbed's 2×2 (~40 s)
 #   links               the model's links: NVLink pair, testbed network pair (~40 s)
 #   enqueue             T6: hier's BenchmarkGPUEnqueue (host time to enqueue one
@@ -41,7 +49,10 @@
 #                       digest (~6 min)
 #   analyse             targets, model and digest of the records under $OUT/json
 #
-# Settings (environment): OUT (default ./out), BIN (./bin), NIC_GBIT (10),
+# Settings (environment): OUT (default ./out), BIN (./bin), NIC_GBIT (10;
+# on one GPU the issue's testbed is 2.5, a ~10:1 ratio to the loopback that
+# stands in for NVLink), NVLINK_GBIT (shapes each machine's loopback with
+# --nvlink-gbit where ranks of a machine share GPUs; default not shaped),
 # NIC_LATENCY (e.g. 50us; default none), MPS (auto), RUN (r1: the run label
 # of single bench sections), RUNS ("r1 r2": targets), VARIANTS (further
 # fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
@@ -63,6 +74,7 @@ export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on these shared hosts, in
 OUT=${OUT:-./out}
 BIN=${BIN:-./bin}
 NIC_GBIT=${NIC_GBIT:-10}
+NVLINK_GBIT=${NVLINK_GBIT:-}
 NIC_LATENCY=${NIC_LATENCY:-}
 MPS=${MPS:-auto}
 RUN=${RUN:-r1}
@@ -120,10 +132,25 @@ machine() {
   } >"$OUT/machine.txt"
 }
 
-# fairrun_flags M: the testbed of M emulated machines.
+# gpus: the GPUs fairrun spreads emulated machines over (CUDA_VISIBLE_DEVICES,
+# else nvidia-smi -L, else 1).
+gpus() {
+  local n
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    n=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+  else
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  fi
+  echo $((n > 0 ? n : 1))
+}
+
+# fairrun_flags M D: the testbed of M emulated machines of D ranks each; with
+# NVLINK_GBIT, their loopback shaped where D ranks share the GPUs (fairrun
+# refuses --nvlink-gbit where every rank has a GPU of its own).
 fairrun_flags() {
   local f=(--emulate-machines "$1" --nic-gbit "$NIC_GBIT" --mps "$MPS")
   [ -n "$NIC_LATENCY" ] && f+=(--nic-latency "$NIC_LATENCY")
+  [ -n "$NVLINK_GBIT" ] && [ "$2" -gt "$(gpus)" ] && f+=(--nvlink-gbit "$NVLINK_GBIT")
   echo "${f[@]}"
 }
 
@@ -173,10 +200,10 @@ allreduce() {
 section_fairrun() {
   allreduce allreduce-1x2-f32 2 "--shuffle-ranks 3" "-dtype float32 -op sum -count 1048579 -iters 2"
   allreduce allreduce-1x2-bf16 2 "" "-dtype bfloat16 -op avg -count 3000001"
-  allreduce allreduce-2x2-f32 4 "$(fairrun_flags 2) --shuffle-ranks 7" "-dtype float32 -op sum -count 1048579 -iters 2"
-  allreduce allreduce-2x2-i64 4 "$(fairrun_flags 2) --shuffle-ranks 5" "-dtype int64 -op min -count 100003 -flat-threshold -1"
-  allreduce allreduce-4x2-bf16 8 "$(fairrun_flags 4) --shuffle-ranks 9" "-dtype bfloat16 -op avg -count 1000003 -slice 1048576"
-  allreduce allreduce-4x2-f16 8 "$(fairrun_flags 4)" "-dtype float16 -op prod -count 65537 -flat-threshold -1"
+  allreduce allreduce-2x2-f32 4 "$(fairrun_flags 2 2) --shuffle-ranks 7" "-dtype float32 -op sum -count 1048579 -iters 2"
+  allreduce allreduce-2x2-i64 4 "$(fairrun_flags 2 2) --shuffle-ranks 5" "-dtype int64 -op min -count 100003 -flat-threshold -1"
+  allreduce allreduce-4x2-bf16 8 "$(fairrun_flags 4 2) --shuffle-ranks 9" "-dtype bfloat16 -op avg -count 1000003 -slice 1048576"
+  allreduce allreduce-4x2-f16 8 "$(fairrun_flags 4 2)" "-dtype float16 -op prod -count 65537 -flat-threshold -1"
 }
 
 # ddp_check NAME: the loss falls and the replicas end identical.
@@ -200,28 +227,33 @@ section_ddp() {
   fi
   if need fairrun ddp; then
     # shellcheck disable=SC2086
-    step ddp-2x2-testbed 180 "$BIN/fairrun" $(fairrun_flags 2) --nproc-per-node 4 -- "$BIN/ddp" -backend cuda $model
+    step ddp-2x2-testbed 180 "$BIN/fairrun" $(fairrun_flags 2 2) --nproc-per-node 4 -- "$BIN/ddp" -backend cuda $model
     ddp_check ddp-2x2-testbed
   fi
 }
 
 # bench NAME LIMIT CMD...: a fairbench command that writes json/RUN-NAME.jsonl;
 # passes when it exits 0 and no record has a wrong element or is invalid.
+# The note says the intra-machine link the records state (fairrun's
+# testbed: nvlink, or loopback standing in for it) and whether flat NCCL
+# was topology-unaware there.
 bench() {
   local name=$1 limit=$2
   shift 2
   local js="$OUT/json/$RUN-$name.jsonl"
   rm -f "$js"
   step "$RUN-$name" "$limit" "$@" -run "$RUN" -json "$js"
-  local n=0 wrong=0 invalid=0
+  local n=0 wrong=0 invalid=0 intra=""
   if [ -f "$js" ]; then
     n=$(grep -c . "$js")
     wrong=$(grep -c '"wrong":[1-9]' "$js")
     invalid=$(grep -c '"invalid":' "$js")
+    intra=$(grep -m1 -o '"intra":"[a-z]*"' "$js" | cut -d'"' -f4)
+    grep -q '"flat_topology_unaware":true' "$js" && intra+=" flat-unaware"
   fi
   local verdict=PASS
   { [ "$rc" -ne 0 ] || [ "$n" -eq 0 ] || [ "$wrong" -ne 0 ] || [ "$invalid" -ne 0 ]; } && verdict=FAIL
-  note "$verdict" "$RUN-$name" "$secs" "rc=$rc records=$n wrong=$wrong invalid=$invalid"
+  note "$verdict" "$RUN-$name" "$secs" "rc=$rc records=$n wrong=$wrong invalid=$invalid${intra:+ intra=$intra}"
 }
 
 section_bench_1x2() {
@@ -242,13 +274,19 @@ section_bench_2x1() {
   bench 2x1 120 "$BIN/fairbench" sweep -backend cuda -machines 2 -devices 1 $NET_SIZES -n 1 -reps 3 "${CHECK[@]}" -label 2x1 $(variant_flags)
 }
 
+# testbed_limit: seconds a testbed sweep may take: 300 at 10 Gbit/s and
+# above, more as the NIC slows (2.5 Gbit/s: 960).
+testbed_limit() {
+  awk -v g="$NIC_GBIT" 'BEGIN { l = int(2400 / g); print (l < 300 ? 300 : l) }'
+}
+
 section_testbed() {
   need fairrun fairbench || return
   local l m d
   for l in "$@"; do
     m=${l%x*} d=${l#*x}
     # shellcheck disable=SC2086,SC2046
-    bench "testbed-$l" 240 "$BIN/fairrun" $(fairrun_flags "$m") --nproc-per-node $((m * d)) -- \
+    bench "testbed-$l" "$(testbed_limit)" "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node $((m * d)) -- \
       "$BIN/fairbench" sweep -backend cuda $NET_SIZES -n 1 -reps 3 "${CHECK[@]}" -label "testbed-$l" $(variant_flags)
   done
 }
@@ -256,14 +294,14 @@ section_testbed() {
 section_overlap() {
   need fairrun fairbench || return
   # shellcheck disable=SC2046
-  bench overlap-2x2 180 "$BIN/fairrun" $(fairrun_flags 2) --nproc-per-node 4 -- \
+  bench overlap-2x2 "$(testbed_limit)" "$BIN/fairrun" $(fairrun_flags 2 2) --nproc-per-node 4 -- \
     "$BIN/fairbench" overlap -backend cuda -buckets 64 -bucket-bytes 25M -w 1 -reps 3 -label testbed-2x2 $(variant_flags)
 }
 
 section_links() {
   need fairrun fairbench || return
   local fr
-  fr=$(fairrun_flags 2)
+  fr=$(fairrun_flags 2 1)
   fr=${fr#--emulate-machines 2 } # links sets the machine count itself
   # shellcheck disable=SC2086
   bench links 240 "$BIN/fairbench" links -backend cuda $NET_SIZES -w 1 -n 1 -reps 3 -fairrun "$BIN/fairrun" -fairrun-flags "$fr"
@@ -281,7 +319,7 @@ section_enqueue() {
 section_enqueue_job() {
   need fairrun hier.test || return
   # shellcheck disable=SC2046
-  step enqueue-job 200 "$BIN/fairrun" $(fairrun_flags 2) --nproc-per-node 2 -- env FAIRGO_ENQUEUE_WORKER=1 \
+  step enqueue-job 200 "$BIN/fairrun" $(fairrun_flags 2 1) --nproc-per-node 2 -- env FAIRGO_ENQUEUE_WORKER=1 \
     "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkGPUEnqueueJob$' -test.benchtime 1000x -test.timeout 180s
   grep -E '^\[0\] Benchmark' "$OUT/logs/enqueue-job.log" | sed 's/^\[0\] //' >"$OUT/enqueue-job.txt"
   local n
@@ -311,7 +349,7 @@ section_fault() {
     m=${l%x*} d=${l#*x} n=$((m * d))
     fr=(--nproc-per-node "$n" --grace 25s)
     # shellcheck disable=SC2207
-    [ "$m" -gt 1 ] && fr+=($(fairrun_flags "$m"))
+    [ "$m" -gt 1 ] && fr+=($(fairrun_flags "$m" "$d"))
     step "fault-$l" 120 "$BIN/fairrun" "${fr[@]}" -- env FAIRGO_FAULT_WORKER=1 FAIRGO_FAULT_KILL_RANK=$((n - 1)) \
       FAIRGO_FAULT_KILL_AFTER=4s FAIRGO_FAULT_TIMEOUT=10s "$BIN/hier.test" -test.run '^TestGPUFaultWorker$' -test.v
     v=$(fault_verdict "$OUT/logs/fault-$l.log" "$n" $((n - 1)) 15)
@@ -352,7 +390,7 @@ section_hook() {
       launch=(python3 -m torch.distributed.run --nproc-per-node "$n")
     else
       # shellcheck disable=SC2207
-      launch=("$BIN/fairrun" $(fairrun_flags "$m") --nproc-per-node "$n" -- python3)
+      launch=("$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" -- python3)
     fi
     step "smoke-$l" 180 env FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python" "${launch[@]}" python/tests/gpu_smoke.py
     local ok
@@ -462,7 +500,7 @@ while [ $# -gt 0 ]; do
 done
 
 echo
-echo "== fairgo GPU run, $(date -u +%H:%M:%S) UTC, $((SECONDS - start)) s, NIC ${NIC_GBIT} Gbit/s, MPS $MPS, logs and records in $OUT"
+echo "== fairgo GPU run, $(date -u +%H:%M:%S) UTC, $((SECONDS - start)) s, NIC ${NIC_GBIT} Gbit/s, loopback ${NVLINK_GBIT:-not shaped}${NVLINK_GBIT:+ Gbit/s}, MPS $MPS, logs and records in $OUT"
 [ -f "$OUT/targets.txt" ] && grep -v '^#' "$OUT/targets.txt"
 printf '%s\n' "${table[@]}"
 [ "$status" -eq 0 ] && echo "RESULT: PASS" || echo "RESULT: FAIL"

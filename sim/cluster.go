@@ -155,6 +155,25 @@ func NewCluster(cfg Config) (*Cluster, error) {
 	return c, nil
 }
 
+// NewWorld makes a communicator of every rank, named name, beside the
+// ones the cluster was built with (a baseline measured on a communicator
+// of its own, as a flat ring on NCCL is): its handles by global rank. The
+// cluster owns it; Close fails its pending calls like the others'.
+func (c *Cluster) NewWorld(name string) ([]*Comm, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("sim: cluster: %w", fairgo.ErrClosed)
+	}
+	gr := newGroup(name, c.devices, c.cfg.StallTimeout)
+	c.groups = append(c.groups, gr)
+	out := make([]*Comm, len(c.devices))
+	for g, d := range c.devices {
+		out[g] = &Comm{g: gr, rank: g, dev: d}
+	}
+	return out, nil
+}
+
 // Config returns the cluster's configuration, with defaults filled in.
 func (c *Cluster) Config() Config {
 	cfg := c.cfg
@@ -245,8 +264,9 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	groups := c.groups
 	c.mu.Unlock()
-	for _, g := range c.groups {
+	for _, g := range groups {
 		g.fail(fmt.Errorf("sim: %s: cluster closed: %w", g.name, fairgo.ErrClosed))
 	}
 	errs := []error{c.board.Close()}

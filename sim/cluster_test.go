@@ -147,3 +147,35 @@ func TestReducers(t *testing.T) {
 	require.NoError(t, c.Close())
 	settleGoroutines(t, base)
 }
+
+// NewWorld's communicator holds every rank by global rank, sums like the
+// world communicator with a sequence of its own, and fails like the others
+// when the cluster closes.
+func TestNewWorld(t *testing.T) {
+	c := newCluster(t, Config{Machines: 2, Devices: 2})
+	extra, err := c.NewWorld("flat-ring")
+	require.NoError(t, err)
+	require.Len(t, extra, 4)
+	ss := make([]*Stream, 4)
+	ts := make([]fairgo.Tensor, 4)
+	for g, cm := range extra {
+		require.Equal(t, g, cm.Rank())
+		require.Equal(t, 4, cm.Size())
+		require.Equal(t, "flat-ring", cm.Name())
+		require.Same(t, c.Device(g), cm.Device())
+		ss[g] = mkStream(t, c.Device(g))
+		ts[g] = tensorOf(t, c.Device(g), fairgo.Float32, float64(g+1), float64(10*g))
+		// One call on the world communicator first: the new one does not
+		// share its sequence.
+		require.NoError(t, c.Comms(g).World.AllReduce(ts[g].Ptr, ts[g].Ptr, 2, fairgo.Float32, fairgo.Sum, ss[g]))
+		require.NoError(t, cm.AllReduce(ts[g].Ptr, ts[g].Ptr, 2, fairgo.Float32, fairgo.Sum, ss[g]))
+	}
+	for g := range extra {
+		require.NoError(t, syncStream(t, ss[g]))
+		require.Equal(t, []float64{40, 240}, values(t, c.Device(g), ts[g]), "rank %d: summed twice over 4 ranks", g)
+	}
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, extra[0].Err(), fairgo.ErrClosed)
+	_, err = c.NewWorld("late")
+	require.ErrorIs(t, err, fairgo.ErrClosed)
+}

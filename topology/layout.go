@@ -108,8 +108,8 @@ type DuplicateDeviceError struct {
 }
 
 func (e *DuplicateDeviceError) Error() string {
-	return fmt.Sprintf("%v: ranks %v on machine %q all use device %s (give ranks that share a GPU different machine identities):%s",
-		ErrDuplicateDevice, e.Ranks, e.Machine, e.Device, reportLines(e.Machines))
+	return fmt.Sprintf("%v: ranks %v on machine %q all use device %s (ranks that share a GPU need different machine identities, or device identities of their own in %s):%s",
+		ErrDuplicateDevice, e.Ranks, e.Machine, e.Device, EnvDeviceID, reportLines(e.Machines))
 }
 func (e *DuplicateDeviceError) Unwrap() error { return ErrDuplicateDevice }
 
@@ -153,6 +153,9 @@ func Build(members []Member, self int) (*Layout, error) {
 		return nil, &MemberError{Rank: self, Reason: fmt.Sprintf("this rank is outside [0, %d)", w)}
 	}
 	reports := Reports(byRank)
+	if err := explicitOnWholeMachines(byRank); err != nil {
+		return nil, err
+	}
 	for _, r := range reports {
 		owned := map[string]bool{}
 		for _, dev := range r.Devices {
@@ -183,6 +186,29 @@ func Build(members []Member, self int) (*Layout, error) {
 	}
 	l.Grid = l.coords[self]
 	return l, nil
+}
+
+// explicitOnWholeMachines refuses a machine where some ranks took their
+// device identity from FAIRGO_DEVICE_ID and others from their GPU: an
+// explicit identity cannot be compared with a GPU's, so two such ranks
+// could share a GPU unnoticed.
+func explicitOnWholeMachines(byRank []Member) error {
+	explicit := map[string][]int{}
+	physical := map[string][]int{}
+	for _, m := range byRank {
+		if m.Device.ExplicitID() {
+			explicit[m.MachineID] = append(explicit[m.MachineID], m.Rank)
+		} else {
+			physical[m.MachineID] = append(physical[m.MachineID], m.Rank)
+		}
+	}
+	for _, m := range byRank { // by rank: the same error on every rank
+		if e, p := explicit[m.MachineID], physical[m.MachineID]; len(e) > 0 && len(p) > 0 {
+			return &MemberError{Rank: p[0], Reason: fmt.Sprintf("machine %q: ranks %v give %s and ranks %v do not; set it on every rank of a machine or on none",
+				m.MachineID, e, EnvDeviceID, p)}
+		}
+	}
+	return nil
 }
 
 // WorldSize is the number of ranks.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
+
+	"github.com/fairgo/fairgo"
 )
 
 // genWorld draws an M × D world whose global ranks are spread over machines
@@ -153,5 +155,61 @@ func TestPropertyDuplicateDevice(t *testing.T) {
 		}
 		_, err := Build(members, 0)
 		require.ErrorIs(t, err, ErrDuplicateDevice)
+	})
+}
+
+// Ranks that share GPUs but each give FAIRGO_DEVICE_ID an identity of
+// their own make the same grid as ranks on GPUs of their own; an identity
+// claimed twice on one machine is refused naming exactly those ranks; a
+// machine where one rank lacks the variable is refused.
+func TestPropertyExplicitDeviceIDs(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		m, d, members, _ := genWorld(t)
+		want, err := Build(members, 0)
+		require.NoError(t, err)
+		gpus := rapid.IntRange(1, d).Draw(t, "GPUs per machine")
+		local := map[string]int{}
+		byRank := slices.Clone(members)
+		slices.SortFunc(byRank, func(a, b Member) int { return a.Rank - b.Rank })
+		shared := make([]Member, len(members))
+		for _, mb := range byRank {
+			l := local[mb.MachineID]
+			local[mb.MachineID]++
+			gpu := l % gpus
+			mb.Device = Device{ID: fmt.Sprintf("%d/r%d", gpu, l), Index: gpu, Source: SourceExplicit + SourceVisible}
+			shared[mb.Rank] = mb
+		}
+		got, err := Build(rapid.Permutation(shared).Draw(t, "members seen"), 0)
+		require.NoError(t, err)
+		require.Equal(t, want.Machines, got.Machines)
+		require.Equal(t, fairgo.Grid{Machines: m, Devices: d}, fairgo.Grid{Machines: got.Grid.Machines, Devices: got.Grid.Devices})
+		if d < 2 {
+			return
+		}
+
+		// One rank takes the identity of another rank of its machine.
+		victim := rapid.IntRange(0, len(shared)-1).Draw(t, "victim")
+		var donor int
+		for _, mb := range shared {
+			if mb.Rank != victim && mb.MachineID == shared[victim].MachineID {
+				donor = mb.Rank
+				break
+			}
+		}
+		dup := slices.Clone(shared)
+		dup[victim].Device.ID = dup[donor].Device.ID
+		_, err = Build(dup, 0)
+		require.ErrorIs(t, err, ErrDuplicateDevice)
+		var de *DuplicateDeviceError
+		require.ErrorAs(t, err, &de)
+		require.Equal(t, shared[victim].MachineID, de.Machine)
+		require.Equal(t, []int{min(victim, donor), max(victim, donor)}, de.Ranks)
+
+		// One rank of a machine describes its GPU instead.
+		mixed := slices.Clone(shared)
+		mixed[victim].Device = Device{ID: "GPU-x", Index: 0, Source: SourceNVML}
+		_, err = Build(mixed, 0)
+		require.ErrorIs(t, err, ErrBadMember)
+		require.ErrorContains(t, err, EnvDeviceID)
 	})
 }

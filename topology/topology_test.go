@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +108,20 @@ func TestDescribeDevice(t *testing.T) {
 		{"ordinal beyond mask", 2, map[string]string{EnvVisibleDevices: "0,1"}, nil, Device{}, true},
 		{"empty mask", 0, map[string]string{EnvVisibleDevices: ""}, nil, Device{}, true},
 		{"negative ordinal", -1, nil, nil, Device{}, true},
+		// FAIRGO_DEVICE_ID names the device; the physical facts stay.
+		{"explicit, nvml", 1, map[string]string{EnvDeviceID: "1/r3"}, nv,
+			Device{ID: "1/r3", Index: 1, UUID: "GPU-bbb", PCIBusID: "00000000:2a:00.0", Source: SourceExplicit + SourceNVML}, false},
+		{"explicit, nvml by uuid mask, NVLinks kept", 0, map[string]string{EnvVisibleDevices: "GPU-aaa", EnvDeviceID: " GPU-aaa/r0 "}, nv,
+			Device{ID: "GPU-aaa/r0", Index: 0, UUID: "GPU-aaa", PCIBusID: "00000000:18:00.0", NVLinkPeers: []string{"00000000:2a:00.0"},
+				Source: SourceExplicit + SourceNVML}, false},
+		{"explicit, no nvml, mask", 0, map[string]string{EnvVisibleDevices: "2", EnvDeviceID: "2/r1"}, nil,
+			Device{ID: "2/r1", Index: 2, Source: SourceExplicit + SourceVisible}, false},
+		{"explicit, no nvml, no mask", 3, map[string]string{EnvDeviceID: "x"}, nil, Device{ID: "x", Index: 3, Source: SourceExplicit + SourceOrdinal}, false},
+		{"explicit empty counts as unset", 3, map[string]string{EnvDeviceID: "  "}, nil, Device{ID: "cuda:3", Index: 3, Source: SourceOrdinal}, false},
+		{"explicit with a blank inside", 0, map[string]string{EnvDeviceID: "0 r1"}, nil, Device{}, true},
+		{"explicit with a control character", 0, map[string]string{EnvDeviceID: "0/r\x001"}, nil, Device{}, true},
+		{"explicit too long", 0, map[string]string{EnvDeviceID: strings.Repeat("x", MaxDeviceIDLen+1)}, nil, Device{}, true},
+		{"explicit, negative ordinal", -1, map[string]string{EnvDeviceID: "x"}, nil, Device{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := DescribeDevice(tc.ordinal, env(tc.env), tc.nv)
@@ -116,8 +131,11 @@ func TestDescribeDevice(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.want, got)
+			require.Equal(t, strings.TrimSpace(tc.env[EnvDeviceID]) != "", got.ExplicitID())
 		})
 	}
+	_, err := DescribeDevice(0, env(map[string]string{EnvDeviceID: "a b"}), nil)
+	require.ErrorContains(t, err, EnvDeviceID, "the error names the variable")
 	require.Equal(t, 0, DefaultOrdinal(3, env(map[string]string{EnvVisibleDevices: "5"})))
 	require.Equal(t, 3, DefaultOrdinal(3, env(map[string]string{EnvVisibleDevices: "0,1,2,3"})))
 	require.Equal(t, 3, DefaultOrdinal(3, env(nil)))
@@ -146,6 +164,21 @@ func TestSelfDescribe(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Member{MachineID: "emu-1", MachineSource: EnvNCCLHostID, Hostname: "box",
 		Device: Device{ID: "cuda:1", Index: 1, Source: SourceVisible}}, m)
+}
+
+// Ranks that share one GPU describe it alike but for the identity
+// FAIRGO_DEVICE_ID gives them.
+func TestSelfDescribeExplicit(t *testing.T) {
+	for _, local := range []string{"r0", "r1"} {
+		m, err := Self{
+			Host: Host{Lookup: env(map[string]string{EnvMachineID: "emu-0", EnvNCCLHostID: "emu-0-d" + local[1:],
+				EnvVisibleDevices: "1", EnvDeviceID: "1/" + local}), Hostname: func() (string, error) { return "box", nil }},
+			NoNVML: true,
+		}.Describe()
+		require.NoError(t, err)
+		require.Equal(t, Member{MachineID: "emu-0", MachineSource: EnvMachineID, Hostname: "box",
+			Device: Device{ID: "1/" + local, Index: 1, Source: SourceExplicit + SourceVisible}}, m)
+	}
 }
 
 // member builds a member with a device index.
@@ -202,6 +235,61 @@ func TestBuild(t *testing.T) {
 	require.ErrorAs(t, err, &de)
 	require.Equal(t, []int{0, 1}, de.Ranks)
 	require.Len(t, de.Machines, 1)
+}
+
+// explicitMember builds a member whose device identity came from
+// FAIRGO_DEVICE_ID, on physical GPU gpu.
+func explicitMember(rank int, machine, id string, gpu int) Member {
+	return Member{Rank: rank, MachineID: machine, Hostname: "box", Device: Device{ID: id, Index: gpu, Source: SourceExplicit + SourceVisible}}
+}
+
+// Explicit device identities: distinct ones on one GPU make a grid, one
+// claimed twice is refused naming the ranks, and a machine that mixes
+// explicit and GPU identities is refused.
+func TestBuildExplicitDeviceIDs(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		members []Member
+		grid    fairgo.Grid // of rank 0, when accepted
+		is      error
+		ranks   []int // the DuplicateDeviceError's
+		text    []string
+	}{
+		{name: "2x2 on one GPU", members: []Member{explicitMember(0, "a", "0/r0", 0), explicitMember(1, "a", "0/r1", 0),
+			explicitMember(2, "b", "0/r0", 0), explicitMember(3, "b", "0/r1", 0)},
+			grid: fairgo.Grid{Machines: 2, Devices: 2}},
+		{name: "2x4 on two GPUs, two ranks of a machine on each", members: []Member{
+			explicitMember(0, "a", "0/r0", 0), explicitMember(1, "a", "1/r1", 1), explicitMember(2, "a", "0/r2", 0), explicitMember(3, "a", "1/r3", 1),
+			explicitMember(4, "b", "0/r0", 0), explicitMember(5, "b", "1/r1", 1), explicitMember(6, "b", "0/r2", 0), explicitMember(7, "b", "1/r3", 1)},
+			grid: fairgo.Grid{Machines: 2, Devices: 4}},
+		{name: "one identity claimed twice", members: []Member{explicitMember(0, "a", "0/r0", 0), explicitMember(1, "a", "0/r1", 0),
+			explicitMember(2, "b", "0/r1", 0), explicitMember(3, "b", "0/r1", 0)},
+			is: ErrDuplicateDevice, ranks: []int{2, 3}, text: []string{`ranks [2 3] on machine "b" all use device 0/r1`, EnvDeviceID}},
+		{name: "explicit and GPU identities on one machine", members: []Member{explicitMember(0, "a", "0/r0", 0), member(1, "a", 0),
+			explicitMember(2, "b", "0/r0", 0), explicitMember(3, "b", "0/r1", 0)},
+			is: ErrBadMember, text: []string{`machine "a": ranks [0] give FAIRGO_DEVICE_ID and ranks [1] do not`}},
+		{name: "explicit on one machine, GPU identities on another", members: []Member{explicitMember(0, "a", "0/r0", 0), explicitMember(1, "a", "0/r1", 0),
+			member(2, "b", 0), member(3, "b", 1)},
+			grid: fairgo.Grid{Machines: 2, Devices: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := Build(tc.members, 0)
+			if tc.is == nil {
+				require.NoError(t, err)
+				require.Equal(t, tc.grid, l.Grid)
+				return
+			}
+			require.ErrorIs(t, err, tc.is)
+			for _, s := range tc.text {
+				require.Contains(t, err.Error(), s)
+			}
+			if tc.ranks != nil {
+				var de *DuplicateDeviceError
+				require.ErrorAs(t, err, &de)
+				require.Equal(t, tc.ranks, de.Ranks)
+			}
+		})
+	}
 }
 
 // discoverAll runs Discover for every rank concurrently on store.

@@ -95,7 +95,7 @@ func busbwPlots(recs []bench.Record, save func(*plot.Plot, string) error) error 
 	return nil
 }
 
-// speedupPlots: each variant's speedup over flat and naive against M.
+// speedupPlots: each variant's speedup over every baseline against M.
 func speedupPlots(recs []bench.Record, save func(*plot.Plot, string) error) error {
 	groups := groupBy(recs, func(r bench.Record) (string, bool) {
 		return fmt.Sprintf("speedup_%dgpus_%s%s", r.Devices, r.DType, labelSuffix(r)), r.Kind == bench.KindSweep
@@ -116,7 +116,7 @@ func speedupPlots(recs []bench.Record, save func(*plot.Plot, string) error) erro
 		var lines []any
 		for _, v := range variantNames(group) {
 			for _, size := range sortedKeys(sizes) {
-				for _, other := range []string{bench.Flat, bench.Naive} {
+				for _, other := range bench.Baselines {
 					var pts plotter.XYs
 					for _, m := range sortedKeys(ms) {
 						f, okf := find(group, m, size, v)
@@ -224,11 +224,11 @@ func groupBy(recs []bench.Record, key func(bench.Record) (string, bool)) map[str
 	return out
 }
 
-// methodsOf lists the methods of recs: flat, naive, then the variants in
-// the order they appear.
+// methodsOf lists the methods of recs: the baselines measured (flat,
+// flat-ring, naive), then the variants in the order they appear.
 func methodsOf(recs []bench.Record) []string {
 	var out []string
-	for _, m := range []string{bench.Flat, bench.Naive} {
+	for _, m := range bench.Baselines {
 		if slices.ContainsFunc(recs, func(r bench.Record) bool { return r.Algorithm == m }) {
 			out = append(out, m)
 		}

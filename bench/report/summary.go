@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
+	"github.com/fairgo/fairgo/internal/testbed"
 )
 
 // pointKey identifies the records of one point across methods.
@@ -52,14 +53,27 @@ func variantNames(recs []bench.Record) []string {
 	return out
 }
 
-// Summary prints a compact digest of records: per point the time and busbw
-// of every method, the ideal busbw and every variant's ratios, the wrong
-// elements and what marks the point (run, label, sim, invalid); then the
-// links fitted to link records.
+// Summary prints a compact digest of records: first one line per testbed
+// whose intra-machine link is told (emulated, and whether flat NCCL knew the
+// machines), then per point the time and busbw of every method, the ideal
+// busbw and every variant's ratios, the wrong elements and what marks the
+// point (run, label, sim, invalid, intra-machine link); then the links
+// fitted to link records.
 func Summary(w io.Writer, recs []bench.Record) error {
 	variants := variantNames(recs)
-	methods := append([]string{bench.Flat, bench.Naive}, variants...)
+	methods := methodsOf(recs)
 	order, ps := points(recs, func(r bench.Record) bool { return r.Kind != bench.KindLink })
+	var lines []string
+	for _, k := range order {
+		for _, r := range ps[k] {
+			if l := r.Testbed.IntraLine(); l != "" && !slices.Contains(lines, l) {
+				lines = append(lines, l)
+			}
+		}
+	}
+	for _, l := range lines {
+		fmt.Fprintf(w, "# %s\n", l)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
 	head := []string{"kind", "grid", "type", "size", "iters"}
 	for _, m := range methods {
@@ -138,6 +152,16 @@ func notes(r bench.Record) string {
 	}
 	if r.Testbed.NICGbit > 0 {
 		parts = append(parts, fmt.Sprintf("nic=%gGbit", r.Testbed.NICGbit))
+	}
+	if r.Testbed.Intra == testbed.IntraLoopback {
+		intra := "intra=loopback"
+		if r.Testbed.NVLinkGbit > 0 {
+			intra += fmt.Sprintf("@%gGbit", r.Testbed.NVLinkGbit)
+		}
+		parts = append(parts, intra)
+	}
+	if r.Testbed.FlatTopologyUnaware {
+		parts = append(parts, "flat-unaware")
 	}
 	if r.SimTimings {
 		parts = append(parts, "sim(not GPU timings)")

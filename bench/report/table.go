@@ -17,8 +17,8 @@ import (
 // Table prints a run as an nccl-tests-like table: a commented header, then
 // one line per point with time, ±%, algbw, busbw and #wrong for each
 // method, the NIC-bound ideal busbw, and for each fairgo variant its ratios
-// to flat, to the better of flat and naive, and to the ideal. It implements
-// bench.Observer.
+// to flat, to the best baseline (flat, flat-ring, naive) and to the ideal.
+// It implements bench.Observer.
 type Table struct {
 	w        io.Writer
 	methods  []string // column order
@@ -76,6 +76,9 @@ func (t *Table) Start(h bench.Header) {
 	t.printf("# grid %d×%d (M machines × D devices) = %d ranks, %d process(es), host %s\n",
 		info.Machines, info.Devices, info.World(), info.Processes, info.Host)
 	t.printf("# testbed: %v; %v\n", info.Emulation, info.Placement)
+	if line := bench.SetupOf(info).IntraLine(); line != "" {
+		t.printf("# %s\n", line)
+	}
 	if why := info.Invalid(); why != "" {
 		t.invalidBanner(why)
 	}
@@ -90,7 +93,7 @@ func (t *Table) Start(h bench.Header) {
 	t.printf("# %s %s, warm-up %d, iters %d, reps %d, check %s\n", cfg.DType, cfg.Op, cfg.Warmup, cfg.Iters, cfg.Reps, check)
 	t.printf("# time: median over reps of the mean over ranks of %d call(s) back to back, per call (of one round in overlap); ±%%: (max−min)/median over reps\n", cfg.Iters)
 	t.printf("# busbw = algbw·2(n−1)/n; ideal: the NIC-bound busbw (one NIC of rate B per machine: t = 2(M−1)/M·S/B)\n")
-	t.printf("# v/flat = time(flat)/time(v); v/best = time(min(flat, naive))/time(v); v/ideal = busbw(v)/ideal: above 1, v is faster\n")
+	t.printf("# v/flat = time(flat)/time(v); v/best = time(min(flat, flat-ring, naive))/time(v); v/ideal = busbw(v)/ideal: above 1, v is faster\n")
 	t.printf("#\n")
 	t.columnHeads()
 }
@@ -207,17 +210,17 @@ func (p point) time(m string) float64 {
 // vsFlat is time(flat)/time(v).
 func (p point) vsFlat(v string) float64 { return p.ratio(v, p.time(bench.Flat)) }
 
-// vsBest is time(min(flat, naive))/time(v): fairgo against the better
-// baseline (either alone when only one was measured).
+// vsBest is time(best)/time(v), best the fastest of the baselines
+// measured (flat, flat-ring, naive): fairgo against the best a user gets
+// without it. Records from before flat-ring have flat and naive only.
 func (p point) vsBest(v string) float64 {
-	f, n := p.time(bench.Flat), p.time(bench.Naive)
-	switch {
-	case math.IsNaN(f):
-		return p.ratio(v, n)
-	case math.IsNaN(n):
-		return p.ratio(v, f)
+	best := math.NaN()
+	for _, b := range bench.Baselines {
+		if t := p.time(b); !math.IsNaN(t) && (math.IsNaN(best) || t < best) {
+			best = t
+		}
 	}
-	return p.ratio(v, math.Min(f, n))
+	return p.ratio(v, best)
 }
 
 // vsIdeal is busbw(v)/ideal busbw.

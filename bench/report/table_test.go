@@ -2,6 +2,8 @@ package report
 
 import (
 	"bytes"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -145,4 +147,99 @@ func TestPlotsRender(t *testing.T) {
 	svg, err := os.ReadFile(filepath.Join(dir, "speedup_2gpus_float32.svg"))
 	require.NoError(t, err)
 	require.Contains(t, string(svg), "not GPU timings", "sim plot title lacks the sim note")
+}
+
+// The header says what the intra-machine link was and whether flat NCCL
+// knew the machines, in one line; testbeds that do not tell say nothing.
+func TestTableSaysTheIntraMachineLink(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		info testbed.Info
+		want string // "": no such line
+	}{
+		{"2x4 on one GPU, lo shaped", testbed.Info{Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
+			Emulation: testbed.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: testbed.IntraLoopback, NVLinkGbit: 20},
+			Placement: testbed.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8}},
+			"# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n"},
+		{"2x2 on one GPU, lo not shaped", testbed.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
+			Emulation: testbed.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: testbed.IntraLoopback},
+			Placement: testbed.Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
+			"# intra-machine link: emulated (loopback TCP, not shaped); flat NCCL is topology-unaware here\n"},
+		{"4x2 on two GPUs", testbed.Info{Backend: "cuda-mp", Machines: 4, Devices: 2, Processes: 8,
+			Emulation: testbed.Emulation{Machines: 4, NICGbit: 10, MPS: true, NetNS: true, Intra: testbed.IntraNVLink},
+			Placement: testbed.Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
+			"# intra-machine link: GPU to GPU (NVLink where the GPUs have it)\n"},
+		{"sim", testbed.Info{Backend: "sim", Machines: 2, Devices: 2, Processes: 1}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			NewTable(&buf).Start(header(tc.info))
+			if tc.want == "" {
+				require.NotContains(t, buf.String(), "intra-machine link")
+				return
+			}
+			require.Contains(t, buf.String(), tc.want)
+			require.Equal(t, 1, strings.Count(buf.String(), "intra-machine link"), "one line")
+		})
+	}
+}
+
+// best is the fastest of flat, flat-ring and naive; records of before
+// flat-ring have the other two.
+func TestBestIsTheFastestBaseline(t *testing.T) {
+	p := point{}
+	for _, r := range sampleRecords() { // flat 200, naive 300, fairgo 100
+		p[r.Algorithm] = r
+	}
+	require.InDelta(t, 2.0, p.vsBest("fairgo"), 1e-12, "without flat-ring: flat")
+	p[bench.FlatRing] = bench.Record{Algorithm: bench.FlatRing, TimeUS: 150}
+	require.InDelta(t, 1.5, p.vsBest("fairgo"), 1e-12, "flat-ring faster than flat")
+	p[bench.Naive] = bench.Record{Algorithm: bench.Naive, TimeUS: 120}
+	require.InDelta(t, 1.2, p.vsBest("fairgo"), 1e-12, "naive the fastest")
+	require.InDelta(t, 2.0, p.vsFlat("fairgo"), 1e-12, "v/flat stays NCCL's choice")
+	delete(p, bench.Flat)
+	delete(p, bench.Naive)
+	require.InDelta(t, 1.5, p.vsBest("fairgo"), 1e-12, "flat-ring alone")
+	require.True(t, math.IsNaN(point{"fairgo": p["fairgo"]}.vsBest("fairgo")), "no baseline")
+}
+
+// The committed records (before flat-ring and the intra-machine link) still
+// load and report.
+func TestCommittedRecordsStillReport(t *testing.T) {
+	files, err := filepath.Glob("../results/*/records.jsonl")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	recs, err := bench.ReadJSONLFiles(files)
+	require.NoError(t, err)
+	require.NotEmpty(t, recs)
+	var buf bytes.Buffer
+	require.NoError(t, Summary(&buf, recs))
+	require.Contains(t, buf.String(), "fairgo/best")
+	require.NotContains(t, buf.String(), "intra-machine link", "those testbeds did not tell")
+	require.NotContains(t, buf.String(), "flat-ring")
+	_, err = Targets(recs, TargetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, WriteCSV(io.Discard, recs))
+}
+
+// A digest of records of machines sharing a GPU says once what the
+// intra-machine link was, and marks the points.
+func TestSummarySaysTheIntraMachineLink(t *testing.T) {
+	recs := sampleRecords()
+	for i := range recs {
+		recs[i].Testbed.Intra, recs[i].Testbed.NVLinkGbit, recs[i].Testbed.FlatTopologyUnaware = testbed.IntraLoopback, 20, true
+	}
+	recs = append(recs, bench.Record{Kind: bench.KindSweep, Machines: 2, Devices: 2, DType: "float32", Op: "sum", Algorithm: bench.FlatRing,
+		Bytes: 4 << 20, Iters: 1, TimeUS: 150, Testbed: recs[0].Testbed})
+	var buf bytes.Buffer
+	require.NoError(t, Summary(&buf, recs))
+	out := buf.String()
+	require.True(t, strings.HasPrefix(out, "# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n"), out)
+	require.Contains(t, out, "intra=loopback@20Gbit flat-unaware")
+	require.Contains(t, out, "flat-ring us")
+	require.Contains(t, out, "1.50", "fairgo/best against flat-ring")
+	buf.Reset()
+	require.NoError(t, WriteCSV(&buf, recs))
+	require.Contains(t, buf.String(), "intra,nvlink_gbit,nccl_hosts,flat_topology_unaware")
+	require.Contains(t, buf.String(), ",loopback,20,0,true,")
 }

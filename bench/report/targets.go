@@ -120,7 +120,7 @@ func targetDefs() []targetDef {
 			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
 				{"2×1 in one process", sweepOn(2, 1, false, f32, mib, gib, anyIters), vsFlat},
 				{"2×1 on the testbed", sweepOn(2, 1, true, f32, mib, gib, anyIters), vsFlat}}},
-		{id: "T3", what: "testbed 2 × 2 and 4 × 2: fairgo / max(flat, naive) at every size 1M–1G",
+		{id: "T3", what: "testbed 2 × 2 and 4 × 2: fairgo / max(flat, flat ring, naive) at every size 1M–1G",
 			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
 				{"2×2 on the testbed", sweepOn(2, 2, true, f32, mib, gib, anyIters), vsBest},
 				{"4×2 on the testbed", sweepOn(4, 2, true, f32, mib, gib, anyIters), vsBest}}},
@@ -129,7 +129,7 @@ func targetDefs() []targetDef {
 				{"2×1 on the testbed", sweepOn(2, 1, true, f32, 64*mib, gib, anyIters), vsIdeal},
 				{"2×2 on the testbed", sweepOn(2, 2, true, f32, 64*mib, gib, anyIters), vsIdeal},
 				{"4×2 on the testbed", sweepOn(4, 2, true, f32, 64*mib, gib, anyIters), vsIdeal}}},
-		{id: "T5", what: "testbed 2 × 2, 64 buckets × 25 MiB back to back: time(min(flat, naive)) / time(fairgo)",
+		{id: "T5", what: "testbed 2 × 2, 64 buckets × 25 MiB back to back: time(min(flat, flat ring, naive)) / time(fairgo)",
 			target: "≥ 1.0", atLeast: true, threshold: 1.0, parts: []requirement{{"2×2 on the testbed, 64×25M", overlap, vsBest}}},
 	}
 }
@@ -289,6 +289,9 @@ func commandOf(r bench.Record) string {
 	}
 	if tb.NICLatency > 0 {
 		fr += fmt.Sprintf(" --nic-latency %v", tb.NICLatency)
+	}
+	if tb.NVLinkGbit > 0 {
+		fr += fmt.Sprintf(" --nvlink-gbit %g", tb.NVLinkGbit)
 	}
 	if tb.MPS {
 		fr += " --mps on"

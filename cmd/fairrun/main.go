@@ -3,7 +3,7 @@
 // NICs of their own, to benchmark multi-machine layouts on one box.
 //
 //	fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
-//	        [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D]] [--mps auto|on|off]]
+//	        [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
 //	        [--shuffle-ranks SEED] [--grace D] -- prog args...
 //
 // "fairrun --help" documents every flag. Node rank 0 hosts the rendezvous
@@ -15,8 +15,8 @@
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FAIRGO_STORE_ADDR and
 // GROUP_RANK, NCCL_NVLS_ENABLE=0 unless the environment sets it, and the
 // testbed description FAIRGO_TESTBED_MACHINES, _NIC_GBIT, _NIC_LATENCY,
-// _NETNS and _MPS. Every output line is prefixed with the worker's rank
-// ("[3] ...").
+// _NETNS, _MPS, _NVLINK_GBIT and, with --emulate-machines, _INTRA. Every
+// output line is prefixed with the worker's rank ("[3] ...").
 //
 // Every worker runs in its own process group, and fairrun is a child
 // subreaper, so it adopts the processes a worker leaves behind. A worker's
@@ -30,15 +30,28 @@
 // --emulate-machines M cuts the N workers into M contiguous groups, each a
 // virtual machine with its own NCCL_HOSTID and FAIRGO_MACHINE_ID and its
 // own LOCAL_RANK numbering; worker i gets CUDA_VISIBLE_DEVICES set to GPU i
-// mod G (several workers may share a GPU). Without --nic-gbit, NCCL talks
-// between them over loopback (NCCL_SOCKET_IFNAME=lo). With --nic-gbit B,
+// mod G (several workers may share a GPU). The ranks of one machine talk
+// GPU to GPU (FAIRGO_TESTBED_INTRA=nvlink) when the machine has N/M ≤ G
+// ranks. With more, ranks of one machine share GPUs, which NCCL refuses
+// within one host and topology within one machine unless the devices have
+// identities of their own: each rank then gets NCCL_HOSTID=<machine
+// id>-d<local rank> (NCCL treats every rank as a host of its own and uses
+// its socket transport between them, over the machine's loopback) and
+// FAIRGO_DEVICE_ID=<gpu>/r<local rank>, while FAIRGO_MACHINE_ID still groups
+// them into machines (FAIRGO_TESTBED_INTRA=loopback). Flat NCCL then runs
+// over W hosts and does not know the machines. Without --nic-gbit, NCCL
+// talks between machines over loopback (NCCL_SOCKET_IFNAME=lo). With --nic-gbit B,
 // each emulated machine is a network namespace with one NIC, eth0, a veth
 // whose other end is on a bridge in the root namespace (10.77.x.0/24,
 // bridge .1, machine i .(i+2), MTU 9000), shaped by tbf to B Gbit/s on both
 // ends (so in each direction) and, with --nic-latency D, delayed by netem
-// on the machine's end. Its workers run inside the namespace with
-// NCCL_SOCKET_IFNAME=eth0 and NCCL_IB_DISABLE=1 (unless set), and the store
-// is served on the bridge. This needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
+// on the machine's end; --nvlink-gbit G shapes lo of every machine's
+// namespace by tbf to G Gbit/s, the intra-machine link of ranks that share
+// GPUs (lo is one queue, so G bounds the sum of a machine's intra-machine
+// traffic, unlike NVLink's per-GPU, per-direction links; refused when the
+// ranks of a machine have GPUs of their own). Its workers run inside the
+// namespace with NCCL_SOCKET_IFNAME=eth0 and NCCL_IB_DISABLE=1 (unless
+// set), and the store is served on the bridge. This needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
 // and a kernel with network namespaces, veth, bridge and tbf (netem for
 // --nic-latency); fairrun checks them first and stops, before starting any
 // worker, saying what is missing. Everything it builds carries a per-run
@@ -46,8 +59,8 @@
 // are held only by fairrun and its workers, so they vanish even if fairrun
 // is killed, and the next run removes a killed run's bridge.
 //
-// With --mps auto (the default), when ranks of different emulated machines
-// share a GPU the workers run under a private MPS daemon
+// With --mps auto (the default), when ranks share a GPU (more workers than
+// GPUs) the workers run under a private MPS daemon
 // (nvidia-cuda-mps-control -d, looked up in PATH and /usr/local/nvidia/bin,
 // with fresh CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY), stopped
 // with "quit" at the end; without the daemon the GPU time-slices between

@@ -57,6 +57,13 @@ func OpenCUDALocal(s Spec) (*Testbed, error) {
 		return nil, t.closeOnError(err)
 	}
 	t.onClose(func() error { return cuda.CloseRanks(hrs) })
+	t.newRing = func(ctx context.Context) ([]hier.Comm, error) {
+		worlds := make([]*cuda.Comm, len(hrs))
+		for i, hr := range hrs {
+			worlds[i] = hr.Comms.World.(*cuda.Comm)
+		}
+		return ringWorld(ctx, worlds)
+	}
 	for g, hr := range hrs {
 		if err := t.addCUDARank(hr, g); err != nil {
 			return nil, t.closeOnError(err)
@@ -107,6 +114,13 @@ func OpenCUDAProcess(ctx context.Context) (*Testbed, error) {
 		return nil
 	})
 	hr := hier.Rank{Grid: owner.Grid(), Device: owner.Device(), Comms: owner.Comms()}
+	t.newRing = func(ctx context.Context) ([]hier.Comm, error) {
+		world, ok := hr.Comms.World.(*cuda.Comm)
+		if !ok {
+			return nil, fmt.Errorf("testbed: the world communicator is a %T, not a *cuda.Comm", hr.Comms.World)
+		}
+		return ringWorld(ctx, []*cuda.Comm{world})
+	}
 	if err := t.addCUDARank(hr, owner.WorldRank()); err != nil {
 		return nil, t.closeOnError(err)
 	}
@@ -123,11 +137,30 @@ func OpenCUDAProcess(ctx context.Context) (*Testbed, error) {
 	return t, nil
 }
 
+// ringWorld duplicates the world communicators of this process's ranks
+// while NCCL_ALGO=Ring is set, so that NCCL initialises the copies with its
+// ring algorithm only (cuda.Duplicate; every process makes the same call).
+func ringWorld(ctx context.Context, worlds []*cuda.Comm) ([]hier.Comm, error) {
+	var dups []*cuda.Comm
+	err := withEnv("NCCL_ALGO", FlatRingAlgo, func() (err error) {
+		dups, err = cuda.Duplicate(ctx, worlds, "flat-ring")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]hier.Comm, len(dups))
+	for i, c := range dups {
+		out[i] = c
+	}
+	return out, nil
+}
+
 // exchangeSeats tells every process where this rank runs and returns the
 // job's placement.
 func (t *Testbed) exchangeSeats(ctx context.Context, machine int) (Placement, error) {
 	d := t.ranks[0].Device.(*cuda.Device)
-	mine, err := json.Marshal(Seat{Machine: machine, GPU: gpuIdentity(d.Ordinal())})
+	mine, err := json.Marshal(Seat{Machine: machine, GPU: gpuIdentity(d.Ordinal()), NCCLHost: ncclHost()})
 	if err != nil {
 		return Placement{}, err
 	}

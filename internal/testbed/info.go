@@ -1,7 +1,9 @@
 package testbed
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -30,6 +32,23 @@ type Info struct {
 // World is M × D.
 func (i Info) World() int { return i.Machines * i.Devices }
 
+// FlatTopologyUnaware reports whether flat NCCL on this testbed does not
+// know the machines: machines hold several ranks, but every rank is an NCCL
+// host of its own (fairrun's machines whose ranks share GPUs), so NCCL runs
+// a ring over all W ranks, which crosses each NIC 2(W−1)/W of the data
+// where a hierarchy sends 2(M−1)/M. Without the job's NCCL hosts (sim, one
+// process) it follows the launcher: an intra-machine link over the
+// loopback means one NCCL host per rank.
+func (i Info) FlatTopologyUnaware() bool {
+	if i.Devices < 2 {
+		return false
+	}
+	if i.Placement.NCCLHosts > 0 {
+		return i.Placement.NCCLHosts >= i.World()
+	}
+	return i.Emulation.Intra == IntraLoopback
+}
+
 // Invalid is why timings on this testbed mean nothing, or "": ranks of
 // different machines sharing a GPU without MPS time-slice it, which puts a
 // ~12 ms floor under every collective that spins on the GPU.
@@ -48,6 +67,19 @@ const (
 	EnvNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // one-way delay added by each NIC
 	EnvMPS        = "FAIRGO_TESTBED_MPS"         // 1: ranks run under an MPS daemon
 	EnvNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine has a network namespace of its own
+	EnvIntra      = "FAIRGO_TESTBED_INTRA"       // the intra-machine link: IntraNVLink or IntraLoopback
+	EnvNVLinkGbit = "FAIRGO_TESTBED_NVLINK_GBIT" // the rate the emulated intra-machine link is shaped to, Gbit/s
+)
+
+// The intra-machine links a launcher reports in FAIRGO_TESTBED_INTRA.
+const (
+	// IntraNVLink: the ranks of a machine have GPUs of their own and talk
+	// GPU to GPU (NVLink where the GPUs have it).
+	IntraNVLink = "nvlink"
+	// IntraLoopback: the ranks of a machine share GPUs and are NCCL hosts
+	// of their own; their intra-machine traffic is NCCL's sockets over the
+	// machine's loopback, standing in for NVLink.
+	IntraLoopback = "loopback"
 )
 
 // Emulation is the testbed as the launcher describes it: the zero value
@@ -58,6 +90,26 @@ type Emulation struct {
 	NICLatency time.Duration `json:"nic_latency_ns,omitempty"`    // one-way delay each NIC adds
 	MPS        bool          `json:"mps"`                         // ranks sharing a GPU run under MPS
 	NetNS      bool          `json:"netns"`                       // each machine in a network namespace of its own
+	Intra      string        `json:"intra,omitempty"`             // the intra-machine link, IntraNVLink or IntraLoopback; "": not told
+	NVLinkGbit float64       `json:"nvlink_gbit,omitempty"`       // the rate the loopback standing in for NVLink is shaped to, Gbit/s; 0: not shaped
+}
+
+// IntraLink describes the intra-machine link, "" when not told: "emulated
+// (loopback TCP, shaped to 20 Gbit/s)", or "GPU to GPU (NVLink where the
+// GPUs have it)".
+func (e Emulation) IntraLink() string {
+	switch e.Intra {
+	case "":
+		return ""
+	case IntraLoopback:
+		if e.NVLinkGbit > 0 {
+			return fmt.Sprintf("emulated (loopback TCP, shaped to %g Gbit/s)", e.NVLinkGbit)
+		}
+		return "emulated (loopback TCP, not shaped)"
+	case IntraNVLink:
+		return "GPU to GPU (NVLink where the GPUs have it)"
+	}
+	return e.Intra
 }
 
 // NICBytesPerSecond is the NIC rate in bytes per second, 0 when unknown.
@@ -135,6 +187,19 @@ func EmulationFromEnv(lookup rendezvous.LookupFunc) (Emulation, error) {
 		}
 		e.NICLatency = d
 	}
+	if v, ok := get(EnvIntra); ok {
+		if v != IntraNVLink && v != IntraLoopback {
+			return bad(EnvIntra, v, fmt.Sprintf("not %s or %s", IntraNVLink, IntraLoopback))
+		}
+		e.Intra = v
+	}
+	if v, ok := get(EnvNVLinkGbit); ok {
+		g, err := strconv.ParseFloat(v, 64)
+		if err != nil || g < 0 || math.IsNaN(g) || math.IsInf(g, 0) {
+			return bad(EnvNVLinkGbit, v, "not a rate in Gbit/s")
+		}
+		e.NVLinkGbit = g
+	}
 	for _, f := range []struct {
 		name string
 		dst  *bool
@@ -150,20 +215,24 @@ func EmulationFromEnv(lookup rendezvous.LookupFunc) (Emulation, error) {
 	return e, nil
 }
 
-// Placement is how the job's ranks sit on GPUs.
+// Placement is how the job's ranks sit on GPUs and NCCL hosts.
 type Placement struct {
 	RanksPerGPU          int  `json:"ranks_per_gpu"`                    // the most ranks on one GPU (1: a GPU each)
 	SharedAcrossMachines bool `json:"shared_across_machines,omitempty"` // ranks of different machines share a GPU
+	NCCLHosts            int  `json:"nccl_hosts,omitempty"`             // distinct NCCL hosts among the ranks; 0: unknown
 }
 
-// Seat is where one rank runs: its machine index and an identity of its
-// GPU that is equal for two ranks exactly when they share the GPU.
+// Seat is where one rank runs: its machine index, an identity of its GPU
+// that is equal for two ranks exactly when they share the GPU, and its
+// NCCL host (NCCL_HOSTID, else the hostname; "": unknown).
 type Seat struct {
-	Machine int
-	GPU     string
+	Machine  int
+	GPU      string
+	NCCLHost string `json:",omitempty"`
 }
 
-// PlacementOf summarises the seats of every rank of a job.
+// PlacementOf summarises the seats of every rank of a job. NCCLHosts is
+// counted when every seat names its NCCL host.
 func PlacementOf(seats []Seat) Placement {
 	machines := map[string][]int{}
 	for _, s := range seats {
@@ -172,6 +241,7 @@ func PlacementOf(seats []Seat) Placement {
 		}
 	}
 	count := map[string]int{}
+	hosts := map[string]bool{}
 	var p Placement
 	for _, s := range seats {
 		count[s.GPU]++
@@ -179,6 +249,10 @@ func PlacementOf(seats []Seat) Placement {
 		if len(machines[s.GPU]) > 1 {
 			p.SharedAcrossMachines = true
 		}
+		hosts[s.NCCLHost] = true
+	}
+	if !hosts[""] {
+		p.NCCLHosts = len(hosts)
 	}
 	return p
 }
@@ -188,7 +262,39 @@ func (p Placement) String() string {
 	if p.SharedAcrossMachines {
 		s += ", ranks of different machines share GPUs"
 	}
+	if p.NCCLHosts > 0 {
+		s += fmt.Sprintf(", %d NCCL host(s)", p.NCCLHosts)
+	}
 	return s
+}
+
+// ncclHost is this process's NCCL host as NCCL knows it: NCCL_HOSTID when
+// set, else the hostname.
+func ncclHost() string {
+	if id := strings.TrimSpace(os.Getenv("NCCL_HOSTID")); id != "" {
+		return id
+	}
+	return hostname()
+}
+
+// withEnv runs fn with the environment variable name set to value and
+// restores it afterwards (unset when it was unset), whatever fn returns.
+// The process environment is shared: nothing else may read or change name
+// meanwhile. With cgo, C code (NCCL) sees the change.
+func withEnv(name, value string, fn func() error) error {
+	old, had := os.LookupEnv(name)
+	if err := os.Setenv(name, value); err != nil {
+		return fmt.Errorf("testbed: set %s: %w", name, err)
+	}
+	err := fn()
+	restore := os.Unsetenv(name)
+	if had {
+		restore = os.Setenv(name, old)
+	}
+	if restore != nil {
+		restore = fmt.Errorf("testbed: restore %s: %w", name, restore)
+	}
+	return errors.Join(err, restore)
 }
 
 // UnderLauncher reports whether this process is one worker of a job of

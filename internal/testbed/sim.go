@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/sim"
 )
 
@@ -20,6 +21,17 @@ func OpenSim(s Spec) (*Testbed, error) {
 		NCCLEnv: NCCLEnv(), Machines: s.Machines, Devices: s.Devices, Processes: 1, Host: hostname(),
 		Placement: Placement{RanksPerGPU: 1}}}
 	t.onClose(c.Close)
+	t.newRing = func(context.Context) ([]hier.Comm, error) {
+		cs, err := c.NewWorld("flat-ring")
+		if err != nil {
+			return nil, err
+		}
+		out := make([]hier.Comm, len(cs))
+		for g, cm := range cs {
+			out[g] = cm
+		}
+		return out, nil
+	}
 	for g := 0; g < c.Size(); g++ {
 		dev := c.Device(g)
 		st, err := dev.NewStream()

@@ -1,8 +1,12 @@
 // Package testbed opens the ranks a program drives — every rank of a
 // simulated cluster, several GPUs in one process, or one GPU per process
 // under a launcher — as one Testbed, with a device, a stream and a timer per
-// rank. The benchmark harness, the examples and tests share it, and each
-// opens its cluster by calling the opener it wants: there is no registry.
+// rank, and on demand a world communicator on which NCCL runs its ring only
+// (RingWorld). Info describes it, as the launcher told (FAIRGO_TESTBED_*:
+// emulated machines, NICs, MPS, the intra-machine link) and as the ranks
+// sit on GPUs and NCCL hosts. The benchmark harness, the examples and tests
+// share it, and each opens its cluster by calling the opener it wants:
+// there is no registry.
 package testbed
 
 import (
@@ -122,6 +126,10 @@ type Testbed struct {
 	reducers []*hier.Reducer
 	closers  []func() error // run last to first after the ranks are released
 	closed   bool
+
+	ringMu  sync.Mutex
+	ring    []hier.Comm                                // RingWorld's, once made
+	newRing func(context.Context) ([]hier.Comm, error) // the opener's way to make them; nil: none
 }
 
 // Info describes the testbed.
@@ -190,6 +198,55 @@ func (t *Testbed) Reducers(ctx context.Context, opts ...hier.Option) ([]*hier.Re
 	}
 	t.reducers = append(t.reducers, rs...)
 	return rs, nil
+}
+
+// FlatRingAlgo is the NCCL_ALGO under which RingWorld's communicators are
+// initialised.
+const FlatRingAlgo = "Ring"
+
+// RingWorld returns, for each of Ranks, a world communicator of its own on
+// which NCCL runs its ring algorithm only: NCCL reads NCCL_ALGO when it
+// initialises a communicator, and this one is the world communicator
+// duplicated (ncclCommSplit) while NCCL_ALGO=Ring is set in the process
+// environment, which is restored afterwards. On the simulated cluster it is
+// a world communicator of its own (the sim has one algorithm). The first
+// call makes them, and every process of the job must make it (NCCL's
+// initialisation is collective); later calls return the same. Close
+// destroys them.
+func (t *Testbed) RingWorld(ctx context.Context) ([]hier.Comm, error) {
+	t.ringMu.Lock()
+	defer t.ringMu.Unlock()
+	if t.ring != nil {
+		return t.ring, nil
+	}
+	if t.newRing == nil {
+		return nil, errors.New("testbed: this testbed cannot make a ring world communicator")
+	}
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("testbed: %w", fairgo.ErrClosed)
+	}
+	comms, err := t.newRing(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("testbed: the flat ring's world communicator: %w", err)
+	}
+	closeComms := func() error {
+		var errs []error
+		for _, c := range comms {
+			errs = append(errs, c.Close())
+		}
+		return errors.Join(errs...)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed { // closed meanwhile
+		return nil, errors.Join(fmt.Errorf("testbed: %w", fairgo.ErrClosed), closeComms())
+	}
+	t.onClose(closeComms)
+	t.ring = comms
+	return comms, nil
 }
 
 // Close closes the Reducers made by Reducers, releases every rank's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -143,18 +144,151 @@ func TestPlacement(t *testing.T) {
 		seats []Seat
 		want  Placement
 	}{
-		{"one GPU each", []Seat{{0, "h/0"}, {0, "h/1"}, {1, "h/2"}, {1, "h/3"}}, Placement{RanksPerGPU: 1}},
-		{"2x2 on two GPUs", []Seat{{0, "h/0"}, {0, "h/1"}, {1, "h/0"}, {1, "h/1"}}, Placement{RanksPerGPU: 2, SharedAcrossMachines: true}},
-		{"two ranks of one machine share", []Seat{{0, "h/0"}, {0, "h/0"}, {1, "h/1"}}, Placement{RanksPerGPU: 2}},
-		{"4x2 on two GPUs", []Seat{{0, "h/0"}, {0, "h/1"}, {1, "h/0"}, {1, "h/1"}, {2, "h/0"}, {2, "h/1"}, {3, "h/0"}, {3, "h/1"}},
+		{"one GPU each", []Seat{{0, "h/0", ""}, {0, "h/1", ""}, {1, "h/2", ""}, {1, "h/3", ""}}, Placement{RanksPerGPU: 1}},
+		{"2x2 on two GPUs", []Seat{{0, "h/0", ""}, {0, "h/1", ""}, {1, "h/0", ""}, {1, "h/1", ""}}, Placement{RanksPerGPU: 2, SharedAcrossMachines: true}},
+		{"two ranks of one machine share", []Seat{{0, "h/0", ""}, {0, "h/0", ""}, {1, "h/1", ""}}, Placement{RanksPerGPU: 2}},
+		{"4x2 on two GPUs", []Seat{{0, "h/0", ""}, {0, "h/1", ""}, {1, "h/0", ""}, {1, "h/1", ""}, {2, "h/0", ""}, {2, "h/1", ""}, {3, "h/0", ""}, {3, "h/1", ""}},
 			Placement{RanksPerGPU: 4, SharedAcrossMachines: true}},
-		{"other hosts", []Seat{{0, "a/0"}, {1, "b/0"}}, Placement{RanksPerGPU: 1}},
+		{"other hosts", []Seat{{0, "a/0", ""}, {1, "b/0", ""}}, Placement{RanksPerGPU: 1}},
+		{"2x2 on one GPU, every rank its own NCCL host", []Seat{{0, "h/0", "h-emu0-d0"}, {0, "h/0", "h-emu0-d1"}, {1, "h/0", "h-emu1-d0"}, {1, "h/0", "h-emu1-d1"}},
+			Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
+		{"4x2 on two GPUs, one NCCL host per machine", []Seat{{0, "h/0", "e0"}, {0, "h/1", "e0"}, {1, "h/0", "e1"}, {1, "h/1", "e1"},
+			{2, "h/0", "e2"}, {2, "h/1", "e2"}, {3, "h/0", "e3"}, {3, "h/1", "e3"}},
+			Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
+		{"one NCCL host unknown", []Seat{{0, "h/0", "e0"}, {1, "h/1", ""}}, Placement{RanksPerGPU: 1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, PlacementOf(tc.seats))
 		})
 	}
+}
+
+// Flat NCCL is topology-unaware when machines hold several ranks and every
+// rank is an NCCL host of its own; the ideal's M stays the machines.
+func TestFlatTopologyUnaware(t *testing.T) {
+	tests := []struct {
+		name string
+		info Info
+		want bool
+	}{
+		{"2x2 on one GPU: 4 NCCL hosts", Info{Machines: 2, Devices: 2, Placement: Placement{NCCLHosts: 4}}, true},
+		{"2x4 on one GPU: 8 NCCL hosts", Info{Machines: 2, Devices: 4, Placement: Placement{NCCLHosts: 8}}, true},
+		{"4x2 on two GPUs: an NCCL host per machine", Info{Machines: 4, Devices: 2, Placement: Placement{NCCLHosts: 4},
+			Emulation: Emulation{Intra: IntraNVLink}}, false},
+		{"Mx1: nothing inside a machine to know", Info{Machines: 4, Devices: 1, Placement: Placement{NCCLHosts: 4}}, false},
+		{"hosts unknown, the launcher says loopback", Info{Machines: 2, Devices: 2, Emulation: Emulation{Intra: IntraLoopback}}, true},
+		{"hosts unknown, NVLink", Info{Machines: 2, Devices: 2, Emulation: Emulation{Intra: IntraNVLink}}, false},
+		{"nothing told", Info{Machines: 2, Devices: 2}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, tc.info.FlatTopologyUnaware())
+		})
+	}
+}
+
+func TestIntraLink(t *testing.T) {
+	require.Equal(t, "emulated (loopback TCP, shaped to 20 Gbit/s)", Emulation{Intra: IntraLoopback, NVLinkGbit: 20}.IntraLink())
+	require.Equal(t, "emulated (loopback TCP, not shaped)", Emulation{Intra: IntraLoopback}.IntraLink())
+	require.Equal(t, "GPU to GPU (NVLink where the GPUs have it)", Emulation{Intra: IntraNVLink}.IntraLink())
+	require.Empty(t, Emulation{NVLinkGbit: 20}.IntraLink(), "not told")
+}
+
+// withEnv sets a variable for fn only, and restores it however fn ends.
+func TestWithEnv(t *testing.T) {
+	const name = "FAIRGO_TESTBED_TEST_WITHENV"
+	for _, tc := range []struct {
+		name   string
+		before *string
+		fnErr  error
+	}{
+		{"unset before", nil, nil},
+		{"set before", ptr("Tree"), nil},
+		{"empty before", ptr(""), nil},
+		{"fn fails", ptr("Tree"), errors.New("boom")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.before != nil {
+				t.Setenv(name, *tc.before)
+			} else {
+				t.Setenv(name, "x") // restored by the test's cleanup
+				require.NoError(t, os.Unsetenv(name))
+			}
+			var during string
+			err := withEnv(name, "Ring", func() error {
+				during = os.Getenv(name)
+				return tc.fnErr
+			})
+			require.ErrorIs(t, err, tc.fnErr)
+			if tc.fnErr == nil {
+				require.NoError(t, err)
+			}
+			require.Equal(t, "Ring", during)
+			v, ok := os.LookupEnv(name)
+			require.Equal(t, tc.before != nil, ok)
+			if tc.before != nil {
+				require.Equal(t, *tc.before, v)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// On the simulated cluster RingWorld is a world communicator of its own per
+// rank: made once, right sums, closed with the testbed.
+func TestRingWorldSim(t *testing.T) {
+	ctx := context.Background()
+	tb, err := OpenSim(Spec{Machines: 2, Devices: 2})
+	require.NoError(t, err)
+	ring, err := tb.RingWorld(ctx)
+	require.NoError(t, err)
+	require.Len(t, ring, 4)
+	again, err := tb.RingWorld(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ring, again, "made once")
+	ts := make([]fairgo.Tensor, 4)
+	require.NoError(t, tb.ForRanks(func(i int, r *Rank) error {
+		if ring[i].Rank() != r.WorldRank || ring[i].Size() != 4 || ring[i] == r.Hier.Comms.World {
+			return fmt.Errorf("ring communicator %v: rank %d of %d, want %d of 4, and not the world communicator", ring[i], ring[i].Rank(), ring[i].Size(), r.WorldRank)
+		}
+		x, err := r.Alloc(3, fairgo.Float32)
+		if err != nil {
+			return err
+		}
+		buf := make([]byte, 12)
+		for j := range 3 {
+			elem.Set(fairgo.Float32, buf, j, float64(r.WorldRank*(j+1)))
+		}
+		if err := r.Upload(x, buf); err != nil {
+			return err
+		}
+		ts[i] = x
+		_, err = r.Time(ctx, func() error { return ring[i].AllReduce(x.Ptr, x.Ptr, 3, fairgo.Float32, fairgo.Sum, r.Stream) })
+		return err
+	}))
+	require.NoError(t, tb.ForRanks(func(i int, r *Rank) error {
+		out, err := r.Download(ts[i])
+		if err != nil {
+			return err
+		}
+		for j := range 3 {
+			if got, want := elem.Get(fairgo.Float32, out, j), float64(6*(j+1)); got != want {
+				return fmt.Errorf("element %d = %g, want %g", j, got, want)
+			}
+		}
+		return nil
+	}))
+	require.NoError(t, tb.Close())
+	require.ErrorIs(t, ring[0].Err(), fairgo.ErrClosed)
+	_, err = tb.RingWorld(ctx)
+	require.NoError(t, err, "made before Close: the same handles")
+	tb2, err := OpenSim(Spec{Machines: 1, Devices: 2})
+	require.NoError(t, err)
+	require.NoError(t, tb2.Close())
+	_, err = tb2.RingWorld(ctx)
+	require.ErrorIs(t, err, fairgo.ErrClosed)
 }
 
 func TestInvalid(t *testing.T) {
@@ -200,6 +334,12 @@ func TestEmulationFromEnv(t *testing.T) {
 		{"negative machines", env(EnvMachines, "-1"), Emulation{}, true},
 		{"bad latency", env(EnvNICLatency, "soon"), Emulation{}, true},
 		{"bad MPS", env(EnvMPS, "maybe"), Emulation{}, true},
+		{"intra-machine link over the loopback, shaped", env(EnvMachines, "2", EnvIntra, "loopback", EnvNVLinkGbit, "20"),
+			Emulation{Machines: 2, Intra: IntraLoopback, NVLinkGbit: 20}, false},
+		{"NVLink, not shaped", env(EnvIntra, "nvlink", EnvNVLinkGbit, "0"), Emulation{Intra: IntraNVLink}, false},
+		{"bad intra", env(EnvIntra, "pcie"), Emulation{}, true},
+		{"bad loopback rate", env(EnvNVLinkGbit, "-1"), Emulation{}, true},
+		{"NaN loopback rate", env(EnvNVLinkGbit, "NaN"), Emulation{}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

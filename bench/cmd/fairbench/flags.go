@@ -179,7 +179,7 @@ type methodFlags struct {
 }
 
 func (m *methodFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.algos, "algos", "flat,naive,fairgo", "methods to measure: flat, naive, fairgo (every -fairgo variant)")
+	fs.StringVar(&m.algos, "algos", bench.DefaultMethods, "methods to measure: flat (NCCL's choice), flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)")
 	fs.Var(&m.variants, "fairgo", "a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
 		"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, flat (flat threshold: size or never), spin (duration),\n"+
 		"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off);\n"+

@@ -1,6 +1,7 @@
 // Command fairbench times fairgo's two-level allreduce against the flat NCCL
-// allreduce and the naive hand-written hierarchy, and turns the records
-// into tables, plots, the cost model's report and issue 11's targets:
+// allreduce (NCCL's choice, and its ring alone), and the naive hand-written
+// hierarchy, and turns the records into tables, plots, the cost model's
+// report and issue 11's targets:
 //
 //	fairbench sweep -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
 //	fairbench sweep -backend cuda -machines 1 -devices 2 -b 64K -e 1G -n 1 -check   (cuda build, one process)
@@ -59,7 +60,7 @@ type env struct {
 
 func commands() []command {
 	return []command{
-		{"sweep", "time flat, naive and every fairgo variant over a range of sizes, one call after another", setupSweep},
+		{"sweep", "time flat, flat-ring, naive and every fairgo variant over a range of sizes, one call after another", setupSweep},
 		{"overlap", "time K buckets of B bytes enqueued back to back (T5: 64 × 25M), for every method", setupOverlap},
 		{"scale", "sweep over machine counts: in this process on sim, through fairrun --emulate-machines on GPUs", setupScale},
 		{"links", "2-rank allreduce over an NVLink pair and a network pair: the model's inputs", setupLinks},

@@ -52,16 +52,20 @@ func TestAcceptanceSweep(t *testing.T) {
 	require.Contains(t, out, "testbed: not emulated")
 	rs := rows(out)
 	require.Len(t, rs, 7, "1K 4K 16K 64K 256K 1M 4M\n%s", out)
+	require.Contains(t, out, "v/best = time(min(flat, flat-ring, naive))/time(v)")
 	for _, r := range rs {
-		// size count type op, time ±% algbw busbw #wrong × 3, ideal, 3 ratios
-		require.Len(t, r, 4+3*5+1+3, "%v", r)
-		for _, col := range []int{8, 13, 18} { // #wrong of flat, naive, fairgo
+		// size count type op, time ±% algbw busbw #wrong × 4, ideal, 3 ratios
+		require.Len(t, r, 4+4*5+1+3, "%v", r)
+		for _, col := range []int{8, 13, 18, 23} { // #wrong of flat, flat-ring, naive, fairgo
 			require.Equal(t, "0", r[col], "size %s\n%s", r[0], out)
 		}
 	}
 	recs, err := bench.ReadJSONLFiles([]string{js})
 	require.NoError(t, err)
-	require.Len(t, recs, 21)
+	require.Len(t, recs, 28)
+	for i, m := range []string{"flat", "flat-ring", "naive", "fairgo"} {
+		require.Equal(t, m, recs[i].Algorithm, "the default methods, in order")
+	}
 	for _, r := range recs {
 		require.Zero(t, r.Wrong)
 		require.Equal(t, 2, r.Machines)
@@ -87,8 +91,8 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	rs := rows(out)
 	require.Len(t, rs, 1, out)
 	require.Equal(t, "4×64K", rs[0][0])
-	require.Len(t, rs[0], 4+4*5+1+2*3)
-	for _, col := range []int{8, 13, 18, 23} {
+	require.Len(t, rs[0], 4+5*5+1+2*3)
+	for _, col := range []int{8, 13, 18, 23, 28} {
 		require.Equal(t, "0", rs[0][col], out)
 	}
 	require.Contains(t, out, "fairgo variant p2: parallelism:2,algo:rail-rsag,slice:16K: algorithm rail-rsag")
@@ -172,6 +176,7 @@ func TestFlagErrors(t *testing.T) {
 		{}, {"bogus"}, {"-backend", "sim"}, {"help", "bogus"},
 		{"sweep", "-b", "1Q"}, {"sweep", "-dtype", "float7"}, {"sweep", "-op", "xor"}, {"sweep", "-algos", "ring"},
 		{"sweep", "-fairgo", "x=parallelism:0"}, {"sweep", "-fairgo", "flat"}, {"sweep", "-fairgo", "a", "-fairgo", "a"},
+		{"sweep", "-fairgo", "flat-ring=slice:1M"},
 		{"links", "-link", "pcie"}, {"sweep", "-backend", "tpu"}, {"sweep", "-b", "8M", "-e", "1M"},
 		{"model"}, {"targets"}, {"targets", "-in", "x.jsonl", "-enqueue", "/nonexistent"}, {"sweep", "extra"},
 		{"sweep", "-buckets", "4"}, {"overlap", "-buckets", "0"}, {"model", "-in", "x", "-model-machines", "0"},

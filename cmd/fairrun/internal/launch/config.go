@@ -42,7 +42,7 @@ type MPSMode string
 
 // MPS modes (--mps).
 const (
-	MPSAuto MPSMode = "auto" // on when ranks of different emulated machines share a GPU and the daemon is installed
+	MPSAuto MPSMode = "auto" // on when emulated machines' ranks share a GPU (more workers than GPUs) and the daemon is installed
 	MPSOn   MPSMode = "on"   // always; an error when nvidia-cuda-mps-control is missing
 	MPSOff  MPSMode = "off"  // never
 )
@@ -67,6 +67,12 @@ type Config struct {
 	// every packet a machine sends.
 	NICGbit    float64
 	NICLatency time.Duration
+	// NVLinkGbit (with NICGbit) shapes lo in every emulated machine's
+	// namespace to NVLinkGbit Gbit/s: the intra-machine link of ranks that
+	// share a GPU, which talk over NCCL's sockets through lo. A tbf on lo
+	// bounds the sum of all intra-machine traffic of the machine (lo is one
+	// queue), unlike NVLink's links, one per GPU and direction.
+	NVLinkGbit float64
 	MPS        MPSMode // "": MPSAuto
 
 	Program string   // the worker program
@@ -103,7 +109,7 @@ func (e *UsageError) Unwrap() error { return ErrUsage }
 
 // Synopsis is the short form printed with command-line errors.
 const Synopsis = `usage: fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
-               [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D]] [--mps auto|on|off]]
+               [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
                [--shuffle-ranks SEED] [--grace D] -- prog args...
 run "fairrun --help" for every flag`
 
@@ -119,12 +125,19 @@ and ends every process of the job when one worker fails or on SIGINT or
 SIGTERM, exiting with the first failure's code.
 
 --emulate-machines M splits one host into M machines (own NCCL_HOSTID,
-FAIRGO_MACHINE_ID, LOCAL_RANK numbering, GPUs round-robin). With --nic-gbit
-each machine also gets a network namespace with one NIC (eth0, a veth on a
-bridge, shaped by tbf in both directions); this needs root (CAP_NET_ADMIN,
-CAP_SYS_ADMIN) and a kernel with network namespaces, veth, bridge and tbf
-(netem for --nic-latency). Workers learn the testbed from
-FAIRGO_TESTBED_MACHINES, _NIC_GBIT, _NIC_LATENCY, _NETNS and _MPS.
+FAIRGO_MACHINE_ID, LOCAL_RANK numbering, GPUs round-robin). When a machine
+has more ranks than there are GPUs, its ranks share GPUs: each rank is then
+an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) with a device
+identity of its own (FAIRGO_DEVICE_ID=<gpu>/r<local rank>), so that NCCL
+and fairgo accept them, and they talk over NCCL's sockets on the loopback
+inside their machine (flat NCCL then does not know the machines). With
+--nic-gbit each machine also gets a network namespace with one NIC (eth0, a
+veth on a bridge, shaped by tbf in both directions), and --nvlink-gbit
+shapes its loopback too; this needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and
+a kernel with network namespaces, veth, bridge and tbf (netem for
+--nic-latency). Workers learn the testbed from FAIRGO_TESTBED_MACHINES,
+_NIC_GBIT, _NIC_LATENCY, _NETNS, _MPS, _INTRA (nvlink: ranks of a machine
+on GPUs of their own; loopback: sharing GPUs) and _NVLINK_GBIT.
 
 flags:
 `
@@ -143,7 +156,10 @@ func newFlagSet(c *Config) *flag.FlagSet {
 	fs.IntVar(&c.GPUs, "gpus", 0, "`G` GPUs to spread emulated machines over (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else 1)")
 	fs.Float64Var(&c.NICGbit, "nic-gbit", 0, fmt.Sprintf("give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= %d; needs --emulate-machines, root)", MaxNICGbit))
 	fs.DurationVar(&c.NICLatency, "nic-latency", 0, "one-way `delay` added to every packet an emulated machine sends, e.g. 50us (needs --nic-gbit)")
-	fs.Func("mps", "`mode` of running the workers under a private CUDA MPS daemon: auto (when ranks of different emulated machines share a GPU), on, off (default auto)", func(s string) error {
+	fs.Float64Var(&c.NVLinkGbit, "nvlink-gbit", 0, fmt.Sprintf("shape each emulated machine's loopback (lo of its namespace) by tbf to `G` Gbit/s: the intra-machine link of ranks that share a GPU, "+
+		"which talk over NCCL sockets through lo. lo is one queue, so G bounds the sum of all intra-machine traffic of a machine, unlike NVLink's links, one per GPU and direction "+
+		"(0 < G <= %d; needs --nic-gbit, and more ranks per machine than GPUs)", MaxNICGbit))
+	fs.Func("mps", "`mode` of running the workers under a private CUDA MPS daemon: auto (when emulated machines' ranks share a GPU), on, off (default auto)", func(s string) error {
 		switch m := MPSMode(s); m {
 		case MPSAuto, MPSOn, MPSOff:
 			c.MPS = m
@@ -214,6 +230,9 @@ func ParseArgs(args []string) (Config, error) {
 	if set["nic-gbit"] && c.NICGbit == 0 {
 		return Config{}, &UsageError{Flag: "nic-gbit", Value: c.NICGbit, Reason: "must be > 0"}
 	}
+	if set["nvlink-gbit"] && c.NVLinkGbit == 0 {
+		return Config{}, &UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: "must be > 0"}
+	}
 	if set["master-addr"] && c.NICGbit > 0 {
 		return Config{}, &UsageError{Flag: "master-addr", Value: c.MasterAddr, Reason: "not allowed with --nic-gbit: the store is served on the emulated machines' bridge"}
 	}
@@ -262,6 +281,10 @@ func (c Config) Validate() error {
 		return bad("nic-latency", c.NICLatency, fmt.Sprintf("must be in [0, %v]", MaxNICLatency))
 	case c.NICLatency > 0 && c.NICGbit == 0:
 		return bad("nic-latency", c.NICLatency, "needs --nic-gbit (the delay is added on the emulated NICs)")
+	case math.IsNaN(c.NVLinkGbit) || c.NVLinkGbit < 0 || c.NVLinkGbit > MaxNICGbit:
+		return bad("nvlink-gbit", c.NVLinkGbit, fmt.Sprintf("must be in (0, %d] Gbit/s", MaxNICGbit))
+	case c.NVLinkGbit > 0 && c.NICGbit == 0:
+		return bad("nvlink-gbit", c.NVLinkGbit, "needs --nic-gbit (it shapes the loopback of each emulated machine's network namespace)")
 	case c.MPS != "" && c.MPS != MPSAuto && c.MPS != MPSOn && c.MPS != MPSOff:
 		return bad("mps", c.MPS, "must be auto, on or off")
 	case c.Program == "":

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,8 +29,9 @@ const envRootNetNS = "FAIRRUN_TEST_ROOT_NETNS" // netcheck: the test's namespace
 
 // netcheck is the worker of the emulated-NIC test: it checks from inside
 // that it runs in a namespace of its own whose eth0 has the planned
-// address, reaches the store on the bridge and the next rank's machine, and
-// prints what it found.
+// address and whose lo carries a tbf exactly when FAIRGO_TESTBED_NVLINK_GBIT
+// asks for one, reaches the store on the bridge and the next rank's machine,
+// and prints what it found.
 func netcheck() int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(os.Stderr, "netcheck: "+format+"\n", a...)
@@ -55,6 +55,27 @@ func netcheck() int {
 		if got := os.Getenv(k); got != want {
 			return fail("%s=%q, want %q", k, got, want)
 		}
+	}
+	loGbit, err := strconv.ParseFloat(os.Getenv(EnvTestbedNVLinkGbit), 64)
+	if err != nil {
+		return fail("%s: %v", EnvTestbedNVLinkGbit, err)
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fail("lo: %v", err)
+	}
+	qs, err := dump(func() ([]netlink.Qdisc, error) { return netlink.QdiscList(lo) })
+	if err != nil {
+		return fail("lo's qdiscs: %v", err)
+	}
+	var loRate uint64
+	for _, q := range qs {
+		if tbf, ok := q.(*netlink.Tbf); ok {
+			loRate = tbf.Rate
+		}
+	}
+	if want := testbed.ShapingFor(loGbit, 0).RateBytes; loGbit > 0 && loRate != want || loGbit == 0 && loRate != 0 {
+		return fail("lo shaped to %d bytes/s, want %d (%s=%v)", loRate, want, EnvTestbedNVLinkGbit, loGbit)
 	}
 	bridge, err := netip.ParseAddr(os.Getenv("MASTER_ADDR"))
 	if err != nil {
@@ -131,7 +152,8 @@ func netcheck() int {
 	if err := store.Wait(ctx, "all-done"); err != nil {
 		return fail("%v", err)
 	}
-	fmt.Printf("netcheck ok rank %d machine %d netns %d addr %s mtu %d peer %q\n", l.Rank, machine, ino, want, nic.MTU, greeting)
+	fmt.Printf("netcheck ok rank %d machine %d netns %d addr %s mtu %d peer %q host %s device %q intra %s lo %d\n", l.Rank, machine, ino, want, nic.MTU, greeting,
+		os.Getenv(EnvNCCLHostID), os.Getenv(EnvDeviceID), os.Getenv(EnvTestbedIntra), loRate)
 	return 0
 }
 
@@ -197,53 +219,119 @@ func netnsHolders(inodes []uint64) []string {
 	return out
 }
 
-// 2 emulated machines × 1 worker on 1 Gbit/s NICs: each worker is in a
-// namespace of its own, with the planned address on eth0, reaches the
-// other machine and the store on the bridge; afterwards no namespace,
-// link or qdisc of the run is left.
+// 2 emulated machines × 1 worker on 1 Gbit/s NICs, and 2 × 2 on one GPU
+// with lo shaped: each machine's workers are in a namespace of their own,
+// with the planned address on eth0 and lo's tbf, reach the next rank's
+// machine and the store on the bridge; ranks sharing the GPU are NCCL
+// hosts of their own. Afterwards no namespace, link or qdisc of the run is
+// left.
 func TestRunEmulatedNICs(t *testing.T) {
-	needTestbed(t, testbed.Spec{Machines: 2, Gbit: 1})
-	rootIno, err := netnsInode("/proc/self/ns/net")
+	for _, tc := range []struct {
+		name         string
+		nproc, gpus  int
+		loGbit       float64
+		intra        string
+		ranksPerHost int
+	}{
+		{name: "2x1", nproc: 2, gpus: 2, intra: IntraNVLink, ranksPerHost: 1},
+		{name: "2x2 on one GPU, lo shaped", nproc: 4, gpus: 1, loGbit: 1, intra: IntraLoopback, ranksPerHost: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			needTestbed(t, testbed.Spec{Machines: 2, Gbit: 1, LoopbackGbit: tc.loGbit})
+			rootIno, err := netnsInode("/proc/self/ns/net")
+			require.NoError(t, err)
+			require.Empty(t, linksOf(t, os.Getpid()))
+			var so, se syncBuffer
+			c := Config{NProcPerNode: tc.nproc, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, GPUs: tc.gpus, NICGbit: 1,
+				NVLinkGbit: tc.loGbit, MPS: MPSOff, Grace: 2 * time.Second, Program: os.Args[0],
+				Env:    append(os.Environ(), envRole+"=netcheck", envRootNetNS+"="+strconv.FormatUint(rootIno, 10)),
+				Stdout: &so, Stderr: &se}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			code, err := Run(ctx, c)
+			require.NoError(t, err, "stderr: %s", se.String())
+			require.Equal(t, 0, code)
+			t.Logf("stdout:\n%s", so.String())
+
+			line := regexp.MustCompile(`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`)
+			wantLo := uint64(0) // lo not shaped
+			if tc.loGbit > 0 {
+				wantLo = testbed.ShapingFor(tc.loGbit, 0).RateBytes
+			}
+			inodes := map[uint64]int{}
+			addrOf := map[int]string{}
+			machineOf := map[int]int{}
+			peerOf := map[int]int{}
+			hosts := map[string]int{}
+			for _, l := range strings.Split(strings.TrimSpace(so.String()), "\n") {
+				m := line.FindStringSubmatch(l)
+				require.NotNil(t, m, "line %q", l)
+				rank, _ := strconv.Atoi(m[2])
+				machine, _ := strconv.Atoi(m[3])
+				ino, _ := strconv.ParseUint(m[4], 10, 64)
+				peer, _ := strconv.Atoi(m[7])
+				if other, ok := inodes[ino]; ok {
+					require.Equal(t, other, machine, "one namespace, one machine")
+				}
+				inodes[ino] = machine
+				if a, ok := addrOf[machine]; ok {
+					require.Equal(t, a, m[5], "the ranks of a machine share its NIC")
+				}
+				addrOf[machine], machineOf[rank], peerOf[rank] = m[5], machine, peer
+				hosts[m[8]]++
+				require.Equal(t, "9000", m[6], "MTU")
+				require.Equal(t, tc.intra, m[10])
+				require.Equal(t, tc.intra == IntraLoopback, m[9] != "", "a device identity exactly when ranks share a GPU")
+				require.Equal(t, wantLo, mustUint(t, m[11]), "lo's rate")
+			}
+			require.Len(t, machineOf, tc.nproc)
+			for r, p := range peerOf {
+				require.Equal(t, machineOf[(r+1)%tc.nproc], p, "rank %d reached the next rank's machine", r)
+			}
+			for h, n := range hosts {
+				require.Equal(t, tc.ranksPerHost, n, "ranks of NCCL host %s", h)
+			}
+			require.Len(t, inodes, 2, "one namespace per machine")
+			require.NotContains(t, inodes, rootIno)
+			require.Regexp(t, `^10\.77\.\d+\.2/24$`, addrOf[0])
+			require.Regexp(t, `^10\.77\.\d+\.3/24$`, addrOf[1])
+
+			require.Empty(t, linksOf(t, os.Getpid()), "every link and qdisc of the run is gone")
+			var list []uint64
+			for ino := range inodes {
+				list = append(list, ino)
+			}
+			require.Empty(t, netnsHolders(list), "nothing holds the namespaces")
+		})
+	}
+}
+
+func mustUint(t *testing.T, s string) uint64 {
+	t.Helper()
+	v, err := strconv.ParseUint(s, 10, 64)
 	require.NoError(t, err)
-	require.Empty(t, linksOf(t, os.Getpid()))
-	var so, se syncBuffer
-	c := Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, GPUs: 2, NICGbit: 1,
-		Grace: 2 * time.Second, Program: os.Args[0],
-		Env:    append(os.Environ(), envRole+"=netcheck", envRootNetNS+"="+strconv.FormatUint(rootIno, 10)),
-		Stdout: &so, Stderr: &se}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	code, err := Run(ctx, c)
-	require.NoError(t, err, "stderr: %s", se.String())
-	require.Equal(t, 0, code)
-	t.Logf("stdout:\n%s", so.String())
+	return v
+}
 
-	line := regexp.MustCompile(`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)"$`)
-	inodes := map[uint64]int{}
-	var addrs []string
-	for _, l := range strings.Split(strings.TrimSpace(so.String()), "\n") {
-		m := line.FindStringSubmatch(l)
-		require.NotNil(t, m, "line %q", l)
-		ino, _ := strconv.ParseUint(m[4], 10, 64)
-		machine, _ := strconv.Atoi(m[3])
-		peer, _ := strconv.Atoi(m[7])
-		inodes[ino] = machine
-		addrs = append(addrs, m[5])
-		require.Equal(t, "9000", m[6], "MTU")
-		require.Equal(t, (machine+1)%2, peer, "reached the other machine")
-	}
-	require.Len(t, inodes, 2, "one namespace per machine")
-	require.NotContains(t, inodes, rootIno)
-	slices.Sort(addrs)
-	require.Regexp(t, `^10\.77\.\d+\.2/24$`, addrs[0])
-	require.Regexp(t, `^10\.77\.\d+\.3/24$`, addrs[1])
-
-	require.Empty(t, linksOf(t, os.Getpid()), "every link and qdisc of the run is gone")
-	var list []uint64
-	for ino := range inodes {
-		list = append(list, ino)
-	}
-	require.Empty(t, netnsHolders(list), "nothing holds the namespaces")
+// --nvlink-gbit where every rank of a machine has a GPU of its own (so
+// nothing would cross lo) stops before anything is built or started.
+func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
+	dir := t.TempDir()
+	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 4, GPUs: 2, NICGbit: 10, NVLinkGbit: 20,
+		Program: "/bin/sh", Args: []string{"-c", "touch " + filepath.Join(dir, "started")},
+		Stdout: io.Discard, Stderr: io.Discard,
+		prober: testbed.Prober{
+			EffectiveCaps: func() (uint64, error) { t.Error("the testbed was probed"); return 0, nil },
+		}}
+	code, err := Run(context.Background(), c)
+	require.Equal(t, ExitLaunchFailure, code)
+	require.ErrorIs(t, err, ErrUsage)
+	var ue *UsageError
+	require.ErrorAs(t, err, &ue)
+	require.Equal(t, "nvlink-gbit", ue.Flag)
+	require.ErrorContains(t, err, "2 per machine, 2 GPUs")
+	_, serr := os.Stat(filepath.Join(dir, "started"))
+	require.True(t, errors.Is(serr, os.ErrNotExist), "a worker was started")
 }
 
 // SIGTERM to fairrun in the middle of an emulated-NIC job removes the

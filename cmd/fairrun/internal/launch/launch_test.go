@@ -25,7 +25,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	tbinfo "github.com/fairgo/fairgo/internal/testbed"
 	"github.com/fairgo/fairgo/rendezvous"
+	"github.com/fairgo/fairgo/topology"
 )
 
 // Binaries built once for the package's tests.
@@ -119,6 +121,15 @@ func TestParseArgs(t *testing.T) {
 		{name: "latency too large", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-latency 2s -- p", flag: "nic-latency"},
 		{name: "latency without nic", args: "--nproc-per-node 2 --emulate-machines 2 --nic-latency 1ms -- p", flag: "nic-latency"},
 		{name: "bad mps", args: "--nproc-per-node 2 --mps yes -- p", flag: "-"},
+		{name: "shaped loopback", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 20 --mps on -- p",
+			want: Config{NProcPerNode: 4, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 2.5, NVLinkGbit: 20,
+				MPS: MPSOn, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+		{name: "loopback without nic", args: "--nproc-per-node 4 --emulate-machines 2 --nvlink-gbit 20 -- p", flag: "nvlink-gbit"},
+		{name: "zero loopback rate", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 0 -- p", flag: "nvlink-gbit"},
+		{name: "negative loopback rate", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit -1 -- p", flag: "nvlink-gbit"},
+		{name: "NaN loopback rate", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit NaN -- p", flag: "nvlink-gbit"},
+		{name: "loopback rate too high", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 2000 -- p", flag: "nvlink-gbit"},
+		{name: "loopback rate not a number", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit fast -- p", flag: "-"},
 		{name: "store bind with port", args: "--nproc-per-node 2 --store-bind 127.0.0.1:80 -- p", flag: "store-bind"},
 		{name: "help", args: "--help", flag: "help"},
 		{name: "h", args: "-h -- p", flag: "help"},
@@ -248,6 +259,32 @@ func TestPlan(t *testing.T) {
 		require.Equal(t, ws, again, "the seed fixes the permutation")
 	})
 
+	t.Run("emulated, without sharing: one host id per machine, no device id", func(t *testing.T) {
+		c := Config{NProcPerNode: 4, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 2, Program: "p"}
+		ws, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1"}, Extras{})
+		require.NoError(t, err)
+		for i, w := range ws {
+			e := envMap(w.Env)
+			id := fmt.Sprintf("%s-emu%d", host, i/2)
+			require.Equal(t, id, e["NCCL_HOSTID"])
+			require.Equal(t, id, e["FAIRGO_MACHINE_ID"])
+			require.NotContains(t, e, "FAIRGO_DEVICE_ID")
+			require.Equal(t, "nvlink", e["FAIRGO_TESTBED_INTRA"])
+			require.Equal(t, "0", e["FAIRGO_TESTBED_NVLINK_GBIT"])
+		}
+	})
+
+	t.Run("not emulated: no intra-machine link told", func(t *testing.T) {
+		ws, err := Plan(Config{NProcPerNode: 2, NNodes: 1, MasterAddr: "a", Program: "p"}, base, "a:1", nil, Extras{})
+		require.NoError(t, err)
+		for _, w := range ws {
+			e := envMap(w.Env)
+			require.NotContains(t, e, "FAIRGO_TESTBED_INTRA")
+			require.NotContains(t, e, "FAIRGO_DEVICE_ID")
+			require.Equal(t, "0", e["FAIRGO_TESTBED_NVLINK_GBIT"])
+		}
+	})
+
 	t.Run("gpu list", func(t *testing.T) {
 		log := slog.New(slog.NewTextHandler(io.Discard, nil))
 		require.Equal(t, []string{"4", "6"}, GPUList(Config{}, []string{"CUDA_VISIBLE_DEVICES=4, 6"}, log))
@@ -255,6 +292,118 @@ func TestPlan(t *testing.T) {
 		require.Equal(t, []string{"0", "1", "2"}, GPUList(Config{GPUs: 3}, nil, log))
 		require.NotEmpty(t, GPUList(Config{}, nil, log))
 	})
+}
+
+// The environment of every worker when the ranks of an emulated machine
+// would share a GPU: each rank its own NCCL host and device identity, the
+// machine identity per machine; and when they do not (4 × 2 on 2 GPUs).
+func TestPlanRanksSharingAGPU(t *testing.T) {
+	host, _ := os.Hostname()
+	base := []string{"PATH=/bin", "NCCL_HOSTID=outer"}
+	// want is one worker's emulation variables.
+	type want struct{ hostID, machineID, deviceID, gpu, intra string }
+	emu := func(m int) string { return fmt.Sprintf("%s-emu%d", host, m) }
+	shared := func(m, local int, gpu string) want {
+		return want{fmt.Sprintf("%s-d%d", emu(m), local), emu(m), fmt.Sprintf("%s/r%d", gpu, local), gpu, "loopback"}
+	}
+	alone := func(m int, gpu string) want { return want{emu(m), emu(m), "", gpu, "nvlink"} }
+	for _, tc := range []struct {
+		name     string
+		machines int
+		nproc    int
+		gpus     []string
+		netns    bool
+		nvlink   float64
+		want     []want // by slot
+	}{
+		{name: "2 machines × 2 ranks on 1 GPU", machines: 2, nproc: 4, gpus: []string{"0"}, netns: true, nvlink: 20,
+			want: []want{shared(0, 0, "0"), shared(0, 1, "0"), shared(1, 0, "0"), shared(1, 1, "0")}},
+		{name: "2 machines × 4 ranks on 1 GPU", machines: 2, nproc: 8, gpus: []string{"3"},
+			want: []want{shared(0, 0, "3"), shared(0, 1, "3"), shared(0, 2, "3"), shared(0, 3, "3"),
+				shared(1, 0, "3"), shared(1, 1, "3"), shared(1, 2, "3"), shared(1, 3, "3")}},
+		{name: "4 machines × 2 ranks on 2 GPUs: one rank per GPU in each machine", machines: 4, nproc: 8, gpus: []string{"0", "1"}, netns: true,
+			want: []want{alone(0, "0"), alone(0, "1"), alone(1, "0"), alone(1, "1"), alone(2, "0"), alone(2, "1"), alone(3, "0"), alone(3, "1")}},
+		{name: "2 machines × 4 ranks on 2 GPUs: two ranks of a machine on each", machines: 2, nproc: 8, gpus: []string{"0", "1"}, netns: true, nvlink: 2.5,
+			want: []want{shared(0, 0, "0"), shared(0, 1, "1"), shared(0, 2, "0"), shared(0, 3, "1"),
+				shared(1, 0, "0"), shared(1, 1, "1"), shared(1, 2, "0"), shared(1, 3, "1")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Config{NProcPerNode: tc.nproc, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: tc.machines, Program: "p"}
+			x := Extras{MPS: &MPSEnv{PipeDir: "/p", LogDir: "/l"}}
+			if tc.netns {
+				c.NICGbit, c.NVLinkGbit = 2.5, tc.nvlink
+				x.NetNS = true
+			}
+			require.Equal(t, tc.want[0].intra == "loopback", RanksShareGPUs(c, tc.gpus))
+			ws, err := Plan(c, base, "10.77.0.1:9", tc.gpus, x)
+			require.NoError(t, err)
+			require.Len(t, ws, len(tc.want))
+			hostIDs := map[string]bool{}
+			for slot, w := range ws {
+				e := envMap(w.Env)
+				got := want{e["NCCL_HOSTID"], e["FAIRGO_MACHINE_ID"], e["FAIRGO_DEVICE_ID"], e["CUDA_VISIBLE_DEVICES"], e["FAIRGO_TESTBED_INTRA"]}
+				require.Equal(t, tc.want[slot], got, "slot %d", slot)
+				if got.deviceID == "" {
+					require.NotContains(t, e, "FAIRGO_DEVICE_ID", "slot %d", slot)
+				}
+				hostIDs[got.hostID] = true
+				require.Equal(t, slot/(tc.nproc/tc.machines), w.Machine)
+				require.Equal(t, strconv.Itoa(slot%(tc.nproc/tc.machines)), e["LOCAL_RANK"])
+				require.Equal(t, strconv.Itoa(tc.nproc/tc.machines), e["LOCAL_WORLD_SIZE"])
+				require.Equal(t, strconv.Itoa(tc.machines), e["FAIRGO_TESTBED_MACHINES"], "machines, not NCCL hosts")
+				require.Equal(t, strconv.FormatFloat(c.NVLinkGbit, 'g', -1, 64), e["FAIRGO_TESTBED_NVLINK_GBIT"])
+				require.Equal(t, "1", e["FAIRGO_TESTBED_MPS"])
+				require.Equal(t, "/p", e["CUDA_MPS_PIPE_DIRECTORY"])
+				want := "lo"
+				if tc.netns {
+					want = "eth0"
+				}
+				require.Equal(t, want, e["NCCL_SOCKET_IFNAME"])
+			}
+			if tc.want[0].intra == "loopback" {
+				require.Len(t, hostIDs, tc.nproc, "every rank is an NCCL host of its own")
+			} else {
+				require.Len(t, hostIDs, tc.machines, "one NCCL host per machine")
+			}
+		})
+	}
+}
+
+// What fairrun tells the workers is what their readers read: topology's
+// identities, and the testbed the benchmark records (machines M, not the
+// NCCL hosts; the intra-machine link and its rate).
+func TestWorkersReadWhatPlanWrites(t *testing.T) {
+	require.Equal(t, topology.EnvMachineID, EnvMachineID)
+	require.Equal(t, topology.EnvNCCLHostID, EnvNCCLHostID)
+	require.Equal(t, topology.EnvDeviceID, EnvDeviceID)
+	require.Equal(t, tbinfo.IntraNVLink, IntraNVLink)
+	require.Equal(t, tbinfo.IntraLoopback, IntraLoopback)
+	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 2, NICGbit: 2.5, NVLinkGbit: 20, Program: "p"}
+	ws, err := Plan(c, nil, "10.77.0.1:9", []string{"0"}, Extras{NetNS: true, MPS: &MPSEnv{PipeDir: "/p", LogDir: "/l"}})
+	require.NoError(t, err)
+	for _, w := range ws {
+		e := envMap(w.Env)
+		lookup := func(k string) (string, bool) { v, ok := e[k]; return v, ok }
+		emu, err := tbinfo.EmulationFromEnv(lookup)
+		require.NoError(t, err)
+		require.Equal(t, tbinfo.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: tbinfo.IntraLoopback, NVLinkGbit: 20}, emu)
+		dev, err := topology.DescribeDevice(0, lookup, nil)
+		require.NoError(t, err)
+		require.True(t, dev.ExplicitID())
+		require.Equal(t, e[EnvDeviceID], dev.ID)
+		id, err := topology.MachineIdentity(topology.Host{Lookup: lookup})
+		require.NoError(t, err)
+		require.Equal(t, e[EnvMachineID], id.ID, "the machine, not the rank's NCCL host")
+	}
+}
+
+// --nvlink-gbit needs --nic-gbit and says so.
+func TestNVLinkGbitNeedsNICGbit(t *testing.T) {
+	_, err := ParseArgs(strings.Fields("--nproc-per-node 4 --emulate-machines 2 --nvlink-gbit 20 -- p"))
+	var ue *UsageError
+	require.ErrorAs(t, err, &ue)
+	require.Equal(t, "nvlink-gbit", ue.Flag)
+	require.EqualError(t, err, "fairrun: --nvlink-gbit 20: needs --nic-gbit (it shapes the loopback of each emulated machine's network namespace)")
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writes.
@@ -313,14 +462,23 @@ func runConfig(t *testing.T, n int, extra func(*Config), args ...string) (code i
 
 // Every worker prints the same grid and its own coordinates, for emulated
 // machines and shuffled global ranks.
+//
+// With fewer GPUs than ranks per machine, ranks of one machine share GPUs:
+// topology accepts them through the device identities fairrun gives them
+// (FAIRGO_DEVICE_ID; it would refuse two ranks of one machine on one GPU
+// otherwise), and still groups them into the emulated machines.
 func TestRunEmulatedShuffled(t *testing.T) {
 	for _, tc := range []struct {
-		n, machines int
-		seed        uint64
-	}{{4, 2, 1}, {6, 3, 42}, {4, 4, 7}, {3, 1, 5}} {
-		t.Run(fmt.Sprintf("%dx%d", tc.machines, tc.n/tc.machines), func(t *testing.T) {
+		n, machines, gpus int // gpus 0: one per rank of a machine
+		seed              uint64
+	}{{4, 2, 0, 1}, {6, 3, 0, 42}, {4, 4, 0, 7}, {3, 1, 0, 5}, {4, 2, 1, 3}, {8, 2, 2, 9}, {8, 4, 1, 4}} {
+		gpus := tc.gpus
+		if gpus == 0 {
+			gpus = tc.n / tc.machines
+		}
+		t.Run(fmt.Sprintf("%dx%d on %d GPUs", tc.machines, tc.n/tc.machines, gpus), func(t *testing.T) {
 			code, err, out, errOut := runConfig(t, tc.n, func(c *Config) {
-				c.EmulateMachines, c.GPUs, c.Shuffle, c.ShuffleSeed = tc.machines, tc.n/tc.machines, true, tc.seed
+				c.EmulateMachines, c.GPUs, c.Shuffle, c.ShuffleSeed = tc.machines, gpus, true, tc.seed
 			})
 			require.NoError(t, err, errOut)
 			require.Equal(t, 0, code)
@@ -340,6 +498,29 @@ func TestRunEmulatedShuffled(t *testing.T) {
 			}
 			require.Len(t, cells, tc.n, "every (machine, local) exactly once")
 			require.Len(t, machineOf, tc.machines)
+			// Devices: a GPU's own identity when every rank of a machine has
+			// a GPU of its own, else <gpu>/r<local rank>, local rank l of
+			// emulated machine k (host-emuK) on GPU (k·D + l) mod G:
+			// contiguous slots, GPUs round-robin.
+			devices := map[string][]string{}
+			for r, g := range reps {
+				if d <= gpus {
+					require.Regexp(t, `^cuda:\d+$`, g.device, "rank %d", r)
+				}
+				devices[g.machineID] = append(devices[g.machineID], g.device)
+			}
+			for id, got := range devices {
+				if d <= gpus {
+					continue
+				}
+				k, err := strconv.Atoi(regexp.MustCompile(`-emu(\d+)$`).FindStringSubmatch(id)[1])
+				require.NoError(t, err)
+				var want []string
+				for l := range d {
+					want = append(want, fmt.Sprintf("%d/r%d", (k*d+l)%gpus, l))
+				}
+				require.ElementsMatch(t, want, got, "machine %s", id)
+			}
 			// Intra and rail lists agree with the coordinates.
 			for r, g := range reps {
 				var intra, rail []string
@@ -512,12 +693,13 @@ func TestFairrunHelp(t *testing.T) {
 		stdout []string // every one must appear
 		stderr []string
 	}{
-		{args: []string{"--help"}, code: 0, stdout: flags},
+		{args: []string{"--help"}, code: 0, stdout: append(slices.Clone(flags), "bounds the sum of all intra-machine traffic", "FAIRGO_DEVICE_ID")},
 		{args: []string{"-h"}, code: 0, stdout: flags},
 		{args: []string{"-help", "--", "prog"}, code: 0, stdout: flags},
 		{args: []string{"--nproc-per-node", "2"}, code: 2, stderr: []string{"no worker program", "usage:", "fairrun --help"}},
 		{args: []string{"--bogus", "--", "p"}, code: 2, stderr: []string{"-bogus", "usage:"}},
 		{args: []string{"--nproc-per-node", "2", "--nic-gbit", "10", "--", "p"}, code: 2, stderr: []string{"--nic-gbit 10", "--emulate-machines"}},
+		{args: []string{"--nproc-per-node", "4", "--emulate-machines", "2", "--nvlink-gbit", "20", "--", "p"}, code: 2, stderr: []string{"--nvlink-gbit 20", "needs --nic-gbit"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			cmd := exec.Command(fairrun, tc.args...)
@@ -534,6 +716,10 @@ func TestFairrunHelp(t *testing.T) {
 				require.Empty(t, so.String())
 			}
 			for _, f := range tc.stdout {
+				if strings.Contains(f, " ") || strings.ToUpper(f) == f { // a phrase, not a flag
+					require.Contains(t, strings.Join(strings.Fields(so.String()), " "), f)
+					continue
+				}
 				require.Contains(t, so.String(), "\n  --"+f+" ", "flag %s is not documented", f)
 			}
 			for _, s := range tc.stderr {

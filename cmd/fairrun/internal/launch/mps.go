@@ -49,9 +49,10 @@ func findMPSControl(env []string) (string, error) {
 	return "", fmt.Errorf("%w in PATH or %s", ErrNoMPS, strings.Join(mpsDirs, ", "))
 }
 
-// wantMPS decides --mps: auto means on when ranks of different emulated
-// machines share a GPU (more workers than GPUs), where the GPU would
-// otherwise time-slice between their processes.
+// wantMPS decides --mps: auto means on when emulated machines' ranks share
+// a GPU (more workers than GPUs: ranks of different machines, or of one
+// machine that are NCCL hosts of their own), where the GPU would otherwise
+// time-slice between their processes.
 func wantMPS(c Config, gpus []string) bool {
 	switch c.MPS {
 	case MPSOn:

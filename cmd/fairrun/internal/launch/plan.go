@@ -52,7 +52,38 @@ const (
 	EnvTestbedNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // added one-way delay, a Go duration ("0s")
 	EnvTestbedNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine in its own network namespace
 	EnvTestbedMPS        = "FAIRGO_TESTBED_MPS"         // 1: workers run under a private MPS daemon
+	// EnvTestbedIntra is the intra-machine link of emulated machines
+	// (IntraNVLink or IntraLoopback); unset without --emulate-machines.
+	EnvTestbedIntra = "FAIRGO_TESTBED_INTRA"
+	// EnvTestbedNVLinkGbit is the rate lo of each machine is shaped to,
+	// Gbit/s (--nvlink-gbit); 0: not shaped.
+	EnvTestbedNVLinkGbit = "FAIRGO_TESTBED_NVLINK_GBIT"
 )
+
+// Values of EnvTestbedIntra.
+const (
+	// IntraNVLink: the ranks of a machine have GPUs of their own and one
+	// NCCL host, so NCCL connects them GPU to GPU (NVLink where the GPUs
+	// have it).
+	IntraNVLink = "nvlink"
+	// IntraLoopback: the ranks of a machine share GPUs, each is an NCCL
+	// host of its own, and their intra-machine traffic is NCCL's sockets
+	// over the loopback (lo of the machine's namespace with --nic-gbit).
+	IntraLoopback = "loopback"
+)
+
+// Identities fairrun gives emulated machines' workers.
+const (
+	EnvMachineID  = "FAIRGO_MACHINE_ID" // the machine, for fairgo's topology
+	EnvNCCLHostID = "NCCL_HOSTID"       // the host, for NCCL
+	EnvDeviceID   = "FAIRGO_DEVICE_ID"  // the device within its machine, for fairgo's topology (ranks sharing a GPU)
+)
+
+// RanksShareGPUs reports whether ranks of one emulated machine share a
+// GPU: the machines have more ranks each than there are GPUs.
+func RanksShareGPUs(c Config, gpus []string) bool {
+	return c.EmulateMachines > 0 && len(gpus) > 0 && c.NProcPerNode/c.EmulateMachines > len(gpus)
+}
 
 // Plan computes every worker's environment. base is the environment the
 // workers inherit; storeAddr the "host:port" of the store; gpus the devices
@@ -61,11 +92,22 @@ const (
 //
 // Global ranks are NodeRank·N + slot, permuted within the node with
 // --shuffle-ranks. With --emulate-machines M, slots are cut into M
-// contiguous groups of N/M; each group gets its own NCCL_HOSTID and
-// FAIRGO_MACHINE_ID and its own LOCAL_RANK numbering, and slot i is pinned to
-// gpus[i mod len(gpus)] through CUDA_VISIBLE_DEVICES. NCCL's sockets use
-// the machine's NIC, eth0, in its namespace (and NCCL_IB_DISABLE=1 unless
-// set, so that no RDMA device bypasses the shaped NIC), else lo.
+// contiguous groups of N/M; each group gets its own FAIRGO_MACHINE_ID and
+// its own LOCAL_RANK numbering, and slot i is pinned to gpus[i mod
+// len(gpus)] through CUDA_VISIBLE_DEVICES. NCCL's sockets use the machine's
+// NIC, eth0, in its namespace (and NCCL_IB_DISABLE=1 unless set, so that no
+// RDMA device bypasses the shaped NIC), else lo.
+//
+// When the ranks of a machine have GPUs of their own (N/M ≤ len(gpus)) the
+// group shares one NCCL_HOSTID, its machine id, and NCCL connects its ranks
+// GPU to GPU (FAIRGO_TESTBED_INTRA=nvlink). When they share GPUs (NCCL
+// refuses two ranks of one host on one GPU, and topology two ranks of one
+// machine claiming one device), each rank gets NCCL_HOSTID=<machine
+// id>-d<local rank>, so that NCCL treats it as a host of its own and
+// reaches the other ranks of its machine through its socket transport over
+// the machine's loopback, and FAIRGO_DEVICE_ID=<gpu>/r<local rank>, a device
+// identity of its own; FAIRGO_MACHINE_ID still groups the ranks into
+// machines (FAIRGO_TESTBED_INTRA=loopback).
 func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([]Worker, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -91,6 +133,7 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 		}
 	}
 	per := n / groups
+	shared := RanksShareGPUs(c, gpus)
 	masterAddr, masterPort := host, port
 	if x.MasterPort != "" {
 		masterPort = x.MasterPort
@@ -125,9 +168,18 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 			w.Machine = c.NodeRank*groups + slot/per
 			w.GPU = gpus[slot%len(gpus)]
 			id := fmt.Sprintf("%s-emu%d", hostname, w.Machine)
-			env.set("NCCL_HOSTID", id)
-			env.set("FAIRGO_MACHINE_ID", id)
+			intra := IntraNVLink
+			if shared {
+				local := slot % per
+				env.set(EnvNCCLHostID, fmt.Sprintf("%s-d%d", id, local))
+				env.set(EnvDeviceID, fmt.Sprintf("%s/r%d", w.GPU, local))
+				intra = IntraLoopback
+			} else {
+				env.set(EnvNCCLHostID, id)
+			}
+			env.set(EnvMachineID, id)
 			env.set("CUDA_VISIBLE_DEVICES", w.GPU)
+			env.set(EnvTestbedIntra, intra)
 			if x.NetNS {
 				env.set("NCCL_SOCKET_IFNAME", testbed.NIC)
 				env.setDefault("NCCL_IB_DISABLE", "1")
@@ -145,6 +197,7 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 		env.set(EnvTestbedNICLatency, c.NICLatency.String())
 		env.set(EnvTestbedNetNS, boolEnv(x.NetNS))
 		env.set(EnvTestbedMPS, boolEnv(x.MPS != nil))
+		env.set(EnvTestbedNVLinkGbit, strconv.FormatFloat(c.NVLinkGbit, 'g', -1, 64))
 		w.Env = env.list()
 		workers[slot] = w
 	}

@@ -73,9 +73,12 @@ const (
 //
 // With --nic-gbit, Run first checks the privileges and kernel features the
 // emulated NICs need (stopping with a *testbed.MissingError before anything
-// is started) and builds the testbed; with MPS it starts a private MPS
-// daemon. Both are removed before Run returns, whatever happened; when ctx
-// ends during setup, what was built is removed and Run returns 128 + N.
+// is started) and builds the testbed (--nvlink-gbit, which shapes the
+// loopback that ranks sharing a GPU talk over, is refused with a
+// *UsageError when the ranks of a machine have GPUs of their own); with
+// MPS it starts a private MPS daemon. Both are removed before Run returns,
+// whatever happened; when ctx ends during setup, what was built is removed
+// and Run returns 128 + N.
 func Run(ctx context.Context, c Config) (code int, err error) {
 	if err := c.Validate(); err != nil {
 		return ExitLaunchFailure, err
@@ -100,10 +103,29 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		return setupFailed(err)
 	}
 
+	// The GPUs emulated machines are spread over, and whether ranks of one
+	// machine share them.
+	var gpus []string
+	if c.EmulateMachines > 0 {
+		gpus = GPUList(c, base, log)
+	}
+	per := c.NProcPerNode / max(c.EmulateMachines, 1)
+	shared := RanksShareGPUs(c, gpus)
+	if c.NVLinkGbit > 0 && !shared {
+		return setupFailed(&UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: fmt.Sprintf(
+			"the ranks of each emulated machine have GPUs of their own (%d per machine, %d GPUs) and talk GPU to GPU, which tbf cannot shape; "+
+				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs)", per, len(gpus))})
+	}
+	if shared {
+		log.Info("fairrun: ranks of one emulated machine share a GPU: each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
+			"with a device identity of its own (FAIRGO_DEVICE_ID); inside a machine they talk over NCCL sockets on the loopback, and flat NCCL does not know the machines",
+			"ranks_per_machine", per, "gpus", len(gpus), "loopback_gbit", c.NVLinkGbit)
+	}
+
 	// The emulated NICs.
 	var tb *testbed.Testbed
 	if c.NICGbit > 0 {
-		spec := testbed.Spec{Machines: c.EmulateMachines, Gbit: c.NICGbit, Latency: c.NICLatency}
+		spec := testbed.Spec{Machines: c.EmulateMachines, Gbit: c.NICGbit, Latency: c.NICLatency, LoopbackGbit: c.NVLinkGbit}
 		if err := c.prober.Check(spec); err != nil {
 			return setupFailed(err)
 		}
@@ -164,14 +186,6 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		defer func() { stop(); srv.Close(); <-served }()
 	}
 
-	var gpus []string
-	if c.EmulateMachines > 0 {
-		gpus = GPUList(c, base, log)
-		if per := c.NProcPerNode / c.EmulateMachines; per > len(gpus) {
-			log.Warn("fairrun: ranks of one emulated machine share a GPU (NCCL refuses that)", "ranks_per_machine", per, "gpus", len(gpus))
-		}
-	}
-
 	// MPS.
 	if wantMPS(c, gpus) {
 		control, err := findMPSControl(base)
@@ -179,7 +193,7 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		case err != nil && c.MPS == MPSOn:
 			return setupFailed(fmt.Errorf("fairrun: --mps on: %w", err))
 		case err != nil:
-			log.Warn("fairrun: ranks of different emulated machines share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful", "err", err)
+			log.Warn("fairrun: ranks share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful", "err", err)
 		default:
 			d, err := startMPS(ctx, control, base, log)
 			if err != nil {

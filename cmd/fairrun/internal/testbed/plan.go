@@ -1,8 +1,10 @@
 // Package testbed builds fairrun's emulated cluster: one network namespace
 // per emulated machine, each with one NIC (a veth on a shared bridge) shaped
-// to a fixed rate in both directions. The plan (names, addresses, qdisc
-// parameters) is computed without touching the system; Setup builds it
-// through netlink, needing neither ip nor tc, and Close removes it.
+// to a fixed rate in both directions and, when asked, its loopback shaped
+// too (the intra-machine link of ranks that talk over sockets inside their
+// machine). The plan (names, addresses, qdisc parameters) is computed
+// without touching the system; Setup builds it through netlink, needing
+// neither ip nor tc, and Close removes it.
 package testbed
 
 import (
@@ -21,6 +23,11 @@ type Spec struct {
 	Machines int           // emulated machines, each with a namespace and a NIC
 	Gbit     float64       // NIC rate in Gbit/s (10^9 bit/s), each direction
 	Latency  time.Duration // one-way delay added to every packet a machine sends; 0: none
+	// LoopbackGbit shapes lo in every machine's namespace with a tbf at
+	// this rate (Gbit/s); 0: lo is not shaped. Traffic between sockets of
+	// one namespace, including to the machine's own NIC address, goes
+	// through lo, whose one queue then bounds the sum of all of it.
+	LoopbackGbit float64
 }
 
 // Limits of a Spec.
@@ -39,6 +46,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("testbed: NIC rate %v Gbit/s: must be in (0, %d]", s.Gbit, MaxGbit)
 	case s.Latency < 0 || s.Latency > MaxLatency:
 		return fmt.Errorf("testbed: NIC latency %v: must be in [0, %v]", s.Latency, MaxLatency)
+	case math.IsNaN(s.LoopbackGbit) || s.LoopbackGbit < 0 || s.LoopbackGbit > MaxGbit:
+		return fmt.Errorf("testbed: loopback rate %v Gbit/s: must be in (0, %d], or 0 for an unshaped loopback", s.LoopbackGbit, MaxGbit)
 	}
 	return nil
 }
@@ -68,6 +77,9 @@ type Plan struct {
 	BridgeAddr netip.Prefix // .1 of Subnet: the store listens here
 	Machines   []Machine
 	Shaping    Shaping
+	// Loopback is the tbf of lo in every machine's namespace; nil: lo is
+	// not shaped.
+	Loopback *Shaping
 }
 
 // Machine is one emulated machine's namespace and NIC.
@@ -158,6 +170,10 @@ func NewPlan(spec Spec, runID string, subnet netip.Prefix) (Plan, error) {
 		Subnet:     subnet,
 		BridgeAddr: netip.PrefixFrom(nthAddr(subnet, 1), 24),
 		Shaping:    ShapingFor(spec.Gbit, spec.Latency),
+	}
+	if spec.LoopbackGbit > 0 {
+		lo := ShapingFor(spec.LoopbackGbit, 0)
+		p.Loopback = &lo
 	}
 	for i := range spec.Machines {
 		p.Machines = append(p.Machines, Machine{

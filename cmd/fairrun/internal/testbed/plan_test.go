@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"strconv"
 	"testing"
@@ -30,6 +31,10 @@ func TestNewPlan(t *testing.T) {
 		{name: "not a /24", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f", subnet: netip.MustParsePrefix("10.77.0.0/16"), wantErr: "subnet"},
 		{name: "not masked", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f", subnet: netip.MustParsePrefix("10.77.3.5/24"), wantErr: "subnet"},
 		{name: "IPv6", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f", subnet: netip.MustParsePrefix("fd00::/24"), wantErr: "subnet"},
+		{name: "shaped loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: 20}, runID: "00abcd7f", subnet: subnet},
+		{name: "negative loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: -1}, runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
+		{name: "NaN loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: math.NaN()}, runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
+		{name: "loopback too fast", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: MaxGbit + 1}, runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := NewPlan(tc.spec, tc.runID, tc.subnet)
@@ -50,6 +55,12 @@ func TestNewPlan(t *testing.T) {
 				require.LessOrEqual(t, len(m.HostVeth), 15, "IFNAMSIZ")
 				require.False(t, names[m.HostVeth])
 				names[m.HostVeth] = true
+			}
+			if tc.spec.LoopbackGbit == 0 {
+				require.Nil(t, p.Loopback, "lo is not shaped unless asked")
+			} else {
+				require.NotNil(t, p.Loopback)
+				require.Equal(t, ShapingFor(tc.spec.LoopbackGbit, 0), *p.Loopback)
 			}
 			pid, ok := OwnerPid(p.Bridge)
 			require.True(t, ok)

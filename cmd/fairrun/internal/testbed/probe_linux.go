@@ -18,9 +18,17 @@ const (
 	featureNetem  = "the netem qdisc (CONFIG_NET_SCH_NETEM, module sch_netem)"
 )
 
-// probeKernel builds a bridge, a veth pair and the qdiscs of spec in a
-// scratch network namespace, which vanishes with everything in it when its
-// handle is closed.
+// The flags that ask for what the testbed builds, as MissingError names
+// them.
+const (
+	flagNIC      = "nic-gbit"
+	flagLatency  = "nic-latency"
+	flagLoopback = "nvlink-gbit"
+)
+
+// probeKernel builds a bridge, a veth pair and the qdiscs of spec (on the
+// veth, and on lo when spec shapes it) in a scratch network namespace,
+// which vanishes with everything in it when its handle is closed.
 func probeKernel(spec Spec) error {
 	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
 		return &MissingError{Flag: "nic-gbit", Feature: featureNetNS, Err: err}
@@ -45,7 +53,17 @@ func probeKernel(spec Spec) error {
 	if err != nil {
 		return fmt.Errorf("testbed: probe: %w", err)
 	}
-	return addQdiscs(h, link, ShapingFor(spec.Gbit, spec.Latency), spec.Latency > 0)
+	if err := addQdiscs(h, link, ShapingFor(spec.Gbit, spec.Latency), spec.Latency > 0, flagNIC); err != nil {
+		return err
+	}
+	if spec.LoopbackGbit == 0 {
+		return nil
+	}
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("testbed: probe: lo: %w", err)
+	}
+	return addQdiscs(h, lo, ShapingFor(spec.LoopbackGbit, 0), false, flagLoopback)
 }
 
 // linkErr explains a failure to create a link: a kernel without that kind
@@ -60,13 +78,9 @@ func linkErr(kind, name, feature string, err error) error {
 	return fmt.Errorf("testbed: create %s %s: %w", kind, name, err)
 }
 
-// qdiscErr explains a failure to add a qdisc: a kernel without that qdisc
-// answers ENOENT.
-func qdiscErr(kind, link, feature string, err error) error {
-	flag := "nic-gbit"
-	if kind == "netem" {
-		flag = "nic-latency"
-	}
+// qdiscErr explains a failure to add a qdisc that flag asked for: a kernel
+// without that qdisc answers ENOENT.
+func qdiscErr(flag, kind, link, feature string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EOPNOTSUPP):
 		return &MissingError{Flag: flag, Feature: feature, Err: err}

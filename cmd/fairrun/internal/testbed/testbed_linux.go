@@ -66,9 +66,13 @@ func Setup(ctx context.Context, spec Spec, log *slog.Logger) (_ *Testbed, err er
 			return nil, err
 		}
 	}
+	loRate := uint64(0)
+	if t.plan.Loopback != nil {
+		loRate = t.plan.Loopback.RateBytes
+	}
 	log.Info("fairrun: testbed up", "machines", len(t.plan.Machines), "bridge", t.plan.Bridge, "subnet", t.plan.Subnet,
 		"rate_bytes_per_s", t.plan.Shaping.RateBytes, "burst", t.plan.Shaping.BurstBytes, "limit", t.plan.Shaping.LimitBytes,
-		"latency", t.plan.Shaping.Latency)
+		"latency", t.plan.Shaping.Latency, "loopback_bytes_per_s", loRate)
 	return t, nil
 }
 
@@ -172,9 +176,16 @@ func (t *Testbed) createMachine(i int) error {
 		return fmt.Errorf("testbed: netlink in machine %d's namespace: %w", i, err)
 	}
 	defer h.Close()
-	if lo, err := h.LinkByName("lo"); err == nil {
-		if err := h.LinkSetUp(lo); err != nil {
-			return fmt.Errorf("testbed: machine %d: bring lo up: %w", i, err)
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("testbed: machine %d: lo: %w", i, err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("testbed: machine %d: bring lo up: %w", i, err)
+	}
+	if t.plan.Loopback != nil {
+		if err := addQdiscs(h, lo, *t.plan.Loopback, false, flagLoopback); err != nil {
+			return fmt.Errorf("testbed: machine %d: %w", i, err)
 		}
 	}
 	nic, err := h.LinkByName(m.NIC)
@@ -195,19 +206,20 @@ func (t *Testbed) createMachine(i int) error {
 
 // shape puts the tbf (and, on a machine's own end, the netem) on link.
 func (t *Testbed) shape(h *netlink.Handle, link netlink.Link, machineEnd bool) error {
-	return addQdiscs(h, link, t.plan.Shaping, machineEnd && t.plan.Shaping.Latency > 0)
+	return addQdiscs(h, link, t.plan.Shaping, machineEnd && t.plan.Shaping.Latency > 0, flagNIC)
 }
 
 // addQdiscs puts a tbf at the root of link, or a netem at the root and the
-// tbf under it.
-func addQdiscs(h *netlink.Handle, link netlink.Link, s Shaping, withNetem bool) error {
+// tbf under it; flag is the command-line flag that asked for the tbf, for
+// errors.
+func addQdiscs(h *netlink.Handle, link netlink.Link, s Shaping, withNetem bool, flag string) error {
 	idx := link.Attrs().Index
 	tbfParent := uint32(netlink.HANDLE_ROOT)
 	if withNetem {
 		netem := netlink.NewNetem(netlink.QdiscAttrs{LinkIndex: idx, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
 			netlink.NetemQdiscAttrs{Latency: uint32(s.Latency.Microseconds()), Limit: s.NetemLimit})
 		if err := h.QdiscAdd(netem); err != nil {
-			return qdiscErr("netem", link.Attrs().Name, "the netem qdisc (CONFIG_NET_SCH_NETEM, module sch_netem)", err)
+			return qdiscErr(flagLatency, "netem", link.Attrs().Name, featureNetem, err)
 		}
 		tbfParent = netlink.MakeHandle(1, 1)
 	}
@@ -218,7 +230,7 @@ func addQdiscs(h *netlink.Handle, link netlink.Link, s Shaping, withNetem bool) 
 		Limit:      s.LimitBytes,
 	}
 	if err := h.QdiscAdd(tbf); err != nil {
-		return qdiscErr("tbf", link.Attrs().Name, "the tbf qdisc (CONFIG_NET_SCH_TBF, module sch_tbf)", err)
+		return qdiscErr(flag, "tbf", link.Attrs().Name, featureTbf, err)
 	}
 	return nil
 }

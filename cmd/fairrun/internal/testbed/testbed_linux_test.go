@@ -197,6 +197,9 @@ func TestSetupAndClose(t *testing.T) {
 			if strings.Join(kinds, ",") != want {
 				return fmt.Errorf("machine %d: qdiscs %v, want %s", i, kinds, want)
 			}
+			if tbf, err := loopbackTbf(); err != nil || tbf != nil {
+				return fmt.Errorf("machine %d: lo shaped without --nvlink-gbit (%v, %v)", i, tbf, err)
+			}
 			listeners[i], err = net.Listen("tcp", net.JoinHostPort(m.Addr.Addr().String(), "0"))
 			return err
 		}))
@@ -294,22 +297,42 @@ func TestLeftoverBridgeRemoved(t *testing.T) {
 	require.NoError(t, err, "a live process's bridge stays")
 }
 
-// measureGbit sends over TCP from machine 0 to machine 1 for d and returns
-// the rate seen by the receiver after a warm-up, in Gbit/s. The bytes move
-// by sendfile and splice: user-space copies (and the race detector's
-// checks of them) would make the CPU of a small host, not the NIC, the
-// limit.
-func measureGbit(t *testing.T, tb *Testbed, d time.Duration) float64 {
+// loopbackTbf returns the tbf on lo of the calling thread's namespace, or
+// nil when lo has none.
+func loopbackTbf() (*netlink.Tbf, error) {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return nil, err
+	}
+	qs, err := dump(func() ([]netlink.Qdisc, error) { return netlink.QdiscList(lo) })
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range qs {
+		if tbf, ok := q.(*netlink.Tbf); ok {
+			return tbf, nil
+		}
+	}
+	return nil, nil
+}
+
+// measureGbit sends over TCP from machine from to the NIC address of
+// machine to (from == to: inside one machine, which goes through its lo)
+// for d and returns the rate seen by the receiver after a warm-up, in
+// Gbit/s. The bytes move by sendfile and splice: user-space copies (and
+// the race detector's checks of them) would make the CPU of a small host,
+// not the link, the limit.
+func measureGbit(t *testing.T, tb *Testbed, from, to int, d time.Duration) float64 {
 	t.Helper()
 	p := tb.Plan()
 	var ln net.Listener
-	require.NoError(t, tb.Run(1, func() (err error) {
-		ln, err = net.Listen("tcp", net.JoinHostPort(p.Machines[1].Addr.Addr().String(), "0"))
+	require.NoError(t, tb.Run(to, func() (err error) {
+		ln, err = net.Listen("tcp", net.JoinHostPort(p.Machines[to].Addr.Addr().String(), "0"))
 		return err
 	}))
 	defer ln.Close()
 	var conn net.Conn
-	require.NoError(t, tb.Run(0, func() (err error) {
+	require.NoError(t, tb.Run(from, func() (err error) {
 		conn, err = net.DialTimeout("tcp", ln.Addr().String(), 2*time.Second)
 		return err
 	}))
@@ -341,19 +364,19 @@ func measureGbit(t *testing.T, tb *Testbed, d time.Duration) float64 {
 	rc.SetReadDeadline(time.Now().Add(warmup + d + 5*time.Second))
 	start := time.Now()
 	var counted int64
-	var from time.Time
+	var since time.Time
 	for time.Since(start) < warmup+d {
 		n, err := io.CopyN(sink, rc, chunk/4) // splice
 		require.NoError(t, err)
-		if from.IsZero() {
+		if since.IsZero() {
 			if time.Since(start) >= warmup {
-				from = time.Now()
+				since = time.Now()
 			}
 			continue
 		}
 		counted += n
 	}
-	return float64(counted) * 8 / time.Since(from).Seconds() / 1e9
+	return float64(counted) * 8 / time.Since(since).Seconds() / 1e9
 }
 
 // TCP between two machines moves the shaped rate, within 15%. Another
@@ -373,7 +396,7 @@ func TestShapedRate(t *testing.T) {
 			defer tb.Close()
 			best := 0.0
 			for range 3 {
-				got := measureGbit(t, tb, 800*time.Millisecond)
+				got := measureGbit(t, tb, 0, 1, 800*time.Millisecond)
 				t.Logf("shaped to %v Gbit/s: TCP moved %.3f Gbit/s (%.1f%%)", gbit, got, 100*got/gbit)
 				require.Less(t, got, 1.15*gbit, "faster than the shaped rate")
 				if got > 0.85*gbit {
@@ -389,6 +412,49 @@ func TestShapedRate(t *testing.T) {
 			t.Fatalf("slower than the shaped rate three times: best %.2f Gbit/s of %v", best, gbit)
 		})
 	}
+}
+
+// With a loopback rate, lo of every machine carries a tbf of that rate,
+// and TCP from a machine to its own NIC address (as NCCL's sockets between
+// ranks of one machine that are NCCL hosts of their own) moves at that
+// rate, within 15%, while the NIC keeps its own.
+func TestLoopbackShaped(t *testing.T) {
+	const loGbit = 1
+	spec := Spec{Machines: 2, Gbit: 10, LoopbackGbit: loGbit}
+	needNetAdmin(t, spec)
+	tb, err := Setup(context.Background(), spec, quiet)
+	require.NoError(t, err)
+	defer tb.Close()
+	p := tb.Plan()
+	require.NotNil(t, p.Loopback)
+	for i := range p.Machines {
+		require.NoError(t, tb.Run(i, func() error {
+			tbf, err := loopbackTbf()
+			switch {
+			case err != nil:
+				return err
+			case tbf == nil:
+				return fmt.Errorf("machine %d: no tbf on lo", i)
+			case tbf.Rate != p.Loopback.RateBytes || tbf.Limit != p.Loopback.LimitBytes:
+				return fmt.Errorf("machine %d: lo's tbf rate %d limit %d, want %d and %d", i, tbf.Rate, tbf.Limit, p.Loopback.RateBytes, p.Loopback.LimitBytes)
+			}
+			return nil
+		}))
+	}
+	best := 0.0
+	for range 3 {
+		got := measureGbit(t, tb, 0, 0, 800*time.Millisecond)
+		t.Logf("lo shaped to %v Gbit/s: TCP to the machine's own NIC address moved %.3f Gbit/s (%.1f%%)", loGbit, got, 100*got/loGbit)
+		require.Less(t, got, 1.15*loGbit, "faster than lo's shaped rate: traffic inside a machine bypasses lo")
+		if got > 0.85*loGbit {
+			return
+		}
+		best = max(best, got)
+	}
+	if load := loadAverage(); load > float64(runtime.NumCPU()) {
+		t.Skipf("best of three %.2f Gbit/s of %v (load %.1f on %d CPUs): this host is too busy to tell", best, loGbit, load, runtime.NumCPU())
+	}
+	t.Fatalf("slower than lo's shaped rate three times: best %.2f Gbit/s of %v", best, loGbit)
 }
 
 // loadAverage returns the 1-minute load average; 0 when unknown.
