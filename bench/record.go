@@ -108,7 +108,7 @@ type FairgoSetup struct {
 	Spec          string   `json:"spec,omitempty"`  // as given to -fairgo
 	Algorithm     string   `json:"algorithm"`       // the configured one (auto: chosen per size)
 	Chosen        string   `json:"chosen"`          // what the Reducer used at this size (AlgorithmFor)
-	Route         string   `json:"route,omitempty"` // the same with its form: "rail-rsag-unsliced" (ChoiceFor)
+	Route         string   `json:"route,omitempty"` // the same with its form: "rail-rsag-serial" (ChoiceFor)
 	Choices       []Choice `json:"choices"`         // the Reducer's choice per size class
 	SliceBytes    int64    `json:"slice_bytes"`
 	Parallelism   int      `json:"parallelism"`

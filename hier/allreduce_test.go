@@ -59,7 +59,7 @@ func drawCase(t *rapid.T) allReduceCase {
 		hier.WithStagingMemory(rapid.Int64Range(max(int64(par)*(unit+int64(m)*staging.Align), min(minStaging, int64(par)*bytes/512)), 2*minStaging).Draw(t, "staging")),
 		hier.WithPaddingMemory(rapid.Int64Range(unit, 8*unit).Draw(t, "padding")),
 		hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat")),
-		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.Flat, hier.Auto}).Draw(t, "algorithm")),
+		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.RailAllReduce, hier.Flat, hier.Auto}).Draw(t, "algorithm")),
 		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
 		hier.WithSerialRail(rapid.Bool().Draw(t, "serial rail")),
 	}

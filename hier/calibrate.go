@@ -22,9 +22,9 @@ import (
 // sees the same maxima, so every rank chooses alike.
 const (
 	minClassBytes        = 64 << 10
-	maxCalibrationBytes  = 256 << 20 // classes above are measured at this size
-	calibrationMinRounds = 3         // timed runs per candidate (after one warm-up of each) for classes ≥ 16 MiB
-	calibrationMaxRounds = 5         // and for smaller ones
+	maxCalibrationBytes  = 64 << 20 // the last class: calls of this size and more share its choice
+	calibrationMinRounds = 3        // timed runs per candidate (after one warm-up of each) for classes ≥ 16 MiB
+	calibrationMaxRounds = 5        // and for smaller ones
 )
 
 // classOf is the size class of an allreduce of bytes, and its first byte
@@ -60,42 +60,36 @@ func (r *Reducer) classBase() int64 {
 // overlap of the NVLink stages gains little and fewer exchanges in flight
 // on the NIC can fill it better, which only measurement tells.
 type route struct {
-	algo     Algorithm
-	unsliced bool
-	serial   bool // the rail's collect and diffuse on one stream and communicator (lanesFor)
+	algo   Algorithm
+	serial bool // the rail's collect and diffuse on one stream and communicator (lanesFor)
 }
 
 func (rt route) String() string {
-	s := rt.algo.String()
-	if rt.unsliced {
-		s += "-unsliced"
+	if rt.serial && (rt.algo == RailAllToAll || rt.algo == RailRSAG) {
+		return rt.algo.String() + "-serial"
 	}
-	if rt.serial && !rt.unsliced {
-		s += "-serial"
-	}
-	return s
+	return rt.algo.String()
 }
 
-// candidates are the routes Auto chooses from at size bytes: flat, the
-// all-to-all and the NCCL form of the rail in slices (serial unless
-// WithSerialRail says otherwise), and the NCCL form unsliced; the sliced
-// NCCL form only where its slice is not the whole call.
+// candidates are the routes Auto chooses from at size bytes, in the order
+// that breaks ties (fastest within calibrationTie of each other): flat,
+// the rail's NCCL form in slices (only where its slice is not the whole
+// call), the hierarchy in one piece, the all-to-all in slices.
 func (r *Reducer) candidates(bytes int64) []route {
-	serial := !r.cfg.serialSet || r.cfg.serialRail
-	cs := []route{{algo: RailAllToAll, serial: serial}}
+	serial := r.serialRail()
+	var cs []route
+	if r.cfg.flatThreshold != FlatNever {
+		cs = append(cs, route{algo: Flat})
+	}
 	if sliced := (route{algo: RailRSAG, serial: serial}); r.sliceFor(bytes, sliced) < bytes {
 		cs = append(cs, sliced)
 	}
-	cs = append(cs, route{algo: RailRSAG, unsliced: true})
-	if r.cfg.flatThreshold == FlatNever {
-		return cs
-	}
-	return append([]route{{algo: Flat}}, cs...)
+	return append(cs, route{algo: RailAllReduce}, route{algo: RailAllToAll, serial: serial})
 }
 
-// fixedSerial is whether a fixed algorithm's rail runs serially
-// (WithSerialRail; not unless the option says so).
-func (r *Reducer) fixedSerial() bool { return r.cfg.serialSet && r.cfg.serialRail }
+// serialRail is whether a sliced rail runs serially (WithSerialRail: on
+// unless the option says otherwise).
+func (r *Reducer) serialRail() bool { return !r.cfg.serialSet || r.cfg.serialRail }
 
 // guess is the route of a class not measured yet.
 var guess = route{algo: RailAllToAll}
@@ -118,7 +112,7 @@ func (r *Reducer) choicesLocked() []Choice {
 		start = r.cfg.flatThreshold
 	}
 	if fixed != Auto {
-		return append(out, Choice{MinBytes: start, Algorithm: fixed, Serial: r.fixedSerial(), Measured: true})
+		return append(out, Choice{MinBytes: start, Algorithm: fixed, Serial: r.serialRail(), Measured: true})
 	}
 	if start < r.classBase() {
 		out = append(out, Choice{MinBytes: start, Algorithm: guess.algo})
@@ -129,7 +123,7 @@ func (r *Reducer) choicesLocked() []Choice {
 		if !measured {
 			a = guess
 		}
-		out = append(out, Choice{MinBytes: lo, Algorithm: a.algo, Unsliced: a.unsliced, Serial: a.serial, Measured: measured,
+		out = append(out, Choice{MinBytes: lo, Algorithm: a.algo, Serial: a.serial, Measured: measured,
 			Calibration: r.calibrations[class]})
 		if lo >= maxCalibrationBytes {
 			return out
@@ -147,7 +141,7 @@ func (r *Reducer) routeFor(bytes int64) route {
 		return route{algo: Flat}
 	}
 	if r.cfg.algorithm != Auto { // as choicesLocked reports it
-		return route{algo: r.cfg.algorithm, serial: r.fixedSerial()}
+		return route{algo: r.cfg.algorithm, serial: r.serialRail()}
 	}
 	class, lo, ok := r.classOf(bytes)
 	if !ok {
@@ -369,14 +363,14 @@ func (r *Reducer) allReduceWith(t fairgo.Tensor, op fairgo.Op, rt route, first s
 }
 
 // sliceFor is the slice of a hierarchical allreduce of bytes by rt: the
-// whole call when unsliced, WithSliceSize's when given, else the link
+// whole call for RailAllReduce, WithSliceSize's when given, else the link
 // model's (measured at the first call of at least probeMinBytes: the
 // probe is a collective, so that call is enqueued only once every rank has
 // made it, like the first call of a size class that Auto measures), within
 // the staging slot for the all-to-all's D = 1 receive ring. Smaller calls
 // before the probe take the layout's slice.
 func (r *Reducer) sliceFor(bytes int64, rt route) int64 {
-	if rt.unsliced {
+	if rt.algo == RailAllReduce {
 		return math.MaxInt64
 	}
 	if r.cfg.sliceSet || (r.links == nil && bytes < probeMinBytes) {

@@ -54,7 +54,7 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 // A fixed algorithm is reported as such; one machine is always flat.
 func TestChoicesReportTheFixedAlgorithm(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 1}, hier.WithAlgorithm(hier.RailRSAG), hier.WithFlatThreshold(1<<20))
-	require.Equal(t, []hier.Choice{{MinBytes: 0, Algorithm: hier.Flat, Measured: true}, {MinBytes: 1 << 20, Algorithm: hier.RailRSAG, Measured: true}}, w.reducers[0].Choices())
+	require.Equal(t, []hier.Choice{{MinBytes: 0, Algorithm: hier.Flat, Measured: true}, {MinBytes: 1 << 20, Algorithm: hier.RailRSAG, Serial: true, Measured: true}}, w.reducers[0].Choices())
 	require.Equal(t, hier.Flat, w.reducers[0].AlgorithmFor(1<<20-1))
 	require.Equal(t, hier.RailRSAG, w.reducers[0].AlgorithmFor(1<<20))
 	one := newWorld(t, sim.Config{Machines: 1, Devices: 4})
@@ -115,25 +115,30 @@ func TestInlineEnqueueKeepsCallOrder(t *testing.T) {
 	require.NoError(t, reftest.CheckResults(fairgo.Int64, reftest.ComputeReference(fairgo.Int64, fairgo.Max, want), w.download(t, bufs)))
 }
 
-// The route Auto may choose at large sizes: the rail's NCCL form with the
-// whole call as one slice, padding included, on several grids.
-func TestUnslicedRailRSAG(t *testing.T) {
-	for _, tc := range []struct{ m, d, count int }{{2, 2, 1 << 20}, {3, 2, 1000003}, {4, 1, 65537}, {2, 3, 7}} {
-		t.Run(fmt.Sprintf("%dx%d/%d", tc.m, tc.d, tc.count), func(t *testing.T) {
+// The hierarchy in one piece (RailAllReduce), a route Auto may choose:
+// padding included, on several grids, with the integer average's single
+// division over the whole row.
+func TestRailAllReduceInOnePiece(t *testing.T) {
+	for _, tc := range []struct {
+		m, d, count int
+		dt          fairgo.DType
+	}{{2, 2, 1 << 20, fairgo.BFloat16}, {3, 2, 1000003, fairgo.BFloat16}, {4, 1, 65537, fairgo.Float32}, {2, 3, 7, fairgo.Int32}, {3, 4, 100003, fairgo.Int64}} {
+		t.Run(fmt.Sprintf("%dx%d/%d/%s", tc.m, tc.d, tc.count, tc.dt), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: tc.m, Devices: tc.d, Seed: 7, Jitter: 20 * time.Microsecond},
 				hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(64<<10))
 			for _, r := range w.reducers {
-				hier.SetRoute(r, hier.RailRSAG, true)
+				hier.SetRoute(r, hier.RailAllReduce)
 			}
 			for _, op := range []fairgo.Op{fairgo.Sum, fairgo.Avg} {
 				rng := rand.New(rand.NewPCG(uint64(tc.count), 1))
-				in := reftest.RandomInputs(rng, fairgo.BFloat16, op, w.size(), tc.count)
-				out, err := w.allReduce(t, fairgo.BFloat16, op, in)
+				in := reftest.RandomInputs(rng, tc.dt, op, w.size(), tc.count)
+				out, err := w.allReduce(t, tc.dt, op, in)
 				require.NoError(t, err)
-				require.NoError(t, reftest.CheckResults(fairgo.BFloat16, reftest.ComputeReference(fairgo.BFloat16, op, in), out))
+				require.NoError(t, reftest.CheckResults(tc.dt, reftest.ComputeReference(tc.dt, op, in), out))
 			}
 			c := w.reducers[0].Choices()
-			require.True(t, c[len(c)-1].Unsliced)
+			require.Equal(t, hier.RailAllReduce, c[len(c)-1].Algorithm)
+			require.Equal(t, "rail-allreduce", c[len(c)-1].String())
 		})
 	}
 }

@@ -15,13 +15,13 @@ func InlineCalls(r *Reducer) uint64 { return r.inlined.Load() }
 // call.
 func SkipCheck(r *Reducer) { r.skipCheck = true }
 
-// SetRoute makes every size class of Auto take algorithm a, in one slice
-// when unsliced, as if a calibration had chosen it. Call it before r's
-// first call, on every rank alike.
-func SetRoute(r *Reducer, a Algorithm, unsliced bool) {
+// SetRoute makes every size class of Auto take algorithm a (its rail
+// serial as the options say), as if a calibration had chosen it. Call it
+// before r's first call, on every rank alike.
+func SetRoute(r *Reducer, a Algorithm) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for class := range 64 {
-		r.measured[class] = route{algo: a, unsliced: unsliced}
+		r.measured[class] = route{algo: a, serial: r.serialRail()}
 	}
 }

@@ -44,10 +44,17 @@ const (
 	// RailRSAG is the same pipeline with the rail phase done by NCCL:
 	// reduce-scatter then all-gather on the rail communicators.
 	RailRSAG
+	// RailAllReduce is the hierarchy in one piece, on one stream: an
+	// intra-machine reduce-scatter, one NCCL allreduce on the rail, an
+	// intra-machine all-gather. It is what a trainer writes by hand, with
+	// fairgo's padding, averaging and cross-rank check; where slicing does
+	// not pay (the NVLink stages too short to hide, or too costly to
+	// repeat), it is the fastest hierarchy.
+	RailAllReduce
 	numAlgorithms
 )
 
-var algorithmNames = [...]string{"auto", "flat", "rail-a2a", "rail-rsag"}
+var algorithmNames = [...]string{"auto", "flat", "rail-a2a", "rail-rsag", "rail-allreduce"}
 
 func (a Algorithm) String() string {
 	if a >= 0 && a < numAlgorithms {
@@ -60,14 +67,14 @@ func (a Algorithm) String() string {
 func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
 
 // ParseAlgorithm reads an algorithm's name ("auto", "flat", "rail-a2a",
-// "rail-rsag").
+// "rail-rsag", "rail-allreduce").
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a, n := range algorithmNames {
 		if n == s {
 			return Algorithm(a), nil
 		}
 	}
-	return 0, &fairgo.ArgError{Arg: "algorithm", Value: s, Reason: "unknown (auto, flat, rail-a2a, rail-rsag)"}
+	return 0, &fairgo.ArgError{Arg: "algorithm", Value: s, Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)"}
 }
 
 // Option configures a Reducer. Options only record values; NewReducer
@@ -137,12 +144,14 @@ func WithAlgorithm(a Algorithm) Option { return func(c *config) { c.algorithm = 
 // per process) turns it on.
 func WithInlineEnqueue(on bool) Option { return func(c *config) { c.inline = on } }
 
-// WithSerialRail fixes how the rail's two exchanges (collect and diffuse)
-// of a sliced allreduce share the network: on, one after the other on one
-// stream and communicator, so that a rank has at most one exchange on its
-// NIC at a time; off, each on a stream and communicator of its own, so that
-// the diffuse of one slice overlaps the collect of the next. Unset, Auto
-// measures both and a fixed algorithm uses the serial form.
+// WithSerialRail sets how the rail's two exchanges (collect and diffuse)
+// of a sliced allreduce share the network: on (the default), one after the
+// other on one stream and communicator, so that a rank has at most one
+// exchange on its NIC at a time; off, each on a stream and communicator of
+// its own, so that the diffuse of one slice overlaps the collect of the
+// next. The rail is the bottleneck either way; on NCCL's socket transport
+// the second communicator's threads and flows cost more than the overlap
+// gains (bench/NOTES.md).
 func WithSerialRail(on bool) Option {
 	return func(c *config) { c.serialRail, c.serialSet = on, true }
 }

@@ -50,23 +50,32 @@ func (r *Reducer) stageOps(op fairgo.Op, dt fairgo.DType) stageOps {
 	}
 }
 
-// lanes are the streams one call's stages run on and the communicators of
-// its rail exchanges: normally a stream and a communicator per stage; with
-// a serial rail, the diffuse runs on the collect's stream and communicator,
+// lanes are the streams one call's stages run on and the communicators
+// they talk on: normally a stream and a communicator per stage; with a
+// serial rail, the diffuse runs on the collect's stream and communicator,
 // so that the two rail exchanges of all slices go over the network one
-// after the other instead of side by side.
+// after the other instead of side by side; RailAllReduce, in one piece,
+// runs every stage on the first stream, with one communicator per level.
 type lanes struct {
 	st               [streams.NumStages]streams.Stream
+	intraRS, intraAG Comm
 	collect, diffuse Comm
 }
 
-func (r *Reducer) lanesFor(serial bool) lanes {
+func (r *Reducer) lanesFor(rt route) lanes {
 	var l lanes
 	for s := range streams.NumStages {
 		l.st[s] = r.chain.Stream(s)
 	}
-	l.collect, l.diffuse = r.comms.RailCollect, r.comms.RailDiffuse
-	if serial {
+	c := r.comms
+	l.intraRS, l.intraAG, l.collect, l.diffuse = c.IntraReduceScatter, c.IntraAllGather, c.RailCollect, c.RailDiffuse
+	switch {
+	case rt.algo == RailAllReduce:
+		for s := range streams.NumStages {
+			l.st[s] = l.st[streams.ReduceScatter]
+		}
+		l.intraAG, l.diffuse = l.intraRS, l.collect
+	case rt.serial:
 		l.st[streams.Diffuse] = l.st[streams.Collect]
 		l.diffuse = l.collect
 	}
@@ -97,7 +106,7 @@ func (r *Reducer) pass(l *lanes, from streams.Stage) error {
 func (r *Reducer) allReduce(t fairgo.Tensor, op fairgo.Op, rt route, sliceBytes int64) (streams.Stream, error) {
 	ops := r.stageOps(op, t.DType)
 	es := t.DType.Size()
-	l := r.lanesFor(rt.serial)
+	l := r.lanesFor(rt)
 	for sl := range staging.Slices(t.Count, es, r.grid.Size(), sliceBytes) {
 		p, err := r.planSlice(t, sl, rt.algo)
 		if err != nil {
@@ -178,7 +187,6 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	g := r.grid
 	M, D, m, d := g.Machines, g.Devices, g.Machine, g.Local
 	rs, col, add, dif, ag := l.st[streams.ReduceScatter], l.st[streams.Collect], l.st[streams.Add], l.st[streams.Diffuse], l.st[streams.AllGather]
-	c := r.comms
 
 	// 1 reduce-scatter inside the machine: row d gets the machine's sum.
 	if p.pad != nil {
@@ -192,7 +200,7 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	if D > 1 {
 		if err := r.eachPart(p, func(pt part) error {
 			x := pt.cells
-			return c.IntraReduceScatter.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, ops.intra, rs)
+			return l.intraRS.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, ops.intra, rs)
 		}); err != nil {
 			return err
 		}
@@ -202,7 +210,8 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	}
 
 	// 2 collect on the rail: cell [d][k] to machine k, or NCCL's
-	// reduce-scatter of row d leaving cell [d][m] reduced.
+	// reduce-scatter of row d leaving cell [d][m] reduced, or (in one
+	// piece) NCCL's allreduce of the whole row.
 	if p.recvBuf != nil {
 		if err := col.WaitEvent(p.recvBuf.Guard); err != nil {
 			return err
@@ -210,8 +219,11 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	}
 	if err := r.eachPart(p, func(pt part) error {
 		x := pt.cells
-		if algo == RailRSAG {
+		switch algo {
+		case RailRSAG:
 			return l.collect.ReduceScatter(x.Row(d), x.Cell(d, m), x.N, dt, ops.rail, col)
+		case RailAllReduce:
+			return l.collect.AllReduce(x.Row(d), x.Row(d), x.RowCount(), dt, ops.rail, col)
 		}
 		counts, displs := sameCounts(M, x.N), strided(M, x.N)
 		return l.collect.AllToAllv(x.Row(d), counts, displs, pt.recv, counts, displs, dt, col)
@@ -223,13 +235,16 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	}
 
 	// 3 add: reduce the M received shards into cell [d][m] (RailRSAG:
-	// only integer Avg's division is left).
+	// only integer Avg's division is left, of the cell; RailAllReduce: of
+	// the row).
 	for _, pt := range p.parts {
 		x := pt.cells
 		var err error
 		switch {
 		case algo == RailAllToAll:
 			err = r.dev.ReduceAsync(x.Cell(d, m), pt.recv, M, x.N, x.N, dt, ops.add, ops.addDivisor, add)
+		case ops.divideBy > 1 && algo == RailAllReduce:
+			err = r.dev.ReduceAsync(x.Row(d), x.Row(d), 1, x.RowCount(), x.RowCount(), dt, fairgo.Avg, ops.divideBy, add)
 		case ops.divideBy > 1:
 			err = r.dev.ReduceAsync(x.Cell(d, m), x.Cell(d, m), 1, x.N, x.N, dt, fairgo.Avg, ops.divideBy, add)
 		}
@@ -247,16 +262,18 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	}
 
 	// 4 diffuse on the rail: cell [d][m] to every other machine, filling
-	// row d.
-	if err := r.eachPart(p, func(pt part) error {
-		x := pt.cells
-		if algo == RailRSAG {
-			return l.diffuse.AllGather(x.Cell(d, m), x.Row(d), x.N, dt, dif)
+	// row d (in one piece, the allreduce did it).
+	if algo != RailAllReduce {
+		if err := r.eachPart(p, func(pt part) error {
+			x := pt.cells
+			if algo == RailRSAG {
+				return l.diffuse.AllGather(x.Cell(d, m), x.Row(d), x.N, dt, dif)
+			}
+			sendCounts := withoutPeer(sameCounts(M, x.N), m)
+			return l.diffuse.AllToAllv(x.Cell(d, m), sendCounts, make([]int64, M), x.Row(d), sendCounts, strided(M, x.N), dt, dif)
+		}); err != nil {
+			return err
 		}
-		sendCounts := withoutPeer(sameCounts(M, x.N), m)
-		return l.diffuse.AllToAllv(x.Cell(d, m), sendCounts, make([]int64, M), x.Row(d), sendCounts, strided(M, x.N), dt, dif)
-	}); err != nil {
-		return err
 	}
 	if err := r.pass(l, streams.Diffuse); err != nil {
 		return err
@@ -266,7 +283,7 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 	if D > 1 {
 		if err := r.eachPart(p, func(pt part) error {
 			x := pt.cells
-			return c.IntraAllGather.AllGather(x.Row(d), x.Base, x.RowCount(), dt, ag)
+			return l.intraAG.AllGather(x.Row(d), x.Base, x.RowCount(), dt, ag)
 		}); err != nil {
 			return err
 		}

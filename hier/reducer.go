@@ -647,9 +647,6 @@ func CloseAll(rs []*Reducer) error {
 type Choice struct {
 	MinBytes  int64
 	Algorithm Algorithm
-	// Unsliced: the call goes through the pipeline as one slice (Auto
-	// measured that faster than slices overlapping).
-	Unsliced bool
 	// Serial: the rail's collect and diffuse of all slices run one after
 	// the other on one stream and communicator (WithSerialRail).
 	Serial bool
@@ -670,10 +667,10 @@ func (r *Reducer) Choices() []Choice {
 	return append([]Choice(nil), r.choicesLocked()...)
 }
 
-// String names the choice's route: the algorithm, with "-unsliced" or
-// "-serial" when they apply ("rail-rsag-unsliced").
+// String names the choice's route: the algorithm, with "-serial" when its
+// rail runs serially ("rail-rsag-serial").
 func (c Choice) String() string {
-	return route{algo: c.Algorithm, unsliced: c.Unsliced, serial: c.Serial}.String()
+	return route{algo: c.Algorithm, serial: c.Serial}.String()
 }
 
 // AlgorithmFor is the algorithm an allreduce of bytes bytes uses.
