@@ -21,9 +21,15 @@ import (
 // all see the same maxima) and aborts the communicators, since mismatched
 // collectives may never finish.
 //
-// A check goes out as soon as the checker is idle, so that it runs beside
-// the call's data rather than after it; calls made while a check is in
-// flight wait for the next one, which carries up to checkBatch of them.
+// A check goes out once a pending call is due: its data is done (or it has
+// none: a rejected call, a call with nothing to do), checkBatch calls are
+// pending, or the oldest has waited checkDelay. So the check runs after
+// the data rather than beside it, where its communicator's threads would
+// compete with the data's for the host (on NCCL's socket transport they
+// spin while an operation is in flight), and one check covers the calls
+// made meanwhile; the delay bounds how long a mismatch whose data hangs
+// goes unnoticed. A Work completes once its data and its check are done;
+// StreamWait orders the caller's stream after the data alone.
 // Ranks may batch differently: entry i of every rank's batch is the i-th
 // call not yet decided (the same call on every rank, since all ranks decide
 // alike), tagged with its number; a call is decided once every rank has put
@@ -44,6 +50,9 @@ const (
 	entryWords = 1 + nFields // the call's number, then its shape
 	checkBatch = 32          // calls per batch
 	batchWords = 2 * checkBatch * entryWords
+	// checkDelay is how long a call waits for its check when its data is
+	// not done yet.
+	checkDelay = 5 * time.Millisecond
 )
 
 // shape is what the check compares: a call's fields, each encoded so that 0
@@ -164,8 +173,9 @@ func (e *MismatchError) Unwrap() error { return fairgo.ErrMismatch }
 
 // ticket is the outcome of one call's check.
 type ticket struct {
-	done chan struct{}
-	err  error
+	done  chan struct{}
+	err   error
+	since time.Time // when the call reached the checker
 }
 
 func (t *ticket) finish(err error) {
@@ -185,6 +195,7 @@ type checker struct {
 
 	mu      sync.Mutex
 	pending []*request // submitted and not decided, in call order
+	due     uint64     // the highest call whose check is wanted now
 	closing bool
 	wake    chan struct{}
 	stopped chan struct{}
@@ -214,13 +225,32 @@ func (r *Reducer) startChecker() error {
 	return nil
 }
 
-// submit hands a call to the checker; calls arrive in call order.
+// submit hands a call to the checker; calls arrive in call order. A call
+// this rank refused is due at once: its peers may be waiting in its data.
 func (c *checker) submit(q *request) {
-	q.check = &ticket{done: make(chan struct{})}
+	q.check = &ticket{done: make(chan struct{}), since: time.Now()}
 	c.mu.Lock()
 	c.pending = append(c.pending, q)
+	if q.rejected != nil {
+		c.due = max(c.due, q.seq)
+	}
+	first := len(c.pending) == 1 || q.rejected != nil || len(c.pending) >= checkBatch
 	c.mu.Unlock()
-	c.kick()
+	if first { // the checker's timer starts with the oldest call, and a full batch goes at once
+		c.kick()
+	}
+}
+
+// want makes the checks of the calls up to seq due (the watcher found
+// their data done).
+func (c *checker) want(seq uint64) {
+	c.mu.Lock()
+	kick := seq > c.due
+	c.due = max(c.due, seq)
+	c.mu.Unlock()
+	if kick {
+		c.kick()
+	}
 }
 
 func (c *checker) kick() { notify(c.wake) }
@@ -258,9 +288,16 @@ func (c *checker) run() {
 		return
 	}
 	defer release()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
 		c.mu.Lock()
 		n, closing := len(c.pending), c.closing
+		var wait time.Duration
+		if n > 0 && c.pending[0].seq > c.due && n < checkBatch {
+			wait = checkDelay - time.Since(c.pending[0].check.since)
+		}
 		c.mu.Unlock()
 		switch {
 		case closing || c.r.brokenCause() != nil && n > 0:
@@ -269,10 +306,18 @@ func (c *checker) run() {
 				return
 			}
 			continue
-		case n > 0:
+		case n > 0 && wait <= 0:
 			if err := c.send(); err != nil {
 				c.r.abort(fmt.Errorf("%w: hier: the consistency check failed: %w", fairgo.ErrAborted, err))
 			}
+			continue
+		case n > 0:
+			timer.Reset(wait)
+			select {
+			case <-c.wake:
+			case <-timer.C:
+			}
+			timer.Stop()
 			continue
 		}
 		<-c.wake

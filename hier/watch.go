@@ -103,6 +103,7 @@ func (r *Reducer) await(p pending, start time.Time) error {
 		checkErr  error
 		checkC    <-chan struct{}
 		timedOut  bool
+		asked     bool // the check was asked for
 		poll      = time.NewTimer(watchPoll)
 	)
 	poll.Stop()
@@ -118,7 +119,11 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			dataDone, dataErr = p.ev.Query()
 		}
 		if !checkDone {
-			if dataDone { // only the check is left: wait for it a poll at a time
+			if dataDone { // only the check is left: ask for it, and wait for it a poll at a time
+				if !asked {
+					r.checker.want(p.req.seq)
+					asked = true
+				}
 				poll.Reset(watchPoll)
 				select {
 				case <-checkC:
