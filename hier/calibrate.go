@@ -72,19 +72,23 @@ func (rt route) String() string {
 }
 
 // candidates are the routes Auto chooses from at size bytes, in the order
-// that breaks ties (fastest within calibrationTie of each other): flat,
-// the rail's NCCL form in slices (only where its slice is not the whole
-// call), the hierarchy in one piece, the all-to-all in slices.
+// that breaks ties (fastest within calibrationTie of each other), simplest
+// first: flat, the hierarchy in one piece, the rail's NCCL form in the
+// links' slices (only where they cut the call). fairring's all-to-all form
+// (RailAllToAll) is not among them: on every testbed measured it lost to
+// NCCL's reduce-scatter and all-gather on the rail or tied within noise
+// (bench/NOTES.md), and each candidate costs the calibration time;
+// WithAlgorithm(RailAllToAll) still selects it.
 func (r *Reducer) candidates(bytes int64) []route {
-	serial := r.serialRail()
 	var cs []route
 	if r.cfg.flatThreshold != FlatNever {
 		cs = append(cs, route{algo: Flat})
 	}
-	if sliced := (route{algo: RailRSAG, serial: serial}); r.sliceFor(bytes, sliced) < bytes {
+	cs = append(cs, route{algo: RailAllReduce})
+	if sliced := (route{algo: RailRSAG, serial: r.serialRail()}); r.sliceFor(bytes, sliced) < bytes {
 		cs = append(cs, sliced)
 	}
-	return append(cs, route{algo: RailAllReduce}, route{algo: RailAllToAll, serial: serial})
+	return cs
 }
 
 // serialRail is whether a sliced rail runs serially (WithSerialRail: on
@@ -198,7 +202,7 @@ func (r *Reducer) calibrate(class int) (route, *Calibration) {
 // and still win for coming earlier in the list (flat first, then the
 // simpler forms): differences inside the calibration's noise should not
 // flip a choice between runs.
-const calibrationTie = 0.02
+const calibrationTie = 0.03
 
 // fastest is the index of the smallest time, a tie going to the earlier.
 func fastest(times []int64) int {
@@ -221,26 +225,19 @@ type Calibration struct {
 	// Bytes is the size the candidates were timed at.
 	Bytes int64
 	// Times is each candidate route's time (hier.Choice names), the
-	// slowest rank's median over the timed runs; a candidate dropped after
-	// its first timed run has that run's time.
+	// slowest rank's median over the timed runs.
 	Times map[string]time.Duration
 	// Cost is the wall time the calibration took on this rank: what the
 	// first call of the class waited beyond its own work.
 	Cost time.Duration
 }
 
-// calibrationDrop: after the first timed round, a candidate slower than
-// this many times the fastest is not timed again.
-const calibrationDrop = 1.3
-
 // timeCandidates runs each candidate on a scratch buffer of size bytes and
 // returns, for each, the slowest rank's median time in nanoseconds. Every
 // candidate first runs once untimed (NCCL sets up a communicator's
 // connections for an algorithm at its first use, which would be timed
 // otherwise); then rounds of every candidate, the order rotated from round
-// to round so that none always follows the same one. Candidates far behind
-// after the first round are dropped, which the ranks agree on through the
-// same exchange as the times.
+// to round so that none always follows the same one.
 func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	first := r.chain.Stream(streams.ReduceScatter)
 	hdr, err := r.calibrationHeader()
@@ -294,38 +291,14 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 		}
 	}
 	samples := make([][]int64, len(cands))
-	live := make([]bool, len(cands))
-	for i := range live {
-		live[i] = true
-	}
 	for round := range rounds {
 		for j := range cands {
 			i := (j + round) % len(cands)
-			if !live[i] {
-				continue
-			}
 			d, err := run(cands[i])
 			if err != nil {
 				return nil, err
 			}
 			samples[i] = append(samples[i], d)
-		}
-		if round == 0 && rounds > 1 {
-			firsts := make([]int64, len(cands))
-			for i := range cands {
-				firsts[i] = samples[i][0]
-			}
-			agreed, err := r.worldMax(hdr, firsts, first)
-			if err != nil {
-				return nil, err
-			}
-			lead := slices.Min(agreed)
-			for i := range cands {
-				live[i] = float64(agreed[i]) <= calibrationDrop*float64(lead)
-				if !live[i] {
-					samples[i] = agreed[i : i+1] // what every rank saw
-				}
-			}
 		}
 	}
 	meds := make([]int64, len(cands))

@@ -77,3 +77,27 @@ func TestSliceBytesMinimizesTheModel(t *testing.T) {
 		require.Less(t, m.pipelineTime(g, bytes, k), m.pipelineTime(g, bytes, 1))
 	})
 }
+
+// Within calibrationTie of the fastest, the earlier candidate (the simpler
+// route) wins; beyond it, the fastest.
+func TestFastestBreaksTiesTowardTheEarlier(t *testing.T) {
+	for _, tc := range []struct {
+		times []int64
+		want  int
+	}{
+		{[]int64{100}, 0},
+		{[]int64{102, 100}, 0},
+		{[]int64{104, 100}, 1},
+		{[]int64{150, 103, 100}, 1},
+		{[]int64{150, 110, 100}, 2},
+		{[]int64{100, 100, 99}, 0},
+	} {
+		require.Equal(t, tc.want, fastest(tc.times), "%v", tc.times)
+	}
+}
+
+func TestMedianInt(t *testing.T) {
+	require.Equal(t, int64(5), medianInt([]int64{9, 5, 1}))
+	require.Equal(t, int64(4), medianInt([]int64{9, 5, 3, 1}))
+	require.Equal(t, int64(7), medianInt([]int64{7}))
+}
