@@ -18,9 +18,11 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
+	"github.com/fairgo/fairgo/internal/testbed"
 )
 
-// Target is one of issue 11's targets, measured on a run's records.
+// Target is one of the project's targets (issue 11's T1–T8 on NVLink,
+// issue 18's U1–U7 on the one-GPU testbed), measured on a run's records.
 type Target struct {
 	ID   string `json:"id"`
 	What string `json:"what"`
@@ -95,11 +97,111 @@ func sweepOn(m, d int, testbed bool, dtypes []string, lo, hi int64, iters func(i
 
 func anyIters(int) bool { return true }
 
+// NoCheckVariant is the fairgo variant with the cross-rank check off that
+// U5 compares the default variant with (-fairgo nocheck=check:off).
+const NoCheckVariant = "nocheck"
+
+// oneGPU keeps the sweeps of issue 18's one-GPU testbed: M × D emulated
+// machines with NICs of gbit Gbit/s, the intra-machine link loopback
+// wherever a machine has several ranks.
+func oneGPU(m, d int, gbit float64, lo, hi int64, iters func(int) bool) func(bench.Record) bool {
+	on := sweepOn(m, d, true, []string{"float32"}, lo, hi, iters)
+	return func(r bench.Record) bool {
+		return on(r) && r.Testbed.NICGbit == gbit && (d == 1 || r.Testbed.Intra == testbed.IntraLoopback)
+	}
+}
+
+// notLoopback keeps records whose intra-machine link is not the one-GPU
+// testbed's loopback (real NVLink, or one rank per machine).
+func notLoopback(keep func(bench.Record) bool) func(bench.Record) bool {
+	return func(r bench.Record) bool { return keep(r) && r.Testbed.Intra != testbed.IntraLoopback }
+}
+
+// vsNoCheck is time(nocheck)/time(v): what the check costs v.
+func vsNoCheck(p point, v string) float64 { return p.ratio(v, p.time(NoCheckVariant)) }
+
+// vsFastestFairgo is time(fastest fairgo variant with the check on)/time(v):
+// how close Auto's choice came to the best route measured at the point.
+func vsFastestFairgo(p point, v string) float64 {
+	best := math.NaN()
+	for name, r := range p {
+		if r.Fairgo == nil || name == NoCheckVariant || strings.Contains(r.Fairgo.Spec, "check:off") {
+			continue
+		}
+		if t := r.TimeUS; t > 0 && (math.IsNaN(best) || t < best) {
+			best = t
+		}
+	}
+	return p.ratio(v, best)
+}
+
+// vsNaive is time(naive)/time(v).
+func vsNaive(p point, v string) float64 { return p.ratio(v, p.time(bench.Naive)) }
+
+func vsBest(p point, v string) float64  { return p.vsBest(v) }
+func vsIdeal(p point, v string) float64 { return p.vsIdeal(v) }
+
+// issue18Defs are issue 18's targets on the one-GPU testbed: several ranks
+// per machine at 2.5 Gbit/s (2 × 2, 2 × 4, 4 × 2), one per machine at 10
+// Gbit/s (2 × 1, 4 × 1, 8 × 1).
+func issue18Defs() []targetDef {
+	type lay struct {
+		m, d int
+		gbit float64
+	}
+	shared := []lay{{2, 2, 2.5}, {2, 4, 2.5}, {4, 2, 2.5}}
+	single := []lay{{2, 1, 10}, {4, 1, 10}, {8, 1, 10}}
+	name := func(l lay) string { return fmt.Sprintf("%d×%d at %g Gbit/s", l.m, l.d, l.gbit) }
+	parts := func(ls []lay, lo, hi int64, ratio func(point, string) float64) []requirement {
+		var out []requirement
+		for _, l := range ls {
+			out = append(out, requirement{name(l), oneGPU(l.m, l.d, l.gbit, lo, hi, anyIters), ratio})
+		}
+		return out
+	}
+	var u5, u6 []requirement
+	for _, l := range append(append([]lay(nil), shared...), single...) {
+		lo := mib
+		if l.d == 1 {
+			lo = 256 * kib
+		}
+		for _, it := range []struct {
+			name string
+			ok   func(int) bool
+		}{{"one call at a time", func(n int) bool { return n == 1 }}, {"20 back to back", func(n int) bool { return n >= 20 }}} {
+			u5 = append(u5, requirement{name(l) + ", " + it.name, oneGPU(l.m, l.d, l.gbit, lo, 256*mib, it.ok), vsNoCheck})
+		}
+		u6 = append(u6, requirement{name(l), oneGPU(l.m, l.d, l.gbit, lo, 256*mib, anyIters), vsFastestFairgo})
+	}
+	var u7 []requirement
+	for _, l := range shared[:2] {
+		l := l
+		u7 = append(u7, requirement{name(l) + ", 64×25M", func(r bench.Record) bool {
+			return r.Kind == bench.KindOverlap && r.Machines == l.m && r.Devices == l.d && r.Testbed.NICGbit == l.gbit &&
+				r.Testbed.Intra == testbed.IntraLoopback && r.Buckets == 64 && r.Bytes == 25*mib
+		}, vsBest})
+	}
+	return []targetDef{
+		{id: "U1", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo/naive at 64M–256M",
+			target: "≥ 1.05", atLeast: true, threshold: 1.05, parts: parts(shared, 64*mib, 256*mib, vsNaive)},
+		{id: "U2", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 1M–256M",
+			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: parts(shared, mib, 256*mib, vsBest)},
+		{id: "U3", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo busbw / NIC-bound ideal at 64M–256M",
+			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: parts(shared, 64*mib, 256*mib, vsIdeal)},
+		{id: "U4", what: "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 256K–256M",
+			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: parts(single, 256*kib, 256*mib, vsBest)},
+		{id: "U5", what: "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), one call at a time and 20 back to back",
+			target: "≥ 0.98", atLeast: true, threshold: 0.98, parts: u5},
+		{id: "U6", what: "all of U1–U4's layouts: time of the fastest fairgo variant measured at the point / time of Auto's choice (100% of points within 3%)",
+			target: "≥ 0.971", atLeast: true, threshold: 1 / 1.03, parts: u6},
+		{id: "U7", what: "one GPU, 2 × 2 and 2 × 4 at 2.5 Gbit/s, 64 buckets × 25 MiB back to back: time(best)/time(fairgo)",
+			target: "≥ 1.10", atLeast: true, threshold: 1.10, parts: u7},
+	}
+}
+
 func targetDefs() []targetDef {
 	f32 := []string{"float32"}
 	vsFlat := func(p point, v string) float64 { return p.vsFlat(v) }
-	vsBest := func(p point, v string) float64 { return p.vsBest(v) }
-	vsIdeal := func(p point, v string) float64 { return p.vsIdeal(v) }
 	var t1 []requirement
 	for _, dt := range []string{"float32", "bfloat16"} {
 		for _, it := range []struct {
@@ -111,7 +213,8 @@ func targetDefs() []targetDef {
 		}
 	}
 	overlap := func(r bench.Record) bool {
-		return r.Kind == bench.KindOverlap && r.Machines == 2 && r.Devices == 2 && r.Testbed.NICGbit > 0 && r.Buckets == 64 && r.Bytes == 25*mib
+		return r.Kind == bench.KindOverlap && r.Machines == 2 && r.Devices == 2 && r.Testbed.NICGbit > 0 && r.Buckets == 64 && r.Bytes == 25*mib &&
+			r.Testbed.Intra != testbed.IntraLoopback
 	}
 	return []targetDef{
 		{id: "T1", what: "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, one call at a time and 20 back to back",
@@ -122,17 +225,21 @@ func targetDefs() []targetDef {
 				{"2×1 on the testbed", sweepOn(2, 1, true, f32, mib, gib, anyIters), vsFlat}}},
 		{id: "T3", what: "testbed 2 × 2 and 4 × 2: fairgo / max(flat, flat ring, naive) at every size 1M–1G",
 			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
-				{"2×2 on the testbed", sweepOn(2, 2, true, f32, mib, gib, anyIters), vsBest},
-				{"4×2 on the testbed", sweepOn(4, 2, true, f32, mib, gib, anyIters), vsBest}}},
+				{"2×2 on the testbed", notLoopback(sweepOn(2, 2, true, f32, mib, gib, anyIters)), vsBest},
+				{"4×2 on the testbed", notLoopback(sweepOn(4, 2, true, f32, mib, gib, anyIters)), vsBest}}},
 		{id: "T4", what: "testbed 2 × 1, 2 × 2, 4 × 2: fairgo busbw / NIC-bound ideal busbw at 64M–1G",
 			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: []requirement{
 				{"2×1 on the testbed", sweepOn(2, 1, true, f32, 64*mib, gib, anyIters), vsIdeal},
-				{"2×2 on the testbed", sweepOn(2, 2, true, f32, 64*mib, gib, anyIters), vsIdeal},
-				{"4×2 on the testbed", sweepOn(4, 2, true, f32, 64*mib, gib, anyIters), vsIdeal}}},
+				{"2×2 on the testbed", notLoopback(sweepOn(2, 2, true, f32, 64*mib, gib, anyIters)), vsIdeal},
+				{"4×2 on the testbed", notLoopback(sweepOn(4, 2, true, f32, 64*mib, gib, anyIters)), vsIdeal}}},
 		{id: "T5", what: "testbed 2 × 2, 64 buckets × 25 MiB back to back: time(min(flat, flat ring, naive)) / time(fairgo)",
 			target: "≥ 1.0", atLeast: true, threshold: 1.0, parts: []requirement{{"2×2 on the testbed, 64×25M", overlap, vsBest}}},
 	}
 }
+
+// allDefs are every target's definitions: issue 11's (T1–T5, on NVLink) and
+// issue 18's (U1–U7, on one GPU).
+func allDefs() []targetDef { return append(targetDefs(), issue18Defs()...) }
 
 // runsOf groups records by run label, runs in the order they first appear.
 func runsOf(recs []bench.Record) ([]string, map[string][]bench.Record) {
@@ -205,10 +312,11 @@ func (d targetDef) passes(x float64) bool {
 	return x <= d.threshold
 }
 
-// Targets computes issue 11's targets T1–T8 from the records of one or
-// more runs (grouped by run label, in the order they first appear): T1–T5
-// and T7 on the first run, T6 from o.Enqueue, T8 comparing every ratio of
-// T1–T5 in the second run with the first.
+// Targets computes the targets from the records of one or more runs
+// (grouped by run label, in the order they first appear): T1–T5, U1–U7 and
+// T7 on the first run, T6 from o.Enqueue, T8 comparing every ratio of
+// T1–T5 and U1–U7 in the second run with the first. A target whose records
+// are absent says so in Missing.
 func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 	if o.Variant == "" {
 		o.Variant = bench.DefaultVariant
@@ -220,7 +328,7 @@ func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 	var out []Target
 	first := map[string]sample{} // T1–T5 samples of the first run, by key, for T8
 	second := map[string]sample{}
-	for _, d := range targetDefs() {
+	for _, d := range allDefs() {
 		t := Target{ID: d.id, What: d.what, Target: d.target, Runs: map[string]*float64{}}
 		for i, run := range runs {
 			ss, missing := d.samples(byRun[run], o)
@@ -343,7 +451,7 @@ func modelTarget(runs []string, byRun map[string][]bench.Record, o TargetOptions
 }
 
 func repeatTarget(runs []string, first, second map[string]sample) Target {
-	t := Target{ID: "T8", What: "every ratio of T1–T5 in a second run against the first, |second/first − 1|", Target: "≤ 0.10"}
+	t := Target{ID: "T8", What: "every ratio of T1–T5 and U1–U7 in a second run against the first, |second/first − 1|", Target: "≤ 0.10"}
 	if len(runs) < 2 {
 		t.Missing = []string{"a second run (records with another -run label)"}
 		return t

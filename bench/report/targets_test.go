@@ -102,7 +102,7 @@ func byID(t *testing.T, ts []Target) map[string]Target {
 	for _, x := range ts {
 		out[x.ID] = x
 	}
-	require.Len(t, out, 8, "T1–T8")
+	require.Len(t, out, 15, "T1–T8 and U1–U7")
 	return out
 }
 
@@ -130,7 +130,7 @@ func TestTargetsOfAModelledRun(t *testing.T) {
 	// Two identical runs repeat exactly.
 	require.InDelta(t, 0, *got["T8"].Measured, 1e-12)
 	require.True(t, got["T8"].Pass)
-	require.Equal(t, 32+12+12+9+1, got["T8"].Points)
+	require.Equal(t, 32+12+12+9+1+5+5, got["T8"].Points, "T1–T5's, and U4's and U6's of the 2 × 1 testbed at 10 Gbit/s")
 	// The commands name the testbed.
 	require.Contains(t, strings.Join(got["T3"].Command, "\n"), "fairrun --emulate-machines 4 --nproc-per-node 8 --nic-gbit 10 --mps on -- fairbench sweep")
 }
@@ -181,7 +181,7 @@ func TestTargetsFindTheWorstPoint(t *testing.T) {
 	require.NoError(t, WriteTargetsJSON(&js, ts))
 	var back []map[string]any
 	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
-	require.Len(t, back, 8)
+	require.Len(t, back, 15)
 	for _, o := range back {
 		for _, k := range []string{"id", "measured", "target", "pass", "command"} {
 			require.Contains(t, o, k)
@@ -285,4 +285,71 @@ func TestTargetsModelWithAGivenNVLink(t *testing.T) {
 	require.Empty(t, t7.Missing)
 	require.Less(t, *t7.Measured, 0.01, t7.Where)
 	require.Equal(t, 3*6, t7.Points, "the 2 × 1 testbed points of every method")
+}
+
+// oneGPURun makes the records of issue 18's one-GPU testbed for a layout:
+// the baselines, fairgo, fairgo without the check and a forced route,
+// at the times given (µs, by method, per size).
+func oneGPURun(run string, m, d int, gbit float64, iters int, times map[string]func(bytes int64) float64) []bench.Record {
+	var recs []bench.Record
+	tb := bench.Setup{Emulation: testbed.Emulation{Machines: m, NICGbit: gbit, MPS: true, NetNS: true, Intra: testbed.IntraLoopback},
+		Placement: testbed.Placement{RanksPerGPU: m * d}}
+	if d == 1 {
+		tb.Intra = testbed.IntraNVLink
+	}
+	for s := int64(256 << 10); s <= 256<<20; s *= 4 {
+		for alg, f := range times {
+			r := bench.Record{Kind: bench.KindSweep, Run: run, Command: "fairbench sweep -backend cuda", Backend: "cuda", Machines: m, Devices: d,
+				Processes: m * d, Testbed: tb, DType: "float32", Op: "sum", Algorithm: alg, Bytes: s, Iters: iters, Reps: 3, TimeUS: f(s)}
+			switch alg {
+			case bench.DefaultVariant:
+				r.Fairgo = &bench.FairgoSetup{Algorithm: "auto"}
+			case NoCheckVariant:
+				r.Fairgo = &bench.FairgoSetup{Algorithm: "auto", Spec: "check:off"}
+			case "rsag":
+				r.Fairgo = &bench.FairgoSetup{Algorithm: "rail-rsag", Spec: "algo:rail-rsag"}
+			}
+			r.AlgBW, r.BusBW = bench.Bandwidths(s, r.TimeUS/1e6, m*d)
+			r.IdealBusBW = bench.IdealBusBW(s, m, d, gbit*1e9/8)
+			recs = append(recs, r)
+		}
+	}
+	return recs
+}
+
+// Issue 18's targets come from the one-GPU testbed's records: U1 against
+// naive, U2 against the best baseline, U3 against the NIC-bound ideal, U5
+// against the variant without the check, U6 against the fastest fairgo
+// variant; T1–T5 ignore these records (their intra link is loopback).
+func TestIssue18Targets(t *testing.T) {
+	ideal := func(m, d int, gbit float64) func(int64) float64 {
+		return func(s int64) float64 { return float64(s) * 2 * float64(m-1) / float64(m) / (gbit * 1e9 / 8) * 1e6 }
+	}
+	scaled := func(f func(int64) float64, k float64) func(int64) float64 { return func(s int64) float64 { return f(s) * k } }
+	var recs []bench.Record
+	for _, l := range []struct {
+		m, d int
+		gbit float64
+	}{{2, 2, 2.5}, {2, 4, 2.5}, {4, 2, 2.5}, {2, 1, 10}, {4, 1, 10}, {8, 1, 10}} {
+		id := ideal(l.m, l.d, l.gbit)
+		for _, it := range []int{1, 20} {
+			recs = append(recs, oneGPURun("r1", l.m, l.d, l.gbit, it, map[string]func(int64) float64{
+				bench.Flat: scaled(id, 1.6), bench.FlatRing: scaled(id, 1.5), bench.Naive: scaled(id, 1.2),
+				bench.DefaultVariant: scaled(id, 1.06), NoCheckVariant: scaled(id, 1.05), "rsag": scaled(id, 1.04)})...)
+		}
+	}
+	ts, err := Targets(recs, TargetOptions{})
+	require.NoError(t, err)
+	got := byID(t, ts)
+	for id, want := range map[string]float64{"U1": 1.2 / 1.06, "U2": 1.2 / 1.06, "U3": 1 / 1.06, "U4": 1.2 / 1.06, "U5": 1.05 / 1.06, "U6": 1.04 / 1.06} {
+		require.NotNil(t, got[id].Measured, id)
+		require.InDelta(t, want, *got[id].Measured, 1e-9, id)
+		require.Empty(t, got[id].Missing, id)
+	}
+	require.True(t, got["U1"].Pass)
+	require.True(t, got["U5"].Pass)
+	require.True(t, got["U6"].Pass, "1.04/1.06 is within 3%%")
+	require.Equal(t, []string{"2×2 at 2.5 Gbit/s, 64×25M", "2×4 at 2.5 Gbit/s, 64×25M"}, got["U7"].Missing)
+	require.Nil(t, got["T3"].Measured, "T3 takes no loopback records")
+	require.Equal(t, []string{"2×2 on the testbed", "4×2 on the testbed"}, got["T4"].Missing, "T4 takes 2 × 1, not the loopback layouts")
 }

@@ -66,7 +66,7 @@ func commands() []command {
 		{"links", "2-rank allreduce over an NVLink pair and a network pair: the model's inputs", setupLinks},
 		{"model", "fit the cost model to records: its error at every point, its predictions for larger clusters", setupModel},
 		{"report", "a digest of records, with -csv and -plot their CSV and plots", setupReport},
-		{"targets", "issue 11's targets T1–T8 from the records of one or more runs (grouped by -run label)", setupTargets},
+		{"targets", "the targets (issue 11's T1–T8, issue 18's U1–U7) from the records of one or more runs (grouped by -run label)", setupTargets},
 	}
 }
 

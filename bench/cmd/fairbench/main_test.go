@@ -126,7 +126,7 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	require.NoError(t, err)
 	var ts []map[string]any
 	require.NoError(t, json.Unmarshal(blob, &ts))
-	require.Len(t, ts, 8)
+	require.Len(t, ts, 15)
 	require.Equal(t, "T6", ts[5]["id"])
 	require.Equal(t, true, ts[5]["pass"])
 }
