@@ -47,6 +47,15 @@
 #   targets             T1–T8: every bench section above twice (runs r1, r2; r1
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
+#   onegpu PART ...     issue 18's targets on one GPU (run RUN): PART is shared
+#                       (2×2, 2×4, 4×2 at 2.5 Gbit/s, 1M–256M, and 20 back to
+#                       back at 1M–16M; ~5 min), single (2×1, 4×1, 8×1 at
+#                       10 Gbit/s, 256K–256M, and 20 back to back up to 16M;
+#                       ~3 min), overlap (64 × 25 MiB on 2×2 and 2×4 at 2.5
+#                       Gbit/s; ~3 min) or enqueue (T6 on 2×1; ~20 s). Every
+#                       sweep measures flat, flat-ring, naive, fairgo, fairgo
+#                       without the check (nocheck) and the routes Auto
+#                       chooses among (U6)
 #   analyse             targets, model and digest of the records under $OUT/json
 #
 # Settings (environment): OUT (default ./out), BIN (./bin), NIC_GBIT (10;
@@ -54,7 +63,8 @@
 # stands in for NVLink), NVLINK_GBIT (shapes each machine's loopback with
 # --nvlink-gbit where ranks of a machine share GPUs; default not shaped),
 # NIC_LATENCY (e.g. 50us; default none), MPS (auto), RUN (r1: the run label
-# of single bench sections), RUNS ("r1 r2": targets), VARIANTS (further
+# of single bench sections), RUNS ("r1 r2": targets), CHECK_RESULTS (onegpu:
+# 1 checks every result, 0 warms up instead), VARIANTS (further
 # fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
 # (T6: µs, or a file of `go test -bench` output; default enqueue.txt when
 # the enqueue section made it), ENQUEUE_BENCH (the benchmarks T6 takes the
@@ -291,6 +301,60 @@ section_testbed() {
   done
 }
 
+# onegpu_sweep LAYOUT GBIT SIZES VARIANTS ITERS: one sweep of issue 18's
+# testbed; the first run checks results.
+onegpu_sweep() {
+  local l=$1 gbit=$2 sizes=$3 variants=$4 iters=$5 m d
+  m=${l%x*} d=${l#*x}
+  # shellcheck disable=SC2086,SC2046
+  bench "onegpu-$l-n$iters" "$(testbed_limit)" "$BIN/fairrun" $(NIC_GBIT=$gbit fairrun_flags "$m" "$d") --nproc-per-node $((m * d)) -- \
+    "$BIN/fairbench" sweep -backend cuda $sizes -n "$iters" -reps 3 "${CHECK[@]}" -label "onegpu-$l" $variants
+}
+
+section_onegpu() {
+  need fairrun fairbench hier.test || return
+  local part l
+  # The first run checks every result (its check call warms each method);
+  # a second run (CHECK_RESULTS=0) warms up with one untimed call instead.
+  local CHECK=(-check -w 0)
+  [ "${CHECK_RESULTS:-1}" = 1 ] || CHECK=(-w 1)
+  local both="-fairgo fairgo -fairgo nocheck=check:off"
+  for part in "$@"; do
+    case $part in
+    shared)
+      for l in 2x2 2x4 4x2; do
+        onegpu_sweep "$l" 2.5 "-b 1M -e 256M -f 4" "$both -fairgo rar=algo:rail-allreduce -fairgo rsag=algo:rail-rsag" 1
+        onegpu_sweep "$l" 2.5 "-b 1M -e 16M -f 4" "$both" 20
+      done
+      ;;
+    single)
+      for l in 2x1 4x1 8x1; do
+        onegpu_sweep "$l" 10 "-b 256K -e 256M -f 4" "$both -fairgo fflat=algo:flat -fairgo rar=algo:rail-allreduce" 1
+        onegpu_sweep "$l" 10 "-b 256K -e 16M -f 4" "$both" 20
+      done
+      ;;
+    overlap)
+      for l in 2x2 2x4; do
+        # shellcheck disable=SC2046
+        bench "onegpu-overlap-$l" "$(testbed_limit)" "$BIN/fairrun" $(NIC_GBIT=2.5 fairrun_flags "${l%x*}" "${l#*x}") \
+          --nproc-per-node $((${l%x*} * ${l#*x})) -- "$BIN/fairbench" overlap -backend cuda -buckets 64 -bucket-bytes 25M -w 0 -reps 3 \
+          -label "onegpu-$l"
+      done
+      ;;
+    enqueue)
+      # shellcheck disable=SC2046
+      step "$RUN-enqueue-job" 200 "$BIN/fairrun" $(NIC_GBIT=10 fairrun_flags 2 1) --nproc-per-node 2 -- env FAIRGO_ENQUEUE_WORKER=1 \
+        "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkGPUEnqueueJob$' -test.benchtime 1000x -test.timeout 180s
+      grep -E '^\[0\] Benchmark' "$OUT/logs/$RUN-enqueue-job.log" | sed 's/^\[0\] //' >"$OUT/$RUN-enqueue-job.txt"
+      note "$([ "$rc" -eq 0 ] && [ -s "$OUT/$RUN-enqueue-job.txt" ] && echo PASS || echo FAIL)" "$RUN-enqueue-job" "$secs" "rc=$rc ($RUN-enqueue-job.txt)"
+      ;;
+    *)
+      note FAIL "onegpu $part" 0 "unknown part (shared, single, overlap, enqueue)"
+      ;;
+    esac
+  done
+}
+
 section_overlap() {
   need fairrun fairbench || return
   # shellcheck disable=SC2046
@@ -481,6 +545,15 @@ while [ $# -gt 0 ]; do
   enqueue) section_enqueue ;;
   enqueue-job) section_enqueue_job ;;
   launchers) section_launchers ;;
+  onegpu)
+    parts=()
+    while [ $# -gt 0 ] && [[ $1 =~ ^(shared|single|overlap|enqueue)$ ]]; do
+      parts+=("$1")
+      shift
+    done
+    [ ${#parts[@]} -gt 0 ] || parts=(shared single overlap enqueue)
+    section_onegpu "${parts[@]}"
+    ;;
   fault | hook)
     layouts=()
     while [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+x[0-9]+$ ]]; do
