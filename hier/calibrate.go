@@ -72,20 +72,27 @@ func (rt route) String() string {
 }
 
 // candidates are the routes Auto chooses from at size bytes, in the order
-// that breaks ties (fastest within calibrationTie of each other), simplest
-// first: flat, the hierarchy in one piece, the rail's NCCL form in the
-// links' slices (only where they cut the call). fairring's all-to-all form
-// (RailAllToAll) is not among them: on every testbed measured it lost to
-// NCCL's reduce-scatter and all-gather on the rail or tied within noise
-// (bench/NOTES.md), and each candidate costs the calibration time;
-// WithAlgorithm(RailAllToAll) still selects it.
+// that breaks ties (fastest within calibrationTie of each other): the
+// hierarchy in one piece, flat, the rail's NCCL form in the links' slices
+// (only where they cut the call). The hierarchy in one piece comes first:
+// one call at a time it ties with flat where flat is close, and back to
+// back it keeps its lead where flat's ring over every rank falls behind
+// (4 × 2 at 1 MiB on the one-GPU testbed: 0.86 of naive with flat chosen).
+// With one device per machine the hierarchy is one NCCL allreduce over
+// the machines, which is flat: Auto is flat there, without calibrating.
+// fairring's all-to-all form (RailAllToAll) is not among them: on every
+// testbed measured it lost to NCCL's reduce-scatter and all-gather on the
+// rail or tied within noise (bench/NOTES.md), and each candidate costs
+// calibration time; WithAlgorithm(RailAllToAll) still selects it.
 func (r *Reducer) candidates(bytes int64) []route {
 	var cs []route
-	if r.cfg.flatThreshold != FlatNever {
+	if r.grid.Devices > 1 {
+		cs = append(cs, route{algo: RailAllReduce})
+	}
+	if r.cfg.flatThreshold != FlatNever || r.grid.Devices == 1 {
 		cs = append(cs, route{algo: Flat})
 	}
-	cs = append(cs, route{algo: RailAllReduce})
-	if sliced := (route{algo: RailRSAG, serial: r.serialRail()}); r.sliceFor(bytes, sliced) < bytes {
+	if sliced := (route{algo: RailRSAG, serial: r.serialRail()}); r.grid.Devices > 1 && r.sliceFor(bytes, sliced) < bytes {
 		cs = append(cs, sliced)
 	}
 	return cs
@@ -107,6 +114,9 @@ func (r *Reducer) choicesLocked() []Choice {
 		return []Choice{{MinBytes: 0, Algorithm: Flat, Measured: true}}
 	}
 	fixed := r.cfg.algorithm
+	if fixed == Auto && g.Devices == 1 && r.cfg.flatThreshold != FlatNever {
+		return []Choice{{MinBytes: 0, Algorithm: Flat, Measured: true}} // see candidates
+	}
 	var out []Choice
 	if r.cfg.flatThreshold != FlatNever {
 		out = append(out, Choice{MinBytes: 0, Algorithm: Flat, Measured: true})
@@ -146,6 +156,9 @@ func (r *Reducer) routeFor(bytes int64) route {
 	}
 	if r.cfg.algorithm != Auto { // as choicesLocked reports it
 		return route{algo: r.cfg.algorithm, serial: r.serialRail()}
+	}
+	if r.grid.Devices == 1 && r.cfg.flatThreshold != FlatNever {
+		return route{algo: Flat} // the only candidate (see candidates)
 	}
 	class, lo, ok := r.classOf(bytes)
 	if !ok {
@@ -224,8 +237,8 @@ func fastest(times []int64) int {
 type Calibration struct {
 	// Bytes is the size the candidates were timed at.
 	Bytes int64
-	// Times is each candidate route's time (hier.Choice names), the
-	// slowest rank's median over the timed runs.
+	// Times is each candidate route's time (hier.Choice names): the
+	// slowest rank's best of the timed runs.
 	Times map[string]time.Duration
 	// Cost is the wall time the calibration took on this rank: what the
 	// first call of the class waited beyond its own work.
@@ -233,7 +246,11 @@ type Calibration struct {
 }
 
 // timeCandidates runs each candidate on a scratch buffer of size bytes and
-// returns, for each, the slowest rank's median time in nanoseconds. Every
+// returns, for each, the slowest rank's best time in nanoseconds. The best,
+// not the median: the noise of a shared network is one-sided (a TCP
+// retransmission timeout adds 200 ms to a call, nothing makes one faster
+// than its links), and on the one-GPU testbed two of three runs of one
+// candidate were hit at once, which chose the slower route by its median. Every
 // candidate first runs once untimed (NCCL sets up a communicator's
 // connections for an algorithm at its first use, which would be timed
 // otherwise); then rounds of every candidate, the order rotated from round
@@ -301,11 +318,11 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 			samples[i] = append(samples[i], d)
 		}
 	}
-	meds := make([]int64, len(cands))
+	bests := make([]int64, len(cands))
 	for i := range cands {
-		meds[i] = medianInt(samples[i])
+		bests[i] = slices.Min(samples[i])
 	}
-	return r.worldMax(hdr, meds, first)
+	return r.worldMax(hdr, bests, first)
 }
 
 // medianInt is the median of xs (the mean of the middle two for an even

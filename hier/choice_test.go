@@ -157,3 +157,21 @@ func withoutCosts(cs []hier.Choice) []hier.Choice {
 	}
 	return out
 }
+
+// With one device per machine the hierarchy is one NCCL allreduce over the
+// machines: Auto is flat there at every size, measures nothing, and
+// enqueues inline where it may.
+func TestAutoIsFlatWithOneDevicePerMachine(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 3, Devices: 1, Seed: 5}, hier.WithInlineEnqueue(true))
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, count := range []int{1000, 300000} {
+		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), count)
+		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+		require.NoError(t, err)
+		require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+	}
+	for _, r := range w.reducers {
+		require.Equal(t, []hier.Choice{{MinBytes: 0, Algorithm: hier.Flat, Measured: true}}, r.Choices())
+		require.Equal(t, hier.Flat, r.AlgorithmFor(1<<30))
+	}
+}

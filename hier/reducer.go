@@ -430,6 +430,8 @@ func (r *Reducer) inlineLocked(q *request) bool {
 	switch {
 	case r.grid.Machines == 1, r.cfg.algorithm == Flat:
 		return true
+	case r.cfg.algorithm == Auto && r.grid.Devices == 1 && r.cfg.flatThreshold != FlatNever:
+		return true // Auto is flat with one device per machine
 	case r.cfg.algorithm != Auto:
 		return r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold
 	case r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold:
