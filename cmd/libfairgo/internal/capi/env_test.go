@@ -30,7 +30,7 @@ func TestOptionsFromEnv(t *testing.T) {
 		{"empty values are unset", map[string]string{"FAIRGO_SLICE_BYTES": " ", "FAIRGO_ALGORITHM": ""}, func(*capi.Options) {}, ""},
 		{"algorithm", map[string]string{"FAIRGO_ALGORITHM": "Rail-RSAG"}, func(o *capi.Options) { o.Algorithm = hier.RailRSAG }, ""},
 		{"sizes", map[string]string{"FAIRGO_SLICE_BYTES": "16M", "FAIRGO_FLAT_THRESHOLD_BYTES": "-1"},
-			func(o *capi.Options) { o.SliceBytes, o.FlatThreshold = 16 << 20, hier.FlatNever }, ""},
+			func(o *capi.Options) { o.SliceBytes, o.FlatThreshold = 16<<20, hier.FlatNever }, ""},
 		{"timeouts", map[string]string{"FAIRGO_TIMEOUT": "90", "FAIRGO_INIT_TIMEOUT": "2m"},
 			func(o *capi.Options) { o.OpTimeout, o.InitTimeout = 90*time.Second, 2*time.Minute }, ""},
 		{"timeout off", map[string]string{"FAIRGO_TIMEOUT": "0"}, func(o *capi.Options) { o.OpTimeout = 0 }, ""},
