@@ -14,7 +14,10 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-var _ hier.Device = (*Device)(nil)
+var (
+	_ hier.Device       = (*Device)(nil)
+	_ fairgo.HostCopier = (*Device)(nil) // fairgo.Upload and Download
+)
 
 // Device is one GPU, driven through its primary context (the context the
 // CUDA runtime, and so PyTorch, uses), so buffers and streams interoperate
