@@ -52,17 +52,18 @@ hostcheck:
 	else echo "hostcheck: g++ not found, skipped"; fi
 
 # Everything scripts/gpu.sh runs on the GPU machine: the test binaries of
-# the GPU packages, the programs (fairrun, fairbench, allreduce, ddp, ...),
-# libfairgo (lib/) and its wheel (dist/). The GPU backend is in every build
-# (it loads the CUDA driver at run time), so these are plain builds.
-# Stripped, so that bin/, lib/ and dist/ travel together under 64 MiB.
+# the GPU packages, the programs (fairrun, fairbench, allreduce, ddp; not
+# the test workers under internal/ nor examples/minimal), libfairgo (lib/)
+# and its wheel (dist/). The GPU backend is in every build (it loads the
+# CUDA driver at run time), so these are plain builds. Stripped, to keep
+# what travels small (bin/ and lib/libfairgo.so: about 64 MiB).
 gpu-bin: libfairgo wheel
 	mkdir -p bin
 	$(GO) test -c $(STRIP) -o bin/cuda.test ./cuda
 	$(GO) test -c $(STRIP) -o bin/nccl.test ./nccl
 	$(GO) test -c $(STRIP) -o bin/hier.test ./hier
 	$(GO) test -c $(STRIP) -o bin/ddpgpu.test ./examples/ddp/internal/gpu
-	$(GO) build $(STRIP) -o bin/ $$($(GO) list ./cmd/... ./examples/... ./bench/cmd/... | grep -v '/cmd/libfairgo$$')
+	$(GO) build $(STRIP) -o bin/ $$($(GO) list ./cmd/... ./examples/... ./bench/cmd/... | grep -Ev '/cmd/libfairgo$$|/internal/|/examples/minimal$$')
 
 # libfairgo.so, fairgo's C ABI (cmd/libfairgo/fairgo.h), for the PyTorch DDP
 # comm hook (python/fairgo_torch) and other languages: lib/libfairgo.so and
