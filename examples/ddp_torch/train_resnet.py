@@ -117,14 +117,15 @@ def main(argv=None):
 
     grad_check = None
     if args.grad_check > 0:
-        # This rank's own gradient of step 0, from the bare module: its
-        # backward starts no allreduce (DDP expects its hooks only after a
-        # DDP forward). BatchNorm's running statistics are put back, so the
-        # training below starts from the same state in every run.
+        # This rank's own gradient of step 0: under no_sync DDP reduces
+        # nothing. The gradients are then dropped and BatchNorm's running
+        # statistics put back, so the training below starts from the same
+        # state in every run.
         x, y = batch(0)
         saved = [b.detach().clone() for b in model.buffers()]
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        with ddp.no_sync():
+            F.cross_entropy(ddp(x), y).backward()
         local = grad_sample()
         model.zero_grad(set_to_none=True)
         with torch.no_grad():
