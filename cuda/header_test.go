@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	_ "embed"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -74,9 +76,17 @@ int main(void) {
 #endif
 `
 
+// fgCudaH is the package's header, embedded so that the test binary runs
+// from any directory.
+//
+//go:embed fg_cuda.h
+var fgCudaH []byte
+
 // TestDeclarationsMatchCUDAHeader checks fg_cuda.h against the cuda.h of
-// an installed toolkit (CUDA_HOME, /usr/local/cuda or /usr/include), when
-// there is one and a C compiler.
+// CUDA 11.8 (the API the package targets: newer headers map some plain
+// names to newer versions, which drivers export beside the old ones), from
+// CUDA_HOME, /usr/local/cuda or /usr/include, when there is one and a C
+// compiler.
 func TestDeclarationsMatchCUDAHeader(t *testing.T) {
 	cc, err := exec.LookPath("cc")
 	if err != nil {
@@ -92,12 +102,16 @@ func TestDeclarationsMatchCUDAHeader(t *testing.T) {
 	if inc == "" {
 		t.Skip("no cuda.h installed (make cuda-deps installs Debian's)")
 	}
-	here, err := os.Getwd()
+	h, err := os.ReadFile(filepath.Join(inc, "cuda.h"))
 	require.NoError(t, err)
+	if m := regexp.MustCompile(`(?m)^#define CUDA_VERSION (\d+)`).FindSubmatch(h); m == nil || string(m[1]) != "11080" {
+		t.Skipf("%s/cuda.h is not CUDA 11.8's (make cuda-deps installs it; CUDA_HOME names another)", inc)
+	}
 	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "fg_cuda.h"), fgCudaH, 0o644))
 	src := filepath.Join(dir, "check.c")
 	require.NoError(t, os.WriteFile(src, []byte(headerCheck), 0o644))
-	flags := []string{"-std=c11", "-Wall", "-Werror", "-Wno-unused-variable", "-I" + inc, "-I" + here}
+	flags := []string{"-std=c11", "-Wall", "-Werror", "-Wno-unused-variable", "-I" + inc, "-I" + dir}
 
 	out, err := exec.Command(cc, append(flags, "-DCHECK_PROTOTYPES", "-c", "-o", filepath.Join(dir, "check.o"), src)...).CombinedOutput()
 	require.NoError(t, err, "fg_cuda.h disagrees with %s/cuda.h:\n%s", inc, out)
