@@ -1,6 +1,6 @@
 # fairgo — make targets. `make test` is the test command CI runs.
 GO        ?= go
-CUDA_ENV  := CGO_LDFLAGS=-L/usr/lib/x86_64-linux-gnu/stubs
+PYTHON    ?= python3
 STRIP     := -ldflags="-s -w"
 NVCC      ?= nvcc
 PTX_SRC   := cuda/kernels/reduce.cu
@@ -8,7 +8,7 @@ PTX_OUT   := cuda/kernels/reduce.ptx
 TRAIN_SRC := examples/ddp/internal/gpu/train.cu
 TRAIN_OUT := examples/ddp/internal/gpu/train.ptx
 
-.PHONY: test vet fuzz demo cuda-deps ptx ptx-check cuda-build gpu-bin clean libfairgo libfairgo-sim capi-test python-test
+.PHONY: test vet fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean libfairgo libfairgo-sim capi-test python-test wheel
 
 test:
 	$(GO) vet ./...
@@ -23,6 +23,8 @@ fuzz:
 demo:
 	$(GO) run ./examples/ddp -machines 2 -devices 4
 
+# Debian's CUDA 11.8 headers and nvcc, for `make ptx` and the PTX check
+# (building fairgo needs neither).
 cuda-deps:
 	bash .ci/cuda-deps.sh
 
@@ -42,34 +44,42 @@ ptx-check:
 		diff -q /tmp/fairgo-train.old /tmp/fairgo-train.new && echo "ptx: committed PTX matches"; \
 	else echo "ptx: nvcc not found, skipped"; fi
 
-# Builds and vets everything with the cuda tag (tests included), and runs the
-# reduce kernels on the CPU against a reference (cuda/kernels/hostcheck.cpp).
-cuda-build: cuda-deps
-	$(CUDA_ENV) $(GO) build -tags cuda ./...
-	$(CUDA_ENV) $(GO) vet -tags cuda ./...
+# Runs the reduce kernels of cuda/kernels/reduce.cu on the CPU against a
+# reference (cuda/kernels/hostcheck.cpp).
+hostcheck:
 	@if command -v g++ >/dev/null; then \
 		g++ -std=c++17 -O1 -w -o /tmp/fairgo-hostcheck cuda/kernels/hostcheck.cpp && /tmp/fairgo-hostcheck; \
 	else echo "hostcheck: g++ not found, skipped"; fi
 
 # Everything scripts/gpu.sh runs on the GPU machine: the test binaries of
-# the GPU packages, the programs (fairrun, fairbench, allreduce, ddp) and
-# libfairgo. Stripped, so that bin/ and lib/ travel together under 64 MiB.
-gpu-bin: cuda-deps libfairgo
+# the GPU packages, the programs (fairrun, fairbench, allreduce, ddp; not
+# the test workers under internal/ nor examples/minimal), libfairgo (lib/)
+# and its wheel (dist/). The GPU backend is in every build (it loads the
+# CUDA driver at run time), so these are plain builds. Stripped, to keep
+# what travels small (bin/ and lib/libfairgo.so: about 64 MiB).
+gpu-bin: libfairgo wheel
 	mkdir -p bin
-	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/cuda.test ./cuda
-	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/nccl.test ./nccl
-	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/hier.test ./hier
-	$(CUDA_ENV) $(GO) test -c -tags cuda $(STRIP) -o bin/ddpgpu.test ./examples/ddp/internal/gpu
-	$(CUDA_ENV) $(GO) build -tags cuda $(STRIP) -o bin/ $$($(GO) list -tags cuda ./cmd/... ./examples/... ./bench/cmd/... | grep -v '/cmd/libfairgo$$')
+	$(GO) test -c $(STRIP) -o bin/cuda.test ./cuda
+	$(GO) test -c $(STRIP) -o bin/nccl.test ./nccl
+	$(GO) test -c $(STRIP) -o bin/hier.test ./hier
+	$(GO) test -c $(STRIP) -o bin/ddpgpu.test ./examples/ddp/internal/gpu
+	$(GO) build $(STRIP) -o bin/ $$($(GO) list ./cmd/... ./examples/... ./bench/cmd/... | grep -Ev '/cmd/libfairgo$$|/internal/|/examples/minimal$$')
 
 # libfairgo.so, fairgo's C ABI (cmd/libfairgo/fairgo.h), for the PyTorch DDP
 # comm hook (python/fairgo_torch) and other languages: lib/libfairgo.so and
-# lib/fairgo.h. Running it needs a GPU driver and NCCL (see the README).
-libfairgo: cuda-deps
+# lib/fairgo.h. It loads anywhere; running collectives needs a GPU driver
+# and NCCL (see the README).
+libfairgo:
 	mkdir -p lib
-	$(CUDA_ENV) $(GO) build -tags cuda,fairgo_nonvml -ldflags="-s -w" -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
+	$(GO) build -tags fairgo_nonvml -ldflags="-s -w" -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
 	rm -f lib/libfairgo.h # cgo's generated header; fairgo.h is the documented one
 	cp cmd/libfairgo/fairgo.h lib/fairgo.h
+
+# The fairgo_torch wheel with lib/libfairgo.so inside, into dist/
+# (python/build_wheel.py: no pip, setuptools or network needed).
+wheel: libfairgo
+	rm -f dist/fairgo_torch-*.whl
+	$(PYTHON) python/build_wheel.py --lib lib/libfairgo.so --out dist
 
 # The same ABI on the simulated cluster (one rank, no GPU), for testing
 # callers of the library on a host without a GPU.
@@ -86,10 +96,11 @@ capi-test: libfairgo-sim
 	lib/abi_smoke_cpp
 
 # The Python package's unit tests that need neither PyTorch nor a GPU (the
-# ctypes layer runs against libfairgo_sim.so).
-python-test: libfairgo-sim
-	cd python && FAIRGO_LIB=$(CURDIR)/lib/libfairgo_sim.so python3 -m unittest discover -s tests -v
-	cd examples/ddp_torch && python3 -m unittest discover -s . -v
+# ctypes layer runs against libfairgo_sim.so; the wheel is installed into a
+# fresh virtual environment).
+python-test: libfairgo-sim wheel
+	cd python && FAIRGO_LIB=$(CURDIR)/lib/libfairgo_sim.so $(PYTHON) -m unittest discover -s tests -v
+	cd examples/ddp_torch && $(PYTHON) -m unittest discover -s . -v
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -3,5 +3,6 @@
 // the error values callers test with errors.Is and errors.As.
 //
 // The collectives themselves live in package hier; the GPU backend in cuda
-// (build tag cuda) and the in-process simulated cluster in sim.
+// (loaded at run time: see its Load) and the in-process simulated cluster
+// in sim.
 package fairgo

@@ -27,6 +27,11 @@ var (
 	// same place in their call order (kind, count, element type, operator
 	// or root differ).
 	ErrMismatch = errors.New("fairgo: ranks made mismatched calls")
+	// ErrNoDevice is returned where a GPU backend is asked for on a host
+	// without a GPU or without a GPU driver. A typed error wraps it and
+	// says what is missing and where it was looked for (package cuda's
+	// *LoadError). A driver that is present but broken is not this error.
+	ErrNoDevice = errors.New("fairgo: no GPU or GPU driver")
 )
 
 // ArgError describes an argument or option that failed validation. It wraps

@@ -1,6 +1,6 @@
 module github.com/fairgo/fairgo
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
@@ -10,7 +10,6 @@ require (
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sync v0.24.0
 	gonum.org/v1/plot v0.17.0
-	gorgonia.org/cu v0.9.6
 	pgregory.net/rapid v1.3.0
 )
 
@@ -23,9 +22,7 @@ require (
 	github.com/acarl005/stripansi v0.0.0-20180116102854-5a71ef0e047d // indirect
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/mattn/go-runewidth v0.0.16 // indirect
-	github.com/pkg/errors v0.9.1 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/image v0.30.0 // indirect

@@ -1,5 +1,3 @@
-//go:build cuda
-
 package cuda
 
 import (
@@ -36,6 +34,9 @@ var _ setup.Backend = Backend{}
 // One-rank communicators are left nil. Two ranks may share a GPU when they
 // are on different (emulated) machines: their NCCL_HOSTID differ.
 //
+// Without a CUDA driver or a GPU, Connect returns Load's *LoadError, which
+// matches fairgo.ErrNoDevice.
+//
 // NCCL's initialisation cannot be interrupted: when ctx ends first, Connect
 // returns ctx's error and the communicators, should they ever complete, are
 // aborted in the background. The process should then exit.
@@ -50,6 +51,9 @@ func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.
 	if job.Layout == nil || len(job.Ranks) == 0 || len(job.Ranks) != len(job.Devices) {
 		return nil, &fairgo.ArgError{Arg: "cuda backend job", Value: fmt.Sprintf("ranks %v devices %v", job.Ranks, job.Devices),
 			Reason: "needs a layout and one device per rank"}
+	}
+	if _, err := Load(); err != nil {
+		return nil, err
 	}
 	devs := make([]*Device, len(job.Devices))
 	closeDevs := func() error {

@@ -1,9 +1,3 @@
-//go:build cuda
-
-// Package cuda is fairgo's GPU backend: a hier.Device over a GPU's primary
-// context (streams, events, memory, the reduce kernels from embedded PTX) and
-// a hier.Comm over NCCL, built on gorgonia.org/cu and the driver API.
-// It needs the `cuda` build tag, CUDA headers to build, and a driver to run.
 package cuda
 
 import (
@@ -13,9 +7,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"unsafe"
-
-	"gorgonia.org/cu"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
@@ -23,10 +14,10 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-var _ hier.Device = (*Device)(nil)
-
-// Count is the number of CUDA devices.
-func Count() (int, error) { return cu.NumDevices() }
+var (
+	_ hier.Device       = (*Device)(nil)
+	_ fairgo.HostCopier = (*Device)(nil) // fairgo.Upload and Download
+)
 
 // Device is one GPU, driven through its primary context (the context the
 // CUDA runtime, and so PyTorch, uses), so buffers and streams interoperate
@@ -49,6 +40,8 @@ type Device struct {
 	owned  map[any]struct{} // streams and events made here, destroyed by Close
 	allocs map[uintptr]int64
 
+	modules map[*Module]struct{} // loaded by LoadModule, unloaded by Close
+
 	ncclMu  sync.Mutex
 	ncclLib *nccl.Library
 
@@ -57,39 +50,32 @@ type Device struct {
 	ranges rangeCache // allocations CheckRange has seen, to skip the driver on the hot path
 }
 
-// Open retains the primary context of GPU ordinal, creates nothing on it
-// but the kernel module, and returns the device. Close releases it.
+// Open loads the CUDA driver (Load) if this is its first use, retains the
+// primary context of GPU ordinal, creates nothing on it but the reduce
+// kernels' module, and returns the device. Close releases it. Without a
+// driver or a GPU it returns a *LoadError that matches fairgo.ErrNoDevice.
 func Open(ordinal int) (*Device, error) {
 	n, err := Count()
 	if err != nil {
-		return nil, fmt.Errorf("cuda: counting devices: %w", err)
+		return nil, err
 	}
 	if ordinal < 0 || ordinal >= n {
 		return nil, &fairgo.ArgError{Arg: "device ordinal", Value: ordinal, Reason: fmt.Sprintf("outside [0, %d)", n)}
 	}
-	cd := cu.Device(ordinal)
-	name, err := cd.Name()
-	if err != nil {
-		return nil, fmt.Errorf("cuda: device %d name: %w", ordinal, err)
-	}
-	sms, err := cd.Attribute(cu.MultiprocessorCount)
+	info, err := getDeviceInfo(ordinal)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
 	}
-	pitch, err := cd.Attribute(cu.MaxPitch)
+	ctx, err := primaryRetain(info.dev)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
-	}
-	dev, ctx, err := primaryRetain(ordinal)
-	if err != nil {
-		return nil, err
 	}
 	d := &Device{
-		ordinal: ordinal, dev: dev, ctx: ctx, name: name, sms: sms, maxPitch: int64(pitch),
-		owned: map[any]struct{}{}, allocs: map[uintptr]int64{},
+		ordinal: ordinal, dev: info.dev, ctx: ctx, name: info.name, sms: info.sms, maxPitch: info.maxPitch,
+		owned: map[any]struct{}{}, allocs: map[uintptr]int64{}, modules: map[*Module]struct{}{},
 	}
 	fail := func(err error) (*Device, error) {
-		_ = primaryRelease(dev)
+		_ = primaryRelease(info.dev)
 		return nil, err
 	}
 	_, greatest, err := priorityRange(ctx)
@@ -97,7 +83,7 @@ func Open(ordinal int) (*Device, error) {
 		return fail(err)
 	}
 	d.priority = greatest
-	if d.kernels, err = loadKernels(ctx); err != nil {
+	if d.kernels, err = loadKernels(d); err != nil {
 		return fail(fmt.Errorf("cuda: device %d: %w", ordinal, err))
 	}
 	return d, nil
@@ -122,7 +108,7 @@ func (d *Device) alive() error {
 }
 
 // do runs fn on a locked OS thread with the primary context current, for
-// gorgonia.org/cu and NCCL calls that use the thread's context.
+// NCCL calls, which use the thread's context.
 func (d *Device) do(fn func() error) error {
 	if err := d.alive(); err != nil {
 		return err
@@ -181,18 +167,17 @@ func (d *Device) Alloc(bytes int64) (uintptr, error) {
 	if bytes <= 0 {
 		return 0, &fairgo.ArgError{Arg: "bytes", Value: bytes, Reason: "must be positive"}
 	}
-	var p cu.DevicePtr
-	err := d.do(func() (err error) {
-		p, err = cu.MemAlloc(bytes)
-		return err
-	})
+	if err := d.alive(); err != nil {
+		return 0, err
+	}
+	p, err := memAlloc(d.ctx, bytes)
 	if err != nil {
 		return 0, fmt.Errorf("cuda: allocating %d bytes on %v: %w", bytes, d, err)
 	}
 	d.mu.Lock()
-	d.allocs[uintptr(p)] = bytes
+	d.allocs[p] = bytes
 	d.mu.Unlock()
-	return uintptr(p), nil
+	return p, nil
 }
 
 // AllocTensor allocates a tensor of count elements.
@@ -220,13 +205,16 @@ func (d *Device) Free(ptr uintptr) error {
 		return &fairgo.ArgError{Arg: "ptr", Value: fmt.Sprintf("%#x", ptr), Reason: fmt.Sprintf("not allocated by Alloc on %v (or already freed)", d)}
 	}
 	d.ranges.forget(ptr)
-	return d.do(func() error { return cu.MemFree(cu.DevicePtr(ptr)) })
+	if err := d.alive(); err != nil {
+		return err
+	}
+	return memFree(d.ctx, ptr)
 }
 
 // WrapDevicePtr describes count elements at a caller's device pointer as a
 // tensor, with no copy; fairgo never frees it.
-func WrapDevicePtr(ptr cu.DevicePtr, count int64, dt fairgo.DType) fairgo.Tensor {
-	return fairgo.Tensor{Ptr: uintptr(ptr), Bytes: count * int64(dt.Size()), Count: count, DType: dt}
+func WrapDevicePtr(ptr uintptr, count int64, dt fairgo.DType) fairgo.Tensor {
+	return fairgo.Tensor{Ptr: ptr, Bytes: count * int64(dt.Size()), Count: count, DType: dt}
 }
 
 // CheckRange returns an error wrapping fairgo.ErrInvalidArgument unless
@@ -370,34 +358,33 @@ func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch 
 }
 
 // Upload copies host bytes to device memory and waits for the device to be
-// idle (a helper for tests and examples).
+// idle (a helper for tests and examples; fairgo.Upload takes typed slices).
 func (d *Device) Upload(dst uintptr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	return d.do(func() error {
-		if err := cu.MemcpyHtoD(cu.DevicePtr(dst), unsafe.Pointer(&src[0]), int64(len(src))); err != nil {
-			return fmt.Errorf("cuda: upload: %w", err)
-		}
-		return cu.Synchronize()
-	})
+	if err := d.alive(); err != nil {
+		return err
+	}
+	if err := uploadSync(d.ctx, dst, src); err != nil {
+		return fmt.Errorf("cuda: upload to %v: %w", d, err)
+	}
+	return nil
 }
 
 // Download waits for the device to be idle and copies device memory into
-// dst (a helper for tests and examples).
+// dst (a helper for tests and examples; fairgo.Download gives typed slices).
 func (d *Device) Download(dst []byte, src uintptr) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	return d.do(func() error {
-		if err := cu.Synchronize(); err != nil {
-			return err
-		}
-		if err := cu.MemcpyDtoH(unsafe.Pointer(&dst[0]), cu.DevicePtr(src), int64(len(dst))); err != nil {
-			return fmt.Errorf("cuda: download: %w", err)
-		}
-		return nil
-	})
+	if err := d.alive(); err != nil {
+		return err
+	}
+	if err := downloadSync(d.ctx, dst, src); err != nil {
+		return fmt.Errorf("cuda: download from %v: %w", d, err)
+	}
+	return nil
 }
 
 // Memset sets bytes of device memory to b and waits for the device to be
@@ -406,17 +393,67 @@ func (d *Device) Memset(ptr uintptr, b byte, bytes int64) error {
 	if bytes <= 0 {
 		return nil
 	}
-	return d.do(func() error {
-		if err := cu.MemsetD8(cu.DevicePtr(ptr), b, bytes); err != nil {
-			return fmt.Errorf("cuda: memset: %w", err)
-		}
-		return cu.Synchronize()
-	})
+	if err := d.alive(); err != nil {
+		return err
+	}
+	if err := memsetSync(d.ctx, ptr, b, bytes); err != nil {
+		return fmt.Errorf("cuda: memset on %v: %w", d, err)
+	}
+	return nil
+}
+
+// UploadAsync enqueues on s (a stream of d) a copy of src, Go memory, to
+// device memory at dst. The driver stages the bytes before it returns, so
+// src may be reused at once; the call may wait for s's earlier work, and
+// unlike a copy from AllocHost memory (CopyFromHostAsync) it does not
+// overlap the host. Unlike Upload it does not synchronise the device.
+func (d *Device) UploadAsync(dst uintptr, src []byte, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(src) == 0:
+		return nil
+	case dst == 0:
+		return &fairgo.ArgError{Arg: "dst", Value: "0", Reason: "null device address"}
+	case d.host.owns(src):
+		return &fairgo.ArgError{Arg: "src", Value: len(src), Reason: "page-locked memory from AllocHost: use CopyFromHostAsync"}
+	}
+	if err := htodAsync(d.ctx, dst, src, cs.h); err != nil {
+		return fmt.Errorf("cuda: upload on %v: %w", cs, err)
+	}
+	return nil
+}
+
+// DownloadAfter copies len(dst) bytes of device memory at src into dst, Go
+// memory, after the work enqueued on s (a stream of d), and returns once dst
+// holds them. It waits for s only, not for the whole device as Download
+// does.
+func (d *Device) DownloadAfter(dst []byte, src uintptr, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(dst) == 0:
+		return nil
+	case src == 0:
+		return &fairgo.ArgError{Arg: "src", Value: "0", Reason: "null device address"}
+	case d.host.owns(dst):
+		return &fairgo.ArgError{Arg: "dst", Value: len(dst), Reason: "page-locked memory from AllocHost: use CopyToHostAsync"}
+	}
+	err = errors.Join(dtohAsync(d.ctx, dst, src, cs.h), streamSync(d.ctx, cs.h))
+	if err != nil {
+		return fmt.Errorf("cuda: download on %v: %w", cs, err)
+	}
+	return nil
 }
 
 // Close waits for the device's work, destroys the streams and events made
-// by it, frees what Alloc allocated and is still live, unloads the kernels
-// and releases the primary context. Memory the caller owns is not touched.
+// by it, frees what Alloc and AllocHost allocated and is still live, unloads
+// the modules (the reduce kernels' and those of LoadModule) and releases the
+// primary context. Memory the caller owns is not touched.
 func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
@@ -424,8 +461,8 @@ func (d *Device) Close() error {
 	var errs []error
 	errs = append(errs, ctxSync(d.ctx))
 	d.mu.Lock()
-	owned, allocs := d.owned, d.allocs
-	d.owned, d.allocs = map[any]struct{}{}, map[uintptr]int64{}
+	owned, allocs, modules := d.owned, d.allocs, d.modules
+	d.owned, d.allocs, d.modules = map[any]struct{}{}, map[uintptr]int64{}, map[*Module]struct{}{}
 	d.mu.Unlock()
 	for o := range owned {
 		switch o := o.(type) {
@@ -435,22 +472,14 @@ func (d *Device) Close() error {
 			errs = append(errs, o.destroy())
 		}
 	}
-	runtime.LockOSThread()
-	prev, err := ctxGet()
-	errs = append(errs, err)
-	if err == nil {
-		errs = append(errs, ctxSet(d.ctx))
-		for p := range allocs {
-			errs = append(errs, cu.MemFree(cu.DevicePtr(p)))
-		}
-		for _, b := range d.host.drain() {
-			errs = append(errs, memFreeHost(d.ctx, b))
-		}
-		errs = append(errs, ctxSet(prev))
+	for p := range allocs {
+		errs = append(errs, memFree(d.ctx, p))
 	}
-	runtime.UnlockOSThread()
-	if d.kernels != nil {
-		errs = append(errs, moduleUnload(d.ctx, d.kernels.module))
+	for _, b := range d.host.drain() {
+		errs = append(errs, memFreeHost(d.ctx, b))
+	}
+	for m := range modules {
+		errs = append(errs, m.unload())
 	}
 	d.ncclMu.Lock()
 	if d.ncclLib != nil {

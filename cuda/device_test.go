@@ -1,5 +1,3 @@
-//go:build cuda
-
 package cuda
 
 import (
@@ -10,8 +8,6 @@ import (
 	"testing"
 	"time"
 	"unsafe"
-
-	"gorgonia.org/cu"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
@@ -61,14 +57,6 @@ func TestBind(t *testing.T) {
 		if err == nil && cur != d.ctx {
 			err = errors.New("primary context not current after Bind")
 		}
-		// gorgonia calls on this thread now see the device.
-		if err == nil {
-			var dev cu.Device
-			dev, err = cu.CurrentDevice()
-			if err == nil && int(dev) != d.Ordinal() {
-				err = errors.New("cu.CurrentDevice differs")
-			}
-		}
 		release()
 		if cur, _ := ctxGet(); err == nil && cur != nil {
 			err = errors.New("release did not restore the previous (no) context")
@@ -99,16 +87,16 @@ func TestAllocFree(t *testing.T) {
 	if err != nil || tn.Bytes != 2000 || tn.Validate() != nil {
 		t.Fatalf("AllocTensor = %+v, %v", tn, err)
 	}
-	w := WrapDevicePtr(cu.DevicePtr(tn.Ptr), 1000, fairgo.BFloat16)
+	w := WrapDevicePtr(tn.Ptr, 1000, fairgo.BFloat16)
 	if w != tn {
 		t.Errorf("WrapDevicePtr = %+v, want %+v", w, tn)
 	}
 	// A buffer allocated outside fairgo goes in without a copy and passes CheckRange.
-	var ext cu.DevicePtr
-	if err := d.do(func() (err error) { ext, err = cu.MemAlloc(4096); return err }); err != nil {
+	ext, err := memAlloc(d.ctx, 4096)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.do(func() error { return cu.MemFree(ext) })
+	defer memFree(d.ctx, ext)
 	wt := WrapDevicePtr(ext, 1024, fairgo.Float32)
 	if err := d.CheckRange(wt.Ptr, wt.Bytes); err != nil {
 		t.Errorf("CheckRange of a wrapped buffer: %v", err)

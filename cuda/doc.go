@@ -1,19 +1,21 @@
 // Package cuda is fairgo's GPU backend: it runs the engine of package hier
 // on NVIDIA GPUs, driving each GPU through its primary context (so buffers
 // and streams interoperate with the CUDA runtime and PyTorch) and the
-// collectives through NCCL, which is loaded at run time with dlopen. Its
-// Backend builds the devices and communicators of a job for setup.New, and
-// ForeignStream lets a caller's own stream (PyTorch's current stream) order
-// fairgo's work.
+// collectives through NCCL. Its Backend builds the devices and
+// communicators of a job for setup.New, and ForeignStream lets a caller's
+// own stream (PyTorch's current stream) order fairgo's work.
 //
-// The package needs the build tag `cuda`: without it only this comment is
-// compiled, and `GOFLAGS=-tags=cuda go doc ./cuda` shows the API. Building
-// needs the CUDA headers and the driver stub (make cuda-deps; link with
-// CGO_LDFLAGS=-L/usr/lib/x86_64-linux-gnu/stubs); NCCL is not needed to
-// build. Running needs a GPU driver (libcuda.so.1): gorgonia.org/cu, which
-// the package builds on, calls cuInit in its init function and exits the
-// process when that fails, so a cuda-tagged binary (or libfairgo.so) stops at
-// start-up on a host without a driver, before main runs.
+// The package builds everywhere, with no build tag, no CUDA headers and no
+// GPU: it declares the few driver functions it uses itself and loads the
+// CUDA driver (libcuda.so.1, or $FAIRGO_CUDA_LIBRARY) with dlopen on first
+// use (Load, Count, Open), as package nccl loads NCCL. Nothing happens when
+// the package is imported. Without a driver or a GPU, Load and everything
+// that needs the driver return a *LoadError that names every path tried and
+// what failed, and matches fairgo.ErrNoDevice; a program can then fall
+// back to the simulated backend or stop with that one line. The driver
+// must support CUDA 11.8 (MinDriverVersion: NVIDIA's 520 drivers or newer),
+// as the reduce kernels are embedded as PTX ISA 7.8 that the driver
+// compiles for the GPU at Open.
 //
 // The main types:
 //
@@ -24,6 +26,8 @@
 //     destroyed by fairgo.
 //   - Event: a CUDA event of a Device (CreateEvent), the hand-over between
 //     the pipeline's stages.
+//   - Module and Function: a trainer's own kernels, loaded from PTX or a
+//     cubin (Device.LoadModule) and launched on a Stream.
 //   - Comm: an NCCL communicator on a Device; it implements hier.Comm.
 //   - Backend: the setup.Backend of GPUs, for setup.New(ctx, nil,
 //     cuda.Backend{}).

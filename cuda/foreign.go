@@ -1,19 +1,4 @@
-//go:build cuda
-
 package cuda
-
-/*
-#include <cuda.h>
-#include <stdint.h>
-
-#include "fg_ctx.h"
-
-// fg_stream_ctx returns the context of stream s, with ctx current (so that
-// the special handles NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name
-// ctx's own default streams).
-static CUresult fg_stream_ctx(CUcontext ctx, CUstream s, CUcontext* out) { FG_IN_CTX(ctx, cuStreamGetCtx(s, out)) }
-*/
-import "C"
 
 import (
 	"fmt"
@@ -52,8 +37,8 @@ func (d *Device) ForeignStream(handle uintptr) (*Stream, error) {
 	if err := d.alive(); err != nil {
 		return nil, err
 	}
-	var ctx C.CUcontext
-	if err := check("cuStreamGetCtx", C.fg_stream_ctx(d.ctx, cStreamFromHandle(handle), &ctx)); err != nil {
+	ctx, err := streamCtx(d.ctx, cStreamFromHandle(handle))
+	if err != nil {
 		return nil, fmt.Errorf("cuda: foreign stream %#x on %v: %w", handle, d, err)
 	}
 	if ctx != d.ctx {

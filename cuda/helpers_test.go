@@ -1,5 +1,3 @@
-//go:build cuda
-
 package cuda
 
 import (
@@ -12,13 +10,25 @@ import (
 	"github.com/fairgo/fairgo"
 )
 
-// devices opens the first n GPUs, or skips the test when there are fewer.
-func devices(t testing.TB, n int) []*Device {
+// gpuCount is the number of GPUs; it skips the test when there is no
+// driver or no GPU at all (fairgo.ErrNoDevice), and fails it when the
+// driver is there but unusable.
+func gpuCount(t testing.TB) int {
 	t.Helper()
-	have, err := Count()
+	n, err := Count()
+	if errors.Is(err, fairgo.ErrNoDevice) {
+		t.Skip(err.Error())
+	}
 	if err != nil {
 		t.Fatalf("counting GPUs: %v", err)
 	}
+	return n
+}
+
+// devices opens the first n GPUs, or skips the test when there are fewer.
+func devices(t testing.TB, n int) []*Device {
+	t.Helper()
+	have := gpuCount(t)
 	if have < n {
 		t.Skipf("needs %d GPUs, found %d", n, have)
 	}

@@ -1,12 +1,8 @@
-//go:build cuda
-
 package cuda
 
 import (
 	"sync"
 	"unsafe"
-
-	"gorgonia.org/cu"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/streams"
@@ -112,7 +108,7 @@ func (d *Device) CopyFromHostAsync(dst uintptr, src []byte, s streams.Stream) er
 	if len(src) == 0 {
 		return nil
 	}
-	return pinnedToDeviceAsync(d.ctx, dst, src, cs.h)
+	return htodAsync(d.ctx, dst, src, cs.h)
 }
 
 // CopyToHostAsync enqueues a copy of device memory at src into dst (memory
@@ -128,16 +124,14 @@ func (d *Device) CopyToHostAsync(dst []byte, src uintptr, s streams.Stream) erro
 	if len(dst) == 0 {
 		return nil
 	}
-	return pinnedToHostAsync(d.ctx, dst, src, cs.h)
+	return dtohAsync(d.ctx, dst, src, cs.h)
 }
 
 // MemInfo returns the device's free and total memory in bytes
 // (cuMemGetInfo), for leak checks.
 func (d *Device) MemInfo() (free, total int64, err error) {
-	err = d.do(func() error {
-		var e error
-		free, total, e = cu.MemInfo()
-		return e
-	})
-	return free, total, err
+	if err := d.alive(); err != nil {
+		return 0, 0, err
+	}
+	return memInfo(d.ctx)
 }

@@ -1,10 +1,9 @@
-//go:build cuda
-
 package cuda
 
 import (
 	_ "embed"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -25,10 +24,10 @@ type reduceKey struct {
 }
 
 type kernels struct {
-	module cModule
-	reduce map[reduceKey]cFunction
-	fill   map[fairgo.DType]cFunction
-	delay  cFunction
+	module *Module
+	reduce map[reduceKey]*Function
+	fill   map[fairgo.DType]*Function
+	delay  *Function
 }
 
 // ReduceKernelName is the PTX entry point of a reduction ("fg_reduce_sum_float16").
@@ -36,37 +35,39 @@ func ReduceKernelName(op fairgo.Op, dt fairgo.DType) string {
 	return fmt.Sprintf("fg_reduce_%v_%v", op, dt)
 }
 
-func loadKernels(ctx cContext) (*kernels, error) {
-	m, log, err := moduleLoad(ctx, reducePTX)
+func loadKernels(d *Device) (*kernels, error) {
+	m, err := d.LoadModule([]byte(reducePTX))
 	if err != nil {
-		if log != "" {
-			return nil, fmt.Errorf("loading the reduce kernels: %w; JIT log: %s", err, log)
-		}
-		return nil, fmt.Errorf("loading the reduce kernels: %w", err)
+		return nil, fmt.Errorf("the reduce kernels: %w", err)
 	}
-	k := &kernels{module: m, reduce: map[reduceKey]cFunction{}, fill: map[fairgo.DType]cFunction{}}
+	k := &kernels{module: m, reduce: map[reduceKey]*Function{}, fill: map[fairgo.DType]*Function{}}
 	fail := func(err error) (*kernels, error) {
-		_ = moduleUnload(ctx, m)
+		_ = m.Close()
 		return nil, err
 	}
 	for _, dt := range fairgo.DTypes {
 		for _, op := range fairgo.Ops {
-			f, err := moduleFunction(ctx, m, ReduceKernelName(op, dt))
+			f, err := m.Function(ReduceKernelName(op, dt))
 			if err != nil {
 				return fail(err)
 			}
 			k.reduce[reduceKey{op, dt}] = f
 		}
-		f, err := moduleFunction(ctx, m, "fg_fill_"+dt.String())
+		f, err := m.Function("fg_fill_" + dt.String())
 		if err != nil {
 			return fail(err)
 		}
 		k.fill[dt] = f
 	}
-	if k.delay, err = moduleFunction(ctx, m, "fg_delay"); err != nil {
+	if k.delay, err = m.Function("fg_delay"); err != nil {
 		return fail(err)
 	}
 	return k, nil
+}
+
+// launch1D enqueues f over a one-dimensional grid with 8-byte arguments.
+func (d *Device) launch1D(f *Function, grid, block int, s *Stream, args ...uint64) error {
+	return launch(d.ctx, f.h, f.name, [6]uint32{uint32(grid), 1, 1, uint32(block), 1, 1}, 0, s.h, args)
 }
 
 // grid sizes a grid-stride launch over count elements of dt, processed 16
@@ -118,7 +119,7 @@ func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fa
 	if op != fairgo.Avg {
 		divisor = 1
 	}
-	return launchReduce(d.ctx, f, d.grid(count, dt), blockSize, cs.h, dst, src, int64(n), stride, count, int64(divisor))
+	return d.launch1D(f, d.grid(count, dt), blockSize, cs, uint64(dst), uint64(src), uint64(n), uint64(stride), uint64(count), uint64(divisor))
 }
 
 // FillAsync enqueues t[i] = offset + scale·(i mod modulus), converted to
@@ -138,7 +139,8 @@ func (d *Device) FillAsync(t fairgo.Tensor, offset, scale float64, modulus int64
 	if modulus <= 0 {
 		modulus = t.Count
 	}
-	return launchFill(d.ctx, d.kernels.fill[t.DType], d.grid(t.Count, t.DType), blockSize, cs.h, t.Ptr, t.Count, offset, scale, modulus)
+	return d.launch1D(d.kernels.fill[t.DType], d.grid(t.Count, t.DType), blockSize, cs,
+		uint64(t.Ptr), uint64(t.Count), math.Float64bits(offset), math.Float64bits(scale), uint64(modulus))
 }
 
 // DelayAsync enqueues a one-thread kernel that busy-waits for dur on the
@@ -151,5 +153,5 @@ func (d *Device) DelayAsync(dur time.Duration, s streams.Stream) error {
 	if dur <= 0 {
 		return nil
 	}
-	return launchDelay(d.ctx, d.kernels.delay, cs.h, uint64(dur.Nanoseconds()))
+	return d.launch1D(d.kernels.delay, 1, 1, cs, uint64(dur.Nanoseconds()))
 }

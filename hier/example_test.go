@@ -2,9 +2,7 @@ package hier_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
@@ -13,35 +11,6 @@ import (
 
 // The examples run every rank of a simulated cluster in one process: on
 // GPUs each process holds one Reducer (setup.New) and makes the same calls.
-
-// exUpload puts float32 values into a new tensor on a simulated device.
-func exUpload(dev *sim.Device, vals []float32) fairgo.Tensor {
-	t, err := dev.AllocTensor(int64(len(vals)), fairgo.Float32)
-	if err != nil {
-		panic(err)
-	}
-	b := make([]byte, 4*len(vals))
-	for i, v := range vals {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
-	}
-	if err := dev.Upload(t.Ptr, b); err != nil {
-		panic(err)
-	}
-	return t
-}
-
-// exDownload reads a float32 tensor back.
-func exDownload(dev *sim.Device, t fairgo.Tensor) []float32 {
-	b := make([]byte, t.ByteLen())
-	if err := dev.Download(b, t.Ptr); err != nil {
-		panic(err)
-	}
-	vals := make([]float32, t.Count)
-	for i := range vals {
-		vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return vals
-}
 
 // exCluster builds a simulated cluster of machines × devices ranks and one
 // Reducer per rank.
@@ -79,7 +48,12 @@ func ExampleReducer_AllReduce() {
 	works := make([]*hier.Work, len(rs))
 	for g, r := range rs {
 		// Rank g's gradient is g+1 everywhere, so the average is 2.5.
-		grads[g] = exUpload(c.Device(g), []float32{float32(g + 1), float32(g + 1), 10 * float32(g+1)})
+		var err error
+		grads[g], err = fairgo.Upload(c.Device(g), []float32{float32(g + 1), float32(g + 1), 10 * float32(g+1)})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
 		works[g] = r.AllReduce(ctx, grads[g], fairgo.Avg)
 	}
 	for g, w := range works {
@@ -87,7 +61,12 @@ func ExampleReducer_AllReduce() {
 			fmt.Println("allreduce failed:", err)
 			return
 		}
-		fmt.Printf("rank %d (%v): %v\n", g, rs[g].Grid(), exDownload(c.Device(g), grads[g]))
+		got, err := fairgo.Download[float32](c.Device(g), grads[g])
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("rank %d (%v): %v\n", g, rs[g].Grid(), got)
 	}
 	// Output:
 	// rank 0 (2×2 (machine 0, local 0)): [2.5 2.5 25]
@@ -114,15 +93,28 @@ func ExampleReducer_ReduceScatter() {
 		for i := range send {
 			send[i] = float32(100*g + i)
 		}
-		recvs[g] = exUpload(dev, make([]float32, block))
-		works[g] = r.ReduceScatter(ctx, exUpload(dev, send), recvs[g], fairgo.Sum)
+		sendT, err := fairgo.Upload(dev, send)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if recvs[g], err = dev.AllocTensor(block, fairgo.Float32); err != nil {
+			fmt.Println(err)
+			return
+		}
+		works[g] = r.ReduceScatter(ctx, sendT, recvs[g], fairgo.Sum)
 	}
 	for g, w := range works {
 		if err := w.Wait(ctx); err != nil {
 			fmt.Println("reduce-scatter failed:", err)
 			return
 		}
-		fmt.Printf("rank %d holds block %d: %v\n", g, rs[g].Grid().Rank(), exDownload(c.Device(g), recvs[g]))
+		got, err := fairgo.Download[float32](c.Device(g), recvs[g])
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("rank %d holds block %d: %v\n", g, rs[g].Grid().Rank(), got)
 	}
 	// Output:
 	// rank 0 holds block 0: [600 604]
@@ -156,9 +148,19 @@ func ExampleWork_StreamWait() {
 		}
 		rk := rank{stream: s.(*sim.Stream)}
 		// "Backward": a gradient produced by a copy on the compute stream.
-		src := exUpload(dev, []float32{float32(g + 1), 4})
-		rk.grad = exUpload(dev, make([]float32, 2))
-		rk.saved = exUpload(dev, make([]float32, 2))
+		src, err := fairgo.Upload(dev, []float32{float32(g + 1), 4})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if rk.grad, err = dev.AllocTensor(2, fairgo.Float32); err != nil {
+			fmt.Println(err)
+			return
+		}
+		if rk.saved, err = dev.AllocTensor(2, fairgo.Float32); err != nil {
+			fmt.Println(err)
+			return
+		}
 		if err := dev.CopyAsync(rk.grad.Ptr, src.Ptr, src.Bytes, rk.stream); err != nil {
 			fmt.Println(err)
 			return
@@ -180,7 +182,12 @@ func ExampleWork_StreamWait() {
 			fmt.Println("stream failed:", err)
 			return
 		}
-		fmt.Printf("rank %d: %v\n", g, exDownload(c.Device(g), rk.saved))
+		got, err := fairgo.Download[float32](c.Device(g), rk.saved)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("rank %d: %v\n", g, got)
 	}
 	// Output:
 	// rank 0: [3 8]
@@ -197,15 +204,28 @@ func ExampleReducer_AllGather() {
 	works := make([]*hier.Work, len(rs))
 	for g, r := range rs {
 		dev := c.Device(g)
-		recvs[g] = exUpload(dev, make([]float32, 2*len(rs)))
-		works[g] = r.AllGather(ctx, exUpload(dev, []float32{float32(g), 10 * float32(g)}), recvs[g])
+		send, err := fairgo.Upload(dev, []float32{float32(g), 10 * float32(g)})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if recvs[g], err = dev.AllocTensor(int64(2*len(rs)), fairgo.Float32); err != nil {
+			fmt.Println(err)
+			return
+		}
+		works[g] = r.AllGather(ctx, send, recvs[g])
 	}
 	for g, w := range works {
 		if err := w.Wait(ctx); err != nil {
 			fmt.Println("all-gather failed:", err)
 			return
 		}
-		fmt.Printf("rank %d: %v\n", g, exDownload(c.Device(g), recvs[g]))
+		got, err := fairgo.Download[float32](c.Device(g), recvs[g])
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("rank %d: %v\n", g, got)
 	}
 	// Output:
 	// rank 0: [0 0 1 10 2 20]

@@ -1,5 +1,3 @@
-//go:build cuda
-
 package hier_test
 
 // Issue 12's checks on GPUs: mismatches caught by the check communicator,

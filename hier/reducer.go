@@ -192,7 +192,19 @@ func (r *Reducer) SliceBytes() int64 { return r.layout.SliceBytes }
 // FlatThreshold is the effective flat threshold in bytes (FlatNever when off).
 func (r *Reducer) FlatThreshold() int64 { return r.cfg.flatThreshold }
 
-// AllReduce reduces t in place across all ranks with op.
+// AllReduce reduces t in place across all ranks with op. It returns a Work
+// at once; Wait, Done or StreamWait observe the result.
+//
+// It is a collective, as every call of a Reducer is: every rank makes the
+// same calls (kind, count, element type, op, root) in the same order, and
+// every rank must have made a call before any rank waits on its Work. In a
+// process that drives several ranks (a sim cluster, setup.NewLocal), call
+// AllReduce on every rank first, then Wait: a Wait on one rank before the
+// others have made the call blocks until its context or the WithTimeout
+// watchdog ends it (a simulated cluster reports a stall after its
+// StallTimeout, 30 s by default). A call that differs between ranks fails
+// with fairgo.ErrMismatch on every rank; invalid arguments complete the
+// Work with an *fairgo.ArgError before anything is enqueued.
 func (r *Reducer) AllReduce(ctx context.Context, t fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {
 	q := &request{kind: kindAllReduce, a: t, op: op}
 	if err := t.Validate(); err != nil {
@@ -206,7 +218,9 @@ func (r *Reducer) AllReduce(ctx context.Context, t fairgo.Tensor, op fairgo.Op, 
 
 // ReduceScatter reduces send (M·D·c elements, blocks in grid order m·D+d)
 // across ranks with op; the rank at grid position g receives block g in recv
-// (c elements). Grid().Rank() is this rank's block index.
+// (c elements). Grid().Rank() is this rank's block index. A collective
+// (see AllReduce): every rank makes the same calls in the same order, each
+// before any rank waits on its Work.
 func (r *Reducer) ReduceScatter(ctx context.Context, send, recv fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {
 	q := &request{kind: kindReduceScatter, a: send, b: recv, op: op}
 	w := int64(r.grid.Size())
@@ -226,7 +240,9 @@ func (r *Reducer) ReduceScatter(ctx context.Context, send, recv fairgo.Tensor, o
 }
 
 // AllGather gathers every rank's send (c elements) into recv (M·D·c
-// elements, blocks in grid order m·D+d).
+// elements, blocks in grid order m·D+d). A collective (see AllReduce):
+// every rank makes the same calls in the same order, each before any rank
+// waits on its Work.
 func (r *Reducer) AllGather(ctx context.Context, send, recv fairgo.Tensor, opts ...CallOption) *Work {
 	q := &request{kind: kindAllGather, a: send, b: recv}
 	if err := r.checkPair(send, recv); err != nil {
@@ -243,7 +259,8 @@ func (r *Reducer) AllGather(ctx context.Context, send, recv fairgo.Tensor, opts 
 }
 
 // Broadcast copies t of the world rank root to t of every rank (flat, on the
-// world communicator).
+// world communicator). A collective (see AllReduce): every rank makes the
+// same calls in the same order, each before any rank waits on its Work.
 func (r *Reducer) Broadcast(ctx context.Context, t fairgo.Tensor, root int, opts ...CallOption) *Work {
 	q := &request{kind: kindBroadcast, a: t, root: root}
 	if err := t.Validate(); err != nil {
@@ -257,7 +274,8 @@ func (r *Reducer) Broadcast(ctx context.Context, t fairgo.Tensor, root int, opts
 
 // AllToAll sends block k of send to world rank k, and receives block k of
 // recv from world rank k (flat, on the world communicator). Both hold
-// WorldSize × c elements.
+// WorldSize × c elements. A collective (see AllReduce): every rank makes the
+// same calls in the same order, each before any rank waits on its Work.
 func (r *Reducer) AllToAll(ctx context.Context, send, recv fairgo.Tensor, opts ...CallOption) *Work {
 	q := &request{kind: kindAllToAllv, a: send, b: recv}
 	w := int64(r.grid.Size())
@@ -277,7 +295,9 @@ func (r *Reducer) AllToAll(ctx context.Context, send, recv fairgo.Tensor, opts .
 
 // AllToAllv sends sendCounts[k] elements to world rank k, taken from send
 // one block after the other, and receives recvCounts[k] elements from world
-// rank k into recv likewise (flat, on the world communicator).
+// rank k into recv likewise (flat, on the world communicator). A collective
+// (see AllReduce): every rank makes the same calls in the same order, each
+// before any rank waits on its Work.
 func (r *Reducer) AllToAllv(ctx context.Context, send fairgo.Tensor, sendCounts []int64, recv fairgo.Tensor, recvCounts []int64, opts ...CallOption) *Work {
 	q := &request{kind: kindAllToAllv, a: send, b: recv}
 	if err := r.checkPair(send, recv); err != nil {

@@ -2,7 +2,9 @@ package sim
 
 import (
 	"context"
+	"log/slog"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,4 +180,59 @@ func TestNewWorld(t *testing.T) {
 	require.ErrorIs(t, extra[0].Err(), fairgo.ErrClosed)
 	_, err = c.NewWorld("late")
 	require.ErrorIs(t, err, fairgo.ErrClosed)
+}
+
+// records counts the log records a handler receives, by message and level.
+type records struct {
+	mu  sync.Mutex
+	got map[string]int
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got[rec.Level.String()+" "+rec.Message]++
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// TestClusterLogsOnce: a cluster of 8 ranks in one process logs its
+// calibration once, not once per rank, and still every rank's warnings.
+func TestClusterLogsOnce(t *testing.T) {
+	rec := &records{got: map[string]int{}}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(rec))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	c, err := NewCluster(Config{Machines: 2, Devices: 4})
+	require.NoError(t, err)
+	defer c.Close()
+	ctx := context.Background()
+	rs, err := c.Reducers(ctx)
+	require.NoError(t, err)
+	defer hier.CloseAll(rs)
+	works := make([]*hier.Work, len(rs))
+	for g, r := range rs {
+		tn, err := c.Device(g).AllocTensor(1<<20, fairgo.Float32) // above the flat threshold: calibrates one class
+		require.NoError(t, err)
+		works[g] = r.AllReduce(ctx, tn, fairgo.Sum)
+	}
+	for _, w := range works {
+		require.NoError(t, w.Wait(ctx))
+	}
+	rec.mu.Lock()
+	require.Equal(t, 1, rec.got["INFO fairgo: calibrated size class"], "%v", rec.got)
+	rec.mu.Unlock()
+
+	h := warnings{rec}
+	require.False(t, h.Enabled(ctx, slog.LevelInfo))
+	require.True(t, h.Enabled(ctx, slog.LevelWarn))
+	slog.New(h).With("rank", 3).Warn("fairgo: aborting communicators")
+	slog.New(h).Info("dropped")
+	rec.mu.Lock()
+	require.Equal(t, 1, rec.got["WARN fairgo: aborting communicators"])
+	require.Zero(t, rec.got["INFO dropped"])
+	rec.mu.Unlock()
 }

@@ -35,7 +35,10 @@ type Device struct {
 	closed     bool
 }
 
-var _ hier.Device = (*Device)(nil)
+var (
+	_ hier.Device       = (*Device)(nil)
+	_ fairgo.HostCopier = (*Device)(nil) // fairgo.Upload and Download
+)
 
 func newDevice(c *Cluster, index int, grid hier.Grid) *Device {
 	d := &Device{cluster: c, index: index, grid: grid, seed: c.cfg.Seed, jitter: c.cfg.Jitter}

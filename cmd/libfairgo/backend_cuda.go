@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build !fairgo_sim
 
 package main
 

@@ -1,4 +1,4 @@
-//go:build fairgo_sim && !cuda
+//go:build fairgo_sim
 
 package main
 

@@ -4,19 +4,21 @@
  * that are not written in Go, such as the PyTorch DDP comm hook of
  * python/fairgo_torch.
  *
- * Build:   make libfairgo      (lib/libfairgo.so and this header next to it)
+ * Build:   make libfairgo      (lib/libfairgo.so and this header next to it;
+ *                               only Go is needed to build it)
  * Link:    cc ... -Ilib -Llib -lfairgo -Wl,--allow-shlib-undefined
  *          The library leaves NVML's functions (go-nvml) unresolved until
  *          NVML is loaded at run time, so it needs lazy binding: link with
  *          --allow-shlib-undefined, not with -z now, and run without
  *          LD_BIND_NOW; dlopen it with RTLD_LAZY (Python's ctypes.CDLL
  *          forces RTLD_NOW: fairgo_torch calls dlopen itself).
- * Run:     a GPU driver (libcuda.so.1) and NCCL (libnccl.so.2, loaded with
- *          dlopen when the first communicator is made; FAIRGO_NCCL_LIBRARY
- *          names another path). The library initialises CUDA when it is
- *          loaded (gorgonia.org/cu calls cuInit in its Go init) and EXITS THE
- *          PROCESS if that fails: check cuInit yourself first on hosts that
- *          may have no GPU (fairgo_torch does).
+ * Run:     the library loads on any Linux host. The CUDA driver
+ *          (libcuda.so.1, or the path in FAIRGO_CUDA_LIBRARY) is loaded
+ *          with dlopen by the first fairgo_init*, and NCCL (libnccl.so.2,
+ *          or FAIRGO_NCCL_LIBRARY) when the first communicator is made.
+ *          Without a GPU or a driver, fairgo_init* returns
+ *          FAIRGO_ERR_NO_DEVICE and fairgo_last_error() names what is
+ *          missing and every path tried.
  *
  * Conventions
  *  - Every function returns a fairgo_result_t (FAIRGO_OK = 0) unless said
@@ -46,7 +48,7 @@ extern "C" {
 #endif
 
 /* The version of this ABI; fairgo_abi_version() returns the library's. */
-#define FAIRGO_ABI_VERSION 1
+#define FAIRGO_ABI_VERSION 2 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE */
 
 /* Result codes. FAIRGO_OK and FAIRGO_NOT_READY are not errors. */
 typedef enum fairgo_result {
@@ -61,7 +63,8 @@ typedef enum fairgo_result {
   FAIRGO_ERR_CUDA = 8,             /* a CUDA driver error */
   FAIRGO_ERR_NCCL = 9,             /* an NCCL error, or NCCL could not be loaded */
   FAIRGO_ERR_SYSTEM = 10,          /* anything else: the store, the network, the operating system */
-  FAIRGO_ERR_INTERNAL = 11         /* a bug in fairgo (a recovered Go panic); please report it */
+  FAIRGO_ERR_INTERNAL = 11,        /* a bug in fairgo (a recovered Go panic); please report it */
+  FAIRGO_ERR_NO_DEVICE = 12        /* no GPU or no GPU driver on this host (the text says what is missing) */
 } fairgo_result_t;
 
 /* Element types; the values are fairgo.DType's. */
@@ -89,13 +92,38 @@ typedef enum fairgo_op {
   FAIRGO_PROD = 5
 } fairgo_op_t;
 
+/* How an allreduce crosses the machines; the values are hier.Algorithm's. */
+typedef enum fairgo_algorithm {
+  FAIRGO_ALGORITHM_AUTO = 0,     /* measure the others for each size class and take the fastest (default) */
+  FAIRGO_ALGORITHM_FLAT = 1,     /* one NCCL allreduce over all ranks */
+  FAIRGO_ALGORITHM_RAIL_A2A = 2, /* fairring's pipeline: all-to-all on the rail and a reduction kernel */
+  FAIRGO_ALGORITHM_RAIL_RSAG = 3 /* the same pipeline with NCCL's reduce-scatter and all-gather on the rail */
+} fairgo_algorithm_t;
+
 typedef int64_t fairgo_comm_t;  /* a communicator: this process's rank of the job */
 typedef int64_t fairgo_work_t;  /* one collective call in flight */
 typedef int64_t fairgo_store_t; /* a rendezvous store served by this process */
 
-/* Settings of a communicator. Call fairgo_config_init first, then change
- * fields; struct_size tells the library which version of the struct it got.
- * Passing NULL instead of a config means the defaults. */
+/* Settings of a communicator. Call fairgo_config_init first, then
+ * fairgo_config_from_env to take the settings of the environment, then
+ * change fields; struct_size tells the library which version of the struct
+ * it got (a version 1 struct, which ends before algorithm, is still
+ * accepted). Passing NULL instead of a config means the defaults with the
+ * environment's settings applied.
+ *
+ * Each setting has three spellings, the same as in fairgo_torch.init():
+ *
+ *   environment                  fairgo_torch.init()    fairgo_config_t
+ *   FAIRGO_ALGORITHM             algorithm              algorithm
+ *   FAIRGO_SLICE_BYTES           slice_bytes            slice_bytes
+ *   FAIRGO_FLAT_THRESHOLD_BYTES  flat_threshold_bytes   flat_threshold_bytes
+ *   FAIRGO_TIMEOUT               timeout                op_timeout_ms
+ *   FAIRGO_INIT_TIMEOUT          init_timeout           init_timeout_ms
+ *   FAIRGO_DEVICE                device                 device
+ *
+ * In the environment, algorithms are named auto, flat, rail-a2a and
+ * rail-rsag; sizes are bytes with an optional K, M or G (binary)
+ * suffix; timeouts are seconds or Go durations ("90s", "10m"). */
 typedef struct fairgo_config {
   uint32_t struct_size;         /* sizeof(fairgo_config_t), set by fairgo_config_init */
   int32_t device;               /* CUDA ordinal of this rank's GPU (as the CUDA runtime and
@@ -112,6 +140,7 @@ typedef struct fairgo_config {
   int64_t slice_bytes;          /* pipeline slice size; 0 (default): fairgo's choice */
   int64_t flat_threshold_bytes; /* below this one flat NCCL allreduce; 0 (default): fairgo's
                                    choice; -1: never flat */
+  int32_t algorithm;            /* a fairgo_algorithm_t; FAIRGO_ALGORITHM_AUTO (default) */
 } fairgo_config_t;
 
 /* Information about a communicator. */
@@ -144,6 +173,12 @@ const char* fairgo_last_error(void);
 /* Fills cfg with the defaults (returns nothing). */
 void fairgo_config_init(fairgo_config_t* cfg);
 
+/* Applies the settings of the environment (FAIRGO_ALGORITHM, ...: the table
+ * above) to cfg; variables that are unset or empty leave their field alone.
+ * A value that does not parse gives FAIRGO_ERR_INVALID_ARGUMENT naming the
+ * variable, and cfg is left unchanged. */
+int fairgo_config_from_env(fairgo_config_t* cfg);
+
 /* ---- Communicators ------------------------------------------------------ */
 
 /* Builds this process's communicator from the launch environment, as
@@ -152,7 +187,8 @@ void fairgo_config_init(fairgo_config_t* cfg);
  * MPI's, and the store FAIRGO_STORE_ADDR names (fairrun sets it), else
  * MASTER_ADDR:MASTER_PORT. Every rank of the job must call it; it returns
  * when all have joined and the communicators are built, or fails within
- * cfg->init_timeout_ms. One communicator per process (per GPU). */
+ * cfg->init_timeout_ms. One communicator per process (per GPU). Without a
+ * GPU or a GPU driver it returns FAIRGO_ERR_NO_DEVICE. */
 int fairgo_init(const fairgo_config_t* cfg, fairgo_comm_t* comm);
 
 /* fairgo_init with this process's place given explicitly: rank in

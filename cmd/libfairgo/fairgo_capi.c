@@ -41,6 +41,12 @@ const char* fairgo_last_error(void) {
 	return buf ? buf : "";
 }
 
+extern char** environ;
+
+// The i-th entry of the C environment ("NAME=value"); NULL is its end (the
+// caller stops there).
+const char* fg_environ(size_t i) { return environ == NULL ? NULL : environ[i]; }
+
 int fairgo_abi_version(void) { return FAIRGO_ABI_VERSION; }
 
 const char* fairgo_result_string(int result) {
@@ -57,6 +63,7 @@ const char* fairgo_result_string(int result) {
 	case FAIRGO_ERR_NCCL: return "FAIRGO_ERR_NCCL";
 	case FAIRGO_ERR_SYSTEM: return "FAIRGO_ERR_SYSTEM";
 	case FAIRGO_ERR_INTERNAL: return "FAIRGO_ERR_INTERNAL";
+	case FAIRGO_ERR_NO_DEVICE: return "FAIRGO_ERR_NO_DEVICE";
 	}
 	return "FAIRGO_UNKNOWN_RESULT";
 }
@@ -67,4 +74,5 @@ void fairgo_config_init(fairgo_config_t* cfg) {
 	cfg->struct_size = sizeof *cfg;
 	cfg->device = -1;
 	cfg->init_timeout_ms = 300000;
+	cfg->algorithm = FAIRGO_ALGORITHM_AUTO;
 }

@@ -1,16 +1,16 @@
-//go:build cuda || fairgo_sim
-
 // Command libfairgo is fairgo's C ABI, built as a shared library:
 //
-//	make libfairgo   # go build -tags cuda -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
+//	make libfairgo   # go build -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
 //
 // fairgo.h (copied next to the library) is its documented interface. The
 // functions here are thin shims: they convert C values, call the handle
 // table of package capi inside capi.Guard (no Go panic reaches the
 // caller), and report errors as a result code plus per-thread text. The
-// cuda build tag gives the GPU library; fairgo_sim (without cuda) gives one
-// on the simulated cluster, to test callers of the ABI on a host without a
-// GPU (only a world of one rank, and no device memory to reduce).
+// default build is the GPU library, which loads the CUDA driver and NCCL
+// at run time (it loads and reports FAIRGO_ERR_NO_DEVICE on a host without
+// a GPU); the fairgo_sim build tag gives one on the simulated cluster, to
+// test callers of the ABI on a host without a GPU (only a world of one
+// rank, and no device memory to reduce).
 package main
 
 /*
@@ -24,6 +24,7 @@ typedef const char fg_cchar;
 typedef const fairgo_config_t fg_cconfig;
 
 void fg_set_last_error(const char* msg, size_t n);
+const char* fg_environ(size_t i);
 */
 import "C"
 
@@ -31,11 +32,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
+	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -87,22 +91,105 @@ func millis(ms C.int64_t) time.Duration {
 	return time.Duration(v) * time.Millisecond
 }
 
-// options reads a fairgo_config_t (NULL: the defaults).
+// syncEnv makes the Go runtime's copy of the environment, taken when the
+// library was loaded, equal to the process's C environment now: a caller
+// (Python's os.environ, C's setenv) may have changed it since, and
+// everything the library reads (settings, the launch environment, the
+// driver and NCCL paths) should see what the caller sees.
+func syncEnv() error {
+	c := map[string]string{}
+	for i := 0; ; i++ {
+		p := C.fg_environ(C.size_t(i))
+		if p == nil {
+			break
+		}
+		if k, v, ok := strings.Cut(C.GoString(p), "="); ok && k != "" {
+			c[k] = v
+		}
+	}
+	var errs []error
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != "" {
+			if _, ok := c[k]; !ok {
+				errs = append(errs, os.Unsetenv(k))
+			}
+		}
+	}
+	for k, v := range c {
+		if cur, ok := os.LookupEnv(k); !ok || cur != v {
+			errs = append(errs, os.Setenv(k, v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// configV1Size is the size of fairgo_config_t in ABI version 1, which
+// ended before algorithm; callers built against it are still served.
+const configV1Size = uint32(unsafe.Offsetof(C.fairgo_config_t{}.algorithm))
+
+// hasAlgorithm reports whether a caller's config is large enough to hold
+// the algorithm field.
+func hasAlgorithm(size C.uint32_t) bool {
+	return uint32(size) >= configV1Size+uint32(unsafe.Sizeof(C.fairgo_config_t{}.algorithm))
+}
+
+// options reads a fairgo_config_t (NULL: the defaults, then the
+// environment's settings).
 func options(cfg *C.fg_cconfig) (capi.Options, error) {
 	o := capi.DefaultOptions()
 	if cfg == nil {
-		return o, nil
+		return o.FromEnv(os.LookupEnv)
 	}
-	if want := C.uint32_t(unsafe.Sizeof(C.fairgo_config_t{})); cfg.struct_size < want {
-		return o, &fairgo.ArgError{Arg: "config struct_size", Value: uint32(cfg.struct_size),
-			Reason: fmt.Sprintf("smaller than this library's fairgo_config_t (%d bytes): call fairgo_config_init first", want)}
+	if size := uint32(cfg.struct_size); size < configV1Size {
+		return o, &fairgo.ArgError{Arg: "config struct_size", Value: size,
+			Reason: fmt.Sprintf("smaller than any fairgo_config_t (%d bytes): call fairgo_config_init first", configV1Size)}
 	}
 	o.Device = int(cfg.device)
 	o.InitTimeout = millis(cfg.init_timeout_ms)
 	o.OpTimeout = millis(cfg.op_timeout_ms)
 	o.SliceBytes = int64(cfg.slice_bytes)
 	o.FlatThreshold = int64(cfg.flat_threshold_bytes)
+	if hasAlgorithm(cfg.struct_size) {
+		o.Algorithm = hier.Algorithm(cfg.algorithm)
+	}
 	return o, nil
+}
+
+// toMillis converts a duration, rounding up (a positive timeout never
+// becomes 0, which means off).
+func toMillis(d time.Duration) C.int64_t {
+	return C.int64_t((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+//export fairgo_config_from_env
+func fairgo_config_from_env(cfg *C.fairgo_config_t) C.int {
+	return result(func() error {
+		if cfg == nil {
+			return nilArg("cfg")
+		}
+		if err := syncEnv(); err != nil {
+			return err
+		}
+		o, err := options((*C.fg_cconfig)(cfg))
+		if err != nil {
+			return err
+		}
+		if o, err = o.FromEnv(os.LookupEnv); err != nil {
+			return err
+		}
+		cfg.device = C.int32_t(o.Device)
+		cfg.init_timeout_ms = toMillis(o.InitTimeout)
+		cfg.op_timeout_ms = toMillis(o.OpTimeout)
+		cfg.slice_bytes = C.int64_t(o.SliceBytes)
+		cfg.flat_threshold_bytes = C.int64_t(o.FlatThreshold)
+		if hasAlgorithm(cfg.struct_size) {
+			cfg.algorithm = C.int32_t(o.Algorithm)
+		} else if o.Algorithm != hier.Auto {
+			return &fairgo.ArgError{Arg: "environment variable FAIRGO_ALGORITHM", Value: o.Algorithm,
+				Reason: "this caller's fairgo_config_t (ABI version 1) has no algorithm field"}
+		}
+		return nil
+	})
 }
 
 //export fairgo_init
@@ -110,6 +197,9 @@ func fairgo_init(cfg *C.fg_cconfig, comm *C.fairgo_comm_t) C.int {
 	return result(func() error {
 		if comm == nil {
 			return nilArg("comm")
+		}
+		if err := syncEnv(); err != nil {
+			return err
 		}
 		o, err := options(cfg)
 		if err != nil {
@@ -129,6 +219,9 @@ func fairgo_init_rank(rank, worldSize, localRank, localWorldSize C.int, storeAdd
 	return result(func() error {
 		if comm == nil {
 			return nilArg("comm")
+		}
+		if err := syncEnv(); err != nil {
+			return err
 		}
 		o, err := options(cfg)
 		if err != nil {

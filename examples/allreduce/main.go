@@ -41,7 +41,7 @@ type flags struct {
 
 func main() {
 	var f flags
-	flag.StringVar(&f.backend, "backend", "sim", "where the ranks run: sim, or cuda (cuda build)")
+	flag.StringVar(&f.backend, "backend", "sim", "where the ranks run: sim, or cuda (GPUs)")
 	flag.IntVar(&f.machines, "machines", 2, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
 	flag.IntVar(&f.devices, "devices", 2, "devices per machine D (sim; cuda in one process)")
 	flag.Int64Var(&f.count, "count", 1<<20+3, "elements per rank")

@@ -17,7 +17,7 @@
 //
 //	go run ./examples/ddp -machines 2 -devices 4
 //
-// On GPUs (the cuda build: forward, backward, data and optimizer run as
+// On GPUs (-backend cuda: forward, backward, data and optimizer run as
 // kernels of this example's own PTX (internal/gpu) on one compute stream per
 // rank, each bucket's
 // allreduce ordered after its gradients with hier.After and the optimizer
@@ -85,7 +85,7 @@ func defaults() options {
 
 func main() {
 	o := defaults()
-	flag.StringVar(&o.backend, "backend", o.backend, "where the ranks run: sim, or cuda (cuda build)")
+	flag.StringVar(&o.backend, "backend", o.backend, "where the ranks run: sim, or cuda (GPUs)")
 	flag.IntVar(&o.machines, "machines", o.machines, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
 	flag.IntVar(&o.devices, "devices", o.devices, "devices per machine D (sim; cuda in one process: M·D GPUs)")
 	flag.IntVar(&o.epochs, "epochs", o.epochs, "epochs (passes over each rank's shard)")
@@ -158,7 +158,7 @@ func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	case "cuda":
 		train = trainGPU
 	default:
-		return nil, fmt.Errorf("backend %q: sim, or cuda (in a build with -tags cuda)", o.backend)
+		return nil, fmt.Errorf("backend %q: sim or cuda", o.backend)
 	}
 	model, err := NewMLP[float32](o.sizes())
 	if err != nil {

@@ -1,5 +1,3 @@
-//go:build cuda
-
 package main
 
 import (
@@ -113,7 +111,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	teacher := NewTeacher(cfg.Seed, in, classes)
 	tbytes := make([]byte, 4*len(teacher.w))
 	encode(fairgo.Float32, tbytes, teacher.w)
-	if err := gpu.UploadAsync(d, teacherT.Ptr, tbytes, compute); err != nil {
+	if err := d.UploadAsync(teacherT.Ptr, tbytes, compute); err != nil {
 		return nil, fmt.Errorf("ddp: uploading the teacher: %w", err)
 	}
 	for _, t := range []fairgo.Tensor{velocity, stats} {
@@ -261,7 +259,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 			comm += wait
 		}
 		sb := make([]byte, 16)
-		if err := gpu.DownloadAsync(d, sb, stats.Ptr, compute); err != nil {
+		if err := d.DownloadAfter(sb, stats.Ptr, compute); err != nil {
 			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
 		}
 		if err := d.FillAsync(stats, 0, 0, 0, compute); err != nil {

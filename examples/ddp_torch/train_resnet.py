@@ -8,7 +8,9 @@ Under torchrun (1 machine x 2 GPUs):
     export NCCL_NVLS_ENABLE=0 FAIRGO_LIB=$PWD/lib/libfairgo.so PYTHONPATH=$PWD/python
     torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/default.json
     torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook fairgo --losses-out /tmp/fairgo.json
-    python3 examples/ddp_torch/compare_losses.py /tmp/default.json /tmp/fairgo.json
+    NCCL_ALGO=Ring torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/ring.json
+    NCCL_ALGO=Tree torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/tree.json
+    python3 examples/ddp_torch/compare_losses.py /tmp/default.json /tmp/fairgo.json --envelope /tmp/ring.json /tmp/tree.json
 
 Under fairrun (2 emulated machines x 2 ranks sharing 2 GPUs):
 
@@ -19,7 +21,11 @@ The data are random images and labels drawn from a generator seeded by
 with the same seeds and layout see the same numbers; cuDNN runs its
 deterministic algorithms (--no-deterministic trades that for speed). Only
 the allreduce differs between the hooks, so the losses agree up to the
-rounding of a different summation order.
+rounding of a different summation order, which training amplifies step after
+step: compare_losses.py judges fairgo's drift against the drift between
+runs of DDP's own allreduce with different NCCL algorithms. --grad-check
+records a sample of the first step's averaged gradient with its exact
+(float64) average and the ranks' mean magnitude, for the float32 bound.
 """
 
 import argparse
@@ -47,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--op-timeout", type=float, default=600.0, help="fairgo's watchdog in seconds (0: off)")
     p.add_argument("--no-deterministic", dest="deterministic", action="store_false", help="let cuDNN pick its fastest (nondeterministic) algorithms")
     p.add_argument("--losses-out", type=Path, help="write the per-step losses and throughput as JSON (rank 0)")
+    p.add_argument("--grad-check", type=int, default=4096, metavar="N",
+                   help="record N elements of step 0's averaged gradient and their exact average (0: off)")
     return p.parse_args(argv)
 
 
@@ -98,6 +106,37 @@ def main(argv=None):
         y = torch.randint(0, args.classes, (args.batch_size,), generator=gen, device=dev)
         return x, y
 
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grad_sample():
+        """args.grad_check gradient elements, evenly spaced over all the
+        parameters' gradients in order, as float64."""
+        flat = torch.cat([p.grad.detach().reshape(-1) for p in params])
+        idx = torch.linspace(0, flat.numel() - 1, steps=min(args.grad_check, flat.numel()), dtype=torch.float64, device=dev)
+        return flat[idx.round().long()].double()
+
+    grad_check = None
+    if args.grad_check > 0:
+        # This rank's own gradient of step 0: under no_sync DDP reduces
+        # nothing. The gradients are then dropped and BatchNorm's running
+        # statistics put back, so the training below starts from the same
+        # state in every run.
+        x, y = batch(0)
+        saved = [b.detach().clone() for b in model.buffers()]
+        model.zero_grad(set_to_none=True)
+        with ddp.no_sync():
+            F.cross_entropy(ddp(x), y).backward()
+        local = grad_sample()
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for b, v in zip(model.buffers(), saved):
+                b.copy_(v)
+        exact, magnitude = local.clone(), local.abs()
+        dist.all_reduce(exact)  # float64 sums over the ranks
+        dist.all_reduce(magnitude)
+        grad_check = {"world_size": world, "samples": local.numel(),
+                      "exact": (exact / world).tolist(), "abs_mean": (magnitude / world).tolist()}
+
     if rank == 0:
         print(f"resnet18 DDP: {world} ranks, hook {args.hook}, batch {args.batch_size}/rank, {args.image_size}px, "
               f"{args.steps} steps, torch {torch.__version__}" + (f", {comm}" if comm else ""), flush=True)
@@ -111,6 +150,8 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp(x), y)
         loss.backward()
+        if step == 0 and grad_check is not None:
+            grad_check["values"] = grad_sample().tolist()  # averaged by the hook under test
         opt.step()
         losses.append(loss.item())
         if rank == 0:
@@ -131,9 +172,10 @@ def main(argv=None):
                 "hook": args.hook, "world_size": world, "steps": args.steps, "warmup": args.warmup,
                 "batch_size": args.batch_size, "image_size": args.image_size, "seed": args.seed,
                 "deterministic": args.deterministic, "torch": torch.__version__,
+                "nccl_algo": os.environ.get("NCCL_ALGO"), "nccl_proto": os.environ.get("NCCL_PROTO"),
                 "layout": str(comm) if comm else None,
                 "images_per_s": images_per_s, "ms_per_step": 1000 * seconds / max(timed, 1),
-                "losses": losses, "losses_by_rank": by_rank,
+                "losses": losses, "losses_by_rank": by_rank, "grad_check": grad_check,
             }
             args.losses_out.write_text(json.dumps(out, indent=1) + "\n")
             print(f"wrote {args.losses_out}", flush=True)

@@ -23,7 +23,7 @@ import (
 
 // Backend opens the devices of this process's ranks and builds their
 // communicators, once topology discovery has given every rank the same
-// layout. The CUDA backend (cuda.Backend, build tag cuda) and the simulated
+// layout. The CUDA backend (cuda.Backend) and the simulated
 // cluster (sim.Backend) implement it.
 type Backend interface {
 	// Connect returns one hier.Rank per entry of job.Ranks, in that order,

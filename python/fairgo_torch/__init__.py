@@ -11,9 +11,14 @@ the backward work already on PyTorch's current stream, on a side stream of
 its own (so that the backward goes on while the bucket is reduced, as with
 DDP's own allreduce), and returns a completed CUDA future of that side
 stream without blocking the host: whoever waits on the future waits for the
-reduction. It uses libfairgo.so through ctypes (no compiled
-extension): build it with `make libfairgo` and point FAIRGO_LIB at it, or
-put it next to this package.
+reduction. It uses libfairgo.so through ctypes (no compiled extension): the
+wheel carries it (`pip install fairgo_torch-*.whl`, built by `make wheel`);
+FAIRGO_LIB names another copy.
+
+Settings come from the environment (FAIRGO_ALGORITHM, FAIRGO_SLICE_BYTES,
+FAIRGO_FLAT_THRESHOLD_BYTES, FAIRGO_TIMEOUT, FAIRGO_INIT_TIMEOUT,
+FAIRGO_DEVICE) or from init()'s keyword arguments of the same names, which
+win.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import os
 import threading
 from typing import Optional
 
-from ._comm import Comm, Store, Work, init_env, init_rank, init_torch, serve_store
+from ._comm import _UNSET, SETTINGS, Comm, Store, Work, init_env, init_rank, init_torch, serve_store
 from ._dtypes import fairgo_dtype, fairgo_op
 from ._lib import (
     AbortedError,
@@ -37,6 +42,7 @@ from ._lib import (
     LibraryError,
     MismatchError,
     NcclError,
+    NoDeviceError,
     NotReadyError,
     candidate_paths,
     load,
@@ -48,15 +54,17 @@ __all__ = [
     "Comm", "Work", "Store", "serve_store", "fairgo_dtype", "fairgo_op", "load", "candidate_paths",
     "FairgoError", "InvalidArgumentError", "BadHandleError", "MismatchError", "FairgoTimeoutError",
     "AbortedError", "ClosedError", "CudaError", "NcclError", "FairgoSystemError", "InternalError", "LibraryError",
-    "NotReadyError",
+    "NotReadyError", "NoDeviceError", "SETTINGS",
 ]
 
 _default: Optional[Comm] = None
 _default_lock = threading.Lock()
 
 
-def init(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
-         slice_bytes: int = 0, flat_threshold: int = 0) -> Comm:
+def init(*, algorithm: Optional[str] = None, slice_bytes: Optional[int] = None,
+         flat_threshold_bytes: Optional[int] = None, timeout: Optional[float] = None,
+         init_timeout: Optional[float] = None, device: Optional[int] = None,
+         op_timeout=_UNSET, flat_threshold=_UNSET) -> Comm:
     """Builds this process's fairgo communicator from the launch environment
     and makes it the default of allreduce_hook. Every rank must call it.
 
@@ -68,14 +76,32 @@ def init(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeou
       torchrun, Slurm or Open MPI variables, the store at
       MASTER_ADDR:MASTER_PORT).
 
-    device defaults to torch.cuda.current_device() once PyTorch has
-    initialised CUDA (call torch.cuda.set_device first). op_timeout (seconds,
-    None: off) arms fairgo's watchdog: a collective not complete by then
-    aborts the communicators and raises FairgoTimeoutError from a later call
-    instead of hanging the job. init_timeout bounds the setup."""
+    Settings, each from its keyword argument when not None, else from the
+    environment variable in parentheses, else the default:
+
+    - algorithm (FAIRGO_ALGORITHM): "auto" (measure each size class and take
+      the fastest), "flat", "rail-a2a" or "rail-rsag".
+    - slice_bytes (FAIRGO_SLICE_BYTES): the pipeline's slice; 0: fairgo's choice.
+    - flat_threshold_bytes (FAIRGO_FLAT_THRESHOLD_BYTES): below it one flat
+      NCCL allreduce; -1: never; 0: fairgo's choice.
+    - timeout (FAIRGO_TIMEOUT): seconds, default 600, 0: off. fairgo's
+      watchdog: a collective not complete by then aborts the communicators
+      and raises FairgoTimeoutError from a later call instead of hanging.
+    - init_timeout (FAIRGO_INIT_TIMEOUT): seconds, default 300; bounds the setup.
+    - device (FAIRGO_DEVICE): the CUDA ordinal; default
+      torch.cuda.current_device() once PyTorch has initialised CUDA (call
+      torch.cuda.set_device first).
+
+    op_timeout and flat_threshold are the former names of timeout and
+    flat_threshold_bytes (op_timeout=None: off). Without a GPU or a GPU
+    driver it raises NoDeviceError."""
     global _default
-    kw = dict(device=device, init_timeout=init_timeout, op_timeout=op_timeout, slice_bytes=slice_bytes,
-              flat_threshold=flat_threshold)
+    kw = dict(algorithm=algorithm, slice_bytes=slice_bytes, flat_threshold_bytes=flat_threshold_bytes, timeout=timeout,
+              init_timeout=init_timeout, device=device)
+    if op_timeout is not _UNSET:
+        kw["op_timeout"] = op_timeout
+    if flat_threshold is not _UNSET:
+        kw["flat_threshold"] = flat_threshold
     if os.environ.get("FAIRGO_STORE_ADDR"):
         comm = init_env(**kw)
     elif _torch_dist_initialized():

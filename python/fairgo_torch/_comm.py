@@ -249,13 +249,70 @@ class Comm:
         self.close()
 
 
-def _config(lib: _lib.Library, device, init_timeout, op_timeout, slice_bytes, flat_threshold) -> _lib.Config:
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
+
+# The settings: keyword argument -> environment variable (fairgo.h and the
+# README list them; fairgo_config_from_env reads the variables).
+SETTINGS = {
+    "algorithm": "FAIRGO_ALGORITHM",
+    "slice_bytes": "FAIRGO_SLICE_BYTES",
+    "flat_threshold_bytes": "FAIRGO_FLAT_THRESHOLD_BYTES",
+    "timeout": "FAIRGO_TIMEOUT",
+    "init_timeout": "FAIRGO_INIT_TIMEOUT",
+    "device": "FAIRGO_DEVICE",
+}
+
+DEFAULT_TIMEOUT = 600.0  # seconds: fairgo_torch arms the watchdog unless told otherwise
+
+
+def _env_set(name: str) -> bool:
+    return bool(os.environ.get(name, "").strip())
+
+
+def _algorithm(a) -> int:
+    if isinstance(a, bool) or not isinstance(a, (int, str)):
+        raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: algorithm {a!r}: want one of {', '.join(_lib.ALGORITHMS)}")
+    if isinstance(a, int):
+        if a not in _lib.ALGORITHMS.values():
+            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: algorithm {a}: want one of {', '.join(_lib.ALGORITHMS)}")
+        return a
+    code = _lib.ALGORITHMS.get(a.strip().lower())
+    if code is None:
+        raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: algorithm {a!r}: want one of {', '.join(_lib.ALGORITHMS)}")
+    return code
+
+
+def _config(lib: _lib.Library, *, device=None, algorithm=None, slice_bytes=None, flat_threshold_bytes=None,
+            timeout=None, init_timeout=None, op_timeout=_UNSET, flat_threshold=_UNSET) -> _lib.Config:
+    """The fairgo_config_t of the settings: each keyword argument that is not
+    None overrides its environment variable (SETTINGS), which overrides the
+    default. op_timeout and flat_threshold are the former names of timeout
+    and flat_threshold_bytes (op_timeout=None meant off)."""
+    if op_timeout is not _UNSET:
+        if timeout is not None:
+            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, "fairgo: give timeout or its former name op_timeout, not both")
+        timeout = 0 if op_timeout is None else op_timeout
+    if flat_threshold is not _UNSET:
+        if flat_threshold_bytes is not None:
+            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                            "fairgo: give flat_threshold_bytes or its former name flat_threshold, not both")
+        flat_threshold_bytes = flat_threshold
+    if timeout is None and not _env_set(SETTINGS["timeout"]):
+        timeout = DEFAULT_TIMEOUT
+    if device is None and not _env_set(SETTINGS["device"]):
+        device = _default_device()
     return lib.config(
         device=device,
-        init_timeout_ms=_ms(init_timeout, "init_timeout"),
-        op_timeout_ms=_ms(op_timeout, "op_timeout"),
+        algorithm=None if algorithm is None else _algorithm(algorithm),
+        init_timeout_ms=None if init_timeout is None else _ms(init_timeout, "init_timeout"),
+        op_timeout_ms=None if timeout is None else _ms(timeout, "timeout"),
         slice_bytes=slice_bytes,
-        flat_threshold_bytes=flat_threshold,
+        flat_threshold_bytes=flat_threshold_bytes,
     )
 
 
@@ -272,23 +329,23 @@ def _default_device() -> int:
 
 
 def init_rank(rank: int, world_size: int, local_rank: int, local_world_size: int, store_addr: Optional[str],
-              *, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
-              slice_bytes: int = 0, flat_threshold: int = 0, lib: Optional[_lib.Library] = None) -> Comm:
-    """A communicator from an explicit place in the job (fairgo_init_rank)."""
+              *, lib: Optional[_lib.Library] = None, **settings) -> Comm:
+    """A communicator from an explicit place in the job (fairgo_init_rank).
+    settings are those of init()."""
     lib = lib or _lib.load()
-    cfg = _config(lib, _default_device() if device is None else device, init_timeout, op_timeout, slice_bytes, flat_threshold)
+    cfg = _config(lib, **settings)
     handle = ctypes.c_int64(0)
     lib.call("fairgo_init_rank", rank, world_size, local_rank, local_world_size,
              store_addr.encode() if store_addr else None, ctypes.byref(cfg), ctypes.byref(handle))
     return Comm(lib, handle.value)
 
 
-def init_env(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
-             slice_bytes: int = 0, flat_threshold: int = 0, lib: Optional[_lib.Library] = None) -> Comm:
+def init_env(*, lib: Optional[_lib.Library] = None, **settings) -> Comm:
     """A communicator from the launch environment (fairgo_init): fairrun's
-    FAIRGO_STORE_ADDR, else MASTER_ADDR:MASTER_PORT as a fairgo store."""
+    FAIRGO_STORE_ADDR, else MASTER_ADDR:MASTER_PORT as a fairgo store.
+    settings are those of init()."""
     lib = lib or _lib.load()
-    cfg = _config(lib, _default_device() if device is None else device, init_timeout, op_timeout, slice_bytes, flat_threshold)
+    cfg = _config(lib, **settings)
     handle = ctypes.c_int64(0)
     lib.call("fairgo_init", ctypes.byref(cfg), ctypes.byref(handle))
     return Comm(lib, handle.value)
@@ -301,15 +358,16 @@ def _host_for_peers() -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def init_torch(*, device: Optional[int] = None, init_timeout: float = 300.0, op_timeout: Optional[float] = 600.0,
-               slice_bytes: int = 0, flat_threshold: int = 0, lib: Optional[_lib.Library] = None) -> Comm:
+def init_torch(*, lib: Optional[_lib.Library] = None, **settings) -> Comm:
     """A communicator for a job whose torch.distributed default process group
     is initialised (torchrun): rank 0 serves a fairgo store and broadcasts its
     address through the process group; ranks and world size are
-    torch.distributed's, LOCAL_RANK and LOCAL_WORLD_SIZE the launcher's."""
+    torch.distributed's, LOCAL_RANK and LOCAL_WORLD_SIZE the launcher's.
+    settings are those of init()."""
     import torch.distributed as dist
 
     lib = lib or _lib.load()
+    _config(lib, **settings)  # bad settings fail here, before rank 0 serves a store
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         local_rank = int(os.environ["LOCAL_RANK"])
@@ -329,8 +387,7 @@ def init_torch(*, device: Optional[int] = None, init_timeout: float = 300.0, op_
                 store.close()
             raise
     try:
-        comm = init_rank(rank, world, local_rank, local_world, addr[0], device=device, init_timeout=init_timeout,
-                         op_timeout=op_timeout, slice_bytes=slice_bytes, flat_threshold=flat_threshold, lib=lib)
+        comm = init_rank(rank, world, local_rank, local_world, addr[0], lib=lib, **settings)
     except BaseException:
         if store is not None:
             store.close()

@@ -1,11 +1,10 @@
 """ctypes binding of libfairgo.so (cmd/libfairgo/fairgo.h). No PyTorch here.
 
 The library is found at $FAIRGO_LIB (a file, or a directory holding
-libfairgo.so), else next to this package, else in lib/ of the fairgo
-repository this package sits in. Loading a CUDA build of the library on a
-host whose CUDA driver cannot initialise would exit the process (the Go
-runtime's init calls cuInit and exits on failure), so :func:`load` calls
-cuInit itself first and raises :class:`LibraryError` instead.
+libfairgo.so), else inside this package (where the wheel puts it), else in
+lib/ of the fairgo repository this package sits in. It loads on any host: it
+loads the CUDA driver itself when the first communicator is made, and
+without a GPU that fails with :class:`NoDeviceError`.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_NAME = "libfairgo.so"
 ENV_LIB = "FAIRGO_LIB"
-ENV_SKIP_DRIVER_CHECK = "FAIRGO_SKIP_DRIVER_CHECK"
 
 # fairgo_result_t
 OK = 0
@@ -35,6 +33,7 @@ ERR_CUDA = 8
 ERR_NCCL = 9
 ERR_SYSTEM = 10
 ERR_INTERNAL = 11
+ERR_NO_DEVICE = 12
 
 RESULT_NAMES: Dict[int, str] = {
     OK: "FAIRGO_OK",
@@ -49,6 +48,7 @@ RESULT_NAMES: Dict[int, str] = {
     ERR_NCCL: "FAIRGO_ERR_NCCL",
     ERR_SYSTEM: "FAIRGO_ERR_SYSTEM",
     ERR_INTERNAL: "FAIRGO_ERR_INTERNAL",
+    ERR_NO_DEVICE: "FAIRGO_ERR_NO_DEVICE",
 }
 
 # fairgo_dtype_t (fairgo.DType)
@@ -71,6 +71,16 @@ MIN = 4
 PROD = 5
 
 OPS: Dict[str, int] = {"sum": SUM, "avg": AVG, "mean": AVG, "max": MAX, "min": MIN, "prod": PROD, "product": PROD}
+
+# fairgo_algorithm_t (hier.Algorithm)
+ALGORITHM_AUTO = 0
+ALGORITHM_FLAT = 1
+ALGORITHM_RAIL_A2A = 2
+ALGORITHM_RAIL_RSAG = 3
+
+ALGORITHMS: Dict[str, int] = {
+    "auto": ALGORITHM_AUTO, "flat": ALGORITHM_FLAT, "rail-a2a": ALGORITHM_RAIL_A2A, "rail-rsag": ALGORITHM_RAIL_RSAG,
+}
 
 
 class FairgoError(RuntimeError):
@@ -120,6 +130,11 @@ class NcclError(FairgoError):
     """FAIRGO_ERR_NCCL: an NCCL error, or NCCL could not be loaded."""
 
 
+class NoDeviceError(CudaError):
+    """FAIRGO_ERR_NO_DEVICE: no GPU or no GPU driver on this host; the message
+    names what is missing and every path tried."""
+
+
 class FairgoSystemError(FairgoError):
     """FAIRGO_ERR_SYSTEM: the store, the network, the operating system."""
 
@@ -146,6 +161,7 @@ ERRORS = {
     ERR_NCCL: NcclError,
     ERR_SYSTEM: FairgoSystemError,
     ERR_INTERNAL: InternalError,
+    ERR_NO_DEVICE: NoDeviceError,
 }
 
 
@@ -164,6 +180,7 @@ class Config(ctypes.Structure):
         ("op_timeout_ms", ctypes.c_int64),
         ("slice_bytes", ctypes.c_int64),
         ("flat_threshold_bytes", ctypes.c_int64),
+        ("algorithm", ctypes.c_int32),
     ]
 
 
@@ -190,6 +207,7 @@ PROTOTYPES: Dict[str, Tuple[object, List[object]]] = {
     "fairgo_result_string": (ctypes.c_char_p, [ctypes.c_int]),
     "fairgo_last_error": (ctypes.c_char_p, []),
     "fairgo_config_init": (None, [_P(Config)]),
+    "fairgo_config_from_env": (ctypes.c_int, [_P(Config)]),
     "fairgo_init": (ctypes.c_int, [_P(Config), _P(_c_handle)]),
     "fairgo_init_rank": (
         ctypes.c_int,
@@ -211,8 +229,8 @@ PROTOTYPES: Dict[str, Tuple[object, List[object]]] = {
 
 def candidate_paths() -> List[Path]:
     """Where :func:`load` looks, in order: $FAIRGO_LIB alone when set; else
-    this package's directory, the directory holding it, and lib/ of the
-    repository (python/fairgo_torch -> ../../lib)."""
+    this package's directory (the wheel's copy), the directory holding it,
+    and lib/ of the repository (python/fairgo_torch -> ../../lib)."""
     env = os.environ.get(ENV_LIB, "").strip()
     if env:
         p = Path(env).expanduser()
@@ -270,34 +288,6 @@ def needed_libraries(path: Path) -> Optional[List[str]]:
         return None
 
 
-def check_cuda_driver(path: Path) -> None:
-    """Raises LibraryError when path is a CUDA build of libfairgo (it needs
-    libcuda.so.1) and this host's CUDA driver does not initialise: loading it
-    would exit the process. Skipped with FAIRGO_SKIP_DRIVER_CHECK=1."""
-    if os.environ.get(ENV_SKIP_DRIVER_CHECK, "") not in ("", "0"):
-        return
-    needed = needed_libraries(path)
-    if needed is not None and not any(n.startswith("libcuda.so") for n in needed):
-        return  # the simulated build, or no CUDA dependency
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        raise LibraryError(
-            f"fairgo: {path} needs the CUDA driver library libcuda.so.1, which cannot be loaded here ({e}); "
-            "libfairgo.so runs only on a host with an NVIDIA GPU driver"
-        ) from None
-    r = cuda.cuInit(0)
-    if r != 0:
-        name = ctypes.c_char_p()
-        cuda.cuGetErrorName(r, ctypes.byref(name))
-        what = name.value.decode() if name.value else f"CUresult {r}"
-        raise LibraryError(
-            f"fairgo: the CUDA driver does not initialise on this host (cuInit: {what}); loading {path} "
-            "would exit the process (a cuda build of fairgo initialises CUDA when it is loaded). "
-            f"Set {ENV_SKIP_DRIVER_CHECK}=1 to load it anyway."
-        )
-
-
 def _dlopen_lazy(path: Path) -> int:
     """dlopen(path, RTLD_LAZY | RTLD_LOCAL). ctypes.CDLL would add RTLD_NOW,
     which fails on the NVML functions the library leaves unresolved
@@ -319,7 +309,6 @@ class Library:
 
     def __init__(self, path: Path):
         self.path = path
-        check_cuda_driver(path)
         self.dll = ctypes.CDLL(str(path), handle=_dlopen_lazy(path))
         for name, (restype, argtypes) in PROTOTYPES.items():
             try:
@@ -347,8 +336,12 @@ class Library:
         return self.check(getattr(self.dll, name)(*args))
 
     def config(self, **fields) -> Config:
+        """fairgo_config_init, then the environment's settings
+        (fairgo_config_from_env: FAIRGO_ALGORITHM, ...), then the fields
+        given that are not None."""
         cfg = Config()
         self.dll.fairgo_config_init(ctypes.byref(cfg))
+        self.call("fairgo_config_from_env", ctypes.byref(cfg))
         for k, v in fields.items():
             if v is not None:
                 setattr(cfg, k, v)
@@ -382,5 +375,6 @@ def _load(paths: Sequence[Path]) -> Library:
     how = f"${ENV_LIB}" if os.environ.get(ENV_LIB, "").strip() else f"${ENV_LIB}, next to the package, lib/ of the repository"
     raise LibraryError(
         f"fairgo: cannot find {LIB_NAME} ({how}); tried: " + "; ".join(tried)
-        + f". Build it with `make libfairgo` in the fairgo repository and set {ENV_LIB}=/path/to/{LIB_NAME}."
+        + f". Install the fairgo_torch wheel (make wheel), or build it with `make libfairgo` in the fairgo "
+        f"repository and set {ENV_LIB}=/path/to/{LIB_NAME}."
     )

@@ -1,7 +1,10 @@
 // A C (and C++) caller of fairgo.h, run by `make capi-test` against
 // libfairgo_sim.so: the header compiles warning-free in both languages and
 // the calls behave as documented for a world of one rank.
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fairgo.h"
@@ -22,8 +25,30 @@ int main(void) {
 
 	fairgo_config_t cfg;
 	fairgo_config_init(&cfg);
-	CHECK(cfg.struct_size == sizeof cfg && cfg.device == -1);
+	CHECK(cfg.struct_size == sizeof cfg && cfg.device == -1 && cfg.algorithm == FAIRGO_ALGORITHM_AUTO);
+
+	/* Settings from the environment; a bad value names its variable and changes nothing. */
+	CHECK(setenv("FAIRGO_ALGORITHM", "flat", 1) == 0 && setenv("FAIRGO_TIMEOUT", "1.5", 1) == 0);
+	CHECK(fairgo_config_from_env(&cfg) == FAIRGO_OK);
+	CHECK(cfg.algorithm == FAIRGO_ALGORITHM_FLAT && cfg.op_timeout_ms == 1500);
+	CHECK(setenv("FAIRGO_SLICE_BYTES", "lots", 1) == 0);
+	CHECK(fairgo_config_from_env(&cfg) == FAIRGO_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(fairgo_last_error(), "FAIRGO_SLICE_BYTES") != NULL);
+	CHECK(cfg.slice_bytes == 0);
+	CHECK(unsetenv("FAIRGO_SLICE_BYTES") == 0 && unsetenv("FAIRGO_ALGORITHM") == 0 && unsetenv("FAIRGO_TIMEOUT") == 0);
+	CHECK(fairgo_config_from_env(NULL) == FAIRGO_ERR_INVALID_ARGUMENT);
 	cfg.op_timeout_ms = 60000;
+
+	/* A caller built against ABI version 1 (no algorithm field) is still served. */
+	fairgo_config_t v1;
+	fairgo_config_init(&v1);
+	v1.struct_size = (uint32_t)offsetof(fairgo_config_t, algorithm);
+	fairgo_comm_t old = 0;
+	CHECK(fairgo_init_rank(0, 1, 0, 1, NULL, &v1, &old) == FAIRGO_OK && old > 0);
+	CHECK(fairgo_comm_close(old) == FAIRGO_OK);
+	v1.struct_size = 8;
+	CHECK(fairgo_init_rank(0, 1, 0, 1, NULL, &v1, &old) == FAIRGO_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(fairgo_last_error(), "struct_size") != NULL);
 
 	fairgo_comm_t comm = 0;
 	CHECK(fairgo_init_rank(3, 2, 0, 1, NULL, &cfg, &comm) == FAIRGO_ERR_INVALID_ARGUMENT);

@@ -36,16 +36,17 @@ const (
 	NCCL            Code = 9  // FAIRGO_ERR_NCCL: an NCCL error, or NCCL not found
 	System          Code = 10 // FAIRGO_ERR_SYSTEM: anything else (store, network, launch environment)
 	Internal        Code = 11 // FAIRGO_ERR_INTERNAL: a bug in fairgo (a recovered Go panic)
+	NoDevice        Code = 12 // FAIRGO_ERR_NO_DEVICE: no GPU or no GPU driver (fairgo.ErrNoDevice)
 )
 
 // Codes lists every code in order.
-var Codes = []Code{OK, NotReady, InvalidArgument, BadHandle, Mismatch, Timeout, Aborted, Closed, CUDA, NCCL, System, Internal}
+var Codes = []Code{OK, NotReady, InvalidArgument, BadHandle, Mismatch, Timeout, Aborted, Closed, CUDA, NCCL, System, Internal, NoDevice}
 
 var codeNames = map[Code]string{
 	OK: "FAIRGO_OK", NotReady: "FAIRGO_NOT_READY", InvalidArgument: "FAIRGO_ERR_INVALID_ARGUMENT",
 	BadHandle: "FAIRGO_ERR_BAD_HANDLE", Mismatch: "FAIRGO_ERR_MISMATCH", Timeout: "FAIRGO_ERR_TIMEOUT",
 	Aborted: "FAIRGO_ERR_ABORTED", Closed: "FAIRGO_ERR_CLOSED", CUDA: "FAIRGO_ERR_CUDA", NCCL: "FAIRGO_ERR_NCCL",
-	System: "FAIRGO_ERR_SYSTEM", Internal: "FAIRGO_ERR_INTERNAL",
+	System: "FAIRGO_ERR_SYSTEM", Internal: "FAIRGO_ERR_INTERNAL", NoDevice: "FAIRGO_ERR_NO_DEVICE",
 }
 
 // String is the code's C name, e.g. "FAIRGO_ERR_TIMEOUT".
@@ -103,7 +104,7 @@ type Classes struct {
 
 // Classify returns the result code of err: OK for nil; an *Error's own
 // code; then, in this order, a mismatch (Classes.Mismatch: the root cause
-// wins over the abort it led to); a timeout (fairgo.ErrTimeout, a context
+// wins over the abort it led to); no GPU or driver (fairgo.ErrNoDevice); a timeout (fairgo.ErrTimeout, a context
 // deadline), closed (fairgo.ErrClosed) or aborted (fairgo.ErrAborted, a
 // cancelled context), whichever the error tree names first (the engine puts
 // the cause first: "closed (aborted)" is a close); the backend's classes;
@@ -124,6 +125,9 @@ func (cs Classes) Classify(err error) Code {
 		if errors.Is(err, m) {
 			return Mismatch
 		}
+	}
+	if errors.Is(err, fairgo.ErrNoDevice) {
+		return NoDevice
 	}
 	if c, ok := firstSentinel(err); ok {
 		return c

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
+	"github.com/fairgo/fairgo/hier"
 )
 
 // headerEnums reads the FAIRGO_* enumerators of fairgo.h.
@@ -27,8 +28,9 @@ func headerEnums(t *testing.T) map[string]int {
 	return enums
 }
 
-// TestHeaderMatchesGo: the result codes, dtypes and ops of fairgo.h have
-// the values of capi.Code, fairgo.DType and fairgo.Op, and nothing more.
+// TestHeaderMatchesGo: the result codes, dtypes, ops and algorithms of
+// fairgo.h have the values of capi.Code, fairgo.DType, fairgo.Op and
+// hier.Algorithm, and nothing more.
 // (The cgo build checks the exported functions' prototypes against the
 // header; this checks the numbers.)
 func TestHeaderMatchesGo(t *testing.T) {
@@ -43,5 +45,23 @@ func TestHeaderMatchesGo(t *testing.T) {
 	for _, o := range fairgo.Ops {
 		want["FAIRGO_"+strings.ToUpper(o.String())] = int(o)
 	}
+	for a := hier.Auto; a.Valid(); a++ {
+		want["FAIRGO_ALGORITHM_"+strings.ToUpper(strings.ReplaceAll(a.String(), "-", "_"))] = int(a)
+	}
 	require.Equal(t, want, enums)
+}
+
+// TestSettingsDocumented: fairgo.h's table of settings and README.md's
+// environment table name every setting with its three spellings.
+func TestSettingsDocumented(t *testing.T) {
+	h, err := os.ReadFile("../../fairgo.h")
+	require.NoError(t, err)
+	readme, err := os.ReadFile("../../../../README.md")
+	require.NoError(t, err)
+	for _, s := range capi.Settings {
+		row := regexp.MustCompile(`(?m)^ \*   ` + s.Env + ` +` + s.Keyword + ` +` + s.Field + `$`)
+		require.Regexp(t, row, string(h), "fairgo.h's settings table lacks %s", s.Env)
+		require.Regexp(t, regexp.MustCompile("(?m)^\\| `"+s.Env+"` \\|"), string(readme), "README.md's environment table lacks %s", s.Env)
+		require.Contains(t, string(readme), "`"+s.Keyword+"`", "README.md does not name the keyword of %s", s.Env)
+	}
 }

@@ -62,6 +62,8 @@ type Options struct {
 	// hier.WithFlatThreshold; zero: fairgo's defaults.
 	SliceBytes    int64
 	FlatThreshold int64
+	// Algorithm is hier.WithAlgorithm (Auto: measure each size class).
+	Algorithm hier.Algorithm
 	// Setup are more setup options (Go callers only).
 	Setup []setup.Option
 }
@@ -82,6 +84,8 @@ func (o Options) validate() error {
 		return bad("slice_bytes", o.SliceBytes, "negative")
 	case o.FlatThreshold < 0 && o.FlatThreshold != hier.FlatNever:
 		return bad("flat_threshold_bytes", o.FlatThreshold, fmt.Sprintf("negative (only %d, never flat, is allowed)", hier.FlatNever))
+	case !o.Algorithm.Valid():
+		return bad("algorithm", int(o.Algorithm), "unknown (FAIRGO_ALGORITHM_AUTO, _FLAT, _RAIL_A2A, _RAIL_RSAG)")
 	}
 	return nil
 }
@@ -160,7 +164,8 @@ func (t *Table) init(l *rendezvous.Launch, o Options) (int64, error) {
 	if o.InitTimeout == 0 {
 		o.InitTimeout = DefaultInitTimeout
 	}
-	ropts := []hier.Option{hier.WithTimeout(o.OpTimeout), hier.WithSliceSize(o.SliceBytes), hier.WithFlatThreshold(o.FlatThreshold)}
+	ropts := []hier.Option{hier.WithTimeout(o.OpTimeout), hier.WithSliceSize(o.SliceBytes), hier.WithFlatThreshold(o.FlatThreshold),
+		hier.WithAlgorithm(o.Algorithm)}
 	sopts := append([]setup.Option{setup.WithReducer(ropts...)}, t.cfg.Setup...)
 	sopts = append(sopts, o.Setup...)
 	if l != nil {

@@ -495,6 +495,8 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("%w %w", errCUDA, fairgo.ErrInvalidArgument), capi.CUDA},
 		{wrap(errNCCL), capi.NCCL},
 		{errors.New("connection refused"), capi.System},
+		{wrap(fmt.Errorf("cuda: no GPU: %w", fairgo.ErrNoDevice)), capi.NoDevice},
+		{errors.Join(fairgo.ErrNoDevice, errCUDA), capi.NoDevice},
 	}
 	for _, c := range cases {
 		require.Equal(t, c.want, cs.Classify(c.err), "%v", c.err)

@@ -1,10 +1,9 @@
 // Package gpu is the GPU half of examples/ddp: the training kernels of
 // train.cu (an MLP's matrix products, activations, loss, SGD and a
-// synthetic data generator) loaded from their embedded PTX, and host copies
-// ordered on a stream. The library's cuda package carries only what the
-// engine needs; a trainer keeps its own kernels, as this example does.
-//
-// Everything but InputValue needs the cuda build tag.
+// synthetic data generator), loaded from their embedded PTX through the
+// library's module loader (cuda.Device.LoadModule) and launched on the
+// trainer's streams. The library's cuda package carries only the kernels
+// the engine needs; a trainer keeps its own, as this example does.
 package gpu
 
 import "math"

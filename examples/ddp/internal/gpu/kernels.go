@@ -1,5 +1,3 @@
-//go:build cuda
-
 package gpu
 
 import (
@@ -7,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cuda"
@@ -43,61 +40,32 @@ const (
 // Device must outlive the Kernels.
 type Kernels struct {
 	d      *cuda.Device
-	module cModule
-	fn     map[string]cFunction
-	closed atomic.Bool
+	module *cuda.Module
+	fn     map[string]*cuda.Function
 }
 
 // ErrClosed is returned for a launch after Close.
 var ErrClosed = fmt.Errorf("gpu: training kernels closed: %w", fairgo.ErrClosed)
 
-// LoadKernels loads the training kernels on d.
+// LoadKernels loads the training kernels on d, through the library's
+// module loader (cuda.Device.LoadModule).
 func LoadKernels(d *cuda.Device) (*Kernels, error) {
 	if d == nil {
 		return nil, &fairgo.ArgError{Arg: "device", Value: "nil", Reason: "no device"}
 	}
-	ks := &Kernels{d: d, fn: map[string]cFunction{}}
-	err := inContext(d, func() error {
-		m, log, err := moduleLoad(trainPTX)
-		if err != nil {
-			if log != "" {
-				return fmt.Errorf("loading the training kernels: %w; JIT log: %s", err, log)
-			}
-			return fmt.Errorf("loading the training kernels: %w", err)
-		}
-		ks.module = m
-		for _, name := range trainKernelNames {
-			f, err := moduleFunction(m, name)
-			if err != nil {
-				return errors.Join(err, moduleUnload(m))
-			}
-			ks.fn[name] = f
-		}
-		return nil
-	})
+	m, err := d.LoadModule([]byte(trainPTX))
 	if err != nil {
-		return nil, fmt.Errorf("gpu: %v: %w", d, err)
+		return nil, fmt.Errorf("gpu: the training kernels: %w", err)
+	}
+	ks := &Kernels{d: d, module: m, fn: map[string]*cuda.Function{}}
+	for _, name := range trainKernelNames {
+		f, err := m.Function(name)
+		if err != nil {
+			return nil, fmt.Errorf("gpu: %v: %w", d, errors.Join(err, m.Close()))
+		}
+		ks.fn[name] = f
 	}
 	return ks, nil
-}
-
-// inContext runs fn on a locked thread with d's primary context current.
-func inContext(d *cuda.Device, fn func() error) error {
-	release, err := d.Bind()
-	if err != nil {
-		return err
-	}
-	defer release()
-	return fn()
-}
-
-// stream returns the handle of s, a stream of d.
-func stream(d *cuda.Device, s streams.Stream) (uintptr, error) {
-	cs, ok := s.(*cuda.Stream)
-	if !ok || cs == nil || cs.Device() != d {
-		return 0, &fairgo.ArgError{Arg: "stream", Value: s, Reason: fmt.Sprintf("not a stream of %v", d)}
-	}
-	return cs.Handle(), nil
 }
 
 // Device is the GPU the kernels are loaded on.
@@ -105,27 +73,14 @@ func (ks *Kernels) Device() *cuda.Device { return ks.d }
 
 // Close unloads the kernels (after the device's work has finished, as
 // cuModuleUnload requires). Later calls do nothing, and so does a Close
-// after the Device's: the context took the module with it.
-func (ks *Kernels) Close() error {
-	if !ks.closed.CompareAndSwap(false, true) {
-		return nil
-	}
-	err := inContext(ks.d, func() error { return errors.Join(ctxSync(), moduleUnload(ks.module)) })
-	if errors.Is(err, cuda.ErrDeviceClosed) {
-		return nil
-	}
-	return err
-}
+// after the Device's, which unloaded them.
+func (ks *Kernels) Close() error { return ks.module.Close() }
 
-func (ks *Kernels) launch(name string, gx, gy, bx, by int, s streams.Stream, args ...uint64) error {
-	if ks.closed.Load() {
+func (ks *Kernels) launch(name string, gx, gy, bx, by int, s streams.Stream, args ...any) error {
+	err := ks.fn[name].Launch(cuda.Dim3{X: gx, Y: gy}, cuda.Dim3{X: bx, Y: by}, 0, s, args...)
+	if errors.Is(err, fairgo.ErrClosed) && !errors.Is(err, cuda.ErrDeviceClosed) {
 		return fmt.Errorf("gpu: training kernel %s: %w", name, ErrClosed)
 	}
-	h, err := stream(ks.d, s)
-	if err != nil {
-		return fmt.Errorf("gpu: training kernel %s: %w", name, err)
-	}
-	err = inContext(ks.d, func() error { return launchKernel(ks.fn[name], name, gx, gy, bx, by, h, args) })
 	if err != nil {
 		return fmt.Errorf("gpu: %v: %w", ks.d, err)
 	}
@@ -171,9 +126,8 @@ func dims(kernel string, names string, vals ...int) error {
 	return nil
 }
 
-func u32(v int) uint64     { return uint64(uint32(int32(v))) }
-func f32(v float32) uint64 { return uint64(math.Float32bits(v)) }
-func flag(b bool) uint64 {
+// flag is a kernel's int flag.
+func flag(b bool) int32 {
 	if b {
 		return 1
 	}
@@ -200,7 +154,7 @@ func (ks *Kernels) MatMul(c, a, b fairgo.Tensor, m, n, k int, transA, transB boo
 		return fmt.Errorf("gpu: training kernel %s: %w", name, &fairgo.ArgError{Arg: "m", Value: m, Reason: "more rows than a grid's y dimension covers (65535·16)"})
 	}
 	return ks.launch(name, gx, gy, matmulTile, matmulTile, s,
-		uint64(c.Ptr), uint64(a.Ptr), uint64(b.Ptr), u32(m), u32(n), u32(k), flag(transA), flag(transB))
+		c, a, b, int32(m), int32(n), int32(k), flag(transA), flag(transB))
 }
 
 func overlaps(x, y fairgo.Tensor, nx, ny int64) bool {
@@ -218,7 +172,7 @@ func (ks *Kernels) BiasAct(z, bias fairgo.Tensor, rows, cols int, relu bool, s s
 	if err := errors.Join(need(name, "z", z, fairgo.Float32, n), need(name, "bias", bias, fairgo.Float32, int64(cols))); err != nil {
 		return err
 	}
-	return ks.launch(name, ks.grid1(n, true), 1, blockSize, 1, s, uint64(z.Ptr), uint64(bias.Ptr), u32(rows), u32(cols), flag(relu))
+	return ks.launch(name, ks.grid1(n, true), 1, blockSize, 1, s, z, bias, int32(rows), int32(cols), flag(relu))
 }
 
 // ReLUMask enqueues the ReLU's backward pass: da[i] = 0 wherever the ReLU's
@@ -228,7 +182,7 @@ func (ks *Kernels) ReLUMask(da, a fairgo.Tensor, s streams.Stream) error {
 	if err := errors.Join(need(name, "da", da, fairgo.Float32, 1), need(name, "a", a, fairgo.Float32, da.Count)); err != nil {
 		return err
 	}
-	return ks.launch(name, ks.grid1(da.Count, true), 1, blockSize, 1, s, uint64(da.Ptr), uint64(a.Ptr), uint64(da.Count))
+	return ks.launch(name, ks.grid1(da.Count, true), 1, blockSize, 1, s, da, a, da.Count)
 }
 
 // ColSum enqueues out[c] = Σ_r m[r][c] over a rows×cols m (the bias
@@ -241,7 +195,7 @@ func (ks *Kernels) ColSum(out, m fairgo.Tensor, rows, cols int, s streams.Stream
 	if err := errors.Join(need(name, "out", out, fairgo.Float32, int64(cols)), need(name, "m", m, fairgo.Float32, int64(rows)*int64(cols))); err != nil {
 		return err
 	}
-	return ks.launch(name, ks.grid1(int64(cols), false), 1, blockSize, 1, s, uint64(out.Ptr), uint64(m.Ptr), u32(rows), u32(cols))
+	return ks.launch(name, ks.grid1(int64(cols), false), 1, blockSize, 1, s, out, m, int32(rows), int32(cols))
 }
 
 // SoftmaxXent enqueues the softmax cross-entropy of rows×classes logits
@@ -265,8 +219,8 @@ func (ks *Kernels) SoftmaxXent(logits, labels, loss, correct, dz fairgo.Tensor, 
 	if err != nil {
 		return err
 	}
-	return ks.launch(name, ks.grid1(int64(rows), false), 1, blockSize, 1, s, uint64(logits.Ptr), uint64(labels.Ptr),
-		uint64(loss.Ptr), uint64(correct.Ptr), uint64(dz.Ptr), u32(rows), u32(classes), f32(scale))
+	return ks.launch(name, ks.grid1(int64(rows), false), 1, blockSize, 1, s, logits, labels,
+		loss, correct, dz, int32(rows), int32(classes), scale)
 }
 
 // AccumStats enqueues, on one GPU thread, stats[0] += mean(loss[:rows]) and
@@ -280,7 +234,7 @@ func (ks *Kernels) AccumStats(stats, loss, correct fairgo.Tensor, rows int, s st
 		need(name, "correct", correct, fairgo.Float32, int64(rows))); err != nil {
 		return err
 	}
-	return ks.launch(name, 1, 1, 1, 1, s, uint64(stats.Ptr), uint64(loss.Ptr), uint64(correct.Ptr), u32(rows))
+	return ks.launch(name, 1, 1, 1, 1, s, stats, loss, correct, int32(rows))
 }
 
 // SGD enqueues PyTorch's SGD with momentum over params' elements:
@@ -292,8 +246,8 @@ func (ks *Kernels) SGD(params, velocity, grads fairgo.Tensor, lr, mu float32, s 
 		need(name, "grads", grads, fairgo.Float32, n)); err != nil {
 		return err
 	}
-	return ks.launch(name, ks.grid1(n, true), 1, blockSize, 1, s, uint64(params.Ptr), uint64(velocity.Ptr), uint64(grads.Ptr),
-		uint64(n), f32(lr), f32(mu))
+	return ks.launch(name, ks.grid1(n, true), 1, blockSize, 1, s, params, velocity, grads,
+		n, lr, mu)
 }
 
 // GenInputs enqueues x[i] = a standard normal draw that depends only on
@@ -303,7 +257,7 @@ func (ks *Kernels) GenInputs(x fairgo.Tensor, seed uint64, rank, step int, s str
 	if err := need(name, "x", x, fairgo.Float32, 1); err != nil {
 		return err
 	}
-	return ks.launch(name, ks.grid1(x.Count, true), 1, blockSize, 1, s, uint64(x.Ptr), uint64(x.Count), seed, uint64(rank), uint64(step))
+	return ks.launch(name, ks.grid1(x.Count, true), 1, blockSize, 1, s, x, x.Count, seed, uint64(rank), uint64(step))
 }
 
 // GenLabels enqueues y[r] = the first arg max over k of teacher[k]·x[r]
@@ -318,53 +272,6 @@ func (ks *Kernels) GenLabels(y, x, teacher fairgo.Tensor, rows, in, classes int,
 		need(name, "teacher", teacher, fairgo.Float32, int64(classes)*int64(in))); err != nil {
 		return err
 	}
-	return ks.launch(name, ks.grid1(int64(rows), false), 1, blockSize, 1, s, uint64(y.Ptr), uint64(x.Ptr), uint64(teacher.Ptr),
-		u32(rows), u32(in), u32(classes))
-}
-
-// UploadAsync enqueues a copy of src to device memory at dst on s, a
-// stream of d. From Go (pageable) memory the driver stages the bytes before
-// it returns, so src may be reused at once; the call may wait for s's
-// earlier work, and the copy is not asynchronous with respect to the host
-// the way one from pinned memory is. Unlike d.Upload it does not
-// synchronise the whole context.
-func UploadAsync(d *cuda.Device, dst uintptr, src []byte, s streams.Stream) error {
-	h, err := stream(d, s)
-	if err != nil {
-		return fmt.Errorf("gpu: upload: %w", err)
-	}
-	if len(src) == 0 {
-		return nil
-	}
-	if dst == 0 {
-		return &fairgo.ArgError{Arg: "dst", Value: "0", Reason: "null device address"}
-	}
-	if err := inContext(d, func() error { return htodAsync(dst, src, h) }); err != nil {
-		return fmt.Errorf("gpu: upload on %v: %w", s, err)
-	}
-	return nil
-}
-
-// DownloadAsync copies len(dst) bytes of device memory at src into dst,
-// ordered after the work enqueued on s (a stream of d), and returns once
-// the copy is done: into Go (pageable) memory cuMemcpyDtoHAsync is
-// synchronous with respect to the host anyway, and s is synchronised after
-// it to be sure. It waits for s only, not for the whole context as
-// d.Download does.
-func DownloadAsync(d *cuda.Device, dst []byte, src uintptr, s streams.Stream) error {
-	h, err := stream(d, s)
-	if err != nil {
-		return fmt.Errorf("gpu: download: %w", err)
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	if src == 0 {
-		return &fairgo.ArgError{Arg: "src", Value: "0", Reason: "null device address"}
-	}
-	err = inContext(d, func() error { return errors.Join(dtohAsync(dst, src, h), streamSync(h)) })
-	if err != nil {
-		return fmt.Errorf("gpu: download on %v: %w", s, err)
-	}
-	return nil
+	return ks.launch(name, ks.grid1(int64(rows), false), 1, blockSize, 1, s, y, x, teacher,
+		int32(rows), int32(in), int32(classes))
 }
