@@ -208,8 +208,12 @@ allreduce() {
 }
 
 section_fairrun() {
-  allreduce allreduce-1x2-f32 2 "--shuffle-ranks 3" "-dtype float32 -op sum -count 1048579 -iters 2"
-  allreduce allreduce-1x2-bf16 2 "" "-dtype bfloat16 -op avg -count 3000001"
+  # 1 × 2: one GPU each where there are two; on one GPU, one emulated
+  # machine whose two ranks share it (each its own NCCL host).
+  local one=""
+  [ "$(gpus)" -ge 2 ] || one="--emulate-machines 1 --mps on"
+  allreduce allreduce-1x2-f32 2 "$one --shuffle-ranks 3" "-dtype float32 -op sum -count 1048579 -iters 2"
+  allreduce allreduce-1x2-bf16 2 "$one" "-dtype bfloat16 -op avg -count 3000001"
   allreduce allreduce-2x2-f32 4 "$(fairrun_flags 2 2) --shuffle-ranks 7" "-dtype float32 -op sum -count 1048579 -iters 2"
   allreduce allreduce-2x2-i64 4 "$(fairrun_flags 2 2) --shuffle-ranks 5" "-dtype int64 -op min -count 100003 -flat-threshold -1"
   allreduce allreduce-4x2-bf16 8 "$(fairrun_flags 4 2) --shuffle-ranks 9" "-dtype bfloat16 -op avg -count 1000003 -slice 1048576"
@@ -466,7 +470,9 @@ section_hook() {
     for run in default fairgo ring tree; do
       hook=default
       envs=(FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python")
-      case $run in fairgo) hook=fairgo ;; ring) envs+=(NCCL_ALGO=Ring) ;; tree) envs+=(NCCL_ALGO=Tree) ;; esac
+      # The allreduce only (NCCL ≥ 2.24's per-collective syntax): NCCL has
+      # no Tree all-gather, which DDP's setup calls.
+      case $run in fairgo) hook=fairgo ;; ring) envs+=(NCCL_ALGO=allreduce:ring) ;; tree) envs+=(NCCL_ALGO=allreduce:tree) ;; esac
       step "resnet-$l-$run" 300 env "${envs[@]}" "${launch[@]}" \
         examples/ddp_torch/train_resnet.py --hook "$hook" --steps 50 --batch-size 32 --losses-out "$OUT/resnet-$l-$run.json"
     done

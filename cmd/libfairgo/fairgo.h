@@ -97,7 +97,8 @@ typedef enum fairgo_algorithm {
   FAIRGO_ALGORITHM_AUTO = 0,     /* measure the others for each size class and take the fastest (default) */
   FAIRGO_ALGORITHM_FLAT = 1,     /* one NCCL allreduce over all ranks */
   FAIRGO_ALGORITHM_RAIL_A2A = 2, /* fairring's pipeline: all-to-all on the rail and a reduction kernel */
-  FAIRGO_ALGORITHM_RAIL_RSAG = 3 /* the same pipeline with NCCL's reduce-scatter and all-gather on the rail */
+  FAIRGO_ALGORITHM_RAIL_RSAG = 3, /* the same pipeline with NCCL's reduce-scatter and all-gather on the rail */
+  FAIRGO_ALGORITHM_RAIL_ALLREDUCE = 4 /* the hierarchy in one piece: intra reduce-scatter, rail allreduce, intra all-gather */
 } fairgo_algorithm_t;
 
 typedef int64_t fairgo_comm_t;  /* a communicator: this process's rank of the job */

@@ -16,7 +16,11 @@ NCCL_ALGO=Tree, or another NCCL_PROTO). Two checks:
   runs) at any step up to s: how far correct runs have drifted by then (at
   one step two drifting curves may cross, so the running maximum is the
   drift). fairgo agrees when at every step its relative difference from the
-  default run is at most --multiple times the envelope plus --floor.
+  default run is at most --multiple times the envelope plus --floor. The
+  floor covers the first steps, where two NCCL algorithms that share most
+  of their summation order barely drift apart (ResNet-18 on emulated 2 x 2:
+  envelope 1.4e-7 at step 1) while a hierarchical order, with step-0
+  gradients well inside the float32 bound, differs by 2.3e-6.
 - Step-0 gradients, when the runs recorded them (train_resnet.py
   --grad-check): the averaged gradient of the first step, before training
   has amplified anything, must be within the float32 bound of a sum of W
@@ -159,7 +163,7 @@ def compare_rtol(base, cand, rtol, out):
     return worst <= rtol
 
 
-def compare(base_path, cand_path, refs=(), rtol=1e-3, multiple=4.0, floor=1e-6, out=sys.stdout):
+def compare(base_path, cand_path, refs=(), rtol=1e-3, multiple=4.0, floor=1e-5, out=sys.stdout):
     """Returns the exit code: 0 agree, 1 differ, 2 incomparable."""
     base, cand = load(base_path), load(cand_path)
     ref_runs = [load(p) for p in refs]
@@ -197,7 +201,8 @@ def main(argv=None):
     p.add_argument("--envelope", nargs="+", default=[], metavar="REF",
                    help="correct runs that differ only in NCCL's summation order (NCCL_ALGO=Ring, Tree)")
     p.add_argument("--multiple", type=float, default=4.0, help="allowed multiple of the envelope (default 4)")
-    p.add_argument("--floor", type=float, default=1e-6, help="allowed relative difference where the envelope is 0 (default 1e-6)")
+    p.add_argument("--floor", type=float, default=1e-5,
+                   help="allowed relative difference where the envelope is near 0 (default 1e-5, about 80 float32 roundings)")
     p.add_argument("--rtol", type=float, default=1e-3, help="without --envelope: the fixed relative tolerance (default 1e-3)")
     args = p.parse_args(argv)
     if not args.multiple > 0 or not args.floor >= 0 or not args.rtol >= 0:

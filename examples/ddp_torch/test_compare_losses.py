@@ -61,7 +61,7 @@ class TestEnvelope(unittest.TestCase):
             ("at 3x the envelope", growing(6e-7), [growing(2e-7)], 0),
             ("at 6x the envelope", growing(1.2e-6), [growing(2e-7)], 1),
             ("no drift, under the floor", growing(1e-9, rate=1.0), [lambda s: 0.0, lambda s: 0.0], 0),
-            ("no drift, over the floor", growing(1e-5, rate=1.0), [lambda s: 0.0, lambda s: 0.0], 1),
+            ("no drift, over the floor", growing(1e-4, rate=1.0), [lambda s: 0.0, lambda s: 0.0], 1),
             ("a NaN", lambda s: math.nan if s == 5 else 0.0, [growing(1e-7)], 1),
         ]
         for name, cand, refs, want in cases:

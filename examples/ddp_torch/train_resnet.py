@@ -8,8 +8,8 @@ Under torchrun (1 machine x 2 GPUs):
     export NCCL_NVLS_ENABLE=0 FAIRGO_LIB=$PWD/lib/libfairgo.so PYTHONPATH=$PWD/python
     torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/default.json
     torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook fairgo --losses-out /tmp/fairgo.json
-    NCCL_ALGO=Ring torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/ring.json
-    NCCL_ALGO=Tree torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/tree.json
+    NCCL_ALGO=allreduce:ring torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/ring.json
+    NCCL_ALGO=allreduce:tree torchrun --nproc-per-node 2 examples/ddp_torch/train_resnet.py --hook default --losses-out /tmp/tree.json
     python3 examples/ddp_torch/compare_losses.py /tmp/default.json /tmp/fairgo.json --envelope /tmp/ring.json /tmp/tree.json
 
 Under fairrun (2 emulated machines x 2 ranks sharing 2 GPUs):

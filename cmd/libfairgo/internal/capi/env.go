@@ -26,7 +26,7 @@ type Setting struct {
 // Settings are every setting the C ABI and fairgo_torch take. README.md
 // and fairgo.h list them (a test checks).
 var Settings = []Setting{
-	{"FAIRGO_ALGORITHM", "algorithm", "algorithm", "auto, flat, rail-a2a or rail-rsag", "auto",
+	{"FAIRGO_ALGORITHM", "algorithm", "algorithm", "auto, flat, rail-a2a, rail-rsag or rail-allreduce", "auto",
 		"hier.WithAlgorithm: fix the allreduce's algorithm instead of measuring each size class"},
 	{"FAIRGO_SLICE_BYTES", "slice_bytes", "slice_bytes", "bytes (K, M, G: binary multiples)", "0: fairgo's choice",
 		"hier.WithSliceSize: the pipeline's slice"},
@@ -55,7 +55,7 @@ func (o Options) FromEnv(lookup func(string) (string, bool)) (Options, error) {
 	if v, ok := get("FAIRGO_ALGORITHM"); ok {
 		a, err := hier.ParseAlgorithm(strings.ToLower(v))
 		if err != nil {
-			return o, bad("FAIRGO_ALGORITHM", v, "not one of auto, flat, rail-a2a, rail-rsag")
+			return o, bad("FAIRGO_ALGORITHM", v, "not one of auto, flat, rail-a2a, rail-rsag, rail-allreduce")
 		}
 		o.Algorithm = a
 	}
