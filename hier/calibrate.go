@@ -325,14 +325,6 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	return r.worldMax(hdr, bests, first)
 }
 
-// medianInt is the median of xs (the mean of the middle two for an even
-// count); xs is sorted in place.
-func medianInt(xs []int64) int64 {
-	slices.Sort(xs)
-	n := len(xs)
-	if n%2 == 1 {
-		return xs[n/2]
-	}
 	return (xs[n/2-1] + xs[n/2]) / 2
 }
 

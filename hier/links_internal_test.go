@@ -95,9 +95,3 @@ func TestFastestBreaksTiesTowardTheEarlier(t *testing.T) {
 		require.Equal(t, tc.want, fastest(tc.times), "%v", tc.times)
 	}
 }
-
-func TestMedianInt(t *testing.T) {
-	require.Equal(t, int64(5), medianInt([]int64{9, 5, 1}))
-	require.Equal(t, int64(4), medianInt([]int64{9, 5, 3, 1}))
-	require.Equal(t, int64(7), medianInt([]int64{7}))
-}
