@@ -325,9 +325,6 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	return r.worldMax(hdr, bests, first)
 }
 
-	return (xs[n/2-1] + xs[n/2]) / 2
-}
-
 func freeIf(dev Device, ptr uintptr, allocErr error) error {
 	if allocErr != nil {
 		return nil
