@@ -325,7 +325,9 @@ func TestIssue18Targets(t *testing.T) {
 	ideal := func(m, d int, gbit float64) func(int64) float64 {
 		return func(s int64) float64 { return float64(s) * 2 * float64(m-1) / float64(m) / (gbit * 1e9 / 8) * 1e6 }
 	}
-	scaled := func(f func(int64) float64, k float64) func(int64) float64 { return func(s int64) float64 { return f(s) * k } }
+	scaled := func(f func(int64) float64, k float64) func(int64) float64 {
+		return func(s int64) float64 { return f(s) * k }
+	}
 	var recs []bench.Record
 	for _, l := range []struct {
 		m, d int
