@@ -203,12 +203,11 @@ func TestBestIsTheFastestBaseline(t *testing.T) {
 	require.True(t, math.IsNaN(point{"fairgo": p["fairgo"]}.vsBest("fairgo")), "no baseline")
 }
 
-// The committed records (before flat-ring and the intra-machine link) still
-// load and report.
+// The committed records still load and report: those from before flat-ring
+// and the intra-machine link without either, the one-GPU testbed's with
+// both.
 func TestCommittedRecordsStillReport(t *testing.T) {
-	files, err := filepath.Glob("../results/*/records.jsonl")
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
+	files := []string{"../results/nvlink-1x2/records.jsonl", "../results/testbed-mx1/records.jsonl"}
 	recs, err := bench.ReadJSONLFiles(files)
 	require.NoError(t, err)
 	require.NotEmpty(t, recs)
@@ -220,6 +219,13 @@ func TestCommittedRecordsStillReport(t *testing.T) {
 	_, err = Targets(recs, TargetOptions{})
 	require.NoError(t, err)
 	require.NoError(t, WriteCSV(io.Discard, recs))
+
+	recent, err := bench.ReadJSONLFiles([]string{"../results/onegpu/records.jsonl", "../results/onegpu-rail/records.jsonl"})
+	require.NoError(t, err)
+	buf.Reset()
+	require.NoError(t, Summary(&buf, recent))
+	require.Contains(t, buf.String(), "intra-machine link: emulated (loopback TCP")
+	require.Contains(t, buf.String(), "flat-ring")
 }
 
 // A digest of records of machines sharing a GPU says once what the
