@@ -261,24 +261,12 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Agree that every rank has the scratch memory before anyone measures.
-	scratch, aerr := r.dev.Alloc(size)
-	ok := int64(1)
-	if aerr != nil {
-		ok = 0
-	}
-	agreed, err := r.worldMax(hdr, []int64{-ok}, first)
+	scratch, err := r.agreedScratch(hdr, size, first)
 	if err != nil {
-		return nil, errors.Join(err, freeIf(r.dev, scratch, aerr))
-	}
-	if agreed[0] != -1 {
-		return nil, errors.Join(fmt.Errorf("a rank could not allocate %d bytes of scratch memory", size), aerr, freeIf(r.dev, scratch, aerr))
+		return nil, err
 	}
 	defer r.dev.Free(scratch)
 	t := fairgo.Tensor{Ptr: scratch, Bytes: size, Count: size / 4, DType: fairgo.Float32}
-	if err := r.drain(); err != nil {
-		return nil, err
-	}
 	rounds := calibrationMaxRounds
 	if size >= 16<<20 {
 		rounds = calibrationMinRounds
@@ -323,6 +311,28 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 		bests[i] = slices.Min(samples[i])
 	}
 	return r.worldMax(hdr, bests, first)
+}
+
+// agreedScratch allocates bytes of scratch memory for a measurement, once
+// every rank has agreed that it could (so that all measure or none does),
+// and waits for the work before it; the caller frees it.
+func (r *Reducer) agreedScratch(hdr *exchange, bytes int64, s streams.Stream) (uintptr, error) {
+	scratch, aerr := r.dev.Alloc(bytes)
+	ok := int64(1)
+	if aerr != nil {
+		ok = 0
+	}
+	agreed, err := r.worldMax(hdr, []int64{-ok}, s)
+	if err != nil {
+		return 0, errors.Join(err, freeIf(r.dev, scratch, aerr))
+	}
+	if agreed[0] != -1 {
+		return 0, errors.Join(fmt.Errorf("a rank could not allocate %d bytes of scratch memory", bytes), aerr, freeIf(r.dev, scratch, aerr))
+	}
+	if err := r.drain(); err != nil {
+		return 0, errors.Join(err, r.dev.Free(scratch))
+	}
+	return scratch, nil
 }
 
 func freeIf(dev Device, ptr uintptr, allocErr error) error {

@@ -1,7 +1,6 @@
 package hier
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -112,22 +111,11 @@ func (r *Reducer) probeLinks() (linkModel, error) {
 	if err != nil {
 		return linkModel{}, err
 	}
-	scratch, aerr := r.dev.Alloc(probeLarge)
-	ok := int64(1)
-	if aerr != nil {
-		ok = 0
-	}
-	agreed, err := r.worldMax(hdr, []int64{-ok}, first)
+	scratch, err := r.agreedScratch(hdr, probeLarge, first)
 	if err != nil {
-		return linkModel{}, errors.Join(err, freeIf(r.dev, scratch, aerr))
-	}
-	if agreed[0] != -1 {
-		return linkModel{}, errors.Join(fmt.Errorf("a rank could not allocate %d bytes for the link probe", probeLarge), aerr, freeIf(r.dev, scratch, aerr))
+		return linkModel{}, fmt.Errorf("the link probe: %w", err)
 	}
 	defer r.dev.Free(scratch)
-	if err := r.drain(); err != nil {
-		return linkModel{}, err
-	}
 	ev, err := r.events.get()
 	if err != nil {
 		return linkModel{}, err
