@@ -536,6 +536,13 @@ func (r *Reducer) Close() error {
 // failure must reach the caller regardless. The engine waits for them (closeGrace at most) before
 // it destroys the communicators.
 func (r *Reducer) abort(cause error) {
+	r.mu.Lock()
+	if r.broken != nil && reaction(r.broken) && !reaction(cause) {
+		// A peer's abort reached this rank first; the root cause (the
+		// mismatch or timeout it reacted to) is what Err reports.
+		r.broken = cause
+	}
+	r.mu.Unlock()
 	r.abortOnce.Do(func() {
 		r.mu.Lock()
 		r.broken = cause
@@ -570,6 +577,12 @@ func (r *Reducer) abortsFinished(d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// reaction reports whether err is only an abort (a communicator a peer
+// aborted), not the cause that made a rank abort.
+func reaction(err error) bool {
+	return errors.Is(err, fairgo.ErrAborted) && !errors.Is(err, fairgo.ErrMismatch) && !errors.Is(err, fairgo.ErrTimeout)
 }
 
 func (r *Reducer) brokenCause() error {
