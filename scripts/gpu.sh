@@ -42,8 +42,11 @@
 #   hook MxD ...        the PyTorch comm hook on M×D (torchrun for 1×D, fairrun's
 #                       testbed otherwise): python/tests/gpu_smoke.py, then
 #                       examples/ddp_torch's ResNet-18, 50 steps, with DDP's
-#                       allreduce and with fairgo's hook, same seeds: the losses
-#                       within 1e-3 relative, images/s of both (~1–2 min each)
+#                       allreduce (default, NCCL_ALGO=allreduce:ring and
+#                       allreduce:tree) and with fairgo's hook, same seeds:
+#                       fairgo's losses within the envelope of the NCCL runs,
+#                       step-0 gradients within the float32 bound, images/s
+#                       (~2–3 min each)
 #   targets             T1–T8: every bench section above twice (runs r1, r2; r1
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
