@@ -86,10 +86,10 @@ func (rt route) String() string {
 // calibration time; WithAlgorithm(RailAllToAll) still selects it.
 func (r *Reducer) candidates(bytes int64) []route {
 	var cs []route
-	if r.grid.Devices > 1 {
+	if r.grid.Devices > 1 || r.cfg.flatThreshold == FlatNever { // FlatNever: hierarchical, also with D = 1
 		cs = append(cs, route{algo: RailAllReduce})
 	}
-	if r.cfg.flatThreshold != FlatNever || r.grid.Devices == 1 {
+	if r.cfg.flatThreshold != FlatNever {
 		cs = append(cs, route{algo: Flat})
 	}
 	if sliced := (route{algo: RailRSAG, serial: r.serialRail()}); r.grid.Devices > 1 && r.sliceFor(bytes, sliced) < bytes {

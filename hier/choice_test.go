@@ -175,3 +175,17 @@ func TestAutoIsFlatWithOneDevicePerMachine(t *testing.T) {
 		require.Equal(t, hier.Flat, r.AlgorithmFor(1<<30))
 	}
 }
+
+// FlatNever keeps every call hierarchical, also where Auto would otherwise
+// be flat (one device per machine).
+func TestFlatNeverStaysHierarchicalWithOneDevicePerMachine(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 6}, hier.WithFlatThreshold(hier.FlatNever))
+	rng := rand.New(rand.NewPCG(2, 2))
+	in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), 100000)
+	out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+	require.NoError(t, err)
+	require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+	for _, r := range w.reducers {
+		require.NotEqual(t, hier.Flat, r.AlgorithmFor(400000), "%+v", r.Choices())
+	}
+}
