@@ -74,23 +74,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/fairgo/fairgo/cmd/fairrun/internal/launch"
+	"github.com/fairgo/fairgo/internal/cli"
 )
 
 func main() {
-	cfg, err := launch.ParseArgs(os.Args[1:])
-	if errors.Is(err, launch.ErrHelp) {
-		fmt.Print(launch.Usage())
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -99,9 +92,32 @@ func main() {
 			cancel(&launch.SignalError{Signal: s.(syscall.Signal)})
 		}
 	}()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// program is fairrun for cli.Program.Status: the help on stdout, a usage
+// error followed by the synopsis.
+var program = cli.Program{
+	Name: "fairrun",
+	Help: func(w io.Writer) { io.WriteString(w, launch.Usage()) },
+	Hint: launch.Synopsis,
+}
+
+// run is fairrun's command line args (without the program name): it
+// returns the exit status, 2 for a bad command line, else the job's (see
+// launch.Run). A signal ends ctx with a *launch.SignalError as its cause.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := launch.ParseArgs(args)
+	if err != nil {
+		if errors.Is(err, launch.ErrUsage) {
+			err = cli.Usage(err)
+		}
+		return program.Status(err, stdout, stderr)
+	}
+	cfg.Stdout, cfg.Stderr = stdout, stderr
 	code, err := launch.Run(ctx, cfg)
 	if err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(stderr, cli.Message(program.Name, err))
 	}
-	os.Exit(code)
+	return code
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/internal/cli"
 )
 
 // Defaults of the command line.
@@ -54,6 +55,7 @@ type Config struct {
 	NodeRank        int    // this node's index in [0, NNodes)
 	MasterAddr      string // host of the store (node rank 0), as the workers dial it
 	MasterPort      int    // port of the store; 0: a free port (single node only)
+	Standalone      bool   // --standalone: one node with a store of its own on a free port (what a single node gets anyway); refuses --nnodes > 1, --master-addr, --master-port
 	StoreBind       string // host or IP the store listens on; "": MasterAddr
 	EmulateMachines int    // split this node's workers into this many virtual machines; 0: off
 	GPUs            int    // GPUs to spread emulated machines over; 0: detect
@@ -90,14 +92,16 @@ type Config struct {
 var ErrUsage = errors.New("fairrun: invalid command line")
 
 // ErrHelp is returned by ParseArgs for -h, -help and --help: print Usage()
-// to stdout and exit 0.
-var ErrHelp = errors.New("fairrun: help requested")
+// to stdout and exit 0. It wraps flag.ErrHelp.
+var ErrHelp = fmt.Errorf("fairrun: help requested: %w", flag.ErrHelp)
 
 // UsageError names the flag at fault. It wraps ErrUsage.
 type UsageError struct {
 	Flag   string
 	Value  any
 	Reason string
+
+	given map[string]string // ParseArgs: the text of each flag, to echo
 }
 
 func (e *UsageError) Error() string {
@@ -107,8 +111,8 @@ func (e *UsageError) Error() string {
 // Unwrap returns ErrUsage.
 func (e *UsageError) Unwrap() error { return ErrUsage }
 
-// Synopsis is the short form printed with command-line errors.
-const Synopsis = `usage: fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+// Synopsis is the short form printed after command-line errors.
+const Synopsis = `usage: fairrun --nproc-per-node N [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
                [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
                [--shuffle-ranks SEED] [--grace D] -- prog args...
 run "fairrun --help" for every flag`
@@ -139,6 +143,14 @@ a kernel with network namespaces, veth, bridge and tbf (netem for
 _NIC_GBIT, _NIC_LATENCY, _NETNS, _MPS, _INTRA (nvlink: ranks of a machine
 on GPUs of their own; loopback: sharing GPUs) and _NVLINK_GBIT.
 
+Every flag takes one dash or two, and torchrun's spelling with underscores
+as well (--nproc_per_node, --nnodes, --node_rank, --master_addr,
+--master_port, --store_bind, --emulate_machines, ...). A single node is
+standalone by default, as torchrun's --standalone makes it: the store on
+127.0.0.1 at a free port; --standalone says so, and is refused with --nnodes
+> 1, --master-addr or --master-port. -h or --help prints this on stdout; a
+bad command line gives one message on stderr and exit status 2.
+
 flags:
 `
 
@@ -151,6 +163,7 @@ func newFlagSet(c *Config) *flag.FlagSet {
 	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
 	fs.StringVar(&c.MasterAddr, "master-addr", DefaultMasterAddr, "`host` of the store, as every worker dials it (not allowed with --nic-gbit: the bridge's address is used)")
 	fs.IntVar(&c.MasterPort, "master-port", -1, fmt.Sprintf("MASTER_PORT, left free for the trainer's own store; fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)", DefaultMasterPort))
+	fs.BoolVar(&c.Standalone, "standalone", false, "one node with a store of its own on a free port, as torchrun's --standalone (what a single node gets by default; not with --nnodes > 1, --master-addr or --master-port)")
 	fs.StringVar(&c.StoreBind, "store-bind", "", "`host` or IP the store listens on (default: --master-addr; never every interface unless given 0.0.0.0 or ::)")
 	fs.IntVar(&c.EmulateMachines, "emulate-machines", 0, "split this node's workers into `M` emulated machines (must divide --nproc-per-node)")
 	fs.IntVar(&c.GPUs, "gpus", 0, "`G` GPUs to spread emulated machines over (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else 1)")
@@ -186,9 +199,12 @@ func Usage() string {
 	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
 	newFlagSet(&c).VisitAll(func(f *flag.Flag) {
 		arg, usage := flag.UnquoteUsage(f)
-		fmt.Fprintf(&b, "  --%s %s\n        %s", f.Name, arg, usage)
+		if arg != "" {
+			arg = " " + arg
+		}
+		fmt.Fprintf(&b, "  --%s%s\n        %s", f.Name, arg, usage)
 		switch f.DefValue {
-		case "", "0", "-1", "0s":
+		case "", "0", "-1", "0s", "false":
 		default:
 			fmt.Fprintf(&b, " (default %s)", f.DefValue)
 		}
@@ -197,26 +213,60 @@ func Usage() string {
 	return b.String()
 }
 
+// withUnderscores gives every flag of fs with a hyphen in its name
+// torchrun's spelling with underscores too (--nproc_per_node for
+// --nproc-per-node), on the same value.
+func withUnderscores(fs *flag.FlagSet) {
+	var hyphenated []*flag.Flag
+	fs.VisitAll(func(f *flag.Flag) {
+		if strings.Contains(f.Name, "-") {
+			hyphenated = append(hyphenated, f)
+		}
+	})
+	for _, f := range hyphenated {
+		fs.Var(f.Value, strings.ReplaceAll(f.Name, "-", "_"), f.Usage)
+	}
+}
+
 // ParseArgs reads fairrun's command line (without the program name). Flags
-// come first; the worker program and its arguments follow "--" (or the
-// first argument that is not a flag). -h, -help and --help give ErrHelp.
+// come first, in hyphen or underscore spelling; the worker program and its
+// arguments follow "--" (or the first argument that is not a flag). -h,
+// -help and --help give ErrHelp. A UsageError echoes the value as given.
 func ParseArgs(args []string) (Config, error) {
+	c, err := parseArgs(args)
+	var ue *UsageError
+	if errors.As(err, &ue) {
+		if v, ok := ue.given[ue.Flag]; ok {
+			ue.Value = v
+			if v == "" {
+				ue.Value = `""`
+			}
+		}
+	}
+	return c, err
+}
+
+func parseArgs(args []string) (Config, error) {
 	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
 	fs := newFlagSet(&c)
-	if err := fs.Parse(args); err != nil {
+	given := cli.Given(fs) // the text of every flag set, by its hyphenated name
+	withUnderscores(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return Config{}, ErrHelp
 		}
-		return Config{}, fmt.Errorf("%w: %v\n%s", ErrUsage, err, Synopsis)
+		return Config{}, fmt.Errorf("%w: %w", ErrUsage, err)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := func(name string) bool { _, ok := given[name]; return ok }
+	bad := func(flag string, v any, reason string) error {
+		return &UsageError{Flag: flag, Value: v, Reason: reason, given: given}
+	}
 	rest := fs.Args()
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
 	}
 	if len(rest) == 0 {
-		return Config{}, fmt.Errorf("%w: no worker program\n%s", ErrUsage, Synopsis)
+		return Config{}, fmt.Errorf("%w: no worker program", ErrUsage)
 	}
 	c.Program, c.Args = rest[0], rest[1:]
 	if c.MasterPort < 0 {
@@ -227,16 +277,37 @@ func ParseArgs(args []string) (Config, error) {
 	}
 	// Flags whose zero value is also their default: given explicitly, zero
 	// is wrong.
-	if set["nic-gbit"] && c.NICGbit == 0 {
-		return Config{}, &UsageError{Flag: "nic-gbit", Value: c.NICGbit, Reason: "must be > 0"}
+	if set("nic-gbit") && c.NICGbit == 0 {
+		return Config{}, bad("nic-gbit", c.NICGbit, "must be > 0")
 	}
-	if set["nvlink-gbit"] && c.NVLinkGbit == 0 {
-		return Config{}, &UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: "must be > 0"}
+	if set("nvlink-gbit") && c.NVLinkGbit == 0 {
+		return Config{}, bad("nvlink-gbit", c.NVLinkGbit, "must be > 0")
 	}
-	if set["master-addr"] && c.NICGbit > 0 {
-		return Config{}, &UsageError{Flag: "master-addr", Value: c.MasterAddr, Reason: "not allowed with --nic-gbit: the store is served on the emulated machines' bridge"}
+	if set("master-addr") && c.NICGbit > 0 {
+		return Config{}, bad("master-addr", c.MasterAddr, "not allowed with --nic-gbit: the store is served on the emulated machines' bridge")
 	}
-	return c, c.Validate()
+	if c.Standalone {
+		// torchrun's --standalone: one node, a store of its own on a free
+		// port. That is what a single node gets anyway; what says
+		// otherwise is refused rather than ignored.
+		const why = "not allowed with --standalone (one node with a store of its own on a free port)"
+		for _, f := range []string{"master-addr", "master-port"} {
+			if set(f) {
+				return Config{}, bad(f, given[f], why)
+			}
+		}
+		if c.NNodes > 1 {
+			return Config{}, bad("nnodes", c.NNodes, why)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		var ue *UsageError
+		if errors.As(err, &ue) {
+			ue.given = given
+		}
+		return Config{}, err
+	}
+	return c, nil
 }
 
 // Validate checks the configuration, naming the flag at fault.
@@ -249,6 +320,12 @@ func (c Config) Validate() error {
 		return bad("nproc-per-node", c.NProcPerNode, "must be at least 1")
 	case c.NNodes < 1:
 		return bad("nnodes", c.NNodes, "must be at least 1")
+	case c.Standalone && c.NNodes > 1:
+		return bad("nnodes", c.NNodes, "not allowed with --standalone (one node with a store of its own on a free port)")
+	case c.Standalone && c.MasterAddr != DefaultMasterAddr:
+		return bad("master-addr", c.MasterAddr, "not allowed with --standalone (one node with a store of its own on a free port)")
+	case c.Standalone && c.MasterPort != 0:
+		return bad("master-port", c.MasterPort, "not allowed with --standalone (one node with a store of its own on a free port)")
 	case c.NodeRank < 0 || c.NodeRank >= c.NNodes:
 		return bad("node-rank", c.NodeRank, fmt.Sprintf("outside [0, --nnodes=%d)", c.NNodes))
 	case c.MasterPort < 0 || c.MasterPort > 65534:

@@ -133,6 +133,23 @@ func TestParseArgs(t *testing.T) {
 		{name: "store bind with port", args: "--nproc-per-node 2 --store-bind 127.0.0.1:80 -- p", flag: "store-bind"},
 		{name: "help", args: "--help", flag: "help"},
 		{name: "h", args: "-h -- p", flag: "help"},
+		{name: "torchrun's underscores", args: "--nproc_per_node 4 --nnodes 2 --node_rank 1 --master_addr h0 --master_port 1234 --emulate_machines 2 --gpus 2 --shuffle_ranks 9 --grace 2s -- p",
+			want: Config{NProcPerNode: 4, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 1234, EmulateMachines: 2, GPUs: 2, Shuffle: true, ShuffleSeed: 9, Grace: 2 * time.Second, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "underscores of the testbed", args: "--nproc_per_node 4 --emulate_machines 2 --nic_gbit 2.5 --nic_latency 1ms --nvlink_gbit 20 --store_bind= -- p",
+			want: Config{NProcPerNode: 4, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 2.5, NICLatency: time.Millisecond, NVLinkGbit: 20,
+				MPS: MPSAuto, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+		{name: "underscore checks as hyphen", args: "--nproc_per_node 2 --emulate_machines 2 --nic_gbit 0 -- p", flag: "nic-gbit"},
+		{name: "standalone", args: "--standalone --nproc_per_node 2 -- p a",
+			want: Config{NProcPerNode: 2, NNodes: 1, Standalone: true, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{"a"}}},
+		{name: "standalone, one node said", args: "--standalone --nnodes 1 --nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 -- p",
+			want: Config{NProcPerNode: 2, NNodes: 1, Standalone: true, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 10, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "standalone on several nodes", args: "--standalone --nnodes 2 --nproc-per-node 2 -- p", flag: "nnodes"},
+		{name: "standalone with a master", args: "--standalone --master_addr 10.0.0.1 --nproc-per-node 2 -- p", flag: "master-addr"},
+		{name: "standalone with the default master said", args: "--standalone --master-addr 127.0.0.1 --nproc-per-node 2 -- p", flag: "master-addr"},
+		{name: "standalone with a port", args: "--standalone --master_port 29500 --nproc-per-node 2 -- p", flag: "master-port"},
+		{name: "standalone=false", args: "--standalone=false --nnodes 2 --master-addr h0 --nproc-per-node 1 -- p",
+			want: Config{NProcPerNode: 1, NNodes: 2, MasterAddr: "h0", MasterPort: DefaultMasterPort, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "unknown underscore", args: "--nproc_per_nodes 2 -- p", flag: "-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseArgs(strings.Fields(tc.args))
@@ -154,6 +171,40 @@ func TestParseArgs(t *testing.T) {
 				require.Contains(t, err.Error(), "--"+tc.flag)
 			}
 		})
+	}
+}
+
+// A usage error echoes the value as the user wrote it, whatever the
+// spelling of the flag.
+func TestParseArgsEchoesValuesAsGiven(t *testing.T) {
+	for _, tc := range []struct{ args, want string }{
+		{"--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-latency 2000ms -- p", "--nic-latency 2000ms: must be in [0, 1s]"},
+		{"--nproc-per-node 2 --emulate-machines 2 --nic-gbit 1e4 -- p", "--nic-gbit 1e4: must be in (0, 1000] Gbit/s"},
+		{"--nproc_per_node 2 --grace -1500ms -- p", "--grace -1500ms: negative"},
+		{"--nproc_per_node 2 --master_addr= -- p", `--master-addr "": empty`},
+		{"--nproc-per-node 2 --emulate-machines 3 -- p", "--emulate-machines 3: does not divide --nproc-per-node=2"},
+	} {
+		_, err := ParseArgs(strings.Fields(tc.args))
+		require.ErrorIs(t, err, ErrUsage, tc.args)
+		require.Equal(t, "fairrun: "+tc.want, err.Error(), tc.args)
+	}
+}
+
+// A Config made in code is checked the same way as the command line.
+func TestValidateStandalone(t *testing.T) {
+	ok := Config{NProcPerNode: 2, NNodes: 1, Standalone: true, MasterAddr: DefaultMasterAddr, Program: "p"}
+	require.NoError(t, ok.Validate())
+	for flag, c := range map[string]func(*Config){
+		"nnodes":      func(c *Config) { c.NNodes, c.MasterPort = 2, DefaultMasterPort },
+		"master-addr": func(c *Config) { c.MasterAddr = "10.0.0.1" },
+		"master-port": func(c *Config) { c.MasterPort = 1234 },
+	} {
+		bad := ok
+		c(&bad)
+		var ue *UsageError
+		require.ErrorAs(t, bad.Validate(), &ue, flag)
+		require.Equal(t, flag, ue.Flag)
+		require.Contains(t, ue.Error(), "not allowed with --standalone")
 	}
 }
 

@@ -1,0 +1,231 @@
+// Package cli holds the command-line rules every fairgo command follows
+// (fairrun, fairbench and its subcommands, the example programs):
+//
+//   - -h, -help and --help print the usage on stdout and exit 0;
+//   - a bad flag, value or argument prints one message on stderr and exits
+//     2, a failure prints one message and exits 1;
+//   - a message has one prefix, the command's name;
+//   - a value is echoed as the user wrote it (sizes in the user's units);
+//   - a value outside a list of choices is refused with the choices;
+//   - arguments after the flags are refused unless the command takes them.
+//
+// Commands parse with Parse (or ParseFlags where they take arguments), mark
+// the errors of their own checks with Usage or Usagef, and turn the outcome
+// into an exit status with Program.Status. Nothing here exits the process.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// Exit statuses.
+const (
+	ExitOK      = 0 // success, and the help
+	ExitFailure = 1 // the command failed
+	ExitUsage   = 2 // a bad command line: nothing was done
+)
+
+// ErrUsage is wrapped by every command-line error (Usage, Usagef, and the
+// errors of Parse and ParseFlags other than flag.ErrHelp).
+var ErrUsage = errors.New("bad command line")
+
+// usageError marks err as a command-line error without changing its text.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string   { return e.err.Error() }
+func (e *usageError) Unwrap() []error { return []error{ErrUsage, e.err} }
+
+// Usage marks err as a command-line error (exit status 2); its text and
+// what it wraps stay as they are. Usage(nil) is nil.
+func Usage(err error) error {
+	if err == nil || errors.Is(err, ErrUsage) {
+		return err
+	}
+	return &usageError{err}
+}
+
+// Usagef formats a command-line error; %w wraps as in fmt.Errorf.
+func Usagef(format string, a ...any) error {
+	return &usageError{fmt.Errorf(format, a...)}
+}
+
+// ParseFlags parses the flags of args with fs and leaves the arguments
+// after them in fs.Args(), for a command that takes arguments. fs prints
+// nothing (its output is discarded and its Usage does nothing: the
+// command prints its own help and Program.Status its errors, once). -h,
+// -help and --help (where fs defines no such flag) give flag.ErrHelp; a
+// flag fs does not define, or a value its flag refuses, a usage error
+// with the flag package's message.
+func ParseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return Usage(err)
+}
+
+// Parse is ParseFlags for a command that takes no arguments: one after the
+// flags is a usage error.
+func Parse(fs *flag.FlagSet, args []string) error {
+	if err := ParseFlags(fs, args); err != nil {
+		return err
+	}
+	return NoArgs(fs.Args())
+}
+
+// NoArgs refuses arguments left after the flags.
+func NoArgs(args []string) error {
+	switch len(args) {
+	case 0:
+		return nil
+	case 1:
+		return Usagef("unexpected argument %q (flags only; a flag comes before its value: -name value)", args[0])
+	}
+	return Usagef("unexpected arguments %s (flags only; a flag comes before its value: -name value)", quoteAll(args))
+}
+
+func quoteAll(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = strconv.Quote(s)
+	}
+	return strings.Join(q, " ")
+}
+
+// Program is what Status needs to know of a command.
+type Program struct {
+	// Name prefixes every message, e.g. "fairbench" or "allreduce".
+	Name string
+	// Help writes the usage; Status prints it on stdout for flag.ErrHelp.
+	Help func(w io.Writer)
+	// Hint follows the message of a usage error on a line of its own;
+	// "": `run "Name -h" for usage`.
+	Hint string
+}
+
+// Status turns a command's outcome into output and an exit status: nil is
+// 0 with nothing printed; flag.ErrHelp prints the help on stdout and is 0;
+// a usage error (ErrUsage) prints Message and the hint on stderr and is 2;
+// any other error prints Message on stderr and is 1.
+func (p Program) Status(err error, stdout, stderr io.Writer) int {
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, flag.ErrHelp):
+		if p.Help != nil {
+			p.Help(stdout)
+		}
+		return ExitOK
+	}
+	fmt.Fprintln(stderr, Message(p.Name, err))
+	if !errors.Is(err, ErrUsage) {
+		return ExitFailure
+	}
+	hint := p.Hint
+	if hint == "" {
+		hint = fmt.Sprintf("run %q for usage", p.Name+" -h")
+	}
+	fmt.Fprintln(stderr, hint)
+	return ExitUsage
+}
+
+// Message is err's text prefixed with "name: ", once: a text that already
+// starts with the prefix (an error of the command's own package) keeps
+// just that one.
+func Message(name string, err error) string {
+	msg, prefix := err.Error(), name+": "
+	for strings.HasPrefix(msg, prefix) {
+		msg = strings.TrimPrefix(msg, prefix)
+	}
+	return prefix + msg
+}
+
+// OneOf is a check for Choice: s must be one of choices. Its error lists
+// them.
+func OneOf(choices ...string) func(s string) error {
+	return func(s string) error {
+		for _, c := range choices {
+			if s == c {
+				return nil
+			}
+		}
+		return fmt.Errorf("not one of %s", strings.Join(choices, ", "))
+	}
+}
+
+// choice is a string flag whose values a check accepts.
+type choice struct {
+	p     *string
+	check func(string) error
+}
+
+func (c choice) String() string {
+	if c.p == nil {
+		return ""
+	}
+	return *c.p
+}
+
+func (c choice) Set(s string) error {
+	if err := c.check(s); err != nil {
+		return err
+	}
+	*c.p = s
+	return nil
+}
+
+// Choice defines a string flag whose values check accepts (OneOf for a
+// list): a value it refuses is a usage error of Parse, whose message is
+// the flag package's ("invalid value "x" for flag -name: ") followed by
+// check's error, which should name the valid values. p starts at value,
+// which check is not asked about.
+func Choice(fs *flag.FlagSet, p *string, name, value, usage string, check func(string) error) {
+	*p = value
+	fs.Var(choice{p, check}, name, usage)
+}
+
+// given wraps a flag's value and keeps the text it was last given.
+type given struct {
+	flag.Value
+	name string
+	m    map[string]string
+}
+
+func (g given) Set(s string) error {
+	if err := g.Value.Set(s); err != nil {
+		return err
+	}
+	g.m[g.name] = s
+	return nil
+}
+
+// givenBool is given for a boolean flag (-name without a value).
+type givenBool struct{ given }
+
+func (g givenBool) IsBoolFlag() bool { return true }
+
+// Given wraps every flag fs defines so far and returns the map that Parse
+// fills with the text each flag was last given, by the flag's name: what an
+// error echoes, in the user's units ("2000ms", not "2s"). A flag defined
+// later with another name on the same flag.Value (an alias) records under
+// the first name. Call it before parsing; the wrapped flags show their
+// type as "value" in flag.PrintDefaults.
+func Given(fs *flag.FlagSet) map[string]string {
+	m := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		g := given{f.Value, f.Name, m}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			f.Value = givenBool{g}
+			return
+		}
+		f.Value = g
+	})
+	return m
+}

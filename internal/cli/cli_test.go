@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func newFlags() (*flag.FlagSet, *string, *bool) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var mode string
+	Choice(fs, &mode, "mode", "fast", "`mode`", OneOf("fast", "slow"))
+	check := fs.Bool("check", false, "check")
+	fs.Duration("wait", time.Second, "wait")
+	return fs, &mode, check
+}
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		err   string // "": no error; "help": flag.ErrHelp; else a usage error containing it
+		mode  string
+		check bool
+	}{
+		{name: "defaults", args: nil, mode: "fast"},
+		{name: "flags", args: []string{"-mode", "slow", "--check"}, mode: "slow", check: true},
+		{name: "-h", args: []string{"-h"}, err: "help"},
+		{name: "--help after a flag", args: []string{"-check", "--help"}, err: "help"},
+		{name: "-help", args: []string{"-help"}, err: "help"},
+		{name: "unknown flag", args: []string{"-bogus"}, err: "flag provided but not defined: -bogus"},
+		{name: "choice lists the choices", args: []string{"-mode", "medium"}, err: `invalid value "medium" for flag -mode: not one of fast, slow`},
+		{name: "bad duration", args: []string{"-wait", "soon"}, err: `invalid value "soon" for flag -wait`},
+		{name: "an argument", args: []string{"-check", "extra"}, err: `unexpected argument "extra"`},
+		{name: "arguments", args: []string{"a", "-check"}, err: `unexpected arguments "a" "-check"`},
+		{name: "after --", args: []string{"--", "a"}, err: `unexpected argument "a"`},
+		{name: "nothing after --", args: []string{"-check", "--"}, mode: "fast", check: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs, mode, check := newFlags()
+			var out bytes.Buffer
+			fs.SetOutput(&out)
+			err := Parse(fs, tc.args)
+			require.Empty(t, out.String(), "the flag set prints nothing")
+			switch tc.err {
+			case "":
+				require.NoError(t, err)
+				require.Equal(t, tc.mode, *mode)
+				require.Equal(t, tc.check, *check)
+			case "help":
+				require.ErrorIs(t, err, flag.ErrHelp)
+				require.NotErrorIs(t, err, ErrUsage)
+			default:
+				require.ErrorIs(t, err, ErrUsage)
+				require.Contains(t, err.Error(), tc.err)
+			}
+		})
+	}
+}
+
+// ParseFlags leaves the arguments to the command.
+func TestParseFlagsLeavesArguments(t *testing.T) {
+	fs, _, check := newFlags()
+	require.NoError(t, ParseFlags(fs, []string{"-check", "prog", "-x"}))
+	require.True(t, *check)
+	require.Equal(t, []string{"prog", "-x"}, fs.Args())
+}
+
+func TestStatus(t *testing.T) {
+	p := Program{Name: "tool", Help: func(w io.Writer) { fmt.Fprintln(w, "usage: tool [flags]") }}
+	for _, tc := range []struct {
+		name           string
+		err            error
+		code           int
+		stdout, stderr string
+	}{
+		{name: "success", err: nil, code: ExitOK},
+		{name: "help", err: fmt.Errorf("wrapped: %w", flag.ErrHelp), code: ExitOK, stdout: "usage: tool [flags]\n"},
+		{name: "usage", err: Usagef("-n %s: too large", "9K"), code: ExitUsage, stderr: "tool: -n 9K: too large\nrun \"tool -h\" for usage\n"},
+		{name: "usage with the prefix already", err: Usage(errors.New("tool: tool: bad")), code: ExitUsage, stderr: "tool: bad\nrun \"tool -h\" for usage\n"},
+		{name: "failure", err: errors.New("disk full"), code: ExitFailure, stderr: "tool: disk full\n"},
+		{name: "failure with the prefix", err: fmt.Errorf("tool: open x: %w", errors.New("gone")), code: ExitFailure, stderr: "tool: open x: gone\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, tc.code, p.Status(tc.err, &stdout, &stderr))
+			require.Equal(t, tc.stdout, stdout.String())
+			require.Equal(t, tc.stderr, stderr.String())
+		})
+	}
+	var stderr bytes.Buffer
+	require.Equal(t, ExitUsage, Program{Name: "x", Hint: "see x(1)"}.Status(Usagef("bad"), io.Discard, &stderr))
+	require.Equal(t, "x: bad\nsee x(1)\n", stderr.String())
+}
+
+func TestUsageKeepsTheError(t *testing.T) {
+	base := errors.New("base")
+	err := Usage(fmt.Errorf("ctx: %w", base))
+	require.ErrorIs(t, err, ErrUsage)
+	require.ErrorIs(t, err, base)
+	require.Equal(t, "ctx: base", err.Error())
+	require.NoError(t, Usage(nil))
+	require.Same(t, err, Usage(err), "marked once")
+	require.NotErrorIs(t, base, ErrUsage)
+}
+
+func TestGiven(t *testing.T) {
+	fs, mode, check := newFlags()
+	given := Given(fs)
+	fs.Var(fs.Lookup("wait").Value, "wait_for", "an alias")
+	require.NoError(t, Parse(fs, []string{"-check", "-wait_for", "1500ms", "-mode", "slow"}))
+	require.True(t, *check, "a boolean flag still takes no value")
+	require.Equal(t, "slow", *mode)
+	require.Equal(t, map[string]string{"check": "true", "wait": "1500ms", "mode": "slow"}, given)
+	require.Equal(t, "1.5s", fs.Lookup("wait").Value.String())
+	require.Error(t, Parse(fs, []string{"-wait", "x"}))
+	require.Equal(t, "1500ms", given["wait"], "a refused value is not recorded")
+}
