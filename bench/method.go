@@ -94,6 +94,13 @@ func (v Variant) inline() bool {
 	return true
 }
 
+// optionKeys are the variant's keys of hier's options, for its errors;
+// keyAliases the other spellings of keys.
+var (
+	optionKeys = map[string]string{"WithSliceSize": "slice", "WithParallelism": "parallelism", "WithFlatThreshold": "flat", "WithSpin": "spin", "WithAlgorithm": "algo"}
+	keyAliases = map[string]string{"algorithm": "algo", "par": "parallelism", "flat-threshold": "flat"}
+)
+
 var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
 
 // ParseVariant reads "NAME=key:value,key:value" (or a bare NAME for the
@@ -109,9 +116,20 @@ func ParseVariant(s string) (Variant, error) {
 	bad := func(why string) (Variant, error) {
 		return Variant{}, &fairgo.ArgError{Arg: "-fairgo", Value: strconv.Quote(s), Reason: why}
 	}
+	// badKey names the key and its value: for a *fairgo.ArgError (of the
+	// library's parser or options) with its reason alone, and wrapping it.
+	badKey := func(key, val string, err error) (Variant, error) {
+		why, cause := err.Error(), error(nil) // nil: ErrInvalidArgument
+		var ae *fairgo.ArgError
+		if errors.As(err, &ae) {
+			why, cause = ae.Reason, err
+		}
+		return Variant{}, &fairgo.ArgError{Arg: "-fairgo", Value: strconv.Quote(s), Reason: fmt.Sprintf("%s %s: %s", key, val, why), Err: cause}
+	}
 	if !variantName.MatchString(v.Name) || v.Name == Flat || v.Name == Naive {
 		return bad("needs a NAME (a letter, then letters, digits, '_', '.', '-'; not flat or naive) before '='")
 	}
+	given := map[string]string{} // each key's value as written, by the key's main spelling
 	for _, kv := range strings.Split(v.Spec, ",") {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -129,8 +147,10 @@ func ParseVariant(s string) (Variant, error) {
 		case "slice":
 			v.Slice, err = ParseSize(val)
 		case "parallelism", "par":
-			v.Parallelism, err = strconv.Atoi(val)
-			if err == nil && v.Parallelism < 1 {
+			var perr error
+			if v.Parallelism, perr = strconv.Atoi(val); perr != nil {
+				err = errors.New("not an integer")
+			} else if v.Parallelism < 1 {
 				err = errors.New("must be at least 1")
 			}
 		case "flat", "flat-threshold":
@@ -140,7 +160,10 @@ func ParseVariant(s string) (Variant, error) {
 				v.FlatThreshold, err = ParseSize(val)
 			}
 		case "spin":
-			v.Spin, err = time.ParseDuration(val)
+			var derr error
+			if v.Spin, derr = time.ParseDuration(val); derr != nil {
+				err = errors.New("not a duration (e.g. 20us)")
+			}
 			v.SpinSet = true
 		case "inline":
 			v.InlineSet = true
@@ -172,11 +195,24 @@ func ParseVariant(s string) (Variant, error) {
 			return bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline, rail, check)", key))
 		}
 		if err != nil {
-			return bad(fmt.Sprintf("%s: %v", key, err))
+			return badKey(strings.TrimSpace(key), val, err)
 		}
+		k := strings.TrimSpace(key)
+		if a, ok := keyAliases[k]; ok {
+			k = a
+		}
+		given[k] = val
 	}
 	if err := hier.ValidateOptions(v.Options()...); err != nil {
-		return bad(err.Error())
+		var ae *fairgo.ArgError
+		if errors.As(err, &ae) {
+			if key, ok := optionKeys[ae.Arg]; ok {
+				if val, ok := given[key]; ok {
+					return badKey(key, val, err)
+				}
+			}
+		}
+		return badKey("options", v.Spec, err)
 	}
 	return v, nil
 }

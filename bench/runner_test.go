@@ -275,11 +275,29 @@ func TestParseVariant(t *testing.T) {
 			got, err := ParseVariant(tc.in)
 			if tc.bad {
 				require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+				require.Equal(t, 1, strings.Count(err.Error(), "fairgo:"), "one prefix: %v", err)
 				return
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.want, got)
 		})
+	}
+	// An error names the key and its value, and lists the choices.
+	for in, want := range map[string]string{
+		"x=algo:ring":         `invalid -fairgo "x=algo:ring": algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)`,
+		"x=slice:1Q":          `slice 1Q: not an integer with an optional K, M, G or T suffix`,
+		"x=parallelism:two":   `parallelism two: not an integer`,
+		"x=parallelism:2000":  `parallelism 2000: more than 1024 slices in flight`,
+		"x=rail:both":         `rail both: serial or overlap`,
+		"x=colour:red":        `unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check)`,
+		"x=spin:2000ms":       `spin 2000ms: must be between 0 and 1s`,
+		"x=par:2000":          `parallelism 2000: more than 1024`,
+		"x=spin:forever":      `spin forever: not a duration`,
+		"x=flat:-5":           `flat -5: negative`,
+		"x=algo:rail-rsag,x:": `unknown key "x"`,
+	} {
+		_, err := ParseVariant(in)
+		require.ErrorContains(t, err, want, in)
 	}
 }
 
