@@ -21,6 +21,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/fairgo/fairgo"
 )
 
 // Exit statuses.
@@ -86,9 +88,9 @@ func NoArgs(args []string) error {
 	case 0:
 		return nil
 	case 1:
-		return Usagef("unexpected argument %q (flags only; a flag comes before its value: -name value)", args[0])
+		return Usagef("unexpected argument %q (flags only: -name value, or -name=value for a boolean)", args[0])
 	}
-	return Usagef("unexpected arguments %s (flags only; a flag comes before its value: -name value)", quoteAll(args))
+	return Usagef("unexpected arguments %s (flags only: -name value, or -name=value for a boolean)", quoteAll(args))
 }
 
 func quoteAll(ss []string) string {
@@ -215,8 +217,9 @@ func (g givenBool) IsBoolFlag() bool { return true }
 // fills with the text each flag was last given, by the flag's name: what an
 // error echoes, in the user's units ("2000ms", not "2s"). A flag defined
 // later with another name on the same flag.Value (an alias) records under
-// the first name. Call it before parsing; the wrapped flags show their
-// type as "value" in flag.PrintDefaults.
+// the first name. Call it before parsing, and print the help from a flag
+// set it did not wrap (flag.PrintDefaults cannot tell the wrapped flags'
+// types).
 func Given(fs *flag.FlagSet) map[string]string {
 	m := map[string]string{}
 	fs.VisitAll(func(f *flag.Flag) {
@@ -228,4 +231,73 @@ func Given(fs *flag.FlagSet) map[string]string {
 		f.Value = g
 	})
 	return m
+}
+
+// Arg is a usage error of a flag's value that the library refused: for a
+// *fairgo.ArgError, "Arg Value: Reason" (the flag, its value and what is
+// wrong, without the library's prefix); any other error as it is. It wraps
+// err. Arg(nil) is nil.
+func Arg(err error) error {
+	var ae *fairgo.ArgError
+	if errors.As(err, &ae) {
+		return Usage(&reasonError{text: fmt.Sprintf("%s %v: %s", ae.Arg, ae.Value, ae.Reason), err: err})
+	}
+	return Usage(err)
+}
+
+// Reason is err for a flag.Value's Set, whose error the flag package
+// prefixes with the flag and the value: for a *fairgo.ArgError its reason
+// alone; any other error as it is. It wraps err.
+func Reason(err error) error {
+	var ae *fairgo.ArgError
+	if errors.As(err, &ae) {
+		return &reasonError{text: ae.Reason, err: err}
+	}
+	return err
+}
+
+// reasonError has a text of its own and wraps err.
+type reasonError struct {
+	text string
+	err  error
+}
+
+func (e *reasonError) Error() string { return e.text }
+func (e *reasonError) Unwrap() error { return e.err }
+
+// DType is a check for Choice: s must name an element type
+// (fairgo.ParseDType's names and aliases) and, with allowed, one of them.
+// Its error lists the valid names.
+func DType(allowed ...fairgo.DType) func(s string) error {
+	if len(allowed) == 0 {
+		allowed = fairgo.DTypes
+	}
+	names := make([]string, len(allowed))
+	for i, d := range allowed {
+		names[i] = d.String()
+	}
+	return func(s string) error {
+		d, err := fairgo.ParseDType(s)
+		if err == nil {
+			for _, a := range allowed {
+				if d == a {
+					return nil
+				}
+			}
+		}
+		return &reasonError{text: "not one of " + strings.Join(names, ", "), err: fairgo.ErrUnknownDType}
+	}
+}
+
+// Op is a check for Choice: s must name a reduction (fairgo.ParseOp's
+// names and aliases). Its error lists the valid names.
+func Op(s string) error {
+	if _, err := fairgo.ParseOp(s); err != nil {
+		names := make([]string, len(fairgo.Ops))
+		for i, o := range fairgo.Ops {
+			names[i] = o.String()
+		}
+		return &reasonError{text: "not one of " + strings.Join(names, ", "), err: fairgo.ErrUnknownOp}
+	}
+	return nil
 }

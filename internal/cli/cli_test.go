@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
 )
 
 func newFlags() (*flag.FlagSet, *string, *bool) {
@@ -121,4 +123,41 @@ func TestGiven(t *testing.T) {
 	require.Equal(t, "1.5s", fs.Lookup("wait").Value.String())
 	require.Error(t, Parse(fs, []string{"-wait", "x"}))
 	require.Equal(t, "1500ms", given["wait"], "a refused value is not recorded")
+}
+
+func TestChecksListTheChoices(t *testing.T) {
+	for _, tc := range []struct {
+		check func(string) error
+		ok    []string
+		bad   string
+		want  string
+	}{
+		{DType(), []string{"float32", "bf16", "half", "uint64"}, "float8",
+			"not one of float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64"},
+		{DType(fairgo.Float32, fairgo.BFloat16), []string{"float32", "fp32", "bfloat16", "bf16"}, "int32", "not one of float32, bfloat16"},
+		{Op, []string{"sum", "avg", "mean", "prod"}, "xor", "not one of sum, avg, max, min, prod"},
+		{OneOf("sim", "cuda"), []string{"sim", "cuda"}, "tpu", "not one of sim, cuda"},
+	} {
+		for _, s := range tc.ok {
+			require.NoError(t, tc.check(s), s)
+		}
+		err := tc.check(tc.bad)
+		require.EqualError(t, err, tc.want)
+	}
+	require.ErrorIs(t, DType()("float8"), fairgo.ErrUnknownDType)
+	require.ErrorIs(t, Op("xor"), fairgo.ErrUnknownOp)
+}
+
+func TestArgAndReason(t *testing.T) {
+	ae := &fairgo.ArgError{Arg: "-f", Value: 1, Reason: "must be at least 2"}
+	err := Arg(fmt.Errorf("sizes: %w", ae))
+	require.EqualError(t, err, "-f 1: must be at least 2")
+	require.ErrorIs(t, err, ErrUsage)
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+	require.EqualError(t, Arg(errors.New("plain")), "plain")
+	require.ErrorIs(t, Arg(errors.New("plain")), ErrUsage)
+	require.NoError(t, Arg(nil))
+	require.EqualError(t, Reason(ae), "must be at least 2")
+	require.ErrorIs(t, Reason(ae), fairgo.ErrInvalidArgument)
+	require.EqualError(t, Reason(errors.New("plain")), "plain")
 }
