@@ -12,11 +12,17 @@ import (
 )
 
 // setupAnalysis declares the records to read (-in, -include-sim) and runs
-// do on them.
-func setupAnalysis(fs *flag.FlagSet, do func(e env, recs []bench.Record, includeSim bool) error) func(context.Context, env) error {
+// do on them, after check (the usage errors of the command's other flags).
+func setupAnalysis(fs *flag.FlagSet, check func(includeSim bool) error, do func(e env, recs []bench.Record, includeSim bool) error) func(context.Context, env) error {
 	var in inputFlags
 	in.register(fs)
 	return func(_ context.Context, e env) error {
+		if err := in.check(); err != nil {
+			return err
+		}
+		if err := check(in.includeSim); err != nil {
+			return err
+		}
 		recs, err := in.records()
 		if err != nil {
 			return err
@@ -28,11 +34,11 @@ func setupAnalysis(fs *flag.FlagSet, do func(e env, recs []bench.Record, include
 func setupModel(fs *flag.FlagSet) func(context.Context, env) error {
 	var m modelFlags
 	m.register(fs)
-	return setupAnalysis(fs, func(e env, recs []bench.Record, includeSim bool) error {
-		o, err := m.options(includeSim)
-		if err != nil {
-			return err
-		}
+	var o report.ModelOptions
+	return setupAnalysis(fs, func(includeSim bool) (err error) {
+		o, err = m.options(includeSim)
+		return err
+	}, func(e env, recs []bench.Record, _ bool) error {
 		return report.ModelReport(e.stdout, recs, o)
 	})
 }
@@ -40,7 +46,7 @@ func setupModel(fs *flag.FlagSet) func(context.Context, env) error {
 func setupReport(fs *flag.FlagSet) func(context.Context, env) error {
 	var out outputFlags
 	out.register(fs)
-	return setupAnalysis(fs, func(e env, recs []bench.Record, _ bool) error {
+	return setupAnalysis(fs, func(bool) error { return nil }, func(e env, recs []bench.Record, _ bool) error {
 		return errors.Join(report.Summary(e.stdout, recs), out.write(recs, e.stdout))
 	})
 }
@@ -48,7 +54,7 @@ func setupReport(fs *flag.FlagSet) func(context.Context, env) error {
 func setupTargets(fs *flag.FlagSet) func(context.Context, env) error {
 	var t targetFlags
 	t.register(fs)
-	return setupAnalysis(fs, func(e env, recs []bench.Record, includeSim bool) error {
+	return setupAnalysis(fs, func(bool) error { return nil }, func(e env, recs []bench.Record, includeSim bool) error {
 		o, err := t.options(includeSim)
 		if err != nil {
 			return err

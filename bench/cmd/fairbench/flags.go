@@ -1,9 +1,10 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
 	"github.com/fairgo/fairgo/bench/report"
+	"github.com/fairgo/fairgo/internal/cli"
 	"github.com/fairgo/fairgo/internal/testbed"
 )
 
@@ -19,20 +21,38 @@ import (
 // groups it takes. A group that a launched worker needs again can give its
 // flags back as arguments (args).
 
-// sizeValue is a flag of bytes with K, M, G suffixes.
-type sizeValue int64
-
-func (v *sizeValue) String() string { return bench.FormatSize(int64(*v)) }
-func (v *sizeValue) Set(s string) error {
-	n, err := bench.ParseSize(s)
-	*v = sizeValue(n)
-	return err
+// sizeValue is a flag of bytes with K, M, G suffixes. It keeps the text it
+// was given: errors echo it, in the user's units, and workers get it.
+type sizeValue struct {
+	n    *int64
+	text string
 }
 
-func sizeFlag(fs *flag.FlagSet, dst *int64, name, def, usage string) {
-	v, _ := bench.ParseSize(def)
-	*dst = v
-	fs.Var((*sizeValue)(dst), name, usage+" (K, M, G suffixes)")
+func (v *sizeValue) String() string {
+	switch {
+	case v == nil || v.n == nil:
+		return ""
+	case v.text != "":
+		return v.text
+	}
+	return bench.FormatSize(*v.n)
+}
+
+func (v *sizeValue) Set(s string) error {
+	n, err := bench.ParseSize(s)
+	if err != nil {
+		return cli.Reason(err)
+	}
+	*v.n, v.text = n, s
+	return nil
+}
+
+// sizeFlag declares a size flag of bytes, with K, M, G suffixes, into dst.
+func sizeFlag(fs *flag.FlagSet, dst *int64, name, def, usage string) *sizeValue {
+	*dst, _ = bench.ParseSize(def)
+	v := &sizeValue{n: dst, text: def}
+	fs.Var(v, name, usage+" (K, M, G suffixes)")
+	return v
 }
 
 // given lists the flags of names that were set, as "-name=value".
@@ -55,8 +75,16 @@ type backendFlags struct {
 }
 
 func (b *backendFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&b.backend, "backend", "sim", "where the ranks run: sim, or cuda (a build with -tags cuda; one rank per process under a launcher)")
+	cli.Choice(fs, &b.backend, "backend", "sim", "the `backend` the ranks run on: sim, or cuda (GPUs; one rank per process under a launcher)", cli.OneOf("sim", "cuda"))
 	fs.DurationVar(&b.jitter, "jitter", 0, "sim: random delay before each device operation")
+}
+
+// check refuses what the flags cannot mean.
+func (b *backendFlags) check(fs *flag.FlagSet) error {
+	if b.jitter < 0 {
+		return cli.Usagef("-jitter %s: negative", fs.Lookup("jitter").Value)
+	}
+	return nil
 }
 
 func (b *backendFlags) args(fs *flag.FlagSet) []string {
@@ -78,6 +106,17 @@ func (g *gridFlags) register(fs *flag.FlagSet, withMachines bool) {
 	fs.IntVar(&g.devices, "devices", 0, "devices per machine D (default: sim 2, cuda the visible GPUs / M; scale: 2)")
 }
 
+// check refuses negative counts (0 is the default).
+func (g *gridFlags) check() error {
+	switch {
+	case g.machines < 0:
+		return cli.Usagef("-machines %d: negative", g.machines)
+	case g.devices < 0:
+		return cli.Usagef("-devices %d: negative", g.devices)
+	}
+	return nil
+}
+
 // grid resolves the defaults for a backend.
 func (g *gridFlags) grid(backend string) (int, int) {
 	m, d := g.machines, g.devices
@@ -94,15 +133,37 @@ func (g *gridFlags) grid(backend string) (int, int) {
 }
 
 // sizeFlags: the sizes of a sweep, as nccl-tests reads them.
-type sizeFlags struct{ begin, end, factor int64 }
+type sizeFlags struct {
+	begin, end, factor int64
+	b, e               *sizeValue // the flags, which echo the sizes as given
+}
 
 func (s *sizeFlags) register(fs *flag.FlagSet) {
-	sizeFlag(fs, &s.begin, "b", "1M", "smallest size in bytes")
-	sizeFlag(fs, &s.end, "e", "64M", "largest size in bytes")
+	s.b = sizeFlag(fs, &s.begin, "b", "1M", "smallest `size` in bytes")
+	s.e = sizeFlag(fs, &s.end, "e", "64M", "largest `size` in bytes")
 	fs.Int64Var(&s.factor, "f", 4, "size multiplication factor")
 }
 
-func (s *sizeFlags) sizes() ([]int64, error) { return bench.Sizes(s.begin, s.end, s.factor) }
+// sizes are the sizes of the flags; its errors are usage errors that echo
+// the sizes as given.
+func (s *sizeFlags) sizes() ([]int64, error) {
+	switch {
+	case s.begin < 1:
+		return nil, cli.Usagef("-b %s: must be at least 1 byte", s.b)
+	case s.end < s.begin:
+		return nil, cli.Usagef("-e %s: smaller than -b %s", s.e, s.b)
+	}
+	sizes, err := bench.Sizes(s.begin, s.end, s.factor)
+	return sizes, cli.Arg(err)
+}
+
+// holds checks that the largest size holds one element of dt.
+func (s *sizeFlags) holds(dt fairgo.DType) error {
+	if s.end < int64(dt.Size()) {
+		return cli.Usagef("-e %s: holds no %s (%d bytes)", s.e, dt, dt.Size())
+	}
+	return nil
+}
 
 func (s *sizeFlags) args(fs *flag.FlagSet) []string { return given(fs, "b", "e", "f") }
 
@@ -116,8 +177,8 @@ type timingFlags struct {
 }
 
 func (t *timingFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&t.dtype, "dtype", "float32", "element type (float16, bfloat16, float32, float64, int8, …)")
-	fs.StringVar(&t.op, "op", "sum", "reduction: sum, avg, max, min, prod")
+	cli.Choice(fs, &t.dtype, "dtype", "float32", "element `type`: float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64", cli.DType())
+	cli.Choice(fs, &t.op, "op", "sum", "`reduction`: sum, avg, max, min, prod", cli.Op)
 	fs.IntVar(&t.warmup, "w", 1, "untimed rounds of each method per point")
 	fs.IntVar(&t.iters, "n", 1, "calls back to back per timed repetition (1: one call at a time)")
 	fs.IntVar(&t.reps, "reps", 3, "timed repetitions of each method, alternating (median and spread)")
@@ -132,15 +193,26 @@ func (t *timingFlags) args(fs *flag.FlagSet) []string {
 	return given(fs, "dtype", "op", "w", "n", "reps", "check", "seed", "run", "label")
 }
 
-// config is the bench configuration the flags describe.
+// config is the bench configuration the flags describe; its errors are
+// usage errors.
 func (t *timingFlags) config() (bench.Config, error) {
 	dt, err := fairgo.ParseDType(t.dtype)
 	if err != nil {
-		return bench.Config{}, err
+		return bench.Config{}, cli.Arg(err)
 	}
 	op, err := fairgo.ParseOp(t.op)
 	if err != nil {
-		return bench.Config{}, err
+		return bench.Config{}, cli.Arg(err)
+	}
+	switch {
+	case t.warmup < 0:
+		return bench.Config{}, cli.Usagef("-w %d: negative", t.warmup)
+	case t.iters < 1:
+		return bench.Config{}, cli.Usagef("-n %d: must be at least 1", t.iters)
+	case t.reps < 1:
+		return bench.Config{}, cli.Usagef("-reps %d: must be at least 1", t.reps)
+	case t.timeout <= 0:
+		return bench.Config{}, cli.Usagef("-timeout %v: must be positive", t.timeout)
 	}
 	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, Check: t.check, Seed: t.seed,
 		Run: t.run, Label: t.label}, nil
@@ -159,10 +231,11 @@ func (v *variantList) String() string {
 
 func (v *variantList) Set(s string) error {
 	x, err := bench.ParseVariant(s)
-	if err == nil {
-		*v = append(*v, x)
+	if err != nil {
+		return cli.Reason(err)
 	}
-	return err
+	*v = append(*v, x)
+	return nil
 }
 
 func variantString(v bench.Variant) string {
@@ -178,15 +251,38 @@ type methodFlags struct {
 	variants variantList
 }
 
+// methodNames checks a comma-separated list of methods (-algos).
+func methodNames(list string) error {
+	valid := append(slices.Clone(bench.Baselines), bench.DefaultVariant)
+	n := 0
+	for _, f := range strings.Split(list, ",") {
+		switch f = strings.TrimSpace(f); {
+		case f == "":
+		case slices.Contains(valid, f):
+			n++
+		default:
+			return fmt.Errorf("%q is not one of %s", f, strings.Join(valid, ", "))
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no method (%s)", strings.Join(valid, ", "))
+	}
+	return nil
+}
+
 func (m *methodFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.algos, "algos", bench.DefaultMethods, "methods to measure: flat (NCCL's choice), flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)")
+	cli.Choice(fs, &m.algos, "algos", bench.DefaultMethods, "`methods` to measure, comma-separated: flat (NCCL's choice), flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)", methodNames)
 	fs.Var(&m.variants, "fairgo", "a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
 		"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, flat (flat threshold: size or never), spin (duration),\n"+
 		"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off);\n"+
 		"e.g. -fairgo rsag=algo:rail-rsag,slice:64M (default: one variant \"fairgo\" with fairgo's defaults)")
 }
 
-func (m *methodFlags) methods() ([]bench.Method, error) { return bench.Methods(m.algos, m.variants) }
+// methods are the methods of the flags; its errors are usage errors.
+func (m *methodFlags) methods() ([]bench.Method, error) {
+	ms, err := bench.Methods(m.algos, m.variants)
+	return ms, cli.Arg(err)
+}
 
 func (m *methodFlags) args(fs *flag.FlagSet) []string {
 	out := given(fs, "algos")
@@ -200,11 +296,23 @@ func (m *methodFlags) args(fs *flag.FlagSet) []string {
 type overlapFlags struct {
 	buckets     int
 	bucketBytes int64
+	flag        *sizeValue // -bucket-bytes as given
 }
 
 func (o *overlapFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.buckets, "buckets", 64, "buckets per round")
-	sizeFlag(fs, &o.bucketBytes, "bucket-bytes", "25M", "bytes per bucket")
+	o.flag = sizeFlag(fs, &o.bucketBytes, "bucket-bytes", "25M", "`size` of a bucket in bytes")
+}
+
+// check refuses an empty round, or buckets that hold no element of dt.
+func (o *overlapFlags) check(dt fairgo.DType) error {
+	switch {
+	case o.buckets < 1:
+		return cli.Usagef("-buckets %d: must be at least 1", o.buckets)
+	case o.bucketBytes < int64(dt.Size()):
+		return cli.Usagef("-bucket-bytes %s: holds no %s (%d bytes)", o.flag, dt, dt.Size())
+	}
+	return nil
 }
 
 // outputFlags: where records, CSV and plots go.
@@ -235,10 +343,17 @@ func (i *inputFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&i.includeSim, "include-sim", false, "count records with sim timings (wall clock, not GPU timings)")
 }
 
-func (i *inputFlags) records() ([]bench.Record, error) {
-	if i.in == "" {
-		return nil, &fairgo.ArgError{Arg: "-in", Value: `""`, Reason: "needs records (JSON lines from -json)"}
+// check refuses a command line without records.
+func (i *inputFlags) check() error {
+	if strings.Trim(i.in, ", ") == "" {
+		return cli.Usagef("-in %q: needs records (JSON lines from -json)", i.in)
 	}
+	return nil
+}
+
+// records reads the records; a file that cannot be read is a failure,
+// not a usage error.
+func (i *inputFlags) records() ([]bench.Record, error) {
 	return bench.ReadJSONLFiles(strings.Split(i.in, ","))
 }
 
@@ -280,22 +395,27 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	m.linkFlags.register(fs)
 }
 
+// options are the model's options of the flags; its errors are usage
+// errors.
 func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
 	o := report.ModelOptions{Devices: m.devices, Parallelism: m.parallelism, IncludeSim: includeSim}
 	var err error
 	if o.Machines, err = bench.ParseIntList("-model-machines", m.machines); err != nil {
-		return o, err
+		return o, cli.Arg(err)
 	}
 	for _, s := range strings.Split(m.sizes, ",") {
 		v, err := bench.ParseSize(s)
 		if err != nil {
-			return o, fmt.Errorf("-model-sizes: %w", err)
+			return o, cli.Usagef("-model-sizes %s: %w", m.sizes, cli.Reason(err))
 		}
 		o.Sizes = append(o.Sizes, float64(v))
 	}
 	o.Intra, o.Net = m.links()
-	if m.devices < 1 {
-		return o, &fairgo.ArgError{Arg: "-model-devices", Value: m.devices, Reason: "must be at least 1"}
+	switch {
+	case m.devices < 1:
+		return o, cli.Usagef("-model-devices %d: must be at least 1", m.devices)
+	case m.parallelism < 0:
+		return o, cli.Usagef("-model-parallelism %d: negative", m.parallelism)
 	}
 	return o, nil
 }
@@ -338,5 +458,5 @@ func linkName(s string) error {
 	case "", "nvlink", "net":
 		return nil
 	}
-	return &fairgo.ArgError{Arg: "-link", Value: strconv.Quote(s), Reason: "nvlink, net, or empty for both"}
+	return errors.New("not one of nvlink, net, or empty for both")
 }

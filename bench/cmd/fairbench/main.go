@@ -4,19 +4,21 @@
 // report and issue 11's targets:
 //
 //	fairbench sweep -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
-//	fairbench sweep -backend cuda -machines 1 -devices 2 -b 64K -e 1G -n 1 -check   (cuda build, one process)
+//	fairbench sweep -backend cuda -machines 1 -devices 2 -b 64K -e 1G -n 1 -check   (GPUs, one process)
 //	fairrun --emulate-machines 2 --nic-gbit 10 --nproc-per-node 4 -- fairbench sweep -backend cuda -b 1M -e 1G
 //	fairbench targets -in r1.jsonl,r2.jsonl -out bench/results/targets.json
 //
 // "fairbench help" lists the commands, "fairbench help COMMAND" (or
-// "fairbench COMMAND -h") a command's flags. A flag means the same in every
-// command that takes it. On sim, timings are wall clock on the host, not GPU
-// timings, and the output says so.
+// "fairbench COMMAND -h") a command's flags, on stdout. A flag means the
+// same in every command that takes it. A bad command line (an unknown
+// command or flag, a value outside its choices, an argument after the
+// flags) gives one message on stderr and exit status 2, a failure exit
+// status 1. On sim, timings are wall clock on the host, not GPU timings, and
+// the output says so.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,31 +26,24 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/fairgo/fairgo/internal/cli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, errUsage):
-		fmt.Fprintln(os.Stderr, "fairbench:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "fairbench:", err)
-		os.Exit(1)
-	}
+	os.Exit(code)
 }
-
-// errUsage marks a command line that names no command, or an unknown one.
-var errUsage = errors.New("bad command line")
 
 // command is one subcommand: its flags (declared on fs by setup) and what
 // it does with them.
 type command struct {
 	name, summary string
-	// setup declares the command's flags and returns what runs it.
+	// setup declares the command's flags and returns what runs it. What
+	// runs it returns the errors of the flags' values it checks marked
+	// with cli.Usage (or cli.Arg), before it starts anything.
 	setup func(fs *flag.FlagSet) func(ctx context.Context, env env) error
 }
 
@@ -70,6 +65,15 @@ func commands() []command {
 	}
 }
 
+// commandNames lists the commands, help included, for errors.
+func commandNames() string {
+	var names []string
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	return strings.Join(append(names, "help"), ", ")
+}
+
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "usage: fairbench COMMAND [flags]\n\ncommands:\n")
 	for _, c := range commands() {
@@ -77,6 +81,7 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %-8s %s\n\n", "help", "this list; help COMMAND: the command's flags")
 	fmt.Fprintf(w, "a flag means the same in every command that takes it; fairbench COMMAND -h lists the command's flags\n")
+	fmt.Fprintf(w, "a bad command line exits with status 2, a failure with 1\n")
 }
 
 func find(name string) (command, bool) {
@@ -88,50 +93,71 @@ func find(name string) (command, bool) {
 	return command{}, false
 }
 
-// newFlags makes a command's flag set, printing its usage to w.
-func newFlags(c command, w io.Writer) (*flag.FlagSet, func(context.Context, env) error) {
+// newFlags makes a command's flag set.
+func newFlags(c command) (*flag.FlagSet, func(context.Context, env) error) {
 	fs := flag.NewFlagSet("fairbench "+c.name, flag.ContinueOnError)
-	fs.SetOutput(w)
 	do := c.setup(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(w, "usage: fairbench %s [flags]\n\n%s\n\nflags:\n", c.name, c.summary)
-		fs.PrintDefaults()
-	}
 	return fs, do
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// program is fairbench, or one of its commands, for cli.Program.Status.
+func program(c *command) cli.Program {
+	if c == nil {
+		return cli.Program{Name: "fairbench", Help: usage, Hint: `run "fairbench help" for the commands`}
+	}
+	fs, _ := newFlags(*c)
+	return cli.Program{
+		Name: "fairbench",
+		Help: func(w io.Writer) {
+			fmt.Fprintf(w, "usage: fairbench %s [flags]\n\n%s\n\nflags:\n", c.name, c.summary)
+			fs.SetOutput(w)
+			fs.PrintDefaults()
+		},
+		Hint: fmt.Sprintf("run %q for its flags", "fairbench "+c.name+" -h"),
+	}
+}
+
+// run is fairbench's command line args (without the program name): it
+// returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := dispatch(ctx, args, stdout, stderr)
+	return program(c).Status(err, stdout, stderr)
+}
+
+// dispatch runs the command line, and returns the command it named (nil:
+// none, or help of fairbench itself) and its outcome: flag.ErrHelp for
+// help, a cli.ErrUsage error for a bad command line.
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (*command, error) {
+	unknown := func(name string) error {
+		return cli.Usagef("unknown command %q (%s; a command comes first: fairbench sweep -b 1M …)", name, commandNames())
+	}
 	if len(args) == 0 {
-		usage(stderr)
-		return fmt.Errorf("%w: no command", errUsage)
+		return nil, cli.Usagef("no command (%s)", commandNames())
 	}
 	switch name := args[0]; name {
 	case "-h", "-help", "--help", "help":
-		if len(args) > 1 && name == "help" {
-			c, ok := find(args[1])
-			if !ok {
-				return fmt.Errorf("%w: unknown command %q", errUsage, args[1])
-			}
-			fs, _ := newFlags(c, stdout)
-			fs.Usage()
-			return nil
+		// help [COMMAND], -h [COMMAND]
+		if len(args) == 1 {
+			return nil, flag.ErrHelp
 		}
-		usage(stdout)
-		return nil
+		if err := cli.NoArgs(args[2:]); err != nil {
+			return nil, err
+		}
+		c, ok := find(args[1])
+		if !ok {
+			return nil, unknown(args[1])
+		}
+		return &c, flag.ErrHelp
 	}
 	c, ok := find(args[0])
 	if !ok {
-		usage(stderr)
-		return fmt.Errorf("%w: unknown command %q (a command comes first: fairbench sweep -b 1M …)", errUsage, args[0])
+		return nil, unknown(args[0])
 	}
-	fs, do := newFlags(c, stderr)
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
+	fs, do := newFlags(c)
+	if err := cli.Parse(fs, args[1:]); err != nil {
+		return &c, err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	return do(ctx, env{stdout: stdout, stderr: stderr, args: append([]string{"fairbench"}, args...)})
+	return &c, do(ctx, env{stdout: stdout, stderr: stderr, args: append([]string{"fairbench"}, args...)})
 }
 
 // commandLine is the command as the records store it.

@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/internal/cli"
+	"github.com/fairgo/fairgo/internal/cli/clitest"
 )
 
 // rows returns the table's data lines, split into fields.
@@ -36,8 +38,8 @@ func runCmd(t *testing.T, args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, args, &stdout, &stderr)
-	require.NoError(t, err, "fairbench %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), stdout.String(), stderr.String())
+	code := run(ctx, args, &stdout, &stderr)
+	require.Zero(t, code, "fairbench %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), stdout.String(), stderr.String())
 	return stdout.String()
 }
 
@@ -132,9 +134,10 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"-h"}, {"help"}, {"--help"}} {
+	for _, args := range [][]string{{"-h"}, {"help"}, {"--help"}, {"-help"}} {
 		var stdout, stderr bytes.Buffer
-		require.NoError(t, run(context.Background(), args, &stdout, &stderr), "%v", args)
+		require.Zero(t, run(context.Background(), args, &stdout, &stderr), "%v", args)
+		require.Empty(t, stderr.String())
 		for _, c := range []string{"sweep", "overlap", "scale", "links", "model", "report", "targets", "help"} {
 			require.Contains(t, stdout.String(), "  "+c+" ", "%v lists %s", args, c)
 		}
@@ -155,36 +158,103 @@ func TestHelp(t *testing.T) {
 			"nvlink-alpha-us", "nvlink-gbps"},
 	}
 	for cmd, names := range want {
-		var stdout, stderr bytes.Buffer
-		require.NoError(t, run(context.Background(), []string{"help", cmd}, &stdout, &stderr))
-		require.Equal(t, names, flagsOf(stdout.String()), "help %s", cmd)
-		stderr.Reset()
-		err := run(context.Background(), []string{cmd, "-h"}, &stdout, &stderr)
-		require.ErrorIs(t, err, flag.ErrHelp)
-		require.Equal(t, names, flagsOf(stderr.String()), "%s -h", cmd)
+		// help CMD, -h CMD, CMD -h and CMD --help print the same on stdout.
+		var first string
+		for _, args := range [][]string{{"help", cmd}, {"-h", cmd}, {cmd, "-h"}, {cmd, "--help"}, {cmd, "-b", "1M", "-help"}} {
+			if cmd != "sweep" && len(args) == 4 { // -b is sweep's
+				continue
+			}
+			var stdout, stderr bytes.Buffer
+			require.Zero(t, run(context.Background(), args, &stdout, &stderr), "%v", args)
+			require.Empty(t, stderr.String(), "%v", args)
+			require.Equal(t, names, flagsOf(stdout.String()), "%v", args)
+			if first == "" {
+				first = stdout.String()
+			}
+			require.Equal(t, first, stdout.String(), "%v", args)
+		}
 	}
 	// Only the overlap command has buckets; only scale a machine list.
 	var stdout bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"help", "scale"}, &stdout, &bytes.Buffer{}))
+	require.Zero(t, run(context.Background(), []string{"help", "scale"}, &stdout, &bytes.Buffer{}))
 	require.Contains(t, flagsOf(stdout.String()), "machines-list")
 	require.NotContains(t, flagsOf(stdout.String()), "machines")
 	require.NotContains(t, flagsOf(stdout.String()), "buckets")
+	// Sizes and choices show what they take.
+	stdout.Reset()
+	require.Zero(t, run(context.Background(), []string{"sweep", "-h"}, &stdout, &bytes.Buffer{}))
+	for _, want := range []string{"  -b size\n", "  -dtype type\n", "  -op reduction\n", "  -backend backend\n", "(default 1M)", "(default float32)", "bfloat16"} {
+		require.Contains(t, stdout.String(), want)
+	}
 }
 
-func TestFlagErrors(t *testing.T) {
-	for _, args := range [][]string{
-		{}, {"bogus"}, {"-backend", "sim"}, {"help", "bogus"},
-		{"sweep", "-b", "1Q"}, {"sweep", "-dtype", "float7"}, {"sweep", "-op", "xor"}, {"sweep", "-algos", "ring"},
-		{"sweep", "-fairgo", "x=parallelism:0"}, {"sweep", "-fairgo", "flat"}, {"sweep", "-fairgo", "a", "-fairgo", "a"},
-		{"sweep", "-fairgo", "flat-ring=slice:1M"},
-		{"links", "-link", "pcie"}, {"sweep", "-backend", "tpu"}, {"sweep", "-b", "8M", "-e", "1M"},
-		{"model"}, {"targets"}, {"targets", "-in", "x.jsonl", "-enqueue", "/nonexistent"}, {"sweep", "extra"},
-		{"sweep", "-buckets", "4"}, {"overlap", "-buckets", "0"}, {"model", "-in", "x", "-model-machines", "0"},
-	} {
+func runFairbench(args []string, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return run(ctx, args, stdout, stderr)
+}
+
+// TestCLIRules: help on stdout with status 0; a bad command line one
+// message on stderr with status 2, sizes as given, choices listed, no
+// extra arguments; a failure status 1.
+func TestCLIRules(t *testing.T) {
+	commands := "sweep, overlap, scale, links, model, report, targets, help"
+	dtypes := "float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64"
+	usage := func(name string, args []string, stderr ...string) clitest.Case {
+		return clitest.Case{Name: name, Args: args, Code: cli.ExitUsage, Stderr: stderr}
+	}
+	a := func(s string) []string { return strings.Fields(s) }
+	clitest.Check(t, "fairbench", runFairbench, []clitest.Case{
+		{Name: "help", Args: a("help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench COMMAND"}},
+		{Name: "help sweep", Args: a("help sweep"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench sweep [flags]", "-dtype"}},
+		{Name: "sweep -h", Args: a("sweep -h"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench sweep [flags]"}},
+		{Name: "targets --help", Args: a("targets --help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench targets [flags]", "-enqueue"}},
+		{Name: "overlap -help", Args: a("overlap -help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench overlap [flags]", "-bucket-bytes size"}},
+		usage("no command", nil, "fairbench: no command ("+commands+")", `run "fairbench help" for the commands`),
+		usage("unknown command", a("bogus"), `unknown command "bogus" (`+commands),
+		usage("a flag first", a("-backend sim"), `unknown command "-backend" (`+commands),
+		usage("help of an unknown command", a("help bogus"), `unknown command "bogus" (`+commands),
+		usage("help with an extra argument", a("help sweep extra"), `unexpected argument "extra"`),
+		usage("unknown flag", a("sweep -bogus"), "flag provided but not defined: -bogus", `run "fairbench sweep -h" for its flags`),
+		usage("a flag of another command", a("sweep -buckets 4"), "flag provided but not defined: -buckets"),
+		usage("extra argument", a("sweep extra"), `unexpected argument "extra"`),
+		usage("extra arguments after flags", a("report -in x.jsonl a b"), `unexpected arguments "a" "b"`),
+		usage("bad size", a("sweep -e 3X"), `invalid value "3X" for flag -e: not an integer with an optional K, M, G or T suffix`),
+		usage("sizes in the user's units", a("sweep -b 2M -e 1M"), "-e 1M: smaller than -b 2M"),
+		usage("sizes in the user's units, other spelling", a("sweep -b 2048KiB -e 1mb"), "-e 1mb: smaller than -b 2048KiB"),
+		usage("zero size", a("sweep -b 0 -e 1K"), "-b 0: must be at least 1 byte"),
+		usage("factor", a("sweep -b 1K -e 4K -f 1"), "-f 1: must be at least 2"),
+		usage("no element", a("sweep -b 2 -e 2 -f 1 -dtype float64"), "-e 2: holds no float64 (8 bytes)"),
+		usage("bucket holds no element", a("overlap -bucket-bytes 3"), "-bucket-bytes 3: holds no float32 (4 bytes)"),
+		usage("no buckets", a("overlap -buckets 0"), "-buckets 0: must be at least 1"),
+		usage("dtype lists the types", a("sweep -dtype float8"), `invalid value "float8" for flag -dtype: not one of `+dtypes),
+		usage("op lists the operators", a("sweep -op xor"), `invalid value "xor" for flag -op: not one of sum, avg, max, min, prod`),
+		usage("backend lists the backends", a("sweep -backend tpu"), `invalid value "tpu" for flag -backend: not one of sim, cuda`),
+		usage("algos lists the methods", a("sweep -algos flat,ring"), `"ring" is not one of flat, flat-ring, naive, fairgo`),
+		usage("empty algos", a("sweep -algos ,"), `no method (flat, flat-ring, naive, fairgo)`),
+		usage("fairgo algo lists the algorithms", a("sweep -fairgo x=algo:ring"), `algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)`),
+		usage("fairgo slice as given", a("sweep -fairgo x=slice:1Q"), `slice 1Q: not an integer`),
+		usage("fairgo key", a("sweep -fairgo x=colour:red"), `unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check)`),
+		usage("fairgo baseline name", a("sweep -fairgo flat"), `invalid value "flat" for flag -fairgo: needs a NAME`),
+		usage("fairgo twice", a("sweep -fairgo a -fairgo a"), `-fairgo a: two variants of one name`),
+		usage("link lists the links", a("links -link pcie"), `invalid value "pcie" for flag -link: not one of nvlink, net, or empty for both`),
+		usage("negative jitter", a("sweep -jitter -1ms"), "-jitter -1ms: negative"),
+		usage("negative machines", a("sweep -machines -1"), "-machines -1: negative"),
+		usage("no reps", a("sweep -reps 0"), "-reps 0: must be at least 1"),
+		usage("machine list", a("scale -machines-list 1,0"), `-machines-list 1,0: "0" is not a positive integer`),
+		usage("no records", a("model"), `-in "": needs records`),
+		usage("no records for targets", a("targets -in ,"), `-in ",": needs records`),
+		usage("model sizes as given", a("model -in x.jsonl -model-sizes 1M,2Q"), "-model-sizes 1M,2Q: not an integer"),
+		usage("model machines", a("model -in x.jsonl -model-machines 0"), `-model-machines 0: "0" is not a positive integer`),
+		usage("model devices", a("model -in x.jsonl -model-devices 0"), "-model-devices 0: must be at least 1"),
+	})
+	// A failure (a file that is not there) is status 1, one message.
+	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"), a("targets -in /nonexistent/x.jsonl -enqueue 6.5")} {
 		var stdout, stderr bytes.Buffer
-		err := run(context.Background(), args, &stdout, &stderr)
-		require.Error(t, err, "fairbench %v", args)
-		require.False(t, errors.Is(err, flag.ErrHelp), "fairbench %v", args)
+		require.Equal(t, cli.ExitFailure, runFairbench(args, &stdout, &stderr), "%v", args)
+		require.Equal(t, 1, strings.Count(stderr.String(), "fairbench: "), stderr.String())
+		require.Contains(t, stderr.String(), "/nonexistent/x.jsonl")
+		require.NotContains(t, stderr.String(), "run \"fairbench")
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
 	"github.com/fairgo/fairgo/bench/report"
+	"github.com/fairgo/fairgo/internal/cli"
 	"github.com/fairgo/fairgo/internal/testbed"
 )
 
@@ -32,8 +33,12 @@ func (m *measurement) register(fs *flag.FlagSet) {
 	m.output.register(fs)
 }
 
-// config is the bench configuration of the flags, methods included.
-func (m *measurement) config(e env, methods *methodFlags) (bench.Config, error) {
+// config is the bench configuration of the flags, methods included; its
+// errors are usage errors.
+func (m *measurement) config(fs *flag.FlagSet, e env, methods *methodFlags) (bench.Config, error) {
+	if err := m.backend.check(fs); err != nil {
+		return bench.Config{}, err
+	}
 	cfg, err := m.timing.config()
 	if err != nil {
 		return cfg, err
@@ -85,7 +90,8 @@ func (m *measurement) single(ctx context.Context, e env, g gridFlags, cfg bench.
 }
 
 // setupPoints declares what sweep and overlap share, and with more the
-// flags of what they measure, whose function completes the configuration.
+// flags of what they measure, whose function completes the configuration
+// (its errors are usage errors).
 func setupPoints(fs *flag.FlagSet, name string, fn measureFn, more func(*flag.FlagSet) func(*bench.Config) error) func(context.Context, env) error {
 	var m measurement
 	var g gridFlags
@@ -95,8 +101,11 @@ func setupPoints(fs *flag.FlagSet, name string, fn measureFn, more func(*flag.Fl
 	methods.register(fs)
 	complete := more(fs)
 	return func(ctx context.Context, e env) error {
-		cfg, err := m.config(e, &methods)
+		cfg, err := m.config(fs, e, &methods)
 		if err != nil {
+			return err
+		}
+		if err := g.check(); err != nil {
 			return err
 		}
 		if err := complete(&cfg); err != nil {
@@ -111,8 +120,10 @@ func setupSweep(fs *flag.FlagSet) func(context.Context, env) error {
 		var s sizeFlags
 		s.register(fs)
 		return func(cfg *bench.Config) (err error) {
-			cfg.Sizes, err = s.sizes()
-			return err
+			if cfg.Sizes, err = s.sizes(); err != nil {
+				return err
+			}
+			return s.holds(cfg.DType)
 		}
 	})
 }
@@ -123,7 +134,7 @@ func setupOverlap(fs *flag.FlagSet) func(context.Context, env) error {
 		o.register(fs)
 		return func(cfg *bench.Config) error {
 			cfg.Buckets, cfg.BucketBytes = o.buckets, o.bucketBytes
-			return nil
+			return o.check(cfg.DType)
 		}
 	})
 }
@@ -163,19 +174,25 @@ func setupScale(fs *flag.FlagSet) func(context.Context, env) error {
 	l.launch.register(fs)
 	list := fs.String("machines-list", "1,2,4", "machine counts")
 	return func(ctx context.Context, e env) error {
-		ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
-		defer cancel()
 		machines, err := bench.ParseIntList("-machines-list", *list)
+		if err != nil {
+			return cli.Arg(err)
+		}
+		cfg, err := m.config(fs, e, &methods)
 		if err != nil {
 			return err
 		}
-		cfg, err := m.config(e, &methods)
-		if err != nil {
+		if err := g.check(); err != nil {
 			return err
 		}
 		if cfg.Sizes, err = s.sizes(); err != nil {
 			return err
 		}
+		if err := s.holds(cfg.DType); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
+		defer cancel()
 		d := g.devices
 		if d == 0 {
 			d = 2
@@ -213,20 +230,21 @@ func setupLinks(fs *flag.FlagSet) func(context.Context, env) error {
 	m.register(fs)
 	s.register(fs)
 	l.launch.register(fs)
-	link := fs.String("link", "", "the link to measure: nvlink, net, or both (empty)")
+	var link string
+	cli.Choice(fs, &link, "link", "", "the `link` to measure: nvlink, net, or both (empty)", linkName)
 	return func(ctx context.Context, e env) error {
-		ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
-		defer cancel()
-		if err := linkName(*link); err != nil {
-			return err
-		}
-		cfg, err := m.config(e, nil)
+		cfg, err := m.config(fs, e, nil)
 		if err != nil {
 			return err
 		}
 		if cfg.Sizes, err = s.sizes(); err != nil {
 			return err
 		}
+		if err := s.holds(cfg.DType); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
+		defer cancel()
 		cfg.Methods, cfg.Kind = []bench.Method{{Name: bench.Flat}}, bench.KindLink
 		measure := func(tb *testbed.Testbed, name string) ([]bench.Record, error) {
 			defer tb.Close()
@@ -254,7 +272,7 @@ func setupLinks(fs *flag.FlagSet) func(context.Context, env) error {
 			name string
 			m, d int
 		}{{"nvlink", 1, 2}, {"net", 2, 1}} {
-			if *link != "" && *link != pair.name {
+			if link != "" && link != pair.name {
 				continue
 			}
 			var recs []bench.Record
