@@ -8,7 +8,9 @@
 //
 //	go run ./examples/allreduce -machines 3 -devices 5 -count 1000003 -dtype bfloat16 -op avg
 //
-// It prints "ok" and the largest error, and exits 1 on a mismatch.
+// It prints "ok" and the largest error, and exits 1 on a mismatch or a
+// failure, 2 on a bad command line (one message on stderr); -h prints the
+// flags on stdout.
 package main
 
 import (
@@ -16,12 +18,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"time"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/cli"
 	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/internal/refdata"
 	"github.com/fairgo/fairgo/internal/testbed"
@@ -40,26 +44,86 @@ type flags struct {
 }
 
 func main() {
-	var f flags
-	flag.StringVar(&f.backend, "backend", "sim", "where the ranks run: sim, or cuda (GPUs)")
-	flag.IntVar(&f.machines, "machines", 2, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
-	flag.IntVar(&f.devices, "devices", 2, "devices per machine D (sim; cuda in one process)")
-	flag.Int64Var(&f.count, "count", 1<<20+3, "elements per rank")
-	flag.StringVar(&f.dtype, "dtype", "float32", "element type: float16 bfloat16 float32 float64 int8 uint8 int32 uint32 int64 uint64")
-	flag.StringVar(&f.op, "op", "sum", "reduction: sum avg max min prod")
-	flag.Int64Var(&f.slice, "slice", 0, "slice size in bytes (0: default)")
-	flag.Int64Var(&f.flat, "flat-threshold", 0, "flat allreduce below this many bytes (0: default, -1: never)")
-	flag.Uint64Var(&f.seed, "seed", 1, "seed of the input data")
-	flag.DurationVar(&f.jitter, "jitter", 0, "sim only: random delay before each device operation")
-	flag.IntVar(&f.iters, "iters", 1, "allreduces to run (each checked)")
-	flag.Parse()
-	if err := run(f); err != nil {
-		fmt.Fprintln(os.Stderr, "allreduce:", err)
-		os.Exit(1)
-	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(f flags) error {
+// newFlags declares the flags into f.
+func newFlags(f *flags) *flag.FlagSet {
+	fs := flag.NewFlagSet("allreduce", flag.ContinueOnError)
+	cli.Choice(fs, &f.backend, "backend", "sim", "the `backend` the ranks run on: sim, or cuda (GPUs)", cli.OneOf("sim", "cuda"))
+	fs.IntVar(&f.machines, "machines", 2, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
+	fs.IntVar(&f.devices, "devices", 2, "devices per machine D (sim; cuda in one process)")
+	fs.Int64Var(&f.count, "count", 1<<20+3, "elements per rank")
+	cli.Choice(fs, &f.dtype, "dtype", "float32", "element `type`: float16 bfloat16 float32 float64 int8 uint8 int32 uint32 int64 uint64", cli.DType())
+	cli.Choice(fs, &f.op, "op", "sum", "`reduction`: sum avg max min prod", cli.Op)
+	fs.Int64Var(&f.slice, "slice", 0, "slice size in bytes (0: default)")
+	fs.Int64Var(&f.flat, "flat-threshold", 0, "flat allreduce below this many bytes (0: default, -1: never)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the input data")
+	fs.DurationVar(&f.jitter, "jitter", 0, "sim only: random delay before each device operation")
+	fs.IntVar(&f.iters, "iters", 1, "allreduces to run (each checked)")
+	return fs
+}
+
+// help writes the usage.
+func help(w io.Writer) {
+	fmt.Fprint(w, `usage: allreduce [flags]
+
+allreduce runs fairgo allreduces over a cluster (the simulated one, or GPUs
+with -backend cuda) and checks every rank's result against a float64
+reference. It prints "ok" and the largest error; it exits 1 on a mismatch or
+a failure, 2 on a bad command line.
+
+flags:
+`)
+	fs := newFlags(new(flags))
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// run is the command line args (without the program name): it returns the
+// exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	var f flags
+	fs := newFlags(&f)
+	given := cli.Given(fs)
+	err := cli.Parse(fs, args)
+	if err == nil {
+		err = f.check(given)
+	}
+	if err == nil {
+		err = reduce(f, stdout)
+	}
+	return cli.Program{Name: "allreduce", Help: help}.Status(err, stdout, stderr)
+}
+
+// check refuses what the flags cannot mean, with usage errors that echo
+// the value as given (cli.Given).
+func (f flags) check(givenText map[string]string) error {
+	given := func(name string) string { return givenText[name] }
+	switch {
+	case f.machines < 1:
+		return cli.Usagef("-machines %s: must be at least 1", given("machines"))
+	case f.devices < 1:
+		return cli.Usagef("-devices %s: must be at least 1", given("devices"))
+	case f.count < 0:
+		return cli.Usagef("-count %s: negative", given("count"))
+	case f.iters < 0:
+		return cli.Usagef("-iters %s: negative", given("iters"))
+	case f.jitter < 0:
+		return cli.Usagef("-jitter %s: negative", given("jitter"))
+	}
+	if err := hier.ValidateOptions(hier.WithSliceSize(f.slice)); err != nil {
+		return cli.Usagef("-slice %s: %w", given("slice"), cli.Reason(err))
+	}
+	if err := hier.ValidateOptions(hier.WithFlatThreshold(f.flat)); err != nil {
+		return cli.Usagef("-flat-threshold %s: %w", given("flat-threshold"), cli.Reason(err))
+	}
+	return nil
+}
+
+// reduce runs the allreduces f describes and checks them, printing on
+// stdout.
+func reduce(f flags, stdout io.Writer) error {
 	dt, err := fairgo.ParseDType(f.dtype)
 	if err != nil {
 		return err
@@ -85,7 +149,7 @@ func run(f flags) error {
 	ranks := tb.Ranks()
 	if tb.Info().Backend != "sim" {
 		for _, r := range reducers {
-			fmt.Printf("rank %d: grid %v on %v\n", r.WorldRank(), r.Grid(), r.Device())
+			fmt.Fprintf(stdout, "rank %d: grid %v on %v\n", r.WorldRank(), r.Grid(), r.Device())
 		}
 	}
 	world := reducers[0].Grid().Size()
@@ -124,10 +188,10 @@ func run(f flags) error {
 				return fmt.Errorf("rank %d: %w", r.WorldRank, err)
 			}
 		}
-		fmt.Printf("iteration %d: %d × %s %s on %d×%d ranks in %v\n", it, f.count, dt, op,
+		fmt.Fprintf(stdout, "iteration %d: %d × %s %s on %d×%d ranks in %v\n", it, f.count, dt, op,
 			reducers[0].Grid().Machines, reducers[0].Grid().Devices, elapsed.Round(time.Microsecond))
 	}
-	fmt.Printf("ok max_abs_error=%.3g max_error/bound=%.3g\n", worst, worstRatio)
+	fmt.Fprintf(stdout, "ok max_abs_error=%.3g max_error/bound=%.3g\n", worst, worstRatio)
 	return nil
 }
 

@@ -33,6 +33,9 @@
 // divided by it (parameters are never split, so a large one still gets a
 // bucket of its own). -min-buckets 1 keeps the plain cap; -bucket-kb sets
 // a cap in KiB.
+//
+// -h prints the flags on stdout; a bad command line gives one message on
+// stderr and exit status 2, a failure (replicas that differ included) 1.
 package main
 
 import (
@@ -52,6 +55,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/cli"
 	"github.com/fairgo/fairgo/internal/testbed"
 )
 
@@ -84,31 +88,112 @@ func defaults() options {
 }
 
 func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// newFlags declares the flags into o, with o's values as the defaults.
+func newFlags(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("ddp", flag.ContinueOnError)
+	cli.Choice(fs, &o.backend, "backend", o.backend, "the `backend` the ranks run on: sim, or cuda (GPUs)", cli.OneOf("sim", "cuda"))
+	fs.IntVar(&o.machines, "machines", o.machines, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
+	fs.IntVar(&o.devices, "devices", o.devices, "devices per machine D (sim; cuda in one process: M·D GPUs)")
+	fs.IntVar(&o.epochs, "epochs", o.epochs, "epochs (passes over each rank's shard)")
+	fs.IntVar(&o.steps, "steps", o.steps, "steps per epoch")
+	fs.IntVar(&o.batch, "batch", o.batch, "samples per rank and step")
+	fs.IntVar(&o.in, "in", o.in, "input features")
+	fs.IntVar(&o.classes, "classes", o.classes, "classes")
+	fs.IntVar(&o.hidden, "hidden", o.hidden, "width of the hidden layers")
+	fs.IntVar(&o.depth, "depth", o.depth, "number of hidden layers")
+	fs.Float64Var(&o.lr, "lr", o.lr, "learning rate")
+	fs.Float64Var(&o.momentum, "momentum", o.momentum, "SGD momentum")
+	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the teacher, the data shards and the initialisation")
+	cli.Choice(fs, &o.dtype, "dtype", o.dtype, "`type` the gradients are reduced in: float32 or bfloat16 (sim only)", cli.DType(fairgo.Float32, fairgo.BFloat16))
+	fs.Float64Var(&o.bucketMB, "bucket-mb", o.bucketMB, "gradient bucket cap in MiB")
+	fs.Int64Var(&o.bucketKB, "bucket-kb", 0, "gradient bucket cap in KiB (overrides -bucket-mb when set)")
+	fs.IntVar(&o.minBuckets, "min-buckets", o.minBuckets, "lower the bucket cap to the model size / this, for toy models (1: off)")
+	fs.Int64Var(&o.flat, "flat-threshold", 0, "buckets smaller than this many bytes are one flat allreduce (0: fairgo's default, -1: never)")
+	fs.DurationVar(&o.jitter, "jitter", 0, "sim only: random delay before each device operation")
+	return fs
+}
+
+// help writes the usage.
+func help(w io.Writer) {
+	fmt.Fprint(w, `usage: ddp [flags]
+
+ddp trains a small MLP data-parallel on fairgo: every rank a replica on its
+own shard, gradients averaged in buckets with AllReduce while the backward
+pass goes on. It prints each epoch's loss and the time per step split into
+compute and exposed communication, and checks at the end that the replicas
+are identical. It exits 1 when they are not or on a failure, 2 on a bad
+command line.
+
+flags:
+`)
 	o := defaults()
-	flag.StringVar(&o.backend, "backend", o.backend, "where the ranks run: sim, or cuda (GPUs)")
-	flag.IntVar(&o.machines, "machines", o.machines, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
-	flag.IntVar(&o.devices, "devices", o.devices, "devices per machine D (sim; cuda in one process: M·D GPUs)")
-	flag.IntVar(&o.epochs, "epochs", o.epochs, "epochs (passes over each rank's shard)")
-	flag.IntVar(&o.steps, "steps", o.steps, "steps per epoch")
-	flag.IntVar(&o.batch, "batch", o.batch, "samples per rank and step")
-	flag.IntVar(&o.in, "in", o.in, "input features")
-	flag.IntVar(&o.classes, "classes", o.classes, "classes")
-	flag.IntVar(&o.hidden, "hidden", o.hidden, "width of the hidden layers")
-	flag.IntVar(&o.depth, "depth", o.depth, "number of hidden layers")
-	flag.Float64Var(&o.lr, "lr", o.lr, "learning rate")
-	flag.Float64Var(&o.momentum, "momentum", o.momentum, "SGD momentum")
-	flag.Uint64Var(&o.seed, "seed", o.seed, "seed of the teacher, the data shards and the initialisation")
-	flag.StringVar(&o.dtype, "dtype", o.dtype, "type the gradients are reduced in: float32 or bfloat16")
-	flag.Float64Var(&o.bucketMB, "bucket-mb", o.bucketMB, "gradient bucket cap in MiB")
-	flag.Int64Var(&o.bucketKB, "bucket-kb", 0, "gradient bucket cap in KiB (overrides -bucket-mb when set)")
-	flag.IntVar(&o.minBuckets, "min-buckets", o.minBuckets, "lower the bucket cap to the model size / this, for toy models (1: off)")
-	flag.Int64Var(&o.flat, "flat-threshold", 0, "buckets smaller than this many bytes are one flat allreduce (0: fairgo's default, -1: never)")
-	flag.DurationVar(&o.jitter, "jitter", 0, "sim only: random delay before each device operation")
-	flag.Parse()
-	if _, err := run(context.Background(), o, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "ddp:", err)
-		os.Exit(1)
+	fs := newFlags(&o)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// run is the command line args (without the program name): it returns the
+// exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	o := defaults()
+	fs := newFlags(&o)
+	given := cli.Given(fs)
+	err := cli.Parse(fs, args)
+	if err == nil {
+		err = o.check(given)
 	}
+	if err == nil {
+		_, err = demo(context.Background(), o, stdout)
+	}
+	return cli.Program{Name: "ddp", Help: help}.Status(err, stdout, stderr)
+}
+
+// check refuses what the flags cannot mean, before anything runs, with
+// usage errors that echo the values as given (cli.Given).
+func (o options) check(given map[string]string) error {
+	bad := func(flag, why string) error { return cli.Usagef("-%s %s: %s", flag, given[flag], why) }
+	switch {
+	case o.machines < 1:
+		return bad("machines", "must be at least 1")
+	case o.devices < 1:
+		return bad("devices", "must be at least 1")
+	case o.epochs < 1:
+		return bad("epochs", "must be at least 1")
+	case o.steps < 1:
+		return bad("steps", "must be at least 1")
+	case o.batch < 1:
+		return bad("batch", "must be at least 1")
+	case o.in < 1:
+		return bad("in", "must be at least 1")
+	case o.classes < 1:
+		return bad("classes", "must be at least 1")
+	case o.hidden < 1:
+		return bad("hidden", "must be at least 1")
+	case o.depth < 0:
+		return bad("depth", "negative")
+	case !(o.lr > 0):
+		return bad("lr", "must be > 0")
+	case !(o.momentum >= 0 && o.momentum < 1):
+		return bad("momentum", "must be in [0, 1)")
+	case o.bucketKB < 0:
+		return bad("bucket-kb", "negative")
+	case o.bucketKB == 0 && !(o.bucketMB*(1<<20) >= 1):
+		return bad("bucket-mb", "the bucket cap must be at least a byte")
+	case o.minBuckets < 1:
+		return bad("min-buckets", "must be at least 1")
+	case o.jitter < 0:
+		return bad("jitter", "negative")
+	}
+	if dt, err := fairgo.ParseDType(o.dtype); err != nil || (o.backend == "cuda" && dt != fairgo.Float32) {
+		return cli.Usagef("-dtype %s: the GPU trainer (-backend cuda) communicates float32 gradients", o.dtype)
+	}
+	if err := hier.ValidateOptions(hier.WithFlatThreshold(o.flat)); err != nil {
+		return cli.Usagef("-flat-threshold %s: %w", given["flat-threshold"], cli.Reason(err))
+	}
+	return nil
 }
 
 // summary is what a run ends with, for tests.
@@ -133,7 +218,7 @@ func (o options) bucketBytes(nparams int, elemSize int) (bucketCap int64, note s
 		bucketCap = o.bucketKB << 10
 	}
 	if bucketCap <= 0 {
-		return 0, "", fmt.Errorf("bucket cap must be positive (-bucket-mb %g, -bucket-kb %d)", o.bucketMB, o.bucketKB)
+		return 0, "", fmt.Errorf("the bucket cap must be positive (-bucket-mb %g, -bucket-kb %d)", o.bucketMB, o.bucketKB)
 	}
 	model := int64(nparams) * int64(elemSize)
 	if o.minBuckets > 1 && model/int64(o.minBuckets) < bucketCap {
@@ -145,7 +230,8 @@ func (o options) bucketBytes(nparams int, elemSize int) (bucketCap int64, note s
 	return bucketCap, note, nil
 }
 
-func run(ctx context.Context, o options, out io.Writer) (*summary, error) {
+// demo trains as o says, printing on out.
+func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	dt, err := fairgo.ParseDType(o.dtype)
 	if err != nil {
 		return nil, err

@@ -40,15 +40,15 @@ type Config struct {
 func (c Config) validate() error {
 	switch {
 	case c.Epochs < 1 || c.Steps < 1 || c.Batch < 1:
-		return fmt.Errorf("ddp: epochs, steps and batch must be positive (got %d, %d, %d)", c.Epochs, c.Steps, c.Batch)
+		return fmt.Errorf("epochs, steps and batch must be positive (got %d, %d, %d)", c.Epochs, c.Steps, c.Batch)
 	case len(c.Sizes) < 2:
-		return fmt.Errorf("ddp: the model needs an input and an output width (got %v)", c.Sizes)
+		return fmt.Errorf("the model needs an input and an output width (got %v)", c.Sizes)
 	case c.DType != fairgo.Float32 && c.DType != fairgo.BFloat16:
-		return fmt.Errorf("ddp: gradients are communicated in float32 or bfloat16, not %v", c.DType)
+		return fmt.Errorf("gradients are communicated in float32 or bfloat16, not %v", c.DType)
 	case !(c.LR > 0) || c.Momentum < 0 || c.Momentum >= 1:
-		return fmt.Errorf("ddp: need lr > 0 and momentum in [0, 1) (got %g, %g)", c.LR, c.Momentum)
+		return fmt.Errorf("need lr > 0 and momentum in [0, 1) (got %g, %g)", c.LR, c.Momentum)
 	case c.BucketBytes <= 0:
-		return fmt.Errorf("ddp: bucket size %d bytes must be positive", c.BucketBytes)
+		return fmt.Errorf("bucket size %d bytes must be positive", c.BucketBytes)
 	}
 	return nil
 }
@@ -76,7 +76,7 @@ type Result struct {
 
 // ErrReplicasDiffer reports replicas whose parameters are not bit-identical
 // at the end of training.
-var ErrReplicasDiffer = errors.New("ddp: replicas hold different parameters")
+var ErrReplicasDiffer = errors.New("replicas hold different parameters")
 
 // Train runs data-parallel training on one rank: r is the rank's Reducer
 // and mem its device. Every rank of the job calls Train with the same cfg,
@@ -121,15 +121,15 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 	}
 	paramsT, err := alloc(nparams, fairgo.Float32)
 	if err != nil {
-		return nil, fmt.Errorf("ddp: allocating the parameters: %w", err)
+		return nil, fmt.Errorf("allocating the parameters: %w", err)
 	}
 	gradsT, err := alloc(nparams, cfg.DType)
 	if err != nil {
-		return nil, fmt.Errorf("ddp: allocating the gradients: %w", err)
+		return nil, fmt.Errorf("allocating the gradients: %w", err)
 	}
 	statsT, err := alloc(4, fairgo.Float64)
 	if err != nil {
-		return nil, fmt.Errorf("ddp: allocating the statistics: %w", err)
+		return nil, fmt.Errorf("allocating the statistics: %w", err)
 	}
 	maxBucket := 0
 	for _, b := range buckets {
@@ -141,13 +141,13 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 	pbytes := host[:nparams*4]
 	encode(fairgo.Float32, pbytes, model.Params)
 	if err := mem.Upload(paramsT.Ptr, pbytes); err != nil {
-		return nil, fmt.Errorf("ddp: uploading the parameters: %w", err)
+		return nil, fmt.Errorf("uploading the parameters: %w", err)
 	}
 	if err := r.Broadcast(ctx, paramsT, 0).Wait(ctx); err != nil {
-		return nil, fmt.Errorf("ddp: broadcasting rank 0's parameters: %w", err)
+		return nil, fmt.Errorf("broadcasting rank 0's parameters: %w", err)
 	}
 	if err := mem.Download(pbytes, paramsT.Ptr); err != nil {
-		return nil, fmt.Errorf("ddp: downloading the parameters: %w", err)
+		return nil, fmt.Errorf("downloading the parameters: %w", err)
 	}
 	decode(fairgo.Float32, model.Params, pbytes)
 
@@ -186,7 +186,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 					buf := host[:t.ByteLen()]
 					encode(cfg.DType, buf, grad[b.Lo:b.Hi])
 					if err := mem.Upload(t.Ptr, buf); err != nil {
-						launchErr = fmt.Errorf("ddp: uploading bucket %d: %w", next, err)
+						launchErr = fmt.Errorf("uploading bucket %d: %w", next, err)
 						return
 					}
 					works[next] = r.AllReduce(ctx, t, fairgo.Avg)
@@ -197,7 +197,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 				return nil, launchErr
 			}
 			if next != len(buckets) {
-				return nil, fmt.Errorf("ddp: internal error: %d of %d buckets launched", next, len(buckets))
+				return nil, fmt.Errorf("internal error: %d of %d buckets launched", next, len(buckets))
 			}
 			lossSum += loss
 			correct += ok
@@ -208,19 +208,19 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 				err := works[i].Wait(ctx)
 				comm += time.Since(t0)
 				if err != nil {
-					return nil, fmt.Errorf("ddp: epoch %d step %d: allreduce of bucket %d: %w", epoch, step, i, err)
+					return nil, fmt.Errorf("epoch %d step %d: allreduce of bucket %d: %w", epoch, step, i, err)
 				}
 				t := gradsT.Slice(int64(b.Lo), int64(b.Len()))
 				buf := host[:t.ByteLen()]
 				if err := mem.Download(buf, t.Ptr); err != nil {
-					return nil, fmt.Errorf("ddp: downloading bucket %d: %w", i, err)
+					return nil, fmt.Errorf("downloading bucket %d: %w", i, err)
 				}
 				decode(cfg.DType, grad[b.Lo:b.Hi], buf)
 			}
 			sgdMomentum(model.Params, velocity, grad, float32(cfg.LR), float32(cfg.Momentum))
 			encode(fairgo.Float32, pbytes, model.Params)
 			if err := mem.Upload(paramsT.Ptr, pbytes); err != nil {
-				return nil, fmt.Errorf("ddp: uploading the parameters: %w", err)
+				return nil, fmt.Errorf("uploading the parameters: %w", err)
 			}
 			compute += time.Since(start)
 		}
@@ -231,7 +231,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 		stats := []float64{lossSum / steps, float64(correct) / (steps * float64(cfg.Batch)),
 			compute.Seconds() / steps, comm.Seconds() / steps}
 		if err := allReduceHost(ctx, r, mem, statsT, stats); err != nil {
-			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
+			return nil, fmt.Errorf("epoch %d statistics: %w", epoch, err)
 		}
 		es := EpochStats{Epoch: epoch, Loss: stats[0], Accuracy: stats[1],
 			Compute: seconds(stats[2]), Comm: seconds(stats[3])}
@@ -243,7 +243,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 
 	res.Params = make([]byte, nparams*4)
 	if err := mem.Download(res.Params, paramsT.Ptr); err != nil {
-		return nil, fmt.Errorf("ddp: downloading the final parameters: %w", err)
+		return nil, fmt.Errorf("downloading the final parameters: %w", err)
 	}
 	if err := checkReplicas(ctx, r, mem, res.Params, world); err != nil {
 		return res, err
@@ -307,7 +307,7 @@ func checkReplicas(ctx context.Context, r *hier.Reducer, mem Memory, params []by
 		return err
 	}
 	if err := r.AllGather(ctx, send, recv).Wait(ctx); err != nil {
-		return fmt.Errorf("ddp: gathering parameter hashes: %w", err)
+		return fmt.Errorf("gathering parameter hashes: %w", err)
 	}
 	all := make([]byte, 8*world)
 	if err := mem.Download(all, recv.Ptr); err != nil {

@@ -42,11 +42,11 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 		return nil, err
 	}
 	if cfg.DType != fairgo.Float32 {
-		return nil, fmt.Errorf("ddp: the GPU trainer communicates float32 gradients, not %v (use -dtype float32)", cfg.DType)
+		return nil, fmt.Errorf("the GPU trainer communicates float32 gradients, not %v (use -dtype float32)", cfg.DType)
 	}
 	d, ok := r.Device().(*cuda.Device)
 	if !ok {
-		return nil, fmt.Errorf("ddp: the Reducer's device is a %T, not a *cuda.Device", r.Device())
+		return nil, fmt.Errorf("the Reducer's device is a %T, not a *cuda.Device", r.Device())
 	}
 	rank, world := r.WorldRank(), r.Grid().Size()
 	model, err := NewMLP[float32](cfg.Sizes)
@@ -61,11 +61,11 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	}
 	tr, err := gpu.LoadKernels(d)
 	if err != nil {
-		return nil, fmt.Errorf("ddp: %w", err)
+		return nil, err
 	}
 	compute, err := d.CreateStream() // destroyed with the device
 	if err != nil {
-		return nil, fmt.Errorf("ddp: creating the compute stream: %w", err)
+		return nil, fmt.Errorf("creating the compute stream: %w", err)
 	}
 
 	// Device memory is freed when training succeeds; after an error a
@@ -99,28 +99,28 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	stats := alloc(2, fairgo.Float64)     // Σ mean loss, Σ correct over the epoch's steps
 	hostStats := alloc(4, fairgo.Float64) // for allReduceHost
 	if allocErr != nil {
-		return nil, fmt.Errorf("ddp: allocating device memory: %w", allocErr)
+		return nil, fmt.Errorf("allocating device memory: %w", allocErr)
 	}
 
 	// Start from rank 0's parameters, zero velocity; the teacher once.
 	pbytes := make([]byte, nparams*4)
 	encode(fairgo.Float32, pbytes, model.Params)
 	if err := d.Upload(params.Ptr, pbytes); err != nil {
-		return nil, fmt.Errorf("ddp: uploading the parameters: %w", err)
+		return nil, fmt.Errorf("uploading the parameters: %w", err)
 	}
 	teacher := NewTeacher(cfg.Seed, in, classes)
 	tbytes := make([]byte, 4*len(teacher.w))
 	encode(fairgo.Float32, tbytes, teacher.w)
 	if err := d.UploadAsync(teacherT.Ptr, tbytes, compute); err != nil {
-		return nil, fmt.Errorf("ddp: uploading the teacher: %w", err)
+		return nil, fmt.Errorf("uploading the teacher: %w", err)
 	}
 	for _, t := range []fairgo.Tensor{velocity, stats} {
 		if err := d.FillAsync(t, 0, 0, 0, compute); err != nil {
-			return nil, fmt.Errorf("ddp: zeroing: %w", err)
+			return nil, fmt.Errorf("zeroing: %w", err)
 		}
 	}
 	if err := r.Broadcast(ctx, params, 0).Wait(ctx); err != nil {
-		return nil, fmt.Errorf("ddp: broadcasting rank 0's parameters: %w", err)
+		return nil, fmt.Errorf("broadcasting rank 0's parameters: %w", err)
 	}
 
 	// Timing events, four per step of an epoch: start, backward done,
@@ -129,7 +129,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	for i := range evs {
 		for j := range evs[i] {
 			if evs[i][j], err = d.CreateEvent(true); err != nil {
-				return nil, fmt.Errorf("ddp: creating timing events: %w", err)
+				return nil, fmt.Errorf("creating timing events: %w", err)
 			}
 		}
 	}
@@ -212,7 +212,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 			}
 		}
 		if next != len(buckets) {
-			return fmt.Errorf("ddp: internal error: %d of %d buckets launched", next, len(buckets))
+			return fmt.Errorf("internal error: %d of %d buckets launched", next, len(buckets))
 		}
 		if err := ev[1].Record(compute); err != nil {
 			return err
@@ -235,17 +235,17 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
 		for s := range cfg.Steps {
 			if err := step(s); err != nil {
-				return nil, fmt.Errorf("ddp: epoch %d step %d: %w", epoch, s, err)
+				return nil, fmt.Errorf("epoch %d step %d: %w", epoch, s, err)
 			}
 		}
 		// The epoch's numbers: the one host wait per epoch.
 		for i, w := range works {
 			if err := w.Wait(ctx); err != nil {
-				return nil, fmt.Errorf("ddp: epoch %d: allreduce of bucket %d: %w", epoch, i, err)
+				return nil, fmt.Errorf("epoch %d: allreduce of bucket %d: %w", epoch, i, err)
 			}
 		}
 		if err := compute.Synchronize(); err != nil {
-			return nil, fmt.Errorf("ddp: epoch %d: %w", epoch, err)
+			return nil, fmt.Errorf("epoch %d: %w", epoch, err)
 		}
 		var comp, comm time.Duration
 		for _, ev := range evs {
@@ -253,17 +253,17 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 			wait, err2 := cuda.Elapsed(ev[1], ev[2])
 			opt, err3 := cuda.Elapsed(ev[2], ev[3])
 			if err := errors.Join(err1, err2, err3); err != nil {
-				return nil, fmt.Errorf("ddp: epoch %d: timing: %w", epoch, err)
+				return nil, fmt.Errorf("epoch %d: timing: %w", epoch, err)
 			}
 			comp += back + opt
 			comm += wait
 		}
 		sb := make([]byte, 16)
 		if err := d.DownloadAfter(sb, stats.Ptr, compute); err != nil {
-			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
+			return nil, fmt.Errorf("epoch %d statistics: %w", epoch, err)
 		}
 		if err := d.FillAsync(stats, 0, 0, 0, compute); err != nil {
-			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
+			return nil, fmt.Errorf("epoch %d statistics: %w", epoch, err)
 		}
 		sum := make([]float64, 2)
 		decodeF64(sum, sb)
@@ -271,7 +271,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 		vals := []float64{sum[0] / steps, sum[1] / (steps * float64(batch)),
 			comp.Seconds() / steps, comm.Seconds() / steps}
 		if err := allReduceHost(ctx, r, d, hostStats, vals); err != nil {
-			return nil, fmt.Errorf("ddp: epoch %d statistics: %w", epoch, err)
+			return nil, fmt.Errorf("epoch %d statistics: %w", epoch, err)
 		}
 		es := EpochStats{Epoch: epoch, Loss: vals[0], Accuracy: vals[1], Compute: seconds(vals[2]), Comm: seconds(vals[3])}
 		res.Epochs = append(res.Epochs, es)
@@ -285,7 +285,7 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	}
 	res.Params = make([]byte, nparams*4)
 	if err := d.Download(res.Params, params.Ptr); err != nil {
-		return nil, fmt.Errorf("ddp: downloading the final parameters: %w", err)
+		return nil, fmt.Errorf("downloading the final parameters: %w", err)
 	}
 	if err := checkReplicas(ctx, r, d, res.Params, world); err != nil {
 		return res, err
