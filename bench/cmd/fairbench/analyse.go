@@ -12,7 +12,8 @@ import (
 )
 
 // setupAnalysis declares the records to read (-in, -include-sim) and runs
-// do on them, after check (the usage errors of the command's other flags).
+// do on them, after check (nil, or the usage errors of the command's other
+// flags).
 func setupAnalysis(fs *flag.FlagSet, check func(includeSim bool) error, do func(e env, recs []bench.Record, includeSim bool) error) func(context.Context, env) error {
 	var in inputFlags
 	in.register(fs)
@@ -20,8 +21,10 @@ func setupAnalysis(fs *flag.FlagSet, check func(includeSim bool) error, do func(
 		if err := in.check(); err != nil {
 			return err
 		}
-		if err := check(in.includeSim); err != nil {
-			return err
+		if check != nil {
+			if err := check(in.includeSim); err != nil {
+				return err
+			}
 		}
 		recs, err := in.records()
 		if err != nil {
@@ -46,7 +49,7 @@ func setupModel(fs *flag.FlagSet) func(context.Context, env) error {
 func setupReport(fs *flag.FlagSet) func(context.Context, env) error {
 	var out outputFlags
 	out.register(fs)
-	return setupAnalysis(fs, func(bool) error { return nil }, func(e env, recs []bench.Record, _ bool) error {
+	return setupAnalysis(fs, nil, func(e env, recs []bench.Record, _ bool) error {
 		return errors.Join(report.Summary(e.stdout, recs), out.write(recs, e.stdout))
 	})
 }
@@ -54,7 +57,7 @@ func setupReport(fs *flag.FlagSet) func(context.Context, env) error {
 func setupTargets(fs *flag.FlagSet) func(context.Context, env) error {
 	var t targetFlags
 	t.register(fs)
-	return setupAnalysis(fs, func(bool) error { return nil }, func(e env, recs []bench.Record, includeSim bool) error {
+	return setupAnalysis(fs, nil, func(e env, recs []bench.Record, includeSim bool) error {
 		o, err := t.options(includeSim)
 		if err != nil {
 			return err

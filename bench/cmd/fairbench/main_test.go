@@ -236,6 +236,8 @@ func TestCLIRules(t *testing.T) {
 		usage("fairgo slice as given", a("sweep -fairgo x=slice:1Q"), `slice 1Q: not an integer`),
 		usage("fairgo key", a("sweep -fairgo x=colour:red"), `unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check)`),
 		usage("fairgo baseline name", a("sweep -fairgo flat"), `invalid value "flat" for flag -fairgo: needs a NAME`),
+		usage("fairgo baseline name with a spec", a("sweep -fairgo flat-ring=slice:1M"), `-fairgo flat-ring: a baseline's name`),
+		usage("fairgo parallelism", a("sweep -fairgo x=parallelism:0"), `parallelism 0: must be at least 1`),
 		usage("fairgo twice", a("sweep -fairgo a -fairgo a"), `-fairgo a: two variants of one name`),
 		usage("link lists the links", a("links -link pcie"), `invalid value "pcie" for flag -link: not one of nvlink, net, or empty for both`),
 		usage("negative jitter", a("sweep -jitter -1ms"), "-jitter -1ms: negative"),
@@ -249,7 +251,8 @@ func TestCLIRules(t *testing.T) {
 		usage("model devices", a("model -in x.jsonl -model-devices 0"), "-model-devices 0: must be at least 1"),
 	})
 	// A failure (a file that is not there) is status 1, one message.
-	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"), a("targets -in /nonexistent/x.jsonl -enqueue 6.5")} {
+	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"), a("targets -in /nonexistent/x.jsonl -enqueue 6.5"),
+		a("targets -in /nonexistent/x.jsonl -enqueue /nonexistent/enqueue.txt")} {
 		var stdout, stderr bytes.Buffer
 		require.Equal(t, cli.ExitFailure, runFairbench(args, &stdout, &stderr), "%v", args)
 		require.Equal(t, 1, strings.Count(stderr.String(), "fairbench: "), stderr.String())

@@ -100,8 +100,6 @@ type UsageError struct {
 	Flag   string
 	Value  any
 	Reason string
-
-	given map[string]string // ParseArgs: the text of each flag, to echo
 }
 
 func (e *UsageError) Error() string {
@@ -233,40 +231,45 @@ func withUnderscores(fs *flag.FlagSet) {
 // arguments follow "--" (or the first argument that is not a flag). -h,
 // -help and --help give ErrHelp. A UsageError echoes the value as given.
 func ParseArgs(args []string) (Config, error) {
-	c, err := parseArgs(args)
+	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
+	fs := newFlagSet(&c)
+	given := cli.Given(fs) // the text of every flag set, by its hyphenated name
+	withUnderscores(fs)
+	err := parseArgs(fs, args, &c, given)
 	var ue *UsageError
 	if errors.As(err, &ue) {
-		if v, ok := ue.given[ue.Flag]; ok {
+		if v, ok := given[ue.Flag]; ok {
 			ue.Value = v
 			if v == "" {
 				ue.Value = `""`
 			}
 		}
 	}
-	return c, err
+	if err != nil {
+		return Config{}, err
+	}
+	return c, nil
 }
 
-func parseArgs(args []string) (Config, error) {
-	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
-	fs := newFlagSet(&c)
-	given := cli.Given(fs) // the text of every flag set, by its hyphenated name
-	withUnderscores(fs)
+// parseArgs parses args with fs, whose flags are bound to c, and checks c;
+// given is the text of each flag set.
+func parseArgs(fs *flag.FlagSet, args []string, c *Config, given map[string]string) error {
 	if err := cli.ParseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return Config{}, ErrHelp
+			return ErrHelp
 		}
-		return Config{}, fmt.Errorf("%w: %w", ErrUsage, err)
+		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 	set := func(name string) bool { _, ok := given[name]; return ok }
 	bad := func(flag string, v any, reason string) error {
-		return &UsageError{Flag: flag, Value: v, Reason: reason, given: given}
+		return &UsageError{Flag: flag, Value: v, Reason: reason}
 	}
 	rest := fs.Args()
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
 	}
 	if len(rest) == 0 {
-		return Config{}, fmt.Errorf("%w: no worker program", ErrUsage)
+		return fmt.Errorf("%w: no worker program", ErrUsage)
 	}
 	c.Program, c.Args = rest[0], rest[1:]
 	if c.MasterPort < 0 {
@@ -278,37 +281,28 @@ func parseArgs(args []string) (Config, error) {
 	// Flags whose zero value is also their default: given explicitly, zero
 	// is wrong.
 	if set("nic-gbit") && c.NICGbit == 0 {
-		return Config{}, bad("nic-gbit", c.NICGbit, "must be > 0")
+		return bad("nic-gbit", c.NICGbit, "must be > 0")
 	}
 	if set("nvlink-gbit") && c.NVLinkGbit == 0 {
-		return Config{}, bad("nvlink-gbit", c.NVLinkGbit, "must be > 0")
+		return bad("nvlink-gbit", c.NVLinkGbit, "must be > 0")
 	}
 	if set("master-addr") && c.NICGbit > 0 {
-		return Config{}, bad("master-addr", c.MasterAddr, "not allowed with --nic-gbit: the store is served on the emulated machines' bridge")
+		return bad("master-addr", c.MasterAddr, "not allowed with --nic-gbit: the store is served on the emulated machines' bridge")
 	}
-	if c.Standalone {
-		// torchrun's --standalone: one node, a store of its own on a free
-		// port. That is what a single node gets anyway; what says
-		// otherwise is refused rather than ignored.
-		const why = "not allowed with --standalone (one node with a store of its own on a free port)"
-		for _, f := range []string{"master-addr", "master-port"} {
-			if set(f) {
-				return Config{}, bad(f, given[f], why)
-			}
-		}
-		if c.NNodes > 1 {
-			return Config{}, bad("nnodes", c.NNodes, why)
+	// torchrun's --standalone: one node, a store of its own on a free
+	// port. That is what a single node gets anyway; a flag that says
+	// otherwise is refused rather than ignored, even with the default's
+	// value (Validate refuses --nnodes > 1).
+	for _, f := range []string{"master-addr", "master-port"} {
+		if c.Standalone && set(f) {
+			return bad(f, given[f], notStandalone)
 		}
 	}
-	if err := c.Validate(); err != nil {
-		var ue *UsageError
-		if errors.As(err, &ue) {
-			ue.given = given
-		}
-		return Config{}, err
-	}
-	return c, nil
+	return c.Validate()
 }
+
+// notStandalone is the reason of the flags --standalone refuses.
+const notStandalone = "not allowed with --standalone (one node with a store of its own on a free port)"
 
 // Validate checks the configuration, naming the flag at fault.
 func (c Config) Validate() error {
@@ -321,11 +315,11 @@ func (c Config) Validate() error {
 	case c.NNodes < 1:
 		return bad("nnodes", c.NNodes, "must be at least 1")
 	case c.Standalone && c.NNodes > 1:
-		return bad("nnodes", c.NNodes, "not allowed with --standalone (one node with a store of its own on a free port)")
+		return bad("nnodes", c.NNodes, notStandalone)
 	case c.Standalone && c.MasterAddr != DefaultMasterAddr:
-		return bad("master-addr", c.MasterAddr, "not allowed with --standalone (one node with a store of its own on a free port)")
+		return bad("master-addr", c.MasterAddr, notStandalone)
 	case c.Standalone && c.MasterPort != 0:
-		return bad("master-port", c.MasterPort, "not allowed with --standalone (one node with a store of its own on a free port)")
+		return bad("master-port", c.MasterPort, notStandalone)
 	case c.NodeRank < 0 || c.NodeRank >= c.NNodes:
 		return bad("node-rank", c.NodeRank, fmt.Sprintf("outside [0, --nnodes=%d)", c.NNodes))
 	case c.MasterPort < 0 || c.MasterPort > 65534:

@@ -771,7 +771,7 @@ func TestFairrunHelp(t *testing.T) {
 					require.Contains(t, strings.Join(strings.Fields(so.String()), " "), f)
 					continue
 				}
-				require.Contains(t, so.String(), "\n  --"+f+" ", "flag %s is not documented", f)
+				require.Regexp(t, "\n  --"+regexp.QuoteMeta(f)+"( |\n)", so.String(), "flag %s is not documented", f)
 			}
 			for _, s := range tc.stderr {
 				require.Contains(t, se.String(), s)
