@@ -2,11 +2,16 @@
 // torchrun does, and can split one host into several emulated machines with
 // NICs of their own, to benchmark multi-machine layouts on one box.
 //
-//	fairrun --nproc-per-node N [--nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+//	fairrun --nproc-per-node N [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
 //	        [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
 //	        [--shuffle-ranks SEED] [--grace D] -- prog args...
 //
-// "fairrun --help" documents every flag. Node rank 0 hosts the rendezvous
+// "fairrun --help" documents every flag, on stdout; a bad command line
+// gives one message on stderr and exit status 2. Every flag also takes
+// torchrun's spelling with underscores (--nproc_per_node, --master_addr,
+// ...), and --standalone is torchrun's: one node with a store of its own on
+// a free port, which a single node gets anyway (refused with --nnodes > 1,
+// --master-addr or --master-port). Node rank 0 hosts the rendezvous
 // store, bound to --master-addr (or --store-bind), never every interface
 // unless asked, and serving only clients that present the job's token,
 // FAIRGO_STORE_TOKEN: random per job, or taken from the environment (which
