@@ -35,7 +35,7 @@ func TestRunOnSim(t *testing.T) {
 func TestCLIRules(t *testing.T) {
 	a := func(s string) []string { return strings.Fields(s) }
 	usage := func(name, args string, stderr ...string) clitest.Case {
-		return clitest.Case{Name: name, Args: a(args), Code: cli.ExitUsage, Stderr: append(stderr, `run "allreduce -h" for usage`)}
+		return clitest.Usage("allreduce", name, args, stderr...)
 	}
 	help := []string{"usage: allreduce [flags]", "  -dtype type", "  -count int", "bfloat16"}
 	clitest.Check(t, "allreduce", run, []clitest.Case{

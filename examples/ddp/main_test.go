@@ -82,7 +82,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 func TestCLIRules(t *testing.T) {
 	a := func(s string) []string { return strings.Fields(s) }
 	usage := func(name, args string, stderr ...string) clitest.Case {
-		return clitest.Case{Name: name, Args: a(args), Code: cli.ExitUsage, Stderr: append(stderr, `run "ddp -h" for usage`)}
+		return clitest.Usage("ddp", name, args, stderr...)
 	}
 	help := []string{"usage: ddp [flags]", "  -dtype type", "  -bucket-mb float", "float32 or bfloat16"}
 	clitest.Check(t, "ddp", run, []clitest.Case{

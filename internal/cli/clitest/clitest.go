@@ -68,3 +68,11 @@ func Check(t *testing.T, name string, run Run, cases []Case) {
 		})
 	}
 }
+
+// Usage is the case of a bad command line of program: args split at
+// blanks, exit cli.ExitUsage, the messages in stderr followed by the hint
+// to run "program -h".
+func Usage(program, name, args string, stderr ...string) Case {
+	return Case{Name: name, Args: strings.Fields(args), Code: cli.ExitUsage,
+		Stderr: append(stderr, `run "`+program+` -h" for usage`)}
+}
