@@ -74,7 +74,12 @@ func (rt route) String() string {
 // candidates are the routes Auto chooses from at size bytes, in the order
 // that breaks ties (fastest within calibrationTie of each other): the
 // hierarchy in one piece, flat, the rail's NCCL form in the links' slices
-// (only where they cut the call). The hierarchy in one piece comes first:
+// (only where they cut the call). Where the link model predicts the slices
+// faster than one piece by more than the tie, they come first instead: a
+// difference inside the calibration's noise is then decided by the model,
+// not by the noise (on the one-GPU testbed the sliced route led by 2–9% at
+// 64–256 MiB, and ties to the one piece chose it in 2 of 6 calibrations,
+// bench/NOTES.md item 21). The hierarchy in one piece comes first:
 // one call at a time it ties with flat where flat is close, and back to
 // back it keeps its lead where flat's ring over every rank falls behind
 // (4 × 2 at 1 MiB on the one-GPU testbed: 0.86 of naive with flat chosen).
@@ -92,7 +97,11 @@ func (r *Reducer) candidates(bytes int64) []route {
 	if r.cfg.flatThreshold != FlatNever {
 		cs = append(cs, route{algo: Flat})
 	}
-	if sliced := (route{algo: RailRSAG, serial: r.serialRail()}); r.grid.Devices > 1 && r.sliceFor(bytes, sliced) < bytes {
+	sliced := route{algo: RailRSAG, serial: r.serialRail()}
+	if slice := r.sliceFor(bytes, sliced); r.grid.Devices > 1 && slice < bytes {
+		if r.links != nil && r.links.slicesPay(r.grid, bytes, slice) {
+			return append([]route{sliced}, cs...)
+		}
 		cs = append(cs, sliced)
 	}
 	return cs

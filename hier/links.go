@@ -89,6 +89,17 @@ func (m linkModel) sliceBytes(g Grid, bytes int64) int64 {
 	return (per + unit - 1) / unit * unit
 }
 
+// slicesPay reports whether the model predicts an allreduce of bytes in
+// slices of slice bytes faster than in one piece by more than
+// calibrationTie: then a measured tie between the two goes to the slices.
+func (m linkModel) slicesPay(g Grid, bytes, slice int64) bool {
+	if slice <= 0 || slice >= bytes {
+		return false
+	}
+	k := int((bytes + slice - 1) / slice)
+	return m.pipelineTime(g, bytes, k) < m.pipelineTime(g, bytes, 1)*(1-calibrationTie)
+}
+
 // Probe sizes: per rank, the small one mostly latency, the large one
 // mostly bandwidth.
 const (

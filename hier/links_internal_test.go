@@ -95,3 +95,53 @@ func TestFastestBreaksTiesTowardTheEarlier(t *testing.T) {
 		require.Equal(t, tc.want, fastest(tc.times), "%v", tc.times)
 	}
 }
+
+// The model decides between slices and one piece only beyond the tie.
+func TestSlicesPay(t *testing.T) {
+	testbed := linkModel{intra: link{alpha: 300e-6, bw: 2.8e9}, rail: link{alpha: 2e-3, bw: 0.3125e9 / 4}}
+	g := Grid{Machines: 2, Devices: 4}
+	for _, tc := range []struct {
+		name         string
+		m            linkModel
+		bytes, slice int64
+		want         bool
+	}{
+		{"the model's own slices at 64 MiB", testbed, 64 << 20, testbed.sliceBytes(g, 64<<20), true},
+		{"one piece", testbed, 64 << 20, 64 << 20, false},
+		{"no slice", testbed, 64 << 20, 0, false},
+		{"slices so small that their latency costs more", testbed, 64 << 20, 64 << 10, false},
+		{"an intra link so fast that overlap gains nothing", linkModel{intra: link{bw: 1e15}, rail: testbed.rail}, 64 << 20, 8 << 20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, tc.m.slicesPay(g, tc.bytes, tc.slice))
+		})
+	}
+}
+
+// Auto's candidates put the sliced rail first, so that it wins a measured
+// tie, exactly where the model predicts the slices faster by more than the
+// tie; otherwise the one-piece hierarchy comes first.
+func TestCandidatesOrderFollowsTheModel(t *testing.T) {
+	g := Grid{Machines: 2, Devices: 4}
+	for _, tc := range []struct {
+		name  string
+		links linkModel
+		first Algorithm
+	}{
+		{"network-bound: the slices pay", linkModel{intra: link{alpha: 300e-6, bw: 2.8e9}, rail: link{alpha: 2e-3, bw: 0.3125e9 / 4}}, RailRSAG},
+		{"overlap gains less than the tie", linkModel{intra: link{alpha: 1e-6, bw: 1e11}, rail: link{alpha: 1e-6, bw: 0.3125e9}}, RailAllReduce},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Reducer{grid: g, links: &tc.links, linksTried: true}
+			r.cfg.flatThreshold = 256 << 10
+			r.layout.SliceBytes = 16 << 20
+			cs := r.candidates(64 << 20)
+			require.Equal(t, tc.first, cs[0].algo, "%v", cs)
+			algos := map[Algorithm]bool{}
+			for _, c := range cs {
+				algos[c.algo] = true
+			}
+			require.True(t, algos[Flat] && algos[RailAllReduce] && algos[RailRSAG], "%v", cs)
+		})
+	}
+}
