@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
+	"github.com/fairgo/fairgo/streams"
 )
 
 // BenchmarkGPUEnqueueFloor is T6's floor under a launcher
@@ -22,7 +24,12 @@ import (
 // record every call needs for its completion ("nccl+event"), with the
 // calls of BenchmarkGPUEnqueueJob (64 KiB and 1 MiB of float32, 32 back
 // to back, then a wait). What fairgo's enqueue costs beyond these is its
-// own. It opens its own job: run it in a process of its own, not with
+// own. Two more cases load the host as the Reducer's other goroutines do,
+// every fourth call: "side=poll" polls the call's completion event from
+// another goroutine (the watcher), "side=check" then also enqueues a small
+// allreduce on the check communicator and polls it (the checker), so that
+// what the check costs the caller's enqueue can be told apart.
+// It opens its own job: run it in a process of its own, not with
 // BenchmarkGPUEnqueueJob (two jobs of one store prefix in one process are
 // refused).
 func BenchmarkGPUEnqueueFloor(b *testing.B) {
@@ -35,54 +42,107 @@ func BenchmarkGPUEnqueueFloor(b *testing.B) {
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = r.Close() })
 	dev := r.Device().(*cuda.Device)
-	world := r.Comms().World
 	grid := fmt.Sprintf("%dx%d", r.Grid().Machines, r.Grid().Devices)
 	for _, size := range []int64{64 << 10, 1 << 20} {
-		for _, withEvent := range []bool{false, true} {
-			name := "nccl"
-			if withEvent {
-				name += "+event"
+		for _, side := range []string{"", "poll", "check"} {
+			name := "nccl+event"
+			if side != "" {
+				name += "/side=" + side
 			}
 			b.Run(fmt.Sprintf("%s/%s/%dKiB/batch=32", grid, name, size>>10), func(b *testing.B) {
-				t, err := dev.AllocTensor(size/4, fairgo.Float32)
-				require.NoError(b, err)
-				b.Cleanup(func() { _ = dev.Free(t.Ptr) })
-				s, err := dev.NewStream()
-				require.NoError(b, err)
-				evs := make([]*cuda.Event, 32)
-				for i := range evs {
-					evs[i], err = dev.CreateEvent(false)
-					require.NoError(b, err)
-				}
-				b.Cleanup(func() {
-					for _, ev := range evs {
-						_ = ev.Close()
-					}
-				})
-				// One untimed call: NCCL connects at its first use.
-				require.NoError(b, world.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s))
-				require.NoError(b, evs[0].Record(s))
-				require.NoError(b, evs[0].Synchronize())
-				var host time.Duration
-				calls := 0
-				b.SetBytes(size)
-				for b.Loop() {
-					start := time.Now()
-					err := world.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s)
-					if err == nil && withEvent {
-						err = evs[calls%32].Record(s)
-					}
-					host += time.Since(start)
-					require.NoError(b, err)
-					if calls++; calls%32 == 0 {
-						require.NoError(b, evs[0].Record(s))
-						require.NoError(b, evs[0].Synchronize())
-					}
-				}
-				require.NoError(b, evs[0].Record(s))
-				require.NoError(b, evs[0].Synchronize())
-				b.ReportMetric(float64(host.Nanoseconds())/float64(calls), "enqueue-ns/op")
+				benchNCCLEnqueue(b, dev, r.Comms(), size, side)
 			})
 		}
 	}
+	b.Run(grid+"/nccl/64KiB/batch=32", func(b *testing.B) { benchNCCLEnqueue(b, dev, r.Comms(), 64<<10, "none") })
 }
+
+// benchNCCLEnqueue times NCCL allreduce enqueues of size bytes on the
+// world communicator, 32 back to back, with side load side ("": none,
+// "none": not even the event record).
+func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms hier.Comms, size int64, side string) {
+	t, err := dev.AllocTensor(size/4, fairgo.Float32)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = dev.Free(t.Ptr) })
+	chk, err := dev.Alloc(4096)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = dev.Free(chk) })
+	s, err := dev.NewStream()
+	require.NoError(b, err)
+	sideStream, err := dev.NewStream()
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = streams.Release(s); _ = streams.Release(sideStream) })
+	evs := make([]*cuda.Event, 33)
+	for i := range evs {
+		evs[i], err = dev.CreateEvent(false)
+		require.NoError(b, err)
+	}
+	b.Cleanup(func() {
+		for _, ev := range evs {
+			_ = ev.Close()
+		}
+	})
+	drain := func() {
+		require.NoError(b, evs[32].Record(s))
+		require.NoError(b, evs[32].Synchronize())
+	}
+	// One untimed call: NCCL connects at its first use.
+	require.NoError(b, comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s))
+	drain()
+	sideEv, err := dev.CreateEvent(false)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = sideEv.Close() })
+	work := make(chan *cuda.Event, 64)
+	var busy sync.WaitGroup // side work not done yet
+	sideDone := make(chan error, 1)
+	go func() { // the side load: every rank gets the same events, in order
+		var err error
+		for ev := range work {
+			if err == nil {
+				err = ev.Wait(ctx0)
+			}
+			if err == nil && side == "check" {
+				err = comms.Check.AllReduce(chk, chk, 512, fairgo.Int64, fairgo.Max, sideStream)
+				if err == nil {
+					err = sideEv.Record(sideStream)
+				}
+				if err == nil {
+					err = sideEv.Wait(ctx0)
+				}
+			}
+			busy.Done()
+		}
+		sideDone <- err
+	}()
+	var host time.Duration
+	calls := 0
+	b.SetBytes(size)
+	for b.Loop() {
+		ev := evs[calls%32]
+		if calls%32 == 0 {
+			busy.Wait() // the side load of the previous batch is done before its events are reused
+		}
+		start := time.Now()
+		err := comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s)
+		if err == nil && side != "none" {
+			err = ev.Record(s)
+		}
+		host += time.Since(start)
+		require.NoError(b, err)
+		if side == "poll" || side == "check" {
+			if calls%4 == 0 {
+				busy.Add(1)
+				work <- ev
+			}
+		}
+		if calls++; calls%32 == 0 {
+			drain()
+		}
+	}
+	drain()
+	close(work)
+	require.NoError(b, <-sideDone)
+	b.ReportMetric(float64(host.Nanoseconds())/float64(calls), "enqueue-ns/op")
+}
+
+var ctx0 = context.Background()
