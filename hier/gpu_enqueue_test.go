@@ -86,8 +86,9 @@ func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms hier.Comms, size int
 		require.NoError(b, evs[32].Record(s))
 		require.NoError(b, evs[32].Synchronize())
 	}
-	// One untimed call: NCCL connects at its first use.
+	// One untimed call on each communicator: NCCL connects at first use.
 	require.NoError(b, comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s))
+	require.NoError(b, comms.Check.AllReduce(chk, chk, 512, fairgo.Int64, fairgo.Max, s))
 	drain()
 	sideEv, err := dev.CreateEvent(false)
 	require.NoError(b, err)
