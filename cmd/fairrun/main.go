@@ -2,14 +2,17 @@
 // torchrun does, and can split one host into several emulated machines with
 // NICs of their own, to benchmark multi-machine layouts on one box.
 //
-//	fairrun --nproc-per-node N [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+//	fairrun --nproc-per-node N|gpu|auto|cpu [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
 //	        [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
 //	        [--shuffle-ranks SEED] [--grace D] -- prog args...
 //
 // "fairrun --help" documents every flag, on stdout; a bad command line
 // gives one message on stderr and exit status 2. Every flag also takes
 // torchrun's spelling with underscores (--nproc_per_node, --master_addr,
-// ...), and --standalone is torchrun's: one node with a store of its own on
+// ...); --nproc-per-node takes torchrun's gpu (one worker per visible GPU:
+// CUDA_VISIBLE_DEVICES, else nvidia-smi -L; none is a bad command line),
+// auto (gpu when a GPU is visible, else cpu) and cpu (one worker per CPU);
+// and --standalone is torchrun's: one node with a store of its own on
 // a free port, which a single node gets anyway (refused with --nnodes > 1,
 // --master-addr or --master-port). Node rank 0 hosts the rendezvous
 // store, bound to --master-addr (or --store-bind), never every interface
@@ -54,7 +57,8 @@
 // namespace by tbf to G Gbit/s, the intra-machine link of ranks that share
 // GPUs (lo is one queue, so G bounds the sum of a machine's intra-machine
 // traffic, unlike NVLink's per-GPU, per-direction links; refused when the
-// ranks of a machine have GPUs of their own). Its workers run inside the
+// ranks of a machine have GPUs of their own, with exit status 2 before
+// anything runs, like every bad command line). Its workers run inside the
 // namespace with NCCL_SOCKET_IFNAME=eth0 and NCCL_IB_DISABLE=1 (unless
 // set), and the store is served on the bridge. This needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
 // and a kernel with network namespaces, veth, bridge and tbf (netem for
@@ -113,13 +117,19 @@ var program = cli.Program{
 // launch.Run). A signal ends ctx with a *launch.SignalError as its cause.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg, err := launch.ParseArgs(args)
+	if err == nil {
+		// What depends on this node (--nproc-per-node gpu|auto|cpu, the
+		// GPUs, --nvlink-gbit's condition) is a bad command line too,
+		// found before anything runs.
+		cfg.Stdout, cfg.Stderr = stdout, stderr
+		cfg, err = launch.Resolve(cfg)
+	}
 	if err != nil {
 		if errors.Is(err, launch.ErrUsage) {
 			err = cli.Usage(err)
 		}
 		return program.Status(err, stdout, stderr)
 	}
-	cfg.Stdout, cfg.Stderr = stdout, stderr
 	code, err := launch.Run(ctx, cfg)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(stderr, cli.Message(program.Name, err))

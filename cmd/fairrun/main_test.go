@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -51,6 +53,54 @@ func TestCLIRules(t *testing.T) {
 		{Name: "a flag of torchrun fairrun lacks", Args: []string{"--rdzv_backend", "c10d", "--nproc_per_node", "2", "--", "p"}, Code: cli.ExitUsage,
 			Stderr: []string{"flag provided but not defined: -rdzv_backend"}},
 	})
+}
+
+// TestNodeDependentUsage: what fairrun decides from this node's GPUs
+// (--nproc-per-node gpu|auto, --nvlink-gbit's condition) is a bad command
+// line like any other: exit 2, one message with the value as written,
+// nothing started.
+func TestNodeDependentUsage(t *testing.T) {
+	t.Setenv("CUDA_VISIBLE_DEVICES", "0,1")
+	clitest.Check(t, "fairrun", runFairrun, []clitest.Case{
+		{Name: "nvlink-gbit where ranks have GPUs of their own",
+			Args: []string{"--nproc-per-node", "4", "--emulate-machines", "2", "--nic-gbit", "10", "--nvlink-gbit", "20.0", "--", "p"}, Code: cli.ExitUsage,
+			Stderr: []string{"fairrun: --nvlink-gbit 20.0: the ranks of each emulated machine have GPUs of their own (2 per machine, 2 GPUs)", "usage: fairrun"}},
+		{Name: "machines that do not divide the GPUs", Args: []string{"--nproc_per_node", "gpu", "--emulate_machines", "3", "--", "p"}, Code: cli.ExitUsage,
+			Stderr: []string{"fairrun: --emulate-machines 3: does not divide --nproc-per-node=2"}},
+		{Name: "not a count", Args: []string{"--nproc-per-node", "gpus", "--", "p"}, Code: cli.ExitUsage,
+			Stderr: []string{`invalid value "gpus" for flag -nproc-per-node: not a number, gpu, auto or cpu`}},
+	})
+	t.Setenv("CUDA_VISIBLE_DEVICES", "")
+	clitest.Check(t, "fairrun", runFairrun, []clitest.Case{
+		{Name: "gpu without a GPU", Args: []string{"--nproc_per_node", "gpu", "--", "p"}, Code: cli.ExitUsage,
+			Stderr: []string{`fairrun: --nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES="")`}},
+	})
+}
+
+// TestNProcFromTheNode runs torchrun's --nproc_per_node gpu, auto and cpu:
+// one worker per visible GPU, else per CPU.
+func TestNProcFromTheNode(t *testing.T) {
+	cpus := runtime.NumCPU()
+	for _, tc := range []struct {
+		flag, nproc, visible string
+		workers              int
+	}{
+		{flag: "--nproc_per_node", nproc: "gpu", visible: "0,1", workers: 2},
+		{flag: "--nproc-per-node", nproc: "auto", visible: "0,1,2", workers: 3},
+		{flag: "--nproc-per-node", nproc: "auto", visible: "", workers: cpus},
+		{flag: "--nproc_per_node", nproc: "cpu", visible: "0", workers: cpus},
+	} {
+		t.Run(tc.flag+" "+tc.nproc+" CUDA_VISIBLE_DEVICES="+tc.visible, func(t *testing.T) {
+			t.Setenv("CUDA_VISIBLE_DEVICES", tc.visible)
+			var stdout, stderr bytes.Buffer
+			code := runFairrun([]string{tc.flag, tc.nproc, "sh", "-c", `echo "$RANK/$WORLD_SIZE"`}, &stdout, &stderr)
+			require.Equal(t, 0, code, "stderr:\n%s", stderr.String())
+			lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+			require.Len(t, lines, tc.workers)
+			require.Contains(t, lines, fmt.Sprintf("[0] 0/%d", tc.workers))
+			require.Contains(t, stderr.String(), fmt.Sprintf("--nproc-per-node %s\" workers=%d", tc.nproc, tc.workers))
+		})
+	}
 }
 
 // TestTorchrunSpelling runs a job the torchrun way: underscores and

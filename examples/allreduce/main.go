@@ -60,7 +60,7 @@ func newFlags(f *flags) *flag.FlagSet {
 	fs.Int64Var(&f.flat, "flat-threshold", 0, "flat allreduce below this many bytes (0: default, -1: never)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the input data")
 	fs.DurationVar(&f.jitter, "jitter", 0, "sim only: random delay before each device operation")
-	fs.IntVar(&f.iters, "iters", 1, "allreduces to run (each checked)")
+	fs.IntVar(&f.iters, "iters", 1, "allreduces to run, at least 1 (each checked)")
 	return fs
 }
 
@@ -107,8 +107,8 @@ func (f flags) check(givenText map[string]string) error {
 		return cli.Usagef("-devices %s: must be at least 1", given("devices"))
 	case f.count < 0:
 		return cli.Usagef("-count %s: negative", given("count"))
-	case f.iters < 0:
-		return cli.Usagef("-iters %s: negative", given("iters"))
+	case f.iters < 1:
+		return cli.Usagef("-iters %s: must be at least 1 (ok means every iteration's allreduce was checked)", given("iters"))
 	case f.jitter < 0:
 		return cli.Usagef("-jitter %s: negative", given("jitter"))
 	}

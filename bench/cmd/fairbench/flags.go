@@ -55,6 +55,41 @@ func sizeFlag(fs *flag.FlagSet, dst *int64, name, def, usage string) *sizeValue 
 	return v
 }
 
+// durationValue is a flag of a Go duration that keeps the text it was
+// given, as sizeValue does: errors echo "60s", not "1m0s".
+type durationValue struct {
+	d    *time.Duration
+	text string
+}
+
+func (v *durationValue) String() string {
+	switch {
+	case v == nil || v.d == nil:
+		return "0s" // the zero value, which flag's help does not print as a default
+	case v.text != "":
+		return v.text
+	}
+	return v.d.String()
+}
+
+func (v *durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration (300ms, 1.5s, 2m, 1h)")
+	}
+	*v.d, v.text = d, s
+	return nil
+}
+
+// durationFlag declares a duration flag into dst, with def as its default
+// (a valid duration).
+func durationFlag(fs *flag.FlagSet, dst *time.Duration, name, def, usage string) *durationValue {
+	*dst, _ = time.ParseDuration(def)
+	v := &durationValue{d: dst, text: def}
+	fs.Var(v, name, usage)
+	return v
+}
+
 // given lists the flags of names that were set, as "-name=value".
 func given(fs *flag.FlagSet, names ...string) []string {
 	var out []string
@@ -70,19 +105,20 @@ func given(fs *flag.FlagSet, names ...string) []string {
 
 // backendFlags: where the ranks run.
 type backendFlags struct {
-	backend string
-	jitter  time.Duration
+	backend    string
+	jitter     time.Duration
+	jitterFlag *durationValue // -jitter as given
 }
 
 func (b *backendFlags) register(fs *flag.FlagSet) {
 	cli.Choice(fs, &b.backend, "backend", "sim", "the `backend` the ranks run on: sim, or cuda (GPUs; one rank per process under a launcher)", cli.OneOf("sim", "cuda"))
-	fs.DurationVar(&b.jitter, "jitter", 0, "sim: random delay before each device operation")
+	b.jitterFlag = durationFlag(fs, &b.jitter, "jitter", "0s", "sim: random `delay` before each device operation")
 }
 
 // check refuses what the flags cannot mean.
 func (b *backendFlags) check(fs *flag.FlagSet) error {
 	if b.jitter < 0 {
-		return cli.Usagef("-jitter %s: negative", fs.Lookup("jitter").Value)
+		return cli.Usagef("-jitter %s: negative", b.jitterFlag)
 	}
 	return nil
 }
@@ -174,6 +210,7 @@ type timingFlags struct {
 	check                 bool
 	seed                  uint64
 	timeout               time.Duration
+	timeoutFlag           *durationValue // -timeout as given
 }
 
 func (t *timingFlags) register(fs *flag.FlagSet) {
@@ -186,7 +223,7 @@ func (t *timingFlags) register(fs *flag.FlagSet) {
 	fs.Uint64Var(&t.seed, "seed", 1, "seed of the check inputs and of the sim's delays")
 	fs.StringVar(&t.run, "run", "", "the run's label, stored in every record (targets group records by it)")
 	fs.StringVar(&t.label, "label", "", "free text stored in every record")
-	fs.DurationVar(&t.timeout, "timeout", 30*time.Minute, "give up after this long")
+	t.timeoutFlag = durationFlag(fs, &t.timeout, "timeout", "30m", "give up after this `duration`")
 }
 
 func (t *timingFlags) args(fs *flag.FlagSet) []string {
@@ -212,7 +249,7 @@ func (t *timingFlags) config() (bench.Config, error) {
 	case t.reps < 1:
 		return bench.Config{}, cli.Usagef("-reps %d: must be at least 1", t.reps)
 	case t.timeout <= 0:
-		return bench.Config{}, cli.Usagef("-timeout %v: must be positive", t.timeout)
+		return bench.Config{}, cli.Usagef("-timeout %s: must be positive", t.timeoutFlag)
 	}
 	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, Check: t.check, Seed: t.seed,
 		Run: t.run, Label: t.label}, nil

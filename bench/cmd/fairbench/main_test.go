@@ -206,7 +206,8 @@ func TestCLIRules(t *testing.T) {
 	a := func(s string) []string { return strings.Fields(s) }
 	clitest.Check(t, "fairbench", runFairbench, []clitest.Case{
 		{Name: "help", Args: a("help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench COMMAND"}},
-		{Name: "help sweep", Args: a("help sweep"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench sweep [flags]", "-dtype"}},
+		{Name: "help sweep", Args: a("help sweep"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench sweep [flags]", "-dtype",
+			"-timeout duration\n    \tgive up after this duration (default 30m)\n", "-jitter delay\n"}},
 		{Name: "sweep -h", Args: a("sweep -h"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench sweep [flags]"}},
 		{Name: "targets --help", Args: a("targets --help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench targets [flags]", "-enqueue"}},
 		{Name: "overlap -help", Args: a("overlap -help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench overlap [flags]", "-bucket-bytes size"}},
@@ -241,6 +242,10 @@ func TestCLIRules(t *testing.T) {
 		usage("fairgo twice", a("sweep -fairgo a -fairgo a"), `-fairgo a: two variants of one name`),
 		usage("link lists the links", a("links -link pcie"), `invalid value "pcie" for flag -link: not one of nvlink, net, or empty for both`),
 		usage("negative jitter", a("sweep -jitter -1ms"), "-jitter -1ms: negative"),
+		usage("jitter as written", a("overlap -jitter -1500us"), "-jitter -1500us: negative"),
+		usage("timeout as written", a("sweep -timeout -60s"), "-timeout -60s: must be positive"),
+		usage("zero timeout as written", a("links -timeout 0m"), "-timeout 0m: must be positive"),
+		usage("not a duration", a("sweep -timeout 60"), `invalid value "60" for flag -timeout: not a duration (300ms, 1.5s, 2m, 1h)`),
 		usage("negative machines", a("sweep -machines -1"), "-machines -1: negative"),
 		usage("no reps", a("sweep -reps 0"), "-reps 0: must be at least 1"),
 		usage("machine list", a("scale -machines-list 1,0"), `-machines-list 1,0: "0" is not a positive integer`),
@@ -272,9 +277,9 @@ func TestWorkerArgs(t *testing.T) {
 	s.register(fs)
 	tf.register(fs)
 	m.register(fs)
-	require.NoError(t, fs.Parse([]string{"-backend", "cuda", "-b", "1M", "-check", "-run", "r2", "-fairgo", "a=slice:64M", "-fairgo", "b"}))
+	require.NoError(t, fs.Parse([]string{"-backend", "cuda", "-jitter", "1500us", "-b", "1M", "-check", "-run", "r2", "-fairgo", "a=slice:64M", "-fairgo", "b"}))
 	args := strings.Join(append(append(append(b.args(fs), s.args(fs)...), tf.args(fs)...), m.args(fs)...), " ")
-	for _, want := range []string{"-backend=cuda", "-b=1M", "-check=true", "-run=r2", "-fairgo=a=slice:64M", "-fairgo=b"} {
+	for _, want := range []string{"-backend=cuda", "-jitter=1500us", "-b=1M", "-check=true", "-run=r2", "-fairgo=a=slice:64M", "-fairgo=b"} {
 		require.Contains(t, args, want)
 	}
 	for _, bad := range []string{"-json", "-e=", "-timeout"} {

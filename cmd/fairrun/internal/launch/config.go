@@ -50,7 +50,8 @@ const (
 
 // Config is one fairrun invocation.
 type Config struct {
-	NProcPerNode    int    // workers on this node
+	NProcPerNode    int    // workers on this node; 0 with NProcFrom until Resolve
+	NProcFrom       string // --nproc-per-node gpu, auto or cpu (torchrun's): Resolve counts the workers on this node; "": NProcPerNode as given
 	NNodes          int    // nodes in the job
 	NodeRank        int    // this node's index in [0, NNodes)
 	MasterAddr      string // host of the store (node rank 0), as the workers dial it
@@ -86,6 +87,10 @@ type Config struct {
 	Logger *slog.Logger // nil: a text logger on Stderr
 
 	prober testbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
+
+	given    map[string]string // the text of every flag given, by its hyphenated name (ParseArgs), for Resolve's errors
+	resolved bool              // Resolve ran: gpus is this node's
+	gpus     []string          // the GPUs emulated machines are spread over (Resolve)
 }
 
 // ErrUsage wraps every command-line error.
@@ -110,7 +115,7 @@ func (e *UsageError) Error() string {
 func (e *UsageError) Unwrap() error { return ErrUsage }
 
 // Synopsis is the short form printed after command-line errors.
-const Synopsis = `usage: fairrun --nproc-per-node N [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+const Synopsis = `usage: fairrun --nproc-per-node N|gpu|auto|cpu [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
                [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
                [--shuffle-ranks SEED] [--grace D] -- prog args...
 run "fairrun --help" for every flag`
@@ -146,8 +151,13 @@ as well (--nproc_per_node, --nnodes, --node_rank, --master_addr,
 --master_port, --store_bind, --emulate_machines, ...). A single node is
 standalone by default, as torchrun's --standalone makes it: the store on
 127.0.0.1 at a free port; --standalone says so, and is refused with --nnodes
-> 1, --master-addr or --master-port. -h or --help prints this on stdout; a
-bad command line gives one message on stderr and exit status 2.
+> 1, --master-addr or --master-port. --nproc-per-node takes torchrun's
+gpu (one worker per visible GPU: CUDA_VISIBLE_DEVICES, else nvidia-smi -L),
+auto (gpu when a GPU is visible, else cpu) and cpu (one worker per CPU).
+-h or --help prints this on stdout; a bad command line, also one found
+from this node's GPUs before anything runs (gpu without a GPU,
+--nvlink-gbit where the ranks of each machine have GPUs of their own),
+gives one message on stderr and exit status 2.
 
 flags:
 `
@@ -156,7 +166,7 @@ flags:
 func newFlagSet(c *Config) *flag.FlagSet {
 	fs := flag.NewFlagSet("fairrun", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.IntVar(&c.NProcPerNode, "nproc-per-node", 0, "`N` workers to start on this node (required)")
+	fs.Var(nprocValue{c}, "nproc-per-node", "`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), auto (gpu when there is a GPU, else cpu), cpu (one per CPU)")
 	fs.IntVar(&c.NNodes, "nnodes", 1, "`K` nodes in the job; run one fairrun per node")
 	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
 	fs.StringVar(&c.MasterAddr, "master-addr", DefaultMasterAddr, "`host` of the store, as every worker dials it (not allowed with --nic-gbit: the bridge's address is used)")
@@ -188,6 +198,41 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		return nil
 	})
 	return fs
+}
+
+// Values of --nproc-per-node that count this node's devices, as torchrun's.
+const (
+	NProcGPU  = "gpu"  // one worker per visible GPU (CUDA_VISIBLE_DEVICES, else nvidia-smi -L); none is a usage error
+	NProcAuto = "auto" // NProcGPU when a GPU is visible, else NProcCPU
+	NProcCPU  = "cpu"  // one worker per CPU this process may run on
+)
+
+// nprocValue is --nproc-per-node: a number, or gpu, auto or cpu, which
+// Resolve turns into one.
+type nprocValue struct{ c *Config }
+
+func (v nprocValue) String() string {
+	if v.c == nil {
+		return "0"
+	}
+	if v.c.NProcFrom != "" {
+		return v.c.NProcFrom
+	}
+	return strconv.Itoa(v.c.NProcPerNode)
+}
+
+func (v nprocValue) Set(s string) error {
+	switch s {
+	case NProcGPU, NProcAuto, NProcCPU:
+		v.c.NProcPerNode, v.c.NProcFrom = 0, s
+		return nil
+	}
+	n, err := strconv.ParseInt(s, 0, strconv.IntSize)
+	if err != nil {
+		return fmt.Errorf("not a number, %s, %s or %s", NProcGPU, NProcAuto, NProcCPU)
+	}
+	v.c.NProcPerNode, v.c.NProcFrom = int(n), ""
+	return nil
 }
 
 // Usage is fairrun's whole help text: what it does and every flag.
@@ -235,7 +280,16 @@ func ParseArgs(args []string) (Config, error) {
 	fs := newFlagSet(&c)
 	given := cli.Given(fs) // the text of every flag set, by its hyphenated name
 	withUnderscores(fs)
-	err := parseArgs(fs, args, &c, given)
+	if err := asGiven(parseArgs(fs, args, &c, given), given); err != nil {
+		return Config{}, err
+	}
+	c.given = given
+	return c, nil
+}
+
+// asGiven makes a UsageError among err's echo its flag's value as given.
+// It returns err.
+func asGiven(err error, given map[string]string) error {
 	var ue *UsageError
 	if errors.As(err, &ue) {
 		if v, ok := given[ue.Flag]; ok {
@@ -245,10 +299,7 @@ func ParseArgs(args []string) (Config, error) {
 			}
 		}
 	}
-	if err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return err
 }
 
 // parseArgs parses args with fs, whose flags are bound to c, and checks c;
@@ -310,7 +361,9 @@ func (c Config) Validate() error {
 		return &UsageError{Flag: flag, Value: v, Reason: reason}
 	}
 	switch {
-	case c.NProcPerNode < 1:
+	case c.NProcFrom != "" && c.NProcFrom != NProcGPU && c.NProcFrom != NProcAuto && c.NProcFrom != NProcCPU:
+		return bad("nproc-per-node", c.NProcFrom, fmt.Sprintf("not a number, %s, %s or %s", NProcGPU, NProcAuto, NProcCPU))
+	case c.NProcPerNode < 1 && c.NProcFrom == "":
 		return bad("nproc-per-node", c.NProcPerNode, "must be at least 1")
 	case c.NNodes < 1:
 		return bad("nnodes", c.NNodes, "must be at least 1")
@@ -332,7 +385,7 @@ func (c Config) Validate() error {
 		return bad("store-bind", c.StoreBind, "give a host or IP; the port is --master-port")
 	case c.EmulateMachines < 0:
 		return bad("emulate-machines", c.EmulateMachines, "negative")
-	case c.EmulateMachines > 0 && c.NProcPerNode%c.EmulateMachines != 0:
+	case c.EmulateMachines > 0 && c.NProcPerNode > 0 && c.NProcPerNode%c.EmulateMachines != 0:
 		return bad("emulate-machines", c.EmulateMachines, fmt.Sprintf("does not divide --nproc-per-node=%d", c.NProcPerNode))
 	case c.GPUs < 0:
 		return bad("gpus", c.GPUs, "negative")

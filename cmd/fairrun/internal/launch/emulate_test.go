@@ -314,7 +314,8 @@ func mustUint(t *testing.T, s string) uint64 {
 }
 
 // --nvlink-gbit where every rank of a machine has a GPU of its own (so
-// nothing would cross lo) stops before anything is built or started.
+// nothing would cross lo) stops before anything is built or started, with
+// the exit status of a bad command line.
 func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
 	dir := t.TempDir()
 	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 4, GPUs: 2, NICGbit: 10, NVLinkGbit: 20,
@@ -324,7 +325,7 @@ func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
 			EffectiveCaps: func() (uint64, error) { t.Error("the testbed was probed"); return 0, nil },
 		}}
 	code, err := Run(context.Background(), c)
-	require.Equal(t, ExitLaunchFailure, code)
+	require.Equal(t, ExitUsage, code, "a bad command line, found before anything runs")
 	require.ErrorIs(t, err, ErrUsage)
 	var ue *UsageError
 	require.ErrorAs(t, err, &ue)

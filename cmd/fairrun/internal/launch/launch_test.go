@@ -150,6 +150,15 @@ func TestParseArgs(t *testing.T) {
 		{name: "standalone=false", args: "--standalone=false --nnodes 2 --master-addr h0 --nproc-per-node 1 -- p",
 			want: Config{NProcPerNode: 1, NNodes: 2, MasterAddr: "h0", MasterPort: DefaultMasterPort, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
 		{name: "unknown underscore", args: "--nproc_per_nodes 2 -- p", flag: "-"},
+		{name: "one worker per GPU", args: "--nproc_per_node gpu -- p",
+			want: Config{NProcFrom: NProcGPU, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "auto", args: "--nproc-per-node=auto --emulate-machines 2 -- p",
+			want: Config{NProcFrom: NProcAuto, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "cpu", args: "--nproc-per-node cpu -- p",
+			want: Config{NProcFrom: NProcCPU, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "a number after auto wins", args: "--nproc-per-node auto --nproc_per_node 3 -- p",
+			want: Config{NProcPerNode: 3, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
+		{name: "not a count", args: "--nproc-per-node gpus -- p", flag: "-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseArgs(strings.Fields(tc.args))
@@ -160,6 +169,7 @@ func TestParseArgs(t *testing.T) {
 			}
 			if tc.flag == "" {
 				require.NoError(t, err)
+				got.given = nil // the text of each flag, for Resolve's errors
 				require.Equal(t, tc.want, got)
 				return
 			}
@@ -446,6 +456,87 @@ func TestWorkersReadWhatPlanWrites(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, e[EnvMachineID], id.ID, "the machine, not the rank's NCCL host")
 	}
+}
+
+// Resolve counts the workers of --nproc-per-node gpu, auto and cpu from
+// what this node has, and refuses, naming the flag with its value as
+// given, what the node cannot do: gpu without a GPU, --emulate-machines
+// that does not divide the count, --nvlink-gbit where the ranks of each
+// machine have GPUs of their own. It starts nothing.
+func TestResolve(t *testing.T) {
+	cpus := runtime.NumCPU()
+	for _, tc := range []struct {
+		name    string
+		args    string
+		visible string // CUDA_VISIBLE_DEVICES
+		nproc   int    // resolved
+		gpus    []string
+		err     string // the error, exactly; "": none
+	}{
+		{name: "a number stays", args: "--nproc-per-node 3 -- p", visible: "0,1", nproc: 3},
+		{name: "gpu: one per visible GPU", args: "--nproc_per_node gpu -- p", visible: "0,1", nproc: 2},
+		{name: "gpu: UUIDs count", args: "--nproc_per_node gpu -- p", visible: "GPU-8e2c,GPU-77aa,GPU-01ff", nproc: 3},
+		{name: "gpu: CUDA stops at a negative index", args: "--nproc_per_node gpu -- p", visible: "3,-1,2", nproc: 1},
+		{name: "gpu without a GPU", args: "--nproc_per_node gpu -- p", visible: "",
+			err: `fairrun: --nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES=""); auto starts one worker per CPU then, cpu always`},
+		{name: "auto with GPUs", args: "--nproc-per-node auto -- p", visible: "4,5,6,7", nproc: 4},
+		{name: "auto without a GPU: one per CPU", args: "--nproc-per-node auto -- p", visible: "", nproc: cpus},
+		{name: "cpu with GPUs", args: "--nproc-per-node cpu -- p", visible: "0", nproc: cpus},
+		{name: "auto and emulated machines", args: "--nproc-per-node auto --emulate-machines 2 -- p", visible: "0,1", nproc: 2, gpus: []string{"0", "1"}},
+		{name: "machines that do not divide the GPUs", args: "--nproc-per-node gpu --emulate-machines 3 -- p", visible: "0,1",
+			err: "fairrun: --emulate-machines 3: does not divide --nproc-per-node=2"},
+		{name: "shaped loopback of ranks sharing a GPU", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 20 -- p", visible: "0",
+			nproc: 4, gpus: []string{"0"}},
+		{name: "shaped loopback of ranks with GPUs of their own", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 20.0 -- p", visible: "0,1",
+			err: "fairrun: --nvlink-gbit 20.0: the ranks of each emulated machine have GPUs of their own (2 per machine, 2 GPUs) and talk GPU to GPU, which tbf cannot shape; " +
+				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs: lower --gpus or raise --nproc-per-node)"},
+		{name: "--gpus makes them share", args: "--nproc-per-node 4 --emulate-machines 2 --gpus 1 --nic-gbit 2.5 --nvlink-gbit 20 -- p", visible: "0,1",
+			nproc: 4, gpus: []string{"0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseArgs(strings.Fields(tc.args))
+			require.NoError(t, err)
+			var log bytes.Buffer
+			c.Env, c.Stderr = []string{"CUDA_VISIBLE_DEVICES=" + tc.visible}, &log
+			got, err := Resolve(c)
+			if tc.err != "" {
+				require.ErrorIs(t, err, ErrUsage)
+				require.EqualError(t, err, tc.err)
+				var ue *UsageError
+				require.ErrorAs(t, err, &ue)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.nproc, got.NProcPerNode)
+			require.Equal(t, tc.gpus, got.gpus)
+			require.True(t, got.resolved)
+			ws, err := Plan(got, got.Env, "127.0.0.1:9", got.gpus, Extras{})
+			require.NoError(t, err)
+			require.Len(t, ws, tc.nproc)
+		})
+	}
+}
+
+// Plan refuses a count that Resolve has not decided yet.
+func TestPlanNeedsAResolvedCount(t *testing.T) {
+	c, err := ParseArgs(strings.Fields("--nproc-per-node gpu -- p"))
+	require.NoError(t, err)
+	_, err = Plan(c, nil, "127.0.0.1:9", nil, Extras{})
+	require.ErrorContains(t, err, "--nproc-per-node gpu is not resolved")
+}
+
+// Run resolves a configuration itself, and a bad one is ExitUsage with
+// nothing started.
+func TestRunRefusesWhatResolveRefuses(t *testing.T) {
+	dir := t.TempDir()
+	c, err := ParseArgs([]string{"--nproc-per-node", "gpu", "--", "touch", filepath.Join(dir, "started")})
+	require.NoError(t, err)
+	c.Env, c.Stdout, c.Stderr = []string{"CUDA_VISIBLE_DEVICES="}, io.Discard, io.Discard
+	code, err := Run(context.Background(), c)
+	require.Equal(t, ExitUsage, code)
+	require.ErrorIs(t, err, ErrUsage)
+	_, serr := os.Stat(filepath.Join(dir, "started"))
+	require.ErrorIs(t, serr, os.ErrNotExist, "a worker was started")
 }
 
 // --nvlink-gbit needs --nic-gbit and says so.

@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -111,6 +112,9 @@ func RanksShareGPUs(c Config, gpus []string) bool {
 func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([]Worker, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
+	}
+	if c.NProcPerNode < 1 {
+		return nil, fmt.Errorf("fairrun: plan: --nproc-per-node %s is not resolved to a number of workers (Resolve)", c.NProcFrom)
 	}
 	host, port, err := splitHostPort(storeAddr)
 	if err != nil {
@@ -288,16 +292,24 @@ func GPUList(c Config, base []string, log *slog.Logger) []string {
 
 // countGPUs asks nvidia-smi; 1 when it is missing or fails.
 func countGPUs(log *slog.Logger) int {
+	n, err := smiGPUs()
+	if err != nil && !errors.Is(err, exec.ErrNotFound) {
+		log.Warn("fairrun: nvidia-smi -L failed; assuming one GPU", "err", err)
+	}
+	return max(n, 1)
+}
+
+// smiGPUs counts the GPUs `nvidia-smi -L` lists.
+func smiGPUs() (int, error) {
 	path, err := exec.LookPath("nvidia-smi")
 	if err != nil {
-		return 1
+		return 0, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, path, "-L").Output()
 	if err != nil {
-		log.Warn("fairrun: nvidia-smi -L failed; assuming one GPU", "err", err)
-		return 1
+		return 0, fmt.Errorf("nvidia-smi -L: %w", err)
 	}
 	n := 0
 	for _, line := range strings.Split(string(out), "\n") {
@@ -305,5 +317,31 @@ func countGPUs(log *slog.Logger) int {
 			n++
 		}
 	}
-	return max(n, 1)
+	return n, nil
+}
+
+// VisibleGPUs counts the GPUs a worker could see, for --nproc-per-node gpu
+// and auto: with CUDA_VISIBLE_DEVICES set in base, its entries up to the
+// first empty or negative one (where CUDA stops; "" hides every GPU), else
+// the GPUs `nvidia-smi -L` lists (none when it is missing or fails). where
+// says what was counted, for messages.
+func VisibleGPUs(base []string, log *slog.Logger) (n int, where string) {
+	if v, ok := newEnv(base).get("CUDA_VISIBLE_DEVICES"); ok {
+		for _, e := range strings.Split(v, ",") {
+			if e = strings.TrimSpace(e); e == "" || strings.HasPrefix(e, "-") {
+				break
+			}
+			n++
+		}
+		return n, fmt.Sprintf("CUDA_VISIBLE_DEVICES=%q", v)
+	}
+	n, err := smiGPUs()
+	switch {
+	case errors.Is(err, exec.ErrNotFound):
+		return 0, "no nvidia-smi in PATH"
+	case err != nil:
+		log.Warn("fairrun: counting the GPUs failed", "err", err)
+		return 0, err.Error()
+	}
+	return n, "nvidia-smi -L"
 }

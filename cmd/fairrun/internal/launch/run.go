@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,6 +53,7 @@ func (e *SignalError) Error() string { return "fairrun: received " + e.Signal.St
 // exit codes of Run besides the workers' own.
 const (
 	ExitLaunchFailure = 1   // the store or a worker could not start
+	ExitUsage         = 2   // a bad command line (a *UsageError): nothing was started
 	ExitStartFailure  = 127 // the worker program could not be executed
 )
 
@@ -71,17 +73,19 @@ const (
 // SIGKILL after the grace period). Do not start other child processes
 // beside Run in the same process.
 //
-// With --nic-gbit, Run first checks the privileges and kernel features the
+// Run first resolves c (see Resolve) unless it is resolved already: a
+// *UsageError there returns ExitUsage before anything is started. With
+// --nic-gbit, Run then checks the privileges and kernel features the
 // emulated NICs need (stopping with a *testbed.MissingError before anything
-// is started) and builds the testbed (--nvlink-gbit, which shapes the
-// loopback that ranks sharing a GPU talk over, is refused with a
-// *UsageError when the ranks of a machine have GPUs of their own); with
-// MPS it starts a private MPS daemon. Both are removed before Run returns,
+// is started) and builds the testbed; with MPS it starts a private MPS
+// daemon. Both are removed before Run returns,
 // whatever happened; when ctx ends during setup, what was built is removed
 // and Run returns 128 + N.
 func Run(ctx context.Context, c Config) (code int, err error) {
-	if err := c.Validate(); err != nil {
-		return ExitLaunchFailure, err
+	if !c.resolved {
+		if c, err = Resolve(c); err != nil {
+			return ExitUsage, err
+		}
 	}
 	log := c.logger()
 	base := c.Env
@@ -103,20 +107,11 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		return setupFailed(err)
 	}
 
-	// The GPUs emulated machines are spread over, and whether ranks of one
-	// machine share them.
-	var gpus []string
-	if c.EmulateMachines > 0 {
-		gpus = GPUList(c, base, log)
-	}
+	// The GPUs emulated machines are spread over (Resolve), and whether
+	// ranks of one machine share them.
+	gpus := c.gpus
 	per := c.NProcPerNode / max(c.EmulateMachines, 1)
-	shared := RanksShareGPUs(c, gpus)
-	if c.NVLinkGbit > 0 && !shared {
-		return setupFailed(&UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: fmt.Sprintf(
-			"the ranks of each emulated machine have GPUs of their own (%d per machine, %d GPUs) and talk GPU to GPU, which tbf cannot shape; "+
-				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs)", per, len(gpus))})
-	}
-	if shared {
+	if RanksShareGPUs(c, gpus) {
 		log.Info("fairrun: ranks of one emulated machine share a GPU: each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
 			"with a device identity of its own (FAIRGO_DEVICE_ID); inside a machine they talk over NCCL sockets on the loopback, and flat NCCL does not know the machines",
 			"ranks_per_machine", per, "gpus", len(gpus), "loopback_gbit", c.NVLinkGbit)
@@ -220,6 +215,54 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		g.start = tb.Run
 	}
 	return g.run(ctx, c, workers)
+}
+
+// Resolve decides, before anything runs, what depends on this node: the
+// number of workers of --nproc-per-node gpu, auto or cpu (NProcFrom), the
+// GPUs emulated machines are spread over (GPUList), and whether
+// --nvlink-gbit applies (it shapes the loopback that ranks sharing a GPU
+// talk over, so it is refused when the ranks of each machine have GPUs of
+// their own). It looks at c.Env (else the process's environment) and may
+// run nvidia-smi -L; it starts nothing. Every error is a *UsageError that
+// names the flag and echoes its value as given. Run resolves a
+// configuration that is not resolved yet.
+func Resolve(c Config) (Config, error) {
+	if err := c.Validate(); err != nil {
+		return c, asGiven(err, c.given)
+	}
+	base := c.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	log := c.logger()
+	if c.NProcFrom != "" {
+		gpus, where := VisibleGPUs(base, log)
+		switch {
+		case gpus > 0 && c.NProcFrom != NProcCPU:
+			c.NProcPerNode = gpus
+		case c.NProcFrom == NProcGPU:
+			return c, asGiven(&UsageError{Flag: "nproc-per-node", Value: c.NProcFrom, Reason: "no GPU is visible (" + where + "); " +
+				NProcAuto + " starts one worker per CPU then, " + NProcCPU + " always"}, c.given)
+		default:
+			c.NProcPerNode = runtime.NumCPU()
+		}
+		if err := c.Validate(); err != nil { // --emulate-machines must divide the count
+			return c, asGiven(err, c.given)
+		}
+		defer log.Info("fairrun: --nproc-per-node "+c.NProcFrom, "workers", c.NProcPerNode, "gpus", gpus, "from", where)
+	}
+	if c.EmulateMachines > 0 {
+		c.gpus = GPUList(c, base, log)
+	}
+	if c.NVLinkGbit > 0 && !RanksShareGPUs(c, c.gpus) {
+		per := c.NProcPerNode / max(c.EmulateMachines, 1)
+		return c, asGiven(&UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: fmt.Sprintf(
+			"the ranks of each emulated machine have GPUs of their own (%d per machine, %d GPUs) and talk GPU to GPU, which tbf cannot shape; "+
+				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs: lower --gpus or raise --nproc-per-node)",
+			per, len(c.gpus))}, c.given)
+	}
+	c.resolved = true
+	return c, nil
 }
 
 // freePort asks the kernel for a port that is free on host now (the

@@ -65,3 +65,24 @@ func TestSettingsDocumented(t *testing.T) {
 		require.Contains(t, string(readme), "`"+s.Keyword+"`", "README.md does not name the keyword of %s", s.Env)
 	}
 }
+
+// TestAlgorithmsDocumented: README.md's row of FAIRGO_ALGORITHM names
+// every algorithm the setting takes.
+func TestAlgorithmsDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../../../README.md")
+	require.NoError(t, err)
+	row := regexp.MustCompile("(?m)^\\| `FAIRGO_ALGORITHM` \\|.*$").FindString(string(readme))
+	require.NotEmpty(t, row, "README.md's settings table lacks FAIRGO_ALGORITHM")
+	for _, s := range capi.Settings {
+		if s.Env != "FAIRGO_ALGORITHM" {
+			continue
+		}
+		names := regexp.MustCompile(`[a-z0-9-]+`).FindAllString(strings.ReplaceAll(s.Value, " or ", ", "), -1)
+		require.Contains(t, names, "rail-allreduce")
+		for _, name := range names {
+			require.Contains(t, row, "`"+name+"`", "README.md's FAIRGO_ALGORITHM row lacks %s", name)
+		}
+		return
+	}
+	t.Fatal("no FAIRGO_ALGORITHM among capi.Settings")
+}
