@@ -7,14 +7,10 @@ package hier_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
-	"os/signal"
 	"runtime"
-	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -304,64 +300,3 @@ func BenchmarkGPUEnqueueJob(b *testing.B) {
 		}
 	}
 }
-
-// TestGPUFaultWorker is not a test on its own: under fairrun, with
-// FAIRGO_FAULT_WORKER=1, every process builds its Reducer with setup.New
-// and runs allreduces of 16 MiB until one fails; the rank named by
-// FAIRGO_FAULT_KILL_RANK kills itself (SIGKILL) after FAIRGO_FAULT_KILL_AFTER.
-// Each survivor prints how long after the death its Wait returned, and
-// whether the error was typed (ErrTimeout / ErrAborted); it ignores SIGTERM
-// meanwhile so that fairrun's grace period lets it report.
-func TestGPUFaultWorker(t *testing.T) {
-	if os.Getenv("FAIRGO_FAULT_WORKER") != "1" {
-		t.Skip("a worker for fairrun's fault runs (FAIRGO_FAULT_WORKER=1)")
-	}
-	killRank, _ := strconv.Atoi(os.Getenv("FAIRGO_FAULT_KILL_RANK"))
-	killAfter, err := time.ParseDuration(os.Getenv("FAIRGO_FAULT_KILL_AFTER"))
-	require.NoError(t, err)
-	timeout, err := time.ParseDuration(os.Getenv("FAIRGO_FAULT_TIMEOUT"))
-	require.NoError(t, err)
-	ignoreTerm()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hier.WithTimeout(timeout)))
-	require.NoError(t, err)
-	rank := r.WorldRank()
-	dev := r.Device().(*cuda.Device)
-	buf, err := dev.AllocTensor(4<<20, fairgo.Float32)
-	require.NoError(t, err)
-	start := time.Now()
-	deathAt := start.Add(killAfter)
-	for i := 0; ; i++ {
-		if rank == killRank && time.Now().After(deathAt) {
-			fmt.Printf("fault: rank %d: killing itself after %d allreduces\n", rank, i)
-			_ = killSelf()
-		}
-		err := r.AllReduce(ctx, buf, fairgo.Sum).Wait(ctx)
-		if err == nil {
-			continue
-		}
-		after := time.Since(deathAt)
-		typed := errors.Is(err, fairgo.ErrTimeout) || errors.Is(err, fairgo.ErrAborted)
-		fmt.Printf("fault: rank %d: Wait returned after %d allreduces, %.2f s after the death (timeout %v): typed=%v timeout=%v aborted=%v: %v\n",
-			rank, i, after.Seconds(), timeout, typed, errors.Is(err, fairgo.ErrTimeout), errors.Is(err, fairgo.ErrAborted), err)
-		require.True(t, typed, "untyped error: %v", err)
-		require.Less(t, after, timeout+5*time.Second, "the survivor took too long")
-		_ = hier.CloseAll([]*hier.Reducer{r})
-		return
-	}
-}
-
-// ignoreTerm keeps the process alive through fairrun's SIGTERM, so that a
-// fault worker can report what its Wait returned.
-func ignoreTerm() {
-	c := make(chan os.Signal, 4)
-	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
-	go func() {
-		for s := range c {
-			fmt.Printf("fault: got %v, reporting first\n", s)
-		}
-	}()
-}
-
-func killSelf() error { return syscall.Kill(os.Getpid(), syscall.SIGKILL) }
