@@ -21,14 +21,19 @@ type testDevice interface {
 	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
 }
 
-// world is a cluster (simulated, or GPUs) with one Reducer per rank.
+// world is the ranks this process drives of a cluster (simulated, or
+// GPUs), one Reducer each: every rank of the world, or (a GPU test under a
+// launcher) one rank of a job of one rank per process. Data for the whole
+// world is indexed by world rank; devs, reducers and results by local index.
 type world struct {
-	cluster  *sim.Cluster // nil on GPUs
-	devs     []testDevice
-	reducers []*hier.Reducer
-	m, d     int
-	closeFn  func()
-	allocs   [][]uintptr // per rank, freed by close
+	cluster   *sim.Cluster // nil on GPUs
+	devs      []testDevice
+	reducers  []*hier.Reducer
+	m, d      int
+	closeFn   func()
+	allocs    [][]uintptr // per local rank, freed by close
+	worldSize int         // 0: len(reducers), every rank is here
+	global    []int       // the world rank of each local rank; nil: the local index
 }
 
 func newWorld(t testing.TB, cfg sim.Config, opts ...hier.Option) *world {
@@ -88,13 +93,32 @@ func (w *world) alloc(g int, count int64, dt fairgo.DType) (fairgo.Tensor, error
 	return tn, err
 }
 
-func (w *world) size() int { return len(w.reducers) }
+// size is the number of ranks in the world (here or elsewhere).
+func (w *world) size() int {
+	if w.worldSize > 0 {
+		return w.worldSize
+	}
+	return len(w.reducers)
+}
 
-// upload allocates one tensor per rank holding data[rank].
+// rank is the world rank of local rank i.
+func (w *world) rank(i int) int {
+	if w.global == nil {
+		return i
+	}
+	return w.global[i]
+}
+
+// upload allocates one tensor per local rank holding its world rank's
+// entry of data (indexed by world rank; local ranks past its end get none).
 func (w *world) upload(t testing.TB, dt fairgo.DType, data [][]byte) []fairgo.Tensor {
 	t.Helper()
-	out := make([]fairgo.Tensor, len(data))
-	for g, b := range data {
+	out := make([]fairgo.Tensor, len(w.reducers))
+	for g := range w.reducers {
+		if w.rank(g) >= len(data) {
+			continue
+		}
+		b := data[w.rank(g)]
 		tn, err := w.alloc(g, int64(len(b)/dt.Size()), dt)
 		require.NoError(t, err)
 		if len(b) > 0 {
@@ -117,7 +141,8 @@ func (w *world) download(t testing.TB, ts []fairgo.Tensor) [][]byte {
 	return out
 }
 
-// allReduce runs one allreduce of data on every rank and returns the results.
+// allReduce runs one allreduce of data (every rank's) on the local ranks
+// and returns their results, by local index.
 func (w *world) allReduce(t testing.TB, dt fairgo.DType, op fairgo.Op, data [][]byte) ([][]byte, error) {
 	ts := w.upload(t, dt, data)
 	works := make([]*hier.Work, len(ts))
@@ -127,7 +152,11 @@ func (w *world) allReduce(t testing.TB, dt fairgo.DType, op fairgo.Op, data [][]
 	if err := reftest.WaitAll(works); err != nil {
 		return nil, err
 	}
-	return w.download(t, ts), nil
+	out := w.download(t, ts)
+	if w.cluster == nil && launched() {
+		w.allSame(t, "allreduce", out) // the ranks of other processes
+	}
+	return out, nil
 }
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

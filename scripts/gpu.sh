@@ -5,8 +5,18 @@
 #   scripts/gpu.sh SECTION [ARGS] [SECTION [ARGS]] ...
 #
 # Sections (durations on 2 × H200 with the 10 Gbit/s testbed):
-#   tests               the GPU test binaries: nccl, cuda, the ddp kernels,
-#                       and hier's ^TestGPU tests (~4 min; limits add up to 9.5)
+#   tests [MxD ...]     the GPU test binaries in one process (tests-local),
+#                       then hier's ^TestGPU tests under fairrun, one rank per
+#                       process, on 2x1 4x1 2x2 4x2 (or the layouts given;
+#                       tests-launched). A GPU test that skips on a host with
+#                       a GPU fails its step (the table counts skips apart)
+#   tests-local         nccl, cuda, the ddp kernels and hier's ^TestGPU tests,
+#                       each binary in one process over the host's GPUs (on one
+#                       GPU hier's tests run 1x1; ~2-4 min)
+#   tests-launched MxD ...  hier's ^TestGPU tests under fairrun on emulated
+#                       machines (--emulate-machines M, M*D ranks; on one GPU
+#                       every rank shares it under MPS), every rank checking its
+#                       own results against the whole world's (~1-2 min each)
 #   test NAME REGEX     one test binary (bin/NAME.test) with -test.run REGEX
 #   fairrun             examples/allreduce under fairrun: 1×2, then 2×2 and 4×2
 #                       on the testbed with shuffled ranks (~2 min)
@@ -31,11 +41,25 @@
 #                       single-slice AllReduce) into enqueue.txt (~1 min)
 #   enqueue-job         T6 for one rank per process: BenchmarkGPUEnqueueJob on
 #                       the testbed's 2×1 into enqueue-job.txt (~30 s)
-#   fault MxD ...       issue 12's fault run: M×D workers under fairrun (on the
-#                       testbed when M > 1) run 16 MiB allreduces, the last rank
-#                       SIGKILLs itself after 4 s; passes when fairrun names it
-#                       and every survivor's Wait returns a typed error within
-#                       timeout + 5 s (timeout 10 s; ~30 s each)
+#   fault MxD ...       the fault runs (issues 12 and 20): M×D workers under
+#                       fairrun (on the testbed when M > 1; 2x2 and 4x2 share
+#                       one GPU) run 16 MiB allreduces, and the last rank, after
+#                       4 s, per FAULT_MODES (default "kill cut stall"): kill:
+#                       SIGKILLs itself; passes when fairrun names it and every
+#                       survivor's Wait returns a typed error within timeout +
+#                       5 s; cut: closes its store connection, calls on (every
+#                       result right) for 3 s, then stops calling; passes when
+#                       every survivor gets a *hier.TimeoutError within timeout
+#                       + 5 s; stall: stops calling; passes when every rank,
+#                       itself included, gets a *hier.TimeoutError within
+#                       timeout + 5 s. Every mode also needs no worker process
+#                       left behind (timeout 10 s; ~30-40 s each)
+#   soak [MxD]          4x2 (or MxD) under fairrun for SOAK_SECONDS (600):
+#                       rounds of 2-8 allreduces in flight at once, mixed
+#                       dtypes and sizes up to 16 MiB, every result checked;
+#                       PASS only with no wrong result and no hang (the
+#                       Reducers' timeout is 60 s). One command of the device
+#                       lasts at most 10 minutes: there, SOAK_SECONDS=480
 #   launchers           examples/allreduce without fairrun: under torchrun
 #                       (--nproc-per-node = the GPUs) and mpirun -np GPUs (skipped
 #                       when Open MPI is absent) (~30 s)
@@ -73,7 +97,9 @@
 # the enqueue section made it), ENQUEUE_BENCH (the benchmarks T6 takes the
 # worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
 # to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
-# on a host of one GPU), NVLINK_SIZES, NET_SIZES.
+# on a host of one GPU), NVLINK_SIZES, NET_SIZES, RAPID_CHECKS (hier's
+# property test: 25 in one process, LAUNCHED_RAPID_CHECKS 10 per layout
+# under fairrun), FAULT_MODES, SOAK_SECONDS.
 #
 # Under $OUT: machine.txt, logs/STEP.log (every command's output),
 # json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
@@ -96,6 +122,10 @@ VARIANTS=${VARIANTS:-}
 ENQUEUE=${ENQUEUE:-}
 ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
 MODEL_LINKS=${MODEL_LINKS:-}
+RAPID_CHECKS=${RAPID_CHECKS:-25}
+LAUNCHED_RAPID_CHECKS=${LAUNCHED_RAPID_CHECKS:-10}
+FAULT_MODES=${FAULT_MODES:-kill cut stall}
+SOAK_SECONDS=${SOAK_SECONDS:-600}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
 mkdir -p "$OUT/logs" "$OUT/json"
@@ -172,6 +202,37 @@ variant_flags() {
   for v in $VARIANTS; do printf -- '-fairgo %s ' "$v"; done
 }
 
+# has_gpu: nvidia-smi lists a GPU.
+has_gpu() { [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -gt 0 ]; }
+
+# count_tests LOG: "pass fail skip gpuskip" of a go test -test.v log (lines
+# may carry fairrun's "[rank] " prefix). A GPU skip is a skip whose reason
+# (the line before "--- SKIP") speaks of a GPU, the driver or NCCL: on a
+# host with a GPU none may skip.
+count_tests() {
+  sed -E 's/^\[[0-9]+\] //' "$1" | awk '
+    /^[[:space:]]*--- PASS: / { p++ }
+    /^[[:space:]]*--- FAIL: / { f++ }
+    /^[[:space:]]*--- SKIP: / { s++; if (prev ~ /GPU|driver|NCCL|libcuda/) g++ }
+    { prev = $0 }
+    END { print p + 0, f + 0, s + 0, g + 0 }'
+}
+
+# test_verdict NAME LOG WHAT: the table line of a test step from its log
+# (rc from step); fails on a failed test, no passed test, or a GPU test
+# skipped where there is a GPU.
+test_verdict() {
+  local name=$1 log=$2 what=$3 pass fail skip gskip
+  read -r pass fail skip gskip < <(count_tests "$log")
+  local verdict=PASS
+  { [ "$rc" -ne 0 ] || [ "$fail" -ne 0 ] || [ "$pass" -eq 0 ]; } && verdict=FAIL
+  [ "$gskip" -ne 0 ] && has_gpu && verdict=FAIL
+  note "$verdict" "$name" "$secs" "rc=$rc pass=$pass fail=$fail skip=$skip gpu-skip=$gskip $what"
+  [ "$fail" -ne 0 ] && note FAIL "  failed" 0 "$(sed -E 's/^\[[0-9]+\] //' "$log" | grep -E '^\s*--- FAIL: ' | awk '{print $3}' | sort -u | head -8 | paste -sd' ')"
+  [ "$gskip" -ne 0 ] && note "$(has_gpu && echo FAIL || echo SKIP)" "  skipped" 0 "$(sed -E 's/^\[[0-9]+\] //' "$log" | grep -E '^\s*--- SKIP: ' | awk '{print $3}' | sort -u | head -8 | paste -sd' ')"
+  return 0
+}
+
 # gotest NAME BINARY LIMIT REGEX [ARGS]: a test binary, the tests chosen by
 # name; the verdict from the binary's exit status and its --- lines.
 gotest() {
@@ -179,22 +240,40 @@ gotest() {
   shift 4
   need "$bin" || return
   step "$name" "$limit" "$BIN/$bin" -test.v -test.count=1 -test.timeout "$((limit - 15))s" -test.run "$re" "$@"
-  local log="$OUT/logs/$name.log" pass fail skip
-  pass=$(grep -cE '^\s*--- PASS: ' "$log")
-  fail=$(grep -cE '^\s*--- FAIL: ' "$log")
-  skip=$(grep -cE '^\s*--- SKIP: ' "$log")
-  local verdict=PASS
-  { [ "$rc" -ne 0 ] || [ "$fail" -ne 0 ] || [ "$pass" -eq 0 ]; } && verdict=FAIL
-  note "$verdict" "$name" "$secs" "rc=$rc pass=$pass fail=$fail skip=$skip -test.run '$re'"
-  [ "$fail" -ne 0 ] && note FAIL "  failed" 0 "$(grep -E '^\s*--- FAIL: ' "$log" | awk '{print $3}' | head -8 | paste -sd' ')"
-  return 0
+  test_verdict "$name" "$OUT/logs/$name.log" "-test.run '$re'"
 }
 
-section_tests() {
+section_tests_local() {
   gotest nccl nccl.test 60 '.'
   gotest cuda cuda.test 180 '.'
   gotest ddpgpu ddpgpu.test 60 '.'
-  FAIRGO_OUT=$OUT gotest hier-gpu hier.test 270 '^TestGPU' -rapid.checks=25
+  FAIRGO_OUT=$OUT gotest hier-gpu hier.test 270 '^TestGPU' -rapid.checks="$RAPID_CHECKS"
+}
+
+# launched_limit M D: seconds hier's tests may take under fairrun on M×D.
+launched_limit() { echo $((90 + 15 * $1 * $2)); }
+
+# section_tests_launched MxD ...: hier's ^TestGPU tests, one rank per
+# process under fairrun; every rank must pass the same tests.
+section_tests_launched() {
+  need fairrun hier.test || return
+  local l m d n limit
+  for l in "$@"; do
+    m=${l%x*} d=${l#*x} n=$((m * d))
+    limit=$(launched_limit "$m" "$d")
+    # shellcheck disable=SC2046
+    FAIRGO_OUT=$OUT step "hier-gpu-$l" "$limit" "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" --grace 10s -- \
+      "$BIN/hier.test" -test.v -test.count=1 -test.timeout "$((limit - 20))s" -test.run '^TestGPU' -rapid.checks="$LAUNCHED_RAPID_CHECKS"
+    local log="$OUT/logs/hier-gpu-$l.log" ranks
+    ranks=$(grep -cE '^\[[0-9]+\] PASS$' "$log")
+    test_verdict "hier-gpu-$l" "$log" "ranks passing=$ranks/$n (fairrun $l, one rank per process)"
+    [ "$ranks" -eq "$n" ] || note FAIL "  ranks" 0 "only $ranks of $n ranks ended with PASS"
+  done
+}
+
+section_tests() {
+  section_tests_local
+  if [ $# -gt 0 ]; then section_tests_launched "$@"; else section_tests_launched 2x1 4x1 2x2 4x2; fi
 }
 
 # allreduce NAME NPROC "FAIRRUN FLAGS" "ALLREDUCE FLAGS": every rank prints ok.
@@ -398,34 +477,83 @@ section_enqueue_job() {
   note "$([ "$rc" -eq 0 ] && [ "$n" -gt 0 ] && echo PASS || echo FAIL)" enqueue-job "$secs" "rc=$rc $n benchmarks (enqueue-job.txt)"
 }
 
-# fault_verdict LOG RANKS KILLED LIMIT: fairrun named the killed rank, and
-# every other rank reported a typed error within LIMIT seconds of the death.
+# leftovers: worker processes of the test binary still alive (none may be
+# once fairrun has returned; waits up to 5 s for them to go).
+leftovers() {
+  local n i
+  for i in 1 2 3 4 5 6; do
+    n=$(pgrep -fc "$BIN/hier.test" 2>/dev/null || true)
+    [ "${n:-0}" -eq 0 ] && break
+    sleep 1
+  done
+  echo "${n:-0}"
+}
+
+# fault_verdict LOG MODE RANKS VICTIM LIMIT RC LEFT: the verdict of one fault
+# run (see the fault section's description).
 fault_verdict() {
-  local log=$1 n=$2 killed=$3 limit=$4 named typed slow
-  named=$(grep -cE "worker failed.* rank=$killed " "$log")
-  typed=$(grep -cE 'fault: rank [0-9]+: Wait returned .* typed=true' "$log")
-  slow=$(grep -E 'fault: rank [0-9]+: Wait returned' "$log" | sed -E 's/.*, ([0-9.]+) s after the death.*/\1/' |
+  local log=$1 mode=$2 n=$3 victim=$4 limit=$5 rc=$6 left=$7 named typed timeouts slow worst want
+  named=$(grep -cE "worker failed.* rank=$victim " "$log")
+  typed=$(grep -cE 'fault: rank [0-9]+: (Wait returned|Err set) .* typed=true' "$log")
+  timeouts=$(grep -cE 'fault: rank [0-9]+: (Wait returned|Err set) .* timeouterror=true' "$log")
+  slow=$(grep -E 'fault: rank [0-9]+: (Wait returned|Err set)' "$log" | sed -E 's/.*, ([0-9.-]+) s after the fault.*/\1/' |
     awk -v l="$limit" '$1 >= l { n++ } END { print n + 0 }')
-  local worst
-  worst=$(grep -E 'fault: rank [0-9]+: Wait returned' "$log" | sed -E 's/.*, ([0-9.]+) s after the death.*/\1/' | sort -g | tail -1)
-  local verdict=PASS
-  { [ "$named" -eq 0 ] || [ "$typed" -ne $((n - 1)) ] || [ "$slow" -ne 0 ]; } && verdict=FAIL
-  echo "$verdict" "named=$named typed=$typed/$((n - 1)) slowest=${worst:-?}s (limit ${limit}s)"
+  worst=$(grep -E 'fault: rank [0-9]+: (Wait returned|Err set)' "$log" | sed -E 's/.*, ([0-9.-]+) s after the fault.*/\1/' | sort -g | tail -1)
+  local verdict=PASS detail
+  case $mode in
+  kill)
+    { [ "$named" -eq 0 ] || [ "$typed" -ne $((n - 1)) ]; } && verdict=FAIL
+    detail="named=$named typed=$typed/$((n - 1))"
+    ;;
+  stall)
+    { [ "$rc" -ne 0 ] || [ "$timeouts" -ne "$n" ]; } && verdict=FAIL
+    detail="TimeoutError on $timeouts/$n ranks"
+    ;;
+  cut)
+    want=$(grep -cE "fault: rank $victim: stops calling .* every one right" "$log")
+    { [ "$rc" -ne 0 ] || [ "$timeouts" -ne $((n - 1)) ] || [ "$want" -ne 1 ] ||
+      ! grep -qE "fault: rank $victim: cut its store connection" "$log"; } && verdict=FAIL
+    detail="victim called on after the cut: $([ "$want" -eq 1 ] && echo right || echo NO); TimeoutError on $timeouts/$((n - 1)) survivors"
+    ;;
+  esac
+  { [ "$slow" -ne 0 ] || [ "$left" -ne 0 ]; } && verdict=FAIL
+  echo "$verdict" "$detail slowest=${worst:-?}s (limit ${limit}s) left behind=$left"
 }
 
 section_fault() {
   need fairrun hier.test || return
-  local l m d n fr v
+  local l m d n fr v mode left
   for l in "$@"; do
     m=${l%x*} d=${l#*x} n=$((m * d))
     fr=(--nproc-per-node "$n" --grace 25s)
     # shellcheck disable=SC2207
     [ "$m" -gt 1 ] && fr+=($(fairrun_flags "$m" "$d"))
-    step "fault-$l" 120 "$BIN/fairrun" "${fr[@]}" -- env FAIRGO_FAULT_WORKER=1 FAIRGO_FAULT_KILL_RANK=$((n - 1)) \
-      FAIRGO_FAULT_KILL_AFTER=4s FAIRGO_FAULT_TIMEOUT=10s "$BIN/hier.test" -test.run '^TestGPUFaultWorker$' -test.v
-    v=$(fault_verdict "$OUT/logs/fault-$l.log" "$n" $((n - 1)) 15)
-    note "${v%% *}" "fault-$l" "$secs" "rc=$rc (fairrun returns the dead rank's code) ${v#* }"
+    for mode in $FAULT_MODES; do
+      step "fault-$mode-$l" 150 "$BIN/fairrun" "${fr[@]}" -- env FAIRGO_FAULT_WORKER=1 FAIRGO_FAULT_MODE="$mode" FAIRGO_FAULT_RANK=$((n - 1)) \
+        FAIRGO_FAULT_AFTER=4s FAIRGO_FAULT_CUT_RUN=3s FAIRGO_FAULT_TIMEOUT=10s "$BIN/hier.test" -test.run '^TestWorkerGPUFault$' -test.v
+      left=$(leftovers)
+      v=$(fault_verdict "$OUT/logs/fault-$mode-$l.log" "$mode" "$n" $((n - 1)) 15 "$rc" "$left")
+      note "${v%% *}" "fault-$mode-$l" "$secs" "rc=$rc ${v#* }"
+    done
   done
+}
+
+# section_soak MxD: the soak (see the description).
+section_soak() {
+  need fairrun hier.test || return
+  local l=$1 m d n
+  m=${l%x*} d=${l#*x} n=$((m * d))
+  # shellcheck disable=SC2046
+  step "soak-$l" $((SOAK_SECONDS + 150)) "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" --grace 15s -- \
+    env FAIRGO_SOAK_WORKER=1 FAIRGO_SOAK_SECONDS="$SOAK_SECONDS" FAIRGO_SOAK_TIMEOUT=60s "$BIN/hier.test" \
+    -test.run '^TestWorkerGPUSoak$' -test.v -test.timeout "$((SOAK_SECONDS + 120))s"
+  local log="$OUT/logs/soak-$l.log" passed wrong rounds
+  passed=$(grep -cE '^\[[0-9]+\] soak: rank [0-9]+: PASS' "$log")
+  wrong=$(grep -cE 'soak: rank [0-9]+: WRONG' "$log")
+  rounds=$(grep -m1 -oE 'soak: rank [0-9]+: PASS [0-9]+ rounds, [0-9]+ allreduces' "$log" | sed -E 's/.*PASS //')
+  local verdict=PASS
+  { [ "$rc" -ne 0 ] || [ "$passed" -ne "$n" ] || [ "$wrong" -ne 0 ]; } && verdict=FAIL
+  note "$verdict" "soak-$l" "$secs" "rc=$rc ranks passing=$passed/$n wrong=$wrong ${rounds:-no round count} in ${SOAK_SECONDS}s$([ "$rc" -eq 124 ] && echo ' HUNG')"
 }
 
 # oks NAME WANT: the allreduce step printed ok WANT times.
@@ -537,7 +665,28 @@ while [ $# -gt 0 ]; do
   s=$1
   shift
   case $s in
-  tests) section_tests ;;
+  tests | tests-launched)
+    layouts=()
+    while [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+x[0-9]+$ ]]; do
+      layouts+=("$1")
+      shift
+    done
+    if [ "$s" = tests ]; then
+      section_tests "${layouts[@]}"
+    else
+      [ ${#layouts[@]} -gt 0 ] || layouts=(2x1 4x1 2x2 4x2)
+      section_tests_launched "${layouts[@]}"
+    fi
+    ;;
+  tests-local) section_tests_local ;;
+  soak)
+    l=4x2
+    if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+x[0-9]+$ ]]; then
+      l=$1
+      shift
+    fi
+    section_soak "$l"
+    ;;
   test)
     [ $# -ge 2 ] || { echo "usage: scripts/gpu.sh test NAME REGEX" >&2; exit 2; }
     gotest "$1" "$1.test" 300 "$2"
