@@ -14,16 +14,18 @@ import (
 // reduction kernel of the add stage, and the streams and events of the stage
 // chain. The CUDA backend and the simulated cluster implement it.
 //
-// All calls come from the device's engine goroutine, after Bind, except
-// NewEvent and the methods of events, which may be called from any goroutine
-// (a call's After option records an event on the caller's stream).
+// Calls may come from any goroutine, one at a time per stream: the engine's
+// (after Bind), a caller's that enqueues a flat call inline, and the
+// checker's; NewEvent and the methods of events from any goroutine at any
+// time (a call's After option records an event on the caller's stream).
 type Device interface {
 	streams.Factory
 
-	// Bind prepares the calling goroutine to enqueue work for this device
-	// (the CUDA backend locks the OS thread and makes the device's primary
-	// context current). The engine calls it once, from its own goroutine,
-	// and calls release when it exits.
+	// Bind prepares the calling goroutine to enqueue much work for this
+	// device (the CUDA backend locks the OS thread and makes the device's
+	// primary context current; its calls also work unbound). The engine
+	// calls it once, from its own goroutine, and calls release when it
+	// exits.
 	Bind() (release func(), err error)
 
 	// Alloc allocates device memory; Free releases it.

@@ -278,16 +278,14 @@ func (c *checker) release() error {
 	return errors.Join(errs...)
 }
 
-// run sends out batches while calls are pending, and exits on stop.
+// run sends out batches while calls are pending, and exits on stop. It
+// does not Bind: its few calls per batch set the device's context each, and
+// a goroutine locked to its OS thread that polls an event (yielding between
+// queries) makes the Go scheduler hand processors between threads at every
+// yield, which cost the enqueueing caller 50–150 µs a call on the GPU
+// (bench/NOTES.md item 23).
 func (c *checker) run() {
 	defer close(c.stopped)
-	release, err := c.r.dev.Bind()
-	if err != nil {
-		c.r.abort(fmt.Errorf("%w: hier: binding the checker to the device: %w", fairgo.ErrAborted, err))
-		c.failPending(err)
-		return
-	}
-	defer release()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()

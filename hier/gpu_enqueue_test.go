@@ -50,17 +50,22 @@ func BenchmarkGPUEnqueueFloor(b *testing.B) {
 				name += "/side=" + side
 			}
 			b.Run(fmt.Sprintf("%s/%s/%dKiB/batch=32", grid, name, size>>10), func(b *testing.B) {
-				benchNCCLEnqueue(b, dev, r.Comms(), size, side)
+				benchNCCLEnqueue(b, dev, r.Comms(), size, side, 32)
 			})
 		}
 	}
-	b.Run(grid+"/nccl/64KiB/batch=32", func(b *testing.B) { benchNCCLEnqueue(b, dev, r.Comms(), 64<<10, "none") })
+	b.Run(grid+"/nccl/64KiB/batch=32", func(b *testing.B) { benchNCCLEnqueue(b, dev, r.Comms(), 64<<10, "none", 32) })
+	for _, size := range []int64{64 << 10, 1 << 20} { // one call at a time: each waited for before the next
+		b.Run(fmt.Sprintf("%s/nccl+event/%dKiB/batch=1", grid, size>>10), func(b *testing.B) {
+			benchNCCLEnqueue(b, dev, r.Comms(), size, "", 1)
+		})
+	}
 }
 
 // benchNCCLEnqueue times NCCL allreduce enqueues of size bytes on the
-// world communicator, 32 back to back, with side load side ("": none,
-// "none": not even the event record).
-func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms hier.Comms, size int64, side string) {
+// world communicator, batch back to back and then waited for, with side
+// load side ("": none, "none": not even the event record).
+func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms hier.Comms, size int64, side string, batch int) {
 	t, err := dev.AllocTensor(size/4, fairgo.Float32)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = dev.Free(t.Ptr) })
@@ -136,7 +141,7 @@ func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms hier.Comms, size int
 				work <- ev
 			}
 		}
-		if calls++; calls%32 == 0 {
+		if calls++; calls%batch == 0 {
 			drain()
 		}
 	}
