@@ -206,8 +206,12 @@ func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
 	if cause := r.brokenCause(); cause != nil && !errors.Is(err, cause) {
 		err = fmt.Errorf("%w (%w)", cause, err) // an abort (a timeout) ended the enqueue: it is the cause
 	}
-	err = fmt.Errorf("hier: %v: enqueueing: %w", q, err)
-	r.abort(fmt.Errorf("%w: %w", fairgo.ErrAborted, err))
+	// The Work fails with what the abort reports: the communicators are
+	// aborted, which the error says (fairgo.ErrAborted) whatever the
+	// enqueue's own error was (NCCL reports a dead peer as a plain
+	// ncclRemoteError from the enqueue when it finds out then).
+	err = fmt.Errorf("%w: hier: %v: enqueueing: %w", fairgo.ErrAborted, q, err)
+	r.abort(err)
 	q.work.markEnqueued(nil, nil)
 	q.work.finish(err)
 	r.events.put(q.after)

@@ -456,3 +456,65 @@ func TestHangingAbortStillReports(t *testing.T) {
 	require.ErrorIs(t, err, fairgo.ErrTimeout)
 	require.Less(t, time.Since(start), 300*time.Millisecond+5*time.Second)
 }
+
+// failingComm is a world communicator whose second call fails in its
+// enqueue with an untyped error, as NCCL's enqueue returns a plain
+// ncclRemoteError once it finds a peer dead.
+type failingComm struct {
+	hier.Comm
+	mu    sync.Mutex
+	calls int
+}
+
+func (c *failingComm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+	c.mu.Lock()
+	c.calls++
+	n := c.calls
+	c.mu.Unlock()
+	if n > 1 {
+		return errors.New("ncclRemoteError: remote process exited or there was a network error")
+	}
+	return c.Comm.AllReduce(send, recv, count, dt, op, s)
+}
+
+// A call whose enqueue fails aborts the communicators, and its Work says so
+// (fairgo.ErrAborted), with the enqueue's own error kept: a survivor of a
+// dead peer gets a typed error whichever way NCCL reported the death (the
+// fault run on 2 × 2 got an untyped one before).
+func TestEnqueueFailureIsTyped(t *testing.T) {
+	for _, inline := range []bool{true, false} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+			c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = c.Close() })
+			rks := []hier.Rank{c.Rank(0), c.Rank(1)}
+			rks[0].Comms.World = &failingComm{Comm: rks[0].Comms.World}
+			var rs []*hier.Reducer
+			for _, rk := range rks {
+				r, err := hier.NewReducer(context.Background(), rk, hier.WithInlineEnqueue(inline), hier.WithTimeout(500*time.Millisecond))
+				require.NoError(t, err)
+				rs = append(rs, r)
+			}
+			t.Cleanup(func() { _ = hier.CloseAll(rs) })
+			ts := make([]fairgo.Tensor, 2)
+			for g := range ts {
+				ts[g], err = c.Device(g).AllocTensor(1024, fairgo.Float32)
+				require.NoError(t, err)
+			}
+			var works []*hier.Work
+			for g, r := range rs {
+				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+			}
+			require.NoError(t, reftest.WaitAll(works))
+			works = works[:0]
+			for g, r := range rs {
+				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+			}
+			err = works[0].Wait(context.Background())
+			require.ErrorIs(t, err, fairgo.ErrAborted)
+			require.Contains(t, err.Error(), "ncclRemoteError")
+			require.ErrorIs(t, rs[0].Err(), fairgo.ErrAborted)
+			require.Error(t, works[1].Wait(context.Background()), "the peer's call cannot succeed")
+		})
+	}
+}
