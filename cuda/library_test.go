@@ -24,6 +24,7 @@ var wantSymbols = []string{
 	"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString", "cuDeviceGetCount", "cuDeviceGet",
 	"cuDeviceGetName", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2",
 	"cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxSynchronize", "cuCtxGetStreamPriorityRange",
+	"cuCtxCreate_v2", "cuCtxDestroy_v2", "cuCtxPopCurrent_v2",
 	"cuStreamCreateWithPriority", "cuStreamDestroy_v2", "cuStreamSynchronize", "cuStreamWaitEvent", "cuStreamGetCtx",
 	"cuEventCreate", "cuEventDestroy_v2", "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuEventElapsedTime",
 	"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemGetInfo_v2",
