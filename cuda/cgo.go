@@ -106,6 +106,23 @@ static fg_CUresult fg_primary_release(fg_CUdevice dev) { return FG(DevicePrimary
 static fg_CUresult fg_ctx_get(fg_CUcontext* ctx) { return FG(CtxGetCurrent)(ctx); }
 static fg_CUresult fg_ctx_set(fg_CUcontext ctx) { return FG(CtxSetCurrent)(ctx); }
 static fg_CUresult fg_ctx_sync(fg_CUcontext ctx) { FG_IN_CTX(ctx, FG(CtxSynchronize)()) }
+// A context of its own on dev, not the primary one. cuCtxCreate makes it
+// current on the calling thread; it is popped again in the same call, which
+// makes the thread's previous context current again.
+static fg_CUresult fg_ctx_create(fg_CUdevice dev, fg_CUcontext* ctx) {
+	*ctx = NULL;
+	fg_CUcontext made = NULL, popped = NULL;
+	fg_CUresult r = FG(CtxCreate)(&made, 0, dev);
+	if (r != FG_CUDA_SUCCESS) return r;
+	r = FG(CtxPopCurrent)(&popped);
+	if (r != FG_CUDA_SUCCESS) {
+		FG(CtxDestroy)(made);
+		return r;
+	}
+	*ctx = made;
+	return r;
+}
+static fg_CUresult fg_ctx_destroy(fg_CUcontext ctx) { return FG(CtxDestroy)(ctx); }
 static fg_CUresult fg_priority_range(fg_CUcontext ctx, int* least, int* greatest) {
 	FG_IN_CTX(ctx, FG(CtxGetStreamPriorityRange)(least, greatest))
 }
@@ -183,20 +200,25 @@ static fg_CUresult fg_copy2d_async(fg_CUcontext ctx, uintptr_t dst, size_t dpitc
 	FG_IN_CTX(ctx, FG(Memcpy2DAsync)(&p, (fg_CUstream)s))
 }
 
-static fg_CUresult fg_pointer_attrs_raw(uintptr_t ptr, unsigned* memtype, int* ordinal, uintptr_t* start, size_t* size) {
-	fg_CUpointer_attribute attrs[4] = {FG_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, FG_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-	                                   FG_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, FG_CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+// The context attribute is NULL for memory that belongs to no context
+// (virtual memory management mappings).
+static fg_CUresult fg_pointer_attrs_raw(uintptr_t ptr, unsigned* memtype, int* ordinal, uintptr_t* start, size_t* size, fg_CUcontext* owner) {
+	fg_CUpointer_attribute attrs[5] = {FG_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, FG_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+	                                   FG_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, FG_CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+	                                   FG_CU_POINTER_ATTRIBUTE_CONTEXT};
 	fg_CUdeviceptr st = 0;
 	*memtype = 0;
 	*ordinal = -1;
 	*size = 0;
-	void* data[4] = {memtype, ordinal, &st, size};
-	fg_CUresult r = FG(PointerGetAttributes)(4, attrs, data, (fg_CUdeviceptr)ptr);
+	*owner = NULL;
+	void* data[5] = {memtype, ordinal, &st, size, owner};
+	fg_CUresult r = FG(PointerGetAttributes)(5, attrs, data, (fg_CUdeviceptr)ptr);
 	*start = (uintptr_t)st;
 	return r;
 }
-static fg_CUresult fg_pointer_attrs(fg_CUcontext ctx, uintptr_t ptr, unsigned* memtype, int* ordinal, uintptr_t* start, size_t* size) {
-	FG_IN_CTX(ctx, fg_pointer_attrs_raw(ptr, memtype, ordinal, start, size))
+static fg_CUresult fg_pointer_attrs(fg_CUcontext ctx, uintptr_t ptr, unsigned* memtype, int* ordinal, uintptr_t* start, size_t* size,
+                                    fg_CUcontext* owner) {
+	FG_IN_CTX(ctx, fg_pointer_attrs_raw(ptr, memtype, ordinal, start, size, owner))
 }
 
 static fg_CUresult fg_module_load_raw(fg_CUmodule* m, const void* image, char* log, unsigned logsize) {
@@ -406,6 +428,16 @@ func ctxSet(c cContext) error { return check("cuCtxSetCurrent", C.fg_ctx_set(c))
 
 func ctxSync(c cContext) error { return check("cuCtxSynchronize", C.fg_ctx_sync(c)) }
 
+// ctxCreate makes a context of its own on dev (cuCtxCreate), current on no
+// thread; ctxDestroy destroys it.
+func ctxCreate(dev cDevice) (cContext, error) {
+	var c C.fg_CUcontext
+	err := check("cuCtxCreate", C.fg_ctx_create(dev, &c))
+	return c, err
+}
+
+func ctxDestroy(c cContext) error { return check("cuCtxDestroy", C.fg_ctx_destroy(c)) }
+
 func priorityRange(c cContext) (least, greatest int, err error) {
 	var l, g C.int
 	err = check("cuCtxGetStreamPriorityRange", C.fg_priority_range(c, &l, &g))
@@ -544,6 +576,7 @@ type ptrAttrs struct {
 	ordinal int
 	start   uintptr
 	size    int64
+	ctx     cContext // the context it was allocated in; nil for memory of no context
 }
 
 func pointerAttrs(c cContext, ptr uintptr) (ptrAttrs, error) {
@@ -551,8 +584,9 @@ func pointerAttrs(c cContext, ptr uintptr) (ptrAttrs, error) {
 	var ord C.int
 	var start C.uintptr_t
 	var size C.size_t
-	err := check("cuPointerGetAttributes", C.fg_pointer_attrs(c, C.uintptr_t(ptr), &mt, &ord, &start, &size))
-	return ptrAttrs{memType: uint(mt), ordinal: int(ord), start: uintptr(start), size: int64(size)}, err
+	var owner C.fg_CUcontext
+	err := check("cuPointerGetAttributes", C.fg_pointer_attrs(c, C.uintptr_t(ptr), &mt, &ord, &start, &size, &owner))
+	return ptrAttrs{memType: uint(mt), ordinal: int(ord), start: uintptr(start), size: int64(size), ctx: owner}, err
 }
 
 // moduleLoad has the driver load a PTX or cubin image (JIT-compiling PTX);

@@ -25,10 +25,15 @@ var (
 // goroutine: each driver call makes the primary context current on the
 // calling thread for its duration. Bind is for code that calls CUDA itself
 // (NCCL does) and wants the context current for longer.
+//
+// A Device is its context: streams, events, modules and memory of another
+// context, even one of the same GPU, are another device's (CUDA does not
+// let a kernel of one context touch another context's memory).
 type Device struct {
 	ordinal  int
 	dev      cDevice
 	ctx      cContext
+	ownCtx   bool // ctx is a context of its own (openOwnContext), destroyed by Close; else the retained primary context
 	name     string
 	sms      int
 	maxPitch int64
@@ -54,7 +59,15 @@ type Device struct {
 // primary context of GPU ordinal, creates nothing on it but the reduce
 // kernels' module, and returns the device. Close releases it. Without a
 // driver or a GPU it returns a *LoadError that matches fairgo.ErrNoDevice.
-func Open(ordinal int) (*Device, error) {
+func Open(ordinal int) (*Device, error) { return openDevice(ordinal, false) }
+
+// openOwnContext is Open over a CUDA context of its own (cuCtxCreate)
+// instead of the primary one: to the package, another device on the same
+// GPU. Tests use it to stand for a second GPU where there is one GPU; its
+// Close destroys the context.
+func openOwnContext(ordinal int) (*Device, error) { return openDevice(ordinal, true) }
+
+func openDevice(ordinal int, ownCtx bool) (*Device, error) {
 	n, err := Count()
 	if err != nil {
 		return nil, err
@@ -66,16 +79,21 @@ func Open(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
 	}
-	ctx, err := primaryRetain(info.dev)
+	var ctx cContext
+	if ownCtx {
+		ctx, err = ctxCreate(info.dev)
+	} else {
+		ctx, err = primaryRetain(info.dev)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
 	}
 	d := &Device{
-		ordinal: ordinal, dev: info.dev, ctx: ctx, name: info.name, sms: info.sms, maxPitch: info.maxPitch,
+		ordinal: ordinal, dev: info.dev, ctx: ctx, ownCtx: ownCtx, name: info.name, sms: info.sms, maxPitch: info.maxPitch,
 		owned: map[any]struct{}{}, allocs: map[uintptr]int64{}, modules: map[*Module]struct{}{},
 	}
 	fail := func(err error) (*Device, error) {
-		_ = primaryRelease(info.dev)
+		_ = d.releaseCtx()
 		return nil, err
 	}
 	_, greatest, err := priorityRange(ctx)
@@ -98,7 +116,20 @@ func (d *Device) Name() string { return d.name }
 // Multiprocessors is the device's SM count.
 func (d *Device) Multiprocessors() int { return d.sms }
 
-func (d *Device) String() string { return fmt.Sprintf("cuda:%d (%s)", d.ordinal, d.name) }
+func (d *Device) String() string {
+	if d.ownCtx {
+		return fmt.Sprintf("cuda:%d (%s, a context of its own)", d.ordinal, d.name)
+	}
+	return fmt.Sprintf("cuda:%d (%s)", d.ordinal, d.name)
+}
+
+// releaseCtx releases the primary context, or destroys a context of its own.
+func (d *Device) releaseCtx() error {
+	if d.ownCtx {
+		return ctxDestroy(d.ctx)
+	}
+	return primaryRelease(d.dev)
+}
 
 func (d *Device) alive() error {
 	if d.closed.Load() {
@@ -107,7 +138,7 @@ func (d *Device) alive() error {
 	return nil
 }
 
-// do runs fn on a locked OS thread with the primary context current, for
+// do runs fn on a locked OS thread with the device's context current, for
 // NCCL calls, which use the thread's context.
 func (d *Device) do(fn func() error) error {
 	if err := d.alive(); err != nil {
@@ -128,7 +159,7 @@ func (d *Device) do(fn func() error) error {
 	return fn()
 }
 
-// Bind locks the calling goroutine to its OS thread and makes the primary
+// Bind locks the calling goroutine to its OS thread and makes the device's
 // context current there; release restores the previous context and unlocks.
 // Call release from the same goroutine.
 func (d *Device) Bind() (release func(), err error) {
@@ -153,7 +184,7 @@ func (d *Device) Bind() (release func(), err error) {
 	}, nil
 }
 
-// Synchronize waits for all work on the device's primary context.
+// Synchronize waits for all work on the device's context.
 func (d *Device) Synchronize() error {
 	if err := d.alive(); err != nil {
 		return err
@@ -218,9 +249,11 @@ func WrapDevicePtr(ptr uintptr, count int64, dt fairgo.DType) fairgo.Tensor {
 }
 
 // CheckRange returns an error wrapping fairgo.ErrInvalidArgument unless
-// [ptr, ptr+bytes) lies inside one device allocation of this GPU (so host
-// memory, another GPU's memory, unknown addresses and buffers shorter than
-// bytes are refused).
+// [ptr, ptr+bytes) lies inside one device allocation of this GPU and of the
+// device's context (so host memory, another GPU's memory, memory of another
+// context of this GPU, which this context's kernels and NCCL cannot reach,
+// unknown addresses and buffers shorter than bytes are refused). Memory of
+// no context (virtual memory management mappings) is judged by its GPU.
 func (d *Device) CheckRange(ptr uintptr, bytes int64) error {
 	if err := d.alive(); err != nil {
 		return err
@@ -246,6 +279,9 @@ func (d *Device) CheckRange(ptr uintptr, bytes int64) error {
 	}
 	if a.ordinal != d.ordinal {
 		return bad(fmt.Sprintf("memory of GPU %d, not of GPU %d", a.ordinal, d.ordinal))
+	}
+	if a.ctx != nil && a.ctx != d.ctx {
+		return bad(fmt.Sprintf("memory of another CUDA context of GPU %d than %v's", a.ordinal, d))
 	}
 	if ptr < a.start || uint64(ptr-a.start)+uint64(bytes) > uint64(a.size) {
 		return bad(fmt.Sprintf("the allocation [%#x, +%d) is too short", a.start, a.size))
@@ -487,7 +523,7 @@ func (d *Device) Close() error {
 		d.ncclLib = nil
 	}
 	d.ncclMu.Unlock()
-	errs = append(errs, primaryRelease(d.dev))
+	errs = append(errs, d.releaseCtx())
 	return errors.Join(errs...)
 }
 

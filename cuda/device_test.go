@@ -9,6 +9,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/streams"
@@ -103,6 +105,60 @@ func TestAllocFree(t *testing.T) {
 	}
 }
 
+// TestOwnContext: a Device over a CUDA context of its own (what the
+// cross-device tests use for another device on one GPU) is a working device
+// distinct from the primary context's: its kernels run and its streams and
+// memory are its context's; Close destroys it.
+func TestOwnContext(t *testing.T) {
+	d := devices(t, 1)[0]
+	o, err := openOwnContext(d.Ordinal())
+	require.NoError(t, err)
+	// Contexts compare by handle (testify's Equal would compare the opaque
+	// structs they point to).
+	require.True(t, d.ctx != o.ctx, "a context of its own is not the primary one")
+	require.NotEqual(t, d.String(), o.String())
+	s := stream(t, o)
+	owner, err := streamCtx(o.ctx, s.h)
+	require.NoError(t, err)
+	require.True(t, owner == o.ctx, "the stream's context")
+	const n = 4099
+	tn, err := o.AllocTensor(n, fairgo.Float32)
+	require.NoError(t, err)
+	a, err := pointerAttrs(d.ctx, tn.Ptr)
+	require.NoError(t, err)
+	require.True(t, a.ctx == o.ctx, "the allocation's context, asked from the primary one")
+	require.NoError(t, o.FillAsync(tn, 2, 3, 5, s))
+	got, err := fairgo.Download[float32](o, tn)
+	require.NoError(t, err)
+	for i, v := range got {
+		require.Equal(t, float32(2+3*(i%5)), v, "element %d", i)
+	}
+	// The thread's context is left as it was (cuCtxCreate pushes it).
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := ctxSet(d.ctx); err != nil {
+			done <- err
+			return
+		}
+		o2, err := openOwnContext(d.Ordinal())
+		if err != nil {
+			done <- err
+			return
+		}
+		cur, err := ctxGet()
+		if err == nil && cur != d.ctx {
+			err = errors.New("openOwnContext changed the thread's current context")
+		}
+		done <- errors.Join(err, o2.Close(), ctxSet(nil))
+	}()
+	require.NoError(t, <-done)
+	require.NoError(t, o.Close())
+	_, err = o.Alloc(16)
+	require.ErrorIs(t, err, fairgo.ErrClosed)
+}
+
 func TestCheckRange(t *testing.T) {
 	devs := devices(t, 1)
 	d := devs[0]
@@ -134,16 +190,15 @@ func TestCheckRange(t *testing.T) {
 	if err := d.CheckRange(uintptr(unsafe.Pointer(&host[0])), 4096); !isInvalid(err) {
 		t.Errorf("host pointer: %v", err)
 	}
-	t.Run("other device", func(t *testing.T) {
-		devs := devices(t, 2)
-		q := alloc(t, devs[1], 4096)
-		if err := devs[0].CheckRange(q, 4096); !isInvalid(err) {
-			t.Errorf("GPU 1's pointer on GPU 0: %v", err)
-		}
-		if err := devs[1].CheckRange(q, 4096); err != nil {
-			t.Errorf("GPU 1's pointer on GPU 1: %v", err)
-		}
-	})
+	for _, o := range othersOf(t, d) {
+		t.Run(o.name, func(t *testing.T) {
+			q := alloc(t, o.d, 4096)
+			require.ErrorIs(t, d.CheckRange(q, 4096), fairgo.ErrInvalidArgument, "%v's pointer on %v", o.d, d)
+			require.NoError(t, o.d.CheckRange(q, 4096), "%v's pointer on itself", o.d)
+			require.ErrorIs(t, o.d.CheckRange(p, size), fairgo.ErrInvalidArgument, "%v's pointer on %v", d, o.d)
+			require.NoError(t, d.CheckRange(p, size), "%v's pointer on itself, after the other's check", d)
+		})
+	}
 }
 
 func TestCopies(t *testing.T) {
@@ -308,24 +363,37 @@ func TestTimeRegion(t *testing.T) {
 	}
 }
 
+// TestCrossDevice: an event of one device recorded on another's stream
+// and a copy enqueued on another device's stream are refused; a stream
+// waiting on another device's event is allowed, as in CUDA, and waits. The
+// other device is GPU 0 over a context of its own, and GPU 1 where there
+// is one.
 func TestCrossDevice(t *testing.T) {
-	devs := devices(t, 2)
-	s1 := stream(t, devs[1])
-	e0 := event(t, devs[0])
-	if err := e0.Record(s1); !isInvalid(err) {
-		t.Errorf("recording GPU 0's event on GPU 1's stream: %v", err)
-	}
-	p := alloc(t, devs[0], 64)
-	if err := devs[0].CopyAsync(p, p+32, 32, s1); !isInvalid(err) {
-		t.Errorf("GPU 0 copy on GPU 1's stream: %v", err)
-	}
-	// Cross-device waits are allowed, as in CUDA.
-	s0 := stream(t, devs[0])
-	if err := e0.Record(s0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s1.WaitEvent(e0); err != nil {
-		t.Errorf("GPU 1 stream waiting on GPU 0 event: %v", err)
+	d := devices(t, 1)[0]
+	for _, o := range othersOf(t, d) {
+		t.Run(o.name, func(t *testing.T) {
+			s1 := stream(t, o.d)
+			e0 := event(t, d)
+			require.ErrorIs(t, e0.Record(s1), fairgo.ErrInvalidArgument, "recording %v's event on %v's stream", d, o.d)
+			p := alloc(t, d, 64)
+			require.ErrorIs(t, d.CopyAsync(p, p+32, 32, s1), fairgo.ErrInvalidArgument, "%v's copy on %v's stream", d, o.d)
+
+			s0 := stream(t, d)
+			require.NoError(t, d.DelayAsync(300*time.Millisecond, s0))
+			require.NoError(t, e0.Record(s0))
+			require.NoError(t, s1.WaitEvent(e0), "%v's stream waiting on %v's event", o.d, d)
+			e1 := event(t, o.d)
+			require.NoError(t, e1.Record(s1))
+			done, err := e1.Query()
+			require.NoError(t, err)
+			require.False(t, done, "%v's stream did not wait for %v's delayed event", o.d, d)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			require.NoError(t, e1.Wait(ctx))
+			done, err = e0.Query()
+			require.NoError(t, err)
+			require.True(t, done, "the waiting stream's work completed before the event it waited on")
+		})
 	}
 }
 

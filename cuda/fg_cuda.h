@@ -75,6 +75,7 @@ struct fg_memcpy2d {
 #define FG_CU_MEMORYTYPE_DEVICE 0x2
 #define FG_CU_DEVICE_ATTRIBUTE_MAX_PITCH 11
 #define FG_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define FG_CU_POINTER_ATTRIBUTE_CONTEXT 1
 #define FG_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define FG_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define FG_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
@@ -98,6 +99,9 @@ struct fg_memcpy2d {
 	X(CtxSetCurrent,             cuCtxSetCurrent,              cuCtxSetCurrent,              fg_CUresult, (fg_CUcontext ctx)) \
 	X(CtxSynchronize,            cuCtxSynchronize,             cuCtxSynchronize,             fg_CUresult, (void)) \
 	X(CtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange,  cuCtxGetStreamPriorityRange,  fg_CUresult, (int* leastPriority, int* greatestPriority)) \
+	X(CtxCreate,                 cuCtxCreate_v2,               cuCtxCreate,                  fg_CUresult, (fg_CUcontext* pctx, unsigned int flags, fg_CUdevice dev)) \
+	X(CtxDestroy,                cuCtxDestroy_v2,              cuCtxDestroy,                 fg_CUresult, (fg_CUcontext ctx)) \
+	X(CtxPopCurrent,             cuCtxPopCurrent_v2,           cuCtxPopCurrent,              fg_CUresult, (fg_CUcontext* pctx)) \
 	X(StreamCreateWithPriority,  cuStreamCreateWithPriority,   cuStreamCreateWithPriority,   fg_CUresult, (fg_CUstream* phStream, unsigned int flags, int priority)) \
 	X(StreamDestroy,             cuStreamDestroy_v2,           cuStreamDestroy,              fg_CUresult, (fg_CUstream hStream)) \
 	X(StreamSynchronize,         cuStreamSynchronize,          cuStreamSynchronize,          fg_CUresult, (fg_CUstream hStream)) \

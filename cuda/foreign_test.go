@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/fairgo/fairgo"
 )
 
@@ -43,13 +45,24 @@ func TestForeignStream(t *testing.T) {
 	}
 }
 
+// TestForeignStreamOtherGPU: a stream of another device, GPU 0 over a
+// context of its own (and GPU 1 where there is one), is refused with an
+// *fairgo.ArgError, both ways; each device accepts its own.
 func TestForeignStreamOtherGPU(t *testing.T) {
-	devs := devices(t, 2)
-	other := stream(t, devs[1])
-	_, err := devs[0].ForeignStream(other.Handle())
-	var ae *fairgo.ArgError
-	if !errors.As(err, &ae) || !errors.Is(err, fairgo.ErrInvalidArgument) {
-		t.Fatalf("a stream of GPU 1 on GPU 0: got %v, want an *fairgo.ArgError", err)
+	d := devices(t, 1)[0]
+	for _, o := range othersOf(t, d) {
+		t.Run(o.name, func(t *testing.T) {
+			var ae *fairgo.ArgError
+			_, err := d.ForeignStream(stream(t, o.d).Handle())
+			require.ErrorAs(t, err, &ae, "a stream of %v on %v", o.d, d)
+			require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+			_, err = o.d.ForeignStream(stream(t, d).Handle())
+			require.ErrorAs(t, err, &ae, "a stream of %v on %v", d, o.d)
+			own := stream(t, o.d)
+			f, err := o.d.ForeignStream(own.Handle())
+			require.NoError(t, err, "%v's own stream", o.d)
+			require.Equal(t, own.Handle(), f.Handle())
+		})
 	}
 }
 

@@ -48,6 +48,52 @@ func devices(t testing.TB, n int) []*Device {
 	return devs
 }
 
+// ownContext opens GPU ordinal over a CUDA context of its own
+// (openOwnContext), closed at the end of the test.
+func ownContext(t testing.TB, ordinal int) *Device {
+	t.Helper()
+	d, err := openOwnContext(ordinal)
+	if err != nil {
+		t.Fatalf("openOwnContext(%d): %v", ordinal, err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("closing %v: %v", d, err)
+		}
+	})
+	return d
+}
+
+// otherDevice is a device other than the one a cross-device test starts
+// from, named for its subtest.
+type otherDevice struct {
+	name string
+	d    *Device
+}
+
+// othersOf returns the devices a cross-device test checks d against: on
+// every host with a GPU, d's GPU over a CUDA context of its own ("other
+// context": to CUDA and to the package another device, whose memory,
+// streams and modules are not d's); where there are two GPUs or more,
+// another GPU as well ("other GPU"). One GPU is enough for every check.
+func othersOf(t testing.TB, d *Device) []otherDevice {
+	t.Helper()
+	out := []otherDevice{{"other context", ownContext(t, d.Ordinal())}}
+	if n := gpuCount(t); n >= 2 {
+		o, err := Open((d.Ordinal() + 1) % n)
+		if err != nil {
+			t.Fatalf("Open(%d): %v", (d.Ordinal()+1)%n, err)
+		}
+		t.Cleanup(func() {
+			if err := o.Close(); err != nil {
+				t.Errorf("closing %v: %v", o, err)
+			}
+		})
+		out = append(out, otherDevice{"other GPU", o})
+	}
+	return out
+}
+
 func stream(t testing.TB, d *Device) *Stream {
 	t.Helper()
 	s, err := d.CreateStream()
@@ -108,7 +154,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("NCCL_NVLS_ENABLE") == "" {
 		os.Setenv("NCCL_NVLS_ENABLE", "0")
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	closeJob() // the launcher form's rank, if any
+	os.Exit(code)
 }
 
 // f16ToF32 and friends mirror reduce.cu's conversions (round to nearest even).

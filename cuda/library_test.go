@@ -24,6 +24,7 @@ var wantSymbols = []string{
 	"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString", "cuDeviceGetCount", "cuDeviceGet",
 	"cuDeviceGetName", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2",
 	"cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxSynchronize", "cuCtxGetStreamPriorityRange",
+	"cuCtxCreate_v2", "cuCtxDestroy_v2", "cuCtxPopCurrent_v2",
 	"cuStreamCreateWithPriority", "cuStreamDestroy_v2", "cuStreamSynchronize", "cuStreamWaitEvent", "cuStreamGetCtx",
 	"cuEventCreate", "cuEventDestroy_v2", "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuEventElapsedTime",
 	"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemGetInfo_v2",
@@ -214,12 +215,25 @@ func TestLoadDefault(t *testing.T) {
 	t.Logf("loaded %v", d)
 }
 
+// envNoDeviceChild marks the process TestNoDeviceThroughSetup starts.
+const envNoDeviceChild = "FAIRGO_TEST_NO_DEVICE_CHILD"
+
 // TestNoDeviceThroughSetup: asking for the GPU backend on a host without
-// one fails with one line naming what is missing.
+// one fails with one line naming what is missing. Where an earlier test of
+// this process loaded a driver (a host with a GPU), Load does not consult
+// the environment again: the test then runs in a fresh process of the test
+// binary whose driver library is missing.
 func TestNoDeviceThroughSetup(t *testing.T) {
-	t.Setenv(EnvLibrary, filepath.Join(t.TempDir(), "libcuda.so.1"))
+	missing := filepath.Join(t.TempDir(), "libcuda.so.1")
+	t.Setenv(EnvLibrary, missing)
 	if _, err := Load(); err == nil {
-		t.Skip("the driver was loaded by an earlier test: the environment is not consulted again")
+		require.Empty(t, os.Getenv(envNoDeviceChild), "the fresh process loaded a driver from %s", missing)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestNoDeviceThroughSetup$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), envNoDeviceChild+"=1") // with EnvLibrary as set above
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "the test in a fresh process:\n%s", out)
+		require.Regexp(t, `(?m)^--- PASS: TestNoDeviceThroughSetup `, string(out), "the test in a fresh process ran and passed:\n%s", out)
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -39,8 +39,11 @@ func TestModuleLaunch(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	require.ErrorIs(t, f.Launch(Dim3{X: 1}, Dim3{X: 1}, 0, s, tn, n, 1.5, 2.0, int64(7)), fairgo.ErrInvalidArgument, "a Go int")
 	require.ErrorIs(t, f.Launch(Dim3{X: -1}, Dim3{X: 1}, 0, s), fairgo.ErrInvalidArgument)
-	other := devices(t, 2)[1] // skips here with one GPU, after the checks above
-	require.ErrorIs(t, f.Launch(Dim3{X: 1}, Dim3{X: 1}, 0, stream(t, other), tn, int64(n), 1.5, 2.0, int64(7)), fairgo.ErrInvalidArgument)
+	// A launch on another device's stream: GPU 0 over a context of its own
+	// (the module is not loaded there), and GPU 1 where there is one.
+	for _, o := range othersOf(t, d) {
+		require.ErrorIs(t, f.Launch(Dim3{X: 1}, Dim3{X: 1}, 0, stream(t, o.d), tn, int64(n), 1.5, 2.0, int64(7)), fairgo.ErrInvalidArgument, o.name)
+	}
 }
 
 // TestModuleErrors: an empty image, PTX that does not compile (the JIT's

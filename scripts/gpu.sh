@@ -6,17 +6,20 @@
 #
 # Sections (durations on 2 × H200 with the 10 Gbit/s testbed):
 #   tests [MxD ...]     the GPU test binaries in one process (tests-local),
-#                       then hier's ^TestGPU tests under fairrun, one rank per
-#                       process, on 2x1 4x1 2x2 4x2 (or the layouts given;
-#                       tests-launched). A GPU test that skips on a host with
-#                       a GPU fails its step (the table counts skips apart)
+#                       then hier's ^TestGPU tests and cuda's communicator
+#                       tests under fairrun, one rank per process, on 2x1 4x1
+#                       2x2 4x2 (or the layouts given; tests-launched). A GPU
+#                       test that skips on a host with a GPU fails its step
+#                       (the table counts skips apart)
 #   tests-local         nccl, cuda, the ddp kernels and hier's ^TestGPU tests,
 #                       each binary in one process over the host's GPUs (on one
 #                       GPU hier's tests run 1x1; ~2-4 min)
-#   tests-launched MxD ...  hier's ^TestGPU tests under fairrun on emulated
+#   tests-launched MxD ...  hier's ^TestGPU tests, then cuda's communicator
+#                       tests (CUDA_LAUNCHED_TESTS), under fairrun on emulated
 #                       machines (--emulate-machines M, M*D ranks; on one GPU
 #                       every rank shares it under MPS), every rank checking its
-#                       own results against the whole world's (~1-2 min each)
+#                       own results against the whole world's (~1-2 min each,
+#                       cuda's ~30 s)
 #   test NAME REGEX     one test binary (bin/NAME.test) with -test.run REGEX
 #   fairrun             examples/allreduce under fairrun: 1×2, then 2×2 and 4×2
 #                       on the testbed with shuffled ranks (~2 min)
@@ -253,21 +256,36 @@ section_tests_local() {
 # launched_limit M D: seconds hier's tests may take under fairrun on M×D.
 launched_limit() { echo $((90 + 15 * $1 * $2)); }
 
-# section_tests_launched MxD ...: hier's ^TestGPU tests, one rank per
-# process under fairrun; every rank must pass the same tests.
+# cuda_launched_limit M D: the same for cuda's communicator tests.
+cuda_launched_limit() { echo $((60 + 10 * $1 * $2)); }
+
+# The cuda tests that have a launcher form (one rank per process, the
+# launcher's grid); the others run in tests-local only.
+CUDA_LAUNCHED_TESTS=${CUDA_LAUNCHED_TESTS:-'^Test(LocalRanks|CommArgs|CommAbort|Duplicate)$'}
+
+# launched_test NAME BINARY LIMIT M D REGEX [ARGS]: a test binary under
+# fairrun on M×D, one rank per process; every rank must pass the same tests.
+launched_test() {
+  local name=$1 bin=$2 limit=$3 m=$4 d=$5 re=$6 n=$(($4 * $5))
+  shift 6
+  # shellcheck disable=SC2046
+  FAIRGO_OUT=$OUT step "$name" "$limit" "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" --grace 10s -- \
+    "$BIN/$bin" -test.v -test.count=1 -test.timeout "$((limit - 20))s" -test.run "$re" "$@"
+  local log="$OUT/logs/$name.log" ranks
+  ranks=$(grep -cE '^\[[0-9]+\] PASS$' "$log")
+  test_verdict "$name" "$log" "ranks passing=$ranks/$n (fairrun ${m}x$d, one rank per process, -test.run '$re')"
+  [ "$ranks" -eq "$n" ] || note FAIL "  ranks" 0 "only $ranks of $n ranks ended with PASS"
+}
+
+# section_tests_launched MxD ...: hier's ^TestGPU tests and cuda's
+# communicator tests, one rank per process under fairrun on each layout.
 section_tests_launched() {
-  need fairrun hier.test || return
-  local l m d n limit
+  need fairrun hier.test cuda.test || return
+  local l m d
   for l in "$@"; do
-    m=${l%x*} d=${l#*x} n=$((m * d))
-    limit=$(launched_limit "$m" "$d")
-    # shellcheck disable=SC2046
-    FAIRGO_OUT=$OUT step "hier-gpu-$l" "$limit" "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" --grace 10s -- \
-      "$BIN/hier.test" -test.v -test.count=1 -test.timeout "$((limit - 20))s" -test.run '^TestGPU' -rapid.checks="$LAUNCHED_RAPID_CHECKS"
-    local log="$OUT/logs/hier-gpu-$l.log" ranks
-    ranks=$(grep -cE '^\[[0-9]+\] PASS$' "$log")
-    test_verdict "hier-gpu-$l" "$log" "ranks passing=$ranks/$n (fairrun $l, one rank per process)"
-    [ "$ranks" -eq "$n" ] || note FAIL "  ranks" 0 "only $ranks of $n ranks ended with PASS"
+    m=${l%x*} d=${l#*x}
+    launched_test "hier-gpu-$l" hier.test "$(launched_limit "$m" "$d")" "$m" "$d" '^TestGPU' -rapid.checks="$LAUNCHED_RAPID_CHECKS"
+    launched_test "cuda-gpu-$l" cuda.test "$(cuda_launched_limit "$m" "$d")" "$m" "$d" "$CUDA_LAUNCHED_TESTS"
   done
 }
 
