@@ -509,13 +509,17 @@ func timeFairgo(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 				return
 			}
 			defer s.Close()
+			var wk *hier.Work
 			ds[g], errs[g] = dev.TimeRegion(s, func() error {
-				wk := r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
-				if err := wk.StreamWait(ctx, s); err != nil {
-					return err
-				}
-				return nil
+				wk = r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
+				return wk.StreamWait(ctx, s)
 			})
+			if errs[g] == nil {
+				// The Reducers of a test share the rank's communicators:
+				// this call's check must be over before another Reducer
+				// sends one, or the ranks' checks could meet out of order.
+				errs[g] = wk.Wait(ctx)
+			}
 		}()
 	}
 	wg.Wait()

@@ -118,7 +118,12 @@ type inflight struct {
 
 // NewReducer builds the engine of one rank from its device, grid and
 // communicators, and starts its goroutine. Sim clusters and setup.New call it;
-// trainers usually do not. ctx bounds the construction only.
+// trainers usually do not. ctx bounds the construction only. Reducers built
+// over the same communicators must not have calls in flight at the same
+// time (wait for one's Works before calling another): NCCL pairs the
+// operations of a communicator in the order each rank enqueues them, and
+// two Reducers' calls and checks would meet in different orders on
+// different ranks.
 func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) {
 	if ctx == nil {
 		return nil, errNilContext
