@@ -217,9 +217,12 @@ type soakBucket struct {
 	seed  uint64
 }
 
+// soakSlotBytes is the device buffer of one soak bucket.
+const soakSlotBytes = 16 << 20
+
 // soakRound draws a round's buckets from (seed, round): 2 to 8 calls of
-// mixed dtypes, ops and sizes, log-uniform from one element to 4 Mi (16
-// MiB of float32), a quarter of them exactly 4 MiB (bench/NOTES.md item 6).
+// mixed dtypes, ops and sizes, log-uniform from one element to 16 MiB
+// (soakSlotBytes), a quarter of them exactly 4 MiB (bench/NOTES.md item 6).
 func soakRound(seed uint64, round int) []soakBucket {
 	rng := rand.New(rand.NewPCG(seed, uint64(round)))
 	dts := []fairgo.DType{fairgo.Float32, fairgo.BFloat16, fairgo.Float16, fairgo.Int32, fairgo.Int64}
@@ -230,7 +233,7 @@ func soakRound(seed uint64, round int) []soakBucket {
 		if dt.IsFloat() {
 			ops = append(ops, fairgo.Avg)
 		}
-		count := int(math.Exp2(rng.Float64() * 22))
+		count := max(1, int(math.Exp2(rng.Float64()*24))/dt.Size())
 		if rng.IntN(4) == 0 {
 			count = 4 << 20 / dt.Size()
 		}
@@ -265,7 +268,6 @@ func TestWorkerGPUSoak(t *testing.T) {
 	ctx = context.Background()
 	rank, world := r.WorldRank(), r.Grid().Size()
 	dev := r.Device().(*cuda.Device)
-	const slotBytes = 16 << 20
 	var slots []fairgo.Tensor
 	defer func() {
 		for _, s := range slots {
@@ -293,7 +295,7 @@ func TestWorkerGPUSoak(t *testing.T) {
 		}
 		buckets := soakRound(seed, round)
 		for len(slots) < len(buckets) {
-			s, err := dev.AllocTensor(slotBytes, fairgo.Uint8)
+			s, err := dev.AllocTensor(soakSlotBytes, fairgo.Uint8)
 			require.NoError(t, err)
 			slots = append(slots, s)
 		}
@@ -323,4 +325,21 @@ func TestWorkerGPUSoak(t *testing.T) {
 			fmt.Printf("soak: rank %d: %v: %d rounds, %d allreduces, all right; routes %v\n", rank, time.Since(start).Round(time.Second), round+1, calls, r.Choices())
 		}
 	}
+}
+
+// Every bucket of a soak round fits its slot, and the rounds reach both
+// ends of the size range (a bucket of 32 MiB failed the first soak's upload).
+func TestSoakRoundsFitTheirSlots(t *testing.T) {
+	var smallest, largest int
+	smallest = math.MaxInt
+	for round := range 2000 {
+		for _, b := range soakRound(1, round) {
+			n := b.count * b.dt.Size()
+			require.LessOrEqual(t, n, soakSlotBytes, "round %d: %v", round, b)
+			require.Positive(t, b.count)
+			smallest, largest = min(smallest, n), max(largest, n)
+		}
+	}
+	require.LessOrEqual(t, smallest, 8)
+	require.Greater(t, largest, 8<<20)
 }
