@@ -159,13 +159,15 @@ func TestExpiringContextDoesNotDropCalls(t *testing.T) {
 	var works []*hier.Work
 	for g, r := range w.reducers {
 		for c := range calls {
-			ctx := context.Background()
-			if g == 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, time.Millisecond)
-				defer cancel()
-			}
+			// Rank 0's context ends right after each call (cancelled as
+			// soon as AllReduce returns: a 1 ms timeout sometimes ended
+			// before the call on a loaded host, which rightly rejects it).
+			ctx, cancel := context.WithCancel(context.Background())
 			works = append(works, r.AllReduce(ctx, bufs[c][g], fairgo.Sum))
+			if g == 0 {
+				cancel()
+			}
+			defer cancel()
 		}
 	}
 	require.NoError(t, reftest.WaitAll(works))
