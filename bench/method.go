@@ -12,7 +12,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // The baselines fairgo is measured against.
@@ -21,7 +21,7 @@ const (
 	// choice of algorithm.
 	Flat = "flat"
 	// FlatRing is one NCCL allreduce on a world communicator of its own
-	// that NCCL initialised with NCCL_ALGO=Ring (testbed.RingWorld): the
+	// that NCCL initialised with NCCL_ALGO=Ring (harness.RingWorld): the
 	// ring, whatever NCCL would choose. On the simulated cluster it is the
 	// sim's allreduce on a communicator of its own.
 	FlatRing = "flat-ring"
@@ -83,7 +83,7 @@ func (v Variant) Options() []hier.Option {
 }
 
 // inline is whether the variant enqueues flat calls inline. The bench
-// drives every local rank from a goroutine of its own (testbed.ForRanks),
+// drives every local rank from a goroutine of its own (harness.ForRanks),
 // which is what hier.WithInlineEnqueue asks of its caller, so it is on
 // unless the variant says otherwise, also where one process drives several
 // ranks.
@@ -273,9 +273,9 @@ func Methods(list string, variants []Variant) ([]Method, error) {
 // caller enqueues calls of the methods for one rank on its stream.
 type caller struct {
 	idx   int // index among the testbed's local ranks
-	rank  *testbed.Rank
+	rank  *harness.Rank
 	reds  map[string]*hier.Reducer // by variant name
-	ring  hier.Comm                // FlatRing's world communicator (testbed.RingWorld); nil when not measured
+	ring  hier.Comm                // FlatRing's world communicator (harness.RingWorld); nil when not measured
 	op    fairgo.Op
 	works []*hier.Work // fairgo calls whose completion is still to be checked
 }

@@ -14,13 +14,13 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/internal/refdata"
-	"github.com/fairgo/fairgo/internal/testbed"
 )
 
-func openSimT(t testing.TB, m, d int, jitter time.Duration) *testbed.Testbed {
+func openSimT(t testing.TB, m, d int, jitter time.Duration) *harness.Testbed {
 	t.Helper()
-	tb, err := testbed.OpenSim(testbed.Spec{Machines: m, Devices: d, Seed: 7, Jitter: jitter})
+	tb, err := harness.OpenSim(harness.Spec{Machines: m, Devices: d, Seed: 7, Jitter: jitter})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tb.Close() })
 	return tb
@@ -143,10 +143,10 @@ func TestOverlapRecords(t *testing.T) {
 }
 
 func TestRecordsCarryTheTestbed(t *testing.T) {
-	r := &run{cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Run: "r1", Command: "fairbench sweep"}, info: testbed.Info{
+	r := &run{cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Run: "r1", Command: "fairbench sweep"}, info: harness.Info{
 		Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
-		Emulation: testbed.Emulation{Machines: 2, NICGbit: 10, NetNS: true},
-		Placement: testbed.Placement{RanksPerGPU: 2, SharedAcrossMachines: true},
+		Emulation: harness.Emulation{Machines: 2, NICGbit: 10, NetNS: true},
+		Placement: harness.Placement{RanksPerGPU: 2, SharedAcrossMachines: true},
 	}}
 	p := r.proto(KindSweep, 1<<20, 1<<18)
 	require.Equal(t, "r1", p.Run)
@@ -164,10 +164,10 @@ func TestRecordsCarryTheTestbed(t *testing.T) {
 // link is emulated and that flat NCCL did not know the machines, and the
 // NIC-bound ideal counts M machines, not the W NCCL hosts.
 func TestRecordsOfRanksSharingAGPU(t *testing.T) {
-	r := &run{cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Reps: 1, Methods: methods(t, "flat,flat-ring,naive")}, info: testbed.Info{
+	r := &run{cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Reps: 1, Methods: methods(t, "flat,flat-ring,naive")}, info: harness.Info{
 		Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
-		Emulation: testbed.Emulation{Machines: 2, NICGbit: 2.5, NetNS: true, MPS: true, Intra: testbed.IntraLoopback, NVLinkGbit: 20},
-		Placement: testbed.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8},
+		Emulation: harness.Emulation{Machines: 2, NICGbit: 2.5, NetNS: true, MPS: true, Intra: harness.IntraLoopback, NVLinkGbit: 20},
+		Placement: harness.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8},
 	}}
 	p := r.proto(KindSweep, 256<<20, 64<<20)
 	require.True(t, p.Testbed.FlatTopologyUnaware)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // Target is one of the project's targets (issue 11's T1–T8 on NVLink,
@@ -107,14 +107,14 @@ const NoCheckVariant = "nocheck"
 func oneGPU(m, d int, gbit float64, lo, hi int64, iters func(int) bool) func(bench.Record) bool {
 	on := sweepOn(m, d, true, []string{"float32"}, lo, hi, iters)
 	return func(r bench.Record) bool {
-		return on(r) && r.Testbed.NICGbit == gbit && (d == 1 || r.Testbed.Intra == testbed.IntraLoopback)
+		return on(r) && r.Testbed.NICGbit == gbit && (d == 1 || r.Testbed.Intra == harness.IntraLoopback)
 	}
 }
 
 // notLoopback keeps records whose intra-machine link is not the one-GPU
 // testbed's loopback (real NVLink, or one rank per machine).
 func notLoopback(keep func(bench.Record) bool) func(bench.Record) bool {
-	return func(r bench.Record) bool { return keep(r) && r.Testbed.Intra != testbed.IntraLoopback }
+	return func(r bench.Record) bool { return keep(r) && r.Testbed.Intra != harness.IntraLoopback }
 }
 
 // vsNoCheck is time(nocheck)/time(v): what the check costs v.
@@ -178,7 +178,7 @@ func issue18Defs() []targetDef {
 		l := l
 		u7 = append(u7, requirement{name(l) + ", 64×25M", func(r bench.Record) bool {
 			return r.Kind == bench.KindOverlap && r.Machines == l.m && r.Devices == l.d && r.Testbed.NICGbit == l.gbit &&
-				r.Testbed.Intra == testbed.IntraLoopback && r.Buckets == 64 && r.Bytes == 25*mib
+				r.Testbed.Intra == harness.IntraLoopback && r.Buckets == 64 && r.Bytes == 25*mib
 		}, vsBest})
 	}
 	return []targetDef{
@@ -214,7 +214,7 @@ func targetDefs() []targetDef {
 	}
 	overlap := func(r bench.Record) bool {
 		return r.Kind == bench.KindOverlap && r.Machines == 2 && r.Devices == 2 && r.Testbed.NICGbit > 0 && r.Buckets == 64 && r.Bytes == 25*mib &&
-			r.Testbed.Intra != testbed.IntraLoopback
+			r.Testbed.Intra != harness.IntraLoopback
 	}
 	return []targetDef{
 		{id: "T1", what: "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, one call at a time and 20 back to back",

@@ -14,7 +14,7 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // truth is the testbed the synthetic records come from: NVLink, and one
@@ -48,12 +48,12 @@ func synthRun(run string, slow func(m, d int, testbed bool, bytes int64) float64
 	var recs []bench.Record
 	add := func(l layout, kind, dt string, iters, buckets int, bytes int64) {
 		p, cmd := inProcess, fmt.Sprintf("fairbench sweep -backend cuda -machines %d -devices %d", l.m, l.d)
-		tb := bench.Setup{Placement: testbed.Placement{RanksPerGPU: 1}}
+		tb := bench.Setup{Placement: harness.Placement{RanksPerGPU: 1}}
 		procs := 1
 		if l.testbed {
 			p, cmd, procs = truth, "fairbench sweep -backend cuda", l.m*l.d
-			tb.Emulation = testbed.Emulation{Machines: l.m, NICGbit: 10, MPS: true, NetNS: true}
-			tb.Placement = testbed.Placement{RanksPerGPU: l.m, SharedAcrossMachines: l.m > 1 && l.d > 1}
+			tb.Emulation = harness.Emulation{Machines: l.m, NICGbit: 10, MPS: true, NetNS: true}
+			tb.Placement = harness.Placement{RanksPerGPU: l.m, SharedAcrossMachines: l.m > 1 && l.d > 1}
 		}
 		g := model.Grid{M: l.m, D: l.d}
 		n := float64(bytes)
@@ -292,10 +292,10 @@ func TestTargetsModelWithAGivenNVLink(t *testing.T) {
 // at the times given (µs, by method, per size).
 func oneGPURun(run string, m, d int, gbit float64, iters int, times map[string]func(bytes int64) float64) []bench.Record {
 	var recs []bench.Record
-	tb := bench.Setup{Emulation: testbed.Emulation{Machines: m, NICGbit: gbit, MPS: true, NetNS: true, Intra: testbed.IntraLoopback},
-		Placement: testbed.Placement{RanksPerGPU: m * d}}
+	tb := bench.Setup{Emulation: harness.Emulation{Machines: m, NICGbit: gbit, MPS: true, NetNS: true, Intra: harness.IntraLoopback},
+		Placement: harness.Placement{RanksPerGPU: m * d}}
 	if d == 1 {
-		tb.Intra = testbed.IntraNVLink
+		tb.Intra = harness.IntraNVLink
 	}
 	for s := int64(256 << 10); s <= 256<<20; s *= 4 {
 		for alg, f := range times {

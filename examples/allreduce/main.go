@@ -27,8 +27,8 @@ import (
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/cli"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/internal/refdata"
-	"github.com/fairgo/fairgo/internal/testbed"
 )
 
 type flags struct {
@@ -137,7 +137,7 @@ func reduce(f flags, stdout io.Writer) error {
 	// The simulated cluster, or GPUs: one rank per process under a launcher
 	// (fairrun, torchrun), else every rank of the -machines × -devices grid
 	// over this process's GPUs.
-	tb, err := testbed.Open(ctx, f.backend, testbed.Spec{Machines: f.machines, Devices: f.devices, Seed: int64(f.seed), Jitter: f.jitter})
+	tb, err := harness.Open(ctx, f.backend, harness.Spec{Machines: f.machines, Devices: f.devices, Seed: int64(f.seed), Jitter: f.jitter})
 	if err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/cli"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // options are the command line.
@@ -268,7 +268,7 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	// The simulated cluster, or GPUs: one rank per process under a launcher
 	// (fairrun, torchrun), else every rank of the -machines × -devices grid
 	// over this process's GPUs.
-	tb, err := testbed.Open(ctx, o.backend, testbed.Spec{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter})
+	tb, err := harness.Open(ctx, o.backend, harness.Spec{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter})
 	if err != nil {
 		return nil, err
 	}

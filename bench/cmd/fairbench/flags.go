@@ -13,7 +13,7 @@ import (
 	"github.com/fairgo/fairgo/bench/model"
 	"github.com/fairgo/fairgo/bench/report"
 	"github.com/fairgo/fairgo/internal/cli"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // The flags come in groups; a flag belongs to one group, so it means the
@@ -485,8 +485,8 @@ func (t *targetFlags) options(includeSim bool) (report.TargetOptions, error) {
 }
 
 // spec is the testbed spec of a single-process grid.
-func spec(b backendFlags, t timingFlags, m, d int) testbed.Spec {
-	return testbed.Spec{Machines: m, Devices: d, Seed: int64(t.seed), Jitter: b.jitter}
+func spec(b backendFlags, t timingFlags, m, d int) harness.Spec {
+	return harness.Spec{Machines: m, Devices: d, Seed: int64(t.seed), Jitter: b.jitter}
 }
 
 // linkName checks -link.

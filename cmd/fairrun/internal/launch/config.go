@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	"github.com/fairgo/fairgo/internal/cli"
 )
 
@@ -33,9 +33,9 @@ const (
 
 // Limits of the emulated NICs.
 const (
-	MaxNICGbit     = testbed.MaxGbit     // a larger --nic-gbit is taken for a typo (Mbit/s?)
-	MaxNICLatency  = testbed.MaxLatency  // one-way delay added to every packet
-	MaxNICMachines = testbed.MaxMachines // one /24 subnet: the bridge and one address per machine
+	MaxNICGbit     = netbed.MaxGbit     // a larger --nic-gbit is taken for a typo (Mbit/s?)
+	MaxNICLatency  = netbed.MaxLatency  // one-way delay added to every packet
+	MaxNICMachines = netbed.MaxMachines // one /24 subnet: the bridge and one address per machine
 )
 
 // MPSMode says when fairrun runs the workers under a private MPS daemon.
@@ -86,7 +86,7 @@ type Config struct {
 	Stderr io.Writer    // where prefixed worker stderr and fairrun's messages go; nil: os.Stderr
 	Logger *slog.Logger // nil: a text logger on Stderr
 
-	prober testbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
+	prober netbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
 
 	given    map[string]string // the text of every flag given, by its hyphenated name (ParseArgs), for Resolve's errors
 	resolved bool              // Resolve ran: gpus is this node's

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
-	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -74,7 +74,7 @@ func netcheck() int {
 			loRate = tbf.Rate
 		}
 	}
-	if want := testbed.ShapingFor(loGbit, 0).RateBytes; loGbit > 0 && loRate != want || loGbit == 0 && loRate != 0 {
+	if want := netbed.ShapingFor(loGbit, 0).RateBytes; loGbit > 0 && loRate != want || loGbit == 0 && loRate != 0 {
 		return fail("lo shaped to %d bytes/s, want %d (%s=%v)", loRate, want, EnvTestbedNVLinkGbit, loGbit)
 	}
 	bridge, err := netip.ParseAddr(os.Getenv("MASTER_ADDR"))
@@ -167,12 +167,12 @@ func netnsInode(path string) (uint64, error) {
 
 // needTestbed skips a test that builds real emulated NICs where that is
 // not possible.
-func needTestbed(t *testing.T, spec testbed.Spec) {
+func needTestbed(t *testing.T, spec netbed.Spec) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to build emulated NICs")
 	}
-	if err := (testbed.Prober{}).Check(spec); err != nil {
+	if err := (netbed.Prober{}).Check(spec); err != nil {
 		t.Skipf("this host cannot build emulated NICs: %v", err)
 	}
 }
@@ -237,7 +237,7 @@ func TestRunEmulatedNICs(t *testing.T) {
 		{name: "2x2 on one GPU, lo shaped", nproc: 4, gpus: 1, loGbit: 1, intra: IntraLoopback, ranksPerHost: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			needTestbed(t, testbed.Spec{Machines: 2, Gbit: 1, LoopbackGbit: tc.loGbit})
+			needTestbed(t, netbed.Spec{Machines: 2, Gbit: 1, LoopbackGbit: tc.loGbit})
 			rootIno, err := netnsInode("/proc/self/ns/net")
 			require.NoError(t, err)
 			require.Empty(t, linksOf(t, os.Getpid()))
@@ -256,7 +256,7 @@ func TestRunEmulatedNICs(t *testing.T) {
 			line := regexp.MustCompile(`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`)
 			wantLo := uint64(0) // lo not shaped
 			if tc.loGbit > 0 {
-				wantLo = testbed.ShapingFor(tc.loGbit, 0).RateBytes
+				wantLo = netbed.ShapingFor(tc.loGbit, 0).RateBytes
 			}
 			inodes := map[uint64]int{}
 			addrOf := map[int]string{}
@@ -321,7 +321,7 @@ func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
 	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 4, GPUs: 2, NICGbit: 10, NVLinkGbit: 20,
 		Program: "/bin/sh", Args: []string{"-c", "touch " + filepath.Join(dir, "started")},
 		Stdout: io.Discard, Stderr: io.Discard,
-		prober: testbed.Prober{
+		prober: netbed.Prober{
 			EffectiveCaps: func() (uint64, error) { t.Error("the testbed was probed"); return 0, nil },
 		}}
 	code, err := Run(context.Background(), c)
@@ -338,7 +338,7 @@ func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
 // SIGTERM to fairrun in the middle of an emulated-NIC job removes the
 // testbed too.
 func TestFairrunSIGTERMRemovesTestbed(t *testing.T) {
-	needTestbed(t, testbed.Spec{Machines: 2, Gbit: 10})
+	needTestbed(t, netbed.Spec{Machines: 2, Gbit: 10})
 	_, fairrun := binaries(t)
 	dir := t.TempDir()
 	t.Cleanup(func() { killAll(dir) })
@@ -379,7 +379,7 @@ func TestRunRefusesWithoutPrivileges(t *testing.T) {
 		want string
 	}{
 		{name: "no capabilities", caps: 0, want: "fairrun: --nic-gbit needs CAP_NET_ADMIN (run as root)"},
-		{name: "no CAP_SYS_ADMIN", caps: 1 << testbed.CapNetAdmin, want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
+		{name: "no CAP_SYS_ADMIN", caps: 1 << netbed.CapNetAdmin, want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -387,13 +387,13 @@ func TestRunRefusesWithoutPrivileges(t *testing.T) {
 			c := Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 10,
 				Program: "/bin/sh", Args: []string{"-c", "touch " + filepath.Join(dir, "started")},
 				Stdout: &so, Stderr: &se,
-				prober: testbed.Prober{
+				prober: netbed.Prober{
 					EffectiveCaps: func() (uint64, error) { return tc.caps, nil },
-					Kernel:        func(testbed.Spec) error { t.Error("kernel probed without the capabilities"); return nil },
+					Kernel:        func(netbed.Spec) error { t.Error("kernel probed without the capabilities"); return nil },
 				}}
 			code, err := Run(context.Background(), c)
 			require.Equal(t, ExitLaunchFailure, code)
-			require.ErrorIs(t, err, testbed.ErrUnavailable)
+			require.ErrorIs(t, err, netbed.ErrUnavailable)
 			require.EqualError(t, err, tc.want)
 			_, serr := os.Stat(filepath.Join(dir, "started"))
 			require.True(t, errors.Is(serr, os.ErrNotExist), "a worker was started")

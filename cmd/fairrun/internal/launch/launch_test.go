@@ -25,7 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	tbinfo "github.com/fairgo/fairgo/internal/testbed"
+	tbinfo "github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/topology"
 )

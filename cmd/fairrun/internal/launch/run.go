@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -76,7 +76,7 @@ const (
 // Run first resolves c (see Resolve) unless it is resolved already: a
 // *UsageError there returns ExitUsage before anything is started. With
 // --nic-gbit, Run then checks the privileges and kernel features the
-// emulated NICs need (stopping with a *testbed.MissingError before anything
+// emulated NICs need (stopping with a *netbed.MissingError before anything
 // is started) and builds the testbed; with MPS it starts a private MPS
 // daemon. Both are removed before Run returns,
 // whatever happened; when ctx ends during setup, what was built is removed
@@ -118,13 +118,13 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 	}
 
 	// The emulated NICs.
-	var tb *testbed.Testbed
+	var tb *netbed.Testbed
 	if c.NICGbit > 0 {
-		spec := testbed.Spec{Machines: c.EmulateMachines, Gbit: c.NICGbit, Latency: c.NICLatency, LoopbackGbit: c.NVLinkGbit}
+		spec := netbed.Spec{Machines: c.EmulateMachines, Gbit: c.NICGbit, Latency: c.NICLatency, LoopbackGbit: c.NVLinkGbit}
 		if err := c.prober.Check(spec); err != nil {
 			return setupFailed(err)
 		}
-		tb, err = testbed.Setup(ctx, spec, log)
+		tb, err = netbed.Setup(ctx, spec, log)
 		if err != nil {
 			return setupFailed(fmt.Errorf("fairrun: build the emulated NICs: %w", err))
 		}

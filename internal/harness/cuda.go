@@ -1,4 +1,4 @@
-package testbed
+package harness
 
 import (
 	"context"
@@ -17,9 +17,6 @@ import (
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/rendezvous"
 )
-
-// CUDABuilt reports whether this build has the GPU openers.
-const CUDABuilt = true
 
 // OpenCUDALocal drives s.Machines × s.Devices ranks from this process, one
 // per GPU over the first GPUs, with the grid declared (cuda.NewLocalRanks):
