@@ -235,14 +235,6 @@ func (l *Library) GetErrorString(r Result) string {
 	return cGetErrorString(l.table, r)
 }
 
-// GetLastError calls ncclGetLastError(NULL): the last error NCCL logged.
-func (l *Library) GetLastError() string {
-	if l.check(symGetLastError) != nil {
-		return ""
-	}
-	return cGetLastError(l.table, nil)
-}
-
 // GroupStart calls ncclGroupStart. NCCL's group state belongs to the OS
 // thread: call GroupEnd from the same one (runtime.LockOSThread).
 func (l *Library) GroupStart() error {

@@ -23,9 +23,9 @@ const (
 	DefaultMaxBufferedBytes = 2 * MaxFrameLen  // request bytes held by all connections together
 )
 
-// ServerOption configures a Server. Options only record values; Listen and
-// NewServer validate them and report the first invalid one by name (an
-// error wrapping fairgo.ErrInvalidArgument). Zero means the default.
+// ServerOption configures a Server. Options only record values; Listen
+// validates them and reports the first invalid one by name (an error
+// wrapping fairgo.ErrInvalidArgument). Zero means the default.
 type ServerOption func(*serverConfig)
 
 type serverConfig struct {

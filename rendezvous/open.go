@@ -61,12 +61,11 @@ func (e *OpenError) Unwrap() error { return e.Err }
 type OpenOption func(*openConfig)
 
 type openConfig struct {
-	log        *slog.Logger
-	dialOpts   []DialOption
-	serverOpts []ServerOption
-	bindHost   string
-	bindSet    bool
-	margin     time.Duration
+	log      *slog.Logger
+	dialOpts []DialOption
+	bindHost string
+	bindSet  bool
+	margin   time.Duration
 }
 
 // WithOpenLogger sets the logger of Open and of the store it hosts or
@@ -77,12 +76,6 @@ func WithOpenLogger(l *slog.Logger) OpenOption { return func(c *openConfig) { c.
 // for one). The token comes from Launch.StoreToken.
 func WithDialOptions(opts ...DialOption) OpenOption {
 	return func(c *openConfig) { c.dialOpts = append(c.dialOpts, opts...) }
-}
-
-// WithServerOptions adds options for the store rank 0 hosts (limits); the
-// token comes from Launch.StoreToken.
-func WithServerOptions(opts ...ServerOption) OpenOption {
-	return func(c *openConfig) { c.serverOpts = append(c.serverOpts, opts...) }
 }
 
 // WithBindHost sets the host rank 0's store listens on: "" (the default)
@@ -283,7 +276,7 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 			host = cfg.bindHost
 		}
 		bind := net.JoinHostPort(host, port)
-		sopts := append([]ServerOption{WithServerLogger(cfg.log)}, cfg.serverOpts...)
+		sopts := []ServerOption{WithServerLogger(cfg.log)}
 		if l.StoreToken != "" {
 			sopts = append(sopts, WithToken(l.StoreToken))
 		}

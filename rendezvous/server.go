@@ -67,16 +67,6 @@ func Listen(addr string, opts ...ServerOption) (*Server, error) {
 	return newServer(ln, cfg), nil
 }
 
-// NewServer returns a Server that will accept connections on ln. It fails
-// only for invalid options (ln is left open then).
-func NewServer(ln net.Listener, opts ...ServerOption) (*Server, error) {
-	cfg, err := newServerConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return newServer(ln, cfg), nil
-}
-
 func newServer(ln net.Listener, cfg serverConfig) *Server {
 	s := &Server{ln: ln, store: NewMemoryStore(), log: cfg.log, cfg: cfg, budget: semaphore.NewWeighted(cfg.maxBufferedBytes),
 		conns: make(map[net.Conn]*sconn), done: make(chan struct{})}

@@ -115,13 +115,6 @@ func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job setup
 	return out, nil
 }
 
-// Clusters returns the clusters built so far, in the order they were built.
-func (b *Backend) Clusters() []*Cluster {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]*Cluster(nil), b.clusters...)
-}
-
 // Close closes every cluster (close the Reducers first). Later Connects
 // fail.
 func (b *Backend) Close() error {
