@@ -423,21 +423,6 @@ func (d *Device) Download(dst []byte, src uintptr) error {
 	return nil
 }
 
-// Memset sets bytes of device memory to b and waits for the device to be
-// idle (a helper for tests and examples).
-func (d *Device) Memset(ptr uintptr, b byte, bytes int64) error {
-	if bytes <= 0 {
-		return nil
-	}
-	if err := d.alive(); err != nil {
-		return err
-	}
-	if err := memsetSync(d.ctx, ptr, b, bytes); err != nil {
-		return fmt.Errorf("cuda: memset on %v: %w", d, err)
-	}
-	return nil
-}
-
 // UploadAsync enqueues on s (a stream of d) a copy of src, Go memory, to
 // device memory at dst. The driver stages the bytes before it returns, so
 // src may be reused at once; the call may wait for s's earlier work, and

@@ -3,6 +3,7 @@ package cuda
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -452,4 +453,19 @@ func TestClose(t *testing.T) {
 	if _, err := d.CreateStream(); !errors.Is(err, fairgo.ErrClosed) {
 		t.Errorf("CreateStream after Close: %v", err)
 	}
+}
+
+// Memset sets bytes of device memory to b and waits for the device to be
+// idle (a helper for tests and examples).
+func (d *Device) Memset(ptr uintptr, b byte, bytes int64) error {
+	if bytes <= 0 {
+		return nil
+	}
+	if err := d.alive(); err != nil {
+		return err
+	}
+	if err := memsetSync(d.ctx, ptr, b, bytes); err != nil {
+		return fmt.Errorf("cuda: memset on %v: %w", d, err)
+	}
+	return nil
 }

@@ -209,15 +209,6 @@ func (l *dso) err(op string, r Result, c commHandle) error {
 	return &Error{Code: r, Op: op, Text: text}
 }
 
-// GetVersion calls ncclGetVersion.
-func (l *Library) GetVersion() (int, error) {
-	if err := l.check(symGetVersion); err != nil {
-		return 0, err
-	}
-	v, r := cGetVersion(l.table)
-	return v, l.err("ncclGetVersion", r, nil)
-}
-
 // GetUniqueId calls ncclGetUniqueId.
 func (l *Library) GetUniqueId() (UniqueID, error) {
 	if err := l.check(symGetUniqueId); err != nil {

@@ -535,3 +535,12 @@ func TestVersionConstants(t *testing.T) {
 		t.Error("version constants disagree with VersionCode")
 	}
 }
+
+// GetVersion calls ncclGetVersion.
+func (l *Library) GetVersion() (int, error) {
+	if err := l.check(symGetVersion); err != nil {
+		return 0, err
+	}
+	v, r := cGetVersion(l.table)
+	return v, l.err("ncclGetVersion", r, nil)
+}

@@ -58,10 +58,6 @@ func (d *Device) Index() int { return d.index }
 // Grid is the device's place in the cluster's grid.
 func (d *Device) Grid() hier.Grid { return d.grid }
 
-// MemoryInUse is the number of bytes currently allocated (rounded up to
-// the allocation alignment).
-func (d *Device) MemoryInUse() int64 { return d.mem.inUse() }
-
 func (d *Device) closedErr() error { return fmt.Errorf("sim: %s closed: %w", d, fairgo.ErrClosed) }
 
 // elsewhere names the other device of the cluster an address belongs to,

@@ -238,16 +238,6 @@ func (l *Layout) IntraRanks() []int { return l.Intra(l.Grid.Machine) }
 // RailRanks returns this rank's rail, by machine index.
 func (l *Layout) RailRanks() []int { return l.Rail(l.Grid.Local) }
 
-// IntraSplit returns the CommSplit color and key of this rank's intra-machine
-// communicator: ranks of one machine share the color, and the key orders
-// them by local index.
-func (l *Layout) IntraSplit() (color, key int) { return l.Grid.Machine, l.Grid.Local }
-
-// RailSplit returns the CommSplit color and key of this rank's rail
-// communicator: ranks of one local index share the color, and the key
-// orders them by machine index.
-func (l *Layout) RailSplit() (color, key int) { return l.Grid.Local, l.Grid.Machine }
-
 func (l *Layout) String() string {
 	g := l.Grid
 	return fmt.Sprintf("grid %dx%d machine %d local %d rank %d", g.Machines, g.Devices, g.Machine, g.Local, l.Rank)

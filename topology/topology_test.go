@@ -397,3 +397,13 @@ func TestDiscoverErrors(t *testing.T) {
 		require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 	})
 }
+
+// IntraSplit returns the CommSplit color and key of this rank's intra-machine
+// communicator: ranks of one machine share the color, and the key orders
+// them by local index.
+func (l *Layout) IntraSplit() (color, key int) { return l.Grid.Machine, l.Grid.Local }
+
+// RailSplit returns the CommSplit color and key of this rank's rail
+// communicator: ranks of one local index share the color, and the key
+// orders them by machine index.
+func (l *Layout) RailSplit() (color, key int) { return l.Grid.Local, l.Grid.Machine }

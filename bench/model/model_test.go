@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -280,4 +281,22 @@ func TestPredictionTable(t *testing.T) {
 		require.Equal(t, math.Min(pr.A2A, pr.RSAG), pr.Fairgo())
 		require.InDelta(t, pr.Flat/pr.Fairgo(), pr.Speedup, 1e-12)
 	}
+}
+
+// Fit fits both links and returns the model's parameters (α_peer = α_n, a
+// free add kernel).
+func (t Testbed) Fit() (Params, error) {
+	intra, err := FitLink(t.NVLink)
+	if err != nil {
+		return Params{}, fmt.Errorf("NVLink pair: %w", err)
+	}
+	net, err := FitLink(t.Net)
+	if err != nil {
+		return Params{}, fmt.Errorf("network pair: %w", err)
+	}
+	p := Params{Intra: intra, Net: net, PeerAlpha: -1}
+	if t.OneNICPerMachine {
+		p.NetPerMachine = net.BW
+	}
+	return p, p.Validate()
 }

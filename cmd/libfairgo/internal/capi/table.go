@@ -434,10 +434,3 @@ func (t *Table) CloseAll() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Handles counts the live handles of each kind (tests).
-func (t *Table) Handles() (comms, works, stores int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.comms), len(t.works), len(t.stores)
-}

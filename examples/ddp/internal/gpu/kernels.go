@@ -251,7 +251,8 @@ func (ks *Kernels) SGD(params, velocity, grads fairgo.Tensor, lr, mu float32, s 
 }
 
 // GenInputs enqueues x[i] = a standard normal draw that depends only on
-// (seed, rank, step, i), over x's elements: see InputValue.
+// (seed, rank, step, i), over x's elements: see InputValue
+// (input_test.go).
 func (ks *Kernels) GenInputs(x fairgo.Tensor, seed uint64, rank, step int, s streams.Stream) error {
 	const name = "fg_t_gen_inputs"
 	if err := need(name, "x", x, fairgo.Float32, 1); err != nil {
