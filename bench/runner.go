@@ -121,7 +121,11 @@ func Sweep(ctx context.Context, tb *harness.Testbed, cfg Config) ([]Record, erro
 // enqueued back to back, for every method: the time of a whole round.
 func Overlap(ctx context.Context, tb *harness.Testbed, cfg Config) ([]Record, error) {
 	if cfg.Buckets < 1 || cfg.BucketBytes < 1 {
-		return nil, &fairgo.ArgError{Arg: "-buckets/-bucket-bytes", Value: fmt.Sprintf("%d × %d", cfg.Buckets, cfg.BucketBytes), Reason: "both must be positive"}
+		return nil, &fairgo.ArgError{
+			Arg:    "-buckets/-bucket-bytes",
+			Value:  fmt.Sprintf("%d × %d", cfg.Buckets, cfg.BucketBytes),
+			Reason: "both must be positive",
+		}
 	}
 	r, err := newRun(ctx, tb, cfg)
 	if err != nil {
@@ -135,7 +139,15 @@ func newRun(ctx context.Context, tb *harness.Testbed, cfg Config) (*run, error) 
 		return nil, err
 	}
 	info := tb.Info()
-	r := &run{ctx: ctx, tb: tb, info: info, cfg: cfg, ranks: tb.Ranks(), world: info.World(), when: time.Now().UTC().Format(time.RFC3339)}
+	r := &run{
+		ctx:   ctx,
+		tb:    tb,
+		info:  info,
+		cfg:   cfg,
+		ranks: tb.Ranks(),
+		world: info.World(),
+		when:  time.Now().UTC().Format(time.RFC3339),
+	}
 	if len(r.ranks) == 0 {
 		return nil, errors.New("bench: the testbed has no ranks in this process")
 	}
@@ -159,7 +171,11 @@ func newRun(ctx context.Context, tb *harness.Testbed, cfg Config) (*run, error) 
 		if m.Variant == nil {
 			continue
 		}
-		opts := append(m.Variant.Options(), hier.WithTimeout(10*time.Minute), hier.WithInlineEnqueue(m.Variant.inline()))
+		opts := append(
+			m.Variant.Options(),
+			hier.WithTimeout(10*time.Minute),
+			hier.WithInlineEnqueue(m.Variant.inline()),
+		)
 		reds, err := tb.Reducers(ctx, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("bench: building the Reducers of %s: %w", m.Name, err)
@@ -198,7 +214,10 @@ func (r *run) fairgoSetup(m Method, bytes int64) FairgoSetup {
 	fs := FairgoSetup{Spec: m.Variant.Spec, Algorithm: m.Variant.Algorithm.String(), SliceBytes: red.SliceBytes(),
 		Parallelism: resolvedPar(m.Variant.Parallelism), FlatThreshold: red.FlatThreshold(), Inline: m.Variant.inline()}
 	for _, c := range red.Choices() {
-		fs.Choices = append(fs.Choices, Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String(), Route: c.String()})
+		fs.Choices = append(
+			fs.Choices,
+			Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String(), Route: c.String()},
+		)
 	}
 	if bytes >= 0 {
 		c := red.ChoiceFor(bytes)
@@ -495,11 +514,30 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 
 func (r *run) proto(kind string, bytes, count int64) Record {
 	i := r.info
-	return Record{Kind: kind, Run: r.cfg.Run, Label: r.cfg.Label, Link: r.cfg.Link, Command: r.cfg.Command, Backend: i.Backend,
-		SimTimings: i.SimTimings, Machines: i.Machines, Devices: i.Devices, Processes: i.Processes,
-		Testbed: SetupOf(i), Invalid: i.Invalid(),
-		DType: r.cfg.DType.String(), Op: r.cfg.Op.String(), Bytes: bytes, Count: count, Iters: r.cfg.Iters, Reps: r.cfg.Reps,
-		NCCLVersion: i.NCCLVersion, NCCLEnv: i.NCCLEnv, Host: i.Host, When: r.when}
+	return Record{
+		Kind:        kind,
+		Run:         r.cfg.Run,
+		Label:       r.cfg.Label,
+		Link:        r.cfg.Link,
+		Command:     r.cfg.Command,
+		Backend:     i.Backend,
+		SimTimings:  i.SimTimings,
+		Machines:    i.Machines,
+		Devices:     i.Devices,
+		Processes:   i.Processes,
+		Testbed:     SetupOf(i),
+		Invalid:     i.Invalid(),
+		DType:       r.cfg.DType.String(),
+		Op:          r.cfg.Op.String(),
+		Bytes:       bytes,
+		Count:       count,
+		Iters:       r.cfg.Iters,
+		Reps:        r.cfg.Reps,
+		NCCLVersion: i.NCCLVersion,
+		NCCLEnv:     i.NCCLEnv,
+		Host:        i.Host,
+		When:        r.when,
+	}
 }
 
 func (r *run) sweep() ([]Record, error) {
@@ -509,7 +547,11 @@ func (r *run) sweep() ([]Record, error) {
 		maxCount = max(maxCount, s/es)
 	}
 	if maxCount == 0 {
-		return nil, &fairgo.ArgError{Arg: "-e", Value: slices.Max(append([]int64{0}, r.cfg.Sizes...)), Reason: fmt.Sprintf("no size holds one %s", r.cfg.DType)}
+		return nil, &fairgo.ArgError{
+			Arg:    "-e",
+			Value:  slices.Max(append([]int64{0}, r.cfg.Sizes...)),
+			Reason: fmt.Sprintf("no size holds one %s", r.cfg.DType),
+		}
 	}
 	if err := r.alloc(maxCount); err != nil {
 		return nil, err
@@ -534,7 +576,11 @@ func (r *run) overlap() ([]Record, error) {
 	es := int64(r.cfg.DType.Size())
 	count := r.cfg.BucketBytes / es
 	if count == 0 {
-		return nil, &fairgo.ArgError{Arg: "-bucket-bytes", Value: r.cfg.BucketBytes, Reason: fmt.Sprintf("holds no %s", r.cfg.DType)}
+		return nil, &fairgo.ArgError{
+			Arg:    "-bucket-bytes",
+			Value:  r.cfg.BucketBytes,
+			Reason: fmt.Sprintf("holds no %s", r.cfg.DType),
+		}
 	}
 	w := int64(r.world)
 	stride := (count + w - 1) / w * w

@@ -30,7 +30,12 @@ func (fakeEvent) Wait(ctx context.Context) error { return nil }
 func TestOpen(t *testing.T) {
 	start := time.Now()
 	d := devices(t, 1)[0]
-	t.Logf("opened %v (%d SMs) in %v (includes JIT of the PTX unless cached)", d, d.Multiprocessors(), time.Since(start))
+	t.Logf(
+		"opened %v (%d SMs) in %v (includes JIT of the PTX unless cached)",
+		d,
+		d.Multiprocessors(),
+		time.Since(start),
+	)
 	var _ hier.Device = d
 	if _, err := Open(-1); !isInvalid(err) {
 		t.Errorf("Open(-1): %v", err)
@@ -377,7 +382,14 @@ func TestCrossDevice(t *testing.T) {
 			e0 := event(t, d)
 			require.ErrorIs(t, e0.Record(s1), fairgo.ErrInvalidArgument, "recording %v's event on %v's stream", d, o.d)
 			p := alloc(t, d, 64)
-			require.ErrorIs(t, d.CopyAsync(p, p+32, 32, s1), fairgo.ErrInvalidArgument, "%v's copy on %v's stream", d, o.d)
+			require.ErrorIs(
+				t,
+				d.CopyAsync(p, p+32, 32, s1),
+				fairgo.ErrInvalidArgument,
+				"%v's copy on %v's stream",
+				d,
+				o.d,
+			)
 
 			s0 := stream(t, d)
 			require.NoError(t, d.DelayAsync(300*time.Millisecond, s0))

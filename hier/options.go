@@ -73,7 +73,11 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 			return Algorithm(a), nil
 		}
 	}
-	return 0, &fairgo.ArgError{Arg: "algorithm", Value: s, Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)"}
+	return 0, &fairgo.ArgError{
+		Arg:    "algorithm",
+		Value:  s,
+		Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)",
+	}
 }
 
 // Option configures a Reducer. Options only record values; NewReducer

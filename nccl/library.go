@@ -112,7 +112,14 @@ func open(path string) (*dso, error) {
 	if v < MinVersion {
 		return fail(&VersionError{What: "fairgo", Have: v, Need: MinVersion})
 	}
-	return &dso{path: path, file: origin(table, symGetVersion), version: v, handle: h, table: table, missing: missing}, nil
+	return &dso{
+		path:    path,
+		file:    origin(table, symGetVersion),
+		version: v,
+		handle:  h,
+		table:   table,
+		missing: missing,
+	}, nil
 }
 
 // Close drops this reference; the library is unloaded when the last
@@ -259,7 +266,10 @@ func (l *Library) CommInitRank(nranks int, id UniqueID, rank int) (*Comm, error)
 		return nil, l.err("ncclCommInitRank", r, nil)
 	}
 	if c == nil {
-		return nil, fmt.Errorf("nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w", ErrNotSupported)
+		return nil, fmt.Errorf(
+			"nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w",
+			ErrNotSupported,
+		)
 	}
 	return l.dso.newComm(c, false), nil
 }
@@ -270,7 +280,13 @@ func (l *Library) CommInitRank(nranks int, id UniqueID, rank int) (*Comm, error)
 // communicator stays non-blocking: its calls wait for NCCL's ncclInProgress
 // to clear before returning. Use it on the CUDA device the communicator is
 // for, current on the calling thread.
-func (l *Library) CommInitRankConfig(ctx context.Context, nranks int, id UniqueID, rank int, cfg *Config) (*Comm, error) {
+func (l *Library) CommInitRankConfig(
+	ctx context.Context,
+	nranks int,
+	id UniqueID,
+	rank int,
+	cfg *Config,
+) (*Comm, error) {
 	if err := l.check(symCommInitRankConfig); err != nil {
 		return nil, err
 	}

@@ -95,7 +95,11 @@ func Reports(members []Member) []MachineReport {
 type IrregularError struct{ Machines []MachineReport }
 
 func (e *IrregularError) Error() string {
-	return fmt.Sprintf("%v (every machine must hold the same number of ranks):%s", ErrIrregular, reportLines(e.Machines))
+	return fmt.Sprintf(
+		"%v (every machine must hold the same number of ranks):%s",
+		ErrIrregular,
+		reportLines(e.Machines),
+	)
 }
 func (e *IrregularError) Unwrap() error { return ErrIrregular }
 
@@ -108,8 +112,15 @@ type DuplicateDeviceError struct {
 }
 
 func (e *DuplicateDeviceError) Error() string {
-	return fmt.Sprintf("%v: ranks %v on machine %q all use device %s (ranks that share a GPU need different machine identities, or device identities of their own in %s):%s",
-		ErrDuplicateDevice, e.Ranks, e.Machine, e.Device, EnvDeviceID, reportLines(e.Machines))
+	return fmt.Sprintf(
+		"%v: ranks %v on machine %q all use device %s (ranks that share a GPU need different machine identities, or device identities of their own in %s):%s",
+		ErrDuplicateDevice,
+		e.Ranks,
+		e.Machine,
+		e.Device,
+		EnvDeviceID,
+		reportLines(e.Machines),
+	)
 }
 func (e *DuplicateDeviceError) Unwrap() error { return ErrDuplicateDevice }
 
@@ -140,7 +151,10 @@ func Build(members []Member, self int) (*Layout, error) {
 		case seen[m.Rank]:
 			return nil, &MemberError{Rank: m.Rank, Reason: "reported twice"}
 		case m.WorldSize != 0 && m.WorldSize != w:
-			return nil, &MemberError{Rank: m.Rank, Reason: fmt.Sprintf("started with world size %d, but %d ranks joined", m.WorldSize, w)}
+			return nil, &MemberError{
+				Rank:   m.Rank,
+				Reason: fmt.Sprintf("started with world size %d, but %d ranks joined", m.WorldSize, w),
+			}
 		case m.MachineID == "":
 			return nil, &MemberError{Rank: m.Rank, Reason: "empty machine identity"}
 		case m.Device.ID == "":
@@ -204,8 +218,16 @@ func explicitOnWholeMachines(byRank []Member) error {
 	}
 	for _, m := range byRank { // by rank: the same error on every rank
 		if e, p := explicit[m.MachineID], physical[m.MachineID]; len(e) > 0 && len(p) > 0 {
-			return &MemberError{Rank: p[0], Reason: fmt.Sprintf("machine %q: ranks %v give %s and ranks %v do not; set it on every rank of a machine or on none",
-				m.MachineID, e, EnvDeviceID, p)}
+			return &MemberError{
+				Rank: p[0],
+				Reason: fmt.Sprintf(
+					"machine %q: ranks %v give %s and ranks %v do not; set it on every rank of a machine or on none",
+					m.MachineID,
+					e,
+					EnvDeviceID,
+					p,
+				),
+			}
 		}
 	}
 	return nil

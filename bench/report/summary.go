@@ -194,7 +194,13 @@ func Scale(w io.Writer, recs []bench.Record) error {
 	fmt.Fprintln(tw, "# "+strings.Join(head, "\t")+"\t")
 	for _, k := range order {
 		p := ps[k]
-		row := []string{fmt.Sprint(k.m), bench.FormatSize(k.bytes), k.dtype, fmtTime(p.time(bench.Flat)), fmtTime(p.time(bench.Naive))}
+		row := []string{
+			fmt.Sprint(k.m),
+			bench.FormatSize(k.bytes),
+			k.dtype,
+			fmtTime(p.time(bench.Flat)),
+			fmtTime(p.time(bench.Naive)),
+		}
 		for _, v := range variants {
 			row = append(row, fmtTime(p.time(v)))
 		}

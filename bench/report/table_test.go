@@ -24,8 +24,23 @@ func sampleRecords() []bench.Record {
 		alg string
 		us  float64
 	}{{"flat", 200}, {"naive", 300}, {"fairgo", 100}} {
-		r := bench.Record{Kind: bench.KindSweep, Backend: "sim", SimTimings: true, Machines: 2, Devices: 2, DType: "float32", Op: "sum",
-			Algorithm: a.alg, Bytes: 4 << 20, Count: 1 << 20, Iters: 1, TimeUS: a.us, MinUS: a.us * 0.9, MaxUS: a.us * 1.1, Wrong: 0}
+		r := bench.Record{
+			Kind:       bench.KindSweep,
+			Backend:    "sim",
+			SimTimings: true,
+			Machines:   2,
+			Devices:    2,
+			DType:      "float32",
+			Op:         "sum",
+			Algorithm:  a.alg,
+			Bytes:      4 << 20,
+			Count:      1 << 20,
+			Iters:      1,
+			TimeUS:     a.us,
+			MinUS:      a.us * 0.9,
+			MaxUS:      a.us * 1.1,
+			Wrong:      0,
+		}
 		r.AlgBW, r.BusBW = bench.Bandwidths(r.Bytes, r.TimeUS/1e6, 4)
 		r.IdealBusBW = bench.IdealBusBW(r.Bytes, 2, 2, 25e9)
 		if a.alg == "fairgo" {
@@ -46,7 +61,11 @@ func header(info harness.Info) bench.Header {
 func TestTableRow(t *testing.T) {
 	var buf bytes.Buffer
 	tab := NewTable(&buf)
-	tab.Start(header(harness.Info{Backend: "sim", Timing: "wall clock", SimTimings: true, Machines: 2, Devices: 2, Processes: 1}))
+	tab.Start(
+		header(
+			harness.Info{Backend: "sim", Timing: "wall clock", SimTimings: true, Machines: 2, Devices: 2, Processes: 1},
+		),
+	)
 	tab.Point(sampleRecords())
 	require.NoError(t, tab.Err())
 	out := buf.String()
@@ -78,7 +97,9 @@ func TestTableSaysLoudlyWhenInvalid(t *testing.T) {
 	var buf bytes.Buffer
 	tab := NewTable(&buf)
 	tab.Start(header(harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
-		Emulation: harness.Emulation{Machines: 2}, Placement: harness.Placement{RanksPerGPU: 2, SharedAcrossMachines: true}}))
+		Emulation: harness.Emulation{
+			Machines: 2,
+		}, Placement: harness.Placement{RanksPerGPU: 2, SharedAcrossMachines: true}}))
 	recs := sampleRecords()
 	for i := range recs {
 		recs[i].Invalid = "shared"
@@ -105,8 +126,11 @@ func TestTableUncheckedAndMissing(t *testing.T) {
 
 func TestSummaryAndCSV(t *testing.T) {
 	recs := sampleRecords()
-	recs = append(recs, bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 1 << 20, TimeUS: 1000},
-		bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 4 << 20, TimeUS: 3400})
+	recs = append(
+		recs,
+		bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 1 << 20, TimeUS: 1000},
+		bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 4 << 20, TimeUS: 3400},
+	)
 	var buf bytes.Buffer
 	require.NoError(t, Summary(&buf, recs))
 	out := buf.String()
@@ -220,7 +244,9 @@ func TestCommittedRecordsStillReport(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, WriteCSV(io.Discard, recs))
 
-	recent, err := bench.ReadJSONLFiles([]string{"../results/onegpu/records.jsonl", "../results/onegpu-rail/records.jsonl"})
+	recent, err := bench.ReadJSONLFiles(
+		[]string{"../results/onegpu/records.jsonl", "../results/onegpu-rail/records.jsonl"},
+	)
 	require.NoError(t, err)
 	buf.Reset()
 	require.NoError(t, Summary(&buf, recent))
@@ -235,12 +261,32 @@ func TestSummarySaysTheIntraMachineLink(t *testing.T) {
 	for i := range recs {
 		recs[i].Testbed.Intra, recs[i].Testbed.NVLinkGbit, recs[i].Testbed.FlatTopologyUnaware = harness.IntraLoopback, 20, true
 	}
-	recs = append(recs, bench.Record{Kind: bench.KindSweep, Machines: 2, Devices: 2, DType: "float32", Op: "sum", Algorithm: bench.FlatRing,
-		Bytes: 4 << 20, Iters: 1, TimeUS: 150, Testbed: recs[0].Testbed})
+	recs = append(
+		recs,
+		bench.Record{
+			Kind:      bench.KindSweep,
+			Machines:  2,
+			Devices:   2,
+			DType:     "float32",
+			Op:        "sum",
+			Algorithm: bench.FlatRing,
+			Bytes:     4 << 20,
+			Iters:     1,
+			TimeUS:    150,
+			Testbed:   recs[0].Testbed,
+		},
+	)
 	var buf bytes.Buffer
 	require.NoError(t, Summary(&buf, recs))
 	out := buf.String()
-	require.True(t, strings.HasPrefix(out, "# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n"), out)
+	require.True(
+		t,
+		strings.HasPrefix(
+			out,
+			"# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n",
+		),
+		out,
+	)
 	require.Contains(t, out, "intra=loopback@20Gbit flat-unaware")
 	require.Contains(t, out, "flat-ring us")
 	require.Contains(t, out, "1.50", "fairgo/best against flat-ring")

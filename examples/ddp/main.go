@@ -94,8 +94,20 @@ func main() {
 // newFlags declares the flags into o, with o's values as the defaults.
 func newFlags(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("ddp", flag.ContinueOnError)
-	cli.Choice(fs, &o.backend, "backend", o.backend, "the `backend` the ranks run on: sim, or cuda (GPUs)", cli.OneOf("sim", "cuda"))
-	fs.IntVar(&o.machines, "machines", o.machines, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
+	cli.Choice(
+		fs,
+		&o.backend,
+		"backend",
+		o.backend,
+		"the `backend` the ranks run on: sim, or cuda (GPUs)",
+		cli.OneOf("sim", "cuda"),
+	)
+	fs.IntVar(
+		&o.machines,
+		"machines",
+		o.machines,
+		"machines M (sim; cuda in one process; under a launcher the grid is discovered)",
+	)
 	fs.IntVar(&o.devices, "devices", o.devices, "devices per machine D (sim; cuda in one process: M·D GPUs)")
 	fs.IntVar(&o.epochs, "epochs", o.epochs, "epochs (passes over each rank's shard)")
 	fs.IntVar(&o.steps, "steps", o.steps, "steps per epoch")
@@ -107,11 +119,28 @@ func newFlags(o *options) *flag.FlagSet {
 	fs.Float64Var(&o.lr, "lr", o.lr, "learning rate")
 	fs.Float64Var(&o.momentum, "momentum", o.momentum, "SGD momentum")
 	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the teacher, the data shards and the initialisation")
-	cli.Choice(fs, &o.dtype, "dtype", o.dtype, "`type` the gradients are reduced in: float32 or bfloat16 (sim only)", cli.DType(fairgo.Float32, fairgo.BFloat16))
+	cli.Choice(
+		fs,
+		&o.dtype,
+		"dtype",
+		o.dtype,
+		"`type` the gradients are reduced in: float32 or bfloat16 (sim only)",
+		cli.DType(fairgo.Float32, fairgo.BFloat16),
+	)
 	fs.Float64Var(&o.bucketMB, "bucket-mb", o.bucketMB, "gradient bucket cap in MiB")
 	fs.Int64Var(&o.bucketKB, "bucket-kb", 0, "gradient bucket cap in KiB (overrides -bucket-mb when set)")
-	fs.IntVar(&o.minBuckets, "min-buckets", o.minBuckets, "lower the bucket cap to the model size / this, for toy models (1: off)")
-	fs.Int64Var(&o.flat, "flat-threshold", 0, "buckets smaller than this many bytes are one flat allreduce (0: fairgo's default, -1: never)")
+	fs.IntVar(
+		&o.minBuckets,
+		"min-buckets",
+		o.minBuckets,
+		"lower the bucket cap to the model size / this, for toy models (1: off)",
+	)
+	fs.Int64Var(
+		&o.flat,
+		"flat-threshold",
+		0,
+		"buckets smaller than this many bytes are one flat allreduce (0: fairgo's default, -1: never)",
+	)
 	fs.DurationVar(&o.jitter, "jitter", 0, "sim only: random delay before each device operation")
 	return fs
 }
@@ -218,13 +247,22 @@ func (o options) bucketBytes(nparams int, elemSize int) (bucketCap int64, note s
 		bucketCap = o.bucketKB << 10
 	}
 	if bucketCap <= 0 {
-		return 0, "", fmt.Errorf("the bucket cap must be positive (-bucket-mb %g, -bucket-kb %d)", o.bucketMB, o.bucketKB)
+		return 0, "", fmt.Errorf(
+			"the bucket cap must be positive (-bucket-mb %g, -bucket-kb %d)",
+			o.bucketMB,
+			o.bucketKB,
+		)
 	}
 	model := int64(nparams) * int64(elemSize)
 	if o.minBuckets > 1 && model/int64(o.minBuckets) < bucketCap {
 		lowered := max(model/int64(o.minBuckets), 1)
-		note = fmt.Sprintf(" (cap %s lowered to %s = the %s model / -min-buckets %d, so that there is something to overlap)",
-			size(bucketCap), size(lowered), size(model), o.minBuckets)
+		note = fmt.Sprintf(
+			" (cap %s lowered to %s = the %s model / -min-buckets %d, so that there is something to overlap)",
+			size(bucketCap),
+			size(lowered),
+			size(model),
+			o.minBuckets,
+		)
 		bucketCap = lowered
 	}
 	return bucketCap, note, nil
@@ -268,7 +306,11 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	// The simulated cluster, or GPUs: one rank per process under a launcher
 	// (fairrun, torchrun), else every rank of the -machines × -devices grid
 	// over this process's GPUs.
-	tb, err := harness.Open(ctx, o.backend, harness.Spec{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter})
+	tb, err := harness.Open(
+		ctx,
+		o.backend,
+		harness.Spec{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter},
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +330,11 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 		grid.Machines, grid.Devices, o.backend, cfg.Sizes, nparams, dt)
 
 	if o.backend == "sim" {
-		fmt.Fprintf(out, "sim: all ranks share this host's %d CPUs, so the time in Wait includes waiting for the other ranks' compute\n", runtime.NumCPU())
+		fmt.Fprintf(
+			out,
+			"sim: all ranks share this host's %d CPUs, so the time in Wait includes waiting for the other ranks' compute\n",
+			runtime.NumCPU(),
+		)
 	}
 	// Every rank assigns the same buckets; show them once.
 	buckets, err := AssignBuckets(model.ParamList(), dt.Size(), bucketCap)
@@ -333,7 +379,15 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 		}
 		if !bytes.Equal(res.Params, results[0].Params) {
 			sum.Identical = false
-			err = errors.Join(err, fmt.Errorf("%w: rank %d differs from rank 0 from byte %d on", ErrReplicasDiffer, i, firstDiff(res.Params, results[0].Params)))
+			err = errors.Join(
+				err,
+				fmt.Errorf(
+					"%w: rank %d differs from rank 0 from byte %d on",
+					ErrReplicasDiffer,
+					i,
+					firstDiff(res.Params, results[0].Params),
+				),
+			)
 		}
 	}
 	if !sum.Identical {

@@ -144,7 +144,14 @@ func TestCombine(t *testing.T) {
 			acc := vals(dt, nan, 1, 2, nan)
 			require.NoError(t, Combine(dt, op, acc, vals(dt, 1, nan, 1, nan)))
 			got := all(dt, acc)
-			require.True(t, math.IsNaN(got[0]) && math.IsNaN(got[1]) && math.IsNaN(got[3]), "%v %v: NaN must propagate: %v", dt, op, got)
+			require.True(
+				t,
+				math.IsNaN(got[0]) && math.IsNaN(got[1]) && math.IsNaN(got[3]),
+				"%v %v: NaN must propagate: %v",
+				dt,
+				op,
+				got,
+			)
 			require.Equal(t, map[fairgo.Op]float64{fairgo.Max: 2, fairgo.Min: 1}[op], got[2])
 		}
 	}
@@ -187,7 +194,11 @@ func TestReduceShards(t *testing.T) {
 func TestScaleAndPreMul(t *testing.T) {
 	b := vals(fairgo.Int64, -7, 7, math.MinInt64)
 	require.NoError(t, Scale(fairgo.Int64, b, 2))
-	require.Equal(t, []int64{-3, 3, math.MinInt64 / 2}, []int64{GetInt(fairgo.Int64, b, 0), GetInt(fairgo.Int64, b, 1), GetInt(fairgo.Int64, b, 2)})
+	require.Equal(
+		t,
+		[]int64{-3, 3, math.MinInt64 / 2},
+		[]int64{GetInt(fairgo.Int64, b, 0), GetInt(fairgo.Int64, b, 1), GetInt(fairgo.Int64, b, 2)},
+	)
 	b = vals(fairgo.Float16, 1, 3)
 	require.NoError(t, Scale(fairgo.Float16, b, 3))
 	require.Equal(t, []float64{float64(Float16ToFloat32(Float32ToFloat16(1.0 / 3))), 1}, all(fairgo.Float16, b))
@@ -196,7 +207,11 @@ func TestScaleAndPreMul(t *testing.T) {
 	b = vals(fairgo.Float16, 3, 1)
 	require.NoError(t, PreMulInverse(fairgo.Float16, b, 3))
 	third := float64(Float16ToFloat32(0x3555))
-	require.Equal(t, []float64{float64(Float16ToFloat32(Float32ToFloat16(float32(3 * third)))), third}, all(fairgo.Float16, b))
+	require.Equal(
+		t,
+		[]float64{float64(Float16ToFloat32(Float32ToFloat16(float32(3 * third)))), third},
+		all(fairgo.Float16, b),
+	)
 	b = vals(fairgo.Float64, 3)
 	require.NoError(t, PreMulInverse(fairgo.Float64, b, 3))
 	require.Equal(t, []float64{3 * (1.0 / 3)}, all(fairgo.Float64, b))
@@ -219,7 +234,16 @@ func TestInvalidArguments(t *testing.T) {
 // ReduceShards in source order equals a chain of Combine calls (then Scale
 // for Avg) for every type that accumulates in its own type.
 func TestReduceShardsMatchesCombineChain(t *testing.T) {
-	own := []fairgo.DType{fairgo.Float32, fairgo.Float64, fairgo.Int8, fairgo.Uint8, fairgo.Int32, fairgo.Uint32, fairgo.Int64, fairgo.Uint64}
+	own := []fairgo.DType{
+		fairgo.Float32,
+		fairgo.Float64,
+		fairgo.Int8,
+		fairgo.Uint8,
+		fairgo.Int32,
+		fairgo.Uint32,
+		fairgo.Int64,
+		fairgo.Uint64,
+	}
 	rapid.Check(t, func(t *rapid.T) {
 		dt := rapid.SampledFrom(own).Draw(t, "dt")
 		op := rapid.SampledFrom(fairgo.Ops).Draw(t, "op")

@@ -77,7 +77,11 @@ func (r *Rank) Upload(t fairgo.Tensor, data []byte) error {
 		return nil
 	}
 	if int64(len(data)) > t.ByteLen() {
-		return &fairgo.ArgError{Arg: "data", Value: len(data), Reason: fmt.Sprintf("more bytes than the tensor's %d", t.ByteLen())}
+		return &fairgo.ArgError{
+			Arg:    "data",
+			Value:  len(data),
+			Reason: fmt.Sprintf("more bytes than the tensor's %d", t.ByteLen()),
+		}
 	}
 	return r.Device.Upload(t.Ptr, data)
 }

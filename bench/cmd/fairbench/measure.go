@@ -52,7 +52,14 @@ func (m *measurement) config(fs *flag.FlagSet, e env, methods *methodFlags) (ben
 
 // on measures on one testbed, printing the table and writing the outputs
 // on the root process.
-func (m *measurement) on(ctx context.Context, e env, tb *harness.Testbed, cfg bench.Config, fn measureFn, name string) ([]bench.Record, error) {
+func (m *measurement) on(
+	ctx context.Context,
+	e env,
+	tb *harness.Testbed,
+	cfg bench.Config,
+	fn measureFn,
+	name string,
+) ([]bench.Record, error) {
 	var tab *report.Table
 	if tb.Root() {
 		tab = report.NewTable(e.stdout)
@@ -73,7 +80,14 @@ func (m *measurement) on(ctx context.Context, e env, tb *harness.Testbed, cfg be
 }
 
 // single opens the grid's testbed and measures on it.
-func (m *measurement) single(ctx context.Context, e env, g gridFlags, cfg bench.Config, fn measureFn, name string) error {
+func (m *measurement) single(
+	ctx context.Context,
+	e env,
+	g gridFlags,
+	cfg bench.Config,
+	fn measureFn,
+	name string,
+) error {
 	ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
 	defer cancel()
 	machines, devices := g.grid(m.backend.backend)
@@ -92,7 +106,12 @@ func (m *measurement) single(ctx context.Context, e env, g gridFlags, cfg bench.
 // setupPoints declares what sweep and overlap share, and with more the
 // flags of what they measure, whose function completes the configuration
 // (its errors are usage errors).
-func setupPoints(fs *flag.FlagSet, name string, fn measureFn, more func(*flag.FlagSet) func(*bench.Config) error) func(context.Context, env) error {
+func setupPoints(
+	fs *flag.FlagSet,
+	name string,
+	fn measureFn,
+	more func(*flag.FlagSet) func(*bench.Config) error,
+) func(context.Context, env) error {
 	var m measurement
 	var g gridFlags
 	var methods methodFlags
@@ -158,7 +177,17 @@ func (l *launcher) run(ctx context.Context, e env, machines, nproc int, args []s
 	if err != nil {
 		return nil, err
 	}
-	return bench.LaunchEmulated(ctx, fr, strings.Fields(l.launch.fairrunFlags), machines, nproc, self, args, e.stdout, e.stderr)
+	return bench.LaunchEmulated(
+		ctx,
+		fr,
+		strings.Fields(l.launch.fairrunFlags),
+		machines,
+		nproc,
+		self,
+		args,
+		e.stdout,
+		e.stderr,
+	)
 }
 
 func setupScale(fs *flag.FlagSet) func(context.Context, env) error {

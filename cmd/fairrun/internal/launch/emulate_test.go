@@ -152,8 +152,19 @@ func netcheck() int {
 	if err := store.Wait(ctx, "all-done"); err != nil {
 		return fail("%v", err)
 	}
-	fmt.Printf("netcheck ok rank %d machine %d netns %d addr %s mtu %d peer %q host %s device %q intra %s lo %d\n", l.Rank, machine, ino, want, nic.MTU, greeting,
-		os.Getenv(EnvNCCLHostID), os.Getenv(EnvDeviceID), os.Getenv(EnvTestbedIntra), loRate)
+	fmt.Printf(
+		"netcheck ok rank %d machine %d netns %d addr %s mtu %d peer %q host %s device %q intra %s lo %d\n",
+		l.Rank,
+		machine,
+		ino,
+		want,
+		nic.MTU,
+		greeting,
+		os.Getenv(EnvNCCLHostID),
+		os.Getenv(EnvDeviceID),
+		os.Getenv(EnvTestbedIntra),
+		loRate,
+	)
 	return 0
 }
 
@@ -242,10 +253,25 @@ func TestRunEmulatedNICs(t *testing.T) {
 			require.NoError(t, err)
 			require.Empty(t, linksOf(t, os.Getpid()))
 			var so, se syncBuffer
-			c := Config{NProcPerNode: tc.nproc, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, GPUs: tc.gpus, NICGbit: 1,
-				NVLinkGbit: tc.loGbit, MPS: MPSOff, Grace: 2 * time.Second, Program: os.Args[0],
-				Env:    append(os.Environ(), envRole+"=netcheck", envRootNetNS+"="+strconv.FormatUint(rootIno, 10)),
-				Stdout: &so, Stderr: &se}
+			c := Config{
+				NProcPerNode:    tc.nproc,
+				NNodes:          1,
+				MasterAddr:      DefaultMasterAddr,
+				EmulateMachines: 2,
+				GPUs:            tc.gpus,
+				NICGbit:         1,
+				NVLinkGbit:      tc.loGbit,
+				MPS:             MPSOff,
+				Grace:           2 * time.Second,
+				Program:         os.Args[0],
+				Env: append(
+					os.Environ(),
+					envRole+"=netcheck",
+					envRootNetNS+"="+strconv.FormatUint(rootIno, 10),
+				),
+				Stdout: &so,
+				Stderr: &se,
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			code, err := Run(ctx, c)
@@ -253,7 +279,9 @@ func TestRunEmulatedNICs(t *testing.T) {
 			require.Equal(t, 0, code)
 			t.Logf("stdout:\n%s", so.String())
 
-			line := regexp.MustCompile(`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`)
+			line := regexp.MustCompile(
+				`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`,
+			)
 			wantLo := uint64(0) // lo not shaped
 			if tc.loGbit > 0 {
 				wantLo = netbed.ShapingFor(tc.loGbit, 0).RateBytes
@@ -281,7 +309,12 @@ func TestRunEmulatedNICs(t *testing.T) {
 				hosts[m[8]]++
 				require.Equal(t, "9000", m[6], "MTU")
 				require.Equal(t, tc.intra, m[10])
-				require.Equal(t, tc.intra == IntraLoopback, m[9] != "", "a device identity exactly when ranks share a GPU")
+				require.Equal(
+					t,
+					tc.intra == IntraLoopback,
+					m[9] != "",
+					"a device identity exactly when ranks share a GPU",
+				)
 				require.Equal(t, wantLo, mustUint(t, m[11]), "lo's rate")
 			}
 			require.Len(t, machineOf, tc.nproc)
@@ -318,12 +351,22 @@ func mustUint(t *testing.T, s string) uint64 {
 // the exit status of a bad command line.
 func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
 	dir := t.TempDir()
-	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 4, GPUs: 2, NICGbit: 10, NVLinkGbit: 20,
-		Program: "/bin/sh", Args: []string{"-c", "touch " + filepath.Join(dir, "started")},
-		Stdout: io.Discard, Stderr: io.Discard,
+	c := Config{
+		NProcPerNode:    8,
+		NNodes:          1,
+		MasterAddr:      DefaultMasterAddr,
+		EmulateMachines: 4,
+		GPUs:            2,
+		NICGbit:         10,
+		NVLinkGbit:      20,
+		Program:         "/bin/sh",
+		Args:            []string{"-c", "touch " + filepath.Join(dir, "started")},
+		Stdout:          io.Discard,
+		Stderr:          io.Discard,
 		prober: netbed.Prober{
 			EffectiveCaps: func() (uint64, error) { t.Error("the testbed was probed"); return 0, nil },
-		}}
+		},
+	}
 	code, err := Run(context.Background(), c)
 	require.Equal(t, ExitUsage, code, "a bad command line, found before anything runs")
 	require.ErrorIs(t, err, ErrUsage)
@@ -342,7 +385,21 @@ func TestFairrunSIGTERMRemovesTestbed(t *testing.T) {
 	_, fairrun := binaries(t)
 	dir := t.TempDir()
 	t.Cleanup(func() { killAll(dir) })
-	cmd := exec.Command(fairrun, "--nproc-per-node", "4", "--emulate-machines", "2", "--gpus", "4", "--nic-gbit", "10", "--grace", "500ms", "--", os.Args[0])
+	cmd := exec.Command(
+		fairrun,
+		"--nproc-per-node",
+		"4",
+		"--emulate-machines",
+		"2",
+		"--gpus",
+		"4",
+		"--nic-gbit",
+		"10",
+		"--grace",
+		"500ms",
+		"--",
+		os.Args[0],
+	)
 	cmd.Env = roleEnv("setsid", dir)
 	var so, se syncBuffer
 	cmd.Stdout, cmd.Stderr = &so, &se
@@ -463,11 +520,24 @@ func TestRunMPS(t *testing.T) {
 			bindir := fakeMPSControl(t, log)
 			env := []string{"PATH=" + bindir + ":/usr/bin:/bin"}
 			var so, se syncBuffer
-			c := Config{NProcPerNode: 4, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, GPUs: tc.gpus, MPS: tc.mps,
-				Grace: time.Second, Program: "/bin/sh",
-				Args: []string{"-c", `echo "mps=$FAIRGO_TESTBED_MPS pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY"; ` +
-					`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test -d "$CUDA_MPS_LOG_DIRECTORY"; fi`},
-				Env: env, Stdout: &so, Stderr: &se}
+			c := Config{
+				NProcPerNode:    4,
+				NNodes:          1,
+				MasterAddr:      DefaultMasterAddr,
+				EmulateMachines: 2,
+				GPUs:            tc.gpus,
+				MPS:             tc.mps,
+				Grace:           time.Second,
+				Program:         "/bin/sh",
+				Args: []string{
+					"-c",
+					`echo "mps=$FAIRGO_TESTBED_MPS pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY"; ` +
+						`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test -d "$CUDA_MPS_LOG_DIRECTORY"; fi`,
+				},
+				Env:    env,
+				Stdout: &so,
+				Stderr: &se,
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			code, err := Run(ctx, c)
@@ -529,7 +599,12 @@ func TestMPSLeftoversRemoved(t *testing.T) {
 	bindir := fakeMPSControl(t, filepath.Join(t.TempDir(), "calls"))
 	control, err := findMPSControl([]string{"PATH=" + bindir})
 	require.NoError(t, err)
-	d, err := startMPS(context.Background(), control, []string{"PATH=/usr/bin:/bin"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d, err := startMPS(
+		context.Background(),
+		control,
+		[]string{"PATH=/usr/bin:/bin"},
+		slog.New(slog.NewTextHandler(io.Discard, nil)),
+	)
 	require.NoError(t, err)
 	require.NoError(t, d.Stop())
 	_, err = os.Stat(dead)

@@ -114,7 +114,10 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 		return nil, err
 	}
 	if c.NProcPerNode < 1 {
-		return nil, fmt.Errorf("fairrun: plan: --nproc-per-node %s is not resolved to a number of workers (Resolve)", c.NProcFrom)
+		return nil, fmt.Errorf(
+			"fairrun: plan: --nproc-per-node %s is not resolved to a number of workers (Resolve)",
+			c.NProcFrom,
+		)
 	}
 	host, port, err := splitHostPort(storeAddr)
 	if err != nil {

@@ -47,7 +47,11 @@ func (s Spec) Validate() error {
 	case s.Latency < 0 || s.Latency > MaxLatency:
 		return fmt.Errorf("testbed: NIC latency %v: must be in [0, %v]", s.Latency, MaxLatency)
 	case math.IsNaN(s.LoopbackGbit) || s.LoopbackGbit < 0 || s.LoopbackGbit > MaxGbit:
-		return fmt.Errorf("testbed: loopback rate %v Gbit/s: must be in (0, %d], or 0 for an unshaped loopback", s.LoopbackGbit, MaxGbit)
+		return fmt.Errorf(
+			"testbed: loopback rate %v Gbit/s: must be in (0, %d], or 0 for an unshaped loopback",
+			s.LoopbackGbit,
+			MaxGbit,
+		)
 	}
 	return nil
 }

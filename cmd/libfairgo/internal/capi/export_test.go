@@ -10,4 +10,18 @@ func (t *Table) Handles() (comms, works, stores int) {
 }
 
 // Codes lists every code in order.
-var Codes = []Code{OK, NotReady, InvalidArgument, BadHandle, Mismatch, Timeout, Aborted, Closed, CUDA, NCCL, System, Internal, NoDevice}
+var Codes = []Code{
+	OK,
+	NotReady,
+	InvalidArgument,
+	BadHandle,
+	Mismatch,
+	Timeout,
+	Aborted,
+	Closed,
+	CUDA,
+	NCCL,
+	System,
+	Internal,
+	NoDevice,
+}
