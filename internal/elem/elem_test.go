@@ -342,3 +342,18 @@ func TestSlowAndFastPathsAgree(t *testing.T) {
 		require.Equal(t, acc, []byte(accSlow), "scale")
 	})
 }
+
+// TestReduceShardsAvgScalesByTheReciprocal pins the case rapid once found
+// for TestReduceShardsMatchesCombineChain (its failure file is gone: the
+// draws it replayed no longer select float32): Avg over floats scales each
+// term by 1/div in its own type, a multiply by the reciprocal and not a
+// division. One float32 source, divisor 3, x with bits 0x02020000: x·(1/3)
+// has bits 0x012d5556, where x/3 would give 0x012d5555.
+func TestReduceShardsAvgScalesByTheReciprocal(t *testing.T) {
+	src := []byte{0, 0, 0, 0, 0x00, 0x00, 0x02, 0x02} // 0 and 0x02020000, little-endian
+	dst := make([]byte, len(src))
+	require.NoError(t, ReduceShards(fairgo.Float32, fairgo.Avg, dst, [][]byte{src}, 3))
+	require.Equal(t, []byte{0, 0, 0, 0, 0x56, 0x55, 0x2d, 0x01}, dst)
+	x := math.Float32frombits(0x02020000)
+	require.Equal(t, uint32(0x012d5555), math.Float32bits(x/3), "a division would round the other way")
+}
