@@ -226,6 +226,112 @@ func (o options) check(given map[string]string) error {
 }
 
 // summary is what a run ends with, for tests.
+// demoConfig is the training the flags ask for: its Config, the training
+// loop of the backend, the model, and a note on the bucket size.
+func demoConfig(o options) (Config, trainFunc, *MLP[float32], string, error) {
+	dt, err := fairgo.ParseDType(o.dtype)
+	if err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	// The training loop: on the host for the simulated cluster, on the GPU
+	// with the kernels of internal/gpu for the cuda backend.
+	var train trainFunc = Train
+	switch o.backend {
+	case "sim":
+	case "cuda":
+		train = trainGPU
+	default:
+		return Config{}, nil, nil, "", fmt.Errorf("backend %q: sim or cuda", o.backend)
+	}
+	model, err := NewMLP[float32](o.sizes())
+	if err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	nparams := len(model.Params)
+	bucketCap, note, err := o.bucketBytes(nparams, dt.Size())
+	if err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	cfg := Config{
+		Epochs: o.epochs, Steps: o.steps, Batch: o.batch, Sizes: o.sizes(),
+		LR: o.lr, Momentum: o.momentum, Seed: o.seed, DType: dt, BucketBytes: bucketCap,
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	return cfg, train, model, note, nil
+}
+
+// trainFunc trains one rank: Train on the host, trainGPU on the GPU.
+type trainFunc func(
+	ctx context.Context,
+	cfg Config,
+	r *hier.Reducer,
+	mem Memory,
+	onEpoch func(EpochStats),
+) (*Result, error)
+
+// trainRanks trains every rank this process drives, one goroutine each;
+// world rank 0 reports each epoch on out.
+func trainRanks(
+	ctx context.Context,
+	cfg Config,
+	train trainFunc,
+	reducers []*hier.Reducer,
+	tb *harness.Testbed,
+	out io.Writer,
+) ([]*Result, error) {
+	results := make([]*Result, len(reducers))
+	eg, ctx := errgroup.WithContext(ctx)
+	for i, r := range reducers {
+		var onEpoch func(EpochStats)
+		if r.WorldRank() == 0 {
+			onEpoch = func(s EpochStats) {
+				fmt.Fprintf(out, "epoch %d  loss %.4f  accuracy %5.1f%%  step %s = compute %s + exposed comm %s\n",
+					s.Epoch, s.Loss, 100*s.Accuracy, ms(s.Compute+s.Comm), ms(s.Compute), ms(s.Comm))
+			}
+		}
+		eg.Go(func() error {
+			res, err := train(ctx, cfg, r, tb.Ranks()[i].Device, onEpoch)
+			results[i] = res
+			if err != nil {
+				return fmt.Errorf("rank %d: %w", r.WorldRank(), err)
+			}
+			return nil
+		})
+	}
+	return results, eg.Wait()
+
+}
+
+// compareReplicas summarises the ranks' results; in one process it compares
+// the trained bytes themselves too, and joins any difference to err (the
+// ranks' own ErrReplicasDiffer, or nil).
+func compareReplicas(results []*Result, buckets []Bucket, err error) (*summary, error) {
+	sum := &summary{Buckets: buckets, Identical: err == nil}
+	for i, res := range results {
+		if res == nil {
+			continue
+		}
+		if sum.Epochs == nil {
+			sum.Epochs = res.Epochs
+		}
+		if !bytes.Equal(res.Params, results[0].Params) {
+			sum.Identical = false
+			err = errors.Join(
+				err,
+				fmt.Errorf(
+					"%w: rank %d differs from rank 0 from byte %d on",
+					ErrReplicasDiffer,
+					i,
+					firstDiff(res.Params, results[0].Params),
+				),
+			)
+		}
+	}
+	return sum, err
+}
+
 type summary struct {
 	Epochs    []EpochStats
 	Buckets   []Bucket
@@ -270,36 +376,11 @@ func (o options) bucketBytes(nparams int, elemSize int) (bucketCap int64, note s
 
 // demo trains as o says, printing on out.
 func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
-	dt, err := fairgo.ParseDType(o.dtype)
+	cfg, train, model, note, err := demoConfig(o)
 	if err != nil {
 		return nil, err
 	}
-	// The training loop: on the host for the simulated cluster, on the GPU
-	// with the kernels of internal/gpu for the cuda backend.
-	train := Train
-	switch o.backend {
-	case "sim":
-	case "cuda":
-		train = trainGPU
-	default:
-		return nil, fmt.Errorf("backend %q: sim or cuda", o.backend)
-	}
-	model, err := NewMLP[float32](o.sizes())
-	if err != nil {
-		return nil, err
-	}
-	nparams := len(model.Params)
-	bucketCap, note, err := o.bucketBytes(nparams, dt.Size())
-	if err != nil {
-		return nil, err
-	}
-	cfg := Config{
-		Epochs: o.epochs, Steps: o.steps, Batch: o.batch, Sizes: o.sizes(),
-		LR: o.lr, Momentum: o.momentum, Seed: o.seed, DType: dt, BucketBytes: bucketCap,
-	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
+	dt, nparams, bucketCap := cfg.DType, len(model.Params), cfg.BucketBytes
 
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
@@ -343,53 +424,12 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	printBuckets(out, buckets, model.ParamList(), dt, reducers[0].FlatThreshold(), grid, note)
 
-	results := make([]*Result, len(reducers))
-	eg, ctx := errgroup.WithContext(ctx)
 	start := time.Now()
-	for i, r := range reducers {
-		var onEpoch func(EpochStats)
-		if r.WorldRank() == 0 {
-			onEpoch = func(s EpochStats) {
-				fmt.Fprintf(out, "epoch %d  loss %.4f  accuracy %5.1f%%  step %s = compute %s + exposed comm %s\n",
-					s.Epoch, s.Loss, 100*s.Accuracy, ms(s.Compute+s.Comm), ms(s.Compute), ms(s.Comm))
-			}
-		}
-		eg.Go(func() error {
-			res, err := train(ctx, cfg, r, tb.Ranks()[i].Device, onEpoch)
-			results[i] = res
-			if err != nil {
-				return fmt.Errorf("rank %d: %w", r.WorldRank(), err)
-			}
-			return nil
-		})
-	}
-	err = eg.Wait()
+	results, err := trainRanks(ctx, cfg, train, reducers, tb, out)
 	if err != nil && !errors.Is(err, ErrReplicasDiffer) {
 		return nil, err
 	}
-
-	// In one process we can compare the bytes themselves, too.
-	sum := &summary{Buckets: buckets, Identical: err == nil}
-	for i, res := range results {
-		if res == nil {
-			continue
-		}
-		if sum.Epochs == nil {
-			sum.Epochs = res.Epochs
-		}
-		if !bytes.Equal(res.Params, results[0].Params) {
-			sum.Identical = false
-			err = errors.Join(
-				err,
-				fmt.Errorf(
-					"%w: rank %d differs from rank 0 from byte %d on",
-					ErrReplicasDiffer,
-					i,
-					firstDiff(res.Params, results[0].Params),
-				),
-			)
-		}
-	}
+	sum, err := compareReplicas(results, buckets, err)
 	if !sum.Identical {
 		return sum, err
 	}
