@@ -107,8 +107,22 @@ func TestDocLinks(t *testing.T) {
 				linked[dest] = true
 			}
 			if frag != "" {
-				require.True(t, strings.HasSuffix(dest, ".md"), "%s links to %s: a fragment of a file that is not markdown", file, target)
-				require.True(t, anchors(t, dest)[frag], "%s links to %s: %s has no heading with the anchor %q", file, target, dest, frag)
+				require.True(
+					t,
+					strings.HasSuffix(dest, ".md"),
+					"%s links to %s: a fragment of a file that is not markdown",
+					file,
+					target,
+				)
+				require.True(
+					t,
+					anchors(t, dest)[frag],
+					"%s links to %s: %s has no heading with the anchor %q",
+					file,
+					target,
+					dest,
+					frag,
+				)
 			}
 		}
 	}
@@ -136,7 +150,13 @@ func TestReadmeFirstProgram(t *testing.T) {
 	require.NoError(t, err)
 	for _, b := range blocks(t, "README.md") {
 		if b.lang == "go" {
-			require.Equal(t, string(src), b.text, "README.md:%d: the first Go block is examples/minimal/main.go", b.line)
+			require.Equal(
+				t,
+				string(src),
+				b.text,
+				"README.md:%d: the first Go block is examples/minimal/main.go",
+				b.line,
+			)
 			require.LessOrEqual(t, strings.Count(b.text, "\n"), 45, "the first program stays short")
 			return
 		}
@@ -177,7 +197,14 @@ func TestDocGoSnippetsCompile(t *testing.T) {
 		}
 		pkg := filepath.Join(dir, "s"+string(rune('a'+i)))
 		require.NoError(t, os.Mkdir(pkg, 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(pkg, "snippet.go"), []byte("// "+b.file+":"+strconv.Itoa(b.line)+"\n"+src), 0o644))
+		require.NoError(
+			t,
+			os.WriteFile(
+				filepath.Join(pkg, "snippet.go"),
+				[]byte("// "+b.file+":"+strconv.Itoa(b.line)+"\n"+src),
+				0o644,
+			),
+		)
 		pkgs = append(pkgs, "./"+filepath.ToSlash(pkg))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -206,8 +233,18 @@ func TestDocPythonNames(t *testing.T) {
 			}
 			for _, m := range regexp.MustCompile(`fairgo_torch\.(\w+)`).FindAllStringSubmatch(b.text, -1) {
 				n++
-				def := regexp.MustCompile(`(?m)^(def|class) ` + m[1] + `\b|^` + m[1] + ` *=|\b` + m[1] + `\b.*# re-export|import .*\b` + m[1] + `\b`)
-				require.Regexp(t, def, pkg.String(), "%s:%d: fairgo_torch.%s is not defined by python/fairgo_torch", file, b.line, m[1])
+				def := regexp.MustCompile(
+					`(?m)^(def|class) ` + m[1] + `\b|^` + m[1] + ` *=|\b` + m[1] + `\b.*# re-export|import .*\b` + m[1] + `\b`,
+				)
+				require.Regexp(
+					t,
+					def,
+					pkg.String(),
+					"%s:%d: fairgo_torch.%s is not defined by python/fairgo_torch",
+					file,
+					b.line,
+					m[1],
+				)
 			}
 		}
 	}
@@ -251,7 +288,8 @@ func TestDocCommands(t *testing.T) {
 						}
 					case strings.HasPrefix(f, "bin/"):
 						name := strings.TrimPrefix(f, "bin/")
-						ok := programs[name] || (strings.HasSuffix(name, ".test") && strings.Contains(string(mk), "-o "+f+" "))
+						ok := programs[name] ||
+							(strings.HasSuffix(name, ".test") && strings.Contains(string(mk), "-o "+f+" "))
 						require.True(t, ok, "%s:%d: %s is not built by make gpu-bin", file, b.line, f)
 						checked++
 					}
@@ -261,7 +299,8 @@ func TestDocCommands(t *testing.T) {
 					if strings.ContainsAny(p, "*$") {
 						continue
 					}
-					if first, _, _ := strings.Cut(strings.TrimPrefix(p, "./"), "/"); strings.HasPrefix(p, "./") && !isDir(first) {
+					if first, _, _ := strings.Cut(strings.TrimPrefix(p, "./"), "/"); strings.HasPrefix(p, "./") &&
+						!isDir(first) {
 						continue // the user's own program (./train)
 					}
 					_, err := os.Stat(p)

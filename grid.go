@@ -28,7 +28,11 @@ func (g Grid) Validate() error {
 	case g.Devices < 1:
 		return &ArgError{Arg: "grid devices", Value: g.Devices, Reason: "must be at least 1"}
 	case g.Machine < 0 || g.Machine >= g.Machines:
-		return &ArgError{Arg: "grid machine index", Value: g.Machine, Reason: fmt.Sprintf("outside [0, %d)", g.Machines)}
+		return &ArgError{
+			Arg:    "grid machine index",
+			Value:  g.Machine,
+			Reason: fmt.Sprintf("outside [0, %d)", g.Machines),
+		}
 	case g.Local < 0 || g.Local >= g.Devices:
 		return &ArgError{Arg: "grid local index", Value: g.Local, Reason: fmt.Sprintf("outside [0, %d)", g.Devices)}
 	}

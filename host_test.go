@@ -72,7 +72,10 @@ func TestWriteAndErrors(t *testing.T) {
 		{"another type", fairgo.Write(dev, tn, []float32{1})},
 		{"download as another type", func() error { _, err := fairgo.Download[uint32](dev, tn); return err }()},
 		{"too many values", fairgo.Write(dev, tn, []int32{1, 2, 3, 4, 5})},
-		{"invalid tensor", fairgo.Write(dev, fairgo.Tensor{Ptr: tn.Ptr, Count: 4, Bytes: 4, DType: fairgo.Int32}, []int32{1})},
+		{
+			"invalid tensor",
+			fairgo.Write(dev, fairgo.Tensor{Ptr: tn.Ptr, Count: 4, Bytes: 4, DType: fairgo.Int32}, []int32{1}),
+		},
 		{"unknown dtype", func() error { _, err := fairgo.Download[int8](dev, fairgo.Tensor{}); return err }()},
 	}
 	for _, c := range cases {

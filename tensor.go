@@ -37,7 +37,11 @@ func (t Tensor) Validate() error {
 		return &ArgError{Arg: "bytes", Value: t.Bytes, Reason: "negative"}
 	}
 	if need := t.Count * size; need > t.Bytes {
-		return &ArgError{Arg: "buffer", Value: t.Bytes, Reason: fmt.Sprintf("%d bytes is shorter than count %d × %d bytes = %d", t.Bytes, t.Count, size, need)}
+		return &ArgError{
+			Arg:    "buffer",
+			Value:  t.Bytes,
+			Reason: fmt.Sprintf("%d bytes is shorter than count %d × %d bytes = %d", t.Bytes, t.Count, size, need),
+		}
 	}
 	if t.Count > 0 && t.Ptr == 0 {
 		return &ArgError{Arg: "ptr", Value: "0", Reason: "null device address"}

@@ -38,14 +38,24 @@ func FindFairrun(explicit string) (string, error) {
 // --nic-gbit 10), adding "-json FILE" to args, and returns the records the
 // workers wrote there. The workers' output goes to stdout and stderr
 // (prefixed with their rank by fairrun).
-func LaunchEmulated(ctx context.Context, fairrun string, flags []string, machines, nproc int, prog string, args []string, stdout, stderr io.Writer) ([]Record, error) {
+func LaunchEmulated(
+	ctx context.Context,
+	fairrun string,
+	flags []string,
+	machines, nproc int,
+	prog string,
+	args []string,
+	stdout, stderr io.Writer,
+) ([]Record, error) {
 	dir, err := os.MkdirTemp("", "fairbench-")
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	out := filepath.Join(dir, "records.jsonl")
-	full := append([]string{"--emulate-machines", strconv.Itoa(machines), "--nproc-per-node", strconv.Itoa(nproc)}, flags...)
+	full := append(
+		[]string{"--emulate-machines", strconv.Itoa(machines), "--nproc-per-node", strconv.Itoa(nproc)},
+		flags...)
 	full = append(full, "--", prog)
 	full = append(full, args...)
 	full = append(full, "-json", out)

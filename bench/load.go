@@ -126,7 +126,12 @@ func (d hostDelta) add(e hostDelta) hostDelta {
 }
 
 func (a hostSample) until(b hostSample) hostDelta {
-	d := hostDelta{CPU: (b.cpu - a.cpu).Seconds(), Out: b.outSegs - a.outSegs, Retrans: b.retrans - a.retrans, NetNS: b.netns}
+	d := hostDelta{
+		CPU:     (b.cpu - a.cpu).Seconds(),
+		Out:     b.outSegs - a.outSegs,
+		Retrans: b.retrans - a.retrans,
+		NetNS:   b.netns,
+	}
 	switch {
 	case a.err != "":
 		d.Err = a.err

@@ -12,7 +12,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // The baselines fairgo is measured against.
@@ -21,7 +21,7 @@ const (
 	// choice of algorithm.
 	Flat = "flat"
 	// FlatRing is one NCCL allreduce on a world communicator of its own
-	// that NCCL initialised with NCCL_ALGO=Ring (testbed.RingWorld): the
+	// that NCCL initialised with NCCL_ALGO=Ring (harness.RingWorld): the
 	// ring, whatever NCCL would choose. On the simulated cluster it is the
 	// sim's allreduce on a communicator of its own.
 	FlatRing = "flat-ring"
@@ -65,8 +65,12 @@ type Variant struct {
 
 // Options are the variant's hier options.
 func (v Variant) Options() []hier.Option {
-	opts := []hier.Option{hier.WithAlgorithm(v.Algorithm), hier.WithSliceSize(v.Slice), hier.WithParallelism(v.Parallelism),
-		hier.WithFlatThreshold(v.FlatThreshold)}
+	opts := []hier.Option{
+		hier.WithAlgorithm(v.Algorithm),
+		hier.WithSliceSize(v.Slice),
+		hier.WithParallelism(v.Parallelism),
+		hier.WithFlatThreshold(v.FlatThreshold),
+	}
 	if v.SpinSet {
 		opts = append(opts, hier.WithSpin(v.Spin))
 	}
@@ -83,7 +87,7 @@ func (v Variant) Options() []hier.Option {
 }
 
 // inline is whether the variant enqueues flat calls inline. The bench
-// drives every local rank from a goroutine of its own (testbed.ForRanks),
+// drives every local rank from a goroutine of its own (harness.ForRanks),
 // which is what hier.WithInlineEnqueue asks of its caller, so it is on
 // unless the variant says otherwise, also where one process drives several
 // ranks.
@@ -97,7 +101,13 @@ func (v Variant) inline() bool {
 // optionKeys are the variant's keys of hier's options, for its errors;
 // keyAliases the other spellings of keys.
 var (
-	optionKeys = map[string]string{"WithSliceSize": "slice", "WithParallelism": "parallelism", "WithFlatThreshold": "flat", "WithSpin": "spin", "WithAlgorithm": "algo"}
+	optionKeys = map[string]string{
+		"WithSliceSize":     "slice",
+		"WithParallelism":   "parallelism",
+		"WithFlatThreshold": "flat",
+		"WithSpin":          "spin",
+		"WithAlgorithm":     "algo",
+	}
 	keyAliases = map[string]string{"algorithm": "algo", "par": "parallelism", "flat-threshold": "flat"}
 )
 
@@ -124,7 +134,12 @@ func ParseVariant(s string) (Variant, error) {
 		if errors.As(err, &ae) {
 			why, cause = ae.Reason, err
 		}
-		return Variant{}, &fairgo.ArgError{Arg: "-fairgo", Value: strconv.Quote(s), Reason: fmt.Sprintf("%s %s: %s", key, val, why), Err: cause}
+		return Variant{}, &fairgo.ArgError{
+			Arg:    "-fairgo",
+			Value:  strconv.Quote(s),
+			Reason: fmt.Sprintf("%s %s: %s", key, val, why),
+			Err:    cause,
+		}
 	}
 	if !variantName.MatchString(v.Name) || v.Name == Flat || v.Name == Naive {
 		return bad("needs a NAME (a letter, then letters, digits, '_', '.', '-'; not flat or naive) before '='")
@@ -242,7 +257,11 @@ func Methods(list string, variants []Variant) ([]Method, error) {
 		case f == DefaultVariant:
 			fairgoToo = true
 		default:
-			return nil, &fairgo.ArgError{Arg: "-algos", Value: f, Reason: "unknown (" + strings.Join(Baselines, ", ") + ", " + DefaultVariant + ")"}
+			return nil, &fairgo.ArgError{
+				Arg:    "-algos",
+				Value:  f,
+				Reason: "unknown (" + strings.Join(Baselines, ", ") + ", " + DefaultVariant + ")",
+			}
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Method) int {
@@ -258,7 +277,11 @@ func Methods(list string, variants []Variant) ([]Method, error) {
 				return nil, &fairgo.ArgError{Arg: "-fairgo", Value: variants[i].Name, Reason: "a baseline's name"}
 			}
 			if seen[variants[i].Name] {
-				return nil, &fairgo.ArgError{Arg: "-fairgo", Value: variants[i].Name, Reason: "two variants of one name"}
+				return nil, &fairgo.ArgError{
+					Arg:    "-fairgo",
+					Value:  variants[i].Name,
+					Reason: "two variants of one name",
+				}
 			}
 			seen[variants[i].Name] = true
 			out = append(out, Method{Name: variants[i].Name, Variant: &variants[i]})
@@ -273,9 +296,9 @@ func Methods(list string, variants []Variant) ([]Method, error) {
 // caller enqueues calls of the methods for one rank on its stream.
 type caller struct {
 	idx   int // index among the testbed's local ranks
-	rank  *testbed.Rank
+	rank  *harness.Rank
 	reds  map[string]*hier.Reducer // by variant name
-	ring  hier.Comm                // FlatRing's world communicator (testbed.RingWorld); nil when not measured
+	ring  hier.Comm                // FlatRing's world communicator (harness.RingWorld); nil when not measured
 	op    fairgo.Op
 	works []*hier.Work // fairgo calls whose completion is still to be checked
 }
@@ -304,7 +327,12 @@ func (c *caller) call(ctx context.Context, m Method, t fairgo.Tensor) error {
 		D := int64(g.Devices)
 		chunk := (t.Count + D - 1) / D
 		if chunk*D*int64(t.DType.Size()) > t.Bytes {
-			return fmt.Errorf("bench: naive hierarchy: buffer of %d bytes has no room to pad %d elements to a multiple of %d", t.Bytes, t.Count, D)
+			return fmt.Errorf(
+				"bench: naive hierarchy: buffer of %d bytes has no room to pad %d elements to a multiple of %d",
+				t.Bytes,
+				t.Count,
+				D,
+			)
 		}
 		mine := t.Ptr + uintptr(int64(g.Local)*chunk*int64(t.DType.Size()))
 		if D > 1 {

@@ -8,7 +8,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // Record kinds.
@@ -71,16 +71,16 @@ type Record struct {
 // Setup is the testbed a record was measured on, as the launcher described
 // it and as the ranks sat on the GPUs and NCCL hosts.
 type Setup struct {
-	testbed.Emulation
-	testbed.Placement
+	harness.Emulation
+	harness.Placement
 	// FlatTopologyUnaware: flat NCCL did not know the machines (every rank
 	// its own NCCL host while machines hold several ranks), so flat and
-	// flat-ring ran a ring over all ranks (testbed.Info.FlatTopologyUnaware).
+	// flat-ring ran a ring over all ranks (harness.Info.FlatTopologyUnaware).
 	FlatTopologyUnaware bool `json:"flat_topology_unaware,omitempty"`
 }
 
 // SetupOf is the Setup of a testbed.
-func SetupOf(i testbed.Info) Setup {
+func SetupOf(i harness.Info) Setup {
 	return Setup{Emulation: i.Emulation, Placement: i.Placement, FlatTopologyUnaware: i.FlatTopologyUnaware()}
 }
 

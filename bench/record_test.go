@@ -26,11 +26,29 @@ func TestJSONL(t *testing.T) {
 		alg string
 		us  float64
 	}{{"flat", 200}, {"naive", 300}, {"fairgo", 100}} {
-		r := Record{Kind: KindSweep, Run: "r1", Backend: "sim", SimTimings: true, Machines: 2, Devices: 2, DType: "float32", Op: "sum",
-			Algorithm: a.alg, Bytes: 4 << 20, Count: 1 << 20, TimeUS: a.us, MinUS: a.us * 0.9, MaxUS: a.us * 1.1}
+		r := Record{
+			Kind:       KindSweep,
+			Run:        "r1",
+			Backend:    "sim",
+			SimTimings: true,
+			Machines:   2,
+			Devices:    2,
+			DType:      "float32",
+			Op:         "sum",
+			Algorithm:  a.alg,
+			Bytes:      4 << 20,
+			Count:      1 << 20,
+			TimeUS:     a.us,
+			MinUS:      a.us * 0.9,
+			MaxUS:      a.us * 1.1,
+		}
 		r.Testbed.NICGbit, r.Testbed.MPS = 10, true
 		if a.alg == "fairgo" {
-			r.Fairgo = &FairgoSetup{Algorithm: "auto", Chosen: "rail-rsag", Choices: []Choice{{MinBytes: 0, Algorithm: "flat"}, {MinBytes: 256 << 10, Algorithm: "rail-rsag"}}}
+			r.Fairgo = &FairgoSetup{
+				Algorithm: "auto",
+				Chosen:    "rail-rsag",
+				Choices:   []Choice{{MinBytes: 0, Algorithm: "flat"}, {MinBytes: 256 << 10, Algorithm: "rail-rsag"}},
+			}
 		}
 		r.AlgBW, r.BusBW = Bandwidths(r.Bytes, r.TimeUS/1e6, 4)
 		recs = append(recs, r)

@@ -12,8 +12,8 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/internal/refdata"
-	"github.com/fairgo/fairgo/internal/testbed"
 )
 
 // Config is one benchmark run on a testbed.
@@ -50,7 +50,7 @@ type Observer interface {
 
 // Header is what a run knows before its first point.
 type Header struct {
-	Testbed testbed.Info
+	Testbed harness.Info
 	Config  Config
 	// Fairgo is, for each fairgo method in Config.Methods order, its
 	// resolved options and choices before the first call.
@@ -96,10 +96,10 @@ func (c *Config) defaults() error {
 // run is one run's state.
 type run struct {
 	ctx     context.Context
-	tb      *testbed.Testbed
-	info    testbed.Info
+	tb      *harness.Testbed
+	info    harness.Info
 	cfg     Config
-	ranks   []*testbed.Rank
+	ranks   []*harness.Rank
 	world   int
 	bufs    []fairgo.Tensor
 	callers []*caller
@@ -109,7 +109,7 @@ type run struct {
 
 // Sweep measures every method at every size, one size after another, and
 // returns the records (on the root process; the others get nil).
-func Sweep(ctx context.Context, tb *testbed.Testbed, cfg Config) ([]Record, error) {
+func Sweep(ctx context.Context, tb *harness.Testbed, cfg Config) ([]Record, error) {
 	r, err := newRun(ctx, tb, cfg)
 	if err != nil {
 		return nil, err
@@ -119,9 +119,13 @@ func Sweep(ctx context.Context, tb *testbed.Testbed, cfg Config) ([]Record, erro
 
 // Overlap measures rounds of cfg.Buckets calls of cfg.BucketBytes each,
 // enqueued back to back, for every method: the time of a whole round.
-func Overlap(ctx context.Context, tb *testbed.Testbed, cfg Config) ([]Record, error) {
+func Overlap(ctx context.Context, tb *harness.Testbed, cfg Config) ([]Record, error) {
 	if cfg.Buckets < 1 || cfg.BucketBytes < 1 {
-		return nil, &fairgo.ArgError{Arg: "-buckets/-bucket-bytes", Value: fmt.Sprintf("%d × %d", cfg.Buckets, cfg.BucketBytes), Reason: "both must be positive"}
+		return nil, &fairgo.ArgError{
+			Arg:    "-buckets/-bucket-bytes",
+			Value:  fmt.Sprintf("%d × %d", cfg.Buckets, cfg.BucketBytes),
+			Reason: "both must be positive",
+		}
 	}
 	r, err := newRun(ctx, tb, cfg)
 	if err != nil {
@@ -130,12 +134,20 @@ func Overlap(ctx context.Context, tb *testbed.Testbed, cfg Config) ([]Record, er
 	return r.overlap()
 }
 
-func newRun(ctx context.Context, tb *testbed.Testbed, cfg Config) (*run, error) {
+func newRun(ctx context.Context, tb *harness.Testbed, cfg Config) (*run, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
 	info := tb.Info()
-	r := &run{ctx: ctx, tb: tb, info: info, cfg: cfg, ranks: tb.Ranks(), world: info.World(), when: time.Now().UTC().Format(time.RFC3339)}
+	r := &run{
+		ctx:   ctx,
+		tb:    tb,
+		info:  info,
+		cfg:   cfg,
+		ranks: tb.Ranks(),
+		world: info.World(),
+		when:  time.Now().UTC().Format(time.RFC3339),
+	}
 	if len(r.ranks) == 0 {
 		return nil, errors.New("bench: the testbed has no ranks in this process")
 	}
@@ -159,7 +171,11 @@ func newRun(ctx context.Context, tb *testbed.Testbed, cfg Config) (*run, error) 
 		if m.Variant == nil {
 			continue
 		}
-		opts := append(m.Variant.Options(), hier.WithTimeout(10*time.Minute), hier.WithInlineEnqueue(m.Variant.inline()))
+		opts := append(
+			m.Variant.Options(),
+			hier.WithTimeout(10*time.Minute),
+			hier.WithInlineEnqueue(m.Variant.inline()),
+		)
 		reds, err := tb.Reducers(ctx, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("bench: building the Reducers of %s: %w", m.Name, err)
@@ -198,7 +214,10 @@ func (r *run) fairgoSetup(m Method, bytes int64) FairgoSetup {
 	fs := FairgoSetup{Spec: m.Variant.Spec, Algorithm: m.Variant.Algorithm.String(), SliceBytes: red.SliceBytes(),
 		Parallelism: resolvedPar(m.Variant.Parallelism), FlatThreshold: red.FlatThreshold(), Inline: m.Variant.inline()}
 	for _, c := range red.Choices() {
-		fs.Choices = append(fs.Choices, Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String(), Route: c.String()})
+		fs.Choices = append(
+			fs.Choices,
+			Choice{MinBytes: c.MinBytes, Algorithm: c.Algorithm.String(), Route: c.String()},
+		)
 	}
 	if bytes >= 0 {
 		c := red.ChoiceFor(bytes)
@@ -210,7 +229,7 @@ func (r *run) fairgoSetup(m Method, bytes int64) FairgoSetup {
 // alloc gives every local rank a buffer of count elements, plus room for
 // the naive hierarchy's padding.
 func (r *run) alloc(count int64) error {
-	return r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+	return r.tb.ForRanks(func(i int, rk *harness.Rank) error {
 		t, err := rk.Alloc(count+int64(r.world), r.cfg.DType)
 		if err != nil {
 			return fmt.Errorf("allocating %d elements: %w", count, err)
@@ -239,7 +258,7 @@ func (r *run) timeUnit(units int, enqueue func(c *caller) error) ([]float64, err
 		return nil, err
 	}
 	out := make([]float64, len(r.ranks))
-	err := r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+	err := r.tb.ForRanks(func(i int, rk *harness.Rank) error {
 		c := r.callers[i]
 		d, err := rk.Time(r.ctx, func() error {
 			for range units {
@@ -308,7 +327,7 @@ func (r *run) check(res *rankResult, count, stride int64, buckets int) error {
 	outs := make([][][]byte, len(r.ranks)) // [local rank][method] when keep
 	for k, m := range ms {
 		res.Wrong[k] = make([]int64, len(r.ranks))
-		err := r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+		err := r.tb.ForRanks(func(i int, rk *harness.Rank) error {
 			for j := range buckets {
 				if err := rk.Upload(r.bufs[i].Slice(int64(j)*stride, count), inputs[i][j]); err != nil {
 					return err
@@ -329,7 +348,7 @@ func (r *run) check(res *rankResult, count, stride int64, buckets int) error {
 		}); err != nil {
 			return fmt.Errorf("%s check: %w", m.Name, err)
 		}
-		err = r.tb.ForRanks(func(i int, rk *testbed.Rank) error {
+		err = r.tb.ForRanks(func(i int, rk *harness.Rank) error {
 			for j := range buckets {
 				out, err := rk.Download(r.bufs[i].Slice(int64(j)*stride, count))
 				if err != nil {
@@ -495,11 +514,30 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 
 func (r *run) proto(kind string, bytes, count int64) Record {
 	i := r.info
-	return Record{Kind: kind, Run: r.cfg.Run, Label: r.cfg.Label, Link: r.cfg.Link, Command: r.cfg.Command, Backend: i.Backend,
-		SimTimings: i.SimTimings, Machines: i.Machines, Devices: i.Devices, Processes: i.Processes,
-		Testbed: SetupOf(i), Invalid: i.Invalid(),
-		DType: r.cfg.DType.String(), Op: r.cfg.Op.String(), Bytes: bytes, Count: count, Iters: r.cfg.Iters, Reps: r.cfg.Reps,
-		NCCLVersion: i.NCCLVersion, NCCLEnv: i.NCCLEnv, Host: i.Host, When: r.when}
+	return Record{
+		Kind:        kind,
+		Run:         r.cfg.Run,
+		Label:       r.cfg.Label,
+		Link:        r.cfg.Link,
+		Command:     r.cfg.Command,
+		Backend:     i.Backend,
+		SimTimings:  i.SimTimings,
+		Machines:    i.Machines,
+		Devices:     i.Devices,
+		Processes:   i.Processes,
+		Testbed:     SetupOf(i),
+		Invalid:     i.Invalid(),
+		DType:       r.cfg.DType.String(),
+		Op:          r.cfg.Op.String(),
+		Bytes:       bytes,
+		Count:       count,
+		Iters:       r.cfg.Iters,
+		Reps:        r.cfg.Reps,
+		NCCLVersion: i.NCCLVersion,
+		NCCLEnv:     i.NCCLEnv,
+		Host:        i.Host,
+		When:        r.when,
+	}
 }
 
 func (r *run) sweep() ([]Record, error) {
@@ -509,7 +547,11 @@ func (r *run) sweep() ([]Record, error) {
 		maxCount = max(maxCount, s/es)
 	}
 	if maxCount == 0 {
-		return nil, &fairgo.ArgError{Arg: "-e", Value: slices.Max(append([]int64{0}, r.cfg.Sizes...)), Reason: fmt.Sprintf("no size holds one %s", r.cfg.DType)}
+		return nil, &fairgo.ArgError{
+			Arg:    "-e",
+			Value:  slices.Max(append([]int64{0}, r.cfg.Sizes...)),
+			Reason: fmt.Sprintf("no size holds one %s", r.cfg.DType),
+		}
 	}
 	if err := r.alloc(maxCount); err != nil {
 		return nil, err
@@ -534,7 +576,11 @@ func (r *run) overlap() ([]Record, error) {
 	es := int64(r.cfg.DType.Size())
 	count := r.cfg.BucketBytes / es
 	if count == 0 {
-		return nil, &fairgo.ArgError{Arg: "-bucket-bytes", Value: r.cfg.BucketBytes, Reason: fmt.Sprintf("holds no %s", r.cfg.DType)}
+		return nil, &fairgo.ArgError{
+			Arg:    "-bucket-bytes",
+			Value:  r.cfg.BucketBytes,
+			Reason: fmt.Sprintf("holds no %s", r.cfg.DType),
+		}
 	}
 	w := int64(r.world)
 	stride := (count + w - 1) / w * w

@@ -14,13 +14,13 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/internal/refdata"
-	"github.com/fairgo/fairgo/internal/testbed"
 )
 
-func openSimT(t testing.TB, m, d int, jitter time.Duration) *testbed.Testbed {
+func openSimT(t testing.TB, m, d int, jitter time.Duration) *harness.Testbed {
 	t.Helper()
-	tb, err := testbed.OpenSim(testbed.Spec{Machines: m, Devices: d, Seed: 7, Jitter: jitter})
+	tb, err := harness.OpenSim(harness.Spec{Machines: m, Devices: d, Seed: 7, Jitter: jitter})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tb.Close() })
 	return tb
@@ -72,8 +72,18 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 	for _, c := range cases {
 		tb := openSimT(t, c.m, c.d, 50*time.Microsecond)
 		var obs observed
-		cfg := Config{Sizes: []int64{6, 1000, 12345, 100003}, DType: c.dt, Op: c.op, Iters: 2, Reps: 2, Warmup: 1, Check: true,
-			Seed: 3, Methods: methods(t, DefaultMethods, "fairgo=slice:16K,flat:2K,algo:"+c.algo), Observer: &obs}
+		cfg := Config{
+			Sizes:    []int64{6, 1000, 12345, 100003},
+			DType:    c.dt,
+			Op:       c.op,
+			Iters:    2,
+			Reps:     2,
+			Warmup:   1,
+			Check:    true,
+			Seed:     3,
+			Methods:  methods(t, DefaultMethods, "fairgo=slice:16K,flat:2K,algo:"+c.algo),
+			Observer: &obs,
+		}
 		recs, err := Sweep(context.Background(), tb, cfg)
 		require.NoError(t, err, "%d×%d %v %v", c.m, c.d, c.dt, c.op)
 		require.NotEmpty(t, recs)
@@ -99,7 +109,11 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 		require.Len(t, obs.headers, 1)
 		require.Len(t, obs.headers[0].Fairgo, 1)
 		require.Len(t, obs.points, len(recs)/4)
-		require.Equal(t, []string{Flat, FlatRing, Naive, DefaultVariant}, []string{recs[0].Algorithm, recs[1].Algorithm, recs[2].Algorithm, recs[3].Algorithm})
+		require.Equal(
+			t,
+			[]string{Flat, FlatRing, Naive, DefaultVariant},
+			[]string{recs[0].Algorithm, recs[1].Algorithm, recs[2].Algorithm, recs[3].Algorithm},
+		)
 	}
 }
 
@@ -108,7 +122,12 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 func TestChosenAlgorithmIsRecorded(t *testing.T) {
 	tb := openSimT(t, 2, 2, 0)
 	cfg := Config{Sizes: []int64{1 << 10, 64 << 10}, Iters: 1, Reps: 1, Check: true,
-		Methods: methods(t, "fairgo", "rsag=algo:rail-rsag,flat:4K,inline:on", "a2a=algo:rail-a2a,flat:never,inline:off")}
+		Methods: methods(
+			t,
+			"fairgo",
+			"rsag=algo:rail-rsag,flat:4K,inline:on",
+			"a2a=algo:rail-a2a,flat:never,inline:off",
+		)}
 	recs, err := Sweep(context.Background(), tb, cfg)
 	require.NoError(t, err)
 	chosen := map[string]string{}
@@ -116,16 +135,33 @@ func TestChosenAlgorithmIsRecorded(t *testing.T) {
 		require.Zero(t, r.Wrong)
 		chosen[r.Algorithm+"/"+FormatSize(r.Bytes)] = r.Fairgo.Chosen
 	}
-	require.Equal(t, map[string]string{"rsag/1K": "flat", "rsag/64K": "rail-rsag", "a2a/1K": "rail-a2a", "a2a/64K": "rail-a2a"}, chosen)
+	require.Equal(
+		t,
+		map[string]string{"rsag/1K": "flat", "rsag/64K": "rail-rsag", "a2a/1K": "rail-a2a", "a2a/64K": "rail-a2a"},
+		chosen,
+	)
 	for _, r := range recs {
-		require.Equal(t, r.Algorithm != "a2a", r.Fairgo.Inline, "inline unless the variant turns it off: every rank has its goroutine")
+		require.Equal(
+			t,
+			r.Algorithm != "a2a",
+			r.Fairgo.Inline,
+			"inline unless the variant turns it off: every rank has its goroutine",
+		)
 	}
 }
 
 func TestOverlapRecords(t *testing.T) {
 	tb := openSimT(t, 2, 2, 0)
-	cfg := Config{DType: fairgo.Float32, Op: fairgo.Sum, Iters: 1, Reps: 1, Check: true, Buckets: 5, BucketBytes: 10 << 10,
-		Methods: methods(t, "naive,fairgo", "p1=parallelism:1,slice:4K", "p3=parallelism:3,slice:4K")}
+	cfg := Config{
+		DType:       fairgo.Float32,
+		Op:          fairgo.Sum,
+		Iters:       1,
+		Reps:        1,
+		Check:       true,
+		Buckets:     5,
+		BucketBytes: 10 << 10,
+		Methods:     methods(t, "naive,fairgo", "p1=parallelism:1,slice:4K", "p3=parallelism:3,slice:4K"),
+	}
 	recs, err := Overlap(context.Background(), tb, cfg)
 	require.NoError(t, err)
 	require.Len(t, recs, 3)
@@ -143,11 +179,14 @@ func TestOverlapRecords(t *testing.T) {
 }
 
 func TestRecordsCarryTheTestbed(t *testing.T) {
-	r := &run{cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Run: "r1", Command: "fairbench sweep"}, info: testbed.Info{
-		Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
-		Emulation: testbed.Emulation{Machines: 2, NICGbit: 10, NetNS: true},
-		Placement: testbed.Placement{RanksPerGPU: 2, SharedAcrossMachines: true},
-	}}
+	r := &run{
+		cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Run: "r1", Command: "fairbench sweep"},
+		info: harness.Info{
+			Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
+			Emulation: harness.Emulation{Machines: 2, NICGbit: 10, NetNS: true},
+			Placement: harness.Placement{RanksPerGPU: 2, SharedAcrossMachines: true},
+		},
+	}
 	p := r.proto(KindSweep, 1<<20, 1<<18)
 	require.Equal(t, "r1", p.Run)
 	require.Equal(t, "fairbench sweep", p.Command)
@@ -164,21 +203,40 @@ func TestRecordsCarryTheTestbed(t *testing.T) {
 // link is emulated and that flat NCCL did not know the machines, and the
 // NIC-bound ideal counts M machines, not the W NCCL hosts.
 func TestRecordsOfRanksSharingAGPU(t *testing.T) {
-	r := &run{cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Reps: 1, Methods: methods(t, "flat,flat-ring,naive")}, info: testbed.Info{
-		Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
-		Emulation: testbed.Emulation{Machines: 2, NICGbit: 2.5, NetNS: true, MPS: true, Intra: testbed.IntraLoopback, NVLinkGbit: 20},
-		Placement: testbed.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8},
-	}}
+	r := &run{
+		cfg: Config{DType: fairgo.Float32, Op: fairgo.Sum, Reps: 1, Methods: methods(t, "flat,flat-ring,naive")},
+		info: harness.Info{
+			Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
+			Emulation: harness.Emulation{
+				Machines:   2,
+				NICGbit:    2.5,
+				NetNS:      true,
+				MPS:        true,
+				Intra:      harness.IntraLoopback,
+				NVLinkGbit: 20,
+			},
+			Placement: harness.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8},
+		},
+	}
 	p := r.proto(KindSweep, 256<<20, 64<<20)
 	require.True(t, p.Testbed.FlatTopologyUnaware)
-	require.Equal(t, "intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here", p.Testbed.IntraLine())
+	require.Equal(
+		t,
+		"intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here",
+		p.Testbed.IntraLine(),
+	)
 	require.Empty(t, p.Invalid, "under MPS")
 	times := [][][]float64{{{1.0}}, {{1.0}}, {{1.0}}} // [method][rep][local rank]
 	recs := r.summarize([]rankResult{{Times: times}}, p)
 	require.Len(t, recs, 3)
 	want := IdealBusBW(256<<20, 2, 4, 2.5e9/8)
 	require.InDelta(t, want, recs[0].IdealBusBW, 1e-12)
-	require.NotEqual(t, IdealBusBW(256<<20, 8, 1, 2.5e9/8), recs[0].IdealBusBW, "not as if every NCCL host were a machine")
+	require.NotEqual(
+		t,
+		IdealBusBW(256<<20, 8, 1, 2.5e9/8),
+		recs[0].IdealBusBW,
+		"not as if every NCCL host were a machine",
+	)
 	// 2 × 4 at 2.5 Gbit/s: t = S/B, busbw = B·2·7/8 = 0.547 GB/s (GPU.md's 0.55).
 	require.InDelta(t, 0.546875, want, 1e-9)
 
@@ -189,7 +247,11 @@ func TestRecordsOfRanksSharingAGPU(t *testing.T) {
 	back, err := ReadJSONL(&buf)
 	require.NoError(t, err)
 	require.Equal(t, recs, back)
-	old, err := ReadJSONL(strings.NewReader(`{"kind":"sweep","algorithm":"flat","machines":2,"devices":2,"testbed":{"launcher_machines":2,"nic_gbit":10,"mps":true,"netns":true,"ranks_per_gpu":2,"shared_across_machines":true}}`))
+	old, err := ReadJSONL(
+		strings.NewReader(
+			`{"kind":"sweep","algorithm":"flat","machines":2,"devices":2,"testbed":{"launcher_machines":2,"nic_gbit":10,"mps":true,"netns":true,"ranks_per_gpu":2,"shared_across_machines":true}}`,
+		),
+	)
 	require.NoError(t, err)
 	require.False(t, old[0].Testbed.FlatTopologyUnaware)
 	require.Empty(t, old[0].Testbed.IntraLine())
@@ -229,7 +291,11 @@ func TestCountWrong(t *testing.T) {
 	for _, i := range []int{3, 500, 999} {
 		elem.Set(dt, bad, i, elem.Get(dt, bad, i)+1)
 	}
-	require.Equal(t, []int64{0, 3, 0, 0, 3}, countWrong(dt, op, 5, world, [][]byte{good, bad, slices.Clone(good), good, bad}))
+	require.Equal(
+		t,
+		[]int64{0, 3, 0, 0, 3},
+		countWrong(dt, op, 5, world, [][]byte{good, bad, slices.Clone(good), good, bad}),
+	)
 }
 
 func TestIdealBusBW(t *testing.T) {
@@ -250,11 +316,20 @@ func TestParseVariant(t *testing.T) {
 		bad  bool
 	}{
 		{in: "fairgo", want: Variant{Name: "fairgo"}},
-		{in: "rsag=algo:rail-rsag,slice:64M,parallelism:4", want: Variant{Name: "rsag", Spec: "algo:rail-rsag,slice:64M,parallelism:4",
-			Algorithm: hier.RailRSAG, Slice: 64 << 20, Parallelism: 4}},
-		{in: "a2a = algorithm:rail-a2a, flat:never, spin:0s", want: Variant{Name: "a2a", Spec: "algorithm:rail-a2a, flat:never, spin:0s",
-			Algorithm: hier.RailAllToAll, FlatThreshold: hier.FlatNever, SpinSet: true}},
-		{in: "f=flat:1M,par:2", want: Variant{Name: "f", Spec: "flat:1M,par:2", FlatThreshold: 1 << 20, Parallelism: 2}},
+		{
+			in: "rsag=algo:rail-rsag,slice:64M,parallelism:4",
+			want: Variant{Name: "rsag", Spec: "algo:rail-rsag,slice:64M,parallelism:4",
+				Algorithm: hier.RailRSAG, Slice: 64 << 20, Parallelism: 4},
+		},
+		{
+			in: "a2a = algorithm:rail-a2a, flat:never, spin:0s",
+			want: Variant{Name: "a2a", Spec: "algorithm:rail-a2a, flat:never, spin:0s",
+				Algorithm: hier.RailAllToAll, FlatThreshold: hier.FlatNever, SpinSet: true},
+		},
+		{
+			in:   "f=flat:1M,par:2",
+			want: Variant{Name: "f", Spec: "flat:1M,par:2", FlatThreshold: 1 << 20, Parallelism: 2},
+		},
 		{in: "i=inline:on", want: Variant{Name: "i", Spec: "inline:on", Inline: true, InlineSet: true}},
 		{in: "o=inline:off", want: Variant{Name: "o", Spec: "inline:off", InlineSet: true}},
 		{in: "x=inline:maybe", bad: true},
@@ -311,7 +386,11 @@ func TestMethods(t *testing.T) {
 	}
 	require.Equal(t, []string{"flat", "naive", "fairgo"}, names(methods(t, "fairgo,naive,flat")))
 	require.Equal(t, []string{"flat", "flat-ring", "naive", "fairgo"}, names(methods(t, DefaultMethods)))
-	require.Equal(t, []string{"flat", "flat-ring", "naive", "fairgo"}, names(methods(t, "naive,fairgo,flat-ring,flat,naive")))
+	require.Equal(
+		t,
+		[]string{"flat", "flat-ring", "naive", "fairgo"},
+		names(methods(t, "naive,fairgo,flat-ring,flat,naive")),
+	)
 	require.Equal(t, []string{"flat-ring", "naive"}, names(methods(t, "naive,flat-ring")))
 	require.Equal(t, []string{"flat", "a", "b"}, names(methods(t, "flat,fairgo", "a=slice:1M", "b")))
 	require.Equal(t, []string{"naive"}, names(methods(t, "naive", "a=slice:1M")))
@@ -331,7 +410,11 @@ func BenchmarkSimAllReduce(b *testing.B) {
 		for _, size := range []int64{64 << 10, 1 << 20} {
 			b.Run(m.Name+"/"+FormatSize(size), func(b *testing.B) {
 				tb := openSimT(b, 2, 2, 0)
-				r, err := newRun(context.Background(), tb, Config{DType: fairgo.Float32, Iters: 1, Reps: 1, Methods: []Method{m}})
+				r, err := newRun(
+					context.Background(),
+					tb,
+					Config{DType: fairgo.Float32, Iters: 1, Reps: 1, Methods: []Method{m}},
+				)
 				require.NoError(b, err)
 				count := size / 4
 				require.NoError(b, r.alloc(count))

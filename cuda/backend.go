@@ -49,8 +49,11 @@ type Backend struct {
 // Connect implements setup.Backend.
 func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
 	if job.Layout == nil || len(job.Ranks) == 0 || len(job.Ranks) != len(job.Devices) {
-		return nil, &fairgo.ArgError{Arg: "cuda backend job", Value: fmt.Sprintf("ranks %v devices %v", job.Ranks, job.Devices),
-			Reason: "needs a layout and one device per rank"}
+		return nil, &fairgo.ArgError{
+			Arg:    "cuda backend job",
+			Value:  fmt.Sprintf("ranks %v devices %v", job.Ranks, job.Devices),
+			Reason: "needs a layout and one device per rank",
+		}
 	}
 	if _, err := Load(); err != nil {
 		return nil, err
@@ -68,12 +71,19 @@ func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.
 	for i, o := range job.Devices {
 		for _, p := range job.Devices[:i] {
 			if p == o {
-				return nil, &fairgo.ArgError{Arg: "cuda backend devices", Value: job.Devices, Reason: "one rank per GPU in a process"}
+				return nil, &fairgo.ArgError{
+					Arg:    "cuda backend devices",
+					Value:  job.Devices,
+					Reason: "one rank per GPU in a process",
+				}
 			}
 		}
 		d, err := Open(o)
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("cuda: opening device %d for rank %d: %w", o, job.Ranks[i], err), closeDevs())
+			return nil, errors.Join(
+				fmt.Errorf("cuda: opening device %d for rank %d: %w", o, job.Ranks[i], err),
+				closeDevs(),
+			)
 		}
 		devs[i] = d
 	}
@@ -91,7 +101,15 @@ func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.
 // connect makes the communicators of this process's ranks (global ranks
 // ranks, on devs) in the layout every rank computed. The caller keeps the
 // devices; on error every communicator made is aborted.
-func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layout, ranks []int, devs []*Device, noSplit bool, log *slog.Logger) ([]hier.Rank, error) {
+func connect(
+	ctx context.Context,
+	store rendezvous.Store,
+	layout *topology.Layout,
+	ranks []int,
+	devs []*Device,
+	noSplit bool,
+	log *slog.Logger,
+) ([]hier.Rank, error) {
 	lib, err := nccl.Load()
 	if err != nil {
 		return nil, err
@@ -121,7 +139,15 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 		}
 		for i, cm := range made[len(made)-len(raw):] {
 			if n, r := want(i); cm.Size() != n || cm.Rank() != r {
-				return fmt.Errorf("cuda: communicator %s of global rank %d is rank %d of %d; the layout says %d of %d", cm.Name(), ranks[i], cm.Rank(), cm.Size(), r, n)
+				return fmt.Errorf(
+					"cuda: communicator %s of global rank %d is rank %d of %d; the layout says %d of %d",
+					cm.Name(),
+					ranks[i],
+					cm.Rank(),
+					cm.Size(),
+					r,
+					n,
+				)
 			}
 		}
 		return nil
@@ -150,7 +176,17 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 	}
 
 	split := !noSplit && lib.Supports("ncclCommSplit")
-	log.Debug("fairgo: cuda communicators", "world", W, "grid", fmt.Sprintf("%dx%d", M, D), "split", split, "nccl", lib.String())
+	log.Debug(
+		"fairgo: cuda communicators",
+		"world",
+		W,
+		"grid",
+		fmt.Sprintf("%dx%d", M, D),
+		"split",
+		split,
+		"nccl",
+		lib.String(),
+	)
 	type sub struct {
 		name     string
 		size     int                          // ranks per communicator
@@ -170,11 +206,51 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 		// The check moves a few kilobytes: one CTA, so that it never takes
 		// SMs that the data's kernels (and, with ranks sharing a GPU under
 		// MPS, other ranks' kernels they wait for) need.
-		{"check", W, checkCK, func(c *hier.Comms, cm hier.Comm) { c.Check = cm }, checkLeader, W == 1, &nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"}},
-		{"intra-rs/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraReduceScatter = cm }, intraLeader, D == 1, nil},
-		{"intra-ag/machine=%d", D, intraCK, func(c *hier.Comms, cm hier.Comm) { c.IntraAllGather = cm }, intraLeader, D == 1, nil},
-		{"rail-collect/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailCollect = cm }, railLeader, M == 1, nil},
-		{"rail-diffuse/local=%d", M, railCK, func(c *hier.Comms, cm hier.Comm) { c.RailDiffuse = cm }, railLeader, M == 1, nil},
+		{
+			"check",
+			W,
+			checkCK,
+			func(c *hier.Comms, cm hier.Comm) { c.Check = cm },
+			checkLeader,
+			W == 1,
+			&nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"},
+		},
+		{
+			"intra-rs/machine=%d",
+			D,
+			intraCK,
+			func(c *hier.Comms, cm hier.Comm) { c.IntraReduceScatter = cm },
+			intraLeader,
+			D == 1,
+			nil,
+		},
+		{
+			"intra-ag/machine=%d",
+			D,
+			intraCK,
+			func(c *hier.Comms, cm hier.Comm) { c.IntraAllGather = cm },
+			intraLeader,
+			D == 1,
+			nil,
+		},
+		{
+			"rail-collect/local=%d",
+			M,
+			railCK,
+			func(c *hier.Comms, cm hier.Comm) { c.RailCollect = cm },
+			railLeader,
+			M == 1,
+			nil,
+		},
+		{
+			"rail-diffuse/local=%d",
+			M,
+			railCK,
+			func(c *hier.Comms, cm hier.Comm) { c.RailDiffuse = cm },
+			railLeader,
+			M == 1,
+			nil,
+		},
 	}
 	for _, s := range subs {
 		if s.skip { // one-rank communicators stay nil, on every rank alike
@@ -238,7 +314,13 @@ func connect(ctx context.Context, store rendezvous.Store, layout *topology.Layou
 
 // shareID returns the unique id stored under key: the leader creates and
 // publishes it, the others wait for it.
-func shareID(ctx context.Context, lib *nccl.Library, store rendezvous.Store, key string, leader bool) (nccl.UniqueID, error) {
+func shareID(
+	ctx context.Context,
+	lib *nccl.Library,
+	store rendezvous.Store,
+	key string,
+	leader bool,
+) (nccl.UniqueID, error) {
 	if leader {
 		id, err := lib.GetUniqueId()
 		if err != nil {
@@ -268,7 +350,12 @@ func shareID(ctx context.Context, lib *nccl.Library, store rendezvous.Store, key
 // without an NCCL group (inside a group NCCL writes the new handle after
 // the call has returned). On error, or when ctx ends first, every
 // communicator made, then or later, is aborted.
-func eachRank(ctx context.Context, what string, devs []*Device, create func(i int) (*nccl.Comm, error)) ([]*nccl.Comm, error) {
+func eachRank(
+	ctx context.Context,
+	what string,
+	devs []*Device,
+	create func(i int) (*nccl.Comm, error),
+) ([]*nccl.Comm, error) {
 	type result struct {
 		i   int
 		c   *nccl.Comm
@@ -319,7 +406,11 @@ func eachRank(ctx context.Context, what string, devs []*Device, create func(i in
 				}
 			}()
 			abortAll()
-			return nil, fmt.Errorf("cuda: %s: NCCL did not complete (a rank missing or failed?): %w", what, errors.Join(append([]error{ctx.Err()}, errs...)...))
+			return nil, fmt.Errorf(
+				"cuda: %s: NCCL did not complete (a rank missing or failed?): %w",
+				what,
+				errors.Join(append([]error{ctx.Err()}, errs...)...),
+			)
 		}
 	}
 	if len(errs) > 0 {

@@ -404,7 +404,10 @@ func getDeviceInfo(ordinal int) (deviceInfo, error) {
 	var dev C.fg_CUdevice
 	var name [256]C.char
 	var sms, pitch C.int
-	err := check("cuDeviceGet/cuDeviceGetName/cuDeviceGetAttribute", C.fg_device_info(C.int(ordinal), &dev, &name[0], C.int(len(name)), &sms, &pitch))
+	err := check(
+		"cuDeviceGet/cuDeviceGetName/cuDeviceGetAttribute",
+		C.fg_device_info(C.int(ordinal), &dev, &name[0], C.int(len(name)), &sms, &pitch),
+	)
 	return deviceInfo{dev: dev, name: C.GoString(&name[0]), sms: int(sms), maxPitch: int64(pitch)}, err
 }
 
@@ -537,11 +540,17 @@ func memInfo(c cContext) (free, total int64, err error) {
 // the device and wait for the whole context (download: before, upload and
 // memset: after). The driver is done with the Go memory when they return.
 func uploadSync(c cContext, dst uintptr, src []byte) error {
-	return check("cuMemcpyHtoD", C.fg_htod_sync(c, C.uintptr_t(dst), unsafe.Pointer(unsafe.SliceData(src)), C.size_t(len(src))))
+	return check(
+		"cuMemcpyHtoD",
+		C.fg_htod_sync(c, C.uintptr_t(dst), unsafe.Pointer(unsafe.SliceData(src)), C.size_t(len(src))),
+	)
 }
 
 func downloadSync(c cContext, dst []byte, src uintptr) error {
-	return check("cuMemcpyDtoH", C.fg_dtoh_sync(c, unsafe.Pointer(unsafe.SliceData(dst)), C.uintptr_t(src), C.size_t(len(dst))))
+	return check(
+		"cuMemcpyDtoH",
+		C.fg_dtoh_sync(c, unsafe.Pointer(unsafe.SliceData(dst)), C.uintptr_t(src), C.size_t(len(dst))),
+	)
 }
 
 func memsetSync(c cContext, dst uintptr, b byte, n int64) error {
@@ -555,18 +564,47 @@ func memsetSync(c cContext, dst uintptr, b byte, n int64) error {
 // and completes a device-to-host copy before returning; so cgo's pointer
 // rules hold either way.
 func htodAsync(c cContext, dst uintptr, src []byte, s cStream) error {
-	return check("cuMemcpyHtoDAsync", C.fg_htod_async(c, C.uintptr_t(dst), unsafe.Pointer(unsafe.SliceData(src)), C.size_t(len(src)), C.uintptr_t(handleOfStream(s))))
+	return check(
+		"cuMemcpyHtoDAsync",
+		C.fg_htod_async(
+			c,
+			C.uintptr_t(dst),
+			unsafe.Pointer(unsafe.SliceData(src)),
+			C.size_t(len(src)),
+			C.uintptr_t(handleOfStream(s)),
+		),
+	)
 }
 
 func dtohAsync(c cContext, dst []byte, src uintptr, s cStream) error {
-	return check("cuMemcpyDtoHAsync", C.fg_dtoh_async(c, unsafe.Pointer(unsafe.SliceData(dst)), C.uintptr_t(src), C.size_t(len(dst)), C.uintptr_t(handleOfStream(s))))
+	return check(
+		"cuMemcpyDtoHAsync",
+		C.fg_dtoh_async(
+			c,
+			unsafe.Pointer(unsafe.SliceData(dst)),
+			C.uintptr_t(src),
+			C.size_t(len(dst)),
+			C.uintptr_t(handleOfStream(s)),
+		),
+	)
 }
 
 func copyAsync(c cContext, dst, src uintptr, n int64, s cStream) error {
-	return check("cuMemcpyDtoDAsync", C.fg_dtod_async(c, C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(handleOfStream(s))))
+	return check(
+		"cuMemcpyDtoDAsync",
+		C.fg_dtod_async(c, C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(handleOfStream(s))),
+	)
 }
 
-func copy2DAsync(c cContext, dst uintptr, dpitch int64, src uintptr, spitch int64, width, height int64, s cStream) error {
+func copy2DAsync(
+	c cContext,
+	dst uintptr,
+	dpitch int64,
+	src uintptr,
+	spitch int64,
+	width, height int64,
+	s cStream,
+) error {
 	return check("cuMemcpy2DAsync", C.fg_copy2d_async(c, C.uintptr_t(dst), C.size_t(dpitch), C.uintptr_t(src),
 		C.size_t(spitch), C.size_t(width), C.size_t(height), C.uintptr_t(handleOfStream(s))))
 }
@@ -634,5 +672,8 @@ func launch(c cContext, f cFunction, name string, dims [6]uint32, shared uint32,
 	if len(args) > 0 {
 		vals = (*C.uint64_t)(unsafe.Pointer(&args[0]))
 	}
-	return check("cuLaunchKernel("+name+")", C.fg_launch(c, f, &cdims[0], C.uint(shared), C.uintptr_t(handleOfStream(s)), C.int(len(args)), vals))
+	return check(
+		"cuLaunchKernel("+name+")",
+		C.fg_launch(c, f, &cdims[0], C.uint(shared), C.uintptr_t(handleOfStream(s)), C.int(len(args)), vals),
+	)
 }

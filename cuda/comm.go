@@ -105,12 +105,22 @@ func (c *Comm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fa
 }
 
 // ReduceScatter enqueues ncclReduceScatter.
-func (c *Comm) ReduceScatter(send, recv uintptr, recvCount int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+func (c *Comm) ReduceScatter(
+	send, recv uintptr,
+	recvCount int64,
+	dt fairgo.DType,
+	op fairgo.Op,
+	s streams.Stream,
+) error {
 	ndt, nop, err := c.types(dt, op, true)
 	if err != nil {
 		return err
 	}
-	return c.enqueue("reduce-scatter", s, func(st uintptr) error { return c.c.ReduceScatter(send, recv, recvCount, ndt, nop, st) })
+	return c.enqueue(
+		"reduce-scatter",
+		s,
+		func(st uintptr) error { return c.c.ReduceScatter(send, recv, recvCount, ndt, nop, st) },
+	)
 }
 
 // AllGather enqueues ncclAllGather.
@@ -134,7 +144,14 @@ func (c *Comm) Broadcast(send, recv uintptr, count int64, dt fairgo.DType, root 
 // AllToAllv enqueues, in one NCCL group, a send of sendCounts[k] elements
 // from send+sendDispls[k] to each rank k and a receive of recvCounts[k]
 // elements into recv+recvDispls[k] from it; zero counts are skipped.
-func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64, dt fairgo.DType, s streams.Stream) error {
+func (c *Comm) AllToAllv(
+	send uintptr,
+	sendCounts, sendDispls []int64,
+	recv uintptr,
+	recvCounts, recvDispls []int64,
+	dt fairgo.DType,
+	s streams.Stream,
+) error {
 	ndt, _, err := c.types(dt, 0, false)
 	if err != nil {
 		return err
@@ -144,7 +161,11 @@ func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uint
 		v    []int64
 	}{{"sendCounts", sendCounts}, {"sendDispls", sendDispls}, {"recvCounts", recvCounts}, {"recvDispls", recvDispls}} {
 		if len(a.v) != c.size {
-			return &fairgo.ArgError{Arg: a.name, Value: len(a.v), Reason: fmt.Sprintf("needs one entry per rank (%d)", c.size)}
+			return &fairgo.ArgError{
+				Arg:    a.name,
+				Value:  len(a.v),
+				Reason: fmt.Sprintf("needs one entry per rank (%d)", c.size),
+			}
 		}
 		for k, x := range a.v {
 			if x < 0 {
@@ -273,12 +294,20 @@ func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error)
 		devs[i] = c.d
 	}
 	if lib := comms[0].lib; !lib.Supports("ncclCommSplit") {
-		return nil, fmt.Errorf("cuda: duplicating %s needs ncclCommSplit (NCCL 2.18 or newer), not in %v", comms[0].name, lib)
+		return nil, fmt.Errorf(
+			"cuda: duplicating %s needs ncclCommSplit (NCCL 2.18 or newer), not in %v",
+			comms[0].name,
+			lib,
+		)
 	}
 	raw, err := eachRank(ctx, name+" (split of "+comms[0].name+")", devs, func(i int) (*nccl.Comm, error) {
 		c, err := comms[i].c.Split(0, comms[i].rank, nil)
 		if err == nil && c == nil {
-			err = fmt.Errorf("ncclCommSplit(color 0, key %d) of %s returned no communicator", comms[i].rank, comms[i].name)
+			err = fmt.Errorf(
+				"ncclCommSplit(color 0, key %d) of %s returned no communicator",
+				comms[i].rank,
+				comms[i].name,
+			)
 		}
 		return c, err
 	})
@@ -289,7 +318,15 @@ func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error)
 	for i, r := range raw {
 		cm, err := NewComm(devs[i], r, name)
 		if err == nil && (cm.Size() != comms[i].size || cm.Rank() != comms[i].rank) {
-			err = fmt.Errorf("cuda: %s is rank %d of %d, its original %s rank %d of %d", name, cm.Rank(), cm.Size(), comms[i].name, comms[i].rank, comms[i].size)
+			err = fmt.Errorf(
+				"cuda: %s is rank %d of %d, its original %s rank %d of %d",
+				name,
+				cm.Rank(),
+				cm.Size(),
+				comms[i].name,
+				comms[i].rank,
+				comms[i].size,
+			)
 		}
 		if err != nil {
 			for _, c := range raw {
@@ -311,8 +348,11 @@ func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error)
 // destroys the communicators.
 func NewLocalRanks(devs []*Device, machines, perMachine int) ([]hier.Rank, error) {
 	if machines < 1 || perMachine < 1 || len(devs) != machines*perMachine {
-		return nil, &fairgo.ArgError{Arg: "grid", Value: fmt.Sprintf("%d×%d over %d devices", machines, perMachine, len(devs)),
-			Reason: "needs machines, perMachine ≥ 1 and one device per rank"}
+		return nil, &fairgo.ArgError{
+			Arg:    "grid",
+			Value:  fmt.Sprintf("%d×%d over %d devices", machines, perMachine, len(devs)),
+			Reason: "needs machines, perMachine ≥ 1 and one device per rank",
+		}
 	}
 	seen := map[int]bool{}
 	for _, d := range devs {

@@ -190,7 +190,15 @@ func TestLocalRanks(t *testing.T) {
 					got := download[int64](t, d, b[r].Ptr, k*n)
 					for q := 0; q < k; q++ {
 						for i := 0; i < n; i++ {
-							require.Equal(t, int64(-100*(q+1)+i), got[q*n+i], "rank %d: grouped all-gather block %d element %d", r, q, i)
+							require.Equal(
+								t,
+								int64(-100*(q+1)+i),
+								got[q*n+i],
+								"rank %d: grouped all-gather block %d element %d",
+								r,
+								q,
+								i,
+							)
 						}
 					}
 				}
@@ -219,8 +227,32 @@ func testCollectives(t *testing.T, ranks []hier.Rank, ss []*Stream, get func(hie
 		return out
 	}
 	cnt, nn := int64(count), int64(n)
-	sum, avg, rsSend, rsRecv := mk(cnt, fairgo.Float32), mk(cnt, fairgo.BFloat16), mk(nn*cnt, fairgo.Float32), mk(cnt, fairgo.Float32)
-	agSend, agRecv, bc, mx := mk(cnt, fairgo.Int32), mk(nn*cnt, fairgo.Int32), mk(cnt, fairgo.Float64), mk(cnt, fairgo.Int64)
+	sum, avg, rsSend, rsRecv := mk(
+		cnt,
+		fairgo.Float32,
+	), mk(
+		cnt,
+		fairgo.BFloat16,
+	), mk(
+		nn*cnt,
+		fairgo.Float32,
+	), mk(
+		cnt,
+		fairgo.Float32,
+	)
+	agSend, agRecv, bc, mx := mk(
+		cnt,
+		fairgo.Int32,
+	), mk(
+		nn*cnt,
+		fairgo.Int32,
+	), mk(
+		cnt,
+		fairgo.Float64,
+	), mk(
+		cnt,
+		fairgo.Int64,
+	)
 	// all-to-all-v: every send from displacement 0, each receive into a
 	// 16-element slot of its own.
 	a2aSend, a2aRecv := mk(16, fairgo.Uint8), mk(16*nn, fairgo.Uint8)
@@ -308,7 +340,14 @@ func testCollectives(t *testing.T, ranks []hier.Rank, ss []*Stream, get func(hie
 					want = uint8(16*src + int(j))
 				}
 				if got[int64(src)*16+j] != want {
-					t.Fatalf("rank %d all-to-all-v: from %d element %d = %d, want %d", r, src, j, got[int64(src)*16+j], want)
+					t.Fatalf(
+						"rank %d all-to-all-v: from %d element %d = %d, want %d",
+						r,
+						src,
+						j,
+						got[int64(src)*16+j],
+						want,
+					)
 				}
 			}
 		}
@@ -340,15 +379,36 @@ func TestCommArgs(t *testing.T) {
 		others = append(others, otherDevice{"other GPU", ranks[1].Device.(*Device)})
 	}
 	for _, o := range others {
-		require.ErrorIs(t, c.AllReduce(0, 0, 1, fairgo.Float32, fairgo.Sum, stream(t, o.d)), fairgo.ErrInvalidArgument, "a stream of %s", o.name)
+		require.ErrorIs(
+			t,
+			c.AllReduce(0, 0, 1, fairgo.Float32, fairgo.Sum, stream(t, o.d)),
+			fairgo.ErrInvalidArgument,
+			"a stream of %s",
+			o.name,
+		)
 	}
 	short, long := make([]int64, n-1), make([]int64, n+1)
 	full := make([]int64, n)
-	require.ErrorIs(t, c.AllToAllv(0, short, full, 0, full, full, fairgo.Float32, s), fairgo.ErrInvalidArgument, "short send counts")
-	require.ErrorIs(t, c.AllToAllv(0, full, full, 0, full, long, fairgo.Float32, s), fairgo.ErrInvalidArgument, "long receive displacements")
+	require.ErrorIs(
+		t,
+		c.AllToAllv(0, short, full, 0, full, full, fairgo.Float32, s),
+		fairgo.ErrInvalidArgument,
+		"short send counts",
+	)
+	require.ErrorIs(
+		t,
+		c.AllToAllv(0, full, full, 0, full, long, fairgo.Float32, s),
+		fairgo.ErrInvalidArgument,
+		"long receive displacements",
+	)
 	neg := make([]int64, n)
 	neg[n-1] = -1
-	require.ErrorIs(t, c.AllToAllv(0, full, full, 0, neg, full, fairgo.Float32, s), fairgo.ErrInvalidArgument, "negative receive count")
+	require.ErrorIs(
+		t,
+		c.AllToAllv(0, full, full, 0, neg, full, fairgo.Float32, s),
+		fairgo.ErrInvalidArgument,
+		"negative receive count",
+	)
 	_, err := NewLocalRanks([]*Device{d}, 2, 2)
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument, "grid larger than the devices")
 	_, err = NewLocalRanks([]*Device{d, d}, 1, 2)
@@ -380,7 +440,13 @@ func TestCommAbort(t *testing.T) {
 		require.NoError(t, c.Abort(), "rank %d Abort", r)
 		require.ErrorIs(t, c.Err(), fairgo.ErrAborted, "rank %d Err after Abort", r)
 		s := stream(t, ranks[r].Device.(*Device))
-		require.ErrorIs(t, c.AllReduce(0, 0, 1, fairgo.Float32, fairgo.Sum, s), fairgo.ErrAborted, "rank %d all-reduce after Abort", r)
+		require.ErrorIs(
+			t,
+			c.AllReduce(0, 0, 1, fairgo.Float32, fairgo.Sum, s),
+			fairgo.ErrAborted,
+			"rank %d all-reduce after Abort",
+			r,
+		)
 		require.NoError(t, c.Close(), "rank %d Close after Abort", r)
 		*pick(&ranks[r].Comms) = nil // closed: not again at the end of the test
 	}
@@ -410,7 +476,9 @@ func TestDuplicate(t *testing.T) {
 		}
 	}()
 	for i, c := range dups {
-		if c.Size() != worlds[i].Size() || c.Rank() != worlds[i].Rank() || c.Name() != "flat-ring" || c.Device() != ranks[i].Device || c.NCCL() == worlds[i].NCCL() {
+		if c.Size() != worlds[i].Size() || c.Rank() != worlds[i].Rank() || c.Name() != "flat-ring" ||
+			c.Device() != ranks[i].Device ||
+			c.NCCL() == worlds[i].NCCL() {
 			t.Fatalf("copy %d: %v (rank %d of %d) of %v", i, c, c.Rank(), c.Size(), worlds[i])
 		}
 		require.NoError(t, c.Err(), "copy %d", i)

@@ -233,7 +233,11 @@ func (d *Device) Free(ptr uintptr) error {
 	delete(d.allocs, ptr)
 	d.mu.Unlock()
 	if !ok {
-		return &fairgo.ArgError{Arg: "ptr", Value: fmt.Sprintf("%#x", ptr), Reason: fmt.Sprintf("not allocated by Alloc on %v (or already freed)", d)}
+		return &fairgo.ArgError{
+			Arg:    "ptr",
+			Value:  fmt.Sprintf("%#x", ptr),
+			Reason: fmt.Sprintf("not allocated by Alloc on %v (or already freed)", d),
+		}
 	}
 	d.ranges.forget(ptr)
 	if err := d.alive(); err != nil {
@@ -368,7 +372,14 @@ func (d *Device) CopyAsync(dst, src uintptr, bytes int64, s streams.Stream) erro
 // Copy2DAsync enqueues height rows of width bytes, from src+i·srcPitch to
 // dst+i·dstPitch, as one cuMemcpy2DAsync (or one flat copy when the rows are
 // contiguous, or a copy per row when a pitch exceeds the device's limit).
-func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch int64, width, height int64, s streams.Stream) error {
+func (d *Device) Copy2DAsync(
+	dst uintptr,
+	dstPitch int64,
+	src uintptr,
+	srcPitch int64,
+	width, height int64,
+	s streams.Stream,
+) error {
 	cs, err := d.stream(s)
 	if err != nil {
 		return err
@@ -377,7 +388,11 @@ func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch 
 	case width < 0 || height < 0:
 		return &fairgo.ArgError{Arg: "2D copy shape", Value: fmt.Sprintf("%d×%d", width, height), Reason: "negative"}
 	case height > 1 && (dstPitch < width || srcPitch < width):
-		return &fairgo.ArgError{Arg: "2D copy pitch", Value: fmt.Sprintf("dst %d, src %d", dstPitch, srcPitch), Reason: fmt.Sprintf("shorter than the width %d", width)}
+		return &fairgo.ArgError{
+			Arg:    "2D copy pitch",
+			Value:  fmt.Sprintf("dst %d, src %d", dstPitch, srcPitch),
+			Reason: fmt.Sprintf("shorter than the width %d", width),
+		}
 	case width == 0 || height == 0:
 		return nil
 	case height == 1 || (dstPitch == width && srcPitch == width):
@@ -423,21 +438,6 @@ func (d *Device) Download(dst []byte, src uintptr) error {
 	return nil
 }
 
-// Memset sets bytes of device memory to b and waits for the device to be
-// idle (a helper for tests and examples).
-func (d *Device) Memset(ptr uintptr, b byte, bytes int64) error {
-	if bytes <= 0 {
-		return nil
-	}
-	if err := d.alive(); err != nil {
-		return err
-	}
-	if err := memsetSync(d.ctx, ptr, b, bytes); err != nil {
-		return fmt.Errorf("cuda: memset on %v: %w", d, err)
-	}
-	return nil
-}
-
 // UploadAsync enqueues on s (a stream of d) a copy of src, Go memory, to
 // device memory at dst. The driver stages the bytes before it returns, so
 // src may be reused at once; the call may wait for s's earlier work, and
@@ -454,7 +454,11 @@ func (d *Device) UploadAsync(dst uintptr, src []byte, s streams.Stream) error {
 	case dst == 0:
 		return &fairgo.ArgError{Arg: "dst", Value: "0", Reason: "null device address"}
 	case d.host.owns(src):
-		return &fairgo.ArgError{Arg: "src", Value: len(src), Reason: "page-locked memory from AllocHost: use CopyFromHostAsync"}
+		return &fairgo.ArgError{
+			Arg:    "src",
+			Value:  len(src),
+			Reason: "page-locked memory from AllocHost: use CopyFromHostAsync",
+		}
 	}
 	if err := htodAsync(d.ctx, dst, src, cs.h); err != nil {
 		return fmt.Errorf("cuda: upload on %v: %w", cs, err)
@@ -477,7 +481,11 @@ func (d *Device) DownloadAfter(dst []byte, src uintptr, s streams.Stream) error 
 	case src == 0:
 		return &fairgo.ArgError{Arg: "src", Value: "0", Reason: "null device address"}
 	case d.host.owns(dst):
-		return &fairgo.ArgError{Arg: "dst", Value: len(dst), Reason: "page-locked memory from AllocHost: use CopyToHostAsync"}
+		return &fairgo.ArgError{
+			Arg:    "dst",
+			Value:  len(dst),
+			Reason: "page-locked memory from AllocHost: use CopyToHostAsync",
+		}
 	}
 	err = errors.Join(dtohAsync(d.ctx, dst, src, cs.h), streamSync(d.ctx, cs.h))
 	if err != nil {

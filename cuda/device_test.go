@@ -3,6 +3,7 @@ package cuda
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -29,7 +30,12 @@ func (fakeEvent) Wait(ctx context.Context) error { return nil }
 func TestOpen(t *testing.T) {
 	start := time.Now()
 	d := devices(t, 1)[0]
-	t.Logf("opened %v (%d SMs) in %v (includes JIT of the PTX unless cached)", d, d.Multiprocessors(), time.Since(start))
+	t.Logf(
+		"opened %v (%d SMs) in %v (includes JIT of the PTX unless cached)",
+		d,
+		d.Multiprocessors(),
+		time.Since(start),
+	)
 	var _ hier.Device = d
 	if _, err := Open(-1); !isInvalid(err) {
 		t.Errorf("Open(-1): %v", err)
@@ -376,7 +382,14 @@ func TestCrossDevice(t *testing.T) {
 			e0 := event(t, d)
 			require.ErrorIs(t, e0.Record(s1), fairgo.ErrInvalidArgument, "recording %v's event on %v's stream", d, o.d)
 			p := alloc(t, d, 64)
-			require.ErrorIs(t, d.CopyAsync(p, p+32, 32, s1), fairgo.ErrInvalidArgument, "%v's copy on %v's stream", d, o.d)
+			require.ErrorIs(
+				t,
+				d.CopyAsync(p, p+32, 32, s1),
+				fairgo.ErrInvalidArgument,
+				"%v's copy on %v's stream",
+				d,
+				o.d,
+			)
 
 			s0 := stream(t, d)
 			require.NoError(t, d.DelayAsync(300*time.Millisecond, s0))
@@ -452,4 +465,19 @@ func TestClose(t *testing.T) {
 	if _, err := d.CreateStream(); !errors.Is(err, fairgo.ErrClosed) {
 		t.Errorf("CreateStream after Close: %v", err)
 	}
+}
+
+// Memset sets bytes of device memory to b and waits for the device to be
+// idle (a helper for tests and examples).
+func (d *Device) Memset(ptr uintptr, b byte, bytes int64) error {
+	if bytes <= 0 {
+		return nil
+	}
+	if err := d.alive(); err != nil {
+		return err
+	}
+	if err := memsetSync(d.ctx, ptr, b, bytes); err != nil {
+		return fmt.Errorf("cuda: memset on %v: %w", d, err)
+	}
+	return nil
 }

@@ -171,6 +171,9 @@ type VersionError struct {
 }
 
 func (e *VersionError) Error() string {
-	return fmt.Sprintf("the driver supports CUDA %s; fairgo needs CUDA %s or later (an NVIDIA driver of the 520 series or newer)",
-		versionString(e.Have), versionString(e.Need))
+	return fmt.Sprintf(
+		"the driver supports CUDA %s; fairgo needs CUDA %s or later (an NVIDIA driver of the 520 series or newer)",
+		versionString(e.Have),
+		versionString(e.Need),
+	)
 }

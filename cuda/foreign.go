@@ -43,7 +43,10 @@ func (d *Device) ForeignStream(handle uintptr) (*Stream, error) {
 	}
 	if ctx != d.ctx {
 		return nil, &fairgo.ArgError{Arg: "stream", Value: fmt.Sprintf("%#x", handle),
-			Reason: fmt.Sprintf("belongs to another CUDA context than %v's (another GPU, or a context the caller created)", d)}
+			Reason: fmt.Sprintf(
+				"belongs to another CUDA context than %v's (another GPU, or a context the caller created)",
+				d,
+			)}
 	}
 	return d.WrapStream(handle), nil
 }

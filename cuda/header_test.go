@@ -114,7 +114,8 @@ func TestDeclarationsMatchCUDAHeader(t *testing.T) {
 	require.NoError(t, os.WriteFile(src, []byte(headerCheck), 0o644))
 	flags := []string{"-std=c11", "-Wall", "-Werror", "-Wno-unused-variable", "-I" + inc, "-I" + dir}
 
-	out, err := exec.Command(cc, append(flags, "-DCHECK_PROTOTYPES", "-c", "-o", filepath.Join(dir, "check.o"), src)...).CombinedOutput()
+	out, err := exec.Command(cc, append(flags, "-DCHECK_PROTOTYPES", "-c", "-o", filepath.Join(dir, "check.o"), src)...).
+		CombinedOutput()
 	require.NoError(t, err, "fg_cuda.h disagrees with %s/cuda.h:\n%s", inc, out)
 
 	bin := filepath.Join(dir, "names")

@@ -146,7 +146,12 @@ func freshCommRanks(t testing.TB, m, d int) []hier.Rank {
 	job.seq++
 	ctx, cancel := context.WithTimeout(context.Background(), jobStoreTimeout)
 	defer cancel()
-	r, err := setup.New(ctx, job.store, Backend{}, setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)))
+	r, err := setup.New(
+		ctx,
+		job.store,
+		Backend{},
+		setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if err := r.Close(); err != nil {

@@ -85,7 +85,15 @@ func (d *Device) grid(count int64, dt fairgo.DType) int {
 //
 // with Avg dividing the sum by divisor. dst may be exactly one of the
 // sources (in place), but must not partly overlap any of them.
-func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int, s streams.Stream) error {
+func (d *Device) ReduceAsync(
+	dst, src uintptr,
+	n int,
+	stride, count int64,
+	dt fairgo.DType,
+	op fairgo.Op,
+	divisor int,
+	s streams.Stream,
+) error {
 	cs, err := d.stream(s)
 	if err != nil {
 		return err
@@ -113,13 +121,28 @@ func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fa
 	for k := int64(0); k < int64(n); k++ {
 		a := src + uintptr(k*stride*size)
 		if a != dst && a < dst+uintptr(count*size) && dst < a+uintptr(count*size) {
-			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("partly overlaps source %d at %#x", k, a)}
+			return &fairgo.ArgError{
+				Arg:    "dst",
+				Value:  fmt.Sprintf("%#x", dst),
+				Reason: fmt.Sprintf("partly overlaps source %d at %#x", k, a),
+			}
 		}
 	}
 	if op != fairgo.Avg {
 		divisor = 1
 	}
-	return d.launch1D(f, d.grid(count, dt), blockSize, cs, uint64(dst), uint64(src), uint64(n), uint64(stride), uint64(count), uint64(divisor))
+	return d.launch1D(
+		f,
+		d.grid(count, dt),
+		blockSize,
+		cs,
+		uint64(dst),
+		uint64(src),
+		uint64(n),
+		uint64(stride),
+		uint64(count),
+		uint64(divisor),
+	)
 }
 
 // FillAsync enqueues t[i] = offset + scale·(i mod modulus), converted to

@@ -257,7 +257,12 @@ func TestReduceFloat16Rounding(t *testing.T) {
 		srcs []uint16
 		want uint16
 	}{
-		{"fp32 accumulation keeps small terms", fairgo.Sum, []uint16{one, half(1.0 / 4096), half(1.0 / 4096), half(1.0 / 4096)}, h(1 + 1.0/1024)},
+		{
+			"fp32 accumulation keeps small terms",
+			fairgo.Sum,
+			[]uint16{one, half(1.0 / 4096), half(1.0 / 4096), half(1.0 / 4096)},
+			h(1 + 1.0/1024),
+		},
 		{"tie rounds to even", fairgo.Sum, []uint16{one, half(1.0 / 2048)}, one},
 		{"overflow to inf", fairgo.Sum, []uint16{h(65504), h(65504)}, 0x7c00},
 		{"max with NaN", fairgo.Max, []uint16{one, 0x7e00, h(2)}, 0x7e00},

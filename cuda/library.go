@@ -104,7 +104,10 @@ func open(paths []string) (*Driver, error) {
 	for _, p := range paths {
 		h, text := dlopen(p)
 		if h == nil {
-			lerr.Attempts = append(lerr.Attempts, LoadAttempt{Path: p, Err: &DLError{Text: text, NotFound: notFound(p, text)}})
+			lerr.Attempts = append(
+				lerr.Attempts,
+				LoadAttempt{Path: p, Err: &DLError{Text: text, NotFound: notFound(p, text)}},
+			)
 			continue
 		}
 		d, a := initialise(p, h)
@@ -159,7 +162,8 @@ func notFound(path, dlerror string) bool {
 		_, err := os.Stat(path)
 		return os.IsNotExist(err)
 	}
-	return strings.Contains(dlerror, "No such file or directory") || strings.Contains(dlerror, "cannot open shared object file")
+	return strings.Contains(dlerror, "No such file or directory") ||
+		strings.Contains(dlerror, "cannot open shared object file")
 }
 
 // Count is the number of CUDA devices (loading the driver first).

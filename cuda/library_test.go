@@ -71,7 +71,9 @@ static const char* name(R r) { return r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 9
 		case "cuGetErrorName":
 			src.WriteString("R cuGetErrorName(R r, const char** s) { *s = name(r); return 0; }\n")
 		case "cuGetErrorString":
-			src.WriteString("R cuGetErrorString(R r, const char** s) { *s = r == 100 ? \"no CUDA-capable device is detected\" : \"fake\"; return 0; }\n")
+			src.WriteString(
+				"R cuGetErrorString(R r, const char** s) { *s = r == 100 ? \"no CUDA-capable device is detected\" : \"fake\"; return 0; }\n",
+			)
 		default:
 			fmt.Fprintf(&src, "R %s(void) { return 0; }\n", n)
 		}
@@ -111,24 +113,48 @@ func TestLoadFailures(t *testing.T) {
 			require.ErrorAs(t, a.Err, &de)
 			require.Equal(t, "cuInit", de.Symbol)
 		}, []string{`"libc.so.6"`, "missing symbol cuInit", "cannot use the CUDA driver"}},
-		{"versioned symbol missing", func(t *testing.T) string { return fakeDriver(t, 12020, 0, "cuMemAlloc_v2") }, false, func(t *testing.T, a LoadAttempt) {
-			var de *DLError
-			require.ErrorAs(t, a.Err, &de)
-			require.Equal(t, "cuMemAlloc_v2", de.Symbol)
-		}, []string{"missing symbol cuMemAlloc_v2"}},
-		{"too old", func(t *testing.T) string { return fakeDriver(t, 11040, 0) }, false, func(t *testing.T, a LoadAttempt) {
-			var ve *VersionError
-			require.ErrorAs(t, a.Err, &ve)
-			require.Equal(t, VersionError{Have: 11040, Need: MinDriverVersion}, *ve)
-		}, []string{"CUDA 11.4", "CUDA 11.8"}},
-		{"no device", func(t *testing.T) string { return fakeDriver(t, 12020, 100) }, true, func(t *testing.T, a LoadAttempt) {
-			var ce *Error
-			require.ErrorAs(t, a.Err, &ce)
-			require.Equal(t, "cuInit", ce.Op)
-		}, []string{"cuInit: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)"}},
-		{"broken driver", func(t *testing.T) string { return fakeDriver(t, 12020, 999) }, false, func(t *testing.T, a LoadAttempt) {
-			require.ErrorIs(t, a.Err, ErrCUDA)
-		}, []string{"cuInit: CUDA_ERROR_UNKNOWN"}},
+		{
+			"versioned symbol missing",
+			func(t *testing.T) string { return fakeDriver(t, 12020, 0, "cuMemAlloc_v2") },
+			false,
+			func(t *testing.T, a LoadAttempt) {
+				var de *DLError
+				require.ErrorAs(t, a.Err, &de)
+				require.Equal(t, "cuMemAlloc_v2", de.Symbol)
+			},
+			[]string{"missing symbol cuMemAlloc_v2"},
+		},
+		{
+			"too old",
+			func(t *testing.T) string { return fakeDriver(t, 11040, 0) },
+			false,
+			func(t *testing.T, a LoadAttempt) {
+				var ve *VersionError
+				require.ErrorAs(t, a.Err, &ve)
+				require.Equal(t, VersionError{Have: 11040, Need: MinDriverVersion}, *ve)
+			},
+			[]string{"CUDA 11.4", "CUDA 11.8"},
+		},
+		{
+			"no device",
+			func(t *testing.T) string { return fakeDriver(t, 12020, 100) },
+			true,
+			func(t *testing.T, a LoadAttempt) {
+				var ce *Error
+				require.ErrorAs(t, a.Err, &ce)
+				require.Equal(t, "cuInit", ce.Op)
+			},
+			[]string{"cuInit: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)"},
+		},
+		{
+			"broken driver",
+			func(t *testing.T) string { return fakeDriver(t, 12020, 999) },
+			false,
+			func(t *testing.T, a LoadAttempt) {
+				require.ErrorIs(t, a.Err, ErrCUDA)
+			},
+			[]string{"cuInit: CUDA_ERROR_UNKNOWN"},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -161,7 +187,11 @@ func TestLoadStopsAtTheFirstLibrary(t *testing.T) {
 	var le *LoadError
 	require.ErrorAs(t, err, &le)
 	require.Len(t, le.Attempts, 2)
-	require.Equal(t, []string{"libfairgo-no-such-library.so.1", fake}, []string{le.Attempts[0].Path, le.Attempts[1].Path})
+	require.Equal(
+		t,
+		[]string{"libfairgo-no-such-library.so.1", fake},
+		[]string{le.Attempts[0].Path, le.Attempts[1].Path},
+	)
 	require.ErrorIs(t, err, fairgo.ErrNoDevice)
 }
 
@@ -232,7 +262,13 @@ func TestNoDeviceThroughSetup(t *testing.T) {
 		cmd.Env = append(os.Environ(), envNoDeviceChild+"=1") // with EnvLibrary as set above
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "the test in a fresh process:\n%s", out)
-		require.Regexp(t, `(?m)^--- PASS: TestNoDeviceThroughSetup `, string(out), "the test in a fresh process ran and passed:\n%s", out)
+		require.Regexp(
+			t,
+			`(?m)^--- PASS: TestNoDeviceThroughSetup `,
+			string(out),
+			"the test in a fresh process ran and passed:\n%s",
+			out,
+		)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -268,7 +304,10 @@ func TestKernelArgs(t *testing.T) {
 		args []any
 		text string
 	}{
-		{[]any{int32(1), 3}, "invalid kernel argument 1 int: a Go int has no fixed size: pass int32 (a C int) or int64"},
+		{
+			[]any{int32(1), 3},
+			"invalid kernel argument 1 int: a Go int has no fixed size: pass int32 (a C int) or int64",
+		},
 		{[]any{uint(3)}, "uint32 or uint64"},
 		{[]any{"x"}, "unsupported type"},
 		{[]any{&struct{}{}}, "unsupported type"},

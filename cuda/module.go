@@ -36,7 +36,11 @@ func (d Dim3) dims() ([3]uint32, error) {
 	for i, v := range [3]int{d.X, d.Y, d.Z} {
 		switch {
 		case v < 0 || v > math.MaxUint32:
-			return out, &fairgo.ArgError{Arg: "launch dimensions", Value: d, Reason: "each component must be in [0, 2³²)"}
+			return out, &fairgo.ArgError{
+				Arg:    "launch dimensions",
+				Value:  d,
+				Reason: "each component must be in [0, 2³²)",
+			}
 		case v == 0:
 			out[i] = 1
 		default:
@@ -161,14 +165,26 @@ func (f *Function) Launch(grid, block Dim3, sharedBytes int, s streams.Stream, a
 	if err != nil {
 		return fmt.Errorf("cuda: kernel %s: %w", f.name, err)
 	}
-	return launch(f.m.d.ctx, f.h, f.name, [6]uint32{g[0], g[1], g[2], b[0], b[1], b[2]}, uint32(sharedBytes), cs.h, slots)
+	return launch(
+		f.m.d.ctx,
+		f.h,
+		f.name,
+		[6]uint32{g[0], g[1], g[2], b[0], b[1], b[2]},
+		uint32(sharedBytes),
+		cs.h,
+		slots,
+	)
 }
 
 // kernelArgs puts each argument into the low bytes of an 8-byte slot (the
 // layout a little-endian GPU reads a parameter of that size from).
 func kernelArgs(args []any) ([]uint64, error) {
 	if len(args) > maxKernelArgs {
-		return nil, &fairgo.ArgError{Arg: "kernel arguments", Value: len(args), Reason: fmt.Sprintf("at most %d", maxKernelArgs)}
+		return nil, &fairgo.ArgError{
+			Arg:    "kernel arguments",
+			Value:  len(args),
+			Reason: fmt.Sprintf("at most %d", maxKernelArgs),
+		}
 	}
 	slots := make([]uint64, len(args))
 	for i, a := range args {

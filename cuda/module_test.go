@@ -37,12 +37,22 @@ func TestModuleLaunch(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	_, _, err = m.Global("fg_no_such_global")
 	require.ErrorAs(t, err, &ce)
-	require.ErrorIs(t, f.Launch(Dim3{X: 1}, Dim3{X: 1}, 0, s, tn, n, 1.5, 2.0, int64(7)), fairgo.ErrInvalidArgument, "a Go int")
+	require.ErrorIs(
+		t,
+		f.Launch(Dim3{X: 1}, Dim3{X: 1}, 0, s, tn, n, 1.5, 2.0, int64(7)),
+		fairgo.ErrInvalidArgument,
+		"a Go int",
+	)
 	require.ErrorIs(t, f.Launch(Dim3{X: -1}, Dim3{X: 1}, 0, s), fairgo.ErrInvalidArgument)
 	// A launch on another device's stream: GPU 0 over a context of its own
 	// (the module is not loaded there), and GPU 1 where there is one.
 	for _, o := range othersOf(t, d) {
-		require.ErrorIs(t, f.Launch(Dim3{X: 1}, Dim3{X: 1}, 0, stream(t, o.d), tn, int64(n), 1.5, 2.0, int64(7)), fairgo.ErrInvalidArgument, o.name)
+		require.ErrorIs(
+			t,
+			f.Launch(Dim3{X: 1}, Dim3{X: 1}, 0, stream(t, o.d), tn, int64(n), 1.5, 2.0, int64(7)),
+			fairgo.ErrInvalidArgument,
+			o.name,
+		)
 	}
 }
 
@@ -53,7 +63,9 @@ func TestModuleErrors(t *testing.T) {
 	s := stream(t, d)
 	_, err := d.LoadModule(nil)
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
-	_, err = d.LoadModule([]byte(".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry broken( { not ptx }\n"))
+	_, err = d.LoadModule(
+		[]byte(".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry broken( { not ptx }\n"),
+	)
 	require.ErrorIs(t, err, ErrCUDA)
 	t.Logf("bad PTX: %v", err)
 

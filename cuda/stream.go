@@ -223,7 +223,11 @@ func (e *Event) destroy() error {
 // before end); both must have completed.
 func Elapsed(start, end *Event) (time.Duration, error) {
 	if !start.timing || !end.timing {
-		return 0, &fairgo.ArgError{Arg: "event", Value: "without timing", Reason: "Elapsed needs events from CreateEvent(true)"}
+		return 0, &fairgo.ArgError{
+			Arg:    "event",
+			Value:  "without timing",
+			Reason: "Elapsed needs events from CreateEvent(true)",
+		}
 	}
 	if err := errors.Join(start.alive(), end.alive()); err != nil {
 		return 0, err

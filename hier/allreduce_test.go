@@ -56,10 +56,18 @@ func drawCase(t *rapid.T) allReduceCase {
 		// Staging as small as one unit per slot, but not so small that a
 		// large call takes more than ~512 pipeline steps (each with the
 		// sim's jitter: minutes).
-		hier.WithStagingMemory(rapid.Int64Range(max(int64(par)*(unit+int64(m)*staging.Align), min(minStaging, int64(par)*bytes/512)), 2*minStaging).Draw(t, "staging")),
+		hier.WithStagingMemory(
+			rapid.Int64Range(max(int64(par)*(unit+int64(m)*staging.Align), min(minStaging, int64(par)*bytes/512)), 2*minStaging).
+				Draw(t, "staging"),
+		),
 		hier.WithPaddingMemory(rapid.Int64Range(unit, 8*unit).Draw(t, "padding")),
-		hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat")),
-		hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.RailAllReduce, hier.Flat, hier.Auto}).Draw(t, "algorithm")),
+		hier.WithFlatThreshold(
+			rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat"),
+		),
+		hier.WithAlgorithm(
+			rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.RailAllReduce, hier.Flat, hier.Auto}).
+				Draw(t, "algorithm"),
+		),
 		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
 		hier.WithSerialRail(rapid.Bool().Draw(t, "serial rail")),
 	}
@@ -118,7 +126,10 @@ func TestAllReduceLarge(t *testing.T) {
 	} {
 		t.Run(tc.dt.String()+"/"+tc.op.String()+"/"+tc.algo.String(), func(t *testing.T) {
 			c := allReduceCase{cfg: sim.Config{Machines: tc.m, Devices: tc.d, Seed: 1, Jitter: 10 * time.Microsecond},
-				opts: []hier.Option{hier.WithSliceSize(1 << 20), hier.WithAlgorithm(tc.algo)}, dt: tc.dt, op: tc.op, count: tc.count, seed: 3}
+				opts: []hier.Option{
+					hier.WithSliceSize(1 << 20),
+					hier.WithAlgorithm(tc.algo),
+				}, dt: tc.dt, op: tc.op, count: tc.count, seed: 3}
 			require.NoError(t, c.run(t, nil))
 		})
 	}
@@ -141,7 +152,11 @@ func TestMissingEventWaitIsCaught(t *testing.T) {
 		cases = append(cases, testCase{hier.RailAllToAll, false, stage}, testCase{hier.RailRSAG, false, stage},
 			testCase{hier.RailAllToAll, true, stage})
 	}
-	cases = append(cases, testCase{hier.RailRSAG, true, streams.Collect}, testCase{hier.RailRSAG, true, streams.AllGather})
+	cases = append(
+		cases,
+		testCase{hier.RailRSAG, true, streams.Collect},
+		testCase{hier.RailRSAG, true, streams.AllGather},
+	)
 	for _, tc := range cases {
 		algo, stage := tc.algo, tc.stage
 		name := algo.String() + "/" + stage.String()
@@ -152,9 +167,19 @@ func TestMissingEventWaitIsCaught(t *testing.T) {
 			caught := false
 			for attempt := 0; attempt < 20 && !caught; attempt++ {
 				c := allReduceCase{
-					cfg: sim.Config{Machines: 3, Devices: 2, Seed: int64(attempt), Jitter: 300 * time.Microsecond, StallTimeout: 20 * time.Second},
-					opts: []hier.Option{hier.WithSliceSize(6 * 16 * 64), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo),
-						hier.WithSerialRail(tc.serial)},
+					cfg: sim.Config{
+						Machines:     3,
+						Devices:      2,
+						Seed:         int64(attempt),
+						Jitter:       300 * time.Microsecond,
+						StallTimeout: 20 * time.Second,
+					},
+					opts: []hier.Option{
+						hier.WithSliceSize(6 * 16 * 64),
+						hier.WithFlatThreshold(hier.FlatNever),
+						hier.WithAlgorithm(algo),
+						hier.WithSerialRail(tc.serial),
+					},
 					dt: fairgo.Float32, op: fairgo.Sum, count: 6*16*10 + 5, seed: uint64(attempt),
 				}
 				require.NoError(t, c.run(t, nil), "control run without the hook")
@@ -200,7 +225,12 @@ func TestSixteenBitAccumulatesInFloat32(t *testing.T) {
 				}
 				return total
 			}
-			hierW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll))
+			hierW := newWorld(
+				t,
+				sim.Config{Machines: ranks, Devices: 1, Seed: 1},
+				hier.WithFlatThreshold(hier.FlatNever),
+				hier.WithAlgorithm(hier.RailAllToAll),
+			)
 			got, err := hierW.allReduce(t, dt, fairgo.Sum, in)
 			require.NoError(t, err)
 			flatW := newWorld(t, sim.Config{Machines: ranks, Devices: 1, Seed: 1}, hier.WithFlatThreshold(1<<40))
@@ -227,9 +257,14 @@ func TestDegenerateGrids(t *testing.T) {
 // Several ranks whose launcher order is not machine-major.
 func TestShuffledRankOrder(t *testing.T) {
 	order := []int{5, 0, 3, 1, 4, 2} // global rank g sits at grid rank order[g]
-	c := allReduceCase{cfg: sim.Config{Machines: 3, Devices: 2, Seed: 2, Jitter: 10 * time.Microsecond, RankOrder: order},
-		opts: []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(4096)},
-		dt:   fairgo.Int64, op: fairgo.Sum, count: 10007, seed: 4}
+	c := allReduceCase{
+		cfg:   sim.Config{Machines: 3, Devices: 2, Seed: 2, Jitter: 10 * time.Microsecond, RankOrder: order},
+		opts:  []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(4096)},
+		dt:    fairgo.Int64,
+		op:    fairgo.Sum,
+		count: 10007,
+		seed:  4,
+	}
 	require.NoError(t, c.run(t, nil))
 }
 
@@ -257,7 +292,16 @@ func TestManyInFlight(t *testing.T) {
 	}
 	for i := range cs {
 		require.NoError(t, reftest.WaitAll(cs[i].wks))
-		require.NoError(t, reftest.CheckResults(fairgo.Int32, reftest.ComputeReference(fairgo.Int32, fairgo.Sum, cs[i].in), w.download(t, cs[i].ts)), "call %d", i)
+		require.NoError(
+			t,
+			reftest.CheckResults(
+				fairgo.Int32,
+				reftest.ComputeReference(fairgo.Int32, fairgo.Sum, cs[i].in),
+				w.download(t, cs[i].ts),
+			),
+			"call %d",
+			i,
+		)
 	}
 }
 
@@ -265,7 +309,12 @@ func TestManyInFlight(t *testing.T) {
 // races. Every buffer of a rank holds the same data, so any pairing of calls
 // across ranks gives the same sum.
 func TestConcurrentCallers(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 4}, hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1024))
+	w := newWorld(
+		t,
+		sim.Config{Machines: 2, Devices: 2, Seed: 4},
+		hier.WithFlatThreshold(hier.FlatNever),
+		hier.WithSliceSize(1024),
+	)
 	const goroutines, perG, n = 4, 6, 777
 	rng := rand.New(rand.NewPCG(3, 4))
 	in := reftest.RandomInputs(rng, fairgo.Int64, fairgo.Sum, w.size(), n)
@@ -312,7 +361,14 @@ func TestConcurrentCallers(t *testing.T) {
 			}
 			out := w.download(t, ts)
 			for g := range out {
-				require.NoError(t, reftest.CheckResults(fairgo.Int64, ref, [][]byte{out[g]}), "rank %d buffer %d/%d", g, k, j)
+				require.NoError(
+					t,
+					reftest.CheckResults(fairgo.Int64, ref, [][]byte{out[g]}),
+					"rank %d buffer %d/%d",
+					g,
+					k,
+					j,
+				)
 			}
 		}
 	}
@@ -321,12 +377,24 @@ func TestConcurrentCallers(t *testing.T) {
 // Ranks that enqueue calls in different orders get a mismatch error naming
 // the call and the field that differs, not a hang.
 func TestDifferentOrdersFailClearly(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: 5 * time.Second}, hier.WithFlatThreshold(hier.FlatNever))
+	w := newWorld(
+		t,
+		sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: 5 * time.Second},
+		hier.WithFlatThreshold(hier.FlatNever),
+	)
 	a := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*100), make([]byte, 4*100)})
 	b := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*300), make([]byte, 4*300)})
 	var works []*hier.Work
-	works = append(works, w.reducers[0].AllReduce(context.Background(), a[0], fairgo.Sum), w.reducers[0].AllReduce(context.Background(), b[0], fairgo.Sum))
-	works = append(works, w.reducers[1].AllReduce(context.Background(), b[1], fairgo.Sum), w.reducers[1].AllReduce(context.Background(), a[1], fairgo.Sum))
+	works = append(
+		works,
+		w.reducers[0].AllReduce(context.Background(), a[0], fairgo.Sum),
+		w.reducers[0].AllReduce(context.Background(), b[0], fairgo.Sum),
+	)
+	works = append(
+		works,
+		w.reducers[1].AllReduce(context.Background(), b[1], fairgo.Sum),
+		w.reducers[1].AllReduce(context.Background(), a[1], fairgo.Sum),
+	)
 	start := time.Now()
 	err := reftest.WaitAll(works)
 	// The failure is reported as soon as the device work ends with it, not
@@ -356,11 +424,19 @@ func TestWatchdogTimesOut(t *testing.T) {
 	require.ErrorIs(t, err, fairgo.ErrTimeout)
 	require.Less(t, time.Since(start), 15*time.Second)
 	// Later calls fail at once.
-	require.ErrorIs(t, w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum).Wait(context.Background()), fairgo.ErrTimeout)
+	require.ErrorIs(
+		t,
+		w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum).Wait(context.Background()),
+		fairgo.ErrTimeout,
+	)
 }
 
 func TestWaitHonoursContext(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 6, StallTimeout: time.Minute}, hier.WithFlatThreshold(hier.FlatNever))
+	w := newWorld(
+		t,
+		sim.Config{Machines: 2, Devices: 1, Seed: 6, StallTimeout: time.Minute},
+		hier.WithFlatThreshold(hier.FlatNever),
+	)
 	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*64), make([]byte, 4*64)})
 	wk := w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -377,7 +453,11 @@ func TestWaitHonoursContext(t *testing.T) {
 // usable.
 func TestBadInput(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 7})
-	bufs := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	bufs := w.upload(
+		t,
+		fairgo.Float32,
+		[][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)},
+	)
 	for g, r := range w.reducers {
 		badCalls(t, r, bufs[g], bufs[(g+1)%len(bufs)]) // another device's memory
 	}
@@ -466,12 +546,20 @@ func TestUseAfterClose(t *testing.T) {
 	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64)})
 	require.NoError(t, w.reducers[0].Close())
 	require.ErrorIs(t, w.reducers[0].Close(), fairgo.ErrClosed)
-	require.ErrorIs(t, w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum).Wait(context.Background()), fairgo.ErrClosed)
+	require.ErrorIs(
+		t,
+		w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum).Wait(context.Background()),
+		fairgo.ErrClosed,
+	)
 }
 
 // Close with work still pending ends that work with an error, never a hang.
 func TestCloseWhilePending(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, StallTimeout: time.Minute}, hier.WithFlatThreshold(hier.FlatNever))
+	w := newWorld(
+		t,
+		sim.Config{Machines: 2, Devices: 1, StallTimeout: time.Minute},
+		hier.WithFlatThreshold(hier.FlatNever),
+	)
 	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
 	var works []*hier.Work
 	for i := 0; i < 5; i++ { // only rank 0 calls: the work cannot complete
@@ -490,7 +578,11 @@ func TestCloseWhilePending(t *testing.T) {
 // After makes the first stage wait for the caller's stream; StreamWait makes
 // the caller's stream wait for the result.
 func TestCallerStreams(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 8, Jitter: 50 * time.Microsecond}, hier.WithFlatThreshold(hier.FlatNever))
+	w := newWorld(
+		t,
+		sim.Config{Machines: 2, Devices: 2, Seed: 8, Jitter: 50 * time.Microsecond},
+		hier.WithFlatThreshold(hier.FlatNever),
+	)
 	const n = 999
 	rng := rand.New(rand.NewPCG(5, 6))
 	in := reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, w.size(), n)

@@ -65,7 +65,15 @@ type Device interface {
 	// other types accumulate in their own type. Strides and counts are in
 	// elements. dst may equal a source exactly (an in-place division with
 	// n = 1) but must not partly overlap any.
-	ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int, s streams.Stream) error
+	ReduceAsync(
+		dst, src uintptr,
+		n int,
+		stride, count int64,
+		dt fairgo.DType,
+		op fairgo.Op,
+		divisor int,
+		s streams.Stream,
+	) error
 
 	// Group runs fn with communicator calls fused into one launch
 	// (ncclGroupStart/ncclGroupEnd on NCCL).
@@ -98,7 +106,14 @@ type Comm interface {
 	// rank k, and receives recvCounts[k] elements from rank k into
 	// recv+recvDispls[k]. Sends may overlap each other (a displacement
 	// repeated sends the same data twice); receives must not.
-	AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64, dt fairgo.DType, s streams.Stream) error
+	AllToAllv(
+		send uintptr,
+		sendCounts, sendDispls []int64,
+		recv uintptr,
+		recvCounts, recvDispls []int64,
+		dt fairgo.DType,
+		s streams.Stream,
+	) error
 
 	// Err reports an asynchronous failure of the communicator (a peer that
 	// failed, a mismatch, an abort), or nil. It may be called from any
@@ -203,17 +218,28 @@ func (r Rank) validate() error {
 			return &fairgo.ArgError{Arg: name + " communicator", Value: nil, Reason: "missing"}
 		}
 		if cm.Size() != size || cm.Rank() != rank {
-			return &fairgo.ArgError{Arg: name + " communicator", Value: fmt.Sprintf("rank %d of %d", cm.Rank(), cm.Size()),
-				Reason: fmt.Sprintf("grid %v needs rank %d of %d", r.Grid, rank, size)}
+			return &fairgo.ArgError{
+				Arg:    name + " communicator",
+				Value:  fmt.Sprintf("rank %d of %d", cm.Rank(), cm.Size()),
+				Reason: fmt.Sprintf("grid %v needs rank %d of %d", r.Grid, rank, size),
+			}
 		}
 		return nil
 	}
 	g := r.Grid
 	if c.World == nil || c.World.Size() != g.Size() {
-		return &fairgo.ArgError{Arg: "world communicator", Value: c.World, Reason: fmt.Sprintf("must hold %d ranks", g.Size())}
+		return &fairgo.ArgError{
+			Arg:    "world communicator",
+			Value:  c.World,
+			Reason: fmt.Sprintf("must hold %d ranks", g.Size()),
+		}
 	}
 	if g.Size() > 1 && (c.Check == nil || c.Check.Size() != g.Size() || c.Check == c.World) {
-		return &fairgo.ArgError{Arg: "check communicator", Value: c.Check, Reason: fmt.Sprintf("must hold the %d ranks, apart from the world communicator", g.Size())}
+		return &fairgo.ArgError{
+			Arg:    "check communicator",
+			Value:  c.Check,
+			Reason: fmt.Sprintf("must hold the %d ranks, apart from the world communicator", g.Size()),
+		}
 	}
 	for _, x := range []struct {
 		name       string

@@ -62,7 +62,12 @@ func (r *Reducer) timedOut(q *request, waited time.Duration) {
 // timedOutOn is timedOut for any work the engine waits on.
 func (r *Reducer) timedOutOn(what string, waited time.Duration) {
 	e := &TimeoutError{Rank: r.WorldRank(),
-		Detail: fmt.Sprintf("%s not complete %v after it could start (WithTimeout %v)", what, waited.Round(time.Millisecond), r.cfg.timeout)}
+		Detail: fmt.Sprintf(
+			"%s not complete %v after it could start (WithTimeout %v)",
+			what,
+			waited.Round(time.Millisecond),
+			r.cfg.timeout,
+		)}
 	if r.board != nil {
 		e.Progress = r.board.report(e)
 	} else {

@@ -206,12 +206,29 @@ func (r *Reducer) calibrate(class int) (route, *Calibration) {
 	cands := r.candidates(size)
 	times, err := r.timeCandidates(size, cands)
 	if err != nil {
-		r.cfg.logger.Warn("fairgo: could not calibrate a size class; guessing", "class_bytes", lo, "guess", guess, "err", err)
+		r.cfg.logger.Warn(
+			"fairgo: could not calibrate a size class; guessing",
+			"class_bytes",
+			lo,
+			"guess",
+			guess,
+			"err",
+			err,
+		)
 		return guess, nil
 	}
 	best := fastest(times)
 	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Cost: time.Since(start)}
-	attrs := []any{"class_bytes", lo, "measured_bytes", size, "choice", cands[best].String(), "cost", cal.Cost.Round(time.Millisecond)}
+	attrs := []any{
+		"class_bytes",
+		lo,
+		"measured_bytes",
+		size,
+		"choice",
+		cands[best].String(),
+		"cost",
+		cal.Cost.Round(time.Millisecond),
+	}
 	for i, a := range cands {
 		cal.Times[a.String()] = time.Duration(times[i])
 		attrs = append(attrs, a.String()+"_us", float64(times[i])/1e3)
@@ -336,7 +353,11 @@ func (r *Reducer) agreedScratch(hdr *exchange, bytes int64, s streams.Stream) (u
 		return 0, errors.Join(err, freeIf(r.dev, scratch, aerr))
 	}
 	if agreed[0] != -1 {
-		return 0, errors.Join(fmt.Errorf("a rank could not allocate %d bytes of scratch memory", bytes), aerr, freeIf(r.dev, scratch, aerr))
+		return 0, errors.Join(
+			fmt.Errorf("a rank could not allocate %d bytes of scratch memory", bytes),
+			aerr,
+			freeIf(r.dev, scratch, aerr),
+		)
 	}
 	if err := r.drain(); err != nil {
 		return 0, errors.Join(err, r.dev.Free(scratch))
@@ -393,7 +414,13 @@ func (r *Reducer) linkModel() *linkModel {
 		r.linksTried = true
 		m, err := r.probeLinks()
 		if err != nil {
-			r.cfg.logger.Warn("fairgo: could not measure the links; slices keep the default size", "slice_bytes", r.layout.SliceBytes, "err", err)
+			r.cfg.logger.Warn(
+				"fairgo: could not measure the links; slices keep the default size",
+				"slice_bytes",
+				r.layout.SliceBytes,
+				"err",
+				err,
+			)
 			return nil
 		}
 		r.links = &m

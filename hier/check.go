@@ -164,8 +164,15 @@ type MismatchError struct {
 }
 
 func (e *MismatchError) Error() string {
-	return fmt.Sprintf("hier: call %d (%s) mismatched across ranks: they disagree on the %s: this rank has %s, the ranks have %s to %s",
-		e.Seq, e.Call, e.Field, e.This, e.Low, e.High)
+	return fmt.Sprintf(
+		"hier: call %d (%s) mismatched across ranks: they disagree on the %s: this rank has %s, the ranks have %s to %s",
+		e.Seq,
+		e.Call,
+		e.Field,
+		e.This,
+		e.Low,
+		e.High,
+	)
 }
 
 // Unwrap returns fairgo.ErrMismatch.

@@ -33,7 +33,10 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, 4, count)
 		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
 		require.NoError(t, err)
-		require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+		require.NoError(
+			t,
+			reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out),
+		)
 	}
 	first := w.reducers[0].Choices()
 	measured := 0
@@ -53,8 +56,20 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 
 // A fixed algorithm is reported as such; one machine is always flat.
 func TestChoicesReportTheFixedAlgorithm(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 1}, hier.WithAlgorithm(hier.RailRSAG), hier.WithFlatThreshold(1<<20))
-	require.Equal(t, []hier.Choice{{MinBytes: 0, Algorithm: hier.Flat, Measured: true}, {MinBytes: 1 << 20, Algorithm: hier.RailRSAG, Serial: true, Measured: true}}, w.reducers[0].Choices())
+	w := newWorld(
+		t,
+		sim.Config{Machines: 2, Devices: 1},
+		hier.WithAlgorithm(hier.RailRSAG),
+		hier.WithFlatThreshold(1<<20),
+	)
+	require.Equal(
+		t,
+		[]hier.Choice{
+			{MinBytes: 0, Algorithm: hier.Flat, Measured: true},
+			{MinBytes: 1 << 20, Algorithm: hier.RailRSAG, Serial: true, Measured: true},
+		},
+		w.reducers[0].Choices(),
+	)
 	require.Equal(t, hier.Flat, w.reducers[0].AlgorithmFor(1<<20-1))
 	require.Equal(t, hier.RailRSAG, w.reducers[0].AlgorithmFor(1<<20))
 	one := newWorld(t, sim.Config{Machines: 1, Devices: 4})
@@ -73,7 +88,11 @@ func TestChoicesReportTheFixedAlgorithm(t *testing.T) {
 // inline allreduces on the same memory, then a hierarchical one, all with
 // the caller's stream, give the sums of the broadcast values.
 func TestInlineEnqueueKeepsCallOrder(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 1, Devices: 3, Seed: 5, Jitter: 100 * time.Microsecond}, hier.WithInlineEnqueue(true))
+	w := newWorld(
+		t,
+		sim.Config{Machines: 1, Devices: 3, Seed: 5, Jitter: 100 * time.Microsecond},
+		hier.WithInlineEnqueue(true),
+	)
 	const n, rounds = 999, 30
 	rng := rand.New(rand.NewPCG(8, 9))
 	in := reftest.RandomInputs(rng, fairgo.Int64, fairgo.Sum, 3, n)
@@ -112,7 +131,14 @@ func TestInlineEnqueueKeepsCallOrder(t *testing.T) {
 		require.Positive(t, hier.InlineCalls(r), "rank %d never enqueued inline", g)
 	}
 	want := slices.Repeat([][]byte{in[1]}, 3) // Max of three copies of rank 1's values
-	require.NoError(t, reftest.CheckResults(fairgo.Int64, reftest.ComputeReference(fairgo.Int64, fairgo.Max, want), w.download(t, bufs)))
+	require.NoError(
+		t,
+		reftest.CheckResults(
+			fairgo.Int64,
+			reftest.ComputeReference(fairgo.Int64, fairgo.Max, want),
+			w.download(t, bufs),
+		),
+	)
 }
 
 // The hierarchy in one piece (RailAllReduce), a route Auto may choose:
@@ -168,7 +194,10 @@ func TestAutoIsFlatWithOneDevicePerMachine(t *testing.T) {
 		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), count)
 		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
 		require.NoError(t, err)
-		require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+		require.NoError(
+			t,
+			reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out),
+		)
 	}
 	for _, r := range w.reducers {
 		require.Equal(t, []hier.Choice{{MinBytes: 0, Algorithm: hier.Flat, Measured: true}}, r.Choices())
@@ -184,7 +213,10 @@ func TestFlatNeverStaysHierarchicalWithOneDevicePerMachine(t *testing.T) {
 	in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), 100000)
 	out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
 	require.NoError(t, err)
-	require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+	require.NoError(
+		t,
+		reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out),
+	)
 	for _, r := range w.reducers {
 		require.NotEqual(t, hier.Flat, r.AlgorithmFor(400000), "%+v", r.Choices())
 	}

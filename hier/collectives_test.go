@@ -37,9 +37,19 @@ func drawBlockCase(t *rapid.T) blockCase {
 	par := rapid.IntRange(1, 4).Draw(t, "parallelism")
 	slice := rapid.Int64Range(unit, max(unit, int64(c*w*dt.Size()))+unit).Draw(t, "slice")
 	return blockCase{
-		cfg:  sim.Config{Machines: m, Devices: d, Seed: rapid.Int64().Draw(t, "seed"), Jitter: 20 * time.Microsecond, StallTimeout: 20 * time.Second},
-		opts: []hier.Option{hier.WithSliceSize(slice), hier.WithParallelism(par), hier.WithStagingMemory(int64(par) * (slice + int64(m)*staging.Align + unit))},
-		dt:   dt, op: rapid.SampledFrom(fairgo.Ops).Draw(t, "op"), c: c,
+		cfg: sim.Config{
+			Machines:     m,
+			Devices:      d,
+			Seed:         rapid.Int64().Draw(t, "seed"),
+			Jitter:       20 * time.Microsecond,
+			StallTimeout: 20 * time.Second,
+		},
+		opts: []hier.Option{
+			hier.WithSliceSize(slice),
+			hier.WithParallelism(par),
+			hier.WithStagingMemory(int64(par) * (slice + int64(m)*staging.Align + unit)),
+		},
+		dt: dt, op: rapid.SampledFrom(fairgo.Ops).Draw(t, "op"), c: c,
 		inPlace: rapid.Bool().Draw(t, "inPlace"), seed: rapid.Uint64().Draw(t, "data"),
 	}
 }
@@ -226,8 +236,12 @@ func TestAllGatherOneElementBlocks(t *testing.T) {
 
 func regressionBlockCase() blockCase {
 	return blockCase{
-		cfg:  sim.Config{Machines: 2, Devices: 2, Jitter: 20 * time.Microsecond, StallTimeout: 20 * time.Second},
-		opts: []hier.Option{hier.WithSliceSize(64), hier.WithParallelism(1), hier.WithStagingMemory(64 + 2*staging.Align + 4*staging.Align)},
-		dt:   fairgo.BFloat16, op: fairgo.Avg, c: 1,
+		cfg: sim.Config{Machines: 2, Devices: 2, Jitter: 20 * time.Microsecond, StallTimeout: 20 * time.Second},
+		opts: []hier.Option{
+			hier.WithSliceSize(64),
+			hier.WithParallelism(1),
+			hier.WithStagingMemory(64 + 2*staging.Align + 4*staging.Align),
+		},
+		dt: fairgo.BFloat16, op: fairgo.Avg, c: 1,
 	}
 }

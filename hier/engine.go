@@ -297,7 +297,16 @@ func (r *Reducer) dispatch(q *request, first streams.Stream) (streams.Stream, er
 			n := min(q.sendCounts[0], q.recvCounts[0])
 			return first, r.dev.CopyAsync(q.b.Ptr, q.a.Ptr, n*int64(q.a.DType.Size()), first)
 		}
-		return first, r.comms.World.AllToAllv(q.a.Ptr, q.sendCounts, prefixSums(q.sendCounts), q.b.Ptr, q.recvCounts, prefixSums(q.recvCounts), q.a.DType, first)
+		return first, r.comms.World.AllToAllv(
+			q.a.Ptr,
+			q.sendCounts,
+			prefixSums(q.sendCounts),
+			q.b.Ptr,
+			q.recvCounts,
+			prefixSums(q.recvCounts),
+			q.a.DType,
+			first,
+		)
 	}
 	return nil, fmt.Errorf("unknown request kind %d", q.kind)
 }

@@ -37,7 +37,14 @@ func TestGPUMismatchedCounts(t *testing.T) {
 		}
 		t.Run(tc.String(), func(t *testing.T) {
 			// A mismatch aborts the communicators: build them for this test.
-			w := freshGPUWorld(t, tc.m, tc.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(30*time.Second))
+			w := freshGPUWorld(
+				t,
+				tc.m,
+				tc.d,
+				hier.WithFlatThreshold(hier.FlatNever),
+				hier.WithAlgorithm(tc.algo),
+				hier.WithTimeout(30*time.Second),
+			)
 			in := make([][]byte, w.size())
 			for g := range in {
 				in[g] = make([]byte, 4*n)
@@ -64,7 +71,14 @@ func TestGPUSixteenBitNearTheMaximum(t *testing.T) {
 	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll}, algoGrid{2, 1, hier.RailRSAG}) {
 		for _, dt := range []fairgo.DType{fairgo.Float16, fairgo.BFloat16} {
 			t.Run(fmt.Sprintf("%s/%s", tc, dt), func(t *testing.T) {
-				w := gpuWorld(t, tc.m, tc.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(30*time.Second))
+				w := gpuWorld(
+					t,
+					tc.m,
+					tc.d,
+					hier.WithFlatThreshold(hier.FlatNever),
+					hier.WithAlgorithm(tc.algo),
+					hier.WithTimeout(30*time.Second),
+				)
 				W := w.size()
 				maxv := 65504.0
 				if dt == fairgo.BFloat16 {
@@ -88,7 +102,15 @@ func TestGPUSixteenBitNearTheMaximum(t *testing.T) {
 					for k := range out {
 						for i := range count {
 							v := elem.Get(dt, out[k], i)
-							require.False(t, math.IsInf(v, 0) || math.IsNaN(v), "%v rank %d element %d is %v", op, w.rank(k), i, v)
+							require.False(
+								t,
+								math.IsInf(v, 0) || math.IsNaN(v),
+								"%v rank %d element %d is %v",
+								op,
+								w.rank(k),
+								i,
+								v,
+							)
 						}
 					}
 					require.NoError(t, checkParallel(dt, op, in, out), "%v", op)
@@ -143,9 +165,21 @@ func TestGPUNoOpCallKeepsItsDependency(t *testing.T) {
 					require.NoError(t, consumers[i].Synchronize())
 					out := make([]byte, 4*n)
 					require.NoError(t, w.devs[i].Download(out, outs[i].Ptr))
-					require.Equal(t, 1.0, elem.Get(fairgo.Float32, out, n-1), "rank %d read the buffer before the producer wrote it", w.rank(i))
+					require.Equal(
+						t,
+						1.0,
+						elem.Get(fairgo.Float32, out, n-1),
+						"rank %d read the buffer before the producer wrote it",
+						w.rank(i),
+					)
 					if count > 0 {
-						require.Equal(t, float64(w.size()), elem.Get(fairgo.Float32, out, 0), "rank %d: the reduced head", w.rank(i))
+						require.Equal(
+							t,
+							float64(w.size()),
+							elem.Get(fairgo.Float32, out, 0),
+							"rank %d: the reduced head",
+							w.rank(i),
+						)
 					}
 				}
 			})
@@ -200,8 +234,18 @@ func TestGPUNoLeaks(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	freeAfter, _ := memInfo()
 	drift := float64(freeBefore-freeAfter) / float64(freeBefore)
-	t.Logf("%d Reducers made and closed on %dx%d: device free memory %d → %d of %d bytes (drift %.4f%%), goroutines %d → %d",
-		cycles, g[0], g[1], freeBefore, freeAfter, total, 100*drift, goBefore, runtime.NumGoroutine())
+	t.Logf(
+		"%d Reducers made and closed on %dx%d: device free memory %d → %d of %d bytes (drift %.4f%%), goroutines %d → %d",
+		cycles,
+		g[0],
+		g[1],
+		freeBefore,
+		freeAfter,
+		total,
+		100*drift,
+		goBefore,
+		runtime.NumGoroutine(),
+	)
 	require.Less(t, math.Abs(drift), 0.01)
 	require.LessOrEqual(t, runtime.NumGoroutine(), goBefore+5)
 
@@ -231,8 +275,19 @@ func TestGPUNoLeaks(t *testing.T) {
 	var heap2 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&heap2)
-	t.Logf("10000 allreduces of %d KiB on %dx%d in %v: device free %d → %d bytes, Go heap %d → %d bytes, goroutines %d → %d",
-		bytes>>10, g[0], g[1], time.Since(start).Round(time.Millisecond), free1, free2, heap1.HeapInuse, heap2.HeapInuse, g1, runtime.NumGoroutine())
+	t.Logf(
+		"10000 allreduces of %d KiB on %dx%d in %v: device free %d → %d bytes, Go heap %d → %d bytes, goroutines %d → %d",
+		bytes>>10,
+		g[0],
+		g[1],
+		time.Since(start).Round(time.Millisecond),
+		free1,
+		free2,
+		heap1.HeapInuse,
+		heap2.HeapInuse,
+		g1,
+		runtime.NumGoroutine(),
+	)
 	if sharedGPU() {
 		require.Less(t, math.Abs(float64(free1-free2))/float64(free1), 0.01, "device memory moved over 10000 calls")
 	} else {

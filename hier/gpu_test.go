@@ -146,7 +146,14 @@ func checkParallel(dt fairgo.DType, op fairgo.Op, in, out [][]byte) error {
 func TestGPUMatrix(t *testing.T) {
 	for _, g := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll}, algoGrid{2, 1, hier.RailRSAG}) {
 		t.Run(g.String(), func(t *testing.T) {
-			w := gpuWorld(t, g.m, g.d, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(g.algo), hier.WithTimeout(2*time.Minute))
+			w := gpuWorld(
+				t,
+				g.m,
+				g.d,
+				hier.WithFlatThreshold(hier.FlatNever),
+				hier.WithAlgorithm(g.algo),
+				hier.WithTimeout(2*time.Minute),
+			)
 			start := time.Now()
 			runs := 0
 			for _, dt := range fairgo.DTypes {
@@ -165,7 +172,12 @@ func TestGPUMatrix(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("grid %s: %d allreduces (10 dtypes × 5 ops) all correct in %v", g, runs, time.Since(start).Round(time.Millisecond))
+			t.Logf(
+				"grid %s: %d allreduces (10 dtypes × 5 ops) all correct in %v",
+				g,
+				runs,
+				time.Since(start).Round(time.Millisecond),
+			)
 		})
 	}
 }
@@ -185,13 +197,21 @@ func TestGPUProperty(t *testing.T) {
 				unit := int64(g[0]*g[1]) * staging.Align
 				par := rapid.IntRange(1, 6).Draw(rt, "parallelism")
 				slice := rapid.Int64Range(max(unit, bytes/32), 2*bytes+unit).Draw(rt, "slice")
-				w := gpuWorld(t, g[0], g[1],
-					hier.WithSliceSize(slice), hier.WithParallelism(par),
-					hier.WithAlgorithm(rapid.SampledFrom([]hier.Algorithm{hier.Auto, hier.RailAllToAll, hier.RailRSAG}).Draw(rt, "algorithm")),
+				w := gpuWorld(
+					t,
+					g[0],
+					g[1],
+					hier.WithSliceSize(slice),
+					hier.WithParallelism(par),
+					hier.WithAlgorithm(
+						rapid.SampledFrom([]hier.Algorithm{hier.Auto, hier.RailAllToAll, hier.RailRSAG}).
+							Draw(rt, "algorithm"),
+					),
 					hier.WithInlineEnqueue(rapid.Bool().Draw(rt, "inline")),
 					hier.WithStagingMemory(int64(par)*(slice+unit+int64(g[0])*staging.Align)),
 					hier.WithFlatThreshold(rapid.SampledFrom([]int64{hier.FlatNever, 0, bytes / 2}).Draw(rt, "flat")),
-					hier.WithTimeout(time.Minute))
+					hier.WithTimeout(time.Minute),
+				)
 				defer w.close()
 				in := hashInputs(dt, op, w.size(), count, rapid.Uint64().Draw(rt, "seed"))
 				out, err := w.allReduce(t, dt, op, in)
@@ -237,7 +257,16 @@ func TestGPUReduceScatterAllGather(t *testing.T) {
 					out := w.download(t, recv)
 					for i, r := range w.reducers {
 						gr := r.Grid().Rank()
-						require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, fairgo.Sum, block(in, gr)), [][]byte{out[i]}), "rank %d", w.rank(i))
+						require.NoError(
+							t,
+							reftest.CheckResults(
+								dt,
+								reftest.ComputeReference(dt, fairgo.Sum, block(in, gr)),
+								[][]byte{out[i]},
+							),
+							"rank %d",
+							w.rank(i),
+						)
 					}
 					// all-gather the reduced blocks back: every rank gets the
 					// same W blocks, block q being grid rank q's reduced block
@@ -256,8 +285,17 @@ func TestGPUReduceScatterAllGather(t *testing.T) {
 						gr := r.Grid().Rank()
 						require.Equal(t, out[i], block(gathered[i:i+1], gr)[0], "rank %d: its own block", w.rank(i))
 						for q := range W {
-							require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, fairgo.Sum, block(in, q)), block(gathered[i:i+1], q)),
-								"rank %d: block %d", w.rank(i), q)
+							require.NoError(
+								t,
+								reftest.CheckResults(
+									dt,
+									reftest.ComputeReference(dt, fairgo.Sum, block(in, q)),
+									block(gathered[i:i+1], q),
+								),
+								"rank %d: block %d",
+								w.rank(i),
+								q,
+							)
 						}
 					}
 				})
@@ -286,9 +324,18 @@ func TestGPUBadInput(t *testing.T) {
 			t    fairgo.Tensor
 		}
 		cases := []badCase{
-			{"host pointer", fairgo.Tensor{Ptr: uintptr(unsafe.Pointer(&host[0])), Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
-			{"buffer shorter than count", fairgo.Tensor{Ptr: mine[i].Ptr, Bytes: 4096, Count: 1025, DType: fairgo.Float32}},
-			{"range past the allocation", fairgo.Tensor{Ptr: mine[i].Ptr + 2048, Bytes: 4096, Count: 1024, DType: fairgo.Float32}},
+			{
+				"host pointer",
+				fairgo.Tensor{Ptr: uintptr(unsafe.Pointer(&host[0])), Bytes: 4096, Count: 1024, DType: fairgo.Float32},
+			},
+			{
+				"buffer shorter than count",
+				fairgo.Tensor{Ptr: mine[i].Ptr, Bytes: 4096, Count: 1025, DType: fairgo.Float32},
+			},
+			{
+				"range past the allocation",
+				fairgo.Tensor{Ptr: mine[i].Ptr + 2048, Bytes: 4096, Count: 1024, DType: fairgo.Float32},
+			},
 		}
 		if len(w.reducers) > 1 {
 			cases = append(cases, badCase{"other GPU's pointer", mine[(i+1)%len(mine)]})
@@ -318,7 +365,14 @@ func TestGPUBFloat16VersusFlatNCCL(t *testing.T) {
 		algo hier.Algorithm
 	}{{fairgo.Sum, hier.RailAllToAll}, {fairgo.Avg, hier.RailAllToAll}, {fairgo.Sum, hier.RailRSAG}, {fairgo.Avg, hier.RailRSAG}} {
 		op := tc.op
-		w := gpuWorld(t, g[0], g[1], hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), hier.WithTimeout(time.Minute))
+		w := gpuWorld(
+			t,
+			g[0],
+			g[1],
+			hier.WithFlatThreshold(hier.FlatNever),
+			hier.WithAlgorithm(tc.algo),
+			hier.WithTimeout(time.Minute),
+		)
 		W := w.size()
 		in := hashInputs(dt, op, W, n, 77)
 		got, err := w.allReduce(t, dt, op, in)
@@ -352,7 +406,17 @@ func TestGPUBFloat16VersusFlatNCCL(t *testing.T) {
 		}
 		for i := range w.reducers {
 			fe, ne := errOf(got[i]), errOf(flatOut[i])
-			t.Logf("rank %d: bfloat16 %s of %d elements on %dx%d (%s): total abs error fairgo %.6g, flat NCCL %.6g", w.rank(i), op, n, g[0], g[1], tc.algo, fe, ne)
+			t.Logf(
+				"rank %d: bfloat16 %s of %d elements on %dx%d (%s): total abs error fairgo %.6g, flat NCCL %.6g",
+				w.rank(i),
+				op,
+				n,
+				g[0],
+				g[1],
+				tc.algo,
+				fe,
+				ne,
+			)
 			require.LessOrEqual(t, fe, ne*(1+1e-12))
 		}
 	}
@@ -482,7 +546,14 @@ func timeFlat(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 	flatRun(t, w, func(g int, s *cuda.Stream) error {
 		dev := w.devs[g].(*cuda.Device)
 		d, err := dev.TimeRegion(s, func() error {
-			return w.reducers[g].Comms().World.AllReduce(ts[g].Ptr, ts[g].Ptr, ts[g].Count, fairgo.Float32, fairgo.Sum, s)
+			return w.reducers[g].Comms().World.AllReduce(
+				ts[g].Ptr,
+				ts[g].Ptr,
+				ts[g].Count,
+				fairgo.Float32,
+				fairgo.Sum,
+				s,
+			)
 		})
 		ds[g] = d
 		return err

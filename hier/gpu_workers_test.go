@@ -134,9 +134,20 @@ func TestWorkerGPUFault(t *testing.T) {
 	report := func(what string, calls int, err error) {
 		var te *hier.TimeoutError
 		typed := errors.Is(err, fairgo.ErrTimeout) || errors.Is(err, fairgo.ErrAborted)
-		fmt.Printf("fault: rank %d: %s after %d allreduces, %.2f s after the fault (mode %s, timeout %v): typed=%v timeout=%v aborted=%v timeouterror=%v: %v\n",
-			rank, what, calls, time.Since(faultAt).Seconds(), mode, timeout, typed, errors.Is(err, fairgo.ErrTimeout), errors.Is(err, fairgo.ErrAborted),
-			errors.As(err, &te), err)
+		fmt.Printf(
+			"fault: rank %d: %s after %d allreduces, %.2f s after the fault (mode %s, timeout %v): typed=%v timeout=%v aborted=%v timeouterror=%v: %v\n",
+			rank,
+			what,
+			calls,
+			time.Since(faultAt).Seconds(),
+			mode,
+			timeout,
+			typed,
+			errors.Is(err, fairgo.ErrTimeout),
+			errors.Is(err, fairgo.ErrAborted),
+			errors.As(err, &te),
+			err,
+		)
 	}
 	cut := false
 	for i := 0; ; i++ {
@@ -150,7 +161,12 @@ func TestWorkerGPUFault(t *testing.T) {
 				cut = true
 				fmt.Printf("fault: rank %d: cut its store connection after %d allreduces\n", rank, i)
 			case mode == faultCut && time.Now().After(faultAt):
-				fmt.Printf("fault: rank %d: stops calling after %d allreduces, every one right (%v of them after the cut)\n", rank, i, cutRun)
+				fmt.Printf(
+					"fault: rank %d: stops calling after %d allreduces, every one right (%v of them after the cut)\n",
+					rank,
+					i,
+					cutRun,
+				)
 				// Cut from the board, it hears of nobody's timeout; its
 				// peers may still be aborting: wait, leave it open.
 				time.Sleep(timeout + 8*time.Second)
@@ -183,7 +199,12 @@ func TestWorkerGPUFault(t *testing.T) {
 			t.Fatalf("the victim's own call failed: %v", err)
 		}
 		if mode == faultKill {
-			require.True(t, errors.Is(err, fairgo.ErrTimeout) || errors.Is(err, fairgo.ErrAborted), "untyped error: %v", err)
+			require.True(
+				t,
+				errors.Is(err, fairgo.ErrTimeout) || errors.Is(err, fairgo.ErrAborted),
+				"untyped error: %v",
+				err,
+			)
 		} else {
 			var te *hier.TimeoutError
 			require.ErrorAs(t, err, &te, "not a *hier.TimeoutError")
@@ -286,7 +307,13 @@ func TestWorkerGPUSoak(t *testing.T) {
 			elem.Set(fairgo.Int32, mine, 0, 1)
 		}
 		require.NoError(t, dev.Upload(vote.Ptr, mine))
-		require.NoError(t, r.AllReduce(ctx, vote, fairgo.Max).Wait(ctx), "soak: rank %d: round %d: the vote", rank, round)
+		require.NoError(
+			t,
+			r.AllReduce(ctx, vote, fairgo.Max).Wait(ctx),
+			"soak: rank %d: round %d: the vote",
+			rank,
+			round,
+		)
 		require.NoError(t, dev.Download(mine, vote.Ptr))
 		if elem.Get(fairgo.Int32, mine, 0) != 0 {
 			fmt.Printf("soak: rank %d: PASS %d rounds, %d allreduces, %.1f GiB reduced in %v on %v, no wrong result\n",
@@ -303,18 +330,42 @@ func TestWorkerGPUSoak(t *testing.T) {
 		works := make([]*hier.Work, len(buckets))
 		for k, b := range buckets {
 			ins[k] = hashInputs(b.dt, b.op, world, b.count, b.seed)
-			tn := fairgo.Tensor{Ptr: slots[k].Ptr, Bytes: int64(b.count * b.dt.Size()), Count: int64(b.count), DType: b.dt}
+			tn := fairgo.Tensor{
+				Ptr:   slots[k].Ptr,
+				Bytes: int64(b.count * b.dt.Size()),
+				Count: int64(b.count),
+				DType: b.dt,
+			}
 			require.NoError(t, dev.Upload(tn.Ptr, ins[k][rank]))
 			works[k] = r.AllReduce(ctx, tn, b.op) // issued back to back: several in flight
 		}
 		for k, wk := range works {
-			require.NoError(t, wk.Wait(ctx), "soak: rank %d: round %d bucket %d (%s %s of %d)", rank, round, k, buckets[k].dt, buckets[k].op, buckets[k].count)
+			require.NoError(
+				t,
+				wk.Wait(ctx),
+				"soak: rank %d: round %d bucket %d (%s %s of %d)",
+				rank,
+				round,
+				k,
+				buckets[k].dt,
+				buckets[k].op,
+				buckets[k].count,
+			)
 		}
 		for k, b := range buckets {
 			out := make([]byte, b.count*b.dt.Size())
 			require.NoError(t, dev.Download(out, slots[k].Ptr))
 			if err := checkParallel(b.dt, b.op, ins[k], [][]byte{out}); err != nil {
-				fmt.Printf("soak: rank %d: WRONG round %d bucket %d (%s %s of %d): %v\n", rank, round, k, b.dt, b.op, b.count, err)
+				fmt.Printf(
+					"soak: rank %d: WRONG round %d bucket %d (%s %s of %d): %v\n",
+					rank,
+					round,
+					k,
+					b.dt,
+					b.op,
+					b.count,
+					err,
+				)
 				t.FailNow()
 			}
 			calls++
@@ -322,7 +373,14 @@ func TestWorkerGPUSoak(t *testing.T) {
 		}
 		if time.Since(lastNote) >= 30*time.Second {
 			lastNote = time.Now()
-			fmt.Printf("soak: rank %d: %v: %d rounds, %d allreduces, all right; routes %v\n", rank, time.Since(start).Round(time.Second), round+1, calls, r.Choices())
+			fmt.Printf(
+				"soak: rank %d: %v: %d rounds, %d allreduces, all right; routes %v\n",
+				rank,
+				time.Since(start).Round(time.Second),
+				round+1,
+				calls,
+				r.Choices(),
+			)
 		}
 	}
 }

@@ -289,8 +289,13 @@ func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 		ctx, cancel := context.WithTimeout(context.Background(), jobStoreTimeout)
 		defer cancel()
 		// setup.New enqueues inline by default; the in-process form does not.
-		r, err := setup.New(ctx, job.store, cuda.Backend{}, setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)),
-			setup.WithReducer(append([]hier.Option{hier.WithInlineEnqueue(false)}, opts...)...))
+		r, err := setup.New(
+			ctx,
+			job.store,
+			cuda.Backend{},
+			setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)),
+			setup.WithReducer(append([]hier.Option{hier.WithInlineEnqueue(false)}, opts...)...),
+		)
 		require.NoError(t, err)
 		w.reducers = []*hier.Reducer{r}
 		w.devs = []testDevice{r.Device().(*cuda.Device)}

@@ -60,7 +60,14 @@ func tryWorld(cfg sim.Config, opts ...hier.Option) (*world, error) {
 	for g := range devs {
 		devs[g] = c.Device(g)
 	}
-	return &world{cluster: c, devs: devs, reducers: rs, m: cfg.Machines, d: cfg.Devices, closeFn: func() { _ = c.Close() }}, nil
+	return &world{
+		cluster:  c,
+		devs:     devs,
+		reducers: rs,
+		m:        cfg.Machines,
+		d:        cfg.Devices,
+		closeFn:  func() { _ = c.Close() },
+	}, nil
 }
 
 func (w *world) close() {

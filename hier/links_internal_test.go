@@ -18,7 +18,12 @@ func TestFitLinksRecoversTheModel(t *testing.T) {
 	probe := func(l link, p int, n float64) int64 {
 		return int64(math.Round((2*l.alpha + 2*float64(p-1)/float64(p)*n/l.bw) * 1e9))
 	}
-	ns := []int64{probe(want.intra, 8, probeSmall), probe(want.intra, 8, probeLarge), probe(want.rail, 4, probeSmall), probe(want.rail, 4, probeLarge)}
+	ns := []int64{
+		probe(want.intra, 8, probeSmall),
+		probe(want.intra, 8, probeLarge),
+		probe(want.rail, 4, probeSmall),
+		probe(want.rail, 4, probeLarge),
+	}
 	got := fitLinks(g, ns)
 	require.InEpsilon(t, want.intra.bw, got.intra.bw, 1e-3)
 	require.InEpsilon(t, want.rail.bw, got.rail.bw, 1e-3)
@@ -61,8 +66,14 @@ func TestSliceBytesMinimizesTheModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		g := Grid{Machines: rapid.IntRange(1, 64).Draw(t, "M"), Devices: rapid.IntRange(1, 8).Draw(t, "D")}
 		m := linkModel{
-			intra: link{alpha: rapid.Float64Range(0, 1e-3).Draw(t, "intra α"), bw: rapid.Float64Range(1e8, 1e12).Draw(t, "intra B")},
-			rail:  link{alpha: rapid.Float64Range(0, 1e-2).Draw(t, "rail α"), bw: rapid.Float64Range(1e7, 1e11).Draw(t, "rail B")},
+			intra: link{
+				alpha: rapid.Float64Range(0, 1e-3).Draw(t, "intra α"),
+				bw:    rapid.Float64Range(1e8, 1e12).Draw(t, "intra B"),
+			},
+			rail: link{
+				alpha: rapid.Float64Range(0, 1e-2).Draw(t, "rail α"),
+				bw:    rapid.Float64Range(1e7, 1e11).Draw(t, "rail B"),
+			},
 		}
 		bytes := rapid.Int64Range(1, 4<<30).Draw(t, "bytes")
 		s := m.sliceBytes(g, bytes)

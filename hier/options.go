@@ -12,15 +12,14 @@ import (
 // BENCHMARKS.md); the slice size grows with the grid so that each shard a
 // machine exchanges stays at least DefaultMinShardBytes.
 const (
-	DefaultSliceBytes      = 16 << 20 // bytes per slice for small grids
-	DefaultMinShardBytes   = 512 << 10
-	MaxDefaultSliceBytes   = 256 << 20
-	DefaultStagingBytes    = 256 << 20 // staging ring budget (D = 1 allreduce, ReduceScatter, AllGather)
-	DefaultPaddingBytes    = 1 << 20   // padding ring budget
-	DefaultParallelism     = 4         // slices in flight at least
-	DefaultFlatThreshold   = 256 << 10 // below this many bytes: one flat allreduce on the world communicator
-	DefaultWatchdogTimeout = 0         // no watchdog unless asked for
-	DefaultSpin            = 200 * time.Microsecond
+	DefaultSliceBytes    = 16 << 20 // bytes per slice for small grids
+	DefaultMinShardBytes = 512 << 10
+	MaxDefaultSliceBytes = 256 << 20
+	DefaultStagingBytes  = 256 << 20 // staging ring budget (D = 1 allreduce, ReduceScatter, AllGather)
+	DefaultPaddingBytes  = 1 << 20   // padding ring budget
+	DefaultParallelism   = 4         // slices in flight at least
+	DefaultFlatThreshold = 256 << 10 // below this many bytes: one flat allreduce on the world communicator
+	DefaultSpin          = 200 * time.Microsecond
 )
 
 // FlatNever, given to WithFlatThreshold, makes every call hierarchical.
@@ -74,7 +73,11 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 			return Algorithm(a), nil
 		}
 	}
-	return 0, &fairgo.ArgError{Arg: "algorithm", Value: s, Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)"}
+	return 0, &fairgo.ArgError{
+		Arg:    "algorithm",
+		Value:  s,
+		Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)",
+	}
 }
 
 // Option configures a Reducer. Options only record values; NewReducer

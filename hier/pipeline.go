@@ -244,7 +244,17 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 		case algo == RailAllToAll:
 			err = r.dev.ReduceAsync(x.Cell(d, m), pt.recv, M, x.N, x.N, dt, ops.add, ops.addDivisor, add)
 		case ops.divideBy > 1 && algo == RailAllReduce:
-			err = r.dev.ReduceAsync(x.Row(d), x.Row(d), 1, x.RowCount(), x.RowCount(), dt, fairgo.Avg, ops.divideBy, add)
+			err = r.dev.ReduceAsync(
+				x.Row(d),
+				x.Row(d),
+				1,
+				x.RowCount(),
+				x.RowCount(),
+				dt,
+				fairgo.Avg,
+				ops.divideBy,
+				add,
+			)
 		case ops.divideBy > 1:
 			err = r.dev.ReduceAsync(x.Cell(d, m), x.Cell(d, m), 1, x.N, x.N, dt, fairgo.Avg, ops.divideBy, add)
 		}
@@ -472,7 +482,17 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 
 func (r *Reducer) stages() (rs, col, add, dif, ag streams.Stream) {
 	c := r.chain
-	return c.Stream(streams.ReduceScatter), c.Stream(streams.Collect), c.Stream(streams.Add), c.Stream(streams.Diffuse), c.Stream(streams.AllGather)
+	return c.Stream(
+			streams.ReduceScatter,
+		), c.Stream(
+			streams.Collect,
+		), c.Stream(
+			streams.Add,
+		), c.Stream(
+			streams.Diffuse,
+		), c.Stream(
+			streams.AllGather,
+		)
 }
 
 // transpose copies a slice of x.N elements of every rank's block between the

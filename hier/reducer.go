@@ -216,7 +216,10 @@ func (r *Reducer) AllReduce(ctx context.Context, t fairgo.Tensor, op fairgo.Op, 
 		return r.reject(q, err)
 	}
 	if !op.Valid() {
-		return r.reject(q, &fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
+		return r.reject(
+			q,
+			&fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp},
+		)
 	}
 	return r.submit(ctx, q, opts)
 }
@@ -233,13 +236,23 @@ func (r *Reducer) ReduceScatter(ctx context.Context, send, recv fairgo.Tensor, o
 		return r.reject(q, err)
 	}
 	if send.Count%w != 0 {
-		return r.reject(q, &fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the %d ranks", w)})
+		return r.reject(
+			q,
+			&fairgo.ArgError{
+				Arg:    "send count",
+				Value:  send.Count,
+				Reason: fmt.Sprintf("not a multiple of the %d ranks", w),
+			},
+		)
 	}
 	if err := r.checkCounts(send, recv, send.Count/w, "reduce-scatter"); err != nil {
 		return r.reject(q, err)
 	}
 	if !op.Valid() {
-		return r.reject(q, &fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp})
+		return r.reject(
+			q,
+			&fairgo.ArgError{Arg: "op", Value: op, Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp},
+		)
 	}
 	return r.submit(ctx, q, opts)
 }
@@ -255,7 +268,10 @@ func (r *Reducer) AllGather(ctx context.Context, send, recv fairgo.Tensor, opts 
 	}
 	w := int64(r.grid.Size())
 	if send.Count > (1<<62)/w {
-		return r.reject(q, &fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: "times the world size overflows"})
+		return r.reject(
+			q,
+			&fairgo.ArgError{Arg: "send count", Value: send.Count, Reason: "times the world size overflows"},
+		)
 	}
 	if err := r.checkCounts(send, recv, send.Count*w, "all-gather"); err != nil {
 		return r.reject(q, err)
@@ -272,7 +288,10 @@ func (r *Reducer) Broadcast(ctx context.Context, t fairgo.Tensor, root int, opts
 		return r.reject(q, err)
 	}
 	if root < 0 || root >= r.grid.Size() {
-		return r.reject(q, &fairgo.ArgError{Arg: "root", Value: root, Reason: fmt.Sprintf("outside [0, %d)", r.grid.Size())})
+		return r.reject(
+			q,
+			&fairgo.ArgError{Arg: "root", Value: root, Reason: fmt.Sprintf("outside [0, %d)", r.grid.Size())},
+		)
 	}
 	return r.submit(ctx, q, opts)
 }
@@ -291,7 +310,14 @@ func (r *Reducer) AllToAll(ctx context.Context, send, recv fairgo.Tensor, opts .
 		return r.reject(q, err)
 	}
 	if send.Count%w != 0 {
-		return r.reject(q, &fairgo.ArgError{Arg: "count", Value: send.Count, Reason: fmt.Sprintf("not a multiple of the world size %d", w)})
+		return r.reject(
+			q,
+			&fairgo.ArgError{
+				Arg:    "count",
+				Value:  send.Count,
+				Reason: fmt.Sprintf("not a multiple of the world size %d", w),
+			},
+		)
 	}
 	q.sendCounts = sameCounts(int(w), send.Count/w)
 	q.recvCounts = q.sendCounts
@@ -303,7 +329,14 @@ func (r *Reducer) AllToAll(ctx context.Context, send, recv fairgo.Tensor, opts .
 // rank k into recv likewise (flat, on the world communicator). A collective
 // (see AllReduce): every rank makes the same calls in the same order, each
 // before any rank waits on its Work.
-func (r *Reducer) AllToAllv(ctx context.Context, send fairgo.Tensor, sendCounts []int64, recv fairgo.Tensor, recvCounts []int64, opts ...CallOption) *Work {
+func (r *Reducer) AllToAllv(
+	ctx context.Context,
+	send fairgo.Tensor,
+	sendCounts []int64,
+	recv fairgo.Tensor,
+	recvCounts []int64,
+	opts ...CallOption,
+) *Work {
 	q := &request{kind: kindAllToAllv, a: send, b: recv}
 	if err := r.checkPair(send, recv); err != nil {
 		return r.reject(q, err)
@@ -314,12 +347,26 @@ func (r *Reducer) AllToAllv(ctx context.Context, send fairgo.Tensor, sendCounts 
 		counts []int64
 	}{{"sendCounts", send, sendCounts}, {"recvCounts", recv, recvCounts}} {
 		if len(c.counts) != r.grid.Size() {
-			return r.reject(q, &fairgo.ArgError{Arg: c.name, Value: len(c.counts), Reason: fmt.Sprintf("needs one count per rank (%d)", r.grid.Size())})
+			return r.reject(
+				q,
+				&fairgo.ArgError{
+					Arg:    c.name,
+					Value:  len(c.counts),
+					Reason: fmt.Sprintf("needs one count per rank (%d)", r.grid.Size()),
+				},
+			)
 		}
 		var total int64
 		for _, n := range c.counts {
 			if n < 0 || total > c.t.Count-n {
-				return r.reject(q, &fairgo.ArgError{Arg: c.name, Value: c.counts, Reason: fmt.Sprintf("negative, or more than the tensor's %d elements", c.t.Count)})
+				return r.reject(
+					q,
+					&fairgo.ArgError{
+						Arg:    c.name,
+						Value:  c.counts,
+						Reason: fmt.Sprintf("negative, or more than the tensor's %d elements", c.t.Count),
+					},
+				)
 			}
 			total += n
 		}
@@ -337,7 +384,11 @@ func (r *Reducer) checkPair(send, recv fairgo.Tensor) error {
 		return fmt.Errorf("recv: %w", err)
 	}
 	if send.DType != recv.DType {
-		return &fairgo.ArgError{Arg: "recv dtype", Value: recv.DType, Reason: fmt.Sprintf("differs from send's %s", send.DType)}
+		return &fairgo.ArgError{
+			Arg:    "recv dtype",
+			Value:  recv.DType,
+			Reason: fmt.Sprintf("differs from send's %s", send.DType),
+		}
 	}
 	return nil
 }
@@ -346,7 +397,13 @@ func (r *Reducer) checkPair(send, recv fairgo.Tensor) error {
 func (r *Reducer) checkCounts(send, recv fairgo.Tensor, want int64, what string) error {
 	if recv.Count != want || want < 0 {
 		return &fairgo.ArgError{Arg: "recv count", Value: recv.Count,
-			Reason: fmt.Sprintf("send has %d elements; %s over %d ranks needs %d", send.Count, what, r.grid.Size(), want)}
+			Reason: fmt.Sprintf(
+				"send has %d elements; %s over %d ranks needs %d",
+				send.Count,
+				what,
+				r.grid.Size(),
+				want,
+			)}
 	}
 	return nil
 }
@@ -587,7 +644,8 @@ func (r *Reducer) abortsFinished(d time.Duration) bool {
 // reaction reports whether err is only an abort (a communicator a peer
 // aborted), not the cause that made a rank abort.
 func reaction(err error) bool {
-	return errors.Is(err, fairgo.ErrAborted) && !errors.Is(err, fairgo.ErrMismatch) && !errors.Is(err, fairgo.ErrTimeout)
+	return errors.Is(err, fairgo.ErrAborted) && !errors.Is(err, fairgo.ErrMismatch) &&
+		!errors.Is(err, fairgo.ErrTimeout)
 }
 
 func (r *Reducer) brokenCause() error {

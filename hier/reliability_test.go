@@ -33,7 +33,12 @@ func TestCountsDifferingInTheTailFail(t *testing.T) {
 		{[]int{1001, 1001, 1001, 1002}, hier.Flat},
 	} {
 		t.Run(tc.algo.String(), func(t *testing.T) {
-			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 3}, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo))
+			w := newWorld(
+				t,
+				sim.Config{Machines: 2, Devices: 2, Seed: 3},
+				hier.WithFlatThreshold(hier.FlatNever),
+				hier.WithAlgorithm(tc.algo),
+			)
 			data := make([][]byte, 4)
 			for g := range data {
 				data[g] = make([]byte, 4*tc.counts[g])
@@ -88,7 +93,11 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 4, StallTimeout: 20 * time.Second})
-			ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)})
+			ts := w.upload(
+				t,
+				fairgo.Float32,
+				[][]byte{make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)},
+			)
 			var works []*hier.Work
 			for g, r := range w.reducers {
 				works = append(works, tc.call(g, r, ts[g]))
@@ -135,7 +144,11 @@ func TestNilContext(t *testing.T) {
 	_, err := hier.NewReducer(nil, w.cluster.Rank(0))                      //nolint:staticcheck
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 	// The peer then makes the same (refused) call: the Reducers stay in step.
-	require.ErrorIs(t, w.reducers[1].AllReduce(nil, ts[1], fairgo.Sum).Err(), fairgo.ErrInvalidArgument) //nolint:staticcheck
+	require.ErrorIs(
+		t,
+		w.reducers[1].AllReduce(nil, ts[1], fairgo.Sum).Err(),
+		fairgo.ErrInvalidArgument,
+	) //nolint:staticcheck
 	var works []*hier.Work
 	for g, r := range w.reducers {
 		works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
@@ -148,7 +161,11 @@ func TestNilContext(t *testing.T) {
 // calls does not drop them, and every rank gets the right sums.
 func TestExpiringContextDoesNotDropCalls(t *testing.T) {
 	const calls = 40
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 9, Jitter: 50 * time.Microsecond}, hier.WithFlatThreshold(hier.FlatNever))
+	w := newWorld(
+		t,
+		sim.Config{Machines: 2, Devices: 2, Seed: 9, Jitter: 50 * time.Microsecond},
+		hier.WithFlatThreshold(hier.FlatNever),
+	)
 	rng := rand.New(rand.NewPCG(1, 2))
 	inputs := make([][][]byte, calls)
 	bufs := make([][]fairgo.Tensor, calls)
@@ -172,7 +189,16 @@ func TestExpiringContextDoesNotDropCalls(t *testing.T) {
 	}
 	require.NoError(t, reftest.WaitAll(works))
 	for c := range calls {
-		require.NoError(t, reftest.CheckResults(fairgo.Int32, reftest.ComputeReference(fairgo.Int32, fairgo.Sum, inputs[c]), w.download(t, bufs[c])), "call %d", c)
+		require.NoError(
+			t,
+			reftest.CheckResults(
+				fairgo.Int32,
+				reftest.ComputeReference(fairgo.Int32, fairgo.Sum, inputs[c]),
+				w.download(t, bufs[c]),
+			),
+			"call %d",
+			c,
+		)
 	}
 }
 
@@ -306,7 +332,13 @@ func TestNoOpCallsKeepTheirDependencies(t *testing.T) {
 				require.NoError(t, w.devs[g].(*sim.Device).Synchronize(context.Background()))
 				out := make([]byte, 4*n)
 				require.NoError(t, w.devs[g].Download(out, outs[g].Ptr))
-				require.Equal(t, 1.0, elem.Get(fairgo.Float32, out, 0), "rank %d: the consumer read the buffer before the producer wrote it", g)
+				require.Equal(
+					t,
+					1.0,
+					elem.Get(fairgo.Float32, out, 0),
+					"rank %d: the consumer read the buffer before the producer wrote it",
+					g,
+				)
 			}
 		})
 	}
@@ -325,7 +357,12 @@ func TestSixteenBitNearTheMaximum(t *testing.T) {
 		for _, algo := range []hier.Algorithm{hier.Flat, hier.RailAllToAll, hier.RailRSAG} {
 			t.Run(dt.String()+"/"+algo.String(), func(t *testing.T) {
 				const m, d, count = 2, 4, 4099
-				w := newWorld(t, sim.Config{Machines: m, Devices: d, Seed: 8}, hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo))
+				w := newWorld(
+					t,
+					sim.Config{Machines: m, Devices: d, Seed: 8},
+					hier.WithFlatThreshold(hier.FlatNever),
+					hier.WithAlgorithm(algo),
+				)
 				rng := rand.New(rand.NewPCG(5, 6))
 				avgIn := make([][]byte, m*d)
 				sumIn := make([][]byte, m*d)
@@ -346,7 +383,12 @@ func TestSixteenBitNearTheMaximum(t *testing.T) {
 						v := elem.Get(dt, out[0], i)
 						require.False(t, math.IsInf(v, 0) || math.IsNaN(v), "%v element %d is %v", c.op, i, v)
 					}
-					require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, c.op, c.in), out), "%v", c.op)
+					require.NoError(
+						t,
+						reftest.CheckResults(dt, reftest.ComputeReference(dt, c.op, c.in), out),
+						"%v",
+						c.op,
+					)
 				}
 			})
 		}
@@ -365,7 +407,13 @@ type blockingComm struct {
 	once    sync.Once
 }
 
-func (c *blockingComm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+func (c *blockingComm) AllReduce(
+	send, recv uintptr,
+	count int64,
+	dt fairgo.DType,
+	op fairgo.Op,
+	s streams.Stream,
+) error {
 	c.mu.Lock()
 	c.calls++
 	n := c.calls
@@ -394,7 +442,12 @@ func TestWatchdogCoversAStuckEnqueue(t *testing.T) {
 	rks[0].Comms.World = stuck
 	var rs []*hier.Reducer
 	for _, rk := range rks {
-		r, err := hier.NewReducer(context.Background(), rk, hier.WithInlineEnqueue(true), hier.WithTimeout(300*time.Millisecond))
+		r, err := hier.NewReducer(
+			context.Background(),
+			rk,
+			hier.WithInlineEnqueue(true),
+			hier.WithTimeout(300*time.Millisecond),
+		)
 		require.NoError(t, err)
 		rs = append(rs, r)
 	}
@@ -444,7 +497,12 @@ func TestHangingAbortStillReports(t *testing.T) {
 	rk := c.Rank(0)
 	hang := &hangingAbortComm{Comm: rk.Comms.World, release: make(chan struct{})}
 	rk.Comms.World = hang
-	r, err := hier.NewReducer(context.Background(), rk, hier.WithAlgorithm(hier.Flat), hier.WithTimeout(300*time.Millisecond))
+	r, err := hier.NewReducer(
+		context.Background(),
+		rk,
+		hier.WithAlgorithm(hier.Flat),
+		hier.WithTimeout(300*time.Millisecond),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	t.Cleanup(func() { close(hang.release) }) // runs first: lets Close finish
@@ -468,7 +526,13 @@ type failingComm struct {
 	calls int
 }
 
-func (c *failingComm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+func (c *failingComm) AllReduce(
+	send, recv uintptr,
+	count int64,
+	dt fairgo.DType,
+	op fairgo.Op,
+	s streams.Stream,
+) error {
 	c.mu.Lock()
 	c.calls++
 	n := c.calls
@@ -493,7 +557,12 @@ func TestEnqueueFailureIsTyped(t *testing.T) {
 			rks[0].Comms.World = &failingComm{Comm: rks[0].Comms.World}
 			var rs []*hier.Reducer
 			for _, rk := range rks {
-				r, err := hier.NewReducer(context.Background(), rk, hier.WithInlineEnqueue(inline), hier.WithTimeout(500*time.Millisecond))
+				r, err := hier.NewReducer(
+					context.Background(),
+					rk,
+					hier.WithInlineEnqueue(inline),
+					hier.WithTimeout(500*time.Millisecond),
+				)
 				require.NoError(t, err)
 				rs = append(rs, r)
 			}

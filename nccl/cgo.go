@@ -401,20 +401,59 @@ func cCommUserRank(t *unsafe.Pointer, c C.ncclComm_t) (int, Result) {
 	return int(n), Result(r)
 }
 
-func cAllReduce(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, op RedOp, c C.ncclComm_t, s uintptr) Result {
-	return Result(C.fg_AllReduce(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(op), c, C.uintptr_t(s)))
+func cAllReduce(
+	t *unsafe.Pointer,
+	send, recv uintptr,
+	n int64,
+	dt DataType,
+	op RedOp,
+	c C.ncclComm_t,
+	s uintptr,
+) Result {
+	return Result(
+		C.fg_AllReduce(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(op), c, C.uintptr_t(s)),
+	)
 }
 
-func cReduceScatter(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, op RedOp, c C.ncclComm_t, s uintptr) Result {
-	return Result(C.fg_ReduceScatter(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(op), c, C.uintptr_t(s)))
+func cReduceScatter(
+	t *unsafe.Pointer,
+	send, recv uintptr,
+	n int64,
+	dt DataType,
+	op RedOp,
+	c C.ncclComm_t,
+	s uintptr,
+) Result {
+	return Result(
+		C.fg_ReduceScatter(
+			t,
+			C.uintptr_t(send),
+			C.uintptr_t(recv),
+			C.size_t(n),
+			C.int(dt),
+			C.int(op),
+			c,
+			C.uintptr_t(s),
+		),
+	)
 }
 
 func cAllGather(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, c C.ncclComm_t, s uintptr) Result {
 	return Result(C.fg_AllGather(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), c, C.uintptr_t(s)))
 }
 
-func cBroadcast(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, root int, c C.ncclComm_t, s uintptr) Result {
-	return Result(C.fg_Broadcast(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(root), c, C.uintptr_t(s)))
+func cBroadcast(
+	t *unsafe.Pointer,
+	send, recv uintptr,
+	n int64,
+	dt DataType,
+	root int,
+	c C.ncclComm_t,
+	s uintptr,
+) Result {
+	return Result(
+		C.fg_Broadcast(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(root), c, C.uintptr_t(s)),
+	)
 }
 
 func cSend(t *unsafe.Pointer, buf uintptr, n int64, dt DataType, peer int, c C.ncclComm_t, s uintptr) Result {

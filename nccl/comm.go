@@ -153,7 +153,10 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 		if color == NoColor {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("nccl: ncclCommSplit returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w", ErrNotSupported)
+		return nil, fmt.Errorf(
+			"nccl: ncclCommSplit returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w",
+			ErrNotSupported,
+		)
 	}
 	child := c.lib.newComm(h, c.nonblocking)
 	if r == InProgress {

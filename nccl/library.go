@@ -112,7 +112,14 @@ func open(path string) (*dso, error) {
 	if v < MinVersion {
 		return fail(&VersionError{What: "fairgo", Have: v, Need: MinVersion})
 	}
-	return &dso{path: path, file: origin(table, symGetVersion), version: v, handle: h, table: table, missing: missing}, nil
+	return &dso{
+		path:    path,
+		file:    origin(table, symGetVersion),
+		version: v,
+		handle:  h,
+		table:   table,
+		missing: missing,
+	}, nil
 }
 
 // Close drops this reference; the library is unloaded when the last
@@ -209,15 +216,6 @@ func (l *dso) err(op string, r Result, c commHandle) error {
 	return &Error{Code: r, Op: op, Text: text}
 }
 
-// GetVersion calls ncclGetVersion.
-func (l *Library) GetVersion() (int, error) {
-	if err := l.check(symGetVersion); err != nil {
-		return 0, err
-	}
-	v, r := cGetVersion(l.table)
-	return v, l.err("ncclGetVersion", r, nil)
-}
-
 // GetUniqueId calls ncclGetUniqueId.
 func (l *Library) GetUniqueId() (UniqueID, error) {
 	if err := l.check(symGetUniqueId); err != nil {
@@ -233,14 +231,6 @@ func (l *Library) GetErrorString(r Result) string {
 		return r.String()
 	}
 	return cGetErrorString(l.table, r)
-}
-
-// GetLastError calls ncclGetLastError(NULL): the last error NCCL logged.
-func (l *Library) GetLastError() string {
-	if l.check(symGetLastError) != nil {
-		return ""
-	}
-	return cGetLastError(l.table, nil)
 }
 
 // GroupStart calls ncclGroupStart. NCCL's group state belongs to the OS
@@ -276,7 +266,10 @@ func (l *Library) CommInitRank(nranks int, id UniqueID, rank int) (*Comm, error)
 		return nil, l.err("ncclCommInitRank", r, nil)
 	}
 	if c == nil {
-		return nil, fmt.Errorf("nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w", ErrNotSupported)
+		return nil, fmt.Errorf(
+			"nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w",
+			ErrNotSupported,
+		)
 	}
 	return l.dso.newComm(c, false), nil
 }
@@ -287,7 +280,13 @@ func (l *Library) CommInitRank(nranks int, id UniqueID, rank int) (*Comm, error)
 // communicator stays non-blocking: its calls wait for NCCL's ncclInProgress
 // to clear before returning. Use it on the CUDA device the communicator is
 // for, current on the calling thread.
-func (l *Library) CommInitRankConfig(ctx context.Context, nranks int, id UniqueID, rank int, cfg *Config) (*Comm, error) {
+func (l *Library) CommInitRankConfig(
+	ctx context.Context,
+	nranks int,
+	id UniqueID,
+	rank int,
+	cfg *Config,
+) (*Comm, error) {
 	if err := l.check(symCommInitRankConfig); err != nil {
 		return nil, err
 	}

@@ -69,7 +69,11 @@ func TestLoadMissingFile(t *testing.T) {
 		t.Fatalf("attempt error %v, want a dlopen error with text", le.Attempts[0].Err)
 	}
 	if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotSupported) {
-		t.Errorf("errors.Is: NotFound=%v NotSupported=%v, want true, false", errors.Is(err, ErrNotFound), errors.Is(err, ErrNotSupported))
+		t.Errorf(
+			"errors.Is: NotFound=%v NotSupported=%v, want true, false",
+			errors.Is(err, ErrNotFound),
+			errors.Is(err, ErrNotSupported),
+		)
 	}
 	for _, s := range []string{path, de.Text, EnvLibrary} {
 		if !strings.Contains(err.Error(), s) {
@@ -161,7 +165,8 @@ func TestMappings(t *testing.T) {
 			t.Errorf("RedOpOf(%v) needs version %d", op, need)
 		}
 	}
-	if _, _, err := DataTypeOf(fairgo.DType(0)); !errors.Is(err, fairgo.ErrUnknownDType) || !errors.Is(err, fairgo.ErrInvalidArgument) {
+	if _, _, err := DataTypeOf(fairgo.DType(0)); !errors.Is(err, fairgo.ErrUnknownDType) ||
+		!errors.Is(err, fairgo.ErrInvalidArgument) {
 		t.Errorf("DataTypeOf(0) error = %v", err)
 	}
 	if _, _, err := RedOpOf(fairgo.Op(99)); !errors.Is(err, fairgo.ErrUnknownOp) {
@@ -382,7 +387,8 @@ func TestFakeMissingOptional(t *testing.T) {
 	if err := comm.Abort(); err != nil {
 		t.Fatal(err)
 	}
-	if err := comm.AllReduce(0, 0, 1, Float32, Sum, 0); !errors.Is(err, ErrAborted) || !errors.Is(err, fairgo.ErrAborted) {
+	if err := comm.AllReduce(0, 0, 1, Float32, Sum, 0); !errors.Is(err, ErrAborted) ||
+		!errors.Is(err, fairgo.ErrAborted) {
 		t.Errorf("call after Abort: %v", err)
 	}
 	if err := comm.Abort(); err != nil {
@@ -531,7 +537,17 @@ func TestRealSingleRank(t *testing.T) {
 }
 
 func TestVersionConstants(t *testing.T) {
-	if MinVersion != VersionCode(2, 12, 0) || ConfigMinVersion != VersionCode(2, 14, 0) || SplitMinVersion != VersionCode(2, 18, 0) {
+	if MinVersion != VersionCode(2, 12, 0) || ConfigMinVersion != VersionCode(2, 14, 0) ||
+		SplitMinVersion != VersionCode(2, 18, 0) {
 		t.Error("version constants disagree with VersionCode")
 	}
+}
+
+// GetVersion calls ncclGetVersion.
+func (l *Library) GetVersion() (int, error) {
+	if err := l.check(symGetVersion); err != nil {
+		return 0, err
+	}
+	v, r := cGetVersion(l.table)
+	return v, l.err("ncclGetVersion", r, nil)
 }

@@ -124,7 +124,12 @@ var opTable = map[fairgo.Op]opMapping{
 func DataTypeOf(dt fairgo.DType) (DataType, int, error) {
 	m, ok := dtypeTable[dt]
 	if !ok {
-		return 0, 0, &fairgo.ArgError{Arg: "dtype", Value: dt, Reason: "no NCCL equivalent", Err: fairgo.ErrUnknownDType}
+		return 0, 0, &fairgo.ArgError{
+			Arg:    "dtype",
+			Value:  dt,
+			Reason: "no NCCL equivalent",
+			Err:    fairgo.ErrUnknownDType,
+		}
 	}
 	return m.nccl, m.min, nil
 }
@@ -153,7 +158,11 @@ func (id UniqueID) Bytes() []byte { return append([]byte(nil), id[:]...) }
 func UniqueIDFromBytes(b []byte) (UniqueID, error) {
 	var id UniqueID
 	if len(b) != UniqueIDBytes {
-		return id, &fairgo.ArgError{Arg: "nccl unique id", Value: fmt.Sprintf("%d bytes", len(b)), Reason: fmt.Sprintf("must be %d bytes", UniqueIDBytes)}
+		return id, &fairgo.ArgError{
+			Arg:    "nccl unique id",
+			Value:  fmt.Sprintf("%d bytes", len(b)),
+			Reason: fmt.Sprintf("must be %d bytes", UniqueIDBytes),
+		}
 	}
 	copy(id[:], b)
 	return id, nil

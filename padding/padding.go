@@ -34,7 +34,13 @@ func (r *Ring) Next(padShard int64, elemSize int) (staging.Slot, staging.Cells, 
 	if err != nil {
 		return staging.Slot{}, staging.Cells{}, err
 	}
-	return s, staging.Cells{Base: s.Ptr, Machines: r.machines, Devices: r.devices, N: padShard, ElemSize: int64(elemSize)}, nil
+	return s, staging.Cells{
+		Base:     s.Ptr,
+		Machines: r.machines,
+		Devices:  r.devices,
+		N:        padShard,
+		ElemSize: int64(elemSize),
+	}, nil
 }
 
 // Close frees the slots.

@@ -16,7 +16,16 @@ func TestRingHandsOutSlotsAsCells(t *testing.T) {
 	c, err := sim.NewCluster(sim.Config{Machines: 3, Devices: 2})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
-	l, err := staging.Plan(staging.Params{Machines: 3, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 8 << 20, PaddingBytes: 3 * 6 * staging.Align, Parallelism: 2})
+	l, err := staging.Plan(
+		staging.Params{
+			Machines:     3,
+			Devices:      2,
+			SliceBytes:   1 << 20,
+			StagingBytes: 8 << 20,
+			PaddingBytes: 3 * 6 * staging.Align,
+			Parallelism:  2,
+		},
+	)
 	require.NoError(t, err)
 	require.Equal(t, 3, l.PaddingSlots)
 	r, err := padding.NewRing(c.Device(0), l)

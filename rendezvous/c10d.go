@@ -144,7 +144,13 @@ func dialC10d(ctx context.Context, addr string, cfg dialConfig, nonce func() uin
 }
 
 func newC10dClient(addr string, log *slog.Logger) *C10dClient {
-	return &C10dClient{addr: addr, log: log, nonce: rand.Uint32, main: make(chan *c10dConn, 1), live: make(map[*c10dConn]struct{})}
+	return &C10dClient{
+		addr:  addr,
+		log:   log,
+		nonce: rand.Uint32,
+		main:  make(chan *c10dConn, 1),
+		live:  make(map[*c10dConn]struct{}),
+	}
 }
 
 // Addr returns the store's address.
@@ -173,7 +179,9 @@ func (c *C10dClient) validate(ctx context.Context, conn net.Conn) (*c10dConn, er
 	})
 	if err == nil && got != nonce {
 		c.discard(cc)
-		return nil, &fatalDialError{fmt.Errorf("ping answered %#x, want %#x (is %s a c10d TCPStore?): %w", got, nonce, c.addr, ErrProtocol)}
+		return nil, &fatalDialError{
+			fmt.Errorf("ping answered %#x, want %#x (is %s a c10d TCPStore?): %w", got, nonce, c.addr, ErrProtocol),
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -357,7 +365,12 @@ func c10dCheckKey(key string) error {
 		return err
 	}
 	if len(c10dKeyPrefix)+len(key) > C10dMaxKeyLen {
-		return fmt.Errorf("key of %d bytes (c10d limit %d): %w", len(key), C10dMaxKeyLen-len(c10dKeyPrefix), ErrTooLarge)
+		return fmt.Errorf(
+			"key of %d bytes (c10d limit %d): %w",
+			len(key),
+			C10dMaxKeyLen-len(c10dKeyPrefix),
+			ErrTooLarge,
+		)
 	}
 	return nil
 }
@@ -521,7 +534,12 @@ func (c *C10dClient) Add(ctx context.Context, key string, delta int64) (int64, e
 		// integer: look at the value to tell that from a lost connection.
 		if v, ok := c.peek(ctx, key); ok {
 			if _, perr := strconv.ParseInt(string(v), 10, 64); perr != nil {
-				return 0, fmt.Errorf("add to key %q holding %q (the server closed the connection): %w", key, truncate(v), ErrNotCounter)
+				return 0, fmt.Errorf(
+					"add to key %q holding %q (the server closed the connection): %w",
+					key,
+					truncate(v),
+					ErrNotCounter,
+				)
 			}
 		}
 	}

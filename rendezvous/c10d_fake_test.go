@@ -51,7 +51,13 @@ func startFakeC10d(t *testing.T, addr string) *fakeC10d {
 	}
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	s := &fakeC10d{ln: ln, data: map[string][]byte{}, waiting: map[string][]*fakeC10dConn{}, awaited: map[*fakeC10dConn]int{}, conns: map[*fakeC10dConn]bool{}}
+	s := &fakeC10d{
+		ln:      ln,
+		data:    map[string][]byte{},
+		waiting: map[string][]*fakeC10dConn{},
+		awaited: map[*fakeC10dConn]int{},
+		conns:   map[*fakeC10dConn]bool{},
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

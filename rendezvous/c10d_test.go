@@ -59,12 +59,25 @@ func scriptServer(t *testing.T, scripts [][]step) (addr string, done <-chan stru
 						got := make([]byte, len(want))
 						conn.SetReadDeadline(time.Now().Add(2 * time.Second))
 						if n, err := io.ReadFull(conn, got); err != nil {
-							t.Errorf("connection %d step %d: client sent\n%swant\n%s(%v)", i, j, hex.Dump(got[:n]), hex.Dump(want), err)
+							t.Errorf(
+								"connection %d step %d: client sent\n%swant\n%s(%v)",
+								i,
+								j,
+								hex.Dump(got[:n]),
+								hex.Dump(want),
+								err,
+							)
 							conn.Close()
 							return
 						}
 						if string(got) != string(want) {
-							t.Errorf("connection %d step %d: client sent\n%swant\n%s", i, j, hex.Dump(got), hex.Dump(want))
+							t.Errorf(
+								"connection %d step %d: client sent\n%swant\n%s",
+								i,
+								j,
+								hex.Dump(got),
+								hex.Dump(want),
+							)
 							conn.Close()
 							return
 						}
@@ -226,7 +239,11 @@ func TestC10dCancelledWaitLeavesNoState(t *testing.T) {
 	require.Equal(t, context.DeadlineExceeded, c.Wait(short, "never"))
 	_, err := c.Get(short, "never")
 	require.Equal(t, context.DeadlineExceeded, err)
-	waitFor(t, "the server to drop the waits", func() bool { conns, waiting := s.state(); return waiting == 0 && conns == 1 })
+	waitFor(
+		t,
+		"the server to drop the waits",
+		func() bool { conns, waiting := s.state(); return waiting == 0 && conns == 1 },
+	)
 
 	cctx, ccancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)

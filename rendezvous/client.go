@@ -82,9 +82,17 @@ func newDialConfig(opts []DialOption, c10d bool) (dialConfig, error) {
 	case cfg.retry < 0:
 		return cfg, &fairgo.ArgError{Arg: "rendezvous.WithRetryInterval", Value: cfg.retry, Reason: "negative"}
 	case cfg.tokenSet && cfg.c10d:
-		return cfg, &fairgo.ArgError{Arg: "rendezvous.WithDialToken", Value: "(token)", Reason: "the c10d TCPStore protocol has no token"}
+		return cfg, &fairgo.ArgError{
+			Arg:    "rendezvous.WithDialToken",
+			Value:  "(token)",
+			Reason: "the c10d TCPStore protocol has no token",
+		}
 	case cfg.tokenSet && (cfg.token == "" || len(cfg.token) > MaxTokenLen):
-		return cfg, &fairgo.ArgError{Arg: "rendezvous.WithDialToken", Value: fmt.Sprintf("(%d bytes)", len(cfg.token)), Reason: fmt.Sprintf("want 1 to %d bytes (leave the option out for a store without a token)", MaxTokenLen)}
+		return cfg, &fairgo.ArgError{
+			Arg:    "rendezvous.WithDialToken",
+			Value:  fmt.Sprintf("(%d bytes)", len(cfg.token)),
+			Reason: fmt.Sprintf("want 1 to %d bytes (leave the option out for a store without a token)", MaxTokenLen),
+		}
 	}
 	if cfg.retry == 0 {
 		cfg.retry = DefaultRetryInterval
@@ -131,7 +139,13 @@ func retryDial(ctx context.Context, addr string, cfg dialConfig, open func(net.C
 		if last == nil {
 			last = err
 		}
-		return fmt.Errorf("rendezvous: dial %s: gave up after %d attempts (last: %v): %w", addr, attempt, last, ctx.Err())
+		return fmt.Errorf(
+			"rendezvous: dial %s: gave up after %d attempts (last: %v): %w",
+			addr,
+			attempt,
+			last,
+			ctx.Err(),
+		)
 	}
 	for attempt := 1; ; attempt++ {
 		conn, err := d.DialContext(ctx, "tcp", addr)
@@ -193,7 +207,9 @@ func helloClient(ctx context.Context, conn net.Conn, addr string, cfg dialConfig
 		}
 	}
 	if err == nil && (len(f.fields) != 1 || len(f.fields[0]) != 8) {
-		err = &fatalDialError{fmt.Errorf("hello reply with %d fields (is %s a fairgo store?): %w", len(f.fields), addr, ErrProtocol)}
+		err = &fatalDialError{
+			fmt.Errorf("hello reply with %d fields (is %s a fairgo store?): %w", len(f.fields), addr, ErrProtocol),
+		}
 	}
 	if !stop() && err == nil {
 		err = ctx.Err() // the deadline was cut short: the connection is suspect
@@ -204,7 +220,14 @@ func helloClient(ctx context.Context, conn net.Conn, addr string, cfg dialConfig
 	}
 	conn.SetDeadline(time.Time{})
 	idle := time.Duration(binary.BigEndian.Uint64(f.fields[0])) * time.Millisecond
-	c := &Client{conn: conn, br: br, addr: addr, log: cfg.log, pending: make(map[uint64]chan frame), done: make(chan struct{})}
+	c := &Client{
+		conn:    conn,
+		br:      br,
+		addr:    addr,
+		log:     cfg.log,
+		pending: make(map[uint64]chan frame),
+		done:    make(chan struct{}),
+	}
 	go c.readLoop()
 	if idle > 0 {
 		go c.keepalive(idle / 3)
@@ -345,7 +368,10 @@ func (c *Client) call(ctx context.Context, op opCode, fields ...[]byte) ([][]byt
 	case <-ctx.Done():
 		if c.forget(id) && (op == opGet || op == opWait) {
 			// Release the server-side waiter; best effort.
-			go c.send(context.Background(), appendFrame(nil, 0, uint8(opCancel), binary.BigEndian.AppendUint64(nil, id)))
+			go c.send(
+				context.Background(),
+				appendFrame(nil, 0, uint8(opCancel), binary.BigEndian.AppendUint64(nil, id)),
+			)
 		}
 		return nil, ctx.Err()
 	}

@@ -91,7 +91,9 @@ func (l Launch) VarsString() string {
 }
 
 // ErrNoLaunchEnv: none of the known launchers' variables are set.
-var ErrNoLaunchEnv = errors.New("rendezvous: no launch environment (set RANK and WORLD_SIZE as torchrun does, or run under Slurm or Open MPI)")
+var ErrNoLaunchEnv = errors.New(
+	"rendezvous: no launch environment (set RANK and WORLD_SIZE as torchrun does, or run under Slurm or Open MPI)",
+)
 
 // ErrInvalidEnv is wrapped by every EnvError.
 var ErrInvalidEnv = fmt.Errorf("rendezvous: invalid launch environment: %w", fairgo.ErrInvalidArgument)
@@ -299,7 +301,13 @@ func (e *envReader) slurmTasksOnNode() int {
 	}
 	if node < 0 || node >= len(counts) {
 		nv, _ := e.get("SLURM_NODEID")
-		e.fail(&EnvError{Var: "SLURM_NODEID", Value: nv, Reason: fmt.Sprintf("outside the %d nodes of SLURM_TASKS_PER_NODE=%q", len(counts), v)})
+		e.fail(
+			&EnvError{
+				Var:    "SLURM_NODEID",
+				Value:  nv,
+				Reason: fmt.Sprintf("outside the %d nodes of SLURM_TASKS_PER_NODE=%q", len(counts), v),
+			},
+		)
 		return 1
 	}
 	return counts[node]
@@ -326,7 +334,8 @@ func parseSlurmTasksPerNode(v string) ([]int, error) {
 }
 
 func (e *envReader) storeAddr(l *Launch) {
-	if l.Source == "torchrun" && (e.has("TORCHELASTIC_RUN_ID") || e.has("TORCHELASTIC_RESTART_COUNT") || e.has("TORCHELASTIC_USE_AGENT_STORE")) {
+	if l.Source == "torchrun" &&
+		(e.has("TORCHELASTIC_RUN_ID") || e.has("TORCHELASTIC_RESTART_COUNT") || e.has("TORCHELASTIC_USE_AGENT_STORE")) {
 		l.Launcher = LauncherTorchrun
 		v, _ := e.get("TORCHELASTIC_USE_AGENT_STORE")
 		l.AgentStore = v == "True"

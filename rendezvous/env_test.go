@@ -16,7 +16,14 @@ func lookupMap(m map[string]string) LookupFunc {
 
 func TestFromLookup(t *testing.T) {
 	torch := func(over map[string]string) map[string]string {
-		m := map[string]string{"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}
+		m := map[string]string{
+			"RANK":             "3",
+			"WORLD_SIZE":       "8",
+			"LOCAL_RANK":       "1",
+			"LOCAL_WORLD_SIZE": "2",
+			"MASTER_ADDR":      "10.0.0.1",
+			"MASTER_PORT":      "1234",
+		}
 		for k, v := range over {
 			if v == "-" {
 				delete(m, k)
@@ -122,8 +129,18 @@ func TestParseSlurmTasksPerNode(t *testing.T) {
 
 // Launch.Vars records what was read, the token's value hidden.
 func TestFromLookupVars(t *testing.T) {
-	l, err := FromLookup(lookupMap(map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1",
-		"SLURM_JOB_NODELIST": "gpu[01-02]", "FAIRGO_STORE_TOKEN": "very-secret"}))
+	l, err := FromLookup(
+		lookupMap(
+			map[string]string{
+				"SLURM_PROCID":          "1",
+				"SLURM_NTASKS":          "2",
+				"SLURM_LOCALID":         "0",
+				"SLURM_NTASKS_PER_NODE": "1",
+				"SLURM_JOB_NODELIST":    "gpu[01-02]",
+				"FAIRGO_STORE_TOKEN":    "very-secret",
+			},
+		),
+	)
 	require.NoError(t, err)
 	s := l.VarsString()
 	for _, want := range []string{`SLURM_PROCID="1"`, `SLURM_JOB_NODELIST="gpu[01-02]"`, "MASTER_ADDR unset", "MASTER_PORT unset", `FAIRGO_STORE_TOKEN="(hidden)"`} {

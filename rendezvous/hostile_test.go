@@ -167,7 +167,13 @@ func TestStoreHoldsUnderHostileConnections(t *testing.T) {
 	)
 	start := time.Now()
 	base, _ := heapAfterGC()
-	srv := serve(t, WithToken(token), WithHandshakeTimeout(500*time.Millisecond), WithIdleTimeout(2*time.Second), WithFrameTimeout(2*time.Second))
+	srv := serve(
+		t,
+		WithToken(token),
+		WithHandshakeTimeout(500*time.Millisecond),
+		WithIdleTimeout(2*time.Second),
+		WithFrameTimeout(2*time.Second),
+	)
 	ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
 	defer cancel()
 	clients := make([]*Client, honest)
@@ -192,7 +198,13 @@ func TestStoreHoldsUnderHostileConnections(t *testing.T) {
 			flood.Add(1)
 			go func() {
 				defer flood.Done()
-				o := hostile(srv.Addr(), token, i%len(hostileKinds), rand.New(rand.NewPCG(uint64(i), 99)), 4*time.Second)
+				o := hostile(
+					srv.Addr(),
+					token,
+					i%len(hostileKinds),
+					rand.New(rand.NewPCG(uint64(i), 99)),
+					4*time.Second,
+				)
 				omu.Lock()
 				outcomes[o]++
 				omu.Unlock()
@@ -258,10 +270,25 @@ func TestStoreHoldsUnderHostileConnections(t *testing.T) {
 	<-attack
 	during := watch.Stop()
 	st := srv.stats()
-	t.Logf("flood of %d hostile connections over in %v; %d honest adds meanwhile; server then held %d connections (%d in handshake), %d bytes reserved, %d held",
-		hostiles, time.Since(start).Round(time.Millisecond), adds.Load(), st.conns, st.handshaking, st.reserved, st.held)
+	t.Logf(
+		"flood of %d hostile connections over in %v; %d honest adds meanwhile; server then held %d connections (%d in handshake), %d bytes reserved, %d held",
+		hostiles,
+		time.Since(start).Round(time.Millisecond),
+		adds.Load(),
+		st.conns,
+		st.handshaking,
+		st.reserved,
+		st.held,
+	)
 
-	t.Logf("what the hostile connections saw (codes: %d protocol, %d token, %d busy, %d too large): %v", codeProtocol, codeAuth, codeBusy, codeTooLarge, outcomes)
+	t.Logf(
+		"what the hostile connections saw (codes: %d protocol, %d token, %d busy, %d too large): %v",
+		codeProtocol,
+		codeAuth,
+		codeBusy,
+		codeTooLarge,
+		outcomes,
+	)
 	require.Zero(t, outcomes["held open until the end"], "connections the server never closed")
 	require.Zero(t, outcomes["dial failed"])
 	authed := 0
@@ -274,7 +301,11 @@ func TestStoreHoldsUnderHostileConnections(t *testing.T) {
 
 	// Afterwards: the hostile connections are gone, the budget is back, and
 	// the store answers correctly (a large value included).
-	waitFor(t, "hostile connections closed", func() bool { st := srv.stats(); return st.conns == honest && st.reserved == 0 && st.held == 0 })
+	waitFor(
+		t,
+		"hostile connections closed",
+		func() bool { st := srv.stats(); return st.conns == honest && st.reserved == 0 && st.held == 0 },
+	)
 	c := clients[0]
 	v, err := c.Get(ctx, "honest/adds")
 	require.NoError(t, err)

@@ -150,7 +150,12 @@ func launch(t *testing.T, envs []map[string]string) []report {
 					return
 				}
 			}
-			errs[i] = fmt.Errorf("process %d printed no report; stdout:\n%s\nstderr:\n%s", i, out.String(), stderr.String())
+			errs[i] = fmt.Errorf(
+				"process %d printed no report; stdout:\n%s\nstderr:\n%s",
+				i,
+				out.String(),
+				stderr.String(),
+			)
 		}()
 	}
 	wg.Wait()
@@ -207,8 +212,12 @@ func freePorts(t *testing.T) int {
 // 2 nodes × 2 job (the machine identity stands in for the node).
 func torchrunEnv(rank int, masterPort int, agentStore bool) map[string]string {
 	return map[string]string{
-		"RANK": strconv.Itoa(rank), "GROUP_RANK": strconv.Itoa(rank / 2), "ROLE_RANK": strconv.Itoa(rank), "ROLE_NAME": "default",
-		"LOCAL_RANK": strconv.Itoa(rank % 2), "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "4",
+		"RANK": strconv.Itoa(
+			rank,
+		), "GROUP_RANK": strconv.Itoa(rank / 2), "ROLE_RANK": strconv.Itoa(rank), "ROLE_NAME": "default",
+		"LOCAL_RANK": strconv.Itoa(
+			rank % 2,
+		), "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "4",
 		"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": strconv.Itoa(masterPort),
 		"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "launchtest",
 		"TORCHELASTIC_USE_AGENT_STORE": pyBool(agentStore), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -265,7 +274,9 @@ func TestLaunchSlurm(t *testing.T) {
 	envs := make([]map[string]string, 4)
 	for r := range envs {
 		envs[r] = map[string]string{
-			"SLURM_PROCID": strconv.Itoa(r), "SLURM_NTASKS": "4", "SLURM_NPROCS": "4", "SLURM_LOCALID": strconv.Itoa(r % 2), "SLURM_NODEID": strconv.Itoa(r / 2),
+			"SLURM_PROCID": strconv.Itoa(
+				r,
+			), "SLURM_NTASKS": "4", "SLURM_NPROCS": "4", "SLURM_LOCALID": strconv.Itoa(r % 2), "SLURM_NODEID": strconv.Itoa(r / 2),
 			"SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": strconv.Itoa(jobID), "SLURM_STEP_ID": "0",
 			"SLURM_JOB_NODELIST": "localhost,node[02]", "SLURM_STEP_NODELIST": "localhost,node[02]", "SLURM_NODELIST": "localhost,node[02]",
 			"SLURM_LAUNCH_NODE_IPADDR": "192.0.2.7", "SLURMD_NODENAME": []string{"localhost", "node02"}[r/2],
@@ -281,7 +292,9 @@ func TestLaunchOpenMPI(t *testing.T) {
 	envs := make([]map[string]string, 4)
 	for r := range envs {
 		envs[r] = map[string]string{
-			"OMPI_COMM_WORLD_RANK": strconv.Itoa(r), "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": strconv.Itoa(r % 2),
+			"OMPI_COMM_WORLD_RANK": strconv.Itoa(
+				r,
+			), "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": strconv.Itoa(r % 2),
 			"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": strconv.Itoa(r % 2), "OMPI_UNIVERSE_SIZE": "4",
 			"PMIX_RANK": strconv.Itoa(r),
 			// mpirun -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=p -x FAIRGO_STORE_TOKEN=...

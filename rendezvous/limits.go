@@ -23,9 +23,9 @@ const (
 	DefaultMaxBufferedBytes = 2 * MaxFrameLen  // request bytes held by all connections together
 )
 
-// ServerOption configures a Server. Options only record values; Listen and
-// NewServer validate them and report the first invalid one by name (an
-// error wrapping fairgo.ErrInvalidArgument). Zero means the default.
+// ServerOption configures a Server. Options only record values; Listen
+// validates them and reports the first invalid one by name (an error
+// wrapping fairgo.ErrInvalidArgument). Zero means the default.
 type ServerOption func(*serverConfig)
 
 type serverConfig struct {
@@ -124,7 +124,11 @@ func newServerConfig(opts []ServerOption) (serverConfig, error) {
 		return &fairgo.ArgError{Arg: "rendezvous." + opt, Value: v, Reason: reason}
 	}
 	if c.tokenSet && (len(c.token) == 0 || len(c.token) > MaxTokenLen) {
-		return c, bad("WithToken", fmt.Sprintf("(%d bytes)", len(c.token)), fmt.Sprintf("want 1 to %d bytes (leave the option out for a store without a token)", MaxTokenLen))
+		return c, bad(
+			"WithToken",
+			fmt.Sprintf("(%d bytes)", len(c.token)),
+			fmt.Sprintf("want 1 to %d bytes (leave the option out for a store without a token)", MaxTokenLen),
+		)
 	}
 	ints := []struct {
 		name string
@@ -170,9 +174,17 @@ func newServerConfig(opts []ServerOption) (serverConfig, error) {
 	case c.maxHandshakes > c.maxConns:
 		return c, bad("WithMaxHandshakes", c.maxHandshakes, fmt.Sprintf("over the connection cap %d", c.maxConns))
 	case c.maxFrameBytes < minFrameBytes || c.maxFrameBytes > MaxFrameLen:
-		return c, bad("WithMaxFrameBytes", c.maxFrameBytes, fmt.Sprintf("outside [%d, MaxFrameLen=%d]", minFrameBytes, MaxFrameLen))
+		return c, bad(
+			"WithMaxFrameBytes",
+			c.maxFrameBytes,
+			fmt.Sprintf("outside [%d, MaxFrameLen=%d]", minFrameBytes, MaxFrameLen),
+		)
 	case c.maxBufferedBytes < 2*int64(c.maxFrameBytes):
-		return c, bad("WithMaxBufferedBytes", c.maxBufferedBytes, fmt.Sprintf("under twice the frame cap %d", c.maxFrameBytes))
+		return c, bad(
+			"WithMaxBufferedBytes",
+			c.maxBufferedBytes,
+			fmt.Sprintf("under twice the frame cap %d", c.maxFrameBytes),
+		)
 	}
 	if c.log == nil {
 		c.log = slog.Default()

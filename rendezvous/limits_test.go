@@ -277,7 +277,11 @@ func TestServerBufferBudget(t *testing.T) {
 	huge := rawDial(t, srv.Addr())
 	huge.send(binary.BigEndian.AppendUint32(nil, frameCap))
 	huge.send(make([]byte, 100))
-	waitFor(t, "the frame's reservation and first chunk", func() bool { st := srv.stats(); return st.reserved == 2*frameCap && st.held > 0 })
+	waitFor(
+		t,
+		"the frame's reservation and first chunk",
+		func() bool { st := srv.stats(); return st.reserved == 2*frameCap && st.held > 0 },
+	)
 	require.LessOrEqual(t, srv.stats().held, int64(firstChunk))
 	huge.c.Close()
 	waitFor(t, "the budget back", func() bool { st := srv.stats(); return st.reserved == 0 && st.held == 0 })
@@ -330,7 +334,13 @@ func TestServerBufferBudget(t *testing.T) {
 // The budget is waited for within the frame timeout only.
 func TestServerBudgetWaitBounded(t *testing.T) {
 	const frameCap = 64 << 10
-	srv := serve(t, WithMaxFrameBytes(frameCap), WithMaxBufferedBytes(2*frameCap), WithFrameTimeout(300*time.Millisecond), WithIdleTimeout(10*time.Second))
+	srv := serve(
+		t,
+		WithMaxFrameBytes(frameCap),
+		WithMaxBufferedBytes(2*frameCap),
+		WithFrameTimeout(300*time.Millisecond),
+		WithIdleTimeout(10*time.Second),
+	)
 	hold := func() *rawConn {
 		r := rawDial(t, srv.Addr())
 		r.send(binary.BigEndian.AppendUint32(nil, frameCap))

@@ -61,12 +61,11 @@ func (e *OpenError) Unwrap() error { return e.Err }
 type OpenOption func(*openConfig)
 
 type openConfig struct {
-	log        *slog.Logger
-	dialOpts   []DialOption
-	serverOpts []ServerOption
-	bindHost   string
-	bindSet    bool
-	margin     time.Duration
+	log      *slog.Logger
+	dialOpts []DialOption
+	bindHost string
+	bindSet  bool
+	margin   time.Duration
 }
 
 // WithOpenLogger sets the logger of Open and of the store it hosts or
@@ -77,12 +76,6 @@ func WithOpenLogger(l *slog.Logger) OpenOption { return func(c *openConfig) { c.
 // for one). The token comes from Launch.StoreToken.
 func WithDialOptions(opts ...DialOption) OpenOption {
 	return func(c *openConfig) { c.dialOpts = append(c.dialOpts, opts...) }
-}
-
-// WithServerOptions adds options for the store rank 0 hosts (limits); the
-// token comes from Launch.StoreToken.
-func WithServerOptions(opts ...ServerOption) OpenOption {
-	return func(c *openConfig) { c.serverOpts = append(c.serverOpts, opts...) }
 }
 
 // WithBindHost sets the host rank 0's store listens on: "" (the default)
@@ -220,7 +213,11 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 		cfg.log = slog.Default()
 	}
 	if l.WorldSize < 1 || l.Rank < 0 || l.Rank >= l.WorldSize {
-		return nil, &fairgo.ArgError{Arg: "rendezvous.Launch", Value: fmt.Sprintf("rank %d of %d", l.Rank, l.WorldSize), Reason: "want 0 <= Rank < WorldSize"}
+		return nil, &fairgo.ArgError{
+			Arg:    "rendezvous.Launch",
+			Value:  fmt.Sprintf("rank %d of %d", l.Rank, l.WorldSize),
+			Reason: "want 0 <= Rank < WorldSize",
+		}
 	}
 	kind := l.StoreKind
 	switch {
@@ -229,7 +226,11 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 	case kind == "" && l.StoreAddr != "":
 		kind = StoreFairgo
 	case kind == "":
-		return nil, &fairgo.ArgError{Arg: "rendezvous.Launch", Value: fmt.Sprintf("rank %d of %d", l.Rank, l.WorldSize), Reason: "no store address (StoreAddr) for a job of several processes"}
+		return nil, &fairgo.ArgError{
+			Arg:    "rendezvous.Launch",
+			Value:  fmt.Sprintf("rank %d of %d", l.Rank, l.WorldSize),
+			Reason: "no store address (StoreAddr) for a job of several processes",
+		}
 	}
 	if kind == StoreMemory {
 		m := NewMemoryStore()
@@ -243,7 +244,16 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 		return nil, err
 	}
 	fail := func(hosting bool, addr string, err error) (*LaunchStore, error) {
-		return nil, &OpenError{Launcher: l.Launcher, Kind: kind, Addr: addr, Hosting: hosting, Rank: l.Rank, WorldSize: l.WorldSize, Vars: l.VarsString(), Err: err}
+		return nil, &OpenError{
+			Launcher:  l.Launcher,
+			Kind:      kind,
+			Addr:      addr,
+			Hosting:   hosting,
+			Rank:      l.Rank,
+			WorldSize: l.WorldSize,
+			Vars:      l.VarsString(),
+			Err:       err,
+		}
 	}
 	dctx, cancel := openDeadline(ctx)
 	defer cancel()
@@ -266,7 +276,13 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 		if err != nil {
 			return fail(false, l.StoreAddr, unreachable(err))
 		}
-		return &LaunchStore{Store: WithPrefix(c, "fairgo/attempt_"+strconv.Itoa(l.RestartCount)), Launch: l, Kind: kind, Addr: l.StoreAddr, closer: c}, nil
+		return &LaunchStore{
+			Store:  WithPrefix(c, "fairgo/attempt_"+strconv.Itoa(l.RestartCount)),
+			Launch: l,
+			Kind:   kind,
+			Addr:   l.StoreAddr,
+			closer: c,
+		}, nil
 	case StoreRank0:
 		if l.Rank != 0 {
 			c, err := Dial(dctx, l.StoreAddr, dialOpts...)
@@ -283,7 +299,7 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 			host = cfg.bindHost
 		}
 		bind := net.JoinHostPort(host, port)
-		sopts := append([]ServerOption{WithServerLogger(cfg.log)}, cfg.serverOpts...)
+		sopts := []ServerOption{WithServerLogger(cfg.log)}
 		if l.StoreToken != "" {
 			sopts = append(sopts, WithToken(l.StoreToken))
 		}
@@ -303,8 +319,25 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 		sctx, stop := context.WithCancel(context.Background())
 		served := make(chan struct{})
 		go func() { defer close(served); srv.Serve(sctx) }()
-		cfg.log.Debug("rendezvous: rank 0 hosts the store", "addr", srv.Addr(), "launcher", l.Launcher, "token", l.StoreToken != "")
-		return &LaunchStore{Store: srv.Store(), Launch: l, Kind: kind, Addr: srv.Addr(), server: srv, stop: stop, served: served, closer: nopCloser{}}, nil
+		cfg.log.Debug(
+			"rendezvous: rank 0 hosts the store",
+			"addr",
+			srv.Addr(),
+			"launcher",
+			l.Launcher,
+			"token",
+			l.StoreToken != "",
+		)
+		return &LaunchStore{
+			Store:  srv.Store(),
+			Launch: l,
+			Kind:   kind,
+			Addr:   srv.Addr(),
+			server: srv,
+			stop:   stop,
+			served: served,
+			closer: nopCloser{},
+		}, nil
 	}
 	return nil, &fairgo.ArgError{Arg: "rendezvous.Launch.StoreKind", Value: kind, Reason: "unknown"}
 }

@@ -54,8 +54,16 @@ func TestOpenRank0AndLeave(t *testing.T) {
 	_, port := deadAddr(t)
 	const world = 4
 	env := func(r int) map[string]string {
-		return map[string]string{"RANK": strconv.Itoa(r), "WORLD_SIZE": strconv.Itoa(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-			"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", EnvStorePort: strconv.Itoa(port), EnvStoreToken: "tok"}
+		return map[string]string{
+			"RANK":             strconv.Itoa(r),
+			"WORLD_SIZE":       strconv.Itoa(world),
+			"LOCAL_RANK":       "0",
+			"LOCAL_WORLD_SIZE": "1",
+			"MASTER_ADDR":      "127.0.0.1",
+			"MASTER_PORT":      "1",
+			EnvStorePort:       strconv.Itoa(port),
+			EnvStoreToken:      "tok",
+		}
 	}
 	stores := make([]*LaunchStore, world)
 	var g errgroup.Group
@@ -108,7 +116,14 @@ func TestOpenErrorWhenNothingAnswers(t *testing.T) {
 	dead, port := deadAddr(t)
 	ps := strconv.Itoa(port)
 	torch := func(extra map[string]string) map[string]string {
-		m := map[string]string{"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": ps}
+		m := map[string]string{
+			"RANK":             "1",
+			"WORLD_SIZE":       "2",
+			"LOCAL_RANK":       "1",
+			"LOCAL_WORLD_SIZE": "2",
+			"MASTER_ADDR":      "127.0.0.1",
+			"MASTER_PORT":      ps,
+		}
 		for k, v := range extra {
 			m[k] = v
 		}
@@ -173,8 +188,10 @@ func TestOpenHostErrors(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	taken := ln.Addr().(*net.TCPAddr).Port
-	l, err := FromLookup(lookupMap(map[string]string{"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-		"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": strconv.Itoa(taken - 1)}))
+	l, err := FromLookup(
+		lookupMap(map[string]string{"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+			"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": strconv.Itoa(taken - 1)}),
+	)
 	require.NoError(t, err)
 	_, err = Open(ctx, l, WithOpenLogger(quiet))
 	var oe *OpenError
@@ -202,8 +219,15 @@ func TestOpenWrongToken(t *testing.T) {
 	ctx := testCtx(t)
 	_, port := deadAddr(t)
 	env := func(r int, tok string) map[string]string {
-		return map[string]string{"OMPI_COMM_WORLD_RANK": strconv.Itoa(r), "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
-			"MASTER_ADDR": "127.0.0.1", EnvStorePort: strconv.Itoa(port), EnvStoreToken: tok}
+		return map[string]string{
+			"OMPI_COMM_WORLD_RANK":       strconv.Itoa(r),
+			"OMPI_COMM_WORLD_SIZE":       "2",
+			"OMPI_COMM_WORLD_LOCAL_RANK": "0",
+			"OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+			"MASTER_ADDR":                "127.0.0.1",
+			EnvStorePort:                 strconv.Itoa(port),
+			EnvStoreToken:                tok,
+		}
 	}
 	l0, err := FromLookup(lookupMap(env(0, "right")))
 	require.NoError(t, err)

@@ -277,7 +277,10 @@ func parseFrame(buf []byte) (frame, error) {
 		l := binary.BigEndian.Uint32(rest)
 		rest = rest[4:]
 		if uint64(l) > uint64(len(rest)) {
-			return f, &frameError{f.id, fmt.Errorf("field of %d bytes overruns the frame (%d left): %w", l, len(rest), ErrProtocol)}
+			return f, &frameError{
+				f.id,
+				fmt.Errorf("field of %d bytes overruns the frame (%d left): %w", l, len(rest), ErrProtocol),
+			}
 		}
 		f.fields = append(f.fields, rest[:l:l])
 		rest = rest[l:]

@@ -67,19 +67,16 @@ func Listen(addr string, opts ...ServerOption) (*Server, error) {
 	return newServer(ln, cfg), nil
 }
 
-// NewServer returns a Server that will accept connections on ln. It fails
-// only for invalid options (ln is left open then).
-func NewServer(ln net.Listener, opts ...ServerOption) (*Server, error) {
-	cfg, err := newServerConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return newServer(ln, cfg), nil
-}
-
 func newServer(ln net.Listener, cfg serverConfig) *Server {
-	s := &Server{ln: ln, store: NewMemoryStore(), log: cfg.log, cfg: cfg, budget: semaphore.NewWeighted(cfg.maxBufferedBytes),
-		conns: make(map[net.Conn]*sconn), done: make(chan struct{})}
+	s := &Server{
+		ln:     ln,
+		store:  NewMemoryStore(),
+		log:    cfg.log,
+		cfg:    cfg,
+		budget: semaphore.NewWeighted(cfg.maxBufferedBytes),
+		conns:  make(map[net.Conn]*sconn),
+		done:   make(chan struct{}),
+	}
 	if cfg.tokenSet {
 		s.tokenH = sha256.Sum256(cfg.token)
 	}
@@ -165,9 +162,23 @@ func (s *Server) Serve(ctx context.Context) error {
 // reply is a few dozen bytes into a fresh socket's buffer: it does not
 // block the accept loop.
 func (s *Server) refuse(conn net.Conn, conns, handshaking int) {
-	s.log.Debug("rendezvous: connection refused: server busy", "remote", conn.RemoteAddr().String(), "conns", conns, "handshaking", handshaking)
+	s.log.Debug(
+		"rendezvous: connection refused: server busy",
+		"remote",
+		conn.RemoteAddr().String(),
+		"conns",
+		conns,
+		"handshaking",
+		handshaking,
+	)
 	conn.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	msg := fmt.Sprintf("store busy: %d connections open (cap %d), %d in handshake (cap %d)", conns, s.cfg.maxConns, handshaking, s.cfg.maxHandshakes)
+	msg := fmt.Sprintf(
+		"store busy: %d connections open (cap %d), %d in handshake (cap %d)",
+		conns,
+		s.cfg.maxConns,
+		handshaking,
+		s.cfg.maxHandshakes,
+	)
 	conn.Write(appendFrame(nil, 0, statusError, []byte{codeBusy}, []byte(msg)))
 	conn.Close()
 }
@@ -244,7 +255,12 @@ func (s *Server) Close() error {
 func (s *Server) reserve(ctx context.Context, n int) (func(), error) {
 	if !s.budget.TryAcquire(int64(n)) {
 		if err := s.budget.Acquire(ctx, int64(n)); err != nil {
-			return nil, fmt.Errorf("no room for a frame of %d bytes in the server's buffer budget (%d bytes) before the frame deadline: %w", n/2, s.cfg.maxBufferedBytes, ErrBusy)
+			return nil, fmt.Errorf(
+				"no room for a frame of %d bytes in the server's buffer budget (%d bytes) before the frame deadline: %w",
+				n/2,
+				s.cfg.maxBufferedBytes,
+				ErrBusy,
+			)
 		}
 	}
 	s.reserved.Add(int64(n))
@@ -328,7 +344,13 @@ func (s *Server) serveConn(ctx context.Context, c *sconn) {
 // Shorter frames (a Hello among them) are not charged: they cost at most
 // firstChunk per connection. The returned func gives back what the frame
 // holds; call it, also on error, once done with the frame's fields.
-func (s *Server) readFrame(ctx context.Context, conn net.Conn, br *bufio.Reader, maxLen int, limit time.Time) (frame, func(), error) {
+func (s *Server) readFrame(
+	ctx context.Context,
+	conn net.Conn,
+	br *bufio.Reader,
+	maxLen int,
+	limit time.Time,
+) (frame, func(), error) {
 	unreserve := func() {}
 	begin := func(n int) error {
 		deadline := time.Now().Add(s.cfg.frameTimeout)
@@ -386,7 +408,14 @@ func (s *Server) handshake(ctx context.Context, c *sconn, br *bufio.Reader) bool
 	c.authed = true
 	s.handshaking--
 	s.mu.Unlock()
-	c.write(appendFrame(nil, f.id, statusOK, binary.BigEndian.AppendUint64(nil, uint64(s.cfg.idleTimeout/time.Millisecond))))
+	c.write(
+		appendFrame(
+			nil,
+			f.id,
+			statusOK,
+			binary.BigEndian.AppendUint64(nil, uint64(s.cfg.idleTimeout/time.Millisecond)),
+		),
+	)
 	return true
 }
 
@@ -430,7 +459,11 @@ func (c *sconn) dispatch(ctx context.Context, f frame) {
 		c.reply(f.id)
 	case opAdd:
 		if len(f.fields[1]) != 8 {
-			c.replyErr(f.id, op.String(), fmt.Errorf("add delta of %d bytes, want 8: %w", len(f.fields[1]), ErrProtocol))
+			c.replyErr(
+				f.id,
+				op.String(),
+				fmt.Errorf("add delta of %d bytes, want 8: %w", len(f.fields[1]), ErrProtocol),
+			)
 			return
 		}
 		n, err := st.Add(ctx, string(f.fields[0]), int64(binary.BigEndian.Uint64(f.fields[1])))
@@ -494,7 +527,11 @@ func (c *sconn) startBlocking(ctx context.Context, op opCode, f frame) {
 	}
 	if len(c.pending) >= MaxPendingPerConn {
 		c.mu.Unlock()
-		c.replyErr(f.id, op.String(), fmt.Errorf("%d requests pending on this connection: %w", len(c.pending), ErrTooLarge))
+		c.replyErr(
+			f.id,
+			op.String(),
+			fmt.Errorf("%d requests pending on this connection: %w", len(c.pending), ErrTooLarge),
+		)
 		return
 	}
 	rctx, cancel := context.WithCancel(ctx)

@@ -162,7 +162,11 @@ func TestTCPDisconnectMidRequest(t *testing.T) {
 		r.send(full[:len(full)-3-i%3])
 		waitFor(t, "pending requests", func() bool { p, _ := srv.pendingRequests(); return p >= 2 })
 		r.c.Close()
-		waitFor(t, "the server to drop the connection", func() bool { p, n := srv.pendingRequests(); return p == 0 && n == 1 })
+		waitFor(
+			t,
+			"the server to drop the connection",
+			func() bool { p, n := srv.pendingRequests(); return p == 0 && n == 1 },
+		)
 	}
 	// A library client dropped while blocked.
 	c2 := dial(t, srv.Addr())
@@ -173,7 +177,11 @@ func TestTCPDisconnectMidRequest(t *testing.T) {
 	require.ErrorIs(t, <-errc, ErrClosed)
 	_, err := c2.Get(ctx, "x")
 	require.ErrorIs(t, err, ErrClosed)
-	waitFor(t, "the server to drop the connection", func() bool { p, n := srv.pendingRequests(); return p == 0 && n == 1 })
+	waitFor(
+		t,
+		"the server to drop the connection",
+		func() bool { p, n := srv.pendingRequests(); return p == 0 && n == 1 },
+	)
 
 	// The half-written Set never happened; the server still serves.
 	ok, err := c.Delete(ctx, "half")

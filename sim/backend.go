@@ -50,7 +50,11 @@ func NewBackend(cfg Config) *Backend {
 func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
 	l := job.Layout
 	if l == nil || len(job.Ranks) == 0 {
-		return nil, &fairgo.ArgError{Arg: "sim backend job", Value: job.Ranks, Reason: "needs a layout and at least one rank"}
+		return nil, &fairgo.ArgError{
+			Arg:    "sim backend job",
+			Value:  job.Ranks,
+			Reason: "needs a layout and at least one rank",
+		}
 	}
 	var id int
 	if job.Ranks[0] == 0 {
@@ -102,24 +106,26 @@ func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job setup
 	out := make([]hier.Rank, len(job.Ranks))
 	for i, r := range job.Ranks {
 		if r < 0 || r >= c.Size() || b.claimed[id][r] {
-			return nil, &fairgo.ArgError{Arg: "sim backend rank", Value: r, Reason: fmt.Sprintf("outside [0, %d) or taken twice", c.Size())}
+			return nil, &fairgo.ArgError{
+				Arg:    "sim backend rank",
+				Value:  r,
+				Reason: fmt.Sprintf("outside [0, %d) or taken twice", c.Size()),
+			}
 		}
 		out[i] = c.Rank(r)
 		if out[i].Grid != l.GridOf(r) {
-			return nil, fmt.Errorf("sim: rank %d is at %v in the cluster and at %v in the layout", r, out[i].Grid, l.GridOf(r))
+			return nil, fmt.Errorf(
+				"sim: rank %d is at %v in the cluster and at %v in the layout",
+				r,
+				out[i].Grid,
+				l.GridOf(r),
+			)
 		}
 	}
 	for _, r := range job.Ranks {
 		b.claimed[id][r] = true
 	}
 	return out, nil
-}
-
-// Clusters returns the clusters built so far, in the order they were built.
-func (b *Backend) Clusters() []*Cluster {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]*Cluster(nil), b.clusters...)
 }
 
 // Close closes every cluster (close the Reducers first). Later Connects

@@ -54,7 +54,11 @@ func (cfg Config) validate() error {
 	case cfg.Devices < 1:
 		return bad("Devices", cfg.Devices, "must be at least 1")
 	case cfg.Machines > MaxRanks || cfg.Machines*cfg.Devices > MaxRanks:
-		return bad("Machines", cfg.Machines, fmt.Sprintf("%d × %d devices exceeds %d ranks", cfg.Machines, cfg.Devices, MaxRanks))
+		return bad(
+			"Machines",
+			cfg.Machines,
+			fmt.Sprintf("%d × %d devices exceeds %d ranks", cfg.Machines, cfg.Devices, MaxRanks),
+		)
 	case cfg.Jitter < 0:
 		return bad("Jitter", cfg.Jitter, "must not be negative")
 	case cfg.StallTimeout < 0:
@@ -70,7 +74,11 @@ func (cfg Config) validate() error {
 		seen := make([]bool, n)
 		for g, r := range cfg.RankOrder {
 			if r < 0 || r >= n || seen[r] {
-				return bad("RankOrder", cfg.RankOrder, fmt.Sprintf("entry %d (%d) makes it no permutation of [0, %d)", g, r, n))
+				return bad(
+					"RankOrder",
+					cfg.RankOrder,
+					fmt.Sprintf("entry %d (%d) makes it no permutation of [0, %d)", g, r, n),
+				)
 			}
 			seen[r] = true
 		}
@@ -111,7 +119,12 @@ func NewCluster(cfg Config) (*Cluster, error) {
 	} else {
 		cfg.RankOrder = append([]int(nil), cfg.RankOrder...)
 	}
-	c := &Cluster{cfg: cfg, devices: make([]*Device, n), comms: make([]hier.Comms, n), board: rendezvous.NewMemoryStore()}
+	c := &Cluster{
+		cfg:     cfg,
+		devices: make([]*Device, n),
+		comms:   make([]hier.Comms, n),
+		board:   rendezvous.NewMemoryStore(),
+	}
 	global := make([]int, n) // grid rank -> global rank
 	for g, r := range cfg.RankOrder {
 		global[r] = g
@@ -142,7 +155,11 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		for d := range D {
 			ranks[d] = global[m*D+d]
 		}
-		newComm(fmt.Sprintf("intra-rs/machine=%d", m), ranks, func(hc *hier.Comms, cm *Comm) { hc.IntraReduceScatter = cm })
+		newComm(
+			fmt.Sprintf("intra-rs/machine=%d", m),
+			ranks,
+			func(hc *hier.Comms, cm *Comm) { hc.IntraReduceScatter = cm },
+		)
 		newComm(fmt.Sprintf("intra-ag/machine=%d", m), ranks, func(hc *hier.Comms, cm *Comm) { hc.IntraAllGather = cm })
 	}
 	for d := range D {

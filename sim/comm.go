@@ -61,7 +61,13 @@ func (c *call) String() string {
 	for _, n := range c.sendCounts {
 		total += n
 	}
-	return fmt.Sprintf("all-to-all of %d %v (send counts %v, receive counts %v)", total, c.dt, c.sendCounts, c.recvCounts)
+	return fmt.Sprintf(
+		"all-to-all of %d %v (send counts %v, receive counts %v)",
+		total,
+		c.dt,
+		c.sendCounts,
+		c.recvCounts,
+	)
 }
 
 // group is a communicator: its members and the meeting points of its calls.
@@ -86,7 +92,13 @@ type meeting struct {
 }
 
 func newGroup(name string, members []*Device, stall time.Duration) *group {
-	return &group{name: name, members: members, stall: stall, meetings: map[uint64]*meeting{}, failed: make(chan struct{})}
+	return &group{
+		name:     name,
+		members:  members,
+		stall:    stall,
+		meetings: map[uint64]*meeting{},
+		failed:   make(chan struct{}),
+	}
 }
 
 func (g *group) size() int { return len(g.members) }
@@ -478,7 +490,13 @@ func (c *Comm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fa
 // ReduceScatter enqueues a ring reduce-scatter: send holds Size()·recvCount
 // elements, rank r receives the reduction of block r. In place when
 // recv == send + Rank()·recvCount.
-func (c *Comm) ReduceScatter(send, recv uintptr, recvCount int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
+func (c *Comm) ReduceScatter(
+	send, recv uintptr,
+	recvCount int64,
+	dt fairgo.DType,
+	op fairgo.Op,
+	s streams.Stream,
+) error {
 	b := recvCount * int64(dt.Size())
 	if err := c.inPlaceOK("reduce-scatter", send, b*int64(c.Size()), recv, b, send+uintptr(int64(c.rank)*b)); err != nil {
 		return err
@@ -516,7 +534,14 @@ func (c *Comm) Broadcast(send, recv uintptr, count int64, dt fairgo.DType, root 
 // at recv+recvDispls[k]. Sends may overlap; receives must not (checked).
 // Every rank's sendCounts[k] must equal rank k's recvCounts[r], else all
 // fail with a *MismatchError.
-func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64, dt fairgo.DType, s streams.Stream) error {
+func (c *Comm) AllToAllv(
+	send uintptr,
+	sendCounts, sendDispls []int64,
+	recv uintptr,
+	recvCounts, recvDispls []int64,
+	dt fairgo.DType,
+	s streams.Stream,
+) error {
 	n := c.Size()
 	for _, x := range []struct {
 		name string
@@ -534,8 +559,17 @@ func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uint
 	size := int64(dt.Size())
 	for i := range n {
 		for j := range i {
-			if overlaps(recv+uintptr(recvDispls[i]*size), recvCounts[i]*size, recv+uintptr(recvDispls[j]*size), recvCounts[j]*size) {
-				return c.badArg("recvDispls", recvDispls, fmt.Sprintf("the receives from ranks %d and %d overlap", j, i))
+			if overlaps(
+				recv+uintptr(recvDispls[i]*size),
+				recvCounts[i]*size,
+				recv+uintptr(recvDispls[j]*size),
+				recvCounts[j]*size,
+			) {
+				return c.badArg(
+					"recvDispls",
+					recvDispls,
+					fmt.Sprintf("the receives from ranks %d and %d overlap", j, i),
+				)
 			}
 		}
 	}

@@ -147,7 +147,17 @@ func reference(dt fairgo.DType, op fairgo.Op, ins [][]byte, i int) (want []byte,
 }
 
 // checkElem compares element i of got with the reduction of element j of ins.
-func checkElem(t testing.TB, dt fairgo.DType, op fairgo.Op, exact bool, got []byte, i int, ins [][]byte, j int, what string) {
+func checkElem(
+	t testing.TB,
+	dt fairgo.DType,
+	op fairgo.Op,
+	exact bool,
+	got []byte,
+	i int,
+	ins [][]byte,
+	j int,
+	what string,
+) {
 	t.Helper()
 	want, ref, tol := reference(dt, op, ins, j)
 	g := got[i*dt.Size() : (i+1)*dt.Size()]
@@ -198,14 +208,28 @@ func testAllReduce(t *testing.T, w *world, rng *rand.Rand, dt fairgo.DType, op f
 	w.requireOK(t)
 	got := download(t, w.devs[0], recvs[0])
 	for r := 1; r < n; r++ {
-		require.Equal(t, got, download(t, w.devs[r], recvs[r]), "%s: all-reduce results must be bit-identical on every rank", what)
+		require.Equal(
+			t,
+			got,
+			download(t, w.devs[r], recvs[r]),
+			"%s: all-reduce results must be bit-identical on every rank",
+			what,
+		)
 	}
 	for i := range count {
 		checkElem(t, dt, op, exact, got, i, ins, i, "all-reduce "+what)
 	}
 }
 
-func testReduceScatter(t *testing.T, w *world, rng *rand.Rand, dt fairgo.DType, op fairgo.Op, exact, inPlace bool, what string) {
+func testReduceScatter(
+	t *testing.T,
+	w *world,
+	rng *rand.Rand,
+	dt fairgo.DType,
+	op fairgo.Op,
+	exact, inPlace bool,
+	what string,
+) {
 	n := len(w.comms)
 	const rc = 3
 	ins := inputs(rng, n, n*rc, dt, op, exact)
@@ -225,7 +249,17 @@ func testReduceScatter(t *testing.T, w *world, rng *rand.Rand, dt fairgo.DType, 
 	for r := range n {
 		got := download(t, w.devs[r], recvs[r])
 		for i := range rc {
-			checkElem(t, dt, op, exact, got, i, ins, r*rc+i, fmt.Sprintf("reduce-scatter (in place %v) rank %d %s", inPlace, r, what))
+			checkElem(
+				t,
+				dt,
+				op,
+				exact,
+				got,
+				i,
+				ins,
+				r*rc+i,
+				fmt.Sprintf("reduce-scatter (in place %v) rank %d %s", inPlace, r, what),
+			)
 		}
 	}
 }
@@ -288,7 +322,14 @@ func TestAllGatherAndBroadcast(t *testing.T) {
 						want = append(want, b...)
 					}
 					for r := range n {
-						require.Equal(t, want, download(t, w.devs[r], recvs[r]), "all-gather in place %v rank %d", inPlace, r)
+						require.Equal(
+							t,
+							want,
+							download(t, w.devs[r], recvs[r]),
+							"all-gather in place %v rank %d",
+							inPlace,
+							r,
+						)
 					}
 				}
 				for root := range n {
@@ -303,7 +344,14 @@ func TestAllGatherAndBroadcast(t *testing.T) {
 					}
 					w.requireOK(t)
 					for r := range n {
-						require.Equal(t, ins[root], download(t, w.devs[r], recvs[r]), "broadcast from %d, rank %d", root, r)
+						require.Equal(
+							t,
+							ins[root],
+							download(t, w.devs[r], recvs[r]),
+							"broadcast from %d, rank %d",
+							root,
+							r,
+						)
 					}
 				}
 			})
@@ -317,7 +365,8 @@ func TestAllGatherAndBroadcast(t *testing.T) {
 func TestAllToAllvProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		n := rapid.IntRange(1, 4).Draw(rt, "n")
-		dt := rapid.SampledFrom([]fairgo.DType{fairgo.BFloat16, fairgo.Float32, fairgo.Uint8, fairgo.Int64}).Draw(rt, "dt")
+		dt := rapid.SampledFrom([]fairgo.DType{fairgo.BFloat16, fairgo.Float32, fairgo.Uint8, fairgo.Int64}).
+			Draw(rt, "dt")
 		size := dt.Size()
 		c, err := NewCluster(Config{Machines: 1, Devices: n, Seed: 3, Jitter: 20 * time.Microsecond})
 		require.NoError(rt, err)
@@ -361,7 +410,10 @@ func TestAllToAllvProperty(t *testing.T) {
 			recvs[r] = tensorBytes(rt, d, dt, bytesOf(0xEE, recvLen*size))
 			s, err := d.NewStream()
 			require.NoError(rt, err)
-			require.NoError(rt, cm.AllToAllv(send.Ptr, counts[r], sendDispls[r], recvs[r].Ptr, recvCounts, recvDispls[r], dt, s))
+			require.NoError(
+				rt,
+				cm.AllToAllv(send.Ptr, counts[r], sendDispls[r], recvs[r].Ptr, recvCounts, recvDispls[r], dt, s),
+			)
 		}
 		require.NoError(rt, waitAll(c))
 		for r := range n {
@@ -407,7 +459,10 @@ func waitAll(c *Cluster) error {
 func TestMismatchNamesCommAndSeq(t *testing.T) {
 	c := newCluster(t, Config{Machines: 2, Devices: 1})
 	ss := []*Stream{mkStream(t, c.Device(0)), mkStream(t, c.Device(1))}
-	bufs := []fairgo.Tensor{tensorOf(t, c.Device(0), fairgo.Float32, make([]float64, 192)...), tensorOf(t, c.Device(1), fairgo.Float32, make([]float64, 192)...)}
+	bufs := []fairgo.Tensor{
+		tensorOf(t, c.Device(0), fairgo.Float32, make([]float64, 192)...),
+		tensorOf(t, c.Device(1), fairgo.Float32, make([]float64, 192)...),
+	}
 	rail := []*Comm{c.Comms(0).RailCollect.(*Comm), c.Comms(1).RailCollect.(*Comm)}
 	require.Equal(t, "rail-collect/local=0", rail[0].Name())
 	// Three matching calls, then a mismatch at seq 3.
@@ -416,7 +471,19 @@ func TestMismatchNamesCommAndSeq(t *testing.T) {
 			require.NoError(t, cm.AllReduce(bufs[r].Ptr, bufs[r].Ptr, 8, fairgo.Float32, fairgo.Sum, ss[r]))
 		}
 	}
-	require.NoError(t, rail[0].AllToAllv(bufs[0].Ptr, []int64{48, 48}, []int64{0, 48}, bufs[0].Ptr+96*4, []int64{48, 48}, []int64{0, 48}, fairgo.Float32, ss[0]))
+	require.NoError(
+		t,
+		rail[0].AllToAllv(
+			bufs[0].Ptr,
+			[]int64{48, 48},
+			[]int64{0, 48},
+			bufs[0].Ptr+96*4,
+			[]int64{48, 48},
+			[]int64{0, 48},
+			fairgo.Float32,
+			ss[0],
+		),
+	)
 	require.NoError(t, rail[1].AllGather(bufs[1].Ptr, bufs[1].Ptr+100*4, 12, fairgo.Float32, ss[1]))
 	for r := range 2 {
 		err := syncStream(t, ss[r])
@@ -443,7 +510,19 @@ func TestAllToAllvCountMismatch(t *testing.T) {
 		if r == 1 {
 			recvCounts = []int64{1, 2} // rank 0 sends 2
 		}
-		require.NoError(t, cm.AllToAllv(b.Ptr, []int64{2, 2}, []int64{0, 2}, b.Ptr+16, recvCounts, []int64{0, 2}, fairgo.Int32, w.ss[r]))
+		require.NoError(
+			t,
+			cm.AllToAllv(
+				b.Ptr,
+				[]int64{2, 2},
+				[]int64{0, 2},
+				b.Ptr+16,
+				recvCounts,
+				[]int64{0, 2},
+				fairgo.Int32,
+				w.ss[r],
+			),
+		)
 	}
 	for _, err := range w.sync(t) {
 		require.ErrorIs(t, err, ErrMismatch)
@@ -577,7 +656,10 @@ func TestCommValidation(t *testing.T) {
 	require.Equal(t, uint64(0), cm.Seq(), "rejected calls take no sequence number")
 	// In place is accepted.
 	require.NoError(t, cm.ReduceScatter(b.Ptr, b.Ptr, 4, fairgo.Float32, fairgo.Sum, s))
-	require.NoError(t, w.comms[1].ReduceScatter(b.Ptr, b.Ptr+16, 4, fairgo.Float32, fairgo.Sum, w.ss[1])) // device 0's memory: fails when run
+	require.NoError(
+		t,
+		w.comms[1].ReduceScatter(b.Ptr, b.Ptr+16, 4, fairgo.Float32, fairgo.Sum, w.ss[1]),
+	) // device 0's memory: fails when run
 	errs := w.sync(t)
 	require.ErrorIs(t, errs[0], ErrIllegalAddress)
 	require.ErrorContains(t, errs[0], "belongs to sim device 0")

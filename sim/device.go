@@ -58,10 +58,6 @@ func (d *Device) Index() int { return d.index }
 // Grid is the device's place in the cluster's grid.
 func (d *Device) Grid() hier.Grid { return d.grid }
 
-// MemoryInUse is the number of bytes currently allocated (rounded up to
-// the allocation alignment).
-func (d *Device) MemoryInUse() int64 { return d.mem.inUse() }
-
 func (d *Device) closedErr() error { return fmt.Errorf("sim: %s closed: %w", d, fairgo.ErrClosed) }
 
 // elsewhere names the other device of the cluster an address belongs to,
@@ -214,7 +210,11 @@ func (d *Device) stream(st streams.Stream) (*Stream, error) {
 		return nil, &fairgo.ArgError{Arg: "stream", Value: fmt.Sprintf("%T", st), Reason: "not a sim stream"}
 	}
 	if s.dev != d {
-		return nil, &fairgo.ArgError{Arg: "stream", Value: s.String(), Reason: "belongs to another device than " + d.String()}
+		return nil, &fairgo.ArgError{
+			Arg:    "stream",
+			Value:  s.String(),
+			Reason: "belongs to another device than " + d.String(),
+		}
 	}
 	return s, nil
 }
@@ -313,7 +313,14 @@ func (d *Device) CopyAsync(dst, src uintptr, bytes int64, st streams.Stream) err
 // Copy2DAsync enqueues height copies of width bytes, row i from
 // src+i·srcPitch to dst+i·dstPitch. As in CUDA, both pitches must be at
 // least width.
-func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch int64, width, height int64, st streams.Stream) error {
+func (d *Device) Copy2DAsync(
+	dst uintptr,
+	dstPitch int64,
+	src uintptr,
+	srcPitch int64,
+	width, height int64,
+	st streams.Stream,
+) error {
 	s, err := d.stream(st)
 	if err != nil {
 		return err
@@ -324,7 +331,11 @@ func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch 
 	case width == 0 || height == 0:
 		return nil
 	case dstPitch < width || srcPitch < width:
-		return &fairgo.ArgError{Arg: "2D copy pitch", Value: fmt.Sprintf("dst %d, src %d", dstPitch, srcPitch), Reason: fmt.Sprintf("smaller than the width %d", width)}
+		return &fairgo.ArgError{
+			Arg:    "2D copy pitch",
+			Value:  fmt.Sprintf("dst %d, src %d", dstPitch, srcPitch),
+			Reason: fmt.Sprintf("smaller than the width %d", width),
+		}
 	}
 	return s.enqueue(op{name: "2D copy", run: func(context.Context) error {
 		rows := make([][]byte, height)
@@ -349,7 +360,15 @@ func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch 
 // computed by elem.ReduceShards. dst may be one of the sources exactly but
 // must not partly overlap any (checked here; a GPU would silently compute
 // garbage).
-func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, rop fairgo.Op, divisor int, st streams.Stream) error {
+func (d *Device) ReduceAsync(
+	dst, src uintptr,
+	n int,
+	stride, count int64,
+	dt fairgo.DType,
+	rop fairgo.Op,
+	divisor int,
+	st streams.Stream,
+) error {
 	s, err := d.stream(st)
 	if err != nil {
 		return err
@@ -374,7 +393,11 @@ func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fa
 	for k := range int64(n) {
 		shard := src + uintptr(k*stride*size)
 		if shard != dst && overlaps(dst, bytes, shard, bytes) {
-			return &fairgo.ArgError{Arg: "dst", Value: fmt.Sprintf("%#x", dst), Reason: fmt.Sprintf("partly overlaps source shard %d at %#x", k, shard)}
+			return &fairgo.ArgError{
+				Arg:    "dst",
+				Value:  fmt.Sprintf("%#x", dst),
+				Reason: fmt.Sprintf("partly overlaps source shard %d at %#x", k, shard),
+			}
 		}
 	}
 	return s.enqueue(op{name: "reduce", run: func(context.Context) error {

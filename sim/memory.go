@@ -48,7 +48,14 @@ func (m *memory) alloc(bytes int64) (uintptr, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.limit > 0 && m.used+reserved > m.limit {
-		return 0, fmt.Errorf("%s: allocating %d bytes with %d of %d in use: %w", m.owner, bytes, m.used, m.limit, ErrOutOfMemory)
+		return 0, fmt.Errorf(
+			"%s: allocating %d bytes with %d of %d in use: %w",
+			m.owner,
+			bytes,
+			m.used,
+			m.limit,
+			ErrOutOfMemory,
+		)
 	}
 	addr := m.next
 	if uint64(m.limitAddr()-addr) < uint64(reserved) {
@@ -68,7 +75,11 @@ func (m *memory) free(ptr uintptr) error {
 	i := m.find(ptr)
 	if i < 0 || m.allocs[i].base != ptr {
 		m.mu.Unlock()
-		return &fairgo.ArgError{Arg: "ptr", Value: fmt.Sprintf("%#x", ptr), Reason: fmt.Sprintf("not the start of an allocation of %s%s", m.owner, m.owner.elsewhere(ptr))}
+		return &fairgo.ArgError{
+			Arg:    "ptr",
+			Value:  fmt.Sprintf("%#x", ptr),
+			Reason: fmt.Sprintf("not the start of an allocation of %s%s", m.owner, m.owner.elsewhere(ptr)),
+		}
 	}
 	a := m.allocs[i]
 	m.allocs = append(m.allocs[:i], m.allocs[i+1:]...)
@@ -101,7 +112,13 @@ func (m *memory) lookup(ptr uintptr, bytes int64) (*allocation, int64, string) {
 	case uint64(off) >= uint64(a.size) && !(bytes == 0 && off == a.size):
 		return nil, 0, fmt.Sprintf("not inside any allocation of %s%s", m.owner, m.owner.elsewhere(ptr))
 	case bytes > a.size-off:
-		return nil, 0, fmt.Sprintf("runs %d bytes past the end of the %d-byte allocation at %#x of %s", bytes-(a.size-off), a.size, a.base, m.owner)
+		return nil, 0, fmt.Sprintf(
+			"runs %d bytes past the end of the %d-byte allocation at %#x of %s",
+			bytes-(a.size-off),
+			a.size,
+			a.base,
+			m.owner,
+		)
 	}
 	return a, off, ""
 }

@@ -187,3 +187,7 @@ func TestReduceAsync(t *testing.T) {
 	release()
 	require.ErrorIs(t, d.Synchronize(context.Background()), ErrIllegalAddress, "the device reports its failed stream")
 }
+
+// MemoryInUse is the number of bytes currently allocated (rounded up to
+// the allocation alignment).
+func (d *Device) MemoryInUse() int64 { return d.mem.inUse() }

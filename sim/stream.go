@@ -228,7 +228,11 @@ func (e *Event) Record(st streams.Stream) error {
 		return &fairgo.ArgError{Arg: "stream", Value: fmt.Sprintf("%T", st), Reason: "not a sim stream"}
 	}
 	if s.dev != e.dev {
-		return &fairgo.ArgError{Arg: "stream", Value: s.String(), Reason: fmt.Sprintf("an event of %s cannot be recorded on a stream of another device", e.dev)}
+		return &fairgo.ArgError{
+			Arg:    "stream",
+			Value:  s.String(),
+			Reason: fmt.Sprintf("an event of %s cannot be recorded on a stream of another device", e.dev),
+		}
 	}
 	r := &record{done: make(chan struct{})}
 	e.mu.Lock()

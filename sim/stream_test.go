@@ -151,7 +151,9 @@ func TestMissingWaitIsVisibleWithJitter(t *testing.T) {
 // stream runs its ops in order.
 func TestEventOrderingProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		c, err := NewCluster(Config{Machines: 1, Devices: 1, Seed: rapid.Int64().Draw(rt, "seed"), Jitter: 200 * time.Microsecond})
+		c, err := NewCluster(
+			Config{Machines: 1, Devices: 1, Seed: rapid.Int64().Draw(rt, "seed"), Jitter: 200 * time.Microsecond},
+		)
 		require.NoError(rt, err)
 		defer c.Close()
 		d := c.Device(0)

@@ -56,7 +56,11 @@ func (l Layout) PaddingReceiveOffset() int64 { return l.SliceBytes }
 // error naming the option to raise.
 func Plan(p Params) (Layout, error) {
 	if p.Machines < 1 || p.Devices < 1 {
-		return Layout{}, &fairgo.ArgError{Arg: "grid", Value: fmt.Sprintf("%d×%d", p.Machines, p.Devices), Reason: "needs at least one machine and one device"}
+		return Layout{}, &fairgo.ArgError{
+			Arg:    "grid",
+			Value:  fmt.Sprintf("%d×%d", p.Machines, p.Devices),
+			Reason: "needs at least one machine and one device",
+		}
 	}
 	if p.Parallelism < 1 {
 		return Layout{}, &fairgo.ArgError{Arg: "WithParallelism", Value: p.Parallelism, Reason: "must be at least 1"}
@@ -73,10 +77,21 @@ func Plan(p Params) (Layout, error) {
 		slice = (p.StagingBytes/par - recvPad) / unit * unit
 		if slice < unit {
 			return Layout{}, &fairgo.ArgError{Arg: "WithStagingMemory", Value: p.StagingBytes,
-				Reason: fmt.Sprintf("%d slots in flight of at least %d bytes each need %d bytes; raise it or lower WithParallelism", par, unit+recvPad, par*(unit+recvPad))}
+				Reason: fmt.Sprintf(
+					"%d slots in flight of at least %d bytes each need %d bytes; raise it or lower WithParallelism",
+					par,
+					unit+recvPad,
+					par*(unit+recvPad),
+				)}
 		}
 	}
-	l := Layout{Machines: p.Machines, Devices: p.Devices, SliceBytes: slice, StagingSlotBytes: slice + recvPad, PaddingSlotBytes: unit}
+	l := Layout{
+		Machines:         p.Machines,
+		Devices:          p.Devices,
+		SliceBytes:       slice,
+		StagingSlotBytes: slice + recvPad,
+		PaddingSlotBytes: unit,
+	}
 	l.StagingSlots = int(min(p.StagingBytes/l.StagingSlotBytes, max(MaxSlots, par)))
 	if p.PaddingBytes < unit {
 		return Layout{}, &fairgo.ArgError{Arg: "WithPaddingMemory", Value: p.PaddingBytes,

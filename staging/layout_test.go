@@ -41,7 +41,12 @@ func checkLayout(t require.TestingT, p Params, l Layout, count int64, elemSize i
 			require.Less(t, w*(s.PadShard-1), s.Tail, "padding cell larger than needed")
 		}
 		require.LessOrEqual(t, w*s.PadShard*es, l.PaddingSlotBytes, "padding cells overflow the slot")
-		require.LessOrEqual(t, int64(p.Machines)*s.PadShard*es, l.StagingSlotBytes-l.PaddingReceiveOffset(), "padding receive area overflows")
+		require.LessOrEqual(
+			t,
+			int64(p.Machines)*s.PadShard*es,
+			l.StagingSlotBytes-l.PaddingReceiveOffset(),
+			"padding receive area overflows",
+		)
 		// D = 1 staging receives M shards of the slice.
 		require.LessOrEqual(t, int64(p.Machines)*s.Shard*es, l.PaddingReceiveOffset())
 		next += s.Count
@@ -109,7 +114,16 @@ func TestPlanErrorsNameTheOption(t *testing.T) {
 }
 
 func TestPlanShrinksSliceToFitParallelism(t *testing.T) {
-	l, err := Plan(Params{Machines: 2, Devices: 1, SliceBytes: 64 << 20, StagingBytes: 64 << 20, PaddingBytes: 1 << 20, Parallelism: 4})
+	l, err := Plan(
+		Params{
+			Machines:     2,
+			Devices:      1,
+			SliceBytes:   64 << 20,
+			StagingBytes: 64 << 20,
+			PaddingBytes: 1 << 20,
+			Parallelism:  4,
+		},
+	)
 	require.NoError(t, err)
 	require.Equal(t, 4, l.StagingSlots)
 	require.Less(t, l.SliceBytes, int64(16<<20))
@@ -133,7 +147,9 @@ func FuzzLayout(f *testing.F) {
 	f.Add(1, 1, int64(0), int64(0), int64(0), 1, int64(0), 1)
 	f.Add(8, 8, int64(17), int64(1<<30), int64(4096), 64, int64(65), 8)
 	f.Fuzz(func(t *testing.T, m, d int, slice, stagingB, paddingB int64, par int, count int64, size int) {
-		if m < 1 || m > 1024 || d < 1 || d > 64 || par < 1 || par > 256 || count < 0 || count > 1<<24 || slice < 0 || stagingB < 0 || paddingB < 0 {
+		if m < 1 || m > 1024 || d < 1 || d > 64 || par < 1 || par > 256 || count < 0 || count > 1<<24 || slice < 0 ||
+			stagingB < 0 ||
+			paddingB < 0 {
 			return
 		}
 		switch size {
@@ -141,7 +157,14 @@ func FuzzLayout(f *testing.F) {
 		default:
 			return
 		}
-		p := Params{Machines: m, Devices: d, SliceBytes: slice, StagingBytes: stagingB, PaddingBytes: paddingB, Parallelism: par}
+		p := Params{
+			Machines:     m,
+			Devices:      d,
+			SliceBytes:   slice,
+			StagingBytes: stagingB,
+			PaddingBytes: paddingB,
+			Parallelism:  par,
+		}
 		l, err := Plan(p)
 		if err != nil {
 			require.ErrorIs(t, err, fairgo.ErrInvalidArgument)

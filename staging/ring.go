@@ -40,7 +40,11 @@ type Ring struct {
 // per slot; the memory comes at each slot's first use (Next).
 func NewRing(dev Allocator, n int, slotBytes int64) (*Ring, error) {
 	if n < 1 || slotBytes < 1 {
-		return nil, fmt.Errorf("staging: a ring needs at least one slot of at least one byte, got %d × %d", n, slotBytes)
+		return nil, fmt.Errorf(
+			"staging: a ring needs at least one slot of at least one byte, got %d × %d",
+			n,
+			slotBytes,
+		)
 	}
 	r := &Ring{dev: dev, slotBytes: slotBytes, slots: make([]Slot, n)}
 	for i := range r.slots {

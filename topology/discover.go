@@ -116,7 +116,11 @@ func Discover(ctx context.Context, store rendezvous.Store, rank, worldSize int, 
 		return fail(err)
 	}
 	if n > int64(worldSize) {
-		return nil, fmt.Errorf("topology: %d ranks joined a world of %d: the store prefix was used before, or ranks disagree on the world size", n, worldSize)
+		return nil, fmt.Errorf(
+			"topology: %d ranks joined a world of %d: the store prefix was used before, or ranks disagree on the world size",
+			n,
+			worldSize,
+		)
 	}
 	if n == int64(worldSize) {
 		// The last to join gathers everyone (all members are in the store
@@ -146,7 +150,11 @@ func Discover(ctx context.Context, store rendezvous.Store, rank, worldSize int, 
 		return nil, fmt.Errorf("topology: decode members: %w", err)
 	}
 	if len(members) != worldSize {
-		return nil, fmt.Errorf("topology: %d members published for a world of %d: ranks disagree on the world size", len(members), worldSize)
+		return nil, fmt.Errorf(
+			"topology: %d members published for a world of %d: ranks disagree on the world size",
+			len(members),
+			worldSize,
+		)
 	}
 	return Build(members, rank)
 }

@@ -79,7 +79,12 @@ func MachineIdentity(h Host) (Identity, error) {
 	}
 	name, err := h.hostname()
 	if err != nil || name == "" {
-		return Identity{}, fmt.Errorf("topology: machine identity: no %s or %s, and no hostname: %v", EnvMachineID, EnvNCCLHostID, err)
+		return Identity{}, fmt.Errorf(
+			"topology: machine identity: no %s or %s, and no hostname: %v",
+			EnvMachineID,
+			EnvNCCLHostID,
+			err,
+		)
 	}
 	boot, err := h.readFile(BootIDPath)
 	if b := strings.TrimSpace(string(boot)); err == nil && b != "" {

@@ -95,7 +95,11 @@ func Reports(members []Member) []MachineReport {
 type IrregularError struct{ Machines []MachineReport }
 
 func (e *IrregularError) Error() string {
-	return fmt.Sprintf("%v (every machine must hold the same number of ranks):%s", ErrIrregular, reportLines(e.Machines))
+	return fmt.Sprintf(
+		"%v (every machine must hold the same number of ranks):%s",
+		ErrIrregular,
+		reportLines(e.Machines),
+	)
 }
 func (e *IrregularError) Unwrap() error { return ErrIrregular }
 
@@ -108,8 +112,15 @@ type DuplicateDeviceError struct {
 }
 
 func (e *DuplicateDeviceError) Error() string {
-	return fmt.Sprintf("%v: ranks %v on machine %q all use device %s (ranks that share a GPU need different machine identities, or device identities of their own in %s):%s",
-		ErrDuplicateDevice, e.Ranks, e.Machine, e.Device, EnvDeviceID, reportLines(e.Machines))
+	return fmt.Sprintf(
+		"%v: ranks %v on machine %q all use device %s (ranks that share a GPU need different machine identities, or device identities of their own in %s):%s",
+		ErrDuplicateDevice,
+		e.Ranks,
+		e.Machine,
+		e.Device,
+		EnvDeviceID,
+		reportLines(e.Machines),
+	)
 }
 func (e *DuplicateDeviceError) Unwrap() error { return ErrDuplicateDevice }
 
@@ -140,7 +151,10 @@ func Build(members []Member, self int) (*Layout, error) {
 		case seen[m.Rank]:
 			return nil, &MemberError{Rank: m.Rank, Reason: "reported twice"}
 		case m.WorldSize != 0 && m.WorldSize != w:
-			return nil, &MemberError{Rank: m.Rank, Reason: fmt.Sprintf("started with world size %d, but %d ranks joined", m.WorldSize, w)}
+			return nil, &MemberError{
+				Rank:   m.Rank,
+				Reason: fmt.Sprintf("started with world size %d, but %d ranks joined", m.WorldSize, w),
+			}
 		case m.MachineID == "":
 			return nil, &MemberError{Rank: m.Rank, Reason: "empty machine identity"}
 		case m.Device.ID == "":
@@ -204,8 +218,16 @@ func explicitOnWholeMachines(byRank []Member) error {
 	}
 	for _, m := range byRank { // by rank: the same error on every rank
 		if e, p := explicit[m.MachineID], physical[m.MachineID]; len(e) > 0 && len(p) > 0 {
-			return &MemberError{Rank: p[0], Reason: fmt.Sprintf("machine %q: ranks %v give %s and ranks %v do not; set it on every rank of a machine or on none",
-				m.MachineID, e, EnvDeviceID, p)}
+			return &MemberError{
+				Rank: p[0],
+				Reason: fmt.Sprintf(
+					"machine %q: ranks %v give %s and ranks %v do not; set it on every rank of a machine or on none",
+					m.MachineID,
+					e,
+					EnvDeviceID,
+					p,
+				),
+			}
 		}
 	}
 	return nil
@@ -237,16 +259,6 @@ func (l *Layout) IntraRanks() []int { return l.Intra(l.Grid.Machine) }
 
 // RailRanks returns this rank's rail, by machine index.
 func (l *Layout) RailRanks() []int { return l.Rail(l.Grid.Local) }
-
-// IntraSplit returns the CommSplit color and key of this rank's intra-machine
-// communicator: ranks of one machine share the color, and the key orders
-// them by local index.
-func (l *Layout) IntraSplit() (color, key int) { return l.Grid.Machine, l.Grid.Local }
-
-// RailSplit returns the CommSplit color and key of this rank's rail
-// communicator: ranks of one local index share the color, and the key
-// orders them by machine index.
-func (l *Layout) RailSplit() (color, key int) { return l.Grid.Local, l.Grid.Machine }
 
 func (l *Layout) String() string {
 	g := l.Grid

@@ -182,7 +182,11 @@ func TestPropertyExplicitDeviceIDs(t *testing.T) {
 		got, err := Build(rapid.Permutation(shared).Draw(t, "members seen"), 0)
 		require.NoError(t, err)
 		require.Equal(t, want.Machines, got.Machines)
-		require.Equal(t, fairgo.Grid{Machines: m, Devices: d}, fairgo.Grid{Machines: got.Grid.Machines, Devices: got.Grid.Devices})
+		require.Equal(
+			t,
+			fairgo.Grid{Machines: m, Devices: d},
+			fairgo.Grid{Machines: got.Grid.Machines, Devices: got.Grid.Devices},
+		)
 		if d < 2 {
 			return
 		}

@@ -157,7 +157,10 @@ func TestOpenNVML(t *testing.T) {
 
 func TestSelfDescribe(t *testing.T) {
 	m, err := Self{
-		Host:    Host{Lookup: env(map[string]string{EnvNCCLHostID: "emu-1", EnvVisibleDevices: "1"}), Hostname: func() (string, error) { return "box", nil }},
+		Host: Host{
+			Lookup:   env(map[string]string{EnvNCCLHostID: "emu-1", EnvVisibleDevices: "1"}),
+			Hostname: func() (string, error) { return "box", nil },
+		},
 		Ordinal: 0,
 		NoNVML:  true,
 	}.Describe()
@@ -183,7 +186,12 @@ func TestSelfDescribeExplicit(t *testing.T) {
 
 // member builds a member with a device index.
 func member(rank int, machine string, dev int) Member {
-	return Member{Rank: rank, MachineID: machine, Hostname: "host-" + machine, Device: Device{ID: fmt.Sprintf("cuda:%d", dev), Index: dev}}
+	return Member{
+		Rank:      rank,
+		MachineID: machine,
+		Hostname:  "host-" + machine,
+		Device:    Device{ID: fmt.Sprintf("cuda:%d", dev), Index: dev},
+	}
 }
 
 func TestBuild(t *testing.T) {
@@ -240,7 +248,12 @@ func TestBuild(t *testing.T) {
 // explicitMember builds a member whose device identity came from
 // FAIRGO_DEVICE_ID, on physical GPU gpu.
 func explicitMember(rank int, machine, id string, gpu int) Member {
-	return Member{Rank: rank, MachineID: machine, Hostname: "box", Device: Device{ID: id, Index: gpu, Source: SourceExplicit + SourceVisible}}
+	return Member{
+		Rank:      rank,
+		MachineID: machine,
+		Hostname:  "box",
+		Device:    Device{ID: id, Index: gpu, Source: SourceExplicit + SourceVisible},
+	}
 }
 
 // Explicit device identities: distinct ones on one GPU make a grid, one
@@ -371,11 +384,19 @@ func TestDiscoverErrors(t *testing.T) {
 	t.Run("irregular and duplicate reach every rank", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, errs := discoverAll(ctx, rendezvous.NewMemoryStore(), []Member{member(0, "a", 0), member(1, "a", 1), member(2, "b", 0)})
+		_, errs := discoverAll(
+			ctx,
+			rendezvous.NewMemoryStore(),
+			[]Member{member(0, "a", 0), member(1, "a", 1), member(2, "b", 0)},
+		)
 		for _, err := range errs {
 			require.ErrorIs(t, err, ErrIrregular)
 		}
-		_, errs = discoverAll(ctx, rendezvous.NewMemoryStore(), []Member{member(0, "a", 0), member(1, "b", 0), member(2, "a", 0), member(3, "b", 1)})
+		_, errs = discoverAll(
+			ctx,
+			rendezvous.NewMemoryStore(),
+			[]Member{member(0, "a", 0), member(1, "b", 0), member(2, "a", 0), member(3, "b", 1)},
+		)
 		for _, err := range errs {
 			require.ErrorIs(t, err, ErrDuplicateDevice)
 		}
@@ -397,3 +418,13 @@ func TestDiscoverErrors(t *testing.T) {
 		require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 	})
 }
+
+// IntraSplit returns the CommSplit color and key of this rank's intra-machine
+// communicator: ranks of one machine share the color, and the key orders
+// them by local index.
+func (l *Layout) IntraSplit() (color, key int) { return l.Grid.Machine, l.Grid.Local }
+
+// RailSplit returns the CommSplit color and key of this rank's rail
+// communicator: ranks of one local index share the color, and the key
+// orders them by machine index.
+func (l *Layout) RailSplit() (color, key int) { return l.Grid.Local, l.Grid.Machine }

@@ -64,21 +64,3 @@ type Testbed struct {
 	// --nic-gbit), so the fitted network bandwidth is the machine's.
 	OneNICPerMachine bool
 }
-
-// Fit fits both links and returns the model's parameters (α_peer = α_n, a
-// free add kernel).
-func (t Testbed) Fit() (Params, error) {
-	intra, err := FitLink(t.NVLink)
-	if err != nil {
-		return Params{}, fmt.Errorf("NVLink pair: %w", err)
-	}
-	net, err := FitLink(t.Net)
-	if err != nil {
-		return Params{}, fmt.Errorf("network pair: %w", err)
-	}
-	p := Params{Intra: intra, Net: net, PeerAlpha: -1}
-	if t.OneNICPerMachine {
-		p.NetPerMachine = net.BW
-	}
-	return p, p.Validate()
-}

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -134,7 +135,12 @@ func TestMonotonic(t *testing.T) {
 	for _, g := range []Grid{{1, 2}, {2, 2}, {4, 8}, {64, 8}, {1024, 8}} {
 		prev := map[string]float64{}
 		for n := float64(1 << 10); n <= 1<<32; n *= 2 {
-			cur := map[string]float64{"ring": p.Ring(g, n), "tree": p.Tree(g, n), "naive": p.Naive(g, n), "fairgo": p.FairgoTime(g, n, 1, o)}
+			cur := map[string]float64{
+				"ring":   p.Ring(g, n),
+				"tree":   p.Tree(g, n),
+				"naive":  p.Naive(g, n),
+				"fairgo": p.FairgoTime(g, n, 1, o),
+			}
 			for k, v := range cur {
 				require.GreaterOrEqual(t, v, prev[k], "%s on %v: time falls at %g bytes", k, g, n)
 			}
@@ -196,7 +202,12 @@ func TestFitLinkRecoversParams(t *testing.T) {
 // the testbed (one NIC per machine) give back its links, and the fitted
 // model predicts every algorithm on every layout exactly.
 func TestFitTestbedPredictsItsOwnPoints(t *testing.T) {
-	truth := Params{Intra: Link{Alpha: 8e-6, BW: 250e9}, Net: Link{Alpha: 120e-6, BW: 1.19e9}, NetPerMachine: 1.19e9, PeerAlpha: -1}
+	truth := Params{
+		Intra:         Link{Alpha: 8e-6, BW: 250e9},
+		Net:           Link{Alpha: 120e-6, BW: 1.19e9},
+		NetPerMachine: 1.19e9,
+		PeerAlpha:     -1,
+	}
 	sizes := []float64{1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
 	var tb Testbed
 	tb.OneNICPerMachine = true
@@ -213,13 +224,27 @@ func TestFitTestbedPredictsItsOwnPoints(t *testing.T) {
 	for _, g := range []Grid{{2, 1}, {2, 2}, {4, 2}} {
 		for _, n := range sizes {
 			o := Fairgo{Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1}
-			ms = append(ms,
+			ms = append(
+				ms,
 				Measurement{Grid: g, Algorithm: "flat", Bytes: n, Seconds: truth.Flat(g, n)},
 				Measurement{Grid: g, Algorithm: "naive", Bytes: n, Seconds: truth.Naive(g, n)},
 				Measurement{Grid: g, Algorithm: "fairgo", Chosen: RailRSAG, Bytes: n, Slice: o.Slice, Parallelism: 4,
-					Seconds: truth.FairgoTime(g, n, 1, Fairgo{Rail: RailRSAG, Slice: o.Slice, Parallelism: 4, FlatThreshold: -1})},
-				Measurement{Grid: g, Algorithm: "fairgo", Chosen: RailAllToAll, Bytes: n, Buckets: 64, Slice: o.Slice, Parallelism: 4,
-					Seconds: truth.FairgoTime(g, n, 64, o)},
+					Seconds: truth.FairgoTime(
+						g,
+						n,
+						1,
+						Fairgo{Rail: RailRSAG, Slice: o.Slice, Parallelism: 4, FlatThreshold: -1},
+					)},
+				Measurement{
+					Grid:        g,
+					Algorithm:   "fairgo",
+					Chosen:      RailAllToAll,
+					Bytes:       n,
+					Buckets:     64,
+					Slice:       o.Slice,
+					Parallelism: 4,
+					Seconds:     truth.FairgoTime(g, n, 64, o),
+				},
 				Measurement{Grid: g, Algorithm: "fairgo", Chosen: "flat", Bytes: n, Seconds: truth.Flat(g, n)},
 			)
 		}
@@ -256,8 +281,19 @@ func TestFitPeerAlpha(t *testing.T) {
 		for _, n := range []float64{1 << 20, 1 << 24, 1 << 28} {
 			g := Grid{m, 2}
 			o := Fairgo{Slice: 1 << 20, Parallelism: 4, FlatThreshold: -1}
-			ms = append(ms, Measurement{Grid: g, Algorithm: "fairgo", Chosen: RailAllToAll, Bytes: n, Seconds: truth.FairgoTime(g, n, 1, o),
-				Slice: o.Slice, Parallelism: o.Parallelism, FlatThreshold: -1})
+			ms = append(
+				ms,
+				Measurement{
+					Grid:          g,
+					Algorithm:     "fairgo",
+					Chosen:        RailAllToAll,
+					Bytes:         n,
+					Seconds:       truth.FairgoTime(g, n, 1, o),
+					Slice:         o.Slice,
+					Parallelism:   o.Parallelism,
+					FlatThreshold: -1,
+				},
+			)
 		}
 	}
 	p := testParams
@@ -280,4 +316,22 @@ func TestPredictionTable(t *testing.T) {
 		require.Equal(t, math.Min(pr.A2A, pr.RSAG), pr.Fairgo())
 		require.InDelta(t, pr.Flat/pr.Fairgo(), pr.Speedup, 1e-12)
 	}
+}
+
+// Fit fits both links and returns the model's parameters (α_peer = α_n, a
+// free add kernel).
+func (t Testbed) Fit() (Params, error) {
+	intra, err := FitLink(t.NVLink)
+	if err != nil {
+		return Params{}, fmt.Errorf("NVLink pair: %w", err)
+	}
+	net, err := FitLink(t.Net)
+	if err != nil {
+		return Params{}, fmt.Errorf("network pair: %w", err)
+	}
+	p := Params{Intra: intra, Net: net, PeerAlpha: -1}
+	if t.OneNICPerMachine {
+		p.NetPerMachine = net.BW
+	}
+	return p, p.Validate()
 }

@@ -32,12 +32,54 @@ func WriteCSV(w io.Writer, recs []bench.Record) error {
 			fg = *r.Fairgo
 		}
 		tb := r.Testbed
-		row := []string{r.Kind, r.Run, r.Label, r.Link, r.Backend, b(r.SimTimings), i(int64(r.Machines)), i(int64(r.Devices)), i(int64(r.Processes)),
-			i(int64(tb.Machines)), f(tb.NICGbit), f(tb.NICLatency.Seconds() * 1e6), b(tb.MPS), b(tb.NetNS), i(int64(tb.RanksPerGPU)),
-			tb.Intra, f(tb.NVLinkGbit), i(int64(tb.NCCLHosts)), b(tb.FlatTopologyUnaware), r.Invalid,
-			r.DType, r.Op, r.Algorithm, fg.Spec, fg.Chosen, i(fg.SliceBytes), i(int64(fg.Parallelism)), i(fg.FlatThreshold),
-			i(r.Bytes), i(r.Count), i(int64(r.Buckets)), i(int64(r.Iters)), i(int64(r.Reps)), f(r.TimeUS), f(r.MinUS), f(r.MaxUS),
-			f(r.AlgBW), f(r.BusBW), f(r.IdealBusBW), i(r.Wrong), r.NCCLVersion, strings.Join(r.NCCLEnv, " ")}
+		row := []string{
+			r.Kind,
+			r.Run,
+			r.Label,
+			r.Link,
+			r.Backend,
+			b(r.SimTimings),
+			i(int64(r.Machines)),
+			i(int64(r.Devices)),
+			i(int64(r.Processes)),
+			i(
+				int64(tb.Machines),
+			),
+			f(tb.NICGbit),
+			f(tb.NICLatency.Seconds() * 1e6),
+			b(tb.MPS),
+			b(tb.NetNS),
+			i(int64(tb.RanksPerGPU)),
+			tb.Intra,
+			f(tb.NVLinkGbit),
+			i(int64(tb.NCCLHosts)),
+			b(tb.FlatTopologyUnaware),
+			r.Invalid,
+			r.DType,
+			r.Op,
+			r.Algorithm,
+			fg.Spec,
+			fg.Chosen,
+			i(fg.SliceBytes),
+			i(int64(fg.Parallelism)),
+			i(fg.FlatThreshold),
+			i(
+				r.Bytes,
+			),
+			i(r.Count),
+			i(int64(r.Buckets)),
+			i(int64(r.Iters)),
+			i(int64(r.Reps)),
+			f(r.TimeUS),
+			f(r.MinUS),
+			f(r.MaxUS),
+			f(r.AlgBW),
+			f(r.BusBW),
+			f(r.IdealBusBW),
+			i(r.Wrong),
+			r.NCCLVersion,
+			strings.Join(r.NCCLEnv, " "),
+		}
 		if err := cw.Write(row); err != nil {
 			return fmt.Errorf("report: writing CSV: %w", err)
 		}

@@ -50,7 +50,10 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 		}
 	}
 	if len(rates) > 1 {
-		return model.Params{}, nil, fmt.Errorf("report: records of testbeds with NICs of %v Gbit/s: fit the model to one testbed's records", sortedKeys(rates))
+		return model.Params{}, nil, fmt.Errorf(
+			"report: records of testbeds with NICs of %v Gbit/s: fit the model to one testbed's records",
+			sortedKeys(rates),
+		)
 	}
 	onTestbed := len(rates) == 1
 	// pick returns a link's points: link records, else flat sweeps of one
@@ -92,7 +95,10 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 		for _, pt := range pts {
 			worst = math.Max(worst, math.Abs(model.LinkTime(l, pt.Bytes)/pt.Seconds-1))
 		}
-		notes = append(notes, fmt.Sprintf("%s: %v (fit of T = 2α + n/B to %s; worst point off by %.0f%%)", name, l, src, worst*100))
+		notes = append(
+			notes,
+			fmt.Sprintf("%s: %v (fit of T = 2α + n/B to %s; worst point off by %.0f%%)", name, l, src, worst*100),
+		)
 		return l, nil
 	}
 	intra, err1 := fit("NVLink pair", tb.NVLink, o.Intra, from[0])
@@ -103,11 +109,21 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 	}
 	if tb.OneNICPerMachine {
 		p.NetPerMachine = net.BW
-		notes = append(notes, fmt.Sprintf("one NIC per machine (fairrun --nic-gbit %g): a machine's D rails share %.3f GB/s", sortedKeys(rates)[0], net.BW/1e9))
+		notes = append(
+			notes,
+			fmt.Sprintf(
+				"one NIC per machine (fairrun --nic-gbit %g): a machine's D rails share %.3f GB/s",
+				sortedKeys(rates)[0],
+				net.BW/1e9,
+			),
+		)
 	}
 	if a, ok := p.FitPeerAlpha(Measurements(recs, o)); ok {
 		p.PeerAlpha = a
-		notes = append(notes, fmt.Sprintf("all-to-all per-peer cost: %.2f µs (fit to rail-a2a fairgo points on ≥ 3 machines)", a*1e6))
+		notes = append(
+			notes,
+			fmt.Sprintf("all-to-all per-peer cost: %.2f µs (fit to rail-a2a fairgo points on ≥ 3 machines)", a*1e6),
+		)
 	} else {
 		notes = append(notes, fmt.Sprintf("all-to-all per-peer cost: %.2f µs = α_n (no rail-a2a fairgo points on ≥ 3 machines)", p.Net.Alpha*1e6))
 	}
@@ -121,8 +137,14 @@ func Measurements(recs []bench.Record, o ModelOptions) []model.Measurement {
 		if (r.Kind != bench.KindSweep && r.Kind != bench.KindOverlap) || !o.usable(r) {
 			continue
 		}
-		m := model.Measurement{Grid: model.Grid{M: r.Machines, D: r.Devices}, Algorithm: r.Algorithm, Bytes: float64(r.Bytes),
-			Buckets: r.Buckets, Seconds: r.TimeUS / 1e6, Label: strings.TrimSpace(r.DType + " " + r.Label)}
+		m := model.Measurement{
+			Grid:      model.Grid{M: r.Machines, D: r.Devices},
+			Algorithm: r.Algorithm,
+			Bytes:     float64(r.Bytes),
+			Buckets:   r.Buckets,
+			Seconds:   r.TimeUS / 1e6,
+			Label:     strings.TrimSpace(r.DType + " " + r.Label),
+		}
 		if f := r.Fairgo; f != nil {
 			m.Algorithm, m.Chosen = "fairgo", f.Chosen
 			m.Slice, m.Parallelism, m.FlatThreshold = float64(f.SliceBytes), f.Parallelism, float64(f.FlatThreshold)
@@ -170,25 +192,57 @@ func ModelReport(w io.Writer, recs []bench.Record, o ModelOptions) error {
 func printErrors(w io.Writer, p model.Params, recs []bench.Record, o ModelOptions) error {
 	errs, sums := p.Evaluate(Measurements(recs, o))
 	testbedErrs := TestbedErrors(p, recs, o)
-	fmt.Fprintf(w, "#\n# error against %d measured points: (predicted − measured)/measured; T7 (≤ 15%%) counts the %d testbed points\n", len(errs), len(testbedErrs))
+	fmt.Fprintf(
+		w,
+		"#\n# error against %d measured points: (predicted − measured)/measured; T7 (≤ 15%%) counts the %d testbed points\n",
+		len(errs),
+		len(testbedErrs),
+	)
 	if len(errs) == 0 {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "grid\tdata\talgorithm\tchosen\tsize\tbuckets\tmeasured(us)\tpredicted(us)\terror\t")
 	for _, e := range errs {
-		fmt.Fprintf(tw, "%v\t%s\t%s\t%s\t%s\t%d\t%.1f\t%.1f\t%+.1f%%\t\n", e.Grid, e.Label, e.Algorithm, orNone(e.Chosen),
-			bench.FormatSize(int64(e.Bytes)), max(e.Buckets, 1), e.Seconds*1e6, e.Predicted*1e6, e.Rel*100)
+		fmt.Fprintf(
+			tw,
+			"%v\t%s\t%s\t%s\t%s\t%d\t%.1f\t%.1f\t%+.1f%%\t\n",
+			e.Grid,
+			e.Label,
+			e.Algorithm,
+			orNone(e.Chosen),
+			bench.FormatSize(int64(e.Bytes)),
+			max(e.Buckets, 1),
+			e.Seconds*1e6,
+			e.Predicted*1e6,
+			e.Rel*100,
+		)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, k := range slices.Sorted(maps.Keys(sums)) {
 		s := sums[k]
-		fmt.Fprintf(w, "# %-7s n=%-3d median |error| %.1f%%, mean %.1f%%, max %.1f%% (%s)\n", k, s.N, s.MedianAbs*100, s.MeanAbs*100, s.MaxAbs*100, s.WorstLabel)
+		fmt.Fprintf(
+			w,
+			"# %-7s n=%-3d median |error| %.1f%%, mean %.1f%%, max %.1f%% (%s)\n",
+			k,
+			s.N,
+			s.MedianAbs*100,
+			s.MeanAbs*100,
+			s.MaxAbs*100,
+			s.WorstLabel,
+		)
 	}
 	if worst, ok := worstError(testbedErrs); ok {
-		fmt.Fprintf(w, "# testbed points: worst |error| %.1f%% (%s %v %s)\n", math.Abs(worst.Rel)*100, worst.Algorithm, worst.Grid, bench.FormatSize(int64(worst.Bytes)))
+		fmt.Fprintf(
+			w,
+			"# testbed points: worst |error| %.1f%% (%s %v %s)\n",
+			math.Abs(worst.Rel)*100,
+			worst.Algorithm,
+			worst.Grid,
+			bench.FormatSize(int64(worst.Bytes)),
+		)
 	}
 	return nil
 }
@@ -197,7 +251,10 @@ func worstError(errs []model.Error) (model.Error, bool) {
 	if len(errs) == 0 {
 		return model.Error{}, false
 	}
-	return slices.MaxFunc(errs, func(a, b model.Error) int { return cmp.Compare(math.Abs(a.Rel), math.Abs(b.Rel)) }), true
+	return slices.MaxFunc(
+		errs,
+		func(a, b model.Error) int { return cmp.Compare(math.Abs(a.Rel), math.Abs(b.Rel)) },
+	), true
 }
 
 func printPredictions(w io.Writer, fitted model.Params, o ModelOptions) error {
@@ -208,25 +265,65 @@ func printPredictions(w io.Writer, fitted model.Params, o ModelOptions) error {
 	p := fitted
 	p.NetPerMachine = 0 // one NIC per GPU
 	fmt.Fprintf(w, "#\n# predictions for M machines × D = %d GPUs, one NIC per GPU\n", o.Devices)
-	fmt.Fprintf(w, "# assumed: every GPU has its own NIC with the fitted network pair's α_n %.1f µs and B_n %.3f GB/s (so a machine has %d·B_n);\n",
-		p.Net.Alpha*1e6, p.Net.BW/1e9, o.Devices)
-	fmt.Fprintf(w, "#   NVLink as the fitted pair (α_i %.2f µs, B_i %.1f GB/s); all-to-all per-peer cost %.2f µs; a free add kernel;\n",
-		p.Intra.Alpha*1e6, p.Intra.BW/1e9, peerAlpha(p)*1e6)
-	fmt.Fprintf(w, "#   ring: 2(W−1)·max(α_i + c/B_i, α_n + c/(D·B_n)), c = n/W; tree: NCCL's double binary tree across machines,\n")
-	fmt.Fprintf(w, "#   2(⌈log2 M⌉α_n + (D−1)α_i) + max(f(M)·n/(D·B_n), 2(D−1)/D·n/B_i), f(M) = max bytes a machine sends per byte (2 for M ≥ 4);\n")
-	fmt.Fprintf(w, "#   naive: intra RS + rail allreduce (ring or tree) + intra AG, one after another; fairgo: five stages per slice,\n")
+	fmt.Fprintf(
+		w,
+		"# assumed: every GPU has its own NIC with the fitted network pair's α_n %.1f µs and B_n %.3f GB/s (so a machine has %d·B_n);\n",
+		p.Net.Alpha*1e6,
+		p.Net.BW/1e9,
+		o.Devices,
+	)
+	fmt.Fprintf(
+		w,
+		"#   NVLink as the fitted pair (α_i %.2f µs, B_i %.1f GB/s); all-to-all per-peer cost %.2f µs; a free add kernel;\n",
+		p.Intra.Alpha*1e6,
+		p.Intra.BW/1e9,
+		peerAlpha(p)*1e6,
+	)
+	fmt.Fprintf(
+		w,
+		"#   ring: 2(W−1)·max(α_i + c/B_i, α_n + c/(D·B_n)), c = n/W; tree: NCCL's double binary tree across machines,\n",
+	)
+	fmt.Fprintf(
+		w,
+		"#   2(⌈log2 M⌉α_n + (D−1)α_i) + max(f(M)·n/(D·B_n), 2(D−1)/D·n/B_i), f(M) = max bytes a machine sends per byte (2 for M ≥ 4);\n",
+	)
+	fmt.Fprintf(
+		w,
+		"#   naive: intra RS + rail allreduce (ring or tree) + intra AG, one after another; fairgo: five stages per slice,\n",
+	)
 	fmt.Fprintf(w, "#   pipelined with parallelism %d, at its best slice (powers of 2 from 64K); busbw in GB/s\n", par)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "machines\tsize\tring(us)\ttree(us)\tnaive(us)\trail-a2a(us)\tslice\trail-rsag(us)\tslice\tflat busbw\tnaive busbw\tfairgo busbw\tfairgo/flat\t")
+	fmt.Fprintln(
+		tw,
+		"machines\tsize\tring(us)\ttree(us)\tnaive(us)\trail-a2a(us)\tslice\trail-rsag(us)\tslice\tflat busbw\tnaive busbw\tfairgo busbw\tfairgo/flat\t",
+	)
 	for _, pr := range p.Table(o.Devices, o.Machines, o.Sizes, par) {
 		world := pr.Grid.World()
 		tree := "-"
 		if !math.IsInf(pr.Tree, 0) {
 			tree = fmt.Sprintf("%.1f", pr.Tree*1e6)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%s\t%.1f\t%.1f\t%s\t%.1f\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t\n", pr.Grid.M, bench.FormatSize(int64(pr.Bytes)),
-			pr.Ring*1e6, tree, pr.Naive*1e6, pr.A2A*1e6, bench.FormatSize(int64(pr.A2ASlice)), pr.RSAG*1e6, bench.FormatSize(int64(pr.RSAGSlice)),
-			model.BusBW(pr.Bytes, pr.Flat, world)/1e9, model.BusBW(pr.Bytes, pr.Naive, world)/1e9, model.BusBW(pr.Bytes, pr.Fairgo(), world)/1e9, pr.Speedup)
+		fmt.Fprintf(
+			tw,
+			"%d\t%s\t%.1f\t%s\t%.1f\t%.1f\t%s\t%.1f\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t\n",
+			pr.Grid.M,
+			bench.FormatSize(int64(pr.Bytes)),
+			pr.Ring*1e6,
+			tree,
+			pr.Naive*1e6,
+			pr.A2A*1e6,
+			bench.FormatSize(int64(pr.A2ASlice)),
+			pr.RSAG*1e6,
+			bench.FormatSize(int64(pr.RSAGSlice)),
+			model.BusBW(
+				pr.Bytes,
+				pr.Flat,
+				world,
+			)/1e9,
+			model.BusBW(pr.Bytes, pr.Naive, world)/1e9,
+			model.BusBW(pr.Bytes, pr.Fairgo(), world)/1e9,
+			pr.Speedup,
+		)
 	}
 	return tw.Flush()
 }

@@ -64,13 +64,24 @@ func busbwPlots(recs []bench.Record, save func(*plot.Plot, string) error) error 
 		if r.Iters > 1 {
 			iters = fmt.Sprintf("_x%d", r.Iters)
 		}
-		return fmt.Sprintf("busbw_%dx%d_%s%s%s", r.Machines, r.Devices, r.DType, iters, labelSuffix(r)), r.Kind == bench.KindSweep || r.Kind == bench.KindLink
+		return fmt.Sprintf(
+				"busbw_%dx%d_%s%s%s",
+				r.Machines,
+				r.Devices,
+				r.DType,
+				iters,
+				labelSuffix(r),
+			), r.Kind == bench.KindSweep ||
+				r.Kind == bench.KindLink
 	})
 	for _, key := range slices.Sorted(maps.Keys(groups)) {
 		group := groups[key]
 		r0 := group[0]
-		p := newPlot(fmt.Sprintf("allreduce busbw, %d×%d %s %s%s", r0.Machines, r0.Devices, r0.DType, r0.Op, notesOf(r0)),
-			"size (bytes)", "busbw (GB/s)")
+		p := newPlot(
+			fmt.Sprintf("allreduce busbw, %d×%d %s %s%s", r0.Machines, r0.Devices, r0.DType, r0.Op, notesOf(r0)),
+			"size (bytes)",
+			"busbw (GB/s)",
+		)
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = sizeTicks(group)
 		var lines []any
@@ -147,13 +158,32 @@ func speedupPlots(recs []bench.Record, save func(*plot.Plot, string) error) erro
 // overlapPlots: the time of a round of buckets, one bar per method.
 func overlapPlots(recs []bench.Record, save func(*plot.Plot, string) error) error {
 	groups := groupBy(recs, func(r bench.Record) (string, bool) {
-		return fmt.Sprintf("overlap_%dx%d_%s_%dx%s%s", r.Machines, r.Devices, r.DType, r.Buckets, bench.FormatSize(r.Bytes), labelSuffix(r)), r.Kind == bench.KindOverlap
+		return fmt.Sprintf(
+			"overlap_%dx%d_%s_%dx%s%s",
+			r.Machines,
+			r.Devices,
+			r.DType,
+			r.Buckets,
+			bench.FormatSize(r.Bytes),
+			labelSuffix(r),
+		), r.Kind == bench.KindOverlap
 	})
 	for _, key := range slices.Sorted(maps.Keys(groups)) {
 		group := groups[key]
 		r0 := group[0]
-		p := newPlot(fmt.Sprintf("%d buckets × %s, %d×%d %s%s", r0.Buckets, bench.FormatSize(r0.Bytes), r0.Machines, r0.Devices, r0.DType, notesOf(r0)),
-			"", "time per round (ms)")
+		p := newPlot(
+			fmt.Sprintf(
+				"%d buckets × %s, %d×%d %s%s",
+				r0.Buckets,
+				bench.FormatSize(r0.Bytes),
+				r0.Machines,
+				r0.Devices,
+				r0.DType,
+				notesOf(r0),
+			),
+			"",
+			"time per round (ms)",
+		)
 		names := methodsOf(group)
 		vals := make(plotter.Values, len(names))
 		for i, m := range names {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // pointKey identifies the records of one point across methods.
@@ -153,7 +153,7 @@ func notes(r bench.Record) string {
 	if r.Testbed.NICGbit > 0 {
 		parts = append(parts, fmt.Sprintf("nic=%gGbit", r.Testbed.NICGbit))
 	}
-	if r.Testbed.Intra == testbed.IntraLoopback {
+	if r.Testbed.Intra == harness.IntraLoopback {
 		intra := "intra=loopback"
 		if r.Testbed.NVLinkGbit > 0 {
 			intra += fmt.Sprintf("@%gGbit", r.Testbed.NVLinkGbit)
@@ -194,7 +194,13 @@ func Scale(w io.Writer, recs []bench.Record) error {
 	fmt.Fprintln(tw, "# "+strings.Join(head, "\t")+"\t")
 	for _, k := range order {
 		p := ps[k]
-		row := []string{fmt.Sprint(k.m), bench.FormatSize(k.bytes), k.dtype, fmtTime(p.time(bench.Flat)), fmtTime(p.time(bench.Naive))}
+		row := []string{
+			fmt.Sprint(k.m),
+			bench.FormatSize(k.bytes),
+			k.dtype,
+			fmtTime(p.time(bench.Flat)),
+			fmtTime(p.time(bench.Naive)),
+		}
 		for _, v := range variants {
 			row = append(row, fmtTime(p.time(v)))
 		}

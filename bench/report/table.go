@@ -59,7 +59,11 @@ func (t *Table) Start(h bench.Header) {
 	mode := "sweep"
 	switch {
 	case cfg.Buckets > 0:
-		mode = fmt.Sprintf("overlap: %d buckets of %s enqueued back to back", cfg.Buckets, bench.FormatSize(cfg.BucketBytes))
+		mode = fmt.Sprintf(
+			"overlap: %d buckets of %s enqueued back to back",
+			cfg.Buckets,
+			bench.FormatSize(cfg.BucketBytes),
+		)
 	case cfg.Kind == bench.KindLink:
 		mode = "links: 2-rank allreduce over " + cfg.Link
 	}
@@ -90,10 +94,23 @@ func (t *Table) Start(h bench.Header) {
 	if cfg.Check {
 		check = fmt.Sprintf("on (seed %d, float64 reference)", cfg.Seed)
 	}
-	t.printf("# %s %s, warm-up %d, iters %d, reps %d, check %s\n", cfg.DType, cfg.Op, cfg.Warmup, cfg.Iters, cfg.Reps, check)
-	t.printf("# time: median over reps of the mean over ranks of %d call(s) back to back, per call (of one round in overlap); ±%%: (max−min)/median over reps\n", cfg.Iters)
+	t.printf(
+		"# %s %s, warm-up %d, iters %d, reps %d, check %s\n",
+		cfg.DType,
+		cfg.Op,
+		cfg.Warmup,
+		cfg.Iters,
+		cfg.Reps,
+		check,
+	)
+	t.printf(
+		"# time: median over reps of the mean over ranks of %d call(s) back to back, per call (of one round in overlap); ±%%: (max−min)/median over reps\n",
+		cfg.Iters,
+	)
 	t.printf("# busbw = algbw·2(n−1)/n; ideal: the NIC-bound busbw (one NIC of rate B per machine: t = 2(M−1)/M·S/B)\n")
-	t.printf("# v/flat = time(flat)/time(v); v/best = time(min(flat, flat-ring, naive))/time(v); v/ideal = busbw(v)/ideal: above 1, v is faster\n")
+	t.printf(
+		"# v/flat = time(flat)/time(v); v/best = time(min(flat, flat-ring, naive))/time(v); v/ideal = busbw(v)/ideal: above 1, v is faster\n",
+	)
 	t.printf("#\n")
 	t.columnHeads()
 }
@@ -101,7 +118,12 @@ func (t *Table) Start(h bench.Header) {
 // invalidBanner says loudly that the run's timings mean nothing.
 func (t *Table) invalidBanner(why string) {
 	bar := strings.Repeat("!", 100)
-	t.printf("# %s\n# INVALID TESTBED: %s.\n# Every time below is an artefact of GPU time-slicing; run under MPS (fairrun --mps on).\n# %s\n", bar, why, bar)
+	t.printf(
+		"# %s\n# INVALID TESTBED: %s.\n# Every time below is an artefact of GPU time-slicing; run under MPS (fairrun --mps on).\n# %s\n",
+		bar,
+		why,
+		bar,
+	)
 }
 
 func (t *Table) columnHeads() {

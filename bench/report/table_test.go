@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo/bench"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // sampleRecords is one point of flat, naive and fairgo on a 2 × 2 testbed.
@@ -24,8 +24,23 @@ func sampleRecords() []bench.Record {
 		alg string
 		us  float64
 	}{{"flat", 200}, {"naive", 300}, {"fairgo", 100}} {
-		r := bench.Record{Kind: bench.KindSweep, Backend: "sim", SimTimings: true, Machines: 2, Devices: 2, DType: "float32", Op: "sum",
-			Algorithm: a.alg, Bytes: 4 << 20, Count: 1 << 20, Iters: 1, TimeUS: a.us, MinUS: a.us * 0.9, MaxUS: a.us * 1.1, Wrong: 0}
+		r := bench.Record{
+			Kind:       bench.KindSweep,
+			Backend:    "sim",
+			SimTimings: true,
+			Machines:   2,
+			Devices:    2,
+			DType:      "float32",
+			Op:         "sum",
+			Algorithm:  a.alg,
+			Bytes:      4 << 20,
+			Count:      1 << 20,
+			Iters:      1,
+			TimeUS:     a.us,
+			MinUS:      a.us * 0.9,
+			MaxUS:      a.us * 1.1,
+			Wrong:      0,
+		}
 		r.AlgBW, r.BusBW = bench.Bandwidths(r.Bytes, r.TimeUS/1e6, 4)
 		r.IdealBusBW = bench.IdealBusBW(r.Bytes, 2, 2, 25e9)
 		if a.alg == "fairgo" {
@@ -36,7 +51,7 @@ func sampleRecords() []bench.Record {
 	return recs
 }
 
-func header(info testbed.Info) bench.Header {
+func header(info harness.Info) bench.Header {
 	ms, _ := bench.Methods("flat,naive,fairgo", nil)
 	return bench.Header{Testbed: info, Config: bench.Config{Methods: ms, Iters: 1, Reps: 1},
 		Fairgo: []bench.FairgoSetup{{Algorithm: "auto", SliceBytes: 16 << 20, Parallelism: 4, FlatThreshold: 256 << 10,
@@ -46,7 +61,11 @@ func header(info testbed.Info) bench.Header {
 func TestTableRow(t *testing.T) {
 	var buf bytes.Buffer
 	tab := NewTable(&buf)
-	tab.Start(header(testbed.Info{Backend: "sim", Timing: "wall clock", SimTimings: true, Machines: 2, Devices: 2, Processes: 1}))
+	tab.Start(
+		header(
+			harness.Info{Backend: "sim", Timing: "wall clock", SimTimings: true, Machines: 2, Devices: 2, Processes: 1},
+		),
+	)
 	tab.Point(sampleRecords())
 	require.NoError(t, tab.Err())
 	out := buf.String()
@@ -77,8 +96,10 @@ func TestTableRow(t *testing.T) {
 func TestTableSaysLoudlyWhenInvalid(t *testing.T) {
 	var buf bytes.Buffer
 	tab := NewTable(&buf)
-	tab.Start(header(testbed.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
-		Emulation: testbed.Emulation{Machines: 2}, Placement: testbed.Placement{RanksPerGPU: 2, SharedAcrossMachines: true}}))
+	tab.Start(header(harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
+		Emulation: harness.Emulation{
+			Machines: 2,
+		}, Placement: harness.Placement{RanksPerGPU: 2, SharedAcrossMachines: true}}))
 	recs := sampleRecords()
 	for i := range recs {
 		recs[i].Invalid = "shared"
@@ -105,8 +126,11 @@ func TestTableUncheckedAndMissing(t *testing.T) {
 
 func TestSummaryAndCSV(t *testing.T) {
 	recs := sampleRecords()
-	recs = append(recs, bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 1 << 20, TimeUS: 1000},
-		bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 4 << 20, TimeUS: 3400})
+	recs = append(
+		recs,
+		bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 1 << 20, TimeUS: 1000},
+		bench.Record{Kind: bench.KindLink, Link: "net", Algorithm: "flat", Bytes: 4 << 20, TimeUS: 3400},
+	)
 	var buf bytes.Buffer
 	require.NoError(t, Summary(&buf, recs))
 	out := buf.String()
@@ -154,22 +178,22 @@ func TestPlotsRender(t *testing.T) {
 func TestTableSaysTheIntraMachineLink(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		info testbed.Info
+		info harness.Info
 		want string // "": no such line
 	}{
-		{"2x4 on one GPU, lo shaped", testbed.Info{Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
-			Emulation: testbed.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: testbed.IntraLoopback, NVLinkGbit: 20},
-			Placement: testbed.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8}},
+		{"2x4 on one GPU, lo shaped", harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
+			Emulation: harness.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: harness.IntraLoopback, NVLinkGbit: 20},
+			Placement: harness.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8}},
 			"# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n"},
-		{"2x2 on one GPU, lo not shaped", testbed.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
-			Emulation: testbed.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: testbed.IntraLoopback},
-			Placement: testbed.Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
+		{"2x2 on one GPU, lo not shaped", harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
+			Emulation: harness.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: harness.IntraLoopback},
+			Placement: harness.Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
 			"# intra-machine link: emulated (loopback TCP, not shaped); flat NCCL is topology-unaware here\n"},
-		{"4x2 on two GPUs", testbed.Info{Backend: "cuda-mp", Machines: 4, Devices: 2, Processes: 8,
-			Emulation: testbed.Emulation{Machines: 4, NICGbit: 10, MPS: true, NetNS: true, Intra: testbed.IntraNVLink},
-			Placement: testbed.Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
+		{"4x2 on two GPUs", harness.Info{Backend: "cuda-mp", Machines: 4, Devices: 2, Processes: 8,
+			Emulation: harness.Emulation{Machines: 4, NICGbit: 10, MPS: true, NetNS: true, Intra: harness.IntraNVLink},
+			Placement: harness.Placement{RanksPerGPU: 4, SharedAcrossMachines: true, NCCLHosts: 4}},
 			"# intra-machine link: GPU to GPU (NVLink where the GPUs have it)\n"},
-		{"sim", testbed.Info{Backend: "sim", Machines: 2, Devices: 2, Processes: 1}, ""},
+		{"sim", harness.Info{Backend: "sim", Machines: 2, Devices: 2, Processes: 1}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
@@ -220,7 +244,9 @@ func TestCommittedRecordsStillReport(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, WriteCSV(io.Discard, recs))
 
-	recent, err := bench.ReadJSONLFiles([]string{"../results/onegpu/records.jsonl", "../results/onegpu-rail/records.jsonl"})
+	recent, err := bench.ReadJSONLFiles(
+		[]string{"../results/onegpu/records.jsonl", "../results/onegpu-rail/records.jsonl"},
+	)
 	require.NoError(t, err)
 	buf.Reset()
 	require.NoError(t, Summary(&buf, recent))
@@ -233,14 +259,34 @@ func TestCommittedRecordsStillReport(t *testing.T) {
 func TestSummarySaysTheIntraMachineLink(t *testing.T) {
 	recs := sampleRecords()
 	for i := range recs {
-		recs[i].Testbed.Intra, recs[i].Testbed.NVLinkGbit, recs[i].Testbed.FlatTopologyUnaware = testbed.IntraLoopback, 20, true
+		recs[i].Testbed.Intra, recs[i].Testbed.NVLinkGbit, recs[i].Testbed.FlatTopologyUnaware = harness.IntraLoopback, 20, true
 	}
-	recs = append(recs, bench.Record{Kind: bench.KindSweep, Machines: 2, Devices: 2, DType: "float32", Op: "sum", Algorithm: bench.FlatRing,
-		Bytes: 4 << 20, Iters: 1, TimeUS: 150, Testbed: recs[0].Testbed})
+	recs = append(
+		recs,
+		bench.Record{
+			Kind:      bench.KindSweep,
+			Machines:  2,
+			Devices:   2,
+			DType:     "float32",
+			Op:        "sum",
+			Algorithm: bench.FlatRing,
+			Bytes:     4 << 20,
+			Iters:     1,
+			TimeUS:    150,
+			Testbed:   recs[0].Testbed,
+		},
+	)
 	var buf bytes.Buffer
 	require.NoError(t, Summary(&buf, recs))
 	out := buf.String()
-	require.True(t, strings.HasPrefix(out, "# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n"), out)
+	require.True(
+		t,
+		strings.HasPrefix(
+			out,
+			"# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n",
+		),
+		out,
+	)
 	require.Contains(t, out, "intra=loopback@20Gbit flat-unaware")
 	require.Contains(t, out, "flat-ring us")
 	require.Contains(t, out, "1.50", "fairgo/best against flat-ring")

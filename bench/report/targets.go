@@ -18,7 +18,7 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // Target is one of the project's targets (issue 11's T1–T8 on NVLink,
@@ -91,7 +91,10 @@ func sweepOn(m, d int, testbed bool, dtypes []string, lo, hi int64, iters func(i
 		onTestbed := r.Testbed.NICGbit > 0
 		inProcess := !onTestbed && r.Processes == 1
 		return r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && onTestbed == testbed && (testbed || inProcess) &&
-			slices.Contains(dtypes, r.DType) && r.Bytes >= lo && r.Bytes <= hi && iters(r.Iters)
+			slices.Contains(dtypes, r.DType) &&
+			r.Bytes >= lo &&
+			r.Bytes <= hi &&
+			iters(r.Iters)
 	}
 }
 
@@ -107,14 +110,14 @@ const NoCheckVariant = "nocheck"
 func oneGPU(m, d int, gbit float64, lo, hi int64, iters func(int) bool) func(bench.Record) bool {
 	on := sweepOn(m, d, true, []string{"float32"}, lo, hi, iters)
 	return func(r bench.Record) bool {
-		return on(r) && r.Testbed.NICGbit == gbit && (d == 1 || r.Testbed.Intra == testbed.IntraLoopback)
+		return on(r) && r.Testbed.NICGbit == gbit && (d == 1 || r.Testbed.Intra == harness.IntraLoopback)
 	}
 }
 
 // notLoopback keeps records whose intra-machine link is not the one-GPU
 // testbed's loopback (real NVLink, or one rank per machine).
 func notLoopback(keep func(bench.Record) bool) func(bench.Record) bool {
-	return func(r bench.Record) bool { return keep(r) && r.Testbed.Intra != testbed.IntraLoopback }
+	return func(r bench.Record) bool { return keep(r) && r.Testbed.Intra != harness.IntraLoopback }
 }
 
 // vsNoCheck is time(nocheck)/time(v): what the check costs v.
@@ -169,7 +172,10 @@ func issue18Defs() []targetDef {
 			name string
 			ok   func(int) bool
 		}{{"one call at a time", func(n int) bool { return n == 1 }}, {"20 back to back", func(n int) bool { return n >= 20 }}} {
-			u5 = append(u5, requirement{name(l) + ", " + it.name, oneGPU(l.m, l.d, l.gbit, lo, 256*mib, it.ok), vsNoCheck})
+			u5 = append(
+				u5,
+				requirement{name(l) + ", " + it.name, oneGPU(l.m, l.d, l.gbit, lo, 256*mib, it.ok), vsNoCheck},
+			)
 		}
 		u6 = append(u6, requirement{name(l), oneGPU(l.m, l.d, l.gbit, lo, 256*mib, anyIters), vsFastestFairgo})
 	}
@@ -177,25 +183,58 @@ func issue18Defs() []targetDef {
 	for _, l := range shared[:2] {
 		l := l
 		u7 = append(u7, requirement{name(l) + ", 64×25M", func(r bench.Record) bool {
-			return r.Kind == bench.KindOverlap && r.Machines == l.m && r.Devices == l.d && r.Testbed.NICGbit == l.gbit &&
-				r.Testbed.Intra == testbed.IntraLoopback && r.Buckets == 64 && r.Bytes == 25*mib
+			return r.Kind == bench.KindOverlap && r.Machines == l.m && r.Devices == l.d &&
+				r.Testbed.NICGbit == l.gbit &&
+				r.Testbed.Intra == harness.IntraLoopback &&
+				r.Buckets == 64 &&
+				r.Bytes == 25*mib
 		}, vsBest})
 	}
 	return []targetDef{
 		{id: "U1", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo/naive at 64M–256M",
 			target: "≥ 1.05", atLeast: true, threshold: 1.05, parts: parts(shared, 64*mib, 256*mib, vsNaive)},
-		{id: "U2", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 1M–256M",
-			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: parts(shared, mib, 256*mib, vsBest)},
+		{
+			id:        "U2",
+			what:      "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 1M–256M",
+			target:    "≥ 0.97",
+			atLeast:   true,
+			threshold: 0.97,
+			parts:     parts(shared, mib, 256*mib, vsBest),
+		},
 		{id: "U3", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo busbw / NIC-bound ideal at 64M–256M",
 			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: parts(shared, 64*mib, 256*mib, vsIdeal)},
-		{id: "U4", what: "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 256K–256M",
-			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: parts(single, 256*kib, 256*mib, vsBest)},
-		{id: "U5", what: "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), one call at a time and 20 back to back",
-			target: "≥ 0.98", atLeast: true, threshold: 0.98, parts: u5},
-		{id: "U6", what: "all of U1–U4's layouts: time of the fastest fairgo variant measured at the point / time of Auto's choice (100% of points within 3%)",
-			target: "≥ 0.971", atLeast: true, threshold: 1 / 1.03, parts: u6},
-		{id: "U7", what: "one GPU, 2 × 2 and 2 × 4 at 2.5 Gbit/s, 64 buckets × 25 MiB back to back: time(best)/time(fairgo)",
-			target: "≥ 1.10", atLeast: true, threshold: 1.10, parts: u7},
+		{
+			id:        "U4",
+			what:      "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 256K–256M",
+			target:    "≥ 0.97",
+			atLeast:   true,
+			threshold: 0.97,
+			parts:     parts(single, 256*kib, 256*mib, vsBest),
+		},
+		{
+			id:        "U5",
+			what:      "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), one call at a time and 20 back to back",
+			target:    "≥ 0.98",
+			atLeast:   true,
+			threshold: 0.98,
+			parts:     u5,
+		},
+		{
+			id:        "U6",
+			what:      "all of U1–U4's layouts: time of the fastest fairgo variant measured at the point / time of Auto's choice (100% of points within 3%)",
+			target:    "≥ 0.971",
+			atLeast:   true,
+			threshold: 1 / 1.03,
+			parts:     u6,
+		},
+		{
+			id:        "U7",
+			what:      "one GPU, 2 × 2 and 2 × 4 at 2.5 Gbit/s, 64 buckets × 25 MiB back to back: time(best)/time(fairgo)",
+			target:    "≥ 1.10",
+			atLeast:   true,
+			threshold: 1.10,
+			parts:     u7,
+		},
 	}
 }
 
@@ -213,12 +252,20 @@ func targetDefs() []targetDef {
 		}
 	}
 	overlap := func(r bench.Record) bool {
-		return r.Kind == bench.KindOverlap && r.Machines == 2 && r.Devices == 2 && r.Testbed.NICGbit > 0 && r.Buckets == 64 && r.Bytes == 25*mib &&
-			r.Testbed.Intra != testbed.IntraLoopback
+		return r.Kind == bench.KindOverlap && r.Machines == 2 && r.Devices == 2 && r.Testbed.NICGbit > 0 &&
+			r.Buckets == 64 &&
+			r.Bytes == 25*mib &&
+			r.Testbed.Intra != harness.IntraLoopback
 	}
 	return []targetDef{
-		{id: "T1", what: "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, one call at a time and 20 back to back",
-			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: t1},
+		{
+			id:        "T1",
+			what:      "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, one call at a time and 20 back to back",
+			target:    "≥ 0.97",
+			atLeast:   true,
+			threshold: 0.97,
+			parts:     t1,
+		},
 		{id: "T2", what: "2 × 1 in one process (NVLink) and 2 × 1 on the testbed: fairgo/flat at every size 1M–1G",
 			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
 				{"2×1 in one process", sweepOn(2, 1, false, f32, mib, gib, anyIters), vsFlat},
@@ -232,8 +279,14 @@ func targetDefs() []targetDef {
 				{"2×1 on the testbed", sweepOn(2, 1, true, f32, 64*mib, gib, anyIters), vsIdeal},
 				{"2×2 on the testbed", notLoopback(sweepOn(2, 2, true, f32, 64*mib, gib, anyIters)), vsIdeal},
 				{"4×2 on the testbed", notLoopback(sweepOn(4, 2, true, f32, 64*mib, gib, anyIters)), vsIdeal}}},
-		{id: "T5", what: "testbed 2 × 2, 64 buckets × 25 MiB back to back: time(min(flat, flat ring, naive)) / time(fairgo)",
-			target: "≥ 1.0", atLeast: true, threshold: 1.0, parts: []requirement{{"2×2 on the testbed, 64×25M", overlap, vsBest}}},
+		{
+			id:        "T5",
+			what:      "testbed 2 × 2, 64 buckets × 25 MiB back to back: time(min(flat, flat ring, naive)) / time(fairgo)",
+			target:    "≥ 1.0",
+			atLeast:   true,
+			threshold: 1.0,
+			parts:     []requirement{{"2×2 on the testbed, 64×25M", overlap, vsBest}},
+		},
 	}
 }
 
@@ -275,8 +328,11 @@ func (d targetDef) samples(recs []bench.Record, o TargetOptions) ([]sample, []st
 			if k.iters > 1 {
 				where += fmt.Sprintf(", %d back to back", k.iters)
 			}
-			out = append(out, sample{key: fmt.Sprintf("%s|%s|%d|%d|%d", req.name, k.dtype, k.iters, k.buckets, k.bytes), where: where,
-				value: x, command: commandOf(p[o.Variant])})
+			out = append(
+				out,
+				sample{key: fmt.Sprintf("%s|%s|%d|%d|%d", req.name, k.dtype, k.iters, k.buckets, k.bytes), where: where,
+					value: x, command: commandOf(p[o.Variant])},
+			)
 		}
 		if n == 0 {
 			missing = append(missing, req.name)
@@ -419,8 +475,13 @@ func enqueueTarget(e *Enqueue) Target {
 }
 
 func modelTarget(runs []string, byRun map[string][]bench.Record, o TargetOptions) Target {
-	t := Target{ID: "T7", What: "model error at every measured testbed point, |predicted − measured| / measured", Target: "≤ 0.15",
-		Runs: map[string]*float64{}, Command: []string{"fairbench model -in RECORDS (bench/model fitted to the run's links)"}}
+	t := Target{
+		ID:      "T7",
+		What:    "model error at every measured testbed point, |predicted − measured| / measured",
+		Target:  "≤ 0.15",
+		Runs:    map[string]*float64{},
+		Command: []string{"fairbench model -in RECORDS (bench/model fitted to the run's links)"},
+	}
 	mo := ModelOptions{IncludeSim: o.IncludeSim, Intra: o.Intra, Net: o.Net}
 	for i, run := range runs {
 		p, _, err := FitModel(byRun[run], mo)
@@ -441,8 +502,16 @@ func modelTarget(runs []string, byRun map[string][]bench.Record, o TargetOptions
 		t.Runs[run] = ptr(math.Abs(w.Rel))
 		if i == 0 {
 			t.Measured = ptr(math.Abs(w.Rel))
-			t.Where = fmt.Sprintf("%s%s %v %s %s (predicted %.1f µs, measured %.1f µs)", runName(run), w.Algorithm, w.Grid,
-				bench.FormatSize(int64(w.Bytes)), w.Label, w.Predicted*1e6, w.Seconds*1e6)
+			t.Where = fmt.Sprintf(
+				"%s%s %v %s %s (predicted %.1f µs, measured %.1f µs)",
+				runName(run),
+				w.Algorithm,
+				w.Grid,
+				bench.FormatSize(int64(w.Bytes)),
+				w.Label,
+				w.Predicted*1e6,
+				w.Seconds*1e6,
+			)
 			t.Points = len(errs)
 			t.Pass = math.Abs(w.Rel) <= 0.15
 		}
@@ -451,7 +520,11 @@ func modelTarget(runs []string, byRun map[string][]bench.Record, o TargetOptions
 }
 
 func repeatTarget(runs []string, first, second map[string]sample) Target {
-	t := Target{ID: "T8", What: "every ratio of T1–T5 and U1–U7 in a second run against the first, |second/first − 1|", Target: "≤ 0.10"}
+	t := Target{
+		ID:     "T8",
+		What:   "every ratio of T1–T5 and U1–U7 in a second run against the first, |second/first − 1|",
+		Target: "≤ 0.10",
+	}
 	if len(runs) < 2 {
 		t.Missing = []string{"a second run (records with another -run label)"}
 		return t
@@ -466,7 +539,15 @@ func repeatTarget(runs []string, first, second map[string]sample) Target {
 		t.Points++
 		if d := math.Abs(b.value/a.value - 1); d >= worst {
 			worst = d
-			where = fmt.Sprintf("%s %s: %.3f in run %s, %.3f in run %s", strings.SplitN(k, "|", 2)[0], a.where, a.value, runs[0], b.value, runs[1])
+			where = fmt.Sprintf(
+				"%s %s: %.3f in run %s, %.3f in run %s",
+				strings.SplitN(k, "|", 2)[0],
+				a.where,
+				a.value,
+				runs[0],
+				b.value,
+				runs[1],
+			)
 		}
 	}
 	if t.Points == 0 {
@@ -560,7 +641,12 @@ func ParseEnqueue(arg, pattern string) (*Enqueue, error) {
 		return nil, fmt.Errorf("report: -enqueue %s: %w", arg, err)
 	}
 	if best == nil {
-		return nil, fmt.Errorf("report: -enqueue %s: no benchmark matching %q reports %s or ns/op", arg, pattern, EnqueueMetric)
+		return nil, fmt.Errorf(
+			"report: -enqueue %s: no benchmark matching %q reports %s or ns/op",
+			arg,
+			pattern,
+			EnqueueMetric,
+		)
 	}
 	return best, nil
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // truth is the testbed the synthetic records come from: NVLink, and one
@@ -48,12 +48,12 @@ func synthRun(run string, slow func(m, d int, testbed bool, bytes int64) float64
 	var recs []bench.Record
 	add := func(l layout, kind, dt string, iters, buckets int, bytes int64) {
 		p, cmd := inProcess, fmt.Sprintf("fairbench sweep -backend cuda -machines %d -devices %d", l.m, l.d)
-		tb := bench.Setup{Placement: testbed.Placement{RanksPerGPU: 1}}
+		tb := bench.Setup{Placement: harness.Placement{RanksPerGPU: 1}}
 		procs := 1
 		if l.testbed {
 			p, cmd, procs = truth, "fairbench sweep -backend cuda", l.m*l.d
-			tb.Emulation = testbed.Emulation{Machines: l.m, NICGbit: 10, MPS: true, NetNS: true}
-			tb.Placement = testbed.Placement{RanksPerGPU: l.m, SharedAcrossMachines: l.m > 1 && l.d > 1}
+			tb.Emulation = harness.Emulation{Machines: l.m, NICGbit: 10, MPS: true, NetNS: true}
+			tb.Placement = harness.Placement{RanksPerGPU: l.m, SharedAcrossMachines: l.m > 1 && l.d > 1}
 		}
 		g := model.Grid{M: l.m, D: l.d}
 		n := float64(bytes)
@@ -69,10 +69,32 @@ func synthRun(run string, slow func(m, d int, testbed bool, bytes int64) float64
 			times["fairgo"] = k * p.Flat(g, n) * slow(l.m, l.d, l.testbed, bytes)
 		}
 		for _, alg := range []string{"flat", "naive", "fairgo"} {
-			r := bench.Record{Kind: kind, Run: run, Command: cmd, Backend: "cuda", Machines: l.m, Devices: l.d, Processes: procs, Testbed: tb,
-				DType: dt, Op: "sum", Algorithm: alg, Bytes: bytes, Buckets: buckets, Iters: iters, Reps: 3, TimeUS: times[alg] * 1e6}
+			r := bench.Record{
+				Kind:      kind,
+				Run:       run,
+				Command:   cmd,
+				Backend:   "cuda",
+				Machines:  l.m,
+				Devices:   l.d,
+				Processes: procs,
+				Testbed:   tb,
+				DType:     dt,
+				Op:        "sum",
+				Algorithm: alg,
+				Bytes:     bytes,
+				Buckets:   buckets,
+				Iters:     iters,
+				Reps:      3,
+				TimeUS:    times[alg] * 1e6,
+			}
 			if alg == "fairgo" {
-				r.Fairgo = &bench.FairgoSetup{Algorithm: "auto", Chosen: chosen, SliceBytes: 16 << 20, Parallelism: 4, FlatThreshold: -1}
+				r.Fairgo = &bench.FairgoSetup{
+					Algorithm:     "auto",
+					Chosen:        chosen,
+					SliceBytes:    16 << 20,
+					Parallelism:   4,
+					FlatThreshold: -1,
+				}
 			}
 			r.AlgBW, r.BusBW = bench.Bandwidths(r.TotalBytes(), times[alg], l.m*l.d)
 			if l.testbed {
@@ -132,7 +154,11 @@ func TestTargetsOfAModelledRun(t *testing.T) {
 	require.True(t, got["T8"].Pass)
 	require.Equal(t, 32+12+12+9+1+5+5, got["T8"].Points, "T1–T5's, and U4's and U6's of the 2 × 1 testbed at 10 Gbit/s")
 	// The commands name the testbed.
-	require.Contains(t, strings.Join(got["T3"].Command, "\n"), "fairrun --emulate-machines 4 --nproc-per-node 8 --nic-gbit 10 --mps on -- fairbench sweep")
+	require.Contains(
+		t,
+		strings.Join(got["T3"].Command, "\n"),
+		"fairrun --emulate-machines 4 --nproc-per-node 8 --nic-gbit 10 --mps on -- fairbench sweep",
+	)
 }
 
 func TestTargetsFindTheWorstPoint(t *testing.T) {
@@ -163,7 +189,12 @@ func TestTargetsFindTheWorstPoint(t *testing.T) {
 	require.False(t, t3.Pass)
 	require.Contains(t, t3.Where, "run a: 4×2 on the testbed, float32 16M")
 	flat, naive := truth.Flat(model.Grid{M: 4, D: 2}, 16<<20), truth.Naive(model.Grid{M: 4, D: 2}, 16<<20)
-	fo := truth.FairgoTime(model.Grid{M: 4, D: 2}, 16<<20, 1, model.Fairgo{Rail: "rail-rsag", Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1})
+	fo := truth.FairgoTime(
+		model.Grid{M: 4, D: 2},
+		16<<20,
+		1,
+		model.Fairgo{Rail: "rail-rsag", Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1},
+	)
 	require.InDelta(t, math.Min(flat, naive)/(2*fo), *t3.Measured, 1e-9)
 	// The model cannot explain the slow point: T7 fails there.
 	require.False(t, got["T7"].Pass)
@@ -231,7 +262,14 @@ PASS
 	require.Equal(t, 9.2, e.Micros)
 	require.Equal(t, "BenchmarkEnqueue/one-slice-16", e.Where)
 	js := filepath.Join(dir, "bench.json")
-	require.NoError(t, os.WriteFile(js, []byte(`{"Action":"output","Output":"BenchmarkEnqueue-16 \t 1000 \t 4500 ns/op\n"}`+"\n"), 0o644))
+	require.NoError(
+		t,
+		os.WriteFile(
+			js,
+			[]byte(`{"Action":"output","Output":"BenchmarkEnqueue-16 \t 1000 \t 4500 ns/op\n"}`+"\n"),
+			0o644,
+		),
+	)
 	e, err = ParseEnqueue(js, "Enqueue")
 	require.NoError(t, err)
 	require.Equal(t, 4.5, e.Micros)
@@ -246,7 +284,10 @@ PASS
 func TestModelReport(t *testing.T) {
 	recs := synthRun("r1", same)
 	var buf bytes.Buffer
-	require.NoError(t, ModelReport(&buf, recs, ModelOptions{Devices: 8, Machines: []int{8, 64}, Sizes: []float64{1 << 20, 1 << 30}}))
+	require.NoError(
+		t,
+		ModelReport(&buf, recs, ModelOptions{Devices: 8, Machines: []int{8, 64}, Sizes: []float64{1 << 20, 1 << 30}}),
+	)
 	out := buf.String()
 	for _, want := range []string{"one NIC per machine (fairrun --nic-gbit 10)", "error against", "testbed points: worst |error|",
 		"predictions for M machines × D = 8 GPUs, one NIC per GPU", "rail-rsag(us)", "NCCL's double binary tree"} {
@@ -290,17 +331,40 @@ func TestTargetsModelWithAGivenNVLink(t *testing.T) {
 // oneGPURun makes the records of issue 18's one-GPU testbed for a layout:
 // the baselines, fairgo, fairgo without the check and a forced route,
 // at the times given (µs, by method, per size).
-func oneGPURun(run string, m, d int, gbit float64, iters int, times map[string]func(bytes int64) float64) []bench.Record {
+func oneGPURun(
+	run string,
+	m, d int,
+	gbit float64,
+	iters int,
+	times map[string]func(bytes int64) float64,
+) []bench.Record {
 	var recs []bench.Record
-	tb := bench.Setup{Emulation: testbed.Emulation{Machines: m, NICGbit: gbit, MPS: true, NetNS: true, Intra: testbed.IntraLoopback},
-		Placement: testbed.Placement{RanksPerGPU: m * d}}
+	tb := bench.Setup{
+		Emulation: harness.Emulation{Machines: m, NICGbit: gbit, MPS: true, NetNS: true, Intra: harness.IntraLoopback},
+		Placement: harness.Placement{RanksPerGPU: m * d},
+	}
 	if d == 1 {
-		tb.Intra = testbed.IntraNVLink
+		tb.Intra = harness.IntraNVLink
 	}
 	for s := int64(256 << 10); s <= 256<<20; s *= 4 {
 		for alg, f := range times {
-			r := bench.Record{Kind: bench.KindSweep, Run: run, Command: "fairbench sweep -backend cuda", Backend: "cuda", Machines: m, Devices: d,
-				Processes: m * d, Testbed: tb, DType: "float32", Op: "sum", Algorithm: alg, Bytes: s, Iters: iters, Reps: 3, TimeUS: f(s)}
+			r := bench.Record{
+				Kind:      bench.KindSweep,
+				Run:       run,
+				Command:   "fairbench sweep -backend cuda",
+				Backend:   "cuda",
+				Machines:  m,
+				Devices:   d,
+				Processes: m * d,
+				Testbed:   tb,
+				DType:     "float32",
+				Op:        "sum",
+				Algorithm: alg,
+				Bytes:     s,
+				Iters:     iters,
+				Reps:      3,
+				TimeUS:    f(s),
+			}
 			switch alg {
 			case bench.DefaultVariant:
 				r.Fairgo = &bench.FairgoSetup{Algorithm: "auto"}
@@ -353,5 +417,10 @@ func TestIssue18Targets(t *testing.T) {
 	require.True(t, got["U6"].Pass, "1.04/1.06 is within 3%%")
 	require.Equal(t, []string{"2×2 at 2.5 Gbit/s, 64×25M", "2×4 at 2.5 Gbit/s, 64×25M"}, got["U7"].Missing)
 	require.Nil(t, got["T3"].Measured, "T3 takes no loopback records")
-	require.Equal(t, []string{"2×2 on the testbed", "4×2 on the testbed"}, got["T4"].Missing, "T4 takes 2 × 1, not the loopback layouts")
+	require.Equal(
+		t,
+		[]string{"2×2 on the testbed", "4×2 on the testbed"},
+		got["T4"].Missing,
+		"T4 takes 2 × 1, not the loopback layouts",
+	)
 }

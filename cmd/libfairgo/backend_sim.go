@@ -28,7 +28,11 @@ type simBackend struct {
 
 func (b *simBackend) ForeignStream(dev hier.Device, handle uintptr) (streams.Stream, error) {
 	if handle != 0 {
-		return nil, &fairgo.ArgError{Arg: "stream", Value: fmt.Sprintf("%#x", handle), Reason: "the simulated library knows only stream 0"}
+		return nil, &fairgo.ArgError{
+			Arg:    "stream",
+			Value:  fmt.Sprintf("%#x", handle),
+			Reason: "the simulated library knows only stream 0",
+		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -142,7 +142,10 @@ func options(cfg *C.fg_cconfig) (capi.Options, error) {
 	}
 	if size := uint32(cfg.struct_size); size < configV1Size {
 		return o, &fairgo.ArgError{Arg: "config struct_size", Value: size,
-			Reason: fmt.Sprintf("smaller than any fairgo_config_t (%d bytes): call fairgo_config_init first", configV1Size)}
+			Reason: fmt.Sprintf(
+				"smaller than any fairgo_config_t (%d bytes): call fairgo_config_init first",
+				configV1Size,
+			)}
 	}
 	o.Device = int(cfg.device)
 	o.InitTimeout = millis(cfg.init_timeout_ms)
@@ -214,8 +217,14 @@ func fairgo_init(cfg *C.fg_cconfig, comm *C.fairgo_comm_t) C.int {
 	})
 }
 
+//
 //export fairgo_init_rank
-func fairgo_init_rank(rank, worldSize, localRank, localWorldSize C.int, storeAddr *C.fg_cchar, cfg *C.fg_cconfig, comm *C.fairgo_comm_t) C.int {
+func fairgo_init_rank(
+	rank, worldSize, localRank, localWorldSize C.int,
+	storeAddr *C.fg_cchar,
+	cfg *C.fg_cconfig,
+	comm *C.fairgo_comm_t,
+) C.int {
 	return result(func() error {
 		if comm == nil {
 			return nilArg("comm")
@@ -227,7 +236,12 @@ func fairgo_init_rank(rank, worldSize, localRank, localWorldSize C.int, storeAdd
 		if err != nil {
 			return err
 		}
-		l := rendezvous.Launch{Rank: int(rank), WorldSize: int(worldSize), LocalRank: int(localRank), LocalWorldSize: int(localWorldSize)}
+		l := rendezvous.Launch{
+			Rank:           int(rank),
+			WorldSize:      int(worldSize),
+			LocalRank:      int(localRank),
+			LocalWorldSize: int(localWorldSize),
+		}
 		if storeAddr != nil {
 			l.StoreAddr = C.GoString((*C.char)(unsafe.Pointer(storeAddr)))
 		}
@@ -252,7 +266,9 @@ func fairgo_comm_info(comm C.fairgo_comm_t, info *C.fairgo_comm_info_t) C.int {
 		}
 		*info = C.fairgo_comm_info_t{
 			rank: C.int32_t(in.Rank), world_size: C.int32_t(in.WorldSize), machines: C.int32_t(in.Machines),
-			devices: C.int32_t(in.Devices), machine: C.int32_t(in.Machine), local: C.int32_t(in.Local), device: C.int32_t(in.Device),
+			devices: C.int32_t(
+				in.Devices,
+			), machine: C.int32_t(in.Machine), local: C.int32_t(in.Local), device: C.int32_t(in.Device),
 		}
 		return nil
 	})
@@ -263,13 +279,29 @@ func fairgo_comm_close(comm C.fairgo_comm_t) C.int {
 	return result(func() error { return table.Close(int64(comm)) })
 }
 
+//
 //export fairgo_allreduce
-func fairgo_allreduce(comm C.fairgo_comm_t, data unsafe.Pointer, count C.int64_t, dtype C.fairgo_dtype_t, op C.fairgo_op_t, stream unsafe.Pointer, work *C.fairgo_work_t) C.int {
+func fairgo_allreduce(
+	comm C.fairgo_comm_t,
+	data unsafe.Pointer,
+	count C.int64_t,
+	dtype C.fairgo_dtype_t,
+	op C.fairgo_op_t,
+	stream unsafe.Pointer,
+	work *C.fairgo_work_t,
+) C.int {
 	return result(func() error {
 		if work == nil {
 			return nilArg("work")
 		}
-		id, err := table.AllReduce(int64(comm), uintptr(data), int64(count), fairgo.DType(dtype), fairgo.Op(op), uintptr(stream))
+		id, err := table.AllReduce(
+			int64(comm),
+			uintptr(data),
+			int64(count),
+			fairgo.DType(dtype),
+			fairgo.Op(op),
+			uintptr(stream),
+		)
 		if err != nil {
 			return err
 		}

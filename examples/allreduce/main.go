@@ -27,8 +27,8 @@ import (
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/cli"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/internal/refdata"
-	"github.com/fairgo/fairgo/internal/testbed"
 )
 
 type flags struct {
@@ -50,11 +50,30 @@ func main() {
 // newFlags declares the flags into f.
 func newFlags(f *flags) *flag.FlagSet {
 	fs := flag.NewFlagSet("allreduce", flag.ContinueOnError)
-	cli.Choice(fs, &f.backend, "backend", "sim", "the `backend` the ranks run on: sim, or cuda (GPUs)", cli.OneOf("sim", "cuda"))
-	fs.IntVar(&f.machines, "machines", 2, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
+	cli.Choice(
+		fs,
+		&f.backend,
+		"backend",
+		"sim",
+		"the `backend` the ranks run on: sim, or cuda (GPUs)",
+		cli.OneOf("sim", "cuda"),
+	)
+	fs.IntVar(
+		&f.machines,
+		"machines",
+		2,
+		"machines M (sim; cuda in one process; under a launcher the grid is discovered)",
+	)
 	fs.IntVar(&f.devices, "devices", 2, "devices per machine D (sim; cuda in one process)")
 	fs.Int64Var(&f.count, "count", 1<<20+3, "elements per rank")
-	cli.Choice(fs, &f.dtype, "dtype", "float32", "element `type`: float16 bfloat16 float32 float64 int8 uint8 int32 uint32 int64 uint64", cli.DType())
+	cli.Choice(
+		fs,
+		&f.dtype,
+		"dtype",
+		"float32",
+		"element `type`: float16 bfloat16 float32 float64 int8 uint8 int32 uint32 int64 uint64",
+		cli.DType(),
+	)
 	cli.Choice(fs, &f.op, "op", "sum", "`reduction`: sum avg max min prod", cli.Op)
 	fs.Int64Var(&f.slice, "slice", 0, "slice size in bytes (0: default)")
 	fs.Int64Var(&f.flat, "flat-threshold", 0, "flat allreduce below this many bytes (0: default, -1: never)")
@@ -108,7 +127,10 @@ func (f flags) check(givenText map[string]string) error {
 	case f.count < 0:
 		return cli.Usagef("-count %s: negative", given("count"))
 	case f.iters < 1:
-		return cli.Usagef("-iters %s: must be at least 1 (ok means every iteration's allreduce was checked)", given("iters"))
+		return cli.Usagef(
+			"-iters %s: must be at least 1 (ok means every iteration's allreduce was checked)",
+			given("iters"),
+		)
 	case f.jitter < 0:
 		return cli.Usagef("-jitter %s: negative", given("jitter"))
 	}
@@ -137,12 +159,21 @@ func reduce(f flags, stdout io.Writer) error {
 	// The simulated cluster, or GPUs: one rank per process under a launcher
 	// (fairrun, torchrun), else every rank of the -machines × -devices grid
 	// over this process's GPUs.
-	tb, err := testbed.Open(ctx, f.backend, testbed.Spec{Machines: f.machines, Devices: f.devices, Seed: int64(f.seed), Jitter: f.jitter})
+	tb, err := harness.Open(
+		ctx,
+		f.backend,
+		harness.Spec{Machines: f.machines, Devices: f.devices, Seed: int64(f.seed), Jitter: f.jitter},
+	)
 	if err != nil {
 		return err
 	}
 	defer tb.Close()
-	reducers, err := tb.Reducers(ctx, hier.WithSliceSize(f.slice), hier.WithFlatThreshold(f.flat), hier.WithTimeout(5*time.Minute))
+	reducers, err := tb.Reducers(
+		ctx,
+		hier.WithSliceSize(f.slice),
+		hier.WithFlatThreshold(f.flat),
+		hier.WithTimeout(5*time.Minute),
+	)
 	if err != nil {
 		return err
 	}
@@ -206,7 +237,14 @@ func check(dt fairgo.DType, op fairgo.Op, seed uint64, world int, out []byte) (f
 		want, bound := refdata.Expected(dt, op, seed, world, i)
 		got := elem.Get(dt, out, int(i))
 		if !refdata.Within(got, want, bound) {
-			return worst, worstRatio, fmt.Errorf("element %d: got %v, want %v (bound %.3g): %w", i, got, want, bound, errMismatch)
+			return worst, worstRatio, fmt.Errorf(
+				"element %d: got %v, want %v (bound %.3g): %w",
+				i,
+				got,
+				want,
+				bound,
+				errMismatch,
+			)
 		}
 		e := math.Abs(got - want)
 		worst = math.Max(worst, e)

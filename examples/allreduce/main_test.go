@@ -26,7 +26,10 @@ func TestRunOnSim(t *testing.T) {
 		require.NoError(t, reduce(tc, &out), "%+v", tc)
 		require.Contains(t, out.String(), "ok max_abs_error=")
 	}
-	require.Error(t, reduce(flags{backend: "cuda-not-built", machines: 1, devices: 1, dtype: "float32", op: "sum"}, io.Discard))
+	require.Error(
+		t,
+		reduce(flags{backend: "cuda-not-built", machines: 1, devices: 1, dtype: "float32", op: "sum"}, io.Discard),
+	)
 }
 
 // TestCLIRules: help on stdout with status 0; a bad command line one
@@ -47,10 +50,21 @@ func TestCLIRules(t *testing.T) {
 		usage("extra argument", "extra-arg", `unexpected argument "extra-arg"`),
 		usage("argument after flags", "-count 4 extra-arg", `unexpected argument "extra-arg"`),
 		usage("arguments after --", "-count 4 -- a b", `unexpected arguments "a" "b"`),
-		usage("dtype lists the types", "-dtype float8",
-			`invalid value "float8" for flag -dtype: not one of float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64`),
-		usage("op lists the operators", "-op xor", `invalid value "xor" for flag -op: not one of sum, avg, max, min, prod`),
-		usage("backend lists the backends", "-backend tpu", `invalid value "tpu" for flag -backend: not one of sim, cuda`),
+		usage(
+			"dtype lists the types",
+			"-dtype float8",
+			`invalid value "float8" for flag -dtype: not one of float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64`,
+		),
+		usage(
+			"op lists the operators",
+			"-op xor",
+			`invalid value "xor" for flag -op: not one of sum, avg, max, min, prod`,
+		),
+		usage(
+			"backend lists the backends",
+			"-backend tpu",
+			`invalid value "tpu" for flag -backend: not one of sim, cuda`,
+		),
 		usage("no machines", "-machines 0", "-machines 0: must be at least 1"),
 		usage("no devices", "-devices -2", "-devices -2: must be at least 1"),
 		usage("negative count", "-count -1", "-count -1: negative"),
@@ -62,7 +76,11 @@ func TestCLIRules(t *testing.T) {
 		usage("flat threshold", "-flat-threshold -7", "-flat-threshold -7: must be ≥ 0, or FlatNever (-1)"),
 	})
 	var stdout, stderr bytes.Buffer
-	require.Zero(t, run(a("-machines 2 -devices 2 -count 1001 -dtype bf16 -op mean -iters 2"), &stdout, &stderr), stderr.String())
+	require.Zero(
+		t,
+		run(a("-machines 2 -devices 2 -count 1001 -dtype bf16 -op mean -iters 2"), &stdout, &stderr),
+		stderr.String(),
+	)
 	require.Empty(t, stderr.String())
 	require.Contains(t, stdout.String(), "iteration 1: 1001 × bfloat16 avg on 2×2 ranks")
 	require.Contains(t, stdout.String(), "ok max_abs_error=")

@@ -46,7 +46,13 @@ func TestAssignBucketsProperty(t *testing.T) {
 				t.Fatalf("bucket %d: Layer %d, want the lowest layer %d", i, b.Layer, layer)
 			}
 			if int64(n*elemSize) > capBytes && len(b.Params) > 1 {
-				t.Fatalf("bucket %d holds %d bytes in %d parameters, over the cap %d", i, n*elemSize, len(b.Params), capBytes)
+				t.Fatalf(
+					"bucket %d holds %d bytes in %d parameters, over the cap %d",
+					i,
+					n*elemSize,
+					len(b.Params),
+					capBytes,
+				)
 			}
 			if i+1 < len(bs) {
 				nextParam := bs[i+1].Params[len(bs[i+1].Params)-1]
@@ -86,7 +92,13 @@ func TestAssignBuckets(t *testing.T) {
 		{"every parameter alone", ps, 4, [][]int{{3}, {2}, {1}, {0}}, ""},
 		{"no parameters", nil, 100, nil, ""},
 		{"zero cap", ps, 0, nil, "must be positive"},
-		{"a gap between parameters", []Param{{Name: "a", Len: 3}, {Name: "b", Offset: 4, Len: 3}}, 100, nil, "consecutive"},
+		{
+			"a gap between parameters",
+			[]Param{{Name: "a", Len: 3}, {Name: "b", Offset: 4, Len: 3}},
+			100,
+			nil,
+			"consecutive",
+		},
 		{"an empty parameter", []Param{{Name: "a", Len: 0}}, 100, nil, "non-empty"},
 	}
 	for _, tc := range tests {

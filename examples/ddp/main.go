@@ -56,7 +56,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/cli"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // options are the command line.
@@ -94,8 +94,20 @@ func main() {
 // newFlags declares the flags into o, with o's values as the defaults.
 func newFlags(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("ddp", flag.ContinueOnError)
-	cli.Choice(fs, &o.backend, "backend", o.backend, "the `backend` the ranks run on: sim, or cuda (GPUs)", cli.OneOf("sim", "cuda"))
-	fs.IntVar(&o.machines, "machines", o.machines, "machines M (sim; cuda in one process; under a launcher the grid is discovered)")
+	cli.Choice(
+		fs,
+		&o.backend,
+		"backend",
+		o.backend,
+		"the `backend` the ranks run on: sim, or cuda (GPUs)",
+		cli.OneOf("sim", "cuda"),
+	)
+	fs.IntVar(
+		&o.machines,
+		"machines",
+		o.machines,
+		"machines M (sim; cuda in one process; under a launcher the grid is discovered)",
+	)
 	fs.IntVar(&o.devices, "devices", o.devices, "devices per machine D (sim; cuda in one process: M·D GPUs)")
 	fs.IntVar(&o.epochs, "epochs", o.epochs, "epochs (passes over each rank's shard)")
 	fs.IntVar(&o.steps, "steps", o.steps, "steps per epoch")
@@ -107,11 +119,28 @@ func newFlags(o *options) *flag.FlagSet {
 	fs.Float64Var(&o.lr, "lr", o.lr, "learning rate")
 	fs.Float64Var(&o.momentum, "momentum", o.momentum, "SGD momentum")
 	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the teacher, the data shards and the initialisation")
-	cli.Choice(fs, &o.dtype, "dtype", o.dtype, "`type` the gradients are reduced in: float32 or bfloat16 (sim only)", cli.DType(fairgo.Float32, fairgo.BFloat16))
+	cli.Choice(
+		fs,
+		&o.dtype,
+		"dtype",
+		o.dtype,
+		"`type` the gradients are reduced in: float32 or bfloat16 (sim only)",
+		cli.DType(fairgo.Float32, fairgo.BFloat16),
+	)
 	fs.Float64Var(&o.bucketMB, "bucket-mb", o.bucketMB, "gradient bucket cap in MiB")
 	fs.Int64Var(&o.bucketKB, "bucket-kb", 0, "gradient bucket cap in KiB (overrides -bucket-mb when set)")
-	fs.IntVar(&o.minBuckets, "min-buckets", o.minBuckets, "lower the bucket cap to the model size / this, for toy models (1: off)")
-	fs.Int64Var(&o.flat, "flat-threshold", 0, "buckets smaller than this many bytes are one flat allreduce (0: fairgo's default, -1: never)")
+	fs.IntVar(
+		&o.minBuckets,
+		"min-buckets",
+		o.minBuckets,
+		"lower the bucket cap to the model size / this, for toy models (1: off)",
+	)
+	fs.Int64Var(
+		&o.flat,
+		"flat-threshold",
+		0,
+		"buckets smaller than this many bytes are one flat allreduce (0: fairgo's default, -1: never)",
+	)
 	fs.DurationVar(&o.jitter, "jitter", 0, "sim only: random delay before each device operation")
 	return fs
 }
@@ -197,6 +226,112 @@ func (o options) check(given map[string]string) error {
 }
 
 // summary is what a run ends with, for tests.
+// demoConfig is the training the flags ask for: its Config, the training
+// loop of the backend, the model, and a note on the bucket size.
+func demoConfig(o options) (Config, trainFunc, *MLP[float32], string, error) {
+	dt, err := fairgo.ParseDType(o.dtype)
+	if err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	// The training loop: on the host for the simulated cluster, on the GPU
+	// with the kernels of internal/gpu for the cuda backend.
+	var train trainFunc = Train
+	switch o.backend {
+	case "sim":
+	case "cuda":
+		train = trainGPU
+	default:
+		return Config{}, nil, nil, "", fmt.Errorf("backend %q: sim or cuda", o.backend)
+	}
+	model, err := NewMLP[float32](o.sizes())
+	if err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	nparams := len(model.Params)
+	bucketCap, note, err := o.bucketBytes(nparams, dt.Size())
+	if err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	cfg := Config{
+		Epochs: o.epochs, Steps: o.steps, Batch: o.batch, Sizes: o.sizes(),
+		LR: o.lr, Momentum: o.momentum, Seed: o.seed, DType: dt, BucketBytes: bucketCap,
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, nil, nil, "", err
+	}
+	return cfg, train, model, note, nil
+}
+
+// trainFunc trains one rank: Train on the host, trainGPU on the GPU.
+type trainFunc func(
+	ctx context.Context,
+	cfg Config,
+	r *hier.Reducer,
+	mem Memory,
+	onEpoch func(EpochStats),
+) (*Result, error)
+
+// trainRanks trains every rank this process drives, one goroutine each;
+// world rank 0 reports each epoch on out.
+func trainRanks(
+	ctx context.Context,
+	cfg Config,
+	train trainFunc,
+	reducers []*hier.Reducer,
+	tb *harness.Testbed,
+	out io.Writer,
+) ([]*Result, error) {
+	results := make([]*Result, len(reducers))
+	eg, ctx := errgroup.WithContext(ctx)
+	for i, r := range reducers {
+		var onEpoch func(EpochStats)
+		if r.WorldRank() == 0 {
+			onEpoch = func(s EpochStats) {
+				fmt.Fprintf(out, "epoch %d  loss %.4f  accuracy %5.1f%%  step %s = compute %s + exposed comm %s\n",
+					s.Epoch, s.Loss, 100*s.Accuracy, ms(s.Compute+s.Comm), ms(s.Compute), ms(s.Comm))
+			}
+		}
+		eg.Go(func() error {
+			res, err := train(ctx, cfg, r, tb.Ranks()[i].Device, onEpoch)
+			results[i] = res
+			if err != nil {
+				return fmt.Errorf("rank %d: %w", r.WorldRank(), err)
+			}
+			return nil
+		})
+	}
+	return results, eg.Wait()
+
+}
+
+// compareReplicas summarises the ranks' results; in one process it compares
+// the trained bytes themselves too, and joins any difference to err (the
+// ranks' own ErrReplicasDiffer, or nil).
+func compareReplicas(results []*Result, buckets []Bucket, err error) (*summary, error) {
+	sum := &summary{Buckets: buckets, Identical: err == nil}
+	for i, res := range results {
+		if res == nil {
+			continue
+		}
+		if sum.Epochs == nil {
+			sum.Epochs = res.Epochs
+		}
+		if !bytes.Equal(res.Params, results[0].Params) {
+			sum.Identical = false
+			err = errors.Join(
+				err,
+				fmt.Errorf(
+					"%w: rank %d differs from rank 0 from byte %d on",
+					ErrReplicasDiffer,
+					i,
+					firstDiff(res.Params, results[0].Params),
+				),
+			)
+		}
+	}
+	return sum, err
+}
+
 type summary struct {
 	Epochs    []EpochStats
 	Buckets   []Bucket
@@ -218,13 +353,22 @@ func (o options) bucketBytes(nparams int, elemSize int) (bucketCap int64, note s
 		bucketCap = o.bucketKB << 10
 	}
 	if bucketCap <= 0 {
-		return 0, "", fmt.Errorf("the bucket cap must be positive (-bucket-mb %g, -bucket-kb %d)", o.bucketMB, o.bucketKB)
+		return 0, "", fmt.Errorf(
+			"the bucket cap must be positive (-bucket-mb %g, -bucket-kb %d)",
+			o.bucketMB,
+			o.bucketKB,
+		)
 	}
 	model := int64(nparams) * int64(elemSize)
 	if o.minBuckets > 1 && model/int64(o.minBuckets) < bucketCap {
 		lowered := max(model/int64(o.minBuckets), 1)
-		note = fmt.Sprintf(" (cap %s lowered to %s = the %s model / -min-buckets %d, so that there is something to overlap)",
-			size(bucketCap), size(lowered), size(model), o.minBuckets)
+		note = fmt.Sprintf(
+			" (cap %s lowered to %s = the %s model / -min-buckets %d, so that there is something to overlap)",
+			size(bucketCap),
+			size(lowered),
+			size(model),
+			o.minBuckets,
+		)
 		bucketCap = lowered
 	}
 	return bucketCap, note, nil
@@ -232,43 +376,22 @@ func (o options) bucketBytes(nparams int, elemSize int) (bucketCap int64, note s
 
 // demo trains as o says, printing on out.
 func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
-	dt, err := fairgo.ParseDType(o.dtype)
+	cfg, train, model, note, err := demoConfig(o)
 	if err != nil {
 		return nil, err
 	}
-	// The training loop: on the host for the simulated cluster, on the GPU
-	// with the kernels of internal/gpu for the cuda backend.
-	train := Train
-	switch o.backend {
-	case "sim":
-	case "cuda":
-		train = trainGPU
-	default:
-		return nil, fmt.Errorf("backend %q: sim or cuda", o.backend)
-	}
-	model, err := NewMLP[float32](o.sizes())
-	if err != nil {
-		return nil, err
-	}
-	nparams := len(model.Params)
-	bucketCap, note, err := o.bucketBytes(nparams, dt.Size())
-	if err != nil {
-		return nil, err
-	}
-	cfg := Config{
-		Epochs: o.epochs, Steps: o.steps, Batch: o.batch, Sizes: o.sizes(),
-		LR: o.lr, Momentum: o.momentum, Seed: o.seed, DType: dt, BucketBytes: bucketCap,
-	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
+	dt, nparams, bucketCap := cfg.DType, len(model.Params), cfg.BucketBytes
 
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	// The simulated cluster, or GPUs: one rank per process under a launcher
 	// (fairrun, torchrun), else every rank of the -machines × -devices grid
 	// over this process's GPUs.
-	tb, err := testbed.Open(ctx, o.backend, testbed.Spec{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter})
+	tb, err := harness.Open(
+		ctx,
+		o.backend,
+		harness.Spec{Machines: o.machines, Devices: o.devices, Seed: int64(o.seed), Jitter: o.jitter},
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +411,11 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 		grid.Machines, grid.Devices, o.backend, cfg.Sizes, nparams, dt)
 
 	if o.backend == "sim" {
-		fmt.Fprintf(out, "sim: all ranks share this host's %d CPUs, so the time in Wait includes waiting for the other ranks' compute\n", runtime.NumCPU())
+		fmt.Fprintf(
+			out,
+			"sim: all ranks share this host's %d CPUs, so the time in Wait includes waiting for the other ranks' compute\n",
+			runtime.NumCPU(),
+		)
 	}
 	// Every rank assigns the same buckets; show them once.
 	buckets, err := AssignBuckets(model.ParamList(), dt.Size(), bucketCap)
@@ -297,45 +424,12 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	}
 	printBuckets(out, buckets, model.ParamList(), dt, reducers[0].FlatThreshold(), grid, note)
 
-	results := make([]*Result, len(reducers))
-	eg, ctx := errgroup.WithContext(ctx)
 	start := time.Now()
-	for i, r := range reducers {
-		var onEpoch func(EpochStats)
-		if r.WorldRank() == 0 {
-			onEpoch = func(s EpochStats) {
-				fmt.Fprintf(out, "epoch %d  loss %.4f  accuracy %5.1f%%  step %s = compute %s + exposed comm %s\n",
-					s.Epoch, s.Loss, 100*s.Accuracy, ms(s.Compute+s.Comm), ms(s.Compute), ms(s.Comm))
-			}
-		}
-		eg.Go(func() error {
-			res, err := train(ctx, cfg, r, tb.Ranks()[i].Device, onEpoch)
-			results[i] = res
-			if err != nil {
-				return fmt.Errorf("rank %d: %w", r.WorldRank(), err)
-			}
-			return nil
-		})
-	}
-	err = eg.Wait()
+	results, err := trainRanks(ctx, cfg, train, reducers, tb, out)
 	if err != nil && !errors.Is(err, ErrReplicasDiffer) {
 		return nil, err
 	}
-
-	// In one process we can compare the bytes themselves, too.
-	sum := &summary{Buckets: buckets, Identical: err == nil}
-	for i, res := range results {
-		if res == nil {
-			continue
-		}
-		if sum.Epochs == nil {
-			sum.Epochs = res.Epochs
-		}
-		if !bytes.Equal(res.Params, results[0].Params) {
-			sum.Identical = false
-			err = errors.Join(err, fmt.Errorf("%w: rank %d differs from rank 0 from byte %d on", ErrReplicasDiffer, i, firstDiff(res.Params, results[0].Params)))
-		}
-	}
+	sum, err := compareReplicas(results, buckets, err)
 	if !sum.Identical {
 		return sum, err
 	}

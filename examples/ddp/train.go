@@ -322,7 +322,13 @@ func checkReplicas(ctx context.Context, r *hier.Reducer, mem Memory, params []by
 		}
 	}
 	if len(differ) > 0 {
-		return fmt.Errorf("%w: grid ranks %v disagree with world rank %d (hash %016x)", ErrReplicasDiffer, differ, r.WorldRank(), h.Sum64())
+		return fmt.Errorf(
+			"%w: grid ranks %v disagree with world rank %d (hash %016x)",
+			ErrReplicasDiffer,
+			differ,
+			r.WorldRank(),
+			h.Sum64(),
+		)
 	}
 	return errors.Join(mem.Free(send.Ptr), mem.Free(recv.Ptr))
 }

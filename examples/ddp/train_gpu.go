@@ -87,7 +87,16 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	for _, w := range cfg.Sizes {
 		widest = max(widest, int64(w))
 	}
-	params, velocity, grads := alloc(nparams, fairgo.Float32), alloc(nparams, fairgo.Float32), alloc(nparams, fairgo.Float32)
+	params, velocity, grads := alloc(
+		nparams,
+		fairgo.Float32,
+	), alloc(
+		nparams,
+		fairgo.Float32,
+	), alloc(
+		nparams,
+		fairgo.Float32,
+	)
 	teacherT := alloc(int64(in*classes), fairgo.Float32)
 	labels := alloc(int64(batch), fairgo.Int32)
 	acts := make([]fairgo.Tensor, L+1) // acts[l]: input of layer l (batch × Sizes[l]); acts[L]: logits
@@ -199,7 +208,12 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 			}
 			for ; next < len(buckets) && buckets[next].Layer >= l; next++ {
 				b := buckets[next]
-				works[next] = r.AllReduce(ctx, grads.Slice(int64(b.Lo), int64(b.Len())), fairgo.Avg, hier.After(compute))
+				works[next] = r.AllReduce(
+					ctx,
+					grads.Slice(int64(b.Lo), int64(b.Len())),
+					fairgo.Avg,
+					hier.After(compute),
+				)
 			}
 			if l > 0 {
 				if err := tr.MatMul(da, dz, layers[l].w, batch, ly.in, ly.out, false, false, compute); err != nil {
@@ -273,7 +287,13 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 		if err := allReduceHost(ctx, r, d, hostStats, vals); err != nil {
 			return nil, fmt.Errorf("epoch %d statistics: %w", epoch, err)
 		}
-		es := EpochStats{Epoch: epoch, Loss: vals[0], Accuracy: vals[1], Compute: seconds(vals[2]), Comm: seconds(vals[3])}
+		es := EpochStats{
+			Epoch:    epoch,
+			Loss:     vals[0],
+			Accuracy: vals[1],
+			Compute:  seconds(vals[2]),
+			Comm:     seconds(vals[3]),
+		}
 		res.Epochs = append(res.Epochs, es)
 		if onEpoch != nil {
 			onEpoch(es)

@@ -27,9 +27,16 @@ func checkArgs(args []string, stdout, stderr io.Writer) (code int, done bool) {
 	case len(args) == 0:
 		return 0, false
 	case len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
-		fmt.Fprint(stdout, "usage: minimal\n\nminimal runs one AllReduce (Avg) on a simulated cluster of 2 machines × 2 devices\nand prints every rank's result. It takes no flags and no arguments.\n")
+		fmt.Fprint(
+			stdout,
+			"usage: minimal\n\nminimal runs one AllReduce (Avg) on a simulated cluster of 2 machines × 2 devices\nand prints every rank's result. It takes no flags and no arguments.\n",
+		)
 		return 0, true
 	}
-	fmt.Fprintf(stderr, "minimal: unexpected argument %q (minimal takes no flags and no arguments)\nrun \"minimal -h\" for usage\n", args[0])
+	fmt.Fprintf(
+		stderr,
+		"minimal: unexpected argument %q (minimal takes no flags and no arguments)\nrun \"minimal -h\" for usage\n",
+		args[0],
+	)
 	return 2, true
 }

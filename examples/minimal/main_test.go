@@ -22,7 +22,11 @@ func TestMinimal(t *testing.T) {
 	require.NoError(t, w.Close())
 	out, err := io.ReadAll(r)
 	require.NoError(t, err)
-	require.Equal(t, "rank 0 average [1.5 1]\nrank 1 average [1.5 1]\nrank 2 average [1.5 1]\nrank 3 average [1.5 1]\n", string(out))
+	require.Equal(
+		t,
+		"rank 0 average [1.5 1]\nrank 1 average [1.5 1]\nrank 2 average [1.5 1]\nrank 3 average [1.5 1]\n",
+		string(out),
+	)
 }
 
 // TestCLIRules: minimal takes no flags or arguments; -h is its usage on

@@ -133,7 +133,10 @@ func (e *Error) Unwrap() error { return e.Err }
 // what the others reported. Errors are *Error.
 func New(ctx context.Context, store rendezvous.Store, b Backend, opts ...Option) (*hier.Reducer, error) {
 	if ctx == nil {
-		return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"}}
+		return nil, &Error{
+			Step: "options",
+			Err:  &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"},
+		}
 	}
 	rs, err := build(ctx, store, b, nil, opts)
 	if err != nil {
@@ -151,16 +154,35 @@ func New(ctx context.Context, store rendezvous.Store, b Backend, opts ...Option)
 // discovery, b.Connect, Reducers that own their resources. Close them with
 // hier.CloseAll (NCCL may synchronise the ranks of a communicator when they
 // are destroyed).
-func NewLocal(ctx context.Context, store rendezvous.Store, b Backend, devices []int, opts ...Option) ([]*hier.Reducer, error) {
+func NewLocal(
+	ctx context.Context,
+	store rendezvous.Store,
+	b Backend,
+	devices []int,
+	opts ...Option,
+) ([]*hier.Reducer, error) {
 	if ctx == nil {
-		return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"}}
+		return nil, &Error{
+			Step: "options",
+			Err:  &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"},
+		}
 	}
 	if len(devices) == 0 {
-		return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "devices", Value: devices, Reason: "needs at least one device"}}
+		return nil, &Error{
+			Step: "options",
+			Err:  &fairgo.ArgError{Arg: "devices", Value: devices, Reason: "needs at least one device"},
+		}
 	}
 	for i, d := range devices {
 		if d < 0 || slices.Contains(devices[:i], d) {
-			return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "devices", Value: devices, Reason: "needs distinct, non-negative ordinals (one rank per GPU in a process)"}}
+			return nil, &Error{
+				Step: "options",
+				Err: &fairgo.ArgError{
+					Arg:    "devices",
+					Value:  devices,
+					Reason: "needs distinct, non-negative ordinals (one rank per GPU in a process)",
+				},
+			}
 		}
 	}
 	return build(ctx, store, b, devices, opts)
@@ -185,7 +207,13 @@ func (s *builder) fail(step string, err error) error {
 }
 
 // build is New (devices nil: one rank, the default ordinal) and NewLocal.
-func build(ctx context.Context, store rendezvous.Store, b Backend, devices []int, opts []Option) ([]*hier.Reducer, error) {
+func build(
+	ctx context.Context,
+	store rendezvous.Store,
+	b Backend,
+	devices []int,
+	opts []Option,
+) ([]*hier.Reducer, error) {
 	s, err := newBuilder(b, devices, opts)
 	if err != nil {
 		return nil, err
@@ -346,7 +374,11 @@ func (s *builder) discover(ctx context.Context, members []topology.Member) (*top
 // returned against the layout.
 func (s *builder) connect(ctx context.Context, layout *topology.Layout) ([]hier.Rank, error) {
 	k := len(s.ranks)
-	rks, err := s.b.Connect(ctx, rendezvous.WithPrefix(s.store, "backend"), Job{Layout: layout, Ranks: s.ranks, Devices: s.devices, Logger: s.log})
+	rks, err := s.b.Connect(
+		ctx,
+		rendezvous.WithPrefix(s.store, "backend"),
+		Job{Layout: layout, Ranks: s.ranks, Devices: s.devices, Logger: s.log},
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -154,7 +154,11 @@ func runProcesses(t *testing.T, j job, grids []hier.Grid, seed uint64) {
 	defer cancel()
 	rs := make([]*hier.Reducer, w)
 	errs := spawn(w, func(p int) error {
-		r, err := setup.New(ctx, j.store(), b, j.opts(p, setup.WithReducer(hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1024)))...)
+		r, err := setup.New(
+			ctx,
+			j.store(),
+			b,
+			j.opts(p, setup.WithReducer(hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1024)))...)
 		rs[p] = r
 		return err
 	})
@@ -185,7 +189,13 @@ func runProcesses(t *testing.T, j job, grids []hier.Grid, seed uint64) {
 			return dev.Download(outputs[p], tn.Ptr)
 		})
 		require.NoError(t, errors.Join(errs...), "%v %v", c.dt, c.op)
-		require.NoError(t, reftest.CheckResults(c.dt, reftest.ComputeReference(c.dt, c.op, inputs), outputs), "%v %v", c.dt, c.op)
+		require.NoError(
+			t,
+			reftest.CheckResults(c.dt, reftest.ComputeReference(c.dt, c.op, inputs), outputs),
+			"%v %v",
+			c.dt,
+			c.op,
+		)
 	}
 }
 
@@ -218,7 +228,12 @@ func TestNewLocal(t *testing.T) {
 		rs := make([][]*hier.Reducer, 2)
 		errs := spawn(2, func(p int) error {
 			var err error
-			rs[p], err = setup.NewLocal(ctx, nil, b, []int{1, 0}, j.opts(p, setup.WithReducer(hier.WithFlatThreshold(hier.FlatNever)))...)
+			rs[p], err = setup.NewLocal(
+				ctx,
+				nil,
+				b,
+				[]int{1, 0},
+				j.opts(p, setup.WithReducer(hier.WithFlatThreshold(hier.FlatNever)))...)
 			return err
 		})
 		require.NoError(t, errors.Join(errs...))
@@ -236,10 +251,20 @@ func TestNewLocal(t *testing.T) {
 		defer b.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		rs, err := setup.NewLocal(ctx, nil, b, []int{0, 1, 2},
+		rs, err := setup.NewLocal(
+			ctx,
+			nil,
+			b,
+			[]int{0, 1, 2},
 			setup.WithLaunch(rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1}),
 			setup.WithEnv(func(string) (string, bool) { return "", false }),
-			setup.WithSelf(topology.Self{NoNVML: true, Host: topology.Host{Hostname: func() (string, error) { return "solo", nil }}}))
+			setup.WithSelf(
+				topology.Self{
+					NoNVML: true,
+					Host:   topology.Host{Hostname: func() (string, error) { return "solo", nil }},
+				},
+			),
+		)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, hier.CloseAll(rs)) }()
 		require.Len(t, rs, 3)
@@ -366,7 +391,13 @@ func TestNewBadSetup(t *testing.T) {
 	_, err := setup.New(ctx, nil, b, noEnv)
 	require.ErrorIs(t, err, rendezvous.ErrNoLaunchEnv)
 
-	_, err = setup.New(ctx, nil, b, noEnv, setup.WithLaunch(rendezvous.Launch{Rank: 2, WorldSize: 2, LocalWorldSize: 1}))
+	_, err = setup.New(
+		ctx,
+		nil,
+		b,
+		noEnv,
+		setup.WithLaunch(rendezvous.Launch{Rank: 2, WorldSize: 2, LocalWorldSize: 1}),
+	)
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 	require.ErrorContains(t, err, "Rank")
 

@@ -188,7 +188,13 @@ func ReduceShards(dt fairgo.DType, op fairgo.Op, dst []byte, srcs [][]byte, divi
 	}
 	for k, s := range srcs {
 		if len(s) != len(dst) {
-			return fmt.Errorf("elem: reduce source %d has %d bytes, destination %d: %w", k, len(s), len(dst), fairgo.ErrInvalidArgument)
+			return fmt.Errorf(
+				"elem: reduce source %d has %d bytes, destination %d: %w",
+				k,
+				len(s),
+				len(dst),
+				fairgo.ErrInvalidArgument,
+			)
 		}
 	}
 	if op == fairgo.Avg && divisor < 1 {

@@ -189,7 +189,9 @@ func combine16(op fairgo.Op, acc, x []byte, bf bool) {
 			// The hot path of a float16 ring hop, fused into one loop.
 			y = y[:len(a)]
 			for i := range a {
-				a[i] = f16FromBits(math.Float32bits(math.Float32frombits(f16Bits(a[i])) + math.Float32frombits(f16Bits(y[i]))))
+				a[i] = f16FromBits(
+					math.Float32bits(math.Float32frombits(f16Bits(a[i])) + math.Float32frombits(f16Bits(y[i]))),
+				)
 			}
 			return
 		}

@@ -145,7 +145,15 @@ func checkNearest(t *rapid.T, f format, v float64, h uint16) {
 		}
 		dn := math.Abs(a - value(uint16(nb)))
 		if dn < d || (dn == d && mag&1 == 1) {
-			t.Fatalf("%s: %v became %#04x (%v) but %#04x (%v) is nearer or an even tie", f.name, v, h, value(mag), nb, value(uint16(nb)))
+			t.Fatalf(
+				"%s: %v became %#04x (%v) but %#04x (%v) is nearer or an even tie",
+				f.name,
+				v,
+				h,
+				value(mag),
+				nb,
+				value(uint16(nb)),
+			)
 		}
 	}
 }

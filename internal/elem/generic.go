@@ -25,7 +25,15 @@ func combine[T number](n int, acc, x []byte, ld loader[T], st storer[T], f func(
 
 // reduce combines the sources element by element: term is applied to every
 // loaded value (nil: none), fin to the result (nil: none).
-func reduce[T number](n int, dst []byte, srcs [][]byte, ld loader[T], st storer[T], f func(a, b T) T, term, fin func(T) T) {
+func reduce[T number](
+	n int,
+	dst []byte,
+	srcs [][]byte,
+	ld loader[T],
+	st storer[T],
+	f func(a, b T) T,
+	term, fin func(T) T,
+) {
 	if term == nil {
 		term = func(v T) T { return v }
 	}

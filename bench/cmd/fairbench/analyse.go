@@ -14,7 +14,11 @@ import (
 // setupAnalysis declares the records to read (-in, -include-sim) and runs
 // do on them, after check (nil, or the usage errors of the command's other
 // flags).
-func setupAnalysis(fs *flag.FlagSet, check func(includeSim bool) error, do func(e env, recs []bench.Record, includeSim bool) error) func(context.Context, env) error {
+func setupAnalysis(
+	fs *flag.FlagSet,
+	check func(includeSim bool) error,
+	do func(e env, recs []bench.Record, includeSim bool) error,
+) func(context.Context, env) error {
 	var in inputFlags
 	in.register(fs)
 	return func(_ context.Context, e env) error {
@@ -66,7 +70,11 @@ func setupTargets(fs *flag.FlagSet) func(context.Context, env) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(e.stdout, "# issue 11's targets over %d records (T1–T5, T7 on the first run; T8 the second against the first)\n", len(recs))
+		fmt.Fprintf(
+			e.stdout,
+			"# issue 11's targets over %d records (T1–T5, T7 on the first run; T8 the second against the first)\n",
+			len(recs),
+		)
 		if err := report.PrintTargets(e.stdout, ts); err != nil {
 			return err
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/fairgo/fairgo/bench/model"
 	"github.com/fairgo/fairgo/bench/report"
 	"github.com/fairgo/fairgo/internal/cli"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // The flags come in groups; a flag belongs to one group, so it means the
@@ -111,7 +111,14 @@ type backendFlags struct {
 }
 
 func (b *backendFlags) register(fs *flag.FlagSet) {
-	cli.Choice(fs, &b.backend, "backend", "sim", "the `backend` the ranks run on: sim, or cuda (GPUs; one rank per process under a launcher)", cli.OneOf("sim", "cuda"))
+	cli.Choice(
+		fs,
+		&b.backend,
+		"backend",
+		"sim",
+		"the `backend` the ranks run on: sim, or cuda (GPUs; one rank per process under a launcher)",
+		cli.OneOf("sim", "cuda"),
+	)
 	b.jitterFlag = durationFlag(fs, &b.jitter, "jitter", "0s", "sim: random `delay` before each device operation")
 }
 
@@ -137,7 +144,12 @@ type gridFlags struct {
 func (g *gridFlags) register(fs *flag.FlagSet, withMachines bool) {
 	g.withMachines = withMachines
 	if withMachines {
-		fs.IntVar(&g.machines, "machines", 0, "machines M one process drives (default: sim 2, cuda 1; under a launcher the grid is discovered)")
+		fs.IntVar(
+			&g.machines,
+			"machines",
+			0,
+			"machines M one process drives (default: sim 2, cuda 1; under a launcher the grid is discovered)",
+		)
 	}
 	fs.IntVar(&g.devices, "devices", 0, "devices per machine D (default: sim 2, cuda the visible GPUs / M; scale: 2)")
 }
@@ -214,7 +226,14 @@ type timingFlags struct {
 }
 
 func (t *timingFlags) register(fs *flag.FlagSet) {
-	cli.Choice(fs, &t.dtype, "dtype", "float32", "element `type`: float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64", cli.DType())
+	cli.Choice(
+		fs,
+		&t.dtype,
+		"dtype",
+		"float32",
+		"element `type`: float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64",
+		cli.DType(),
+	)
 	cli.Choice(fs, &t.op, "op", "sum", "`reduction`: sum, avg, max, min, prod", cli.Op)
 	fs.IntVar(&t.warmup, "w", 1, "untimed rounds of each method per point")
 	fs.IntVar(&t.iters, "n", 1, "calls back to back per timed repetition (1: one call at a time)")
@@ -308,11 +327,22 @@ func methodNames(list string) error {
 }
 
 func (m *methodFlags) register(fs *flag.FlagSet) {
-	cli.Choice(fs, &m.algos, "algos", bench.DefaultMethods, "`methods` to measure, comma-separated: flat (NCCL's choice), flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)", methodNames)
-	fs.Var(&m.variants, "fairgo", "a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
-		"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, flat (flat threshold: size or never), spin (duration),\n"+
-		"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off);\n"+
-		"e.g. -fairgo rsag=algo:rail-rsag,slice:64M (default: one variant \"fairgo\" with fairgo's defaults)")
+	cli.Choice(
+		fs,
+		&m.algos,
+		"algos",
+		bench.DefaultMethods,
+		"`methods` to measure, comma-separated: flat (NCCL's choice), flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)",
+		methodNames,
+	)
+	fs.Var(
+		&m.variants,
+		"fairgo",
+		"a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
+			"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, flat (flat threshold: size or never), spin (duration),\n"+
+			"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off);\n"+
+			"e.g. -fairgo rsag=algo:rail-rsag,slice:64M (default: one variant \"fairgo\" with fairgo's defaults)",
+	)
 }
 
 // methods are the methods of the flags; its errors are usage errors.
@@ -365,7 +395,12 @@ func (o *outputFlags) register(fs *flag.FlagSet) {
 type launchFlags struct{ fairrun, fairrunFlags string }
 
 func (l *launchFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.fairrun, "fairrun", "", "the fairrun launcher for emulated machines (default: beside this program, else PATH)")
+	fs.StringVar(
+		&l.fairrun,
+		"fairrun",
+		"",
+		"the fairrun launcher for emulated machines (default: beside this program, else PATH)",
+	)
 	fs.StringVar(&l.fairrunFlags, "fairrun-flags", "", `further fairrun flags, e.g. "--nic-gbit 10 --mps on"`)
 }
 
@@ -466,8 +501,18 @@ type targetFlags struct {
 func (t *targetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.out, "out", "", "write the targets as JSON to this file (e.g. bench/results/targets.json)")
 	fs.StringVar(&t.variant, "variant", bench.DefaultVariant, "the fairgo variant the targets are about")
-	fs.StringVar(&t.enqueue, "enqueue", "", "T6: µs to enqueue one single-slice AllReduce, or a file of `go test -bench` output (text or -json)")
-	fs.StringVar(&t.enqueueBench, "enqueue-bench", "Enqueue", "T6: the benchmarks of the -enqueue file to read (a regular expression)")
+	fs.StringVar(
+		&t.enqueue,
+		"enqueue",
+		"",
+		"T6: µs to enqueue one single-slice AllReduce, or a file of `go test -bench` output (text or -json)",
+	)
+	fs.StringVar(
+		&t.enqueueBench,
+		"enqueue-bench",
+		"Enqueue",
+		"T6: the benchmarks of the -enqueue file to read (a regular expression)",
+	)
 	t.linkFlags.register(fs) // T7's model
 }
 
@@ -485,8 +530,8 @@ func (t *targetFlags) options(includeSim bool) (report.TargetOptions, error) {
 }
 
 // spec is the testbed spec of a single-process grid.
-func spec(b backendFlags, t timingFlags, m, d int) testbed.Spec {
-	return testbed.Spec{Machines: m, Devices: d, Seed: int64(t.seed), Jitter: b.jitter}
+func spec(b backendFlags, t timingFlags, m, d int) harness.Spec {
+	return harness.Spec{Machines: m, Devices: d, Seed: int64(t.seed), Jitter: b.jitter}
 }
 
 // linkName checks -link.

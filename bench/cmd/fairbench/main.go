@@ -55,13 +55,29 @@ type env struct {
 
 func commands() []command {
 	return []command{
-		{"sweep", "time flat, flat-ring, naive and every fairgo variant over a range of sizes, one call after another", setupSweep},
+		{
+			"sweep",
+			"time flat, flat-ring, naive and every fairgo variant over a range of sizes, one call after another",
+			setupSweep,
+		},
 		{"overlap", "time K buckets of B bytes enqueued back to back (T5: 64 × 25M), for every method", setupOverlap},
-		{"scale", "sweep over machine counts: in this process on sim, through fairrun --emulate-machines on GPUs", setupScale},
+		{
+			"scale",
+			"sweep over machine counts: in this process on sim, through fairrun --emulate-machines on GPUs",
+			setupScale,
+		},
 		{"links", "2-rank allreduce over an NVLink pair and a network pair: the model's inputs", setupLinks},
-		{"model", "fit the cost model to records: its error at every point, its predictions for larger clusters", setupModel},
+		{
+			"model",
+			"fit the cost model to records: its error at every point, its predictions for larger clusters",
+			setupModel,
+		},
 		{"report", "a digest of records, with -csv and -plot their CSV and plots", setupReport},
-		{"targets", "the targets (issue 11's T1–T8, issue 18's U1–U7) from the records of one or more runs (grouped by -run label)", setupTargets},
+		{
+			"targets",
+			"the targets (issue 11's T1–T8, issue 18's U1–U7) from the records of one or more runs (grouped by -run label)",
+			setupTargets,
+		},
 	}
 }
 
@@ -80,7 +96,10 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "  %-8s %s\n\n", "help", "this list; help COMMAND: the command's flags")
-	fmt.Fprintf(w, "a flag means the same in every command that takes it; fairbench COMMAND -h lists the command's flags\n")
+	fmt.Fprintf(
+		w,
+		"a flag means the same in every command that takes it; fairbench COMMAND -h lists the command's flags\n",
+	)
 	fmt.Fprintf(w, "a bad command line exits with status 2, a failure with 1\n")
 }
 
@@ -129,7 +148,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // help, a cli.ErrUsage error for a bad command line.
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (*command, error) {
 	unknown := func(name string) error {
-		return cli.Usagef("unknown command %q (%s; a command comes first: fairbench sweep -b 1M …)", name, commandNames())
+		return cli.Usagef(
+			"unknown command %q (%s; a command comes first: fairbench sweep -b 1M …)",
+			name,
+			commandNames(),
+		)
 	}
 	if len(args) == 0 {
 		return nil, cli.Usagef("no command (%s)", commandNames())

@@ -39,7 +39,14 @@ func runCmd(t *testing.T, args ...string) string {
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, args, &stdout, &stderr)
-	require.Zero(t, code, "fairbench %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), stdout.String(), stderr.String())
+	require.Zero(
+		t,
+		code,
+		"fairbench %s\nstdout:\n%s\nstderr:\n%s",
+		strings.Join(args, " "),
+		stdout.String(),
+		stderr.String(),
+	)
 	return stdout.String()
 }
 
@@ -48,8 +55,27 @@ func runCmd(t *testing.T, args ...string) string {
 //	go run ./bench/cmd/fairbench sweep -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
 func TestAcceptanceSweep(t *testing.T) {
 	js := filepath.Join(t.TempDir(), "out.jsonl")
-	out := runCmd(t, "sweep", "-backend", "sim", "-machines", "2", "-devices", "4", "-b", "1K", "-e", "4M", "-f", "4", "-check",
-		"-run", "ci", "-json", js)
+	out := runCmd(
+		t,
+		"sweep",
+		"-backend",
+		"sim",
+		"-machines",
+		"2",
+		"-devices",
+		"4",
+		"-b",
+		"1K",
+		"-e",
+		"4M",
+		"-f",
+		"4",
+		"-check",
+		"-run",
+		"ci",
+		"-json",
+		js,
+	)
 	require.Contains(t, out, "not GPU timings", "the sim table says its timings are not GPU timings")
 	require.Contains(t, out, "testbed: not emulated")
 	rs := rows(out)
@@ -87,9 +113,33 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	dir := t.TempDir()
 	// Overlap with two fairgo variants, checked.
 	ov := filepath.Join(dir, "overlap.jsonl")
-	out := runCmd(t, "overlap", "-machines", "2", "-devices", "2", "-buckets", "4", "-bucket-bytes", "64K",
-		"-fairgo", "p1=parallelism:1,slice:16K", "-fairgo", "p2=parallelism:2,algo:rail-rsag,slice:16K", "-w", "1", "-n", "1", "-reps", "2",
-		"-check", "-json", ov, "-csv", filepath.Join(dir, "o.csv"))
+	out := runCmd(
+		t,
+		"overlap",
+		"-machines",
+		"2",
+		"-devices",
+		"2",
+		"-buckets",
+		"4",
+		"-bucket-bytes",
+		"64K",
+		"-fairgo",
+		"p1=parallelism:1,slice:16K",
+		"-fairgo",
+		"p2=parallelism:2,algo:rail-rsag,slice:16K",
+		"-w",
+		"1",
+		"-n",
+		"1",
+		"-reps",
+		"2",
+		"-check",
+		"-json",
+		ov,
+		"-csv",
+		filepath.Join(dir, "o.csv"),
+	)
 	rs := rows(out)
 	require.Len(t, rs, 1, out)
 	require.Equal(t, "4×64K", rs[0][0])
@@ -151,11 +201,54 @@ func TestHelp(t *testing.T) {
 		return names
 	}
 	want := map[string][]string{
-		"sweep": {"algos", "b", "backend", "check", "csv", "devices", "dtype", "e", "f", "fairgo", "jitter", "json", "label", "machines",
-			"n", "op", "plot", "reps", "run", "seed", "timeout", "w"},
-		"targets": {"enqueue", "enqueue-bench", "in", "include-sim", "net-alpha-us", "net-gbps", "nvlink-alpha-us", "nvlink-gbps", "out", "variant"},
-		"model": {"in", "include-sim", "model-devices", "model-machines", "model-parallelism", "model-sizes", "net-alpha-us", "net-gbps",
-			"nvlink-alpha-us", "nvlink-gbps"},
+		"sweep": {
+			"algos",
+			"b",
+			"backend",
+			"check",
+			"csv",
+			"devices",
+			"dtype",
+			"e",
+			"f",
+			"fairgo",
+			"jitter",
+			"json",
+			"label",
+			"machines",
+			"n",
+			"op",
+			"plot",
+			"reps",
+			"run",
+			"seed",
+			"timeout",
+			"w",
+		},
+		"targets": {
+			"enqueue",
+			"enqueue-bench",
+			"in",
+			"include-sim",
+			"net-alpha-us",
+			"net-gbps",
+			"nvlink-alpha-us",
+			"nvlink-gbps",
+			"out",
+			"variant",
+		},
+		"model": {
+			"in",
+			"include-sim",
+			"model-devices",
+			"model-machines",
+			"model-parallelism",
+			"model-sizes",
+			"net-alpha-us",
+			"net-gbps",
+			"nvlink-alpha-us",
+			"nvlink-gbps",
+		},
 	}
 	for cmd, names := range want {
 		// help CMD, -h CMD, CMD -h and CMD --help print the same on stdout.
@@ -206,53 +299,121 @@ func TestCLIRules(t *testing.T) {
 	a := func(s string) []string { return strings.Fields(s) }
 	clitest.Check(t, "fairbench", runFairbench, []clitest.Case{
 		{Name: "help", Args: a("help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench COMMAND"}},
-		{Name: "help sweep", Args: a("help sweep"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench sweep [flags]", "-dtype",
-			"-timeout duration\n    \tgive up after this duration (default 30m)\n", "-jitter delay\n"}},
+		{
+			Name: "help sweep",
+			Args: a("help sweep"),
+			Code: cli.ExitOK,
+			Stdout: []string{"usage: fairbench sweep [flags]", "-dtype",
+				"-timeout duration\n    \tgive up after this duration (default 30m)\n", "-jitter delay\n"},
+		},
 		{Name: "sweep -h", Args: a("sweep -h"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench sweep [flags]"}},
-		{Name: "targets --help", Args: a("targets --help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench targets [flags]", "-enqueue"}},
-		{Name: "overlap -help", Args: a("overlap -help"), Code: cli.ExitOK, Stdout: []string{"usage: fairbench overlap [flags]", "-bucket-bytes size"}},
+		{
+			Name:   "targets --help",
+			Args:   a("targets --help"),
+			Code:   cli.ExitOK,
+			Stdout: []string{"usage: fairbench targets [flags]", "-enqueue"},
+		},
+		{
+			Name:   "overlap -help",
+			Args:   a("overlap -help"),
+			Code:   cli.ExitOK,
+			Stdout: []string{"usage: fairbench overlap [flags]", "-bucket-bytes size"},
+		},
 		usage("no command", nil, "fairbench: no command ("+commands+")", `run "fairbench help" for the commands`),
 		usage("unknown command", a("bogus"), `unknown command "bogus" (`+commands),
 		usage("a flag first", a("-backend sim"), `unknown command "-backend" (`+commands),
 		usage("help of an unknown command", a("help bogus"), `unknown command "bogus" (`+commands),
 		usage("help with an extra argument", a("help sweep extra"), `unexpected argument "extra"`),
-		usage("unknown flag", a("sweep -bogus"), "flag provided but not defined: -bogus", `run "fairbench sweep -h" for its flags`),
+		usage(
+			"unknown flag",
+			a("sweep -bogus"),
+			"flag provided but not defined: -bogus",
+			`run "fairbench sweep -h" for its flags`,
+		),
 		usage("a flag of another command", a("sweep -buckets 4"), "flag provided but not defined: -buckets"),
 		usage("extra argument", a("sweep extra"), `unexpected argument "extra"`),
 		usage("extra arguments after flags", a("report -in x.jsonl a b"), `unexpected arguments "a" "b"`),
-		usage("bad size", a("sweep -e 3X"), `invalid value "3X" for flag -e: not an integer with an optional K, M, G or T suffix`),
+		usage(
+			"bad size",
+			a("sweep -e 3X"),
+			`invalid value "3X" for flag -e: not an integer with an optional K, M, G or T suffix`,
+		),
 		usage("sizes in the user's units", a("sweep -b 2M -e 1M"), "-e 1M: smaller than -b 2M"),
-		usage("sizes in the user's units, other spelling", a("sweep -b 2048KiB -e 1mb"), "-e 1mb: smaller than -b 2048KiB"),
+		usage(
+			"sizes in the user's units, other spelling",
+			a("sweep -b 2048KiB -e 1mb"),
+			"-e 1mb: smaller than -b 2048KiB",
+		),
 		usage("zero size", a("sweep -b 0 -e 1K"), "-b 0: must be at least 1 byte"),
 		usage("factor", a("sweep -b 1K -e 4K -f 1"), "-f 1: must be at least 2"),
 		usage("no element", a("sweep -b 2 -e 2 -f 1 -dtype float64"), "-e 2: holds no float64 (8 bytes)"),
 		usage("bucket holds no element", a("overlap -bucket-bytes 3"), "-bucket-bytes 3: holds no float32 (4 bytes)"),
 		usage("no buckets", a("overlap -buckets 0"), "-buckets 0: must be at least 1"),
-		usage("dtype lists the types", a("sweep -dtype float8"), `invalid value "float8" for flag -dtype: not one of `+dtypes),
-		usage("op lists the operators", a("sweep -op xor"), `invalid value "xor" for flag -op: not one of sum, avg, max, min, prod`),
-		usage("backend lists the backends", a("sweep -backend tpu"), `invalid value "tpu" for flag -backend: not one of sim, cuda`),
-		usage("algos lists the methods", a("sweep -algos flat,ring"), `"ring" is not one of flat, flat-ring, naive, fairgo`),
+		usage(
+			"dtype lists the types",
+			a("sweep -dtype float8"),
+			`invalid value "float8" for flag -dtype: not one of `+dtypes,
+		),
+		usage(
+			"op lists the operators",
+			a("sweep -op xor"),
+			`invalid value "xor" for flag -op: not one of sum, avg, max, min, prod`,
+		),
+		usage(
+			"backend lists the backends",
+			a("sweep -backend tpu"),
+			`invalid value "tpu" for flag -backend: not one of sim, cuda`,
+		),
+		usage(
+			"algos lists the methods",
+			a("sweep -algos flat,ring"),
+			`"ring" is not one of flat, flat-ring, naive, fairgo`,
+		),
 		usage("empty algos", a("sweep -algos ,"), `no method (flat, flat-ring, naive, fairgo)`),
-		usage("fairgo algo lists the algorithms", a("sweep -fairgo x=algo:ring"), `algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)`),
+		usage(
+			"fairgo algo lists the algorithms",
+			a("sweep -fairgo x=algo:ring"),
+			`algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)`,
+		),
 		usage("fairgo slice as given", a("sweep -fairgo x=slice:1Q"), `slice 1Q: not an integer`),
-		usage("fairgo key", a("sweep -fairgo x=colour:red"), `unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check)`),
+		usage(
+			"fairgo key",
+			a("sweep -fairgo x=colour:red"),
+			`unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check)`,
+		),
 		usage("fairgo baseline name", a("sweep -fairgo flat"), `invalid value "flat" for flag -fairgo: needs a NAME`),
-		usage("fairgo baseline name with a spec", a("sweep -fairgo flat-ring=slice:1M"), `-fairgo flat-ring: a baseline's name`),
+		usage(
+			"fairgo baseline name with a spec",
+			a("sweep -fairgo flat-ring=slice:1M"),
+			`-fairgo flat-ring: a baseline's name`,
+		),
 		usage("fairgo parallelism", a("sweep -fairgo x=parallelism:0"), `parallelism 0: must be at least 1`),
 		usage("fairgo twice", a("sweep -fairgo a -fairgo a"), `-fairgo a: two variants of one name`),
-		usage("link lists the links", a("links -link pcie"), `invalid value "pcie" for flag -link: not one of nvlink, net, or empty for both`),
+		usage(
+			"link lists the links",
+			a("links -link pcie"),
+			`invalid value "pcie" for flag -link: not one of nvlink, net, or empty for both`,
+		),
 		usage("negative jitter", a("sweep -jitter -1ms"), "-jitter -1ms: negative"),
 		usage("jitter as written", a("overlap -jitter -1500us"), "-jitter -1500us: negative"),
 		usage("timeout as written", a("sweep -timeout -60s"), "-timeout -60s: must be positive"),
 		usage("zero timeout as written", a("links -timeout 0m"), "-timeout 0m: must be positive"),
-		usage("not a duration", a("sweep -timeout 60"), `invalid value "60" for flag -timeout: not a duration (300ms, 1.5s, 2m, 1h)`),
+		usage(
+			"not a duration",
+			a("sweep -timeout 60"),
+			`invalid value "60" for flag -timeout: not a duration (300ms, 1.5s, 2m, 1h)`,
+		),
 		usage("negative machines", a("sweep -machines -1"), "-machines -1: negative"),
 		usage("no reps", a("sweep -reps 0"), "-reps 0: must be at least 1"),
 		usage("machine list", a("scale -machines-list 1,0"), `-machines-list 1,0: "0" is not a positive integer`),
 		usage("no records", a("model"), `-in "": needs records`),
 		usage("no records for targets", a("targets -in ,"), `-in ",": needs records`),
 		usage("model sizes as given", a("model -in x.jsonl -model-sizes 1M,2Q"), "-model-sizes 1M,2Q: not an integer"),
-		usage("model machines", a("model -in x.jsonl -model-machines 0"), `-model-machines 0: "0" is not a positive integer`),
+		usage(
+			"model machines",
+			a("model -in x.jsonl -model-machines 0"),
+			`-model-machines 0: "0" is not a positive integer`,
+		),
 		usage("model devices", a("model -in x.jsonl -model-devices 0"), "-model-devices 0: must be at least 1"),
 	})
 	// A failure (a file that is not there) is status 1, one message.
@@ -277,7 +438,26 @@ func TestWorkerArgs(t *testing.T) {
 	s.register(fs)
 	tf.register(fs)
 	m.register(fs)
-	require.NoError(t, fs.Parse([]string{"-backend", "cuda", "-jitter", "1500us", "-b", "1M", "-check", "-run", "r2", "-fairgo", "a=slice:64M", "-fairgo", "b"}))
+	require.NoError(
+		t,
+		fs.Parse(
+			[]string{
+				"-backend",
+				"cuda",
+				"-jitter",
+				"1500us",
+				"-b",
+				"1M",
+				"-check",
+				"-run",
+				"r2",
+				"-fairgo",
+				"a=slice:64M",
+				"-fairgo",
+				"b",
+			},
+		),
+	)
 	args := strings.Join(append(append(append(b.args(fs), s.args(fs)...), tf.args(fs)...), m.args(fs)...), " ")
 	for _, want := range []string{"-backend=cuda", "-jitter=1500us", "-b=1M", "-check=true", "-run=r2", "-fairgo=a=slice:64M", "-fairgo=b"} {
 		require.Contains(t, args, want)

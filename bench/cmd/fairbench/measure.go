@@ -13,11 +13,11 @@ import (
 	"github.com/fairgo/fairgo/bench/model"
 	"github.com/fairgo/fairgo/bench/report"
 	"github.com/fairgo/fairgo/internal/cli"
-	"github.com/fairgo/fairgo/internal/testbed"
+	"github.com/fairgo/fairgo/internal/harness"
 )
 
 // measureFn is bench.Sweep or bench.Overlap.
-type measureFn func(context.Context, *testbed.Testbed, bench.Config) ([]bench.Record, error)
+type measureFn func(context.Context, *harness.Testbed, bench.Config) ([]bench.Record, error)
 
 // measurement is what sweep, overlap and links share: where the ranks run,
 // how points are timed, where the records go.
@@ -52,7 +52,14 @@ func (m *measurement) config(fs *flag.FlagSet, e env, methods *methodFlags) (ben
 
 // on measures on one testbed, printing the table and writing the outputs
 // on the root process.
-func (m *measurement) on(ctx context.Context, e env, tb *testbed.Testbed, cfg bench.Config, fn measureFn, name string) ([]bench.Record, error) {
+func (m *measurement) on(
+	ctx context.Context,
+	e env,
+	tb *harness.Testbed,
+	cfg bench.Config,
+	fn measureFn,
+	name string,
+) ([]bench.Record, error) {
 	var tab *report.Table
 	if tb.Root() {
 		tab = report.NewTable(e.stdout)
@@ -73,11 +80,18 @@ func (m *measurement) on(ctx context.Context, e env, tb *testbed.Testbed, cfg be
 }
 
 // single opens the grid's testbed and measures on it.
-func (m *measurement) single(ctx context.Context, e env, g gridFlags, cfg bench.Config, fn measureFn, name string) error {
+func (m *measurement) single(
+	ctx context.Context,
+	e env,
+	g gridFlags,
+	cfg bench.Config,
+	fn measureFn,
+	name string,
+) error {
 	ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
 	defer cancel()
 	machines, devices := g.grid(m.backend.backend)
-	tb, err := testbed.Open(ctx, m.backend.backend, spec(m.backend, m.timing, machines, devices))
+	tb, err := harness.Open(ctx, m.backend.backend, spec(m.backend, m.timing, machines, devices))
 	if err != nil {
 		return err
 	}
@@ -92,7 +106,12 @@ func (m *measurement) single(ctx context.Context, e env, g gridFlags, cfg bench.
 // setupPoints declares what sweep and overlap share, and with more the
 // flags of what they measure, whose function completes the configuration
 // (its errors are usage errors).
-func setupPoints(fs *flag.FlagSet, name string, fn measureFn, more func(*flag.FlagSet) func(*bench.Config) error) func(context.Context, env) error {
+func setupPoints(
+	fs *flag.FlagSet,
+	name string,
+	fn measureFn,
+	more func(*flag.FlagSet) func(*bench.Config) error,
+) func(context.Context, env) error {
 	var m measurement
 	var g gridFlags
 	var methods methodFlags
@@ -158,7 +177,17 @@ func (l *launcher) run(ctx context.Context, e env, machines, nproc int, args []s
 	if err != nil {
 		return nil, err
 	}
-	return bench.LaunchEmulated(ctx, fr, strings.Fields(l.launch.fairrunFlags), machines, nproc, self, args, e.stdout, e.stderr)
+	return bench.LaunchEmulated(
+		ctx,
+		fr,
+		strings.Fields(l.launch.fairrunFlags),
+		machines,
+		nproc,
+		self,
+		args,
+		e.stdout,
+		e.stderr,
+	)
 }
 
 func setupScale(fs *flag.FlagSet) func(context.Context, env) error {
@@ -202,7 +231,7 @@ func setupScale(fs *flag.FlagSet) func(context.Context, env) error {
 			fmt.Fprintf(e.stdout, "# scale: %d machine(s) × %d devices\n", mc, d)
 			var recs []bench.Record
 			if m.backend.backend == "sim" {
-				tb, err := testbed.OpenSim(spec(m.backend, m.timing, mc, d))
+				tb, err := harness.OpenSim(spec(m.backend, m.timing, mc, d))
 				if err != nil {
 					return err
 				}
@@ -246,7 +275,7 @@ func setupLinks(fs *flag.FlagSet) func(context.Context, env) error {
 		ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
 		defer cancel()
 		cfg.Methods, cfg.Kind = []bench.Method{{Name: bench.Flat}}, bench.KindLink
-		measure := func(tb *testbed.Testbed, name string) ([]bench.Record, error) {
+		measure := func(tb *harness.Testbed, name string) ([]bench.Record, error) {
 			defer tb.Close()
 			if w := tb.Info().World(); w != 2 {
 				return nil, fmt.Errorf("links: a link is measured on 2 ranks, this testbed has %d", w)
@@ -255,8 +284,8 @@ func setupLinks(fs *flag.FlagSet) func(context.Context, env) error {
 			c.Link = name
 			return m.on(ctx, e, tb, c, bench.Sweep, "links")
 		}
-		if testbed.UnderLauncher() { // a worker of the network pair
-			tb, err := testbed.Open(ctx, m.backend.backend, testbed.Spec{})
+		if harness.UnderLauncher() { // a worker of the network pair
+			tb, err := harness.Open(ctx, m.backend.backend, harness.Spec{})
 			if err != nil {
 				return err
 			}
@@ -277,7 +306,7 @@ func setupLinks(fs *flag.FlagSet) func(context.Context, env) error {
 			}
 			var recs []bench.Record
 			if m.backend.backend == "sim" || pair.name == "nvlink" {
-				tb, err := testbed.Open(ctx, m.backend.backend, spec(m.backend, m.timing, pair.m, pair.d))
+				tb, err := harness.Open(ctx, m.backend.backend, spec(m.backend, m.timing, pair.m, pair.d))
 				if err != nil {
 					return err
 				}

@@ -53,7 +53,12 @@ func Check(t *testing.T, name string, run Run, cases []Case) {
 				require.True(t, strings.HasPrefix(se, name+": "), "the message starts with %q:\n%s", name+": ", se)
 				require.Equal(t, 1, strings.Count(se, name+": "), "one message, one prefix:\n%s", se)
 				for _, l := range strings.Split(se, "\n") {
-					require.False(t, strings.HasPrefix(strings.TrimSpace(l), "-") && strings.HasPrefix(l, "  "), "no list of flags on stderr:\n%s", se)
+					require.False(
+						t,
+						strings.HasPrefix(strings.TrimSpace(l), "-") && strings.HasPrefix(l, "  "),
+						"no list of flags on stderr:\n%s",
+						se,
+					)
 				}
 			}
 			for _, s := range tc.Stdout {

@@ -78,7 +78,13 @@ func run(mode string, py bool, timeout time.Duration) error {
 		if err := c.Close(); err != nil {
 			return err
 		}
-		fmt.Printf("c10dprobe: %s: c10d ok (agent store at %s, launcher %s, %d keys in the store)\n", who, addr, l.Launcher, n)
+		fmt.Printf(
+			"c10dprobe: %s: c10d ok (agent store at %s, launcher %s, %d keys in the store)\n",
+			who,
+			addr,
+			l.Launcher,
+			n,
+		)
 	}
 	if mode == "open" || mode == "auto" {
 		s, err := rendezvous.Open(ctx, l)
@@ -92,7 +98,14 @@ func run(mode string, py bool, timeout time.Duration) error {
 		if err := s.Leave(ctx); err != nil {
 			return err
 		}
-		fmt.Printf("c10dprobe: %s: open ok (launcher %s, store %s at %s, hosting %v)\n", who, l.Launcher, s.Kind, s.Addr, s.Hosting())
+		fmt.Printf(
+			"c10dprobe: %s: open ok (launcher %s, store %s at %s, hosting %v)\n",
+			who,
+			l.Launcher,
+			s.Kind,
+			s.Addr,
+			s.Hosting(),
+		)
 	}
 	return nil
 }

@@ -68,7 +68,14 @@ func run(failRank, failCode int, hang bool, pidDir string, timeout time.Duration
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%v intra %v rail %v machine-id %s device %s\n", layout, layout.IntraRanks(), layout.RailRanks(), self.MachineID, self.Device.ID)
+	fmt.Printf(
+		"%v intra %v rail %v machine-id %s device %s\n",
+		layout,
+		layout.IntraRanks(),
+		layout.RailRanks(),
+		self.MachineID,
+		self.Device.ID,
+	)
 	// Everyone has printed before anyone fails on purpose.
 	store := rendezvous.WithPrefix(c, "gridworker")
 	if n, err := store.Add(ctx, "printed", 1); err != nil {

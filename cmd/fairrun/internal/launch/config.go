@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	"github.com/fairgo/fairgo/internal/cli"
 )
 
@@ -33,9 +33,9 @@ const (
 
 // Limits of the emulated NICs.
 const (
-	MaxNICGbit     = testbed.MaxGbit     // a larger --nic-gbit is taken for a typo (Mbit/s?)
-	MaxNICLatency  = testbed.MaxLatency  // one-way delay added to every packet
-	MaxNICMachines = testbed.MaxMachines // one /24 subnet: the bridge and one address per machine
+	MaxNICGbit     = netbed.MaxGbit     // a larger --nic-gbit is taken for a typo (Mbit/s?)
+	MaxNICLatency  = netbed.MaxLatency  // one-way delay added to every packet
+	MaxNICMachines = netbed.MaxMachines // one /24 subnet: the bridge and one address per machine
 )
 
 // MPSMode says when fairrun runs the workers under a private MPS daemon.
@@ -86,7 +86,7 @@ type Config struct {
 	Stderr io.Writer    // where prefixed worker stderr and fairrun's messages go; nil: os.Stderr
 	Logger *slog.Logger // nil: a text logger on Stderr
 
-	prober testbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
+	prober netbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
 
 	given    map[string]string // the text of every flag given, by its hyphenated name (ParseArgs), for Resolve's errors
 	resolved bool              // Resolve ran: gpus is this node's
@@ -166,37 +166,103 @@ flags:
 func newFlagSet(c *Config) *flag.FlagSet {
 	fs := flag.NewFlagSet("fairrun", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.Var(nprocValue{c}, "nproc-per-node", "`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), auto (gpu when there is a GPU, else cpu), cpu (one per CPU)")
+	fs.Var(
+		nprocValue{c},
+		"nproc-per-node",
+		"`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), auto (gpu when there is a GPU, else cpu), cpu (one per CPU)",
+	)
 	fs.IntVar(&c.NNodes, "nnodes", 1, "`K` nodes in the job; run one fairrun per node")
 	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
-	fs.StringVar(&c.MasterAddr, "master-addr", DefaultMasterAddr, "`host` of the store, as every worker dials it (not allowed with --nic-gbit: the bridge's address is used)")
-	fs.IntVar(&c.MasterPort, "master-port", -1, fmt.Sprintf("MASTER_PORT, left free for the trainer's own store; fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)", DefaultMasterPort))
-	fs.BoolVar(&c.Standalone, "standalone", false, "one node with a store of its own on a free port, as torchrun's --standalone (what a single node gets by default; not with --nnodes > 1, --master-addr or --master-port)")
-	fs.StringVar(&c.StoreBind, "store-bind", "", "`host` or IP the store listens on (default: --master-addr; never every interface unless given 0.0.0.0 or ::)")
-	fs.IntVar(&c.EmulateMachines, "emulate-machines", 0, "split this node's workers into `M` emulated machines (must divide --nproc-per-node)")
-	fs.IntVar(&c.GPUs, "gpus", 0, "`G` GPUs to spread emulated machines over (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else 1)")
-	fs.Float64Var(&c.NICGbit, "nic-gbit", 0, fmt.Sprintf("give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= %d; needs --emulate-machines, root)", MaxNICGbit))
-	fs.DurationVar(&c.NICLatency, "nic-latency", 0, "one-way `delay` added to every packet an emulated machine sends, e.g. 50us (needs --nic-gbit)")
-	fs.Float64Var(&c.NVLinkGbit, "nvlink-gbit", 0, fmt.Sprintf("shape each emulated machine's loopback (lo of its namespace) by tbf to `G` Gbit/s: the intra-machine link of ranks that share a GPU, "+
-		"which talk over NCCL sockets through lo. lo is one queue, so G bounds the sum of all intra-machine traffic of a machine, unlike NVLink's links, one per GPU and direction "+
-		"(0 < G <= %d; needs --nic-gbit, and more ranks per machine than GPUs)", MaxNICGbit))
-	fs.Func("mps", "`mode` of running the workers under a private CUDA MPS daemon: auto (when emulated machines' ranks share a GPU), on, off (default auto)", func(s string) error {
-		switch m := MPSMode(s); m {
-		case MPSAuto, MPSOn, MPSOff:
-			c.MPS = m
-			return nil
-		}
-		return fmt.Errorf("%q is not auto, on or off", s)
-	})
+	fs.StringVar(
+		&c.MasterAddr,
+		"master-addr",
+		DefaultMasterAddr,
+		"`host` of the store, as every worker dials it (not allowed with --nic-gbit: the bridge's address is used)",
+	)
+	fs.IntVar(
+		&c.MasterPort,
+		"master-port",
+		-1,
+		fmt.Sprintf(
+			"MASTER_PORT, left free for the trainer's own store; fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)",
+			DefaultMasterPort,
+		),
+	)
+	fs.BoolVar(
+		&c.Standalone,
+		"standalone",
+		false,
+		"one node with a store of its own on a free port, as torchrun's --standalone (what a single node gets by default; not with --nnodes > 1, --master-addr or --master-port)",
+	)
+	fs.StringVar(
+		&c.StoreBind,
+		"store-bind",
+		"",
+		"`host` or IP the store listens on (default: --master-addr; never every interface unless given 0.0.0.0 or ::)",
+	)
+	fs.IntVar(
+		&c.EmulateMachines,
+		"emulate-machines",
+		0,
+		"split this node's workers into `M` emulated machines (must divide --nproc-per-node)",
+	)
+	fs.IntVar(
+		&c.GPUs,
+		"gpus",
+		0,
+		"`G` GPUs to spread emulated machines over (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else 1)",
+	)
+	fs.Float64Var(
+		&c.NICGbit,
+		"nic-gbit",
+		0,
+		fmt.Sprintf(
+			"give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= %d; needs --emulate-machines, root)",
+			MaxNICGbit,
+		),
+	)
+	fs.DurationVar(
+		&c.NICLatency,
+		"nic-latency",
+		0,
+		"one-way `delay` added to every packet an emulated machine sends, e.g. 50us (needs --nic-gbit)",
+	)
+	fs.Float64Var(
+		&c.NVLinkGbit,
+		"nvlink-gbit",
+		0,
+		fmt.Sprintf(
+			"shape each emulated machine's loopback (lo of its namespace) by tbf to `G` Gbit/s: the intra-machine link of ranks that share a GPU, "+
+				"which talk over NCCL sockets through lo. lo is one queue, so G bounds the sum of all intra-machine traffic of a machine, unlike NVLink's links, one per GPU and direction "+
+				"(0 < G <= %d; needs --nic-gbit, and more ranks per machine than GPUs)",
+			MaxNICGbit,
+		),
+	)
+	fs.Func(
+		"mps",
+		"`mode` of running the workers under a private CUDA MPS daemon: auto (when emulated machines' ranks share a GPU), on, off (default auto)",
+		func(s string) error {
+			switch m := MPSMode(s); m {
+			case MPSAuto, MPSOn, MPSOff:
+				c.MPS = m
+				return nil
+			}
+			return fmt.Errorf("%q is not auto, on or off", s)
+		},
+	)
 	fs.DurationVar(&c.Grace, "grace", DefaultGrace, "`duration` between SIGTERM and SIGKILL when the job is stopped")
-	fs.Func("shuffle-ranks", "permute the global ranks over this node's workers with this `seed`, to test that nothing depends on rank order", func(s string) error {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return fmt.Errorf("seed %q is not an unsigned integer", s)
-		}
-		c.Shuffle, c.ShuffleSeed = true, v
-		return nil
-	})
+	fs.Func(
+		"shuffle-ranks",
+		"permute the global ranks over this node's workers with this `seed`, to test that nothing depends on rank order",
+		func(s string) error {
+			v, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				return fmt.Errorf("seed %q is not an unsigned integer", s)
+			}
+			c.Shuffle, c.ShuffleSeed = true, v
+			return nil
+		},
+	)
 	return fs
 }
 
@@ -338,7 +404,11 @@ func parseArgs(fs *flag.FlagSet, args []string, c *Config, given map[string]stri
 		return bad("nvlink-gbit", c.NVLinkGbit, "must be > 0")
 	}
 	if set("master-addr") && c.NICGbit > 0 {
-		return bad("master-addr", c.MasterAddr, "not allowed with --nic-gbit: the store is served on the emulated machines' bridge")
+		return bad(
+			"master-addr",
+			c.MasterAddr,
+			"not allowed with --nic-gbit: the store is served on the emulated machines' bridge",
+		)
 	}
 	// torchrun's --standalone: one node, a store of its own on a free
 	// port. That is what a single node gets anyway; a flag that says
@@ -362,7 +432,11 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case c.NProcFrom != "" && c.NProcFrom != NProcGPU && c.NProcFrom != NProcAuto && c.NProcFrom != NProcCPU:
-		return bad("nproc-per-node", c.NProcFrom, fmt.Sprintf("not a number, %s, %s or %s", NProcGPU, NProcAuto, NProcCPU))
+		return bad(
+			"nproc-per-node",
+			c.NProcFrom,
+			fmt.Sprintf("not a number, %s, %s or %s", NProcGPU, NProcAuto, NProcCPU),
+		)
 	case c.NProcPerNode < 1 && c.NProcFrom == "":
 		return bad("nproc-per-node", c.NProcPerNode, "must be at least 1")
 	case c.NNodes < 1:
@@ -386,7 +460,11 @@ func (c Config) Validate() error {
 	case c.EmulateMachines < 0:
 		return bad("emulate-machines", c.EmulateMachines, "negative")
 	case c.EmulateMachines > 0 && c.NProcPerNode > 0 && c.NProcPerNode%c.EmulateMachines != 0:
-		return bad("emulate-machines", c.EmulateMachines, fmt.Sprintf("does not divide --nproc-per-node=%d", c.NProcPerNode))
+		return bad(
+			"emulate-machines",
+			c.EmulateMachines,
+			fmt.Sprintf("does not divide --nproc-per-node=%d", c.NProcPerNode),
+		)
 	case c.GPUs < 0:
 		return bad("gpus", c.GPUs, "negative")
 	case c.Grace < 0:
@@ -396,11 +474,23 @@ func (c Config) Validate() error {
 	case c.NICGbit > 0 && c.EmulateMachines == 0:
 		return bad("nic-gbit", c.NICGbit, "needs --emulate-machines (the NICs belong to emulated machines)")
 	case c.NICGbit > 0 && c.EmulateMachines > MaxNICMachines:
-		return bad("emulate-machines", c.EmulateMachines, fmt.Sprintf("at most %d emulated machines with --nic-gbit (one /24 subnet)", MaxNICMachines))
+		return bad(
+			"emulate-machines",
+			c.EmulateMachines,
+			fmt.Sprintf("at most %d emulated machines with --nic-gbit (one /24 subnet)", MaxNICMachines),
+		)
 	case c.NICGbit > 0 && c.NNodes > 1:
-		return bad("nic-gbit", c.NICGbit, fmt.Sprintf("emulated NICs cannot reach other nodes: needs --nnodes 1, not %d", c.NNodes))
+		return bad(
+			"nic-gbit",
+			c.NICGbit,
+			fmt.Sprintf("emulated NICs cannot reach other nodes: needs --nnodes 1, not %d", c.NNodes),
+		)
 	case c.NICGbit > 0 && c.StoreBind != "":
-		return bad("store-bind", c.StoreBind, "not allowed with --nic-gbit: the store is served on the emulated machines' bridge")
+		return bad(
+			"store-bind",
+			c.StoreBind,
+			"not allowed with --nic-gbit: the store is served on the emulated machines' bridge",
+		)
 	case c.NICLatency < 0 || c.NICLatency > MaxNICLatency:
 		return bad("nic-latency", c.NICLatency, fmt.Sprintf("must be in [0, %v]", MaxNICLatency))
 	case c.NICLatency > 0 && c.NICGbit == 0:
@@ -408,7 +498,11 @@ func (c Config) Validate() error {
 	case math.IsNaN(c.NVLinkGbit) || c.NVLinkGbit < 0 || c.NVLinkGbit > MaxNICGbit:
 		return bad("nvlink-gbit", c.NVLinkGbit, fmt.Sprintf("must be in (0, %d] Gbit/s", MaxNICGbit))
 	case c.NVLinkGbit > 0 && c.NICGbit == 0:
-		return bad("nvlink-gbit", c.NVLinkGbit, "needs --nic-gbit (it shapes the loopback of each emulated machine's network namespace)")
+		return bad(
+			"nvlink-gbit",
+			c.NVLinkGbit,
+			"needs --nic-gbit (it shapes the loopback of each emulated machine's network namespace)",
+		)
 	case c.MPS != "" && c.MPS != MPSAuto && c.MPS != MPSOn && c.MPS != MPSOff:
 		return bad("mps", c.MPS, "must be auto, on or off")
 	case c.Program == "":

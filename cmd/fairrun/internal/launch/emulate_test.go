@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
-	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -74,7 +74,7 @@ func netcheck() int {
 			loRate = tbf.Rate
 		}
 	}
-	if want := testbed.ShapingFor(loGbit, 0).RateBytes; loGbit > 0 && loRate != want || loGbit == 0 && loRate != 0 {
+	if want := netbed.ShapingFor(loGbit, 0).RateBytes; loGbit > 0 && loRate != want || loGbit == 0 && loRate != 0 {
 		return fail("lo shaped to %d bytes/s, want %d (%s=%v)", loRate, want, EnvTestbedNVLinkGbit, loGbit)
 	}
 	bridge, err := netip.ParseAddr(os.Getenv("MASTER_ADDR"))
@@ -152,8 +152,19 @@ func netcheck() int {
 	if err := store.Wait(ctx, "all-done"); err != nil {
 		return fail("%v", err)
 	}
-	fmt.Printf("netcheck ok rank %d machine %d netns %d addr %s mtu %d peer %q host %s device %q intra %s lo %d\n", l.Rank, machine, ino, want, nic.MTU, greeting,
-		os.Getenv(EnvNCCLHostID), os.Getenv(EnvDeviceID), os.Getenv(EnvTestbedIntra), loRate)
+	fmt.Printf(
+		"netcheck ok rank %d machine %d netns %d addr %s mtu %d peer %q host %s device %q intra %s lo %d\n",
+		l.Rank,
+		machine,
+		ino,
+		want,
+		nic.MTU,
+		greeting,
+		os.Getenv(EnvNCCLHostID),
+		os.Getenv(EnvDeviceID),
+		os.Getenv(EnvTestbedIntra),
+		loRate,
+	)
 	return 0
 }
 
@@ -167,12 +178,12 @@ func netnsInode(path string) (uint64, error) {
 
 // needTestbed skips a test that builds real emulated NICs where that is
 // not possible.
-func needTestbed(t *testing.T, spec testbed.Spec) {
+func needTestbed(t *testing.T, spec netbed.Spec) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to build emulated NICs")
 	}
-	if err := (testbed.Prober{}).Check(spec); err != nil {
+	if err := (netbed.Prober{}).Check(spec); err != nil {
 		t.Skipf("this host cannot build emulated NICs: %v", err)
 	}
 }
@@ -237,15 +248,30 @@ func TestRunEmulatedNICs(t *testing.T) {
 		{name: "2x2 on one GPU, lo shaped", nproc: 4, gpus: 1, loGbit: 1, intra: IntraLoopback, ranksPerHost: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			needTestbed(t, testbed.Spec{Machines: 2, Gbit: 1, LoopbackGbit: tc.loGbit})
+			needTestbed(t, netbed.Spec{Machines: 2, Gbit: 1, LoopbackGbit: tc.loGbit})
 			rootIno, err := netnsInode("/proc/self/ns/net")
 			require.NoError(t, err)
 			require.Empty(t, linksOf(t, os.Getpid()))
 			var so, se syncBuffer
-			c := Config{NProcPerNode: tc.nproc, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, GPUs: tc.gpus, NICGbit: 1,
-				NVLinkGbit: tc.loGbit, MPS: MPSOff, Grace: 2 * time.Second, Program: os.Args[0],
-				Env:    append(os.Environ(), envRole+"=netcheck", envRootNetNS+"="+strconv.FormatUint(rootIno, 10)),
-				Stdout: &so, Stderr: &se}
+			c := Config{
+				NProcPerNode:    tc.nproc,
+				NNodes:          1,
+				MasterAddr:      DefaultMasterAddr,
+				EmulateMachines: 2,
+				GPUs:            tc.gpus,
+				NICGbit:         1,
+				NVLinkGbit:      tc.loGbit,
+				MPS:             MPSOff,
+				Grace:           2 * time.Second,
+				Program:         os.Args[0],
+				Env: append(
+					os.Environ(),
+					envRole+"=netcheck",
+					envRootNetNS+"="+strconv.FormatUint(rootIno, 10),
+				),
+				Stdout: &so,
+				Stderr: &se,
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			code, err := Run(ctx, c)
@@ -253,10 +279,12 @@ func TestRunEmulatedNICs(t *testing.T) {
 			require.Equal(t, 0, code)
 			t.Logf("stdout:\n%s", so.String())
 
-			line := regexp.MustCompile(`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`)
+			line := regexp.MustCompile(
+				`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`,
+			)
 			wantLo := uint64(0) // lo not shaped
 			if tc.loGbit > 0 {
-				wantLo = testbed.ShapingFor(tc.loGbit, 0).RateBytes
+				wantLo = netbed.ShapingFor(tc.loGbit, 0).RateBytes
 			}
 			inodes := map[uint64]int{}
 			addrOf := map[int]string{}
@@ -281,7 +309,12 @@ func TestRunEmulatedNICs(t *testing.T) {
 				hosts[m[8]]++
 				require.Equal(t, "9000", m[6], "MTU")
 				require.Equal(t, tc.intra, m[10])
-				require.Equal(t, tc.intra == IntraLoopback, m[9] != "", "a device identity exactly when ranks share a GPU")
+				require.Equal(
+					t,
+					tc.intra == IntraLoopback,
+					m[9] != "",
+					"a device identity exactly when ranks share a GPU",
+				)
 				require.Equal(t, wantLo, mustUint(t, m[11]), "lo's rate")
 			}
 			require.Len(t, machineOf, tc.nproc)
@@ -318,12 +351,22 @@ func mustUint(t *testing.T, s string) uint64 {
 // the exit status of a bad command line.
 func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
 	dir := t.TempDir()
-	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 4, GPUs: 2, NICGbit: 10, NVLinkGbit: 20,
-		Program: "/bin/sh", Args: []string{"-c", "touch " + filepath.Join(dir, "started")},
-		Stdout: io.Discard, Stderr: io.Discard,
-		prober: testbed.Prober{
+	c := Config{
+		NProcPerNode:    8,
+		NNodes:          1,
+		MasterAddr:      DefaultMasterAddr,
+		EmulateMachines: 4,
+		GPUs:            2,
+		NICGbit:         10,
+		NVLinkGbit:      20,
+		Program:         "/bin/sh",
+		Args:            []string{"-c", "touch " + filepath.Join(dir, "started")},
+		Stdout:          io.Discard,
+		Stderr:          io.Discard,
+		prober: netbed.Prober{
 			EffectiveCaps: func() (uint64, error) { t.Error("the testbed was probed"); return 0, nil },
-		}}
+		},
+	}
 	code, err := Run(context.Background(), c)
 	require.Equal(t, ExitUsage, code, "a bad command line, found before anything runs")
 	require.ErrorIs(t, err, ErrUsage)
@@ -338,11 +381,25 @@ func TestRunRefusesNVLinkGbitWithoutSharing(t *testing.T) {
 // SIGTERM to fairrun in the middle of an emulated-NIC job removes the
 // testbed too.
 func TestFairrunSIGTERMRemovesTestbed(t *testing.T) {
-	needTestbed(t, testbed.Spec{Machines: 2, Gbit: 10})
+	needTestbed(t, netbed.Spec{Machines: 2, Gbit: 10})
 	_, fairrun := binaries(t)
 	dir := t.TempDir()
 	t.Cleanup(func() { killAll(dir) })
-	cmd := exec.Command(fairrun, "--nproc-per-node", "4", "--emulate-machines", "2", "--gpus", "4", "--nic-gbit", "10", "--grace", "500ms", "--", os.Args[0])
+	cmd := exec.Command(
+		fairrun,
+		"--nproc-per-node",
+		"4",
+		"--emulate-machines",
+		"2",
+		"--gpus",
+		"4",
+		"--nic-gbit",
+		"10",
+		"--grace",
+		"500ms",
+		"--",
+		os.Args[0],
+	)
 	cmd.Env = roleEnv("setsid", dir)
 	var so, se syncBuffer
 	cmd.Stdout, cmd.Stderr = &so, &se
@@ -379,7 +436,7 @@ func TestRunRefusesWithoutPrivileges(t *testing.T) {
 		want string
 	}{
 		{name: "no capabilities", caps: 0, want: "fairrun: --nic-gbit needs CAP_NET_ADMIN (run as root)"},
-		{name: "no CAP_SYS_ADMIN", caps: 1 << testbed.CapNetAdmin, want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
+		{name: "no CAP_SYS_ADMIN", caps: 1 << netbed.CapNetAdmin, want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -387,13 +444,13 @@ func TestRunRefusesWithoutPrivileges(t *testing.T) {
 			c := Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 10,
 				Program: "/bin/sh", Args: []string{"-c", "touch " + filepath.Join(dir, "started")},
 				Stdout: &so, Stderr: &se,
-				prober: testbed.Prober{
+				prober: netbed.Prober{
 					EffectiveCaps: func() (uint64, error) { return tc.caps, nil },
-					Kernel:        func(testbed.Spec) error { t.Error("kernel probed without the capabilities"); return nil },
+					Kernel:        func(netbed.Spec) error { t.Error("kernel probed without the capabilities"); return nil },
 				}}
 			code, err := Run(context.Background(), c)
 			require.Equal(t, ExitLaunchFailure, code)
-			require.ErrorIs(t, err, testbed.ErrUnavailable)
+			require.ErrorIs(t, err, netbed.ErrUnavailable)
 			require.EqualError(t, err, tc.want)
 			_, serr := os.Stat(filepath.Join(dir, "started"))
 			require.True(t, errors.Is(serr, os.ErrNotExist), "a worker was started")
@@ -463,11 +520,24 @@ func TestRunMPS(t *testing.T) {
 			bindir := fakeMPSControl(t, log)
 			env := []string{"PATH=" + bindir + ":/usr/bin:/bin"}
 			var so, se syncBuffer
-			c := Config{NProcPerNode: 4, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, GPUs: tc.gpus, MPS: tc.mps,
-				Grace: time.Second, Program: "/bin/sh",
-				Args: []string{"-c", `echo "mps=$FAIRGO_TESTBED_MPS pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY"; ` +
-					`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test -d "$CUDA_MPS_LOG_DIRECTORY"; fi`},
-				Env: env, Stdout: &so, Stderr: &se}
+			c := Config{
+				NProcPerNode:    4,
+				NNodes:          1,
+				MasterAddr:      DefaultMasterAddr,
+				EmulateMachines: 2,
+				GPUs:            tc.gpus,
+				MPS:             tc.mps,
+				Grace:           time.Second,
+				Program:         "/bin/sh",
+				Args: []string{
+					"-c",
+					`echo "mps=$FAIRGO_TESTBED_MPS pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY"; ` +
+						`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test -d "$CUDA_MPS_LOG_DIRECTORY"; fi`,
+				},
+				Env:    env,
+				Stdout: &so,
+				Stderr: &se,
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			code, err := Run(ctx, c)
@@ -529,7 +599,12 @@ func TestMPSLeftoversRemoved(t *testing.T) {
 	bindir := fakeMPSControl(t, filepath.Join(t.TempDir(), "calls"))
 	control, err := findMPSControl([]string{"PATH=" + bindir})
 	require.NoError(t, err)
-	d, err := startMPS(context.Background(), control, []string{"PATH=/usr/bin:/bin"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d, err := startMPS(
+		context.Background(),
+		control,
+		[]string{"PATH=/usr/bin:/bin"},
+		slog.New(slog.NewTextHandler(io.Discard, nil)),
+	)
 	require.NoError(t, err)
 	require.NoError(t, d.Stop())
 	_, err = os.Stat(dead)

@@ -93,7 +93,11 @@ type proc struct {
 func (g *group) run(ctx context.Context, c Config, workers []Worker) (int, error) {
 	restore, err := becomeSubreaper()
 	if err != nil {
-		g.log.Warn("fairrun: cannot adopt orphaned processes; descendants that leave a worker's process group may survive it", "err", err)
+		g.log.Warn(
+			"fairrun: cannot adopt orphaned processes; descendants that leave a worker's process group may survive it",
+			"err",
+			err,
+		)
 	}
 	defer restore()
 	sigchld := make(chan os.Signal, 1)
@@ -155,7 +159,17 @@ func (g *group) run(ctx context.Context, c Config, workers []Worker) (int, error
 			if ecode != 0 && !stopping {
 				code = ecode
 				cause = &ExitError{Rank: p.w.Rank, Pid: pid, Code: ecode, Status: describe(ws)}
-				g.log.Error("fairrun: worker failed", "rank", p.w.Rank, "pid", pid, "exit_code", ecode, "status", describe(ws))
+				g.log.Error(
+					"fairrun: worker failed",
+					"rank",
+					p.w.Rank,
+					"pid",
+					pid,
+					"exit_code",
+					ecode,
+					"status",
+					describe(ws),
+				)
 				stop(fmt.Sprintf("rank %d exited with code %d", p.w.Rank, ecode))
 			}
 		}

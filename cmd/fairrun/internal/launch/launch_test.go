@@ -25,7 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	tbinfo "github.com/fairgo/fairgo/internal/testbed"
+	tbinfo "github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/topology"
 )
@@ -257,8 +257,22 @@ func TestPlan(t *testing.T) {
 	t.Run("MASTER_PORT left to the trainer", func(t *testing.T) {
 		// fairgo's store on another port than MASTER_PORT; with emulated
 		// NICs, MASTER_ADDR is the machine of global rank 0 (shuffled here).
-		c := Config{NProcPerNode: 4, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 2, Shuffle: true, ShuffleSeed: 3, Program: "p"}
-		ws, err := Plan(c, base, "10.77.0.1:4001", []string{"0"}, Extras{MasterPort: "4000", NetNS: true, MachineAddrs: []string{"10.77.0.2", "10.77.0.3"}})
+		c := Config{
+			NProcPerNode:    4,
+			NNodes:          1,
+			MasterAddr:      "127.0.0.1",
+			EmulateMachines: 2,
+			Shuffle:         true,
+			ShuffleSeed:     3,
+			Program:         "p",
+		}
+		ws, err := Plan(
+			c,
+			base,
+			"10.77.0.1:4001",
+			[]string{"0"},
+			Extras{MasterPort: "4000", NetNS: true, MachineAddrs: []string{"10.77.0.2", "10.77.0.3"}},
+		)
 		require.NoError(t, err)
 		var rank0Machine int
 		for _, w := range ws {
@@ -294,7 +308,15 @@ func TestPlan(t *testing.T) {
 	})
 
 	t.Run("emulated and shuffled", func(t *testing.T) {
-		c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 4, Shuffle: true, ShuffleSeed: 3, Program: "p"}
+		c := Config{
+			NProcPerNode:    8,
+			NNodes:          1,
+			MasterAddr:      "127.0.0.1",
+			EmulateMachines: 4,
+			Shuffle:         true,
+			ShuffleSeed:     3,
+			Program:         "p",
+		}
 		ws, err := Plan(c, base, "127.0.0.1:9", []string{"0", "1", "2"}, Extras{})
 		require.NoError(t, err)
 		var ranks []int
@@ -389,7 +411,13 @@ func TestPlanRanksSharingAGPU(t *testing.T) {
 				shared(1, 0, "0"), shared(1, 1, "1"), shared(1, 2, "0"), shared(1, 3, "1")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := Config{NProcPerNode: tc.nproc, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: tc.machines, Program: "p"}
+			c := Config{
+				NProcPerNode:    tc.nproc,
+				NNodes:          1,
+				MasterAddr:      "127.0.0.1",
+				EmulateMachines: tc.machines,
+				Program:         "p",
+			}
 			x := Extras{MPS: &MPSEnv{PipeDir: "/p", LogDir: "/l"}}
 			if tc.netns {
 				c.NICGbit, c.NVLinkGbit = 2.5, tc.nvlink
@@ -402,7 +430,13 @@ func TestPlanRanksSharingAGPU(t *testing.T) {
 			hostIDs := map[string]bool{}
 			for slot, w := range ws {
 				e := envMap(w.Env)
-				got := want{e["NCCL_HOSTID"], e["FAIRGO_MACHINE_ID"], e["FAIRGO_DEVICE_ID"], e["CUDA_VISIBLE_DEVICES"], e["FAIRGO_TESTBED_INTRA"]}
+				got := want{
+					e["NCCL_HOSTID"],
+					e["FAIRGO_MACHINE_ID"],
+					e["FAIRGO_DEVICE_ID"],
+					e["CUDA_VISIBLE_DEVICES"],
+					e["FAIRGO_TESTBED_INTRA"],
+				}
 				require.Equal(t, tc.want[slot], got, "slot %d", slot)
 				if got.deviceID == "" {
 					require.NotContains(t, e, "FAIRGO_DEVICE_ID", "slot %d", slot)
@@ -439,15 +473,40 @@ func TestWorkersReadWhatPlanWrites(t *testing.T) {
 	require.Equal(t, topology.EnvDeviceID, EnvDeviceID)
 	require.Equal(t, tbinfo.IntraNVLink, IntraNVLink)
 	require.Equal(t, tbinfo.IntraLoopback, IntraLoopback)
-	c := Config{NProcPerNode: 8, NNodes: 1, MasterAddr: "127.0.0.1", EmulateMachines: 2, NICGbit: 2.5, NVLinkGbit: 20, Program: "p"}
-	ws, err := Plan(c, nil, "10.77.0.1:9", []string{"0"}, Extras{NetNS: true, MPS: &MPSEnv{PipeDir: "/p", LogDir: "/l"}})
+	c := Config{
+		NProcPerNode:    8,
+		NNodes:          1,
+		MasterAddr:      "127.0.0.1",
+		EmulateMachines: 2,
+		NICGbit:         2.5,
+		NVLinkGbit:      20,
+		Program:         "p",
+	}
+	ws, err := Plan(
+		c,
+		nil,
+		"10.77.0.1:9",
+		[]string{"0"},
+		Extras{NetNS: true, MPS: &MPSEnv{PipeDir: "/p", LogDir: "/l"}},
+	)
 	require.NoError(t, err)
 	for _, w := range ws {
 		e := envMap(w.Env)
 		lookup := func(k string) (string, bool) { v, ok := e[k]; return v, ok }
 		emu, err := tbinfo.EmulationFromEnv(lookup)
 		require.NoError(t, err)
-		require.Equal(t, tbinfo.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: tbinfo.IntraLoopback, NVLinkGbit: 20}, emu)
+		require.Equal(
+			t,
+			tbinfo.Emulation{
+				Machines:   2,
+				NICGbit:    2.5,
+				MPS:        true,
+				NetNS:      true,
+				Intra:      tbinfo.IntraLoopback,
+				NVLinkGbit: 20,
+			},
+			emu,
+		)
 		dev, err := topology.DescribeDevice(0, lookup, nil)
 		require.NoError(t, err)
 		require.True(t, dev.ExplicitID())
@@ -545,7 +604,11 @@ func TestNVLinkGbitNeedsNICGbit(t *testing.T) {
 	var ue *UsageError
 	require.ErrorAs(t, err, &ue)
 	require.Equal(t, "nvlink-gbit", ue.Flag)
-	require.EqualError(t, err, "fairrun: --nvlink-gbit 20: needs --nic-gbit (it shapes the loopback of each emulated machine's network namespace)")
+	require.EqualError(
+		t,
+		err,
+		"fairrun: --nvlink-gbit 20: needs --nic-gbit (it shapes the loopback of each emulated machine's network namespace)",
+	)
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writes.
@@ -566,7 +629,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var gridLine = regexp.MustCompile(`^\[(\d+)\] grid (\d+)x(\d+) machine (\d+) local (\d+) rank (\d+) intra \[([\d ]+)\] rail \[([\d ]+)\] machine-id (\S+) device (\S+)$`)
+var gridLine = regexp.MustCompile(
+	`^\[(\d+)\] grid (\d+)x(\d+) machine (\d+) local (\d+) rank (\d+) intra \[([\d ]+)\] rail \[([\d ]+)\] machine-id (\S+) device (\S+)$`,
+)
 
 type gridReport struct {
 	rank, machines, devices, machine, local int
@@ -591,8 +656,16 @@ func parseGrid(t *testing.T, out string) map[int]gridReport {
 func runConfig(t *testing.T, n int, extra func(*Config), args ...string) (code int, err error, stdout, stderr string) {
 	worker, _ := binaries(t)
 	var so, se syncBuffer
-	c := Config{NProcPerNode: n, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: 5 * time.Second, Program: worker, Args: args,
-		Stdout: &so, Stderr: &se}
+	c := Config{
+		NProcPerNode: n,
+		NNodes:       1,
+		MasterAddr:   DefaultMasterAddr,
+		Grace:        5 * time.Second,
+		Program:      worker,
+		Args:         args,
+		Stdout:       &so,
+		Stderr:       &se,
+	}
 	if extra != nil {
 		extra(&c)
 	}
@@ -769,8 +842,22 @@ func TestRunStartFailure(t *testing.T) {
 func TestFairrunSignal(t *testing.T) {
 	worker, fairrun := binaries(t)
 	dir := t.TempDir()
-	cmd := exec.Command(fairrun, "--nproc-per-node", "4", "--emulate-machines", "2", "--gpus", "2", "--shuffle-ranks", "11",
-		"--", worker, "-hang", "-pid-dir", dir)
+	cmd := exec.Command(
+		fairrun,
+		"--nproc-per-node",
+		"4",
+		"--emulate-machines",
+		"2",
+		"--gpus",
+		"2",
+		"--shuffle-ranks",
+		"11",
+		"--",
+		worker,
+		"-hang",
+		"-pid-dir",
+		dir,
+	)
 	var se syncBuffer
 	cmd.Stderr = &se
 	stdout, err := cmd.StdoutPipe()
@@ -907,10 +994,22 @@ func TestRunStoreBind(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			port := freePortPair(t)
 			var so, se syncBuffer
-			c := Config{NProcPerNode: 1, NNodes: tc.nnodes, MasterAddr: "127.0.0.1", MasterPort: port, StoreBind: tc.bind,
-				Grace: time.Second, Program: "/bin/sh", Env: append(os.Environ(), EnvStoreToken+"=shared"),
-				Args:   []string{"-c", `awk -v p="$(printf ':%04X' "${FAIRGO_STORE_ADDR##*:}")" '$2 ~ p"$" && $4 == "0A" {print $2}' /proc/net/tcp /proc/net/tcp6`},
-				Stdout: &so, Stderr: &se}
+			c := Config{
+				NProcPerNode: 1,
+				NNodes:       tc.nnodes,
+				MasterAddr:   "127.0.0.1",
+				MasterPort:   port,
+				StoreBind:    tc.bind,
+				Grace:        time.Second,
+				Program:      "/bin/sh",
+				Env:          append(os.Environ(), EnvStoreToken+"=shared"),
+				Args: []string{
+					"-c",
+					`awk -v p="$(printf ':%04X' "${FAIRGO_STORE_ADDR##*:}")" '$2 ~ p"$" && $4 == "0A" {print $2}' /proc/net/tcp /proc/net/tcp6`,
+				},
+				Stdout: &so,
+				Stderr: &se,
+			}
 			if tc.nnodes == 1 {
 				c.MasterPort = 0
 			}
@@ -974,7 +1073,12 @@ func TestRunStoreToken(t *testing.T) {
 		require.Equal(t, "s3cret", tokenOf(t, out))
 	})
 	t.Run("too long", func(t *testing.T) {
-		code, err, _ := run(t, 1, append(slices.Clone(env), EnvStoreToken+"="+strings.Repeat("x", rendezvous.MaxTokenLen+1)), print)
+		code, err, _ := run(
+			t,
+			1,
+			append(slices.Clone(env), EnvStoreToken+"="+strings.Repeat("x", rendezvous.MaxTokenLen+1)),
+			print,
+		)
 		require.Equal(t, ExitLaunchFailure, code)
 		require.ErrorContains(t, err, EnvStoreToken)
 	})
@@ -989,7 +1093,10 @@ func TestRunStoreToken(t *testing.T) {
 	t.Run("store refuses a client without it", func(t *testing.T) {
 		dir := t.TempDir()
 		done := filepath.Join(dir, "done")
-		script := `echo "$FAIRGO_STORE_ADDR" > ` + filepath.Join(dir, "addr.$RANK") + `; while [ ! -e ` + done + ` ]; do sleep 0.02; done`
+		script := `echo "$FAIRGO_STORE_ADDR" > ` + filepath.Join(
+			dir,
+			"addr.$RANK",
+		) + `; while [ ! -e ` + done + ` ]; do sleep 0.02; done`
 		result := make(chan error, 1)
 		go func() { _, err, _ := run(t, 1, env, script); result <- err }()
 		ended := false

@@ -125,7 +125,12 @@ func (d *mpsDaemon) Stop() error {
 	cmd.Stdin = strings.NewReader("quit\n")
 	out, qerr := cmd.CombinedOutput()
 	if qerr != nil {
-		qerr = fmt.Errorf("fairrun: stop the MPS daemon (echo quit | %s): %w: %s", d.control, qerr, bytes.TrimSpace(out))
+		qerr = fmt.Errorf(
+			"fairrun: stop the MPS daemon (echo quit | %s): %w: %s",
+			d.control,
+			qerr,
+			bytes.TrimSpace(out),
+		)
 	}
 	deadline := time.Now().Add(mpsExitWait)
 	for len(d.processes()) > 0 && time.Now().Before(deadline) {

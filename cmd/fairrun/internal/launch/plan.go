@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 )
 
 // Worker is one process to start.
@@ -27,7 +27,7 @@ type Worker struct {
 // Extras is what Run set up beside the command line that the workers must
 // know about.
 type Extras struct {
-	NetNS      bool    // every emulated machine is a network namespace with NIC testbed.NIC
+	NetNS      bool    // every emulated machine is a network namespace with NIC netbed.NIC
 	MPS        *MPSEnv // the private MPS daemon; nil: none
 	StoreToken string  // the store's shared secret, as FAIRGO_STORE_TOKEN; "": none
 	// MasterPort is the MASTER_PORT workers get: a port left free for the
@@ -114,7 +114,10 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 		return nil, err
 	}
 	if c.NProcPerNode < 1 {
-		return nil, fmt.Errorf("fairrun: plan: --nproc-per-node %s is not resolved to a number of workers (Resolve)", c.NProcFrom)
+		return nil, fmt.Errorf(
+			"fairrun: plan: --nproc-per-node %s is not resolved to a number of workers (Resolve)",
+			c.NProcFrom,
+		)
 	}
 	host, port, err := splitHostPort(storeAddr)
 	if err != nil {
@@ -185,7 +188,7 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 			env.set("CUDA_VISIBLE_DEVICES", w.GPU)
 			env.set(EnvTestbedIntra, intra)
 			if x.NetNS {
-				env.set("NCCL_SOCKET_IFNAME", testbed.NIC)
+				env.set("NCCL_SOCKET_IFNAME", netbed.NIC)
 				env.setDefault("NCCL_IB_DISABLE", "1")
 			} else {
 				env.setDefault("NCCL_SOCKET_IFNAME", "lo")

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/fairgo/fairgo/cmd/fairrun/internal/testbed"
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -23,7 +23,9 @@ const EnvStoreToken = rendezvous.EnvStoreToken
 
 // ErrNoStoreToken: a job of several nodes needs the same token on every
 // node, and fairrun cannot hand one to the other nodes.
-var ErrNoStoreToken = errors.New("fairrun: --nnodes > 1 needs " + EnvStoreToken + " set to the same secret on every node (e.g. the output of: head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')")
+var ErrNoStoreToken = errors.New(
+	"fairrun: --nnodes > 1 needs " + EnvStoreToken + " set to the same secret on every node (e.g. the output of: head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
+)
 
 // storeToken returns the store's token: FAIRGO_STORE_TOKEN from the
 // environment when set, else (one node) 16 random bytes in hex.
@@ -76,7 +78,7 @@ const (
 // Run first resolves c (see Resolve) unless it is resolved already: a
 // *UsageError there returns ExitUsage before anything is started. With
 // --nic-gbit, Run then checks the privileges and kernel features the
-// emulated NICs need (stopping with a *testbed.MissingError before anything
+// emulated NICs need (stopping with a *netbed.MissingError before anything
 // is started) and builds the testbed; with MPS it starts a private MPS
 // daemon. Both are removed before Run returns,
 // whatever happened; when ctx ends during setup, what was built is removed
@@ -112,19 +114,31 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 	gpus := c.gpus
 	per := c.NProcPerNode / max(c.EmulateMachines, 1)
 	if RanksShareGPUs(c, gpus) {
-		log.Info("fairrun: ranks of one emulated machine share a GPU: each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
-			"with a device identity of its own (FAIRGO_DEVICE_ID); inside a machine they talk over NCCL sockets on the loopback, and flat NCCL does not know the machines",
-			"ranks_per_machine", per, "gpus", len(gpus), "loopback_gbit", c.NVLinkGbit)
+		log.Info(
+			"fairrun: ranks of one emulated machine share a GPU: each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
+				"with a device identity of its own (FAIRGO_DEVICE_ID); inside a machine they talk over NCCL sockets on the loopback, and flat NCCL does not know the machines",
+			"ranks_per_machine",
+			per,
+			"gpus",
+			len(gpus),
+			"loopback_gbit",
+			c.NVLinkGbit,
+		)
 	}
 
 	// The emulated NICs.
-	var tb *testbed.Testbed
+	var tb *netbed.Testbed
 	if c.NICGbit > 0 {
-		spec := testbed.Spec{Machines: c.EmulateMachines, Gbit: c.NICGbit, Latency: c.NICLatency, LoopbackGbit: c.NVLinkGbit}
+		spec := netbed.Spec{
+			Machines:     c.EmulateMachines,
+			Gbit:         c.NICGbit,
+			Latency:      c.NICLatency,
+			LoopbackGbit: c.NVLinkGbit,
+		}
 		if err := c.prober.Check(spec); err != nil {
 			return setupFailed(err)
 		}
-		tb, err = testbed.Setup(ctx, spec, log)
+		tb, err = netbed.Setup(ctx, spec, log)
 		if err != nil {
 			return setupFailed(fmt.Errorf("fairrun: build the emulated NICs: %w", err))
 		}
@@ -169,7 +183,11 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 			}
 			x.MasterPort = strconv.Itoa(p)
 		}
-		srv, err := rendezvous.Listen(net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(storePort)), rendezvous.WithServerLogger(log), rendezvous.WithToken(x.StoreToken))
+		srv, err := rendezvous.Listen(
+			net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(storePort)),
+			rendezvous.WithServerLogger(log),
+			rendezvous.WithToken(x.StoreToken),
+		)
 		if err != nil {
 			return setupFailed(fmt.Errorf("fairrun: host the store: %w", err))
 		}
@@ -188,7 +206,11 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 		case err != nil && c.MPS == MPSOn:
 			return setupFailed(fmt.Errorf("fairrun: --mps on: %w", err))
 		case err != nil:
-			log.Warn("fairrun: ranks share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful", "err", err)
+			log.Warn(
+				"fairrun: ranks share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful",
+				"err",
+				err,
+			)
 		default:
 			d, err := startMPS(ctx, control, base, log)
 			if err != nil {
@@ -241,8 +263,11 @@ func Resolve(c Config) (Config, error) {
 		case gpus > 0 && c.NProcFrom != NProcCPU:
 			c.NProcPerNode = gpus
 		case c.NProcFrom == NProcGPU:
-			return c, asGiven(&UsageError{Flag: "nproc-per-node", Value: c.NProcFrom, Reason: "no GPU is visible (" + where + "); " +
-				NProcAuto + " starts one worker per CPU then, " + NProcCPU + " always"}, c.given)
+			return c, asGiven(
+				&UsageError{Flag: "nproc-per-node", Value: c.NProcFrom, Reason: "no GPU is visible (" + where + "); " +
+					NProcAuto + " starts one worker per CPU then, " + NProcCPU + " always"},
+				c.given,
+			)
 		default:
 			c.NProcPerNode = runtime.NumCPU()
 		}
@@ -259,7 +284,9 @@ func Resolve(c Config) (Config, error) {
 		return c, asGiven(&UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: fmt.Sprintf(
 			"the ranks of each emulated machine have GPUs of their own (%d per machine, %d GPUs) and talk GPU to GPU, which tbf cannot shape; "+
 				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs: lower --gpus or raise --nproc-per-node)",
-			per, len(c.gpus))}, c.given)
+			per,
+			len(c.gpus),
+		)}, c.given)
 	}
 	c.resolved = true
 	return c, nil

@@ -39,9 +39,6 @@ const (
 	NoDevice        Code = 12 // FAIRGO_ERR_NO_DEVICE: no GPU or no GPU driver (fairgo.ErrNoDevice)
 )
 
-// Codes lists every code in order.
-var Codes = []Code{OK, NotReady, InvalidArgument, BadHandle, Mismatch, Timeout, Aborted, Closed, CUDA, NCCL, System, Internal, NoDevice}
-
 var codeNames = map[Code]string{
 	OK: "FAIRGO_OK", NotReady: "FAIRGO_NOT_READY", InvalidArgument: "FAIRGO_ERR_INVALID_ARGUMENT",
 	BadHandle: "FAIRGO_ERR_BAD_HANDLE", Mismatch: "FAIRGO_ERR_MISMATCH", Timeout: "FAIRGO_ERR_TIMEOUT",

@@ -30,14 +30,32 @@ var Settings = []Setting{
 		"hier.WithAlgorithm: fix the allreduce's algorithm instead of measuring each size class"},
 	{"FAIRGO_SLICE_BYTES", "slice_bytes", "slice_bytes", "bytes (K, M, G: binary multiples)", "0: fairgo's choice",
 		"hier.WithSliceSize: the pipeline's slice"},
-	{"FAIRGO_FLAT_THRESHOLD_BYTES", "flat_threshold_bytes", "flat_threshold_bytes", "bytes, or -1: never flat", "0: fairgo's choice",
-		"hier.WithFlatThreshold: below it one flat NCCL allreduce"},
-	{"FAIRGO_TIMEOUT", "timeout", "op_timeout_ms", "seconds or a Go duration (90s, 10m); 0: off", "C: off; fairgo_torch: 600 s",
-		"hier.WithTimeout: the watchdog that turns a dead peer into an error on every rank"},
+	{
+		"FAIRGO_FLAT_THRESHOLD_BYTES",
+		"flat_threshold_bytes",
+		"flat_threshold_bytes",
+		"bytes, or -1: never flat",
+		"0: fairgo's choice",
+		"hier.WithFlatThreshold: below it one flat NCCL allreduce",
+	},
+	{
+		"FAIRGO_TIMEOUT",
+		"timeout",
+		"op_timeout_ms",
+		"seconds or a Go duration (90s, 10m); 0: off",
+		"C: off; fairgo_torch: 600 s",
+		"hier.WithTimeout: the watchdog that turns a dead peer into an error on every rank",
+	},
 	{"FAIRGO_INIT_TIMEOUT", "init_timeout", "init_timeout_ms", "seconds or a Go duration", "300 s",
 		"bound of init: store, discovery, NCCL setup"},
-	{"FAIRGO_DEVICE", "device", "device", "CUDA ordinal, -1: default", "-1: the one GPU CUDA_VISIBLE_DEVICES names, else LOCAL_RANK (fairgo_torch: PyTorch's current device)",
-		"this rank's GPU"},
+	{
+		"FAIRGO_DEVICE",
+		"device",
+		"device",
+		"CUDA ordinal, -1: default",
+		"-1: the one GPU CUDA_VISIBLE_DEVICES names, else LOCAL_RANK (fairgo_torch: PyTorch's current device)",
+		"this rank's GPU",
+	},
 }
 
 // FromEnv returns o with the settings that lookup finds (FAIRGO_ALGORITHM,
@@ -69,7 +87,11 @@ func (o Options) FromEnv(lookup func(string) (string, bool)) (Options, error) {
 	if v, ok := get("FAIRGO_FLAT_THRESHOLD_BYTES"); ok {
 		n, err := ParseBytes(v)
 		if err != nil || (n < 0 && n != hier.FlatNever) {
-			return o, bad("FAIRGO_FLAT_THRESHOLD_BYTES", v, "want a size in bytes such as 262144 or 256K, or -1 (never flat)")
+			return o, bad(
+				"FAIRGO_FLAT_THRESHOLD_BYTES",
+				v,
+				"want a size in bytes such as 262144 or 256K, or -1 (never flat)",
+			)
 		}
 		o.FlatThreshold = n
 	}

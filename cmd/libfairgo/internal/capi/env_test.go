@@ -27,8 +27,18 @@ func TestOptionsFromEnv(t *testing.T) {
 		bad  string
 	}{
 		{"none", nil, func(*capi.Options) {}, ""},
-		{"empty values are unset", map[string]string{"FAIRGO_SLICE_BYTES": " ", "FAIRGO_ALGORITHM": ""}, func(*capi.Options) {}, ""},
-		{"algorithm", map[string]string{"FAIRGO_ALGORITHM": "Rail-RSAG"}, func(o *capi.Options) { o.Algorithm = hier.RailRSAG }, ""},
+		{
+			"empty values are unset",
+			map[string]string{"FAIRGO_SLICE_BYTES": " ", "FAIRGO_ALGORITHM": ""},
+			func(*capi.Options) {},
+			"",
+		},
+		{
+			"algorithm",
+			map[string]string{"FAIRGO_ALGORITHM": "Rail-RSAG"},
+			func(o *capi.Options) { o.Algorithm = hier.RailRSAG },
+			"",
+		},
 		{"sizes", map[string]string{"FAIRGO_SLICE_BYTES": "16M", "FAIRGO_FLAT_THRESHOLD_BYTES": "-1"},
 			func(o *capi.Options) { o.SliceBytes, o.FlatThreshold = 16<<20, hier.FlatNever }, ""},
 		{"timeouts", map[string]string{"FAIRGO_TIMEOUT": "90", "FAIRGO_INIT_TIMEOUT": "2m"},

@@ -61,7 +61,13 @@ func TestSettingsDocumented(t *testing.T) {
 	for _, s := range capi.Settings {
 		row := regexp.MustCompile(`(?m)^ \*   ` + s.Env + ` +` + s.Keyword + ` +` + s.Field + `$`)
 		require.Regexp(t, row, string(h), "fairgo.h's settings table lacks %s", s.Env)
-		require.Regexp(t, regexp.MustCompile("(?m)^\\| `"+s.Env+"` \\|"), string(readme), "README.md's environment table lacks %s", s.Env)
+		require.Regexp(
+			t,
+			regexp.MustCompile("(?m)^\\| `"+s.Env+"` \\|"),
+			string(readme),
+			"README.md's environment table lacks %s",
+			s.Env,
+		)
 		require.Contains(t, string(readme), "`"+s.Keyword+"`", "README.md does not name the keyword of %s", s.Env)
 	}
 }

@@ -43,10 +43,18 @@ func (b *simBackend) ForeignStream(dev hier.Device, handle uintptr) (streams.Str
 	s, ok := b.streams[handle]
 	b.mu.Unlock()
 	if !ok {
-		return nil, &fairgo.ArgError{Arg: "stream", Value: fmt.Sprintf("%#x", handle), Reason: "not a registered stream"}
+		return nil, &fairgo.ArgError{
+			Arg:    "stream",
+			Value:  fmt.Sprintf("%#x", handle),
+			Reason: "not a registered stream",
+		}
 	}
 	if s.Device() != dev {
-		return nil, &fairgo.ArgError{Arg: "stream", Value: fmt.Sprintf("%#x", handle), Reason: fmt.Sprintf("belongs to %v, not %v", s.Device(), dev)}
+		return nil, &fairgo.ArgError{
+			Arg:    "stream",
+			Value:  fmt.Sprintf("%#x", handle),
+			Reason: fmt.Sprintf("belongs to %v, not %v", s.Device(), dev),
+		}
 	}
 	return s, nil
 }
@@ -113,13 +121,21 @@ func env(machineOf []string, p int) rendezvous.LookupFunc {
 func launch(machineOf []string, p int) rendezvous.Launch {
 	e := env(machineOf, p)
 	n := func(k string) int { v, _ := e(k); i, _ := strconv.Atoi(v); return i }
-	return rendezvous.Launch{Rank: p, WorldSize: len(machineOf), LocalRank: n("LOCAL_RANK"), LocalWorldSize: n("LOCAL_WORLD_SIZE")}
+	return rendezvous.Launch{
+		Rank:           p,
+		WorldSize:      len(machineOf),
+		LocalRank:      n("LOCAL_RANK"),
+		LocalWorldSize: n("LOCAL_WORLD_SIZE"),
+	}
 }
 
 // procOptions are the Options of simulated process p: its environment
 // (machine identity) and no NVML.
 func procOptions(machineOf []string, p int, o capi.Options) capi.Options {
-	self := topology.Self{NoNVML: true, Host: topology.Host{Hostname: func() (string, error) { return "capi-test", nil }}}
+	self := topology.Self{
+		NoNVML: true,
+		Host:   topology.Host{Hostname: func() (string, error) { return "capi-test", nil }},
+	}
 	o.Setup = append(o.Setup, setup.WithEnv(env(machineOf, p)), setup.WithSelf(self))
 	return o
 }

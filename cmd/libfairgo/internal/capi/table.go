@@ -83,7 +83,11 @@ func (o Options) validate() error {
 	case o.SliceBytes < 0:
 		return bad("slice_bytes", o.SliceBytes, "negative")
 	case o.FlatThreshold < 0 && o.FlatThreshold != hier.FlatNever:
-		return bad("flat_threshold_bytes", o.FlatThreshold, fmt.Sprintf("negative (only %d, never flat, is allowed)", hier.FlatNever))
+		return bad(
+			"flat_threshold_bytes",
+			o.FlatThreshold,
+			fmt.Sprintf("negative (only %d, never flat, is allowed)", hier.FlatNever),
+		)
 	case !o.Algorithm.Valid():
 		return bad("algorithm", int(o.Algorithm), "unknown (FAIRGO_ALGORITHM_AUTO, _FLAT, _RAIL_A2A, _RAIL_RSAG)")
 	}
@@ -164,8 +168,12 @@ func (t *Table) init(l *rendezvous.Launch, o Options) (int64, error) {
 	if o.InitTimeout == 0 {
 		o.InitTimeout = DefaultInitTimeout
 	}
-	ropts := []hier.Option{hier.WithTimeout(o.OpTimeout), hier.WithSliceSize(o.SliceBytes), hier.WithFlatThreshold(o.FlatThreshold),
-		hier.WithAlgorithm(o.Algorithm)}
+	ropts := []hier.Option{
+		hier.WithTimeout(o.OpTimeout),
+		hier.WithSliceSize(o.SliceBytes),
+		hier.WithFlatThreshold(o.FlatThreshold),
+		hier.WithAlgorithm(o.Algorithm),
+	}
 	sopts := append([]setup.Option{setup.WithReducer(ropts...)}, t.cfg.Setup...)
 	sopts = append(sopts, o.Setup...)
 	if l != nil {
@@ -228,7 +236,15 @@ func (t *Table) Info(id int64) (Info, error) {
 		return Info{}, err
 	}
 	g := c.r.Grid()
-	info := Info{Rank: c.r.WorldRank(), WorldSize: g.Size(), Machines: g.Machines, Devices: g.Devices, Machine: g.Machine, Local: g.Local, Device: -1}
+	info := Info{
+		Rank:      c.r.WorldRank(),
+		WorldSize: g.Size(),
+		Machines:  g.Machines,
+		Devices:   g.Devices,
+		Machine:   g.Machine,
+		Local:     g.Local,
+		Device:    -1,
+	}
 	if d, ok := c.r.Device().(interface{ Ordinal() int }); ok {
 		info.Device = d.Ordinal()
 	}
@@ -242,7 +258,14 @@ func (t *Table) Info(id int64) (Info, error) {
 // device (the host never waits for the GPU). Errors found before anything is
 // enqueued are returned here; the work's own outcome is observed through
 // the returned work handle (Test, Wait), which must be freed (FreeWork).
-func (t *Table) AllReduce(id int64, ptr uintptr, count int64, dt fairgo.DType, op fairgo.Op, stream uintptr) (int64, error) {
+func (t *Table) AllReduce(
+	id int64,
+	ptr uintptr,
+	count int64,
+	dt fairgo.DType,
+	op fairgo.Op,
+	stream uintptr,
+) (int64, error) {
 	c, err := t.comm(id)
 	if err != nil {
 		return 0, err
@@ -256,7 +279,12 @@ func (t *Table) AllReduce(id int64, ptr uintptr, count int64, dt fairgo.DType, o
 		return 0, err
 	}
 	if !op.Valid() {
-		return 0, &fairgo.ArgError{Arg: "op", Value: int(op), Reason: "unknown reduction operator", Err: fairgo.ErrUnknownOp}
+		return 0, &fairgo.ArgError{
+			Arg:    "op",
+			Value:  int(op),
+			Reason: "unknown reduction operator",
+			Err:    fairgo.ErrUnknownOp,
+		}
 	}
 	s, err := t.cfg.Backend.ForeignStream(c.r.Device(), stream)
 	if err != nil {
@@ -433,11 +461,4 @@ func (t *Table) CloseAll() error {
 		<-s.done
 	}
 	return errors.Join(errs...)
-}
-
-// Handles counts the live handles of each kind (tests).
-func (t *Table) Handles() (comms, works, stores int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.comms), len(t.works), len(t.stores)
 }

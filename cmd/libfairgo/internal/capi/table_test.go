@@ -60,7 +60,22 @@ func TestAllReduce(t *testing.T) {
 			errs := spawn(w, func(p int) error {
 				dev := f.device(ids[p])
 				handle, caller := f.b.register(t, dev)
-				src, buf, out := alloc(t, dev, c.count, c.dt), alloc(t, dev, c.count, c.dt), alloc(t, dev, c.count, c.dt)
+				src, buf, out := alloc(
+					t,
+					dev,
+					c.count,
+					c.dt,
+				), alloc(
+					t,
+					dev,
+					c.count,
+					c.dt,
+				), alloc(
+					t,
+					dev,
+					c.count,
+					c.dt,
+				)
 				if err := dev.Upload(src.Ptr, inputs[p]); err != nil {
 					return err
 				}
@@ -141,8 +156,18 @@ func TestInitErrors(t *testing.T) {
 		text   string
 	}{
 		{name: "no launch environment", noEnv: true, want: capi.InvalidArgument, text: "no launch environment"},
-		{name: "rank outside world", launch: &rendezvous.Launch{Rank: 2, WorldSize: 2, LocalWorldSize: 1}, want: capi.InvalidArgument, text: "Rank"},
-		{name: "local world too large", launch: &rendezvous.Launch{Rank: 0, WorldSize: 1, LocalWorldSize: 2}, want: capi.InvalidArgument, text: "LocalWorldSize"},
+		{
+			name:   "rank outside world",
+			launch: &rendezvous.Launch{Rank: 2, WorldSize: 2, LocalWorldSize: 1},
+			want:   capi.InvalidArgument,
+			text:   "Rank",
+		},
+		{
+			name:   "local world too large",
+			launch: &rendezvous.Launch{Rank: 0, WorldSize: 1, LocalWorldSize: 2},
+			want:   capi.InvalidArgument,
+			text:   "LocalWorldSize",
+		},
 		{name: "negative init timeout", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
 			opts: func(o *capi.Options) { o.InitTimeout = -time.Second }, want: capi.InvalidArgument, text: "init_timeout_ms"},
 		{name: "negative op timeout", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},

@@ -147,11 +147,19 @@ func (ks *Kernels) MatMul(c, a, b fairgo.Tensor, m, n, k int, transA, transB boo
 		return err
 	}
 	if overlaps(c, a, mn, mk) || overlaps(c, b, mn, kn) {
-		return fmt.Errorf("gpu: training kernel %s: %w", name, &fairgo.ArgError{Arg: "c", Value: c, Reason: "overlaps an operand"})
+		return fmt.Errorf(
+			"gpu: training kernel %s: %w",
+			name,
+			&fairgo.ArgError{Arg: "c", Value: c, Reason: "overlaps an operand"},
+		)
 	}
 	gx, gy := (n+matmulTile-1)/matmulTile, (m+matmulTile-1)/matmulTile
 	if gy > 65535 {
-		return fmt.Errorf("gpu: training kernel %s: %w", name, &fairgo.ArgError{Arg: "m", Value: m, Reason: "more rows than a grid's y dimension covers (65535·16)"})
+		return fmt.Errorf(
+			"gpu: training kernel %s: %w",
+			name,
+			&fairgo.ArgError{Arg: "m", Value: m, Reason: "more rows than a grid's y dimension covers (65535·16)"},
+		)
 	}
 	return ks.launch(name, gx, gy, matmulTile, matmulTile, s,
 		c, a, b, int32(m), int32(n), int32(k), flag(transA), flag(transB))
@@ -205,14 +213,29 @@ func (ks *Kernels) ColSum(out, m fairgo.Tensor, rows, cols int, s streams.Stream
 // dz[r][k] = (softmax(logits[r])[k] − [k = y])·scale (scale = 1/rows gives
 // the gradient of the mean loss). Labels outside the range are not checked
 // on the device: the caller guarantees them.
-func (ks *Kernels) SoftmaxXent(logits, labels, loss, correct, dz fairgo.Tensor, rows, classes int, scale float32, s streams.Stream) error {
+func (ks *Kernels) SoftmaxXent(
+	logits, labels, loss, correct, dz fairgo.Tensor,
+	rows, classes int,
+	scale float32,
+	s streams.Stream,
+) error {
 	const name = "fg_t_softmax_xent"
 	if err := dims(name, "rows, classes", rows, classes); err != nil {
 		return err
 	}
 	n := int64(rows) * int64(classes)
-	err := errors.Join(need(name, "logits", logits, fairgo.Float32, n), need(name, "labels", labels, fairgo.Int32, int64(rows)),
-		need(name, "loss", loss, fairgo.Float32, int64(rows)), need(name, "correct", correct, fairgo.Float32, int64(rows)))
+	err := errors.Join(
+		need(name, "logits", logits, fairgo.Float32, n),
+		need(name, "labels", labels, fairgo.Int32, int64(rows)),
+		need(
+			name,
+			"loss",
+			loss,
+			fairgo.Float32,
+			int64(rows),
+		),
+		need(name, "correct", correct, fairgo.Float32, int64(rows)),
+	)
 	if dz != (fairgo.Tensor{}) {
 		err = errors.Join(err, need(name, "dz", dz, fairgo.Float32, n))
 	}
@@ -251,7 +274,8 @@ func (ks *Kernels) SGD(params, velocity, grads fairgo.Tensor, lr, mu float32, s 
 }
 
 // GenInputs enqueues x[i] = a standard normal draw that depends only on
-// (seed, rank, step, i), over x's elements: see InputValue.
+// (seed, rank, step, i), over x's elements: see InputValue
+// (input_test.go).
 func (ks *Kernels) GenInputs(x fairgo.Tensor, seed uint64, rank, step int, s streams.Stream) error {
 	const name = "fg_t_gen_inputs"
 	if err := need(name, "x", x, fairgo.Float32, 1); err != nil {

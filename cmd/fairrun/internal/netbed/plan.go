@@ -1,11 +1,11 @@
-// Package testbed builds fairrun's emulated cluster: one network namespace
+// Package netbed builds fairrun's emulated cluster: one network namespace
 // per emulated machine, each with one NIC (a veth on a shared bridge) shaped
 // to a fixed rate in both directions and, when asked, its loopback shaped
 // too (the intra-machine link of ranks that talk over sockets inside their
 // machine). The plan (names, addresses, qdisc parameters) is computed
 // without touching the system; Setup builds it through netlink, needing
 // neither ip nor tc, and Close removes it.
-package testbed
+package netbed
 
 import (
 	"crypto/rand"
@@ -47,7 +47,11 @@ func (s Spec) Validate() error {
 	case s.Latency < 0 || s.Latency > MaxLatency:
 		return fmt.Errorf("testbed: NIC latency %v: must be in [0, %v]", s.Latency, MaxLatency)
 	case math.IsNaN(s.LoopbackGbit) || s.LoopbackGbit < 0 || s.LoopbackGbit > MaxGbit:
-		return fmt.Errorf("testbed: loopback rate %v Gbit/s: must be in (0, %d], or 0 for an unshaped loopback", s.LoopbackGbit, MaxGbit)
+		return fmt.Errorf(
+			"testbed: loopback rate %v Gbit/s: must be in (0, %d], or 0 for an unshaped loopback",
+			s.LoopbackGbit,
+			MaxGbit,
+		)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package testbed
+package netbed
 
 import (
 	"context"
@@ -70,9 +70,25 @@ func Setup(ctx context.Context, spec Spec, log *slog.Logger) (_ *Testbed, err er
 	if t.plan.Loopback != nil {
 		loRate = t.plan.Loopback.RateBytes
 	}
-	log.Info("fairrun: testbed up", "machines", len(t.plan.Machines), "bridge", t.plan.Bridge, "subnet", t.plan.Subnet,
-		"rate_bytes_per_s", t.plan.Shaping.RateBytes, "burst", t.plan.Shaping.BurstBytes, "limit", t.plan.Shaping.LimitBytes,
-		"latency", t.plan.Shaping.Latency, "loopback_bytes_per_s", loRate)
+	log.Info(
+		"fairrun: testbed up",
+		"machines",
+		len(t.plan.Machines),
+		"bridge",
+		t.plan.Bridge,
+		"subnet",
+		t.plan.Subnet,
+		"rate_bytes_per_s",
+		t.plan.Shaping.RateBytes,
+		"burst",
+		t.plan.Shaping.BurstBytes,
+		"limit",
+		t.plan.Shaping.LimitBytes,
+		"latency",
+		t.plan.Shaping.Latency,
+		"loopback_bytes_per_s",
+		loRate,
+	)
 	return t, nil
 }
 
@@ -147,7 +163,11 @@ func (t *Testbed) createMachine(i int) error {
 	}
 	t.ns = append(t.ns, ns)
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: m.HostVeth, MasterIndex: t.bridge.Attrs().Index, MTU: t.plan.MTU}, // the peer gets the same MTU
+		LinkAttrs: netlink.LinkAttrs{
+			Name:        m.HostVeth,
+			MasterIndex: t.bridge.Attrs().Index,
+			MTU:         t.plan.MTU,
+		}, // the peer gets the same MTU
 		PeerName:      m.NIC,
 		PeerNamespace: netlink.NsFd(int(ns)),
 	}
@@ -216,8 +236,10 @@ func addQdiscs(h *netlink.Handle, link netlink.Link, s Shaping, withNetem bool, 
 	idx := link.Attrs().Index
 	tbfParent := uint32(netlink.HANDLE_ROOT)
 	if withNetem {
-		netem := netlink.NewNetem(netlink.QdiscAttrs{LinkIndex: idx, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
-			netlink.NetemQdiscAttrs{Latency: uint32(s.Latency.Microseconds()), Limit: s.NetemLimit})
+		netem := netlink.NewNetem(
+			netlink.QdiscAttrs{LinkIndex: idx, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
+			netlink.NetemQdiscAttrs{Latency: uint32(s.Latency.Microseconds()), Limit: s.NetemLimit},
+		)
 		if err := h.QdiscAdd(netem); err != nil {
 			return qdiscErr(flagLatency, "netem", link.Attrs().Name, featureNetem, err)
 		}

@@ -1,4 +1,4 @@
-package testbed
+package netbed
 
 import (
 	"context"
@@ -236,7 +236,14 @@ func TestSetupAndClose(t *testing.T) {
 	}
 	for i := range p.Machines {
 		j := (i + 1) % len(p.Machines)
-		require.Equal(t, fmt.Sprintf("machine %d\n", j), read(i, listeners[j].Addr().String()), "machine %d reaches machine %d", i, j)
+		require.Equal(
+			t,
+			fmt.Sprintf("machine %d\n", j),
+			read(i, listeners[j].Addr().String()),
+			"machine %d reaches machine %d",
+			i,
+			j,
+		)
 		require.Equal(t, "root\n", read(i, storeLn.Addr().String()), "machine %d reaches the bridge", i)
 	}
 	// The machines cannot see the root namespace's loopback.
@@ -265,7 +272,11 @@ func TestSetupInterrupted(t *testing.T) {
 	tb, err := Setup(ctx, spec, quiet)
 	require.ErrorIs(t, err, context.Canceled)
 	require.Nil(t, tb)
-	require.Empty(t, leftovers(t, fmt.Sprintf("%06x", os.Getpid()), nil), "the bridge created before the interruption is gone")
+	require.Empty(
+		t,
+		leftovers(t, fmt.Sprintf("%06x", os.Getpid()), nil),
+		"the bridge created before the interruption is gone",
+	)
 }
 
 // A bridge left by a crashed run (its pid gone) is removed by the next
@@ -407,7 +418,13 @@ func TestShapedRate(t *testing.T) {
 			if load := loadAverage(); load > float64(runtime.NumCPU()) || gbit > 1 {
 				// A small host's CPU caps TCP near 10 Gbit/s, more so while
 				// other packages test: only 1 Gbit/s must always be reached.
-				t.Skipf("best of three %.2f Gbit/s of %v (load %.1f on %d CPUs): above 1 Gbit/s this host's CPU cannot be told from the shaping", best, gbit, load, runtime.NumCPU())
+				t.Skipf(
+					"best of three %.2f Gbit/s of %v (load %.1f on %d CPUs): above 1 Gbit/s this host's CPU cannot be told from the shaping",
+					best,
+					gbit,
+					load,
+					runtime.NumCPU(),
+				)
 			}
 			t.Fatalf("slower than the shaped rate three times: best %.2f Gbit/s of %v", best, gbit)
 		})
@@ -436,7 +453,14 @@ func TestLoopbackShaped(t *testing.T) {
 			case tbf == nil:
 				return fmt.Errorf("machine %d: no tbf on lo", i)
 			case tbf.Rate != p.Loopback.RateBytes || tbf.Limit != p.Loopback.LimitBytes:
-				return fmt.Errorf("machine %d: lo's tbf rate %d limit %d, want %d and %d", i, tbf.Rate, tbf.Limit, p.Loopback.RateBytes, p.Loopback.LimitBytes)
+				return fmt.Errorf(
+					"machine %d: lo's tbf rate %d limit %d, want %d and %d",
+					i,
+					tbf.Rate,
+					tbf.Limit,
+					p.Loopback.RateBytes,
+					p.Loopback.LimitBytes,
+				)
 			}
 			return nil
 		}))
@@ -444,7 +468,12 @@ func TestLoopbackShaped(t *testing.T) {
 	best := 0.0
 	for range 3 {
 		got := measureGbit(t, tb, 0, 0, 800*time.Millisecond)
-		t.Logf("lo shaped to %v Gbit/s: TCP to the machine's own NIC address moved %.3f Gbit/s (%.1f%%)", loGbit, got, 100*got/loGbit)
+		t.Logf(
+			"lo shaped to %v Gbit/s: TCP to the machine's own NIC address moved %.3f Gbit/s (%.1f%%)",
+			loGbit,
+			got,
+			100*got/loGbit,
+		)
 		require.Less(t, got, 1.15*loGbit, "faster than lo's shaped rate: traffic inside a machine bypasses lo")
 		if got > 0.85*loGbit {
 			return
@@ -452,7 +481,13 @@ func TestLoopbackShaped(t *testing.T) {
 		best = max(best, got)
 	}
 	if load := loadAverage(); load > float64(runtime.NumCPU()) {
-		t.Skipf("best of three %.2f Gbit/s of %v (load %.1f on %d CPUs): this host is too busy to tell", best, loGbit, load, runtime.NumCPU())
+		t.Skipf(
+			"best of three %.2f Gbit/s of %v (load %.1f on %d CPUs): this host is too busy to tell",
+			best,
+			loGbit,
+			load,
+			runtime.NumCPU(),
+		)
 	}
 	t.Fatalf("slower than lo's shaped rate three times: best %.2f Gbit/s of %v", best, loGbit)
 }

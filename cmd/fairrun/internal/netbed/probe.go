@@ -1,4 +1,4 @@
-package testbed
+package netbed
 
 import (
 	"errors"
@@ -74,7 +74,11 @@ func (p Prober) Check(spec Spec) error {
 	}
 	eff, err := caps()
 	if err != nil {
-		return &MissingError{Flag: "nic-gbit", Capability: "CAP_NET_ADMIN and CAP_SYS_ADMIN", Err: fmt.Errorf("reading the capabilities: %w", err)}
+		return &MissingError{
+			Flag:       "nic-gbit",
+			Capability: "CAP_NET_ADMIN and CAP_SYS_ADMIN",
+			Err:        fmt.Errorf("reading the capabilities: %w", err),
+		}
 	}
 	for _, c := range []struct {
 		bit  uint

@@ -1,4 +1,4 @@
-package testbed
+package harness
 
 import (
 	"context"
@@ -18,9 +18,6 @@ import (
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
-// CUDABuilt reports whether this build has the GPU openers.
-const CUDABuilt = true
-
 // OpenCUDALocal drives s.Machines × s.Devices ranks from this process, one
 // per GPU over the first GPUs, with the grid declared (cuda.NewLocalRanks):
 // 2 × 1 puts two "machines" on two GPUs of one host.
@@ -32,7 +29,10 @@ func OpenCUDALocal(s Spec) (*Testbed, error) {
 	want := s.Machines * s.Devices
 	if s.Machines < 1 || s.Devices < 1 || want > n {
 		return nil, &fairgo.ArgError{Arg: "machines × devices", Value: fmt.Sprintf("%d×%d", s.Machines, s.Devices),
-			Reason: fmt.Sprintf("one process drives one rank per GPU, and %d GPUs are visible (run more ranks under fairrun)", n)}
+			Reason: fmt.Sprintf(
+				"one process drives one rank per GPU, and %d GPUs are visible (run more ranks under fairrun)",
+				n,
+			)}
 	}
 	t := &Testbed{}
 	var devs []*cuda.Device
@@ -248,8 +248,16 @@ func (e *eventTimer) close() error {
 }
 
 func gpuInfo(backend string, t *Testbed, m, d, procs int) Info {
-	info := Info{Backend: backend, Timing: "CUDA events on the benchmark stream", NCCLVersion: ncclVersion(), NCCLEnv: NCCLEnv(),
-		Machines: m, Devices: d, Processes: procs, Host: hostname()}
+	info := Info{
+		Backend:     backend,
+		Timing:      "CUDA events on the benchmark stream",
+		NCCLVersion: ncclVersion(),
+		NCCLEnv:     NCCLEnv(),
+		Machines:    m,
+		Devices:     d,
+		Processes:   procs,
+		Host:        hostname(),
+	}
 	for _, r := range t.ranks {
 		info.GPUs = append(info.GPUs, fmt.Sprint(r.Device))
 	}

@@ -1,4 +1,4 @@
-package testbed
+package harness
 
 import (
 	"errors"
@@ -54,7 +54,10 @@ func (i Info) FlatTopologyUnaware() bool {
 // ~12 ms floor under every collective that spins on the GPU.
 func (i Info) Invalid() string {
 	if i.Placement.SharedAcrossMachines && !i.Emulation.MPS {
-		return fmt.Sprintf("ranks of different machines share a GPU (%d ranks per GPU) without MPS: the GPU time-slices between them", i.Placement.RanksPerGPU)
+		return fmt.Sprintf(
+			"ranks of different machines share a GPU (%d ranks per GPU) without MPS: the GPU time-slices between them",
+			i.Placement.RanksPerGPU,
+		)
 	}
 	return ""
 }

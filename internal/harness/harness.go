@@ -1,4 +1,4 @@
-// Package testbed opens the ranks a program drives — every rank of a
+// Package harness opens the ranks a program drives — every rank of a
 // simulated cluster, several GPUs in one process, or one GPU per process
 // under a launcher — as one Testbed, with a device, a stream and a timer per
 // rank, and on demand a world communicator on which NCCL runs its ring only
@@ -7,7 +7,7 @@
 // sit on GPUs and NCCL hosts. The benchmark harness, the examples and tests
 // share it, and each opens its cluster by calling the opener it wants:
 // there is no registry.
-package testbed
+package harness
 
 import (
 	"context"
@@ -28,9 +28,6 @@ type Device interface {
 	hier.Device
 	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
 }
-
-// ErrNoCUDA is returned by the GPU openers of a build without the cuda tag.
-var ErrNoCUDA = errors.New("testbed: the cuda backend is not in this build (build with -tags cuda)")
 
 // Spec is what the single-process openers need.
 type Spec struct {
@@ -80,7 +77,11 @@ func (r *Rank) Upload(t fairgo.Tensor, data []byte) error {
 		return nil
 	}
 	if int64(len(data)) > t.ByteLen() {
-		return &fairgo.ArgError{Arg: "data", Value: len(data), Reason: fmt.Sprintf("more bytes than the tensor's %d", t.ByteLen())}
+		return &fairgo.ArgError{
+			Arg:    "data",
+			Value:  len(data),
+			Reason: fmt.Sprintf("more bytes than the tensor's %d", t.ByteLen()),
+		}
 	}
 	return r.Device.Upload(t.Ptr, data)
 }
@@ -278,9 +279,10 @@ func (t *Testbed) onClose(fn func() error) { t.closers = append(t.closers, fn) }
 // closeOnError closes t and joins err with what that reports.
 func (t *Testbed) closeOnError(err error) error { return errors.Join(err, t.Close()) }
 
-// Open opens the testbed of a backend by name: "sim" (OpenSim), or "cuda"
-// in builds with the cuda tag: OpenCUDAProcess under a launcher of several
-// processes (UnderLauncher), else OpenCUDALocal.
+// Open opens the testbed of a backend by name: "sim" (OpenSim), or "cuda":
+// OpenCUDAProcess under a launcher of several processes (UnderLauncher),
+// else OpenCUDALocal. Without a CUDA driver or GPU, "cuda" fails with an
+// error that matches fairgo.ErrNoDevice.
 func Open(ctx context.Context, backend string, s Spec) (*Testbed, error) {
 	switch backend {
 	case "sim":

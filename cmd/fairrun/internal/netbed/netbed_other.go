@@ -1,6 +1,6 @@
 //go:build !linux
 
-package testbed
+package netbed
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package testbed
+package harness
 
 import (
 	"context"
@@ -17,9 +17,11 @@ func OpenSim(s Spec) (*Testbed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testbed: sim cluster: %w", err)
 	}
-	t := &Testbed{info: Info{Backend: "sim", Timing: "wall clock on the host (sim timings are not GPU timings)", SimTimings: true,
-		NCCLEnv: NCCLEnv(), Machines: s.Machines, Devices: s.Devices, Processes: 1, Host: hostname(),
-		Placement: Placement{RanksPerGPU: 1}}}
+	t := &Testbed{
+		info: Info{Backend: "sim", Timing: "wall clock on the host (sim timings are not GPU timings)", SimTimings: true,
+			NCCLEnv: NCCLEnv(), Machines: s.Machines, Devices: s.Devices, Processes: 1, Host: hostname(),
+			Placement: Placement{RanksPerGPU: 1}},
+	}
 	t.onClose(c.Close)
 	t.newRing = func(context.Context) ([]hier.Comm, error) {
 		cs, err := c.NewWorld("flat-ring")
