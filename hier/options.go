@@ -107,7 +107,7 @@ type config struct {
 // means that the slice of each allreduce comes from the job's links: at its
 // first hierarchical allreduce the Reducer measures the intra-machine link
 // and the rail, and cuts each call into the number of slices that
-// minimizes its modelled time (see Choice and the README). The staging
+// minimizes its modelled time (see Choice and doc/how-it-works.md). The staging
 // slots of D = 1 and of ReduceScatter and AllGather are sized for
 // DefaultSliceBytes grown with the grid (M·D·DefaultMinShardBytes, at most
 // MaxDefaultSliceBytes) when it is zero.

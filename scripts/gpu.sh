@@ -104,7 +104,8 @@
 # property test: 25 in one process, LAUNCHED_RAPID_CHECKS 10 per layout
 # under fairrun), FAULT_MODES, SOAK_SECONDS.
 #
-# Under $OUT: machine.txt, logs/STEP.log (every command's output),
+# Under $OUT: machine.txt, logs/STEP.log (every command's output; all of
+# them packed again in logs.tgz),
 # json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
 # test), enqueue.txt (the enqueue benchmark), and from targets/analyse
 # targets.json, targets.txt, model.txt, digest.txt, results.csv. The last
@@ -754,6 +755,10 @@ while [ $# -gt 0 ]; do
     ;;
   esac
 done
+
+# The logs in one file as well: the device tool brings back a few files of
+# a run, and a run writes a log per step.
+tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null
 
 echo
 echo "== fairgo GPU run, $(date -u +%H:%M:%S) UTC, $((SECONDS - start)) s, NIC ${NIC_GBIT} Gbit/s, loopback ${NVLINK_GBIT:-not shaped}${NVLINK_GBIT:+ Gbit/s}, MPS $MPS, logs and records in $OUT"
