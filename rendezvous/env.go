@@ -197,8 +197,9 @@ func FromLookup(lookup LookupFunc) (Launch, error) {
 func (l Launch) validate() error {
 	names := map[string][4]string{
 		"torchrun": {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-		"openmpi":  {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-		"slurm":    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+		"openmpi": {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+			"OMPI_COMM_WORLD_LOCAL_SIZE"},
+		"slurm": {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 	}[l.Source]
 	itoa := strconv.Itoa
 	switch {
@@ -425,7 +426,8 @@ func (e *envReader) storeAddr(l *Launch) {
 			return
 		}
 	} else if sp > 65535 {
-		e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port), Reason: "the store rank 0 hosts goes on MASTER_PORT+1, which is no port: set " + EnvStorePort})
+		e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port),
+			Reason: "the store rank 0 hosts goes on MASTER_PORT+1, which is no port: set " + EnvStorePort})
 		return
 	}
 	l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(sp))

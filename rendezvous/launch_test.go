@@ -316,7 +316,9 @@ func TestLaunchFairrun(t *testing.T) {
 	envs := make([]map[string]string, 4)
 	for r := range envs {
 		envs[r] = torchrunEnv(r, 29500, false)
-		for _, k := range []string{"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"} {
+		for _, k := range []string{"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+			"TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE",
+			"ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"} {
 			delete(envs[r], k)
 		}
 		envs[r]["FAIRGO_STORE_ADDR"] = srv.Addr()

@@ -160,7 +160,8 @@ func TestPlotsRender(t *testing.T) {
 	}
 	files, err := Plot(dir, recs)
 	require.NoError(t, err)
-	for _, w := range []string{"busbw_1x2_float32", "busbw_4x2_float32", "speedup_2gpus_float32", "overlap_2x2_float32_8x4M"} {
+	for _, w := range []string{"busbw_1x2_float32", "busbw_4x2_float32", "speedup_2gpus_float32",
+		"overlap_2x2_float32_8x4M"} {
 		for _, ext := range []string{".png", ".svg"} {
 			st, err := os.Stat(filepath.Join(dir, w+ext))
 			require.NoError(t, err)
@@ -182,7 +183,8 @@ func TestTableSaysTheIntraMachineLink(t *testing.T) {
 		want string // "": no such line
 	}{
 		{"2x4 on one GPU, lo shaped", harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
-			Emulation: harness.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: harness.IntraLoopback, NVLinkGbit: 20},
+			Emulation: harness.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true,
+				Intra: harness.IntraLoopback, NVLinkGbit: 20},
 			Placement: harness.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8}},
 			"# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n"},
 		{"2x2 on one GPU, lo not shaped", harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,

@@ -171,7 +171,8 @@ func issue18Defs() []targetDef {
 		for _, it := range []struct {
 			name string
 			ok   func(int) bool
-		}{{"one call at a time", func(n int) bool { return n == 1 }}, {"20 back to back", func(n int) bool { return n >= 20 }}} {
+		}{{"one call at a time", func(n int) bool { return n == 1 }},
+			{"20 back to back", func(n int) bool { return n >= 20 }}} {
 			u5 = append(
 				u5,
 				requirement{name(l) + ", " + it.name, oneGPU(l.m, l.d, l.gbit, lo, 256*mib, it.ok), vsNoCheck},
@@ -246,7 +247,8 @@ func targetDefs() []targetDef {
 		for _, it := range []struct {
 			name string
 			ok   func(int) bool
-		}{{"one call at a time", func(n int) bool { return n == 1 }}, {"20 back to back", func(n int) bool { return n >= 20 }}} {
+		}{{"one call at a time", func(n int) bool { return n == 1 }},
+			{"20 back to back", func(n int) bool { return n >= 20 }}} {
 			t1 = append(t1, requirement{fmt.Sprintf("1×2 in one process, %s, %s", dt, it.name),
 				sweepOn(1, 2, false, []string{dt}, 64*kib, gib, it.ok), vsFlat})
 		}

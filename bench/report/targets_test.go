@@ -407,7 +407,8 @@ func TestIssue18Targets(t *testing.T) {
 	ts, err := Targets(recs, TargetOptions{})
 	require.NoError(t, err)
 	got := byID(t, ts)
-	for id, want := range map[string]float64{"U1": 1.2 / 1.06, "U2": 1.2 / 1.06, "U3": 1 / 1.06, "U4": 1.2 / 1.06, "U5": 1.05 / 1.06, "U6": 1.04 / 1.06} {
+	for id, want := range map[string]float64{"U1": 1.2 / 1.06, "U2": 1.2 / 1.06, "U3": 1 / 1.06,
+		"U4": 1.2 / 1.06, "U5": 1.05 / 1.06, "U6": 1.04 / 1.06} {
 		require.NotNil(t, got[id].Measured, id)
 		require.InDelta(t, want, *got[id].Measured, 1e-9, id)
 		require.Empty(t, got[id].Missing, id)

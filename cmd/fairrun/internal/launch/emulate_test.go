@@ -436,7 +436,8 @@ func TestRunRefusesWithoutPrivileges(t *testing.T) {
 		want string
 	}{
 		{name: "no capabilities", caps: 0, want: "fairrun: --nic-gbit needs CAP_NET_ADMIN (run as root)"},
-		{name: "no CAP_SYS_ADMIN", caps: 1 << netbed.CapNetAdmin, want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
+		{name: "no CAP_SYS_ADMIN", caps: 1 << netbed.CapNetAdmin,
+			want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -143,7 +143,8 @@ func (ks *Kernels) MatMul(c, a, b fairgo.Tensor, m, n, k int, transA, transB boo
 		return err
 	}
 	mn, mk, kn := int64(m)*int64(n), int64(m)*int64(k), int64(k)*int64(n)
-	if err := errors.Join(need(name, "c", c, fairgo.Float32, mn), need(name, "a", a, fairgo.Float32, mk), need(name, "b", b, fairgo.Float32, kn)); err != nil {
+	if err := errors.Join(need(name, "c", c, fairgo.Float32, mn), need(name, "a", a, fairgo.Float32, mk),
+		need(name, "b", b, fairgo.Float32, kn)); err != nil {
 		return err
 	}
 	if overlaps(c, a, mn, mk) || overlaps(c, b, mn, kn) {
@@ -177,7 +178,8 @@ func (ks *Kernels) BiasAct(z, bias fairgo.Tensor, rows, cols int, relu bool, s s
 		return err
 	}
 	n := int64(rows) * int64(cols)
-	if err := errors.Join(need(name, "z", z, fairgo.Float32, n), need(name, "bias", bias, fairgo.Float32, int64(cols))); err != nil {
+	if err := errors.Join(need(name, "z", z, fairgo.Float32, n),
+		need(name, "bias", bias, fairgo.Float32, int64(cols))); err != nil {
 		return err
 	}
 	return ks.launch(name, ks.grid1(n, true), 1, blockSize, 1, s, z, bias, int32(rows), int32(cols), flag(relu))
@@ -200,7 +202,8 @@ func (ks *Kernels) ColSum(out, m fairgo.Tensor, rows, cols int, s streams.Stream
 	if err := dims(name, "rows, cols", rows, cols); err != nil {
 		return err
 	}
-	if err := errors.Join(need(name, "out", out, fairgo.Float32, int64(cols)), need(name, "m", m, fairgo.Float32, int64(rows)*int64(cols))); err != nil {
+	if err := errors.Join(need(name, "out", out, fairgo.Float32, int64(cols)),
+		need(name, "m", m, fairgo.Float32, int64(rows)*int64(cols))); err != nil {
 		return err
 	}
 	return ks.launch(name, ks.grid1(int64(cols), false), 1, blockSize, 1, s, out, m, int32(rows), int32(cols))
@@ -292,7 +295,8 @@ func (ks *Kernels) GenLabels(y, x, teacher fairgo.Tensor, rows, in, classes int,
 	if err := dims(name, "rows, in, classes", rows, in, classes); err != nil {
 		return err
 	}
-	if err := errors.Join(need(name, "y", y, fairgo.Int32, int64(rows)), need(name, "x", x, fairgo.Float32, int64(rows)*int64(in)),
+	if err := errors.Join(need(name, "y", y, fairgo.Int32, int64(rows)), need(name, "x", x, fairgo.Float32,
+		int64(rows)*int64(in)),
 		need(name, "teacher", teacher, fairgo.Float32, int64(classes)*int64(in))); err != nil {
 		return err
 	}
