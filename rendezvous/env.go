@@ -50,20 +50,33 @@ const (
 
 // Launch is where this process sits in the job, as its launcher told it.
 type Launch struct {
-	Rank           int    // global rank in [0, WorldSize)
-	WorldSize      int    // number of processes in the job
-	LocalRank      int    // rank among the processes of this node, in [0, LocalWorldSize)
-	LocalWorldSize int    // processes on this node
-	MasterAddr     string // MASTER_ADDR (or derived, see FromLookup), or the host of FAIRGO_STORE_ADDR
-	MasterPort     int    // MASTER_PORT (or derived), or the port of FAIRGO_STORE_ADDR
-	StoreAddr      string // "host:port" of the store this process uses (see StoreKind)
-	StoreToken     string // the store's shared token (FAIRGO_STORE_TOKEN); "" for none
-	Source         string // whose variables gave the rank: "torchrun" (RANK...), "slurm" or "openmpi"
-	Launcher       string // who launched the process: a Launcher* constant; "" when made by hand
-	StoreKind      string // a Store* constant; "" when made by hand (Open then infers it)
-	AgentStore     bool   // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves a c10d store at MASTER_ADDR:MASTER_PORT
-	RestartCount   int    // TORCHELASTIC_RESTART_COUNT: torchrun's attempt number (0 first)
-	Vars           []EnvVar
+	// global rank in [0, WorldSize)
+	Rank int
+	// number of processes in the job
+	WorldSize int
+	// rank among the processes of this node, in [0, LocalWorldSize)
+	LocalRank int
+	// processes on this node
+	LocalWorldSize int
+	// MASTER_ADDR (or derived, see FromLookup), or the host of FAIRGO_STORE_ADDR
+	MasterAddr string
+	// MASTER_PORT (or derived), or the port of FAIRGO_STORE_ADDR
+	MasterPort int
+	// "host:port" of the store this process uses (see StoreKind)
+	StoreAddr string
+	// the store's shared token (FAIRGO_STORE_TOKEN); "" for none
+	StoreToken string
+	// whose variables gave the rank: "torchrun" (RANK...), "slurm" or "openmpi"
+	Source string
+	// who launched the process: a Launcher* constant; "" when made by hand
+	Launcher string
+	// a Store* constant; "" when made by hand (Open then infers it)
+	StoreKind string
+	// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves a c10d store at MASTER_ADDR:MASTER_PORT
+	AgentStore bool
+	// TORCHELASTIC_RESTART_COUNT: torchrun's attempt number (0 first)
+	RestartCount int
+	Vars         []EnvVar
 }
 
 // EnvVar is one variable FromLookup read, for error messages: which

@@ -43,26 +43,42 @@ type MPSMode string
 
 // MPS modes (--mps).
 const (
-	MPSAuto MPSMode = "auto" // on when emulated machines' ranks share a GPU (more workers than GPUs) and the daemon is installed
-	MPSOn   MPSMode = "on"   // always; an error when nvidia-cuda-mps-control is missing
-	MPSOff  MPSMode = "off"  // never
+	// on when emulated machines' ranks share a GPU (more workers than GPUs) and the daemon is installed
+	MPSAuto MPSMode = "auto"
+	// always; an error when nvidia-cuda-mps-control is missing
+	MPSOn MPSMode = "on"
+	// never
+	MPSOff MPSMode = "off"
 )
 
 // Config is one fairrun invocation.
 type Config struct {
-	NProcPerNode    int    // workers on this node; 0 with NProcFrom until Resolve
-	NProcFrom       string // --nproc-per-node gpu, auto or cpu (torchrun's): Resolve counts the workers on this node; "": NProcPerNode as given
-	NNodes          int    // nodes in the job
-	NodeRank        int    // this node's index in [0, NNodes)
-	MasterAddr      string // host of the store (node rank 0), as the workers dial it
-	MasterPort      int    // port of the store; 0: a free port (single node only)
-	Standalone      bool   // --standalone: one node with a store of its own on a free port (what a single node gets anyway); refuses --nnodes > 1, --master-addr, --master-port
-	StoreBind       string // host or IP the store listens on; "": MasterAddr
-	EmulateMachines int    // split this node's workers into this many virtual machines; 0: off
-	GPUs            int    // GPUs to spread emulated machines over; 0: detect
-	Shuffle         bool   // permute global ranks across this node's workers
-	ShuffleSeed     uint64 // the permutation's seed
-	Grace           time.Duration
+	// workers on this node; 0 with NProcFrom until Resolve
+	NProcPerNode int
+	// --nproc-per-node gpu, auto or cpu (torchrun's): Resolve counts the workers on this node; "": NProcPerNode as given
+	NProcFrom string
+	// nodes in the job
+	NNodes int
+	// this node's index in [0, NNodes)
+	NodeRank int
+	// host of the store (node rank 0), as the workers dial it
+	MasterAddr string
+	// port of the store; 0: a free port (single node only)
+	MasterPort int
+	// --standalone: one node with a store of its own on a free port (what a single node gets anyway); refuses --nnodes >
+	// 1, --master-addr, --master-port
+	Standalone bool
+	// host or IP the store listens on; "": MasterAddr
+	StoreBind string
+	// split this node's workers into this many virtual machines; 0: off
+	EmulateMachines int
+	// GPUs to spread emulated machines over; 0: detect
+	GPUs int
+	// permute global ranks across this node's workers
+	Shuffle bool
+	// the permutation's seed
+	ShuffleSeed uint64
+	Grace       time.Duration
 
 	// An emulated machine's NIC (with EmulateMachines): NICGbit > 0 puts
 	// every emulated machine in a network namespace of its own with one NIC
