@@ -359,7 +359,8 @@ func TestParseVariant(t *testing.T) {
 	}
 	// An error names the key and its value, and lists the choices.
 	for in, want := range map[string]string{
-		"x=algo:ring":         `invalid -fairgo "x=algo:ring": algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)`,
+		"x=algo:ring": `invalid -fairgo "x=algo:ring": algo ring: unknown (auto, flat, rail-a2a, ` +
+			`rail-rsag, rail-allreduce)`,
 		"x=slice:1Q":          `slice 1Q: not an integer with an optional K, M, G or T suffix`,
 		"x=parallelism:two":   `parallelism two: not an integer`,
 		"x=parallelism:2000":  `parallelism 2000: more than 1024 slices in flight`,

@@ -278,7 +278,8 @@ func TestGPUNoLeaks(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&heap2)
 	t.Logf(
-		"10000 allreduces of %d KiB on %dx%d in %v: device free %d → %d bytes, Go heap %d → %d bytes, goroutines %d → %d",
+		"10000 allreduces of %d KiB on %dx%d in %v: device free %d → %d bytes, Go heap %d → %d bytes, "+
+			"goroutines %d → %d",
 		bytes>>10,
 		g[0],
 		g[1],

@@ -395,9 +395,11 @@ func (e *envReader) storeAddr(l *Launch) {
 		reason := "missing (and " + EnvStoreAddr + " too)"
 		switch l.Source {
 		case LauncherSlurm:
-			reason = "missing (and SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST, SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
+			reason = "missing (and SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST, " +
+				"SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
 		case LauncherOpenMPI:
-			reason = "missing: Open MPI names no host to meet at; give the host of rank 0 (mpirun -x MASTER_ADDR=host -x MASTER_PORT=port), or " + EnvStoreAddr + "=host:port of a running fairgo store"
+			reason = "missing: Open MPI names no host to meet at; give the host of rank 0 (mpirun -x " +
+				"MASTER_ADDR=host -x MASTER_PORT=port), or " + EnvStoreAddr + "=host:port of a running fairgo store"
 		}
 		e.fail(&EnvError{Var: "MASTER_ADDR", Reason: reason})
 		return

@@ -195,8 +195,9 @@ func issue18Defs() []targetDef {
 		{id: "U1", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo/naive at 64M–256M",
 			target: "≥ 1.05", atLeast: true, threshold: 1.05, parts: parts(shared, 64*mib, 256*mib, vsNaive)},
 		{
-			id:        "U2",
-			what:      "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 1M–256M",
+			id: "U2",
+			what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, " +
+				"naive) at every size 1M–256M",
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,
@@ -205,24 +206,27 @@ func issue18Defs() []targetDef {
 		{id: "U3", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo busbw / NIC-bound ideal at 64M–256M",
 			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: parts(shared, 64*mib, 256*mib, vsIdeal)},
 		{
-			id:        "U4",
-			what:      "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 256K–256M",
+			id: "U4",
+			what: "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, " +
+				"naive) at every size 256K–256M",
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,
 			parts:     parts(single, 256*kib, 256*mib, vsBest),
 		},
 		{
-			id:        "U5",
-			what:      "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), one call at a time and 20 back to back",
+			id: "U5",
+			what: "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), " +
+				"one call at a time and 20 back to back",
 			target:    "≥ 0.98",
 			atLeast:   true,
 			threshold: 0.98,
 			parts:     u5,
 		},
 		{
-			id:        "U6",
-			what:      "all of U1–U4's layouts: time of the fastest fairgo variant measured at the point / time of Auto's choice (100% of points within 3%)",
+			id: "U6",
+			what: "all of U1–U4's layouts: time of the fastest fairgo variant measured at the point / time " +
+				"of Auto's choice (100% of points within 3%)",
 			target:    "≥ 0.971",
 			atLeast:   true,
 			threshold: 1 / 1.03,
@@ -261,8 +265,9 @@ func targetDefs() []targetDef {
 	}
 	return []targetDef{
 		{
-			id:        "T1",
-			what:      "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, one call at a time and 20 back to back",
+			id: "T1",
+			what: "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, " +
+				"one call at a time and 20 back to back",
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,

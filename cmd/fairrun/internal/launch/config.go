@@ -185,7 +185,8 @@ func newFlagSet(c *Config) *flag.FlagSet {
 	fs.Var(
 		nprocValue{c},
 		"nproc-per-node",
-		"`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), auto (gpu when there is a GPU, else cpu), cpu (one per CPU)",
+		"`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), "+
+			"auto (gpu when there is a GPU, else cpu), cpu (one per CPU)",
 	)
 	fs.IntVar(&c.NNodes, "nnodes", 1, "`K` nodes in the job; run one fairrun per node")
 	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
@@ -200,7 +201,8 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		"master-port",
 		-1,
 		fmt.Sprintf(
-			"MASTER_PORT, left free for the trainer's own store; fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)",
+			"MASTER_PORT, left free for the trainer's own store; "+
+				"fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)",
 			DefaultMasterPort,
 		),
 	)
@@ -208,7 +210,9 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		&c.Standalone,
 		"standalone",
 		false,
-		"one node with a store of its own on a free port, as torchrun's --standalone (what a single node gets by default; not with --nnodes > 1, --master-addr or --master-port)",
+		"one node with a store of its own on a free port, as torchrun's "+
+			"--standalone (what a single node gets by default; not with --nnodes > 1, --master-addr or "+
+			"--master-port)",
 	)
 	fs.StringVar(
 		&c.StoreBind,
@@ -233,7 +237,8 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		"nic-gbit",
 		0,
 		fmt.Sprintf(
-			"give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= %d; needs --emulate-machines, root)",
+			"give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= "+
+				"%d; needs --emulate-machines, root)",
 			MaxNICGbit,
 		),
 	)
@@ -248,15 +253,19 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		"nvlink-gbit",
 		0,
 		fmt.Sprintf(
-			"shape each emulated machine's loopback (lo of its namespace) by tbf to `G` Gbit/s: the intra-machine link of ranks that share a GPU, "+
-				"which talk over NCCL sockets through lo. lo is one queue, so G bounds the sum of all intra-machine traffic of a machine, unlike NVLink's links, one per GPU and direction "+
+			"shape each emulated machine's loopback (lo of its namespace) by tbf to `G` Gbit/s: "+
+				"the intra-machine link of ranks that share a GPU, "+
+				"which talk over NCCL sockets through lo. lo is one queue, "+
+				"so G bounds the sum of all intra-machine traffic of a machine, unlike NVLink's links, "+
+				"one per GPU and direction "+
 				"(0 < G <= %d; needs --nic-gbit, and more ranks per machine than GPUs)",
 			MaxNICGbit,
 		),
 	)
 	fs.Func(
 		"mps",
-		"`mode` of running the workers under a private CUDA MPS daemon: auto (when emulated machines' ranks share a GPU), on, off (default auto)",
+		"`mode` of running the workers under a private CUDA MPS daemon: "+
+			"auto (when emulated machines' ranks share a GPU), on, off (default auto)",
 		func(s string) error {
 			switch m := MPSMode(s); m {
 			case MPSAuto, MPSOn, MPSOff:

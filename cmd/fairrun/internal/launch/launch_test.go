@@ -89,7 +89,8 @@ func TestParseArgs(t *testing.T) {
 		{name: "no dashes", args: "-nproc-per-node=1 prog",
 			want: Config{NProcPerNode: 1, NNodes: 1, MasterAddr: DefaultMasterAddr, Grace: DefaultGrace,
 				MPS: MPSAuto, Program: "prog", Args: []string{}}},
-		{name: "everything", args: "--nproc-per-node 4 --nnodes 2 --node-rank 1 --master-addr h0 --master-port 1234 --emulate-machines 2 --gpus 2 --shuffle-ranks 9 --grace 2s -- p",
+		{name: "everything", args: "--nproc-per-node 4 --nnodes 2 --node-rank 1 --master-addr h0 " +
+			"--master-port 1234 --emulate-machines 2 --gpus 2 --shuffle-ranks 9 --grace 2s -- p",
 			want: Config{NProcPerNode: 4, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 1234,
 				EmulateMachines: 2, GPUs: 2, Shuffle: true, ShuffleSeed: 9, Grace: 2 * time.Second, MPS: MPSAuto,
 				Program: "p", Args: []string{}}},
@@ -140,7 +141,8 @@ func TestParseArgs(t *testing.T) {
 		{name: "latency without nic", args: "--nproc-per-node 2 --emulate-machines 2 --nic-latency 1ms -- p",
 			flag: "nic-latency"},
 		{name: "bad mps", args: "--nproc-per-node 2 --mps yes -- p", flag: "-"},
-		{name: "shaped loopback", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 20 --mps on -- p",
+		{name: "shaped loopback", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 " +
+			"--nvlink-gbit 20 --mps on -- p",
 			want: Config{NProcPerNode: 4, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 2.5, NVLinkGbit: 20,
 				MPS: MPSOn, Grace: DefaultGrace, Program: "p", Args: []string{}}},
 		{name: "loopback without nic", args: "--nproc-per-node 4 --emulate-machines 2 --nvlink-gbit 20 -- p",
@@ -160,11 +162,13 @@ func TestParseArgs(t *testing.T) {
 		{name: "store bind with port", args: "--nproc-per-node 2 --store-bind 127.0.0.1:80 -- p", flag: "store-bind"},
 		{name: "help", args: "--help", flag: "help"},
 		{name: "h", args: "-h -- p", flag: "help"},
-		{name: "torchrun's underscores", args: "--nproc_per_node 4 --nnodes 2 --node_rank 1 --master_addr h0 --master_port 1234 --emulate_machines 2 --gpus 2 --shuffle_ranks 9 --grace 2s -- p",
+		{name: "torchrun's underscores", args: "--nproc_per_node 4 --nnodes 2 --node_rank 1 --master_addr h0 " +
+			"--master_port 1234 --emulate_machines 2 --gpus 2 --shuffle_ranks 9 --grace 2s -- p",
 			want: Config{NProcPerNode: 4, NNodes: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 1234,
 				EmulateMachines: 2, GPUs: 2, Shuffle: true, ShuffleSeed: 9, Grace: 2 * time.Second, MPS: MPSAuto,
 				Program: "p", Args: []string{}}},
-		{name: "underscores of the testbed", args: "--nproc_per_node 4 --emulate_machines 2 --nic_gbit 2.5 --nic_latency 1ms --nvlink_gbit 20 --store_bind= -- p",
+		{name: "underscores of the testbed", args: "--nproc_per_node 4 --emulate_machines 2 --nic_gbit 2.5 " +
+			"--nic_latency 1ms --nvlink_gbit 20 --store_bind= -- p",
 			want: Config{NProcPerNode: 4, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 2.5, NICLatency: time.Millisecond, NVLinkGbit: 20,
 				MPS: MPSAuto, Grace: DefaultGrace, Program: "p", Args: []string{}}},
 		{name: "underscore checks as hyphen", args: "--nproc_per_node 2 --emulate_machines 2 --nic_gbit 0 -- p",
@@ -172,7 +176,8 @@ func TestParseArgs(t *testing.T) {
 		{name: "standalone", args: "--standalone --nproc_per_node 2 -- p a",
 			want: Config{NProcPerNode: 2, NNodes: 1, Standalone: true, MasterAddr: DefaultMasterAddr,
 				Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{"a"}}},
-		{name: "standalone, one node said", args: "--standalone --nnodes 1 --nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 -- p",
+		{name: "standalone, one node said", args: "--standalone --nnodes 1 --nproc-per-node 2 " +
+			"--emulate-machines 2 --nic-gbit 10 -- p",
 			want: Config{NProcPerNode: 2, NNodes: 1, Standalone: true, MasterAddr: DefaultMasterAddr,
 				EmulateMachines: 2, NICGbit: 10, Grace: DefaultGrace, MPS: MPSAuto, Program: "p", Args: []string{}}},
 		{name: "standalone on several nodes", args: "--standalone --nnodes 2 --nproc-per-node 2 -- p", flag: "nnodes"},
@@ -579,7 +584,8 @@ func TestResolve(t *testing.T) {
 		{name: "gpu: UUIDs count", args: "--nproc_per_node gpu -- p", visible: "GPU-8e2c,GPU-77aa,GPU-01ff", nproc: 3},
 		{name: "gpu: CUDA stops at a negative index", args: "--nproc_per_node gpu -- p", visible: "3,-1,2", nproc: 1},
 		{name: "gpu without a GPU", args: "--nproc_per_node gpu -- p", visible: "",
-			err: `fairrun: --nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES=""); auto starts one worker per CPU then, cpu always`},
+			err: `fairrun: --nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES=""); ` +
+				`auto starts one worker per CPU then, cpu always`},
 		{name: "auto with GPUs", args: "--nproc-per-node auto -- p", visible: "4,5,6,7", nproc: 4},
 		{name: "auto without a GPU: one per CPU", args: "--nproc-per-node auto -- p", visible: "", nproc: cpus},
 		{name: "cpu with GPUs", args: "--nproc-per-node cpu -- p", visible: "0", nproc: cpus},
@@ -587,12 +593,17 @@ func TestResolve(t *testing.T) {
 			visible: "0,1", nproc: 2, gpus: []string{"0", "1"}},
 		{name: "machines that do not divide the GPUs", args: "--nproc-per-node gpu --emulate-machines 3 -- p", visible: "0,1",
 			err: "fairrun: --emulate-machines 3: does not divide --nproc-per-node=2"},
-		{name: "shaped loopback of ranks sharing a GPU", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 20 -- p", visible: "0",
+		{name: "shaped loopback of ranks sharing a GPU", args: "--nproc-per-node 4 --emulate-machines 2 " +
+			"--nic-gbit 2.5 --nvlink-gbit 20 -- p", visible: "0",
 			nproc: 4, gpus: []string{"0"}},
-		{name: "shaped loopback of ranks with GPUs of their own", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 --nvlink-gbit 20.0 -- p", visible: "0,1",
-			err: "fairrun: --nvlink-gbit 20.0: the ranks of each emulated machine have GPUs of their own (2 per machine, 2 GPUs) and talk GPU to GPU, which tbf cannot shape; " +
-				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs: lower --gpus or raise --nproc-per-node)"},
-		{name: "--gpus makes them share", args: "--nproc-per-node 4 --emulate-machines 2 --gpus 1 --nic-gbit 2.5 --nvlink-gbit 20 -- p", visible: "0,1",
+		{name: "shaped loopback of ranks with GPUs of their own", args: "--nproc-per-node 4 --emulate-machines " +
+			"2 --nic-gbit 2.5 --nvlink-gbit 20.0 -- p", visible: "0,1",
+			err: "fairrun: --nvlink-gbit 20.0: the ranks of each emulated machine have GPUs of their own (2 per " +
+				"machine, 2 GPUs) and talk GPU to GPU, which tbf cannot shape; " +
+				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs: " +
+				"lower --gpus or raise --nproc-per-node)"},
+		{name: "--gpus makes them share", args: "--nproc-per-node 4 --emulate-machines 2 --gpus 1 " +
+			"--nic-gbit 2.5 --nvlink-gbit 20 -- p", visible: "0,1",
 			nproc: 4, gpus: []string{"0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -673,7 +684,8 @@ func (s *syncBuffer) String() string {
 }
 
 var gridLine = regexp.MustCompile(
-	`^\[(\d+)\] grid (\d+)x(\d+) machine (\d+) local (\d+) rank (\d+) intra \[([\d ]+)\] rail \[([\d ]+)\] machine-id (\S+) device (\S+)$`,
+	`^\[(\d+)\] grid (\d+)x(\d+) machine (\d+) local (\d+) rank (\d+) ` +
+		`intra \[([\d ]+)\] rail \[([\d ]+)\] machine-id (\S+) device (\S+)$`,
 )
 
 type gridReport struct {
@@ -1051,7 +1063,8 @@ func TestRunStoreBind(t *testing.T) {
 				Env:          append(os.Environ(), EnvStoreToken+"=shared"),
 				Args: []string{
 					"-c",
-					`awk -v p="$(printf ':%04X' "${FAIRGO_STORE_ADDR##*:}")" '$2 ~ p"$" && $4 == "0A" {print $2}' /proc/net/tcp /proc/net/tcp6`,
+					`awk -v p="$(printf ':%04X' "${FAIRGO_STORE_ADDR##*:}")" '$2 ~ p"$" && $4 == "0A" {print $2}' ` +
+						`/proc/net/tcp /proc/net/tcp6`,
 				},
 				Stdout: &so,
 				Stderr: &se,
