@@ -249,7 +249,9 @@ func TestRecordsOfRanksSharingAGPU(t *testing.T) {
 	require.Equal(t, recs, back)
 	old, err := ReadJSONL(
 		strings.NewReader(
-			`{"kind":"sweep","algorithm":"flat","machines":2,"devices":2,"testbed":{"launcher_machines":2,"nic_gbit":10,"mps":true,"netns":true,"ranks_per_gpu":2,"shared_across_machines":true}}`,
+			`{"kind":"sweep","algorithm":"flat","machines":2,"devices":2,` +
+				`"testbed":{"launcher_machines":2,"nic_gbit":10,"mps":true,"netns":true,"ranks_per_gpu":2,` +
+				`"shared_across_machines":true}}`,
 		),
 	)
 	require.NoError(t, err)

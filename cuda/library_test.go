@@ -52,7 +52,9 @@ func fakeDriver(t *testing.T, version, initResult int, omit ...string) string {
 	}
 	var src strings.Builder
 	src.WriteString(`typedef int R;
-static const char* name(R r) { return r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 999 ? "CUDA_ERROR_UNKNOWN" : "CUDA_FAKE"; }
+static const char* name(R r) {
+	return r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 999 ? "CUDA_ERROR_UNKNOWN" : "CUDA_FAKE";
+}
 `)
 	skip := map[string]bool{}
 	for _, o := range omit {

@@ -186,7 +186,8 @@ func (r *Reducer) eachPart(p *slicePlan, fn func(pt part) error) error {
 func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Algorithm, l *lanes) error {
 	g := r.grid
 	M, D, m, d := g.Machines, g.Devices, g.Machine, g.Local
-	rs, col, add, dif, ag := l.st[streams.ReduceScatter], l.st[streams.Collect], l.st[streams.Add], l.st[streams.Diffuse], l.st[streams.AllGather]
+	rs, col, add := l.st[streams.ReduceScatter], l.st[streams.Collect], l.st[streams.Add]
+	dif, ag := l.st[streams.Diffuse], l.st[streams.AllGather]
 
 	// 1 reduce-scatter inside the machine: row d gets the machine's sum.
 	if p.pad != nil {

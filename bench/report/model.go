@@ -69,7 +69,8 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 			switch {
 			case r.Kind == bench.KindLink && r.Link == link:
 				links = append(links, pt)
-			case r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && r.Iters == 1 && (r.Testbed.NICGbit > 0) == testbed:
+			case r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && r.Iters == 1 &&
+				(r.Testbed.NICGbit > 0) == testbed:
 				flats = append(flats, pt)
 			}
 		}

@@ -69,7 +69,8 @@ func TestTableRow(t *testing.T) {
 	tab.Point(sampleRecords())
 	require.NoError(t, tab.Err())
 	out := buf.String()
-	for _, want := range []string{"not GPU timings", "grid 2×2", "NCCL env:", "#wrong", "fairgo/flat", "fairgo/best", "fairgo/ideal",
+	for _, want := range []string{"not GPU timings", "grid 2×2", "NCCL env:", "#wrong", "fairgo/flat",
+		"fairgo/best", "fairgo/ideal",
 		"busbw = algbw·2(n−1)/n", "testbed: not emulated", "choices 0+ flat, 256K+ rail-a2a"} {
 		require.Contains(t, out, want)
 	}
@@ -261,7 +262,9 @@ func TestCommittedRecordsStillReport(t *testing.T) {
 func TestSummarySaysTheIntraMachineLink(t *testing.T) {
 	recs := sampleRecords()
 	for i := range recs {
-		recs[i].Testbed.Intra, recs[i].Testbed.NVLinkGbit, recs[i].Testbed.FlatTopologyUnaware = harness.IntraLoopback, 20, true
+		recs[i].Testbed.Intra = harness.IntraLoopback
+		recs[i].Testbed.NVLinkGbit = 20
+		recs[i].Testbed.FlatTopologyUnaware = true
 	}
 	recs = append(
 		recs,

@@ -90,7 +90,8 @@ func sweepOn(m, d int, testbed bool, dtypes []string, lo, hi int64, iters func(i
 	return func(r bench.Record) bool {
 		onTestbed := r.Testbed.NICGbit > 0
 		inProcess := !onTestbed && r.Processes == 1
-		return r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && onTestbed == testbed && (testbed || inProcess) &&
+		return r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d &&
+			onTestbed == testbed && (testbed || inProcess) &&
 			slices.Contains(dtypes, r.DType) &&
 			r.Bytes >= lo &&
 			r.Bytes <= hi &&

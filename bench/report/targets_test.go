@@ -289,7 +289,8 @@ func TestModelReport(t *testing.T) {
 		ModelReport(&buf, recs, ModelOptions{Devices: 8, Machines: []int{8, 64}, Sizes: []float64{1 << 20, 1 << 30}}),
 	)
 	out := buf.String()
-	for _, want := range []string{"one NIC per machine (fairrun --nic-gbit 10)", "error against", "testbed points: worst |error|",
+	for _, want := range []string{"one NIC per machine (fairrun --nic-gbit 10)", "error against",
+		"testbed points: worst |error|",
 		"predictions for M machines × D = 8 GPUs, one NIC per GPU", "rail-rsag(us)", "NCCL's double binary tree"} {
 		require.Contains(t, out, want)
 	}

@@ -420,7 +420,8 @@ func TestCLIRules(t *testing.T) {
 		usage("model devices", a("model -in x.jsonl -model-devices 0"), "-model-devices 0: must be at least 1"),
 	})
 	// A failure (a file that is not there) is status 1, one message.
-	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"), a("targets -in /nonexistent/x.jsonl -enqueue 6.5"),
+	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"),
+		a("targets -in /nonexistent/x.jsonl -enqueue 6.5"),
 		a("targets -in /nonexistent/x.jsonl -enqueue /nonexistent/enqueue.txt")} {
 		var stdout, stderr bytes.Buffer
 		require.Equal(t, cli.ExitFailure, runFairbench(args, &stdout, &stderr), "%v", args)

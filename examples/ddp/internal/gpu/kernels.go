@@ -28,8 +28,9 @@ const (
 	blockSize  = 256 // threads per block of the one-dimensional kernels
 )
 
-// Kernels holds the float32 training kernels of train.cu on one Device: the pieces of a multi-layer perceptron (matrix products, bias and
-// ReLU, the softmax cross-entropy), SGD with momentum and a synthetic data
+// Kernels holds the float32 training kernels of train.cu on one Device: the
+// pieces of a multi-layer perceptron (matrix products, bias and ReLU, the
+// softmax cross-entropy), SGD with momentum and a synthetic data
 // generator, for examples/ddp and for trainers that want a GPU step with no
 // host copies. Every method validates its arguments and enqueues one kernel
 // on s (a *cuda.Stream of the same Device), returning at once. Matrices are
@@ -189,7 +190,8 @@ func (ks *Kernels) BiasAct(z, bias fairgo.Tensor, rows, cols int, relu bool, s s
 // output a[i] is not positive, over da's elements.
 func (ks *Kernels) ReLUMask(da, a fairgo.Tensor, s streams.Stream) error {
 	const name = "fg_t_relu_mask"
-	if err := errors.Join(need(name, "da", da, fairgo.Float32, 1), need(name, "a", a, fairgo.Float32, da.Count)); err != nil {
+	if err := errors.Join(need(name, "da", da, fairgo.Float32, 1),
+		need(name, "a", a, fairgo.Float32, da.Count)); err != nil {
 		return err
 	}
 	return ks.launch(name, ks.grid1(da.Count, true), 1, blockSize, 1, s, da, a, da.Count)
@@ -256,7 +258,8 @@ func (ks *Kernels) AccumStats(stats, loss, correct fairgo.Tensor, rows int, s st
 	if err := dims(name, "rows", rows); err != nil {
 		return err
 	}
-	if err := errors.Join(need(name, "stats", stats, fairgo.Float64, 2), need(name, "loss", loss, fairgo.Float32, int64(rows)),
+	if err := errors.Join(need(name, "stats", stats, fairgo.Float64, 2),
+		need(name, "loss", loss, fairgo.Float32, int64(rows)),
 		need(name, "correct", correct, fairgo.Float32, int64(rows))); err != nil {
 		return err
 	}
@@ -268,7 +271,8 @@ func (ks *Kernels) AccumStats(stats, loss, correct fairgo.Tensor, rows int, s st
 func (ks *Kernels) SGD(params, velocity, grads fairgo.Tensor, lr, mu float32, s streams.Stream) error {
 	const name = "fg_t_sgd"
 	n := params.Count
-	if err := errors.Join(need(name, "params", params, fairgo.Float32, 1), need(name, "velocity", velocity, fairgo.Float32, n),
+	if err := errors.Join(need(name, "params", params, fairgo.Float32, 1),
+		need(name, "velocity", velocity, fairgo.Float32, n),
 		need(name, "grads", grads, fairgo.Float32, n)); err != nil {
 		return err
 	}
