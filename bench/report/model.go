@@ -126,9 +126,8 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 			fmt.Sprintf("all-to-all per-peer cost: %.2f µs (fit to rail-a2a fairgo points on ≥ 3 machines)", a*1e6),
 		)
 	} else {
-		notes = append(notes,
-			fmt.Sprintf("all-to-all per-peer cost: %.2f µs = α_n (no rail-a2a fairgo points on ≥ 3 machines)",
-				p.Net.Alpha*1e6))
+		notes = append(notes, fmt.Sprintf(
+			"all-to-all per-peer cost: %.2f µs = α_n (no rail-a2a fairgo points on ≥ 3 machines)", p.Net.Alpha*1e6))
 	}
 	return p, notes, p.Validate()
 }

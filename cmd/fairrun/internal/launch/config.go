@@ -65,8 +65,8 @@ type Config struct {
 	MasterAddr string
 	// port of the store; 0: a free port (single node only)
 	MasterPort int
-	// --standalone: one node with a store of its own on a free port (what a single node gets anyway); refuses --nnodes >
-	// 1, --master-addr, --master-port
+	// --standalone: one node with a store of its own on a free port (what a single node gets anyway);
+	// refuses --nnodes > 1, --master-addr, --master-port
 	Standalone bool
 	// host or IP the store listens on; "": MasterAddr
 	StoreBind string
