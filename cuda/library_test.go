@@ -74,8 +74,8 @@ static const char* name(R r) {
 			src.WriteString("R cuGetErrorName(R r, const char** s) { *s = name(r); return 0; }\n")
 		case "cuGetErrorString":
 			src.WriteString(
-				"R cuGetErrorString(R r, const char** s) { *s = r == 100 ? \"no CUDA-capable device is detected\" : " +
-					"\"fake\"; return 0; }\n",
+				"R cuGetErrorString(R r, const char** s) { " +
+					"*s = r == 100 ? \"no CUDA-capable device is detected\" : \"fake\"; return 0; }\n",
 			)
 		default:
 			fmt.Fprintf(&src, "R %s(void) { return 0; }\n", n)

@@ -534,8 +534,8 @@ func TestRunMPS(t *testing.T) {
 				Args: []string{
 					"-c",
 					`echo "mps=$FAIRGO_TESTBED_MPS pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY"; ` +
-						`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test ` +
-						`-d "$CUDA_MPS_LOG_DIRECTORY"; fi`,
+						`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then ` +
+						`test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test -d "$CUDA_MPS_LOG_DIRECTORY"; fi`,
 				},
 				Env:    env,
 				Stdout: &so,
