@@ -130,7 +130,7 @@ func newGPUTrainer(cfg Config, r *hier.Reducer) (*gpuTrainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	// destroyed with the device
+	// The compute stream is destroyed with the device.
 	compute, err := d.CreateStream()
 	if err != nil {
 		return nil, fmt.Errorf("creating the compute stream: %w", err)
