@@ -249,7 +249,9 @@ func TestRecordsOfRanksSharingAGPU(t *testing.T) {
 	require.Equal(t, recs, back)
 	old, err := ReadJSONL(
 		strings.NewReader(
-			`{"kind":"sweep","algorithm":"flat","machines":2,"devices":2,"testbed":{"launcher_machines":2,"nic_gbit":10,"mps":true,"netns":true,"ranks_per_gpu":2,"shared_across_machines":true}}`,
+			`{"kind":"sweep","algorithm":"flat","machines":2,"devices":2,` +
+				`"testbed":{"launcher_machines":2,"nic_gbit":10,"mps":true,"netns":true,"ranks_per_gpu":2,` +
+				`"shared_across_machines":true}}`,
 		),
 	)
 	require.NoError(t, err)
@@ -359,7 +361,8 @@ func TestParseVariant(t *testing.T) {
 	}
 	// An error names the key and its value, and lists the choices.
 	for in, want := range map[string]string{
-		"x=algo:ring":         `invalid -fairgo "x=algo:ring": algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)`,
+		"x=algo:ring": `invalid -fairgo "x=algo:ring": algo ring: unknown (auto, flat, rail-a2a, ` +
+			`rail-rsag, rail-allreduce)`,
 		"x=slice:1Q":          `slice 1Q: not an integer with an optional K, M, G or T suffix`,
 		"x=parallelism:two":   `parallelism two: not an integer`,
 		"x=parallelism:2000":  `parallelism 2000: more than 1024 slices in flight`,

@@ -25,7 +25,8 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestFormatSize(t *testing.T) {
-	for in, want := range map[int64]string{8: "8", 1000: "1000", 1 << 10: "1K", 3 << 20: "3M", 1 << 30: "1G", 1536: "1536", 25 << 20: "25M"} {
+	for in, want := range map[int64]string{8: "8", 1000: "1000", 1 << 10: "1K", 3 << 20: "3M", 1 << 30: "1G",
+		1536: "1536", 25 << 20: "25M"} {
 		if got := FormatSize(in); got != want {
 			t.Errorf("FormatSize(%d) = %q, want %q", in, got, want)
 		}

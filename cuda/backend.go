@@ -125,7 +125,12 @@ func connect(
 	}
 	// wrap wraps new communicators, checks their places against the
 	// layout and stores them with set.
-	wrap := func(name func(g hier.Grid) string, raw []*nccl.Comm, want func(i int) (size, rank int), set func(c *hier.Comms, cm hier.Comm)) error {
+	wrap := func(
+		name func(g hier.Grid) string,
+		raw []*nccl.Comm,
+		want func(i int) (size, rank int),
+		set func(c *hier.Comms, cm hier.Comm),
+	) error {
 		for i, c := range raw {
 			cm, err := NewComm(devs[i], c, name(out[i].Grid))
 			if err != nil {

@@ -101,7 +101,9 @@ static fg_CUresult fg_device_info(int ordinal, fg_CUdevice* dev, char* name, int
 	if (r == FG_CUDA_SUCCESS) r = FG(DeviceGetAttribute)(pitch, FG_CU_DEVICE_ATTRIBUTE_MAX_PITCH, *dev);
 	return r;
 }
-static fg_CUresult fg_primary_retain(fg_CUdevice dev, fg_CUcontext* ctx) { return FG(DevicePrimaryCtxRetain)(ctx, dev); }
+static fg_CUresult fg_primary_retain(fg_CUdevice dev, fg_CUcontext* ctx) {
+	return FG(DevicePrimaryCtxRetain)(ctx, dev);
+}
 static fg_CUresult fg_primary_release(fg_CUdevice dev) { return FG(DevicePrimaryCtxRelease)(dev); }
 static fg_CUresult fg_ctx_get(fg_CUcontext* ctx) { return FG(CtxGetCurrent)(ctx); }
 static fg_CUresult fg_ctx_set(fg_CUcontext ctx) { return FG(CtxSetCurrent)(ctx); }
@@ -132,17 +134,27 @@ static fg_CUresult fg_stream_create(fg_CUcontext ctx, fg_CUstream* s, int priori
 }
 static fg_CUresult fg_stream_destroy(fg_CUcontext ctx, fg_CUstream s) { FG_IN_CTX(ctx, FG(StreamDestroy)(s)) }
 static fg_CUresult fg_stream_sync(fg_CUcontext ctx, fg_CUstream s) { FG_IN_CTX(ctx, FG(StreamSynchronize)(s)) }
-static fg_CUresult fg_stream_wait(fg_CUcontext ctx, fg_CUstream s, fg_CUevent e) { FG_IN_CTX(ctx, FG(StreamWaitEvent)(s, e, 0)) }
+static fg_CUresult fg_stream_wait(fg_CUcontext ctx, fg_CUstream s, fg_CUevent e) {
+	FG_IN_CTX(ctx, FG(StreamWaitEvent)(s, e, 0))
+}
 // The context of stream s, with ctx current (so that the special handles
 // NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name ctx's own default streams).
-static fg_CUresult fg_stream_ctx(fg_CUcontext ctx, fg_CUstream s, fg_CUcontext* out) { FG_IN_CTX(ctx, FG(StreamGetCtx)(s, out)) }
+static fg_CUresult fg_stream_ctx(fg_CUcontext ctx, fg_CUstream s, fg_CUcontext* out) {
+	FG_IN_CTX(ctx, FG(StreamGetCtx)(s, out))
+}
 
-static fg_CUresult fg_event_create(fg_CUcontext ctx, fg_CUevent* e, unsigned flags) { FG_IN_CTX(ctx, FG(EventCreate)(e, flags)) }
+static fg_CUresult fg_event_create(fg_CUcontext ctx, fg_CUevent* e, unsigned flags) {
+	FG_IN_CTX(ctx, FG(EventCreate)(e, flags))
+}
 static fg_CUresult fg_event_destroy(fg_CUcontext ctx, fg_CUevent e) { FG_IN_CTX(ctx, FG(EventDestroy)(e)) }
-static fg_CUresult fg_event_record(fg_CUcontext ctx, fg_CUevent e, fg_CUstream s) { FG_IN_CTX(ctx, FG(EventRecord)(e, s)) }
+static fg_CUresult fg_event_record(fg_CUcontext ctx, fg_CUevent e, fg_CUstream s) {
+	FG_IN_CTX(ctx, FG(EventRecord)(e, s))
+}
 static fg_CUresult fg_event_query(fg_CUcontext ctx, fg_CUevent e) { FG_IN_CTX(ctx, FG(EventQuery)(e)) }
 static fg_CUresult fg_event_sync(fg_CUcontext ctx, fg_CUevent e) { FG_IN_CTX(ctx, FG(EventSynchronize)(e)) }
-static fg_CUresult fg_event_elapsed(fg_CUcontext ctx, float* ms, fg_CUevent a, fg_CUevent b) { FG_IN_CTX(ctx, FG(EventElapsedTime)(ms, a, b)) }
+static fg_CUresult fg_event_elapsed(fg_CUcontext ctx, float* ms, fg_CUevent a, fg_CUevent b) {
+	FG_IN_CTX(ctx, FG(EventElapsedTime)(ms, a, b))
+}
 
 static fg_CUresult fg_mem_alloc_raw(uintptr_t* p, size_t n) {
 	fg_CUdeviceptr d = 0;
@@ -163,17 +175,23 @@ static fg_CUresult fg_htod_sync_raw(uintptr_t dst, const void* src, size_t n) {
 	fg_CUresult r = FG(MemcpyHtoD)((fg_CUdeviceptr)dst, src, n);
 	return r != FG_CUDA_SUCCESS ? r : FG(CtxSynchronize)();
 }
-static fg_CUresult fg_htod_sync(fg_CUcontext ctx, uintptr_t dst, const void* src, size_t n) { FG_IN_CTX(ctx, fg_htod_sync_raw(dst, src, n)) }
+static fg_CUresult fg_htod_sync(fg_CUcontext ctx, uintptr_t dst, const void* src, size_t n) {
+	FG_IN_CTX(ctx, fg_htod_sync_raw(dst, src, n))
+}
 static fg_CUresult fg_dtoh_sync_raw(void* dst, uintptr_t src, size_t n) {
 	fg_CUresult r = FG(CtxSynchronize)();
 	return r != FG_CUDA_SUCCESS ? r : FG(MemcpyDtoH)(dst, (fg_CUdeviceptr)src, n);
 }
-static fg_CUresult fg_dtoh_sync(fg_CUcontext ctx, void* dst, uintptr_t src, size_t n) { FG_IN_CTX(ctx, fg_dtoh_sync_raw(dst, src, n)) }
+static fg_CUresult fg_dtoh_sync(fg_CUcontext ctx, void* dst, uintptr_t src, size_t n) {
+	FG_IN_CTX(ctx, fg_dtoh_sync_raw(dst, src, n))
+}
 static fg_CUresult fg_memset_sync_raw(uintptr_t dst, unsigned char b, size_t n) {
 	fg_CUresult r = FG(MemsetD8)((fg_CUdeviceptr)dst, b, n);
 	return r != FG_CUDA_SUCCESS ? r : FG(CtxSynchronize)();
 }
-static fg_CUresult fg_memset_sync(fg_CUcontext ctx, uintptr_t dst, unsigned char b, size_t n) { FG_IN_CTX(ctx, fg_memset_sync_raw(dst, b, n)) }
+static fg_CUresult fg_memset_sync(fg_CUcontext ctx, uintptr_t dst, unsigned char b, size_t n) {
+	FG_IN_CTX(ctx, fg_memset_sync_raw(dst, b, n))
+}
 
 // Copies ordered on a stream.
 static fg_CUresult fg_htod_async(fg_CUcontext ctx, uintptr_t dst, const void* src, size_t n, uintptr_t s) {
@@ -202,7 +220,8 @@ static fg_CUresult fg_copy2d_async(fg_CUcontext ctx, uintptr_t dst, size_t dpitc
 
 // The context attribute is NULL for memory that belongs to no context
 // (virtual memory management mappings).
-static fg_CUresult fg_pointer_attrs_raw(uintptr_t ptr, unsigned* memtype, int* ordinal, uintptr_t* start, size_t* size, fg_CUcontext* owner) {
+static fg_CUresult fg_pointer_attrs_raw(uintptr_t ptr, unsigned* memtype, int* ordinal, uintptr_t* start,
+                                        size_t* size, fg_CUcontext* owner) {
 	fg_CUpointer_attribute attrs[5] = {FG_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, FG_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 	                                   FG_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, FG_CU_POINTER_ATTRIBUTE_RANGE_SIZE,
 	                                   FG_CU_POINTER_ATTRIBUTE_CONTEXT};
@@ -216,8 +235,8 @@ static fg_CUresult fg_pointer_attrs_raw(uintptr_t ptr, unsigned* memtype, int* o
 	*start = (uintptr_t)st;
 	return r;
 }
-static fg_CUresult fg_pointer_attrs(fg_CUcontext ctx, uintptr_t ptr, unsigned* memtype, int* ordinal, uintptr_t* start, size_t* size,
-                                    fg_CUcontext* owner) {
+static fg_CUresult fg_pointer_attrs(fg_CUcontext ctx, uintptr_t ptr, unsigned* memtype, int* ordinal,
+                                    uintptr_t* start, size_t* size, fg_CUcontext* owner) {
 	FG_IN_CTX(ctx, fg_pointer_attrs_raw(ptr, memtype, ordinal, start, size, owner))
 }
 
@@ -247,7 +266,8 @@ static fg_CUresult fg_module_global(fg_CUcontext ctx, uintptr_t* p, size_t* n, f
 // reads as many bytes from a slot as the kernel's parameter has (4 for an
 // int or a float), which on a little-endian host are the value's.
 #define FG_MAX_ARGS 64
-static fg_CUresult fg_launch_raw(fg_CUfunction f, const unsigned* dims, unsigned shared, uintptr_t s, int n, const uint64_t* vals) {
+static fg_CUresult fg_launch_raw(fg_CUfunction f, const unsigned* dims, unsigned shared, uintptr_t s, int n,
+                                 const uint64_t* vals) {
 	uint64_t slots[FG_MAX_ARGS];
 	void* args[FG_MAX_ARGS];
 	if (n < 0 || n > FG_MAX_ARGS) return FG_CUDA_ERROR_INVALID_VALUE;
@@ -255,10 +275,11 @@ static fg_CUresult fg_launch_raw(fg_CUfunction f, const unsigned* dims, unsigned
 		slots[i] = vals[i];
 		args[i] = &slots[i];
 	}
-	return FG(LaunchKernel)(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], shared, (fg_CUstream)s, n ? args : NULL, NULL);
+	return FG(LaunchKernel)(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], shared, (fg_CUstream)s,
+	                        n ? args : NULL, NULL);
 }
-static fg_CUresult fg_launch(fg_CUcontext ctx, fg_CUfunction f, const unsigned* dims, unsigned shared, uintptr_t s, int n,
-                             const uint64_t* vals) {
+static fg_CUresult fg_launch(fg_CUcontext ctx, fg_CUfunction f, const unsigned* dims, unsigned shared, uintptr_t s,
+                             int n, const uint64_t* vals) {
 	FG_IN_CTX(ctx, fg_launch_raw(f, dims, shared, s, n, vals))
 }
 

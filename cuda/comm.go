@@ -389,7 +389,8 @@ func CloseRanks(ranks []hier.Rank) error {
 		wg.Add(1)
 		go func(c *hier.Comms) {
 			defer wg.Done()
-			for _, p := range []*hier.Comm{&c.World, &c.IntraReduceScatter, &c.IntraAllGather, &c.RailCollect, &c.RailDiffuse, &c.Check} {
+			for _, p := range []*hier.Comm{&c.World, &c.IntraReduceScatter, &c.IntraAllGather, &c.RailCollect,
+				&c.RailDiffuse, &c.Check} {
 				if *p != nil {
 					errs[i] = errors.Join(errs[i], (*p).Close())
 					*p = nil

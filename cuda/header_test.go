@@ -94,7 +94,8 @@ func TestDeclarationsMatchCUDAHeader(t *testing.T) {
 		t.Skip("no C compiler")
 	}
 	var inc string
-	for _, dir := range []string{filepath.Join(os.Getenv("CUDA_HOME"), "include"), "/usr/local/cuda/include", "/usr/include"} {
+	for _, dir := range []string{filepath.Join(os.Getenv("CUDA_HOME"), "include"), "/usr/local/cuda/include",
+		"/usr/include"} {
 		if _, err := os.Stat(filepath.Join(dir, "cuda.h")); err == nil && dir != "include" {
 			inc = dir
 			break

@@ -429,11 +429,14 @@ func TestReduceBandwidth(t *testing.T) {
 		dt fairgo.DType
 		op fairgo.Op
 		n  int
-	}{{fairgo.Float32, fairgo.Sum, 2}, {fairgo.Float32, fairgo.Sum, 4}, {fairgo.BFloat16, fairgo.Avg, 2}, {fairgo.Float16, fairgo.Sum, 8}} {
+	}{{fairgo.Float32, fairgo.Sum, 2}, {fairgo.Float32, fairgo.Sum, 4}, {fairgo.BFloat16, fairgo.Avg, 2},
+		{fairgo.Float16, fairgo.Sum, 8}} {
 		bytes := int64(count * c.dt.Size())
 		src := alloc(t, d, int64(c.n)*bytes)
 		dst := alloc(t, d, bytes)
-		if err := d.FillAsync(fairgo.Tensor{Ptr: src, Bytes: int64(c.n) * bytes, Count: int64(c.n) * count, DType: c.dt}, 1, 1, 100, s); err != nil {
+		if err := d.FillAsync(
+			fairgo.Tensor{Ptr: src, Bytes: int64(c.n) * bytes, Count: int64(c.n) * count, DType: c.dt}, 1, 1, 100, s,
+		); err != nil {
 			t.Fatal(err)
 		}
 		red := measure(func() error {

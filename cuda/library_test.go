@@ -52,7 +52,9 @@ func fakeDriver(t *testing.T, version, initResult int, omit ...string) string {
 	}
 	var src strings.Builder
 	src.WriteString(`typedef int R;
-static const char* name(R r) { return r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 999 ? "CUDA_ERROR_UNKNOWN" : "CUDA_FAKE"; }
+static const char* name(R r) {
+	return r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 999 ? "CUDA_ERROR_UNKNOWN" : "CUDA_FAKE";
+}
 `)
 	skip := map[string]bool{}
 	for _, o := range omit {
@@ -72,7 +74,8 @@ static const char* name(R r) { return r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 9
 			src.WriteString("R cuGetErrorName(R r, const char** s) { *s = name(r); return 0; }\n")
 		case "cuGetErrorString":
 			src.WriteString(
-				"R cuGetErrorString(R r, const char** s) { *s = r == 100 ? \"no CUDA-capable device is detected\" : \"fake\"; return 0; }\n",
+				"R cuGetErrorString(R r, const char** s) { " +
+					"*s = r == 100 ? \"no CUDA-capable device is detected\" : \"fake\"; return 0; }\n",
 			)
 		default:
 			fmt.Fprintf(&src, "R %s(void) { return 0; }\n", n)

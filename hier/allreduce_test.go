@@ -65,7 +65,8 @@ func drawCase(t *rapid.T) allReduceCase {
 			rapid.SampledFrom([]int64{hier.FlatNever, hier.FlatNever, 0, bytes / 2, bytes + 1}).Draw(t, "flat"),
 		),
 		hier.WithAlgorithm(
-			rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG, hier.RailAllReduce, hier.Flat, hier.Auto}).
+			rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG,
+				hier.RailAllReduce, hier.Flat, hier.Auto}).
 				Draw(t, "algorithm"),
 		),
 		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
@@ -485,18 +486,30 @@ func badCalls(t *testing.T, r *hier.Reducer, good, other fairgo.Tensor) {
 		is   error
 		arg  string
 	}{
-		{"negative count", r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: -1, DType: fairgo.Float32}, fairgo.Sum), fairgo.ErrInvalidArgument, "count"},
-		{"overflowing count", r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: math.MaxInt64 / 2, DType: fairgo.Float32}, fairgo.Sum), fairgo.ErrInvalidArgument, "count"},
-		{"short buffer", r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: 17, DType: fairgo.Float32}, fairgo.Sum), fairgo.ErrInvalidArgument, "buffer"},
-		{"unknown dtype", r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: 4, DType: fairgo.DType(99)}, fairgo.Sum), fairgo.ErrUnknownDType, "dtype"},
+		{"negative count",
+			r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: -1, DType: fairgo.Float32}, fairgo.Sum),
+			fairgo.ErrInvalidArgument, "count"},
+		{"overflowing count",
+			r.AllReduce(ctx,
+				fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: math.MaxInt64 / 2, DType: fairgo.Float32}, fairgo.Sum),
+			fairgo.ErrInvalidArgument, "count"},
+		{"short buffer",
+			r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: 17, DType: fairgo.Float32}, fairgo.Sum),
+			fairgo.ErrInvalidArgument, "buffer"},
+		{"unknown dtype",
+			r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr, Bytes: 64, Count: 4, DType: fairgo.DType(99)}, fairgo.Sum),
+			fairgo.ErrUnknownDType, "dtype"},
 		{"unknown op", r.AllReduce(ctx, good, fairgo.Op(42)), fairgo.ErrUnknownOp, "op"},
 		{"other device's memory", r.AllReduce(ctx, other, fairgo.Sum), fairgo.ErrInvalidArgument, ""},
-		{"range past the allocation", r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr + 32, Bytes: 64, Count: 16, DType: fairgo.Float32}, fairgo.Sum), fairgo.ErrInvalidArgument, ""},
+		{"range past the allocation",
+			r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr + 32, Bytes: 64, Count: 16, DType: fairgo.Float32}, fairgo.Sum),
+			fairgo.ErrInvalidArgument, ""},
 		{"cancelled context", r.AllReduce(cancelled, good, fairgo.Sum), context.Canceled, ""},
 		{"reduce-scatter counts", r.ReduceScatter(ctx, good, good, fairgo.Sum), fairgo.ErrInvalidArgument, "recv count"},
 		{"all-gather counts", r.AllGather(ctx, good, good), fairgo.ErrInvalidArgument, "recv count"},
 		{"broadcast root", r.Broadcast(ctx, good, 4), fairgo.ErrInvalidArgument, "root"},
-		{"all-to-allv counts", r.AllToAllv(ctx, good, []int64{1, 2}, good, []int64{1, 2, 3, 4}), fairgo.ErrInvalidArgument, "sendCounts"},
+		{"all-to-allv counts", r.AllToAllv(ctx, good, []int64{1, 2}, good, []int64{1, 2, 3, 4}),
+			fairgo.ErrInvalidArgument, "sendCounts"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.work.Wait(ctx)

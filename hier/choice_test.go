@@ -148,7 +148,8 @@ func TestRailAllReduceInOnePiece(t *testing.T) {
 	for _, tc := range []struct {
 		m, d, count int
 		dt          fairgo.DType
-	}{{2, 2, 1 << 20, fairgo.BFloat16}, {3, 2, 1000003, fairgo.BFloat16}, {4, 1, 65537, fairgo.Float32}, {2, 3, 7, fairgo.Int32}, {3, 4, 100003, fairgo.Int64}} {
+	}{{2, 2, 1 << 20, fairgo.BFloat16}, {3, 2, 1000003, fairgo.BFloat16}, {4, 1, 65537, fairgo.Float32},
+		{2, 3, 7, fairgo.Int32}, {3, 4, 100003, fairgo.Int64}} {
 		t.Run(fmt.Sprintf("%dx%d/%d/%s", tc.m, tc.d, tc.count, tc.dt), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: tc.m, Devices: tc.d, Seed: 7, Jitter: 20 * time.Microsecond},
 				hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(64<<10))

@@ -93,7 +93,8 @@ func (bc blockCase) runReduceScatter(t testing.TB) error {
 			blocks[g] = in[g][gr*bc.c*es : (gr+1)*bc.c*es]
 		}
 		holder := gridOrder(w)[gr]
-		if err := reftest.CheckResults(bc.dt, reftest.ComputeReference(bc.dt, bc.op, blocks), [][]byte{out[holder]}); err != nil {
+		if err := reftest.CheckResults(bc.dt, reftest.ComputeReference(bc.dt, bc.op, blocks),
+			[][]byte{out[holder]}); err != nil {
 			return err
 		}
 	}

@@ -76,7 +76,8 @@ func (r *Reducer) engine(ready chan<- error) {
 		if r.abortsFinished(r.closeGrace()) {
 			errs = append(errs, r.rank.Release())
 		} else { // destroying a communicator NCCL is still aborting would be worse than leaking it
-			errs = append(errs, fmt.Errorf("hier: the communicators were still aborting %v after Close; left to NCCL", r.closeGrace()))
+			errs = append(errs,
+				fmt.Errorf("hier: the communicators were still aborting %v after Close; left to NCCL", r.closeGrace()))
 		}
 	}
 	r.closeErr = errors.Join(errs...)

@@ -29,8 +29,10 @@ func BenchmarkEnqueue(b *testing.B) {
 	}{
 		{"1x2/flat/inline", sim.Config{Machines: 1, Devices: 2}, []hier.Option{hier.WithInlineEnqueue(true)}},
 		{"1x2/flat/engine", sim.Config{Machines: 1, Devices: 2}, nil},
-		{"2x2/rail-a2a", sim.Config{Machines: 2, Devices: 2}, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}},
-		{"2x2/rail-rsag", sim.Config{Machines: 2, Devices: 2}, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}},
+		{"2x2/rail-a2a", sim.Config{Machines: 2, Devices: 2},
+			[]hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}},
+		{"2x2/rail-rsag", sim.Config{Machines: 2, Devices: 2},
+			[]hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			w := newWorld(b, tc.cfg, tc.opts...)

@@ -30,7 +30,8 @@ import (
 // from: on one GPU these cases run under a launcher.
 func TestGPUMismatchedCounts(t *testing.T) {
 	n := sized(1<<20+1, 1<<16+1)
-	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll}, algoGrid{2, 1, hier.RailRSAG}) {
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll},
+		algoGrid{2, 1, hier.RailRSAG}) {
 		if tc.m*tc.d == 1 {
 			t.Logf("%s: one rank, nothing to mismatch (the launcher form runs these cases on one GPU)", tc)
 			continue
@@ -68,7 +69,8 @@ func TestGPUMismatchedCounts(t *testing.T) {
 // fits, come out finite and right on every algorithm.
 func TestGPUSixteenBitNearTheMaximum(t *testing.T) {
 	count := sized(1<<20+5, 1<<16+5)
-	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll}, algoGrid{2, 1, hier.RailRSAG}) {
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll},
+		algoGrid{2, 1, hier.RailRSAG}) {
 		for _, dt := range []fairgo.DType{fairgo.Float16, fairgo.BFloat16} {
 			t.Run(fmt.Sprintf("%s/%s", tc, dt), func(t *testing.T) {
 				w := gpuWorld(
@@ -276,7 +278,8 @@ func TestGPUNoLeaks(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&heap2)
 	t.Logf(
-		"10000 allreduces of %d KiB on %dx%d in %v: device free %d → %d bytes, Go heap %d → %d bytes, goroutines %d → %d",
+		"10000 allreduces of %d KiB on %dx%d in %v: device free %d → %d bytes, Go heap %d → %d bytes, "+
+			"goroutines %d → %d",
 		bytes>>10,
 		g[0],
 		g[1],

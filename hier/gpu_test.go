@@ -144,7 +144,8 @@ func checkParallel(dt fairgo.DType, op fairgo.Op, in, out [][]byte) error {
 // Avg; under a launcher, on its grid with flat and both rail forms, with
 // the two largest counts smaller (64 Ki + 3 and 2 Mi + 1).
 func TestGPUMatrix(t *testing.T) {
-	for _, g := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll}, algoGrid{2, 1, hier.RailRSAG}) {
+	for _, g := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.RailAllToAll},
+		algoGrid{2, 1, hier.RailRSAG}) {
 		t.Run(g.String(), func(t *testing.T) {
 			w := gpuWorld(
 				t,
@@ -363,7 +364,8 @@ func TestGPUBFloat16VersusFlatNCCL(t *testing.T) {
 	for _, tc := range []struct {
 		op   fairgo.Op
 		algo hier.Algorithm
-	}{{fairgo.Sum, hier.RailAllToAll}, {fairgo.Avg, hier.RailAllToAll}, {fairgo.Sum, hier.RailRSAG}, {fairgo.Avg, hier.RailRSAG}} {
+	}{{fairgo.Sum, hier.RailAllToAll}, {fairgo.Avg, hier.RailAllToAll}, {fairgo.Sum, hier.RailRSAG},
+		{fairgo.Avg, hier.RailRSAG}} {
 		op := tc.op
 		w := gpuWorld(
 			t,

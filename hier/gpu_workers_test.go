@@ -135,7 +135,8 @@ func TestWorkerGPUFault(t *testing.T) {
 		var te *hier.TimeoutError
 		typed := errors.Is(err, fairgo.ErrTimeout) || errors.Is(err, fairgo.ErrAborted)
 		fmt.Printf(
-			"fault: rank %d: %s after %d allreduces, %.2f s after the fault (mode %s, timeout %v): typed=%v timeout=%v aborted=%v timeouterror=%v: %v\n",
+			"fault: rank %d: %s after %d allreduces, %.2f s after the fault (mode %s, "+
+				"timeout %v): typed=%v timeout=%v aborted=%v timeouterror=%v: %v\n",
 			rank,
 			what,
 			calls,

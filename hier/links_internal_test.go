@@ -121,7 +121,8 @@ func TestSlicesPay(t *testing.T) {
 		{"one piece", testbed, 64 << 20, 64 << 20, false},
 		{"no slice", testbed, 64 << 20, 0, false},
 		{"slices so small that their latency costs more", testbed, 64 << 20, 64 << 10, false},
-		{"an intra link so fast that overlap gains nothing", linkModel{intra: link{bw: 1e15}, rail: testbed.rail}, 64 << 20, 8 << 20, false},
+		{"an intra link so fast that overlap gains nothing", linkModel{intra: link{bw: 1e15}, rail: testbed.rail},
+			64 << 20, 8 << 20, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, tc.m.slicesPay(g, tc.bytes, tc.slice))
@@ -139,8 +140,10 @@ func TestCandidatesOrderFollowsTheModel(t *testing.T) {
 		links linkModel
 		first Algorithm
 	}{
-		{"network-bound: the slices pay", linkModel{intra: link{alpha: 300e-6, bw: 2.8e9}, rail: link{alpha: 2e-3, bw: 0.3125e9 / 4}}, RailRSAG},
-		{"overlap gains less than the tie", linkModel{intra: link{alpha: 1e-6, bw: 1e11}, rail: link{alpha: 1e-6, bw: 0.3125e9}}, RailAllReduce},
+		{"network-bound: the slices pay",
+			linkModel{intra: link{alpha: 300e-6, bw: 2.8e9}, rail: link{alpha: 2e-3, bw: 0.3125e9 / 4}}, RailRSAG},
+		{"overlap gains less than the tie",
+			linkModel{intra: link{alpha: 1e-6, bw: 1e11}, rail: link{alpha: 1e-6, bw: 0.3125e9}}, RailAllReduce},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Reducer{grid: g, links: &tc.links, linksTried: true}

@@ -186,7 +186,8 @@ func (r *Reducer) eachPart(p *slicePlan, fn func(pt part) error) error {
 func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Algorithm, l *lanes) error {
 	g := r.grid
 	M, D, m, d := g.Machines, g.Devices, g.Machine, g.Local
-	rs, col, add, dif, ag := l.st[streams.ReduceScatter], l.st[streams.Collect], l.st[streams.Add], l.st[streams.Diffuse], l.st[streams.AllGather]
+	rs, col, add := l.st[streams.ReduceScatter], l.st[streams.Collect], l.st[streams.Add]
+	dif, ag := l.st[streams.Diffuse], l.st[streams.AllGather]
 
 	// 1 reduce-scatter inside the machine: row d gets the machine's sum.
 	if p.pad != nil {
@@ -280,7 +281,8 @@ func (r *Reducer) runSlice(p *slicePlan, dt fairgo.DType, ops stageOps, algo Alg
 				return l.diffuse.AllGather(x.Cell(d, m), x.Row(d), x.N, dt, dif)
 			}
 			sendCounts := withoutPeer(sameCounts(M, x.N), m)
-			return l.diffuse.AllToAllv(x.Cell(d, m), sendCounts, make([]int64, M), x.Row(d), sendCounts, strided(M, x.N), dt, dif)
+			return l.diffuse.AllToAllv(x.Cell(d, m), sendCounts, make([]int64, M),
+				x.Row(d), sendCounts, strided(M, x.N), dt, dif)
 		}); err != nil {
 			return err
 		}
@@ -359,7 +361,8 @@ func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams
 				return nil, err
 			}
 			nb := x.Row((d + 1) % D)
-			if err := r.comms.RailCollect.AllToAllv(x.Row(d), counts, strided(M, n), nb, counts, strided(M, n), dt, col); err != nil {
+			if err := r.comms.RailCollect.AllToAllv(x.Row(d), counts, strided(M, n),
+				nb, counts, strided(M, n), dt, col); err != nil {
 				return nil, err
 			}
 			if err := r.handoff(streams.Collect); err != nil {
@@ -379,7 +382,8 @@ func (r *Reducer) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams
 			for k := range sendDispls {
 				sendDispls[k] += b.Offset
 			}
-			if err := r.comms.RailCollect.AllToAllv(send.Ptr, counts, sendDispls, st.Ptr, counts, strided(M, n), dt, col); err != nil {
+			if err := r.comms.RailCollect.AllToAllv(send.Ptr, counts, sendDispls,
+				st.Ptr, counts, strided(M, n), dt, col); err != nil {
 				return nil, err
 			}
 			if err := r.handoff(streams.Collect); err != nil {
@@ -444,7 +448,8 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 			if err := dif.WaitEvent(st.Guard); err != nil {
 				return nil, err
 			}
-			if err := r.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M), x.Row(d), counts, strided(M, n), dt, dif); err != nil {
+			if err := r.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M),
+				x.Row(d), counts, strided(M, n), dt, dif); err != nil {
 				return nil, err
 			}
 			if err := r.handoff(streams.Diffuse); err != nil {
@@ -470,7 +475,8 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 		for k := range recvDispls {
 			recvDispls[k] += b.Offset
 		}
-		if err := r.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M), recv.Ptr, counts, recvDispls, dt, dif); err != nil {
+		if err := r.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M),
+			recv.Ptr, counts, recvDispls, dt, dif); err != nil {
 			return nil, err
 		}
 		if err := r.handoff(streams.Diffuse); err != nil {

@@ -153,16 +153,20 @@ static ncclResult_t fg_CommGetAsyncError(void** s, ncclComm_t c, ncclResult_t* r
 }
 static ncclResult_t fg_CommCount(void** s, ncclComm_t c, int* n) { return ((fg_CommInt_t)s[FG_CommCount])(c, n); }
 static ncclResult_t fg_CommUserRank(void** s, ncclComm_t c, int* r) { return ((fg_CommInt_t)s[FG_CommUserRank])(c, r); }
-static ncclResult_t fg_AllReduce(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) {
+static ncclResult_t fg_AllReduce(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
+                                 ncclComm_t c, uintptr_t st) {
 	return ((fg_Reduce_t)s[FG_AllReduce])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
 }
-static ncclResult_t fg_ReduceScatter(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) {
+static ncclResult_t fg_ReduceScatter(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
+                                     ncclComm_t c, uintptr_t st) {
 	return ((fg_Reduce_t)s[FG_ReduceScatter])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
 }
-static ncclResult_t fg_AllGather(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, ncclComm_t c, uintptr_t st) {
+static ncclResult_t fg_AllGather(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt,
+                                 ncclComm_t c, uintptr_t st) {
 	return ((fg_AllGather_t)s[FG_AllGather])((const void*)send, (void*)recv, n, dt, c, (cudaStream_t)st);
 }
-static ncclResult_t fg_Broadcast(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int root, ncclComm_t c, uintptr_t st) {
+static ncclResult_t fg_Broadcast(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int root,
+                                 ncclComm_t c, uintptr_t st) {
 	return ((fg_Broadcast_t)s[FG_Broadcast])((const void*)send, (void*)recv, n, dt, root, c, (cudaStream_t)st);
 }
 static ncclResult_t fg_Send(void** s, uintptr_t buf, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) {

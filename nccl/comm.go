@@ -154,7 +154,8 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf(
-			"nccl: ncclCommSplit returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w",
+			"nccl: ncclCommSplit returned no communicator (called between GroupStart and GroupEnd? creating "+
+				"communicators inside a group is not supported): %w",
 			ErrNotSupported,
 		)
 	}

@@ -267,7 +267,8 @@ func (l *Library) CommInitRank(nranks int, id UniqueID, rank int) (*Comm, error)
 	}
 	if c == nil {
 		return nil, fmt.Errorf(
-			"nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating communicators inside a group is not supported): %w",
+			"nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating "+
+				"communicators inside a group is not supported): %w",
 			ErrNotSupported,
 		)
 	}

@@ -50,20 +50,33 @@ const (
 
 // Launch is where this process sits in the job, as its launcher told it.
 type Launch struct {
-	Rank           int    // global rank in [0, WorldSize)
-	WorldSize      int    // number of processes in the job
-	LocalRank      int    // rank among the processes of this node, in [0, LocalWorldSize)
-	LocalWorldSize int    // processes on this node
-	MasterAddr     string // MASTER_ADDR (or derived, see FromLookup), or the host of FAIRGO_STORE_ADDR
-	MasterPort     int    // MASTER_PORT (or derived), or the port of FAIRGO_STORE_ADDR
-	StoreAddr      string // "host:port" of the store this process uses (see StoreKind)
-	StoreToken     string // the store's shared token (FAIRGO_STORE_TOKEN); "" for none
-	Source         string // whose variables gave the rank: "torchrun" (RANK...), "slurm" or "openmpi"
-	Launcher       string // who launched the process: a Launcher* constant; "" when made by hand
-	StoreKind      string // a Store* constant; "" when made by hand (Open then infers it)
-	AgentStore     bool   // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves a c10d store at MASTER_ADDR:MASTER_PORT
-	RestartCount   int    // TORCHELASTIC_RESTART_COUNT: torchrun's attempt number (0 first)
-	Vars           []EnvVar
+	// global rank in [0, WorldSize)
+	Rank int
+	// number of processes in the job
+	WorldSize int
+	// rank among the processes of this node, in [0, LocalWorldSize)
+	LocalRank int
+	// processes on this node
+	LocalWorldSize int
+	// MASTER_ADDR (or derived, see FromLookup), or the host of FAIRGO_STORE_ADDR
+	MasterAddr string
+	// MASTER_PORT (or derived), or the port of FAIRGO_STORE_ADDR
+	MasterPort int
+	// "host:port" of the store this process uses (see StoreKind)
+	StoreAddr string
+	// the store's shared token (FAIRGO_STORE_TOKEN); "" for none
+	StoreToken string
+	// whose variables gave the rank: "torchrun" (RANK...), "slurm" or "openmpi"
+	Source string
+	// who launched the process: a Launcher* constant; "" when made by hand
+	Launcher string
+	// a Store* constant; "" when made by hand (Open then infers it)
+	StoreKind string
+	// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves a c10d store at MASTER_ADDR:MASTER_PORT
+	AgentStore bool
+	// TORCHELASTIC_RESTART_COUNT: torchrun's attempt number (0 first)
+	RestartCount int
+	Vars         []EnvVar
 }
 
 // EnvVar is one variable FromLookup read, for error messages: which
@@ -197,8 +210,9 @@ func FromLookup(lookup LookupFunc) (Launch, error) {
 func (l Launch) validate() error {
 	names := map[string][4]string{
 		"torchrun": {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-		"openmpi":  {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-		"slurm":    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+		"openmpi": {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+			"OMPI_COMM_WORLD_LOCAL_SIZE"},
+		"slurm": {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 	}[l.Source]
 	itoa := strconv.Itoa
 	switch {
@@ -381,9 +395,11 @@ func (e *envReader) storeAddr(l *Launch) {
 		reason := "missing (and " + EnvStoreAddr + " too)"
 		switch l.Source {
 		case LauncherSlurm:
-			reason = "missing (and SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST, SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
+			reason = "missing (and SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST, " +
+				"SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
 		case LauncherOpenMPI:
-			reason = "missing: Open MPI names no host to meet at; give the host of rank 0 (mpirun -x MASTER_ADDR=host -x MASTER_PORT=port), or " + EnvStoreAddr + "=host:port of a running fairgo store"
+			reason = "missing: Open MPI names no host to meet at; give the host of rank 0 (mpirun -x " +
+				"MASTER_ADDR=host -x MASTER_PORT=port), or " + EnvStoreAddr + "=host:port of a running fairgo store"
 		}
 		e.fail(&EnvError{Var: "MASTER_ADDR", Reason: reason})
 		return
@@ -425,7 +441,8 @@ func (e *envReader) storeAddr(l *Launch) {
 			return
 		}
 	} else if sp > 65535 {
-		e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port), Reason: "the store rank 0 hosts goes on MASTER_PORT+1, which is no port: set " + EnvStorePort})
+		e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port),
+			Reason: "the store rank 0 hosts goes on MASTER_PORT+1, which is no port: set " + EnvStorePort})
 		return
 	}
 	l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(sp))

@@ -271,7 +271,8 @@ func TestStoreHoldsUnderHostileConnections(t *testing.T) {
 	during := watch.Stop()
 	st := srv.stats()
 	t.Logf(
-		"flood of %d hostile connections over in %v; %d honest adds meanwhile; server then held %d connections (%d in handshake), %d bytes reserved, %d held",
+		"flood of %d hostile connections over in %v; %d honest adds meanwhile; "+
+			"server then held %d connections (%d in handshake), %d bytes reserved, %d held",
 		hostiles,
 		time.Since(start).Round(time.Millisecond),
 		adds.Load(),

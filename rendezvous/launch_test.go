@@ -274,13 +274,13 @@ func TestLaunchSlurm(t *testing.T) {
 	envs := make([]map[string]string, 4)
 	for r := range envs {
 		envs[r] = map[string]string{
-			"SLURM_PROCID": strconv.Itoa(
-				r,
-			), "SLURM_NTASKS": "4", "SLURM_NPROCS": "4", "SLURM_LOCALID": strconv.Itoa(r % 2), "SLURM_NODEID": strconv.Itoa(r / 2),
-			"SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": strconv.Itoa(jobID), "SLURM_STEP_ID": "0",
-			"SLURM_JOB_NODELIST": "localhost,node[02]", "SLURM_STEP_NODELIST": "localhost,node[02]", "SLURM_NODELIST": "localhost,node[02]",
-			"SLURM_LAUNCH_NODE_IPADDR": "192.0.2.7", "SLURMD_NODENAME": []string{"localhost", "node02"}[r/2],
-			"FAIRGO_MACHINE_ID": fmt.Sprintf("m%d", r/2),
+			"SLURM_PROCID": strconv.Itoa(r), "SLURM_NTASKS": "4", "SLURM_NPROCS": "4",
+			"SLURM_LOCALID": strconv.Itoa(r % 2), "SLURM_NODEID": strconv.Itoa(r / 2), "SLURM_NNODES": "2",
+			"SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+			"SLURM_JOB_ID": strconv.Itoa(jobID), "SLURM_STEP_ID": "0",
+			"SLURM_JOB_NODELIST": "localhost,node[02]", "SLURM_STEP_NODELIST": "localhost,node[02]",
+			"SLURM_NODELIST": "localhost,node[02]", "SLURM_LAUNCH_NODE_IPADDR": "192.0.2.7",
+			"SLURMD_NODENAME": []string{"localhost", "node02"}[r/2], "FAIRGO_MACHINE_ID": fmt.Sprintf("m%d", r/2),
 		}
 	}
 	checkAgree(t, launch(t, envs), rendezvous.LauncherSlurm, rendezvous.StoreRank0)
@@ -316,7 +316,9 @@ func TestLaunchFairrun(t *testing.T) {
 	envs := make([]map[string]string, 4)
 	for r := range envs {
 		envs[r] = torchrunEnv(r, 29500, false)
-		for _, k := range []string{"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"} {
+		for _, k := range []string{"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+			"TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE",
+			"ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"} {
 			delete(envs[r], k)
 		}
 		envs[r]["FAIRGO_STORE_ADDR"] = srv.Addr()

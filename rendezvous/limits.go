@@ -134,7 +134,9 @@ func newServerConfig(opts []ServerOption) (serverConfig, error) {
 		name string
 		v    *int
 		def  int
-	}{{"WithMaxConns", &c.maxConns, DefaultMaxConns}, {"WithMaxHandshakes", &c.maxHandshakes, DefaultMaxHandshakes}, {"WithMaxFrameBytes", &c.maxFrameBytes, DefaultMaxFrameBytes}}
+	}{{"WithMaxConns", &c.maxConns, DefaultMaxConns},
+		{"WithMaxHandshakes", &c.maxHandshakes, DefaultMaxHandshakes},
+		{"WithMaxFrameBytes", &c.maxFrameBytes, DefaultMaxFrameBytes}}
 	for _, f := range ints {
 		if *f.v < 0 {
 			return c, bad(f.name, *f.v, "negative")

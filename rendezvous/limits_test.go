@@ -92,7 +92,8 @@ func TestServerOptionsValidated(t *testing.T) {
 			ln.Close()
 		})
 	}
-	for _, opt := range []DialOption{WithRetryInterval(-1), WithDialToken(""), WithDialToken(strings.Repeat("x", MaxTokenLen+1))} {
+	for _, opt := range []DialOption{WithRetryInterval(-1), WithDialToken(""),
+		WithDialToken(strings.Repeat("x", MaxTokenLen+1))} {
 		_, err := Dial(context.Background(), "127.0.0.1:1", opt)
 		require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
 	}

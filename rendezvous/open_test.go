@@ -138,17 +138,25 @@ func TestOpenErrorWhenNothingAnswers(t *testing.T) {
 		kind     string
 		mentions []string
 	}{
-		{"torchrun agent store", torch(map[string]string{"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "r"}), dead, "torchrun", StoreC10d,
+		{"torchrun agent store", torch(map[string]string{"TORCHELASTIC_USE_AGENT_STORE": "True",
+			"TORCHELASTIC_RUN_ID": "r"}), dead, "torchrun", StoreC10d,
 			[]string{"torchrun's agent store", `TORCHELASTIC_USE_AGENT_STORE="True"`, `MASTER_PORT="` + ps + `"`}},
-		{"torchrun without agent store", torch(map[string]string{"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RUN_ID": "r", EnvStorePort: storePort}), "127.0.0.1:" + storePort, "torchrun", StoreRank0,
+		{"torchrun without agent store", torch(map[string]string{"TORCHELASTIC_USE_AGENT_STORE": "False",
+			"TORCHELASTIC_RUN_ID": "r", EnvStorePort: storePort}), "127.0.0.1:" + storePort, "torchrun", StoreRank0,
 			[]string{"the store rank 0 hosts", `FAIRGO_STORE_PORT="` + storePort + `"`}},
-		{"env", torch(nil), "127.0.0.1:" + strconv.Itoa(port+1), "env", StoreRank0, []string{`RANK="1"`, "TORCHELASTIC_USE_AGENT_STORE unset"}},
+		{"env", torch(nil), "127.0.0.1:" + strconv.Itoa(port+1), "env", StoreRank0,
+			[]string{`RANK="1"`, "TORCHELASTIC_USE_AGENT_STORE unset"}},
 		{"fairrun", torch(map[string]string{EnvStoreAddr: dead, EnvStoreToken: "secret"}), dead, "fairrun", StoreFairgo,
 			[]string{"the fairgo store", `FAIRGO_STORE_ADDR="` + dead + `"`, `FAIRGO_STORE_TOKEN="(hidden)"`}},
-		{"slurm", map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODELIST": "127.0.0.1",
-			"MASTER_PORT": ps}, "127.0.0.1:" + strconv.Itoa(port+1), "slurm", StoreRank0, []string{`SLURM_NODELIST="127.0.0.1"`, "MASTER_ADDR unset"}},
-		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
-			"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": ps}, "127.0.0.1:" + strconv.Itoa(port+1), "openmpi", StoreRank0, []string{`OMPI_COMM_WORLD_RANK="1"`}},
+		{"slurm", map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+			"SLURM_NTASKS_PER_NODE": "1", "SLURM_NODELIST": "127.0.0.1",
+			"MASTER_PORT": ps}, "127.0.0.1:" + strconv.Itoa(port+1), "slurm", StoreRank0, []string{
+			`SLURM_NODELIST="127.0.0.1"`, "MASTER_ADDR unset",
+		}},
+		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+			"OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+			"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": ps}, "127.0.0.1:" + strconv.Itoa(port+1), "openmpi",
+			StoreRank0, []string{`OMPI_COMM_WORLD_RANK="1"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

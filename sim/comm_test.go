@@ -647,9 +647,12 @@ func TestCommValidation(t *testing.T) {
 		{"partial all-reduce overlap", cm.AllReduce(b.Ptr, b.Ptr+4, 4, fairgo.Float32, fairgo.Sum, s)},
 		{"reduce-scatter not in place", cm.ReduceScatter(b.Ptr, b.Ptr+4, 4, fairgo.Float32, fairgo.Sum, s)},
 		{"all-gather not in place", cm.AllGather(b.Ptr+20, b.Ptr, 4, fairgo.Float32, s)},
-		{"alltoallv lengths", cm.AllToAllv(b.Ptr, []int64{1}, []int64{0}, b.Ptr+32, []int64{1, 1}, []int64{0, 1}, fairgo.Float32, s)},
-		{"alltoallv negative", cm.AllToAllv(b.Ptr, []int64{1, -1}, []int64{0, 0}, b.Ptr+32, []int64{1, 1}, []int64{0, 1}, fairgo.Float32, s)},
-		{"alltoallv overlapping receives", cm.AllToAllv(b.Ptr, []int64{2, 2}, []int64{0, 0}, b.Ptr+32, []int64{2, 2}, []int64{0, 1}, fairgo.Float32, s)},
+		{"alltoallv lengths",
+			cm.AllToAllv(b.Ptr, []int64{1}, []int64{0}, b.Ptr+32, []int64{1, 1}, []int64{0, 1}, fairgo.Float32, s)},
+		{"alltoallv negative",
+			cm.AllToAllv(b.Ptr, []int64{1, -1}, []int64{0, 0}, b.Ptr+32, []int64{1, 1}, []int64{0, 1}, fairgo.Float32, s)},
+		{"alltoallv overlapping receives",
+			cm.AllToAllv(b.Ptr, []int64{2, 2}, []int64{0, 0}, b.Ptr+32, []int64{2, 2}, []int64{0, 1}, fairgo.Float32, s)},
 	} {
 		require.ErrorIs(t, tc.err, fairgo.ErrInvalidArgument, tc.name)
 	}

@@ -99,8 +99,12 @@ func TestPlanErrorsNameTheOption(t *testing.T) {
 		p    Params
 		arg  string
 	}{
-		{"staging too small", Params{Machines: 4, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 100, PaddingBytes: 1 << 20, Parallelism: 4}, "WithStagingMemory"},
-		{"padding too small", Params{Machines: 4, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 1 << 30, PaddingBytes: 64, Parallelism: 4}, "WithPaddingMemory"},
+		{"staging too small",
+			Params{Machines: 4, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 100, PaddingBytes: 1 << 20, Parallelism: 4},
+			"WithStagingMemory"},
+		{"padding too small",
+			Params{Machines: 4, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 1 << 30, PaddingBytes: 64, Parallelism: 4},
+			"WithPaddingMemory"},
 		{"no parallelism", Params{Machines: 1, Devices: 1, Parallelism: 0}, "WithParallelism"},
 		{"no grid", Params{Machines: 0, Devices: 1, Parallelism: 1}, "grid"},
 	} {

@@ -113,7 +113,8 @@ type DuplicateDeviceError struct {
 
 func (e *DuplicateDeviceError) Error() string {
 	return fmt.Sprintf(
-		"%v: ranks %v on machine %q all use device %s (ranks that share a GPU need different machine identities, or device identities of their own in %s):%s",
+		"%v: ranks %v on machine %q all use device %s (ranks that share a GPU need different machine "+
+			"identities, or device identities of their own in %s):%s",
 		ErrDuplicateDevice,
 		e.Ranks,
 		e.Machine,

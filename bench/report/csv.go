@@ -11,11 +11,11 @@ import (
 )
 
 var csvHeader = []string{"kind", "run", "label", "link", "backend", "sim_timings", "machines", "devices", "processes",
-	"launcher_machines", "nic_gbit", "nic_latency_us", "mps", "netns", "ranks_per_gpu", "intra", "nvlink_gbit", "nccl_hosts",
-	"flat_topology_unaware", "invalid",
+	"launcher_machines", "nic_gbit", "nic_latency_us", "mps", "netns", "ranks_per_gpu", "intra", "nvlink_gbit",
+	"nccl_hosts", "flat_topology_unaware", "invalid",
 	"dtype", "op", "algorithm", "fairgo_spec", "fairgo_chosen", "slice_bytes", "parallelism", "flat_threshold",
-	"bytes", "count", "buckets", "iters", "reps", "time_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps", "ideal_busbw_gbps",
-	"wrong", "nccl_version", "nccl_env"}
+	"bytes", "count", "buckets", "iters", "reps", "time_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps",
+	"ideal_busbw_gbps", "wrong", "nccl_version", "nccl_env"}
 
 // WriteCSV writes records as CSV with a header line.
 func WriteCSV(w io.Writer, recs []bench.Record) error {

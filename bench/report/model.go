@@ -69,7 +69,8 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 			switch {
 			case r.Kind == bench.KindLink && r.Link == link:
 				links = append(links, pt)
-			case r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && r.Iters == 1 && (r.Testbed.NICGbit > 0) == testbed:
+			case r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && r.Iters == 1 &&
+				(r.Testbed.NICGbit > 0) == testbed:
 				flats = append(flats, pt)
 			}
 		}
@@ -125,7 +126,8 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 			fmt.Sprintf("all-to-all per-peer cost: %.2f µs (fit to rail-a2a fairgo points on ≥ 3 machines)", a*1e6),
 		)
 	} else {
-		notes = append(notes, fmt.Sprintf("all-to-all per-peer cost: %.2f µs = α_n (no rail-a2a fairgo points on ≥ 3 machines)", p.Net.Alpha*1e6))
+		notes = append(notes, fmt.Sprintf(
+			"all-to-all per-peer cost: %.2f µs = α_n (no rail-a2a fairgo points on ≥ 3 machines)", p.Net.Alpha*1e6))
 	}
 	return p, notes, p.Validate()
 }
@@ -194,7 +196,8 @@ func printErrors(w io.Writer, p model.Params, recs []bench.Record, o ModelOption
 	testbedErrs := TestbedErrors(p, recs, o)
 	fmt.Fprintf(
 		w,
-		"#\n# error against %d measured points: (predicted − measured)/measured; T7 (≤ 15%%) counts the %d testbed points\n",
+		"#\n# error against %d measured points: (predicted − measured)/measured; "+
+			"T7 (≤ 15%%) counts the %d testbed points\n",
 		len(errs),
 		len(testbedErrs),
 	)
@@ -267,25 +270,29 @@ func printPredictions(w io.Writer, fitted model.Params, o ModelOptions) error {
 	fmt.Fprintf(w, "#\n# predictions for M machines × D = %d GPUs, one NIC per GPU\n", o.Devices)
 	fmt.Fprintf(
 		w,
-		"# assumed: every GPU has its own NIC with the fitted network pair's α_n %.1f µs and B_n %.3f GB/s (so a machine has %d·B_n);\n",
+		"# assumed: every GPU has its own NIC with the fitted network pair's α_n %.1f µs and B_n %.3f GB/s "+
+			"(so a machine has %d·B_n);\n",
 		p.Net.Alpha*1e6,
 		p.Net.BW/1e9,
 		o.Devices,
 	)
 	fmt.Fprintf(
 		w,
-		"#   NVLink as the fitted pair (α_i %.2f µs, B_i %.1f GB/s); all-to-all per-peer cost %.2f µs; a free add kernel;\n",
+		"#   NVLink as the fitted pair (α_i %.2f µs, B_i %.1f GB/s); all-to-all per-peer cost %.2f µs; "+
+			"a free add kernel;\n",
 		p.Intra.Alpha*1e6,
 		p.Intra.BW/1e9,
 		peerAlpha(p)*1e6,
 	)
 	fmt.Fprintf(
 		w,
-		"#   ring: 2(W−1)·max(α_i + c/B_i, α_n + c/(D·B_n)), c = n/W; tree: NCCL's double binary tree across machines,\n",
+		"#   ring: 2(W−1)·max(α_i + c/B_i, α_n + c/(D·B_n)), c = n/W; "+
+			"tree: NCCL's double binary tree across machines,\n",
 	)
 	fmt.Fprintf(
 		w,
-		"#   2(⌈log2 M⌉α_n + (D−1)α_i) + max(f(M)·n/(D·B_n), 2(D−1)/D·n/B_i), f(M) = max bytes a machine sends per byte (2 for M ≥ 4);\n",
+		"#   2(⌈log2 M⌉α_n + (D−1)α_i) + max(f(M)·n/(D·B_n), 2(D−1)/D·n/B_i), "+
+			"f(M) = max bytes a machine sends per byte (2 for M ≥ 4);\n",
 	)
 	fmt.Fprintf(
 		w,
@@ -295,7 +302,8 @@ func printPredictions(w io.Writer, fitted model.Params, o ModelOptions) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(
 		tw,
-		"machines\tsize\tring(us)\ttree(us)\tnaive(us)\trail-a2a(us)\tslice\trail-rsag(us)\tslice\tflat busbw\tnaive busbw\tfairgo busbw\tfairgo/flat\t",
+		"machines\tsize\tring(us)\ttree(us)\tnaive(us)\trail-a2a(us)\tslice\trail-rsag(us)\tslice\tflat busbw\t"+
+			"naive busbw\tfairgo busbw\tfairgo/flat\t",
 	)
 	for _, pr := range p.Table(o.Devices, o.Machines, o.Sizes, par) {
 		world := pr.Grid.World()

@@ -48,7 +48,8 @@ func Plot(dir string, recs []bench.Record) ([]string, error) {
 		}
 		return nil
 	}
-	for _, draw := range []func([]bench.Record, func(*plot.Plot, string) error) error{busbwPlots, speedupPlots, overlapPlots} {
+	draws := []func([]bench.Record, func(*plot.Plot, string) error) error{busbwPlots, speedupPlots, overlapPlots}
+	for _, draw := range draws {
 		if err := draw(recs, save); err != nil {
 			return files, err
 		}

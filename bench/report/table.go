@@ -104,12 +104,15 @@ func (t *Table) Start(h bench.Header) {
 		check,
 	)
 	t.printf(
-		"# time: median over reps of the mean over ranks of %d call(s) back to back, per call (of one round in overlap); ±%%: (max−min)/median over reps\n",
+		"# time: median over reps of the mean over ranks of %d call(s) back to back, "+
+			"per call (of one round in overlap); ±%%: (max−min)/median over reps\n",
 		cfg.Iters,
 	)
-	t.printf("# busbw = algbw·2(n−1)/n; ideal: the NIC-bound busbw (one NIC of rate B per machine: t = 2(M−1)/M·S/B)\n")
+	t.printf("# busbw = algbw·2(n−1)/n; ideal: the NIC-bound busbw (one NIC of rate B per machine: " +
+		"t = 2(M−1)/M·S/B)\n")
 	t.printf(
-		"# v/flat = time(flat)/time(v); v/best = time(min(flat, flat-ring, naive))/time(v); v/ideal = busbw(v)/ideal: above 1, v is faster\n",
+		"# v/flat = time(flat)/time(v); v/best = time(min(flat, flat-ring, naive))/time(v); " +
+			"v/ideal = busbw(v)/ideal: above 1, v is faster\n",
 	)
 	t.printf("#\n")
 	t.columnHeads()
@@ -119,7 +122,8 @@ func (t *Table) Start(h bench.Header) {
 func (t *Table) invalidBanner(why string) {
 	bar := strings.Repeat("!", 100)
 	t.printf(
-		"# %s\n# INVALID TESTBED: %s.\n# Every time below is an artefact of GPU time-slicing; run under MPS (fairrun --mps on).\n# %s\n",
+		"# %s\n# INVALID TESTBED: %s.\n# Every time below is an artefact of GPU time-slicing; "+
+			"run under MPS (fairrun --mps on).\n# %s\n",
 		bar,
 		why,
 		bar,

@@ -69,7 +69,8 @@ func TestTableRow(t *testing.T) {
 	tab.Point(sampleRecords())
 	require.NoError(t, tab.Err())
 	out := buf.String()
-	for _, want := range []string{"not GPU timings", "grid 2×2", "NCCL env:", "#wrong", "fairgo/flat", "fairgo/best", "fairgo/ideal",
+	for _, want := range []string{"not GPU timings", "grid 2×2", "NCCL env:", "#wrong", "fairgo/flat",
+		"fairgo/best", "fairgo/ideal",
 		"busbw = algbw·2(n−1)/n", "testbed: not emulated", "choices 0+ flat, 256K+ rail-a2a"} {
 		require.Contains(t, out, want)
 	}
@@ -160,7 +161,8 @@ func TestPlotsRender(t *testing.T) {
 	}
 	files, err := Plot(dir, recs)
 	require.NoError(t, err)
-	for _, w := range []string{"busbw_1x2_float32", "busbw_4x2_float32", "speedup_2gpus_float32", "overlap_2x2_float32_8x4M"} {
+	for _, w := range []string{"busbw_1x2_float32", "busbw_4x2_float32", "speedup_2gpus_float32",
+		"overlap_2x2_float32_8x4M"} {
 		for _, ext := range []string{".png", ".svg"} {
 			st, err := os.Stat(filepath.Join(dir, w+ext))
 			require.NoError(t, err)
@@ -182,7 +184,8 @@ func TestTableSaysTheIntraMachineLink(t *testing.T) {
 		want string // "": no such line
 	}{
 		{"2x4 on one GPU, lo shaped", harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 4, Processes: 8,
-			Emulation: harness.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true, Intra: harness.IntraLoopback, NVLinkGbit: 20},
+			Emulation: harness.Emulation{Machines: 2, NICGbit: 2.5, MPS: true, NetNS: true,
+				Intra: harness.IntraLoopback, NVLinkGbit: 20},
 			Placement: harness.Placement{RanksPerGPU: 8, SharedAcrossMachines: true, NCCLHosts: 8}},
 			"# intra-machine link: emulated (loopback TCP, shaped to 20 Gbit/s); flat NCCL is topology-unaware here\n"},
 		{"2x2 on one GPU, lo not shaped", harness.Info{Backend: "cuda-mp", Machines: 2, Devices: 2, Processes: 4,
@@ -259,7 +262,9 @@ func TestCommittedRecordsStillReport(t *testing.T) {
 func TestSummarySaysTheIntraMachineLink(t *testing.T) {
 	recs := sampleRecords()
 	for i := range recs {
-		recs[i].Testbed.Intra, recs[i].Testbed.NVLinkGbit, recs[i].Testbed.FlatTopologyUnaware = harness.IntraLoopback, 20, true
+		recs[i].Testbed.Intra = harness.IntraLoopback
+		recs[i].Testbed.NVLinkGbit = 20
+		recs[i].Testbed.FlatTopologyUnaware = true
 	}
 	recs = append(
 		recs,

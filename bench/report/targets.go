@@ -90,7 +90,8 @@ func sweepOn(m, d int, testbed bool, dtypes []string, lo, hi int64, iters func(i
 	return func(r bench.Record) bool {
 		onTestbed := r.Testbed.NICGbit > 0
 		inProcess := !onTestbed && r.Processes == 1
-		return r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && onTestbed == testbed && (testbed || inProcess) &&
+		return r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d &&
+			onTestbed == testbed && (testbed || inProcess) &&
 			slices.Contains(dtypes, r.DType) &&
 			r.Bytes >= lo &&
 			r.Bytes <= hi &&
@@ -171,7 +172,8 @@ func issue18Defs() []targetDef {
 		for _, it := range []struct {
 			name string
 			ok   func(int) bool
-		}{{"one call at a time", func(n int) bool { return n == 1 }}, {"20 back to back", func(n int) bool { return n >= 20 }}} {
+		}{{"one call at a time", func(n int) bool { return n == 1 }},
+			{"20 back to back", func(n int) bool { return n >= 20 }}} {
 			u5 = append(
 				u5,
 				requirement{name(l) + ", " + it.name, oneGPU(l.m, l.d, l.gbit, lo, 256*mib, it.ok), vsNoCheck},
@@ -194,8 +196,9 @@ func issue18Defs() []targetDef {
 		{id: "U1", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo/naive at 64M–256M",
 			target: "≥ 1.05", atLeast: true, threshold: 1.05, parts: parts(shared, 64*mib, 256*mib, vsNaive)},
 		{
-			id:        "U2",
-			what:      "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 1M–256M",
+			id: "U2",
+			what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, " +
+				"naive) at every size 1M–256M",
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,
@@ -204,24 +207,27 @@ func issue18Defs() []targetDef {
 		{id: "U3", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo busbw / NIC-bound ideal at 64M–256M",
 			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: parts(shared, 64*mib, 256*mib, vsIdeal)},
 		{
-			id:        "U4",
-			what:      "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, naive) at every size 256K–256M",
+			id: "U4",
+			what: "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, " +
+				"naive) at every size 256K–256M",
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,
 			parts:     parts(single, 256*kib, 256*mib, vsBest),
 		},
 		{
-			id:        "U5",
-			what:      "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), one call at a time and 20 back to back",
+			id: "U5",
+			what: "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), " +
+				"one call at a time and 20 back to back",
 			target:    "≥ 0.98",
 			atLeast:   true,
 			threshold: 0.98,
 			parts:     u5,
 		},
 		{
-			id:        "U6",
-			what:      "all of U1–U4's layouts: time of the fastest fairgo variant measured at the point / time of Auto's choice (100% of points within 3%)",
+			id: "U6",
+			what: "all of U1–U4's layouts: time of the fastest fairgo variant measured at the point / time " +
+				"of Auto's choice (100% of points within 3%)",
 			target:    "≥ 0.971",
 			atLeast:   true,
 			threshold: 1 / 1.03,
@@ -246,7 +252,8 @@ func targetDefs() []targetDef {
 		for _, it := range []struct {
 			name string
 			ok   func(int) bool
-		}{{"one call at a time", func(n int) bool { return n == 1 }}, {"20 back to back", func(n int) bool { return n >= 20 }}} {
+		}{{"one call at a time", func(n int) bool { return n == 1 }},
+			{"20 back to back", func(n int) bool { return n >= 20 }}} {
 			t1 = append(t1, requirement{fmt.Sprintf("1×2 in one process, %s, %s", dt, it.name),
 				sweepOn(1, 2, false, []string{dt}, 64*kib, gib, it.ok), vsFlat})
 		}
@@ -259,8 +266,9 @@ func targetDefs() []targetDef {
 	}
 	return []targetDef{
 		{
-			id:        "T1",
-			what:      "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, one call at a time and 20 back to back",
+			id: "T1",
+			what: "1 × 2, one process (NVLink): fairgo/flat at every size 64K–1G, float32 and bfloat16, " +
+				"one call at a time and 20 back to back",
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,

@@ -289,7 +289,8 @@ func TestModelReport(t *testing.T) {
 		ModelReport(&buf, recs, ModelOptions{Devices: 8, Machines: []int{8, 64}, Sizes: []float64{1 << 20, 1 << 30}}),
 	)
 	out := buf.String()
-	for _, want := range []string{"one NIC per machine (fairrun --nic-gbit 10)", "error against", "testbed points: worst |error|",
+	for _, want := range []string{"one NIC per machine (fairrun --nic-gbit 10)", "error against",
+		"testbed points: worst |error|",
 		"predictions for M machines × D = 8 GPUs, one NIC per GPU", "rail-rsag(us)", "NCCL's double binary tree"} {
 		require.Contains(t, out, want)
 	}
@@ -407,7 +408,8 @@ func TestIssue18Targets(t *testing.T) {
 	ts, err := Targets(recs, TargetOptions{})
 	require.NoError(t, err)
 	got := byID(t, ts)
-	for id, want := range map[string]float64{"U1": 1.2 / 1.06, "U2": 1.2 / 1.06, "U3": 1 / 1.06, "U4": 1.2 / 1.06, "U5": 1.05 / 1.06, "U6": 1.04 / 1.06} {
+	for id, want := range map[string]float64{"U1": 1.2 / 1.06, "U2": 1.2 / 1.06, "U3": 1 / 1.06,
+		"U4": 1.2 / 1.06, "U5": 1.05 / 1.06, "U6": 1.04 / 1.06} {
 		require.NotNil(t, got[id].Measured, id)
 		require.InDelta(t, want, *got[id].Measured, 1e-9, id)
 		require.Empty(t, got[id].Missing, id)

@@ -53,7 +53,8 @@ func TestCLIRules(t *testing.T) {
 		usage(
 			"dtype lists the types",
 			"-dtype float8",
-			`invalid value "float8" for flag -dtype: not one of float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64`,
+			`invalid value "float8" for flag -dtype: not one of float16, bfloat16, float32, float64, int8, uint8, `+
+				`int32, uint32, int64, uint64`,
 		),
 		usage(
 			"op lists the operators",

@@ -46,7 +46,8 @@ func AssignBuckets(params []Param, elemSize int, capBytes int64) ([]Bucket, erro
 	for i, p := range params {
 		if p.Len <= 0 || p.Offset != next {
 			return nil, fmt.Errorf(
-				"buckets: parameter %d (%s) at offset %d of %d elements: parameters must be non-empty and consecutive from 0 (want offset %d)",
+				"buckets: parameter %d (%s) at offset %d of %d elements: "+
+					"parameters must be non-empty and consecutive from 0 (want offset %d)",
 				i,
 				p.Name,
 				p.Offset,

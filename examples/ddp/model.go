@@ -87,6 +87,18 @@ type Workspace[T Float] struct {
 // still compute.
 func (m *MLP[T]) Step(ws *Workspace[T], x []T, y []int, grad []T, done func(layer int)) (loss float64, correct int) {
 	batch := len(y)
+	m.forward(ws, x, batch)
+	loss, correct, dz := m.softmaxXent(ws, y, grad != nil)
+	if grad == nil {
+		return loss, correct
+	}
+	m.backward(ws, dz, grad, batch, done)
+	return loss, correct
+}
+
+// forward runs the forward pass of a batch of x, leaving every layer's
+// input and the logits in ws.acts.
+func (m *MLP[T]) forward(ws *Workspace[T], x []T, batch int) {
 	L := len(m.layers)
 	if len(ws.acts) != L+1 {
 		ws.acts = make([][]T, L+1)
@@ -109,13 +121,17 @@ func (m *MLP[T]) Step(ws *Workspace[T], x []T, y []int, grad []T, done func(laye
 			}
 		}
 	}
+}
 
-	// Softmax cross-entropy, accumulated in float64; dz is its gradient
-	// with respect to the logits.
-	classes := m.Sizes[L]
-	logits := ws.acts[L]
-	var dz []T
-	if grad != nil {
+// softmaxXent is the softmax cross-entropy of the logits in ws.acts
+// against the labels y, accumulated in float64: the mean loss, the
+// correct predictions and, with withGrad, dz, the loss's gradient with
+// respect to the logits.
+func (m *MLP[T]) softmaxXent(ws *Workspace[T], y []int, withGrad bool) (loss float64, correct int, dz []T) {
+	batch := len(y)
+	classes := m.Sizes[len(m.layers)]
+	logits := ws.acts[len(m.layers)]
+	if withGrad {
 		dz = grow(&ws.dz, batch*classes)
 	}
 	for s := range batch {
@@ -135,7 +151,7 @@ func (m *MLP[T]) Step(ws *Workspace[T], x []T, y []int, grad []T, done func(laye
 			sum += math.Exp(float64(v) - top)
 		}
 		loss += top + math.Log(sum) - float64(zs[y[s]])
-		if grad != nil {
+		if withGrad {
 			for k, v := range zs {
 				p := math.Exp(float64(v)-top) / sum
 				if k == y[s] {
@@ -145,12 +161,14 @@ func (m *MLP[T]) Step(ws *Workspace[T], x []T, y []int, grad []T, done func(laye
 			}
 		}
 	}
-	loss /= float64(batch)
-	if grad == nil {
-		return loss, correct
-	}
+	return loss / float64(batch), correct, dz
+}
 
-	for l := L - 1; l >= 0; l-- {
+// backward runs the backward pass from the gradient dz of the logits,
+// from the last layer to the first, writing the parameters' gradients
+// into grad and calling done(l), if not nil, when layer l's are final.
+func (m *MLP[T]) backward(ws *Workspace[T], dz, grad []T, batch int, done func(layer int)) {
+	for l := len(m.layers) - 1; l >= 0; l-- {
 		ly := m.layers[l]
 		in := ws.acts[l]
 		w := m.Params[ly.w:ly.b]
@@ -190,7 +208,6 @@ func (m *MLP[T]) Step(ws *Workspace[T], x []T, y []int, grad []T, done func(laye
 			done(l)
 		}
 	}
-	return loss, correct
 }
 
 // grow resizes *buf to n elements, reallocating only when it is too small.

@@ -92,10 +92,63 @@ var ErrReplicasDiffer = errors.New("replicas hold different parameters")
 // every rank checks, through an AllGather of hashes, that all replicas hold
 // bit-identical parameters.
 func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch func(EpochStats)) (*Result, error) {
+	t, err := newTrainer(cfg, r, mem)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.allocate(); err != nil {
+		return nil, err
+	}
+	if err := t.startFromRank0(ctx); err != nil {
+		return nil, err
+	}
+	t.drawShard()
+	res := &Result{Buckets: t.buckets}
+	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
+		es, err := t.epoch(ctx, epoch)
+		if err != nil {
+			return nil, err
+		}
+		res.Epochs = append(res.Epochs, es)
+		if onEpoch != nil {
+			onEpoch(es)
+		}
+	}
+	return t.finish(ctx, res)
+}
+
+// trainer is the state of Train on one rank.
+type trainer struct {
+	cfg     Config
+	r       *hier.Reducer
+	mem     Memory
+	model   *MLP[float32]
+	buckets []Bucket
+	rank    int
+
+	// Device memory is freed when training succeeds; after an error a
+	// collective may still use it, and the caller tears the device down.
+	allocs                  []uintptr
+	paramsT, gradsT, statsT fairgo.Tensor
+	// host is the staging buffer of copies, pbytes its head holding the
+	// parameters.
+	host, pbytes []byte
+
+	x        []float32 // this rank's shard of the data, Steps batches
+	y        []int
+	grad     []float32
+	velocity []float32
+	ws       Workspace[float32]
+	works    []*hier.Work
+}
+
+// newTrainer checks the configuration and sets up the rank's replica of
+// the model and its gradient buckets.
+func newTrainer(cfg Config, r *hier.Reducer, mem Memory) (*trainer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	rank, world := r.WorldRank(), r.Grid().Size()
+	rank := r.WorldRank()
 	model, err := NewMLP[float32](cfg.Sizes)
 	if err != nil {
 		return nil, err
@@ -103,154 +156,200 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 	// Each rank initialises its replica from its own seed, as a trainer's
 	// processes do; the broadcast below makes rank 0's replica everyone's.
 	model.Init(rand.New(rand.NewPCG(cfg.Seed, 0x1417+uint64(rank))))
-	nparams := int64(len(model.Params))
 	buckets, err := AssignBuckets(model.ParamList(), cfg.DType.Size(), cfg.BucketBytes)
 	if err != nil {
 		return nil, err
 	}
+	return &trainer{cfg: cfg, r: r, mem: mem, model: model, buckets: buckets, rank: rank}, nil
+}
 
-	// Device memory is freed when training succeeds; after an error a
-	// collective may still use it, and the caller tears the device down.
-	var allocs []uintptr
+// allocate allocates the device tensors (parameters, gradients,
+// statistics) and the host buffer of copies.
+func (t *trainer) allocate() error {
 	alloc := func(n int64, dt fairgo.DType) (fairgo.Tensor, error) {
-		t, err := mem.AllocTensor(n, dt)
+		ten, err := t.mem.AllocTensor(n, dt)
 		if err == nil {
-			allocs = append(allocs, t.Ptr)
+			t.allocs = append(t.allocs, ten.Ptr)
 		}
-		return t, err
+		return ten, err
 	}
-	paramsT, err := alloc(nparams, fairgo.Float32)
-	if err != nil {
-		return nil, fmt.Errorf("allocating the parameters: %w", err)
+	nparams := int64(len(t.model.Params))
+	var err error
+	if t.paramsT, err = alloc(nparams, fairgo.Float32); err != nil {
+		return fmt.Errorf("allocating the parameters: %w", err)
 	}
-	gradsT, err := alloc(nparams, cfg.DType)
-	if err != nil {
-		return nil, fmt.Errorf("allocating the gradients: %w", err)
+	if t.gradsT, err = alloc(nparams, t.cfg.DType); err != nil {
+		return fmt.Errorf("allocating the gradients: %w", err)
 	}
-	statsT, err := alloc(4, fairgo.Float64)
-	if err != nil {
-		return nil, fmt.Errorf("allocating the statistics: %w", err)
+	if t.statsT, err = alloc(4, fairgo.Float64); err != nil {
+		return fmt.Errorf("allocating the statistics: %w", err)
 	}
 	maxBucket := 0
-	for _, b := range buckets {
+	for _, b := range t.buckets {
 		maxBucket = max(maxBucket, b.Len())
 	}
-	host := make([]byte, max(nparams*4, int64(maxBucket*cfg.DType.Size())))
+	t.host = make([]byte, max(nparams*4, int64(maxBucket*t.cfg.DType.Size())))
+	t.pbytes = t.host[:nparams*4]
+	return nil
+}
 
-	// Start from rank 0's parameters.
-	pbytes := host[:nparams*4]
-	encode(fairgo.Float32, pbytes, model.Params)
-	if err := mem.Upload(paramsT.Ptr, pbytes); err != nil {
-		return nil, fmt.Errorf("uploading the parameters: %w", err)
+// startFromRank0 makes rank 0's parameters every replica's.
+func (t *trainer) startFromRank0(ctx context.Context) error {
+	encode(fairgo.Float32, t.pbytes, t.model.Params)
+	if err := t.mem.Upload(t.paramsT.Ptr, t.pbytes); err != nil {
+		return fmt.Errorf("uploading the parameters: %w", err)
 	}
-	if err := r.Broadcast(ctx, paramsT, 0).Wait(ctx); err != nil {
-		return nil, fmt.Errorf("broadcasting rank 0's parameters: %w", err)
+	if err := t.r.Broadcast(ctx, t.paramsT, 0).Wait(ctx); err != nil {
+		return fmt.Errorf("broadcasting rank 0's parameters: %w", err)
 	}
-	if err := mem.Download(pbytes, paramsT.Ptr); err != nil {
-		return nil, fmt.Errorf("downloading the parameters: %w", err)
+	if err := t.mem.Download(t.pbytes, t.paramsT.Ptr); err != nil {
+		return fmt.Errorf("downloading the parameters: %w", err)
 	}
-	decode(fairgo.Float32, model.Params, pbytes)
+	decode(fairgo.Float32, t.model.Params, t.pbytes)
+	return nil
+}
 
-	// This rank's shard of the data: drawn from its own seed, labelled by
-	// the teacher every rank shares.
+// drawShard draws this rank's shard of the data from its own seed,
+// labelled by the teacher every rank shares, and sets up the optimizer's
+// state.
+func (t *trainer) drawShard() {
+	cfg := t.cfg
 	in, classes := cfg.Sizes[0], cfg.Sizes[len(cfg.Sizes)-1]
 	teacher := NewTeacher(cfg.Seed, in, classes)
-	x := make([]float32, cfg.Steps*cfg.Batch*in)
-	y := make([]int, cfg.Steps*cfg.Batch)
-	teacher.Sample(rand.New(rand.NewPCG(cfg.Seed^0xda7a, uint64(rank))), x, y)
+	t.x = make([]float32, cfg.Steps*cfg.Batch*in)
+	t.y = make([]int, cfg.Steps*cfg.Batch)
+	teacher.Sample(rand.New(rand.NewPCG(cfg.Seed^0xda7a, uint64(t.rank))), t.x, t.y)
+	nparams := len(t.model.Params)
+	t.grad = make([]float32, nparams)
+	t.velocity = make([]float32, nparams)
+	t.works = make([]*hier.Work, len(t.buckets))
+}
 
-	grad := make([]float32, nparams)
-	velocity := make([]float32, nparams)
-	var ws Workspace[float32]
-	works := make([]*hier.Work, len(buckets))
-	res := &Result{Buckets: buckets}
-
-	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
-		var lossSum float64
-		var correct int
-		var compute, comm time.Duration
-		for step := range cfg.Steps {
-			start := time.Now()
-			xs := x[step*cfg.Batch*in : (step+1)*cfg.Batch*in]
-			ys := y[step*cfg.Batch : (step+1)*cfg.Batch]
-
-			// Backward, launching each bucket's allreduce as soon as its
-			// layers are done. Buckets are in backward order, so the ready
-			// ones are always the next few.
-			next := 0
-			var launchErr error
-			ready := func(layer int) {
-				for ; launchErr == nil && next < len(buckets) && buckets[next].Layer >= layer; next++ {
-					b := buckets[next]
-					t := gradsT.Slice(int64(b.Lo), int64(b.Len()))
-					buf := host[:t.ByteLen()]
-					encode(cfg.DType, buf, grad[b.Lo:b.Hi])
-					if err := mem.Upload(t.Ptr, buf); err != nil {
-						launchErr = fmt.Errorf("uploading bucket %d: %w", next, err)
-						return
-					}
-					works[next] = r.AllReduce(ctx, t, fairgo.Avg)
-				}
-			}
-			loss, ok := model.Step(&ws, xs, ys, grad, ready)
-			if launchErr != nil {
-				return nil, launchErr
-			}
-			if next != len(buckets) {
-				return nil, fmt.Errorf("internal error: %d of %d buckets launched", next, len(buckets))
-			}
-			lossSum += loss
-			correct += ok
-
-			// The optimizer step waits on the Works, bucket by bucket.
-			for i, b := range buckets {
-				t0 := time.Now()
-				err := works[i].Wait(ctx)
-				comm += time.Since(t0)
-				if err != nil {
-					return nil, fmt.Errorf("epoch %d step %d: allreduce of bucket %d: %w", epoch, step, i, err)
-				}
-				t := gradsT.Slice(int64(b.Lo), int64(b.Len()))
-				buf := host[:t.ByteLen()]
-				if err := mem.Download(buf, t.Ptr); err != nil {
-					return nil, fmt.Errorf("downloading bucket %d: %w", i, err)
-				}
-				decode(cfg.DType, grad[b.Lo:b.Hi], buf)
-			}
-			sgdMomentum(model.Params, velocity, grad, float32(cfg.LR), float32(cfg.Momentum))
-			encode(fairgo.Float32, pbytes, model.Params)
-			if err := mem.Upload(paramsT.Ptr, pbytes); err != nil {
-				return nil, fmt.Errorf("uploading the parameters: %w", err)
-			}
-			compute += time.Since(start)
+// epoch runs the steps of one epoch and returns its numbers, averaged
+// over the ranks.
+func (t *trainer) epoch(ctx context.Context, epoch int) (EpochStats, error) {
+	var lossSum float64
+	var correct int
+	var compute, comm time.Duration
+	for step := range t.cfg.Steps {
+		start := time.Now()
+		loss, ok, waited, err := t.step(ctx, epoch, step)
+		if err != nil {
+			return EpochStats{}, err
 		}
-		compute -= comm
+		lossSum += loss
+		correct += ok
+		comm += waited
+		compute += time.Since(start)
+	}
+	compute -= comm
 
-		// Average the epoch's numbers over the ranks, with fairgo too.
-		steps := float64(cfg.Steps)
-		stats := []float64{lossSum / steps, float64(correct) / (steps * float64(cfg.Batch)),
-			compute.Seconds() / steps, comm.Seconds() / steps}
-		if err := allReduceHost(ctx, r, mem, statsT, stats); err != nil {
-			return nil, fmt.Errorf("epoch %d statistics: %w", epoch, err)
-		}
-		es := EpochStats{Epoch: epoch, Loss: stats[0], Accuracy: stats[1],
-			Compute: seconds(stats[2]), Comm: seconds(stats[3])}
-		res.Epochs = append(res.Epochs, es)
-		if onEpoch != nil {
-			onEpoch(es)
+	// Average the epoch's numbers over the ranks, with fairgo too.
+	steps := float64(t.cfg.Steps)
+	stats := []float64{lossSum / steps, float64(correct) / (steps * float64(t.cfg.Batch)),
+		compute.Seconds() / steps, comm.Seconds() / steps}
+	if err := allReduceHost(ctx, t.r, t.mem, t.statsT, stats); err != nil {
+		return EpochStats{}, fmt.Errorf("epoch %d statistics: %w", epoch, err)
+	}
+	return EpochStats{Epoch: epoch, Loss: stats[0], Accuracy: stats[1],
+		Compute: seconds(stats[2]), Comm: seconds(stats[3])}, nil
+}
+
+// step runs one training step: the backward pass with the buckets'
+// allreduces, the wait for them, and the optimizer. It returns the
+// batch's loss, its correct predictions and the time spent in Wait.
+func (t *trainer) step(ctx context.Context, epoch, step int) (float64, int, time.Duration, error) {
+	cfg, in := t.cfg, t.cfg.Sizes[0]
+	xs := t.x[step*cfg.Batch*in : (step+1)*cfg.Batch*in]
+	ys := t.y[step*cfg.Batch : (step+1)*cfg.Batch]
+	loss, ok, err := t.backwardAndLaunch(ctx, xs, ys)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	comm, err := t.averagedGradients(ctx, epoch, step)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	sgdMomentum(t.model.Params, t.velocity, t.grad, float32(cfg.LR), float32(cfg.Momentum))
+	encode(fairgo.Float32, t.pbytes, t.model.Params)
+	if err := t.mem.Upload(t.paramsT.Ptr, t.pbytes); err != nil {
+		return 0, 0, 0, fmt.Errorf("uploading the parameters: %w", err)
+	}
+	return loss, ok, comm, nil
+}
+
+// backwardAndLaunch runs the forward and backward pass of one batch,
+// launching each bucket's allreduce as soon as its layers are done.
+// Buckets are in backward order, so the ready ones are always the next
+// few.
+func (t *trainer) backwardAndLaunch(ctx context.Context, xs []float32, ys []int) (float64, int, error) {
+	next := 0
+	var launchErr error
+	ready := func(layer int) {
+		for ; launchErr == nil && next < len(t.buckets) && t.buckets[next].Layer >= layer; next++ {
+			if err := t.launchBucket(ctx, next); err != nil {
+				launchErr = err
+				return
+			}
 		}
 	}
+	loss, ok := t.model.Step(&t.ws, xs, ys, t.grad, ready)
+	if launchErr != nil {
+		return 0, 0, launchErr
+	}
+	if next != len(t.buckets) {
+		return 0, 0, fmt.Errorf("internal error: %d of %d buckets launched", next, len(t.buckets))
+	}
+	return loss, ok, nil
+}
 
-	res.Params = make([]byte, nparams*4)
-	if err := mem.Download(res.Params, paramsT.Ptr); err != nil {
+// launchBucket uploads bucket i's gradients and starts their allreduce.
+func (t *trainer) launchBucket(ctx context.Context, i int) error {
+	b := t.buckets[i]
+	ten := t.gradsT.Slice(int64(b.Lo), int64(b.Len()))
+	buf := t.host[:ten.ByteLen()]
+	encode(t.cfg.DType, buf, t.grad[b.Lo:b.Hi])
+	if err := t.mem.Upload(ten.Ptr, buf); err != nil {
+		return fmt.Errorf("uploading bucket %d: %w", i, err)
+	}
+	t.works[i] = t.r.AllReduce(ctx, ten, fairgo.Avg)
+	return nil
+}
+
+// averagedGradients waits on the Works, bucket by bucket, and downloads
+// the averaged gradients into grad. It returns the time spent in Wait.
+func (t *trainer) averagedGradients(ctx context.Context, epoch, step int) (time.Duration, error) {
+	var comm time.Duration
+	for i, b := range t.buckets {
+		t0 := time.Now()
+		err := t.works[i].Wait(ctx)
+		comm += time.Since(t0)
+		if err != nil {
+			return 0, fmt.Errorf("epoch %d step %d: allreduce of bucket %d: %w", epoch, step, i, err)
+		}
+		ten := t.gradsT.Slice(int64(b.Lo), int64(b.Len()))
+		buf := t.host[:ten.ByteLen()]
+		if err := t.mem.Download(buf, ten.Ptr); err != nil {
+			return 0, fmt.Errorf("downloading bucket %d: %w", i, err)
+		}
+		decode(t.cfg.DType, t.grad[b.Lo:b.Hi], buf)
+	}
+	return comm, nil
+}
+
+// finish downloads the final parameters into res, checks that every
+// replica holds the same, and frees the device memory.
+func (t *trainer) finish(ctx context.Context, res *Result) (*Result, error) {
+	res.Params = make([]byte, len(t.model.Params)*4)
+	if err := t.mem.Download(res.Params, t.paramsT.Ptr); err != nil {
 		return nil, fmt.Errorf("downloading the final parameters: %w", err)
 	}
-	if err := checkReplicas(ctx, r, mem, res.Params, world); err != nil {
+	if err := checkReplicas(ctx, t.r, t.mem, res.Params, t.r.Grid().Size()); err != nil {
 		return res, err
 	}
 	var errs []error
-	for _, p := range allocs {
-		errs = append(errs, mem.Free(p))
+	for _, p := range t.allocs {
+		errs = append(errs, t.mem.Free(p))
 	}
 	return res, errors.Join(errs...)
 }

@@ -29,7 +29,8 @@ func checkArgs(args []string, stdout, stderr io.Writer) (code int, done bool) {
 	case len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
 		fmt.Fprint(
 			stdout,
-			"usage: minimal\n\nminimal runs one AllReduce (Avg) on a simulated cluster of 2 machines × 2 devices\nand prints every rank's result. It takes no flags and no arguments.\n",
+			"usage: minimal\n\nminimal runs one AllReduce (Avg) on a simulated cluster of 2 machines × 2 "+
+				"devices\nand prints every rank's result. It takes no flags and no arguments.\n",
 		)
 		return 0, true
 	}

@@ -37,7 +37,8 @@ func TestParse(t *testing.T) {
 		{name: "--help after a flag", args: []string{"-check", "--help"}, err: "help"},
 		{name: "-help", args: []string{"-help"}, err: "help"},
 		{name: "unknown flag", args: []string{"-bogus"}, err: "flag provided but not defined: -bogus"},
-		{name: "choice lists the choices", args: []string{"-mode", "medium"}, err: `invalid value "medium" for flag -mode: not one of fast, slow`},
+		{name: "choice lists the choices", args: []string{"-mode", "medium"},
+			err: `invalid value "medium" for flag -mode: not one of fast, slow`},
 		{name: "bad duration", args: []string{"-wait", "soon"}, err: `invalid value "soon" for flag -wait`},
 		{name: "an argument", args: []string{"-check", "extra"}, err: `unexpected argument "extra"`},
 		{name: "arguments", args: []string{"a", "-check"}, err: `unexpected arguments "a" "-check"`},
@@ -84,10 +85,13 @@ func TestStatus(t *testing.T) {
 	}{
 		{name: "success", err: nil, code: ExitOK},
 		{name: "help", err: fmt.Errorf("wrapped: %w", flag.ErrHelp), code: ExitOK, stdout: "usage: tool [flags]\n"},
-		{name: "usage", err: Usagef("-n %s: too large", "9K"), code: ExitUsage, stderr: "tool: -n 9K: too large\nrun \"tool -h\" for usage\n"},
-		{name: "usage with the prefix already", err: Usage(errors.New("tool: tool: bad")), code: ExitUsage, stderr: "tool: bad\nrun \"tool -h\" for usage\n"},
+		{name: "usage", err: Usagef("-n %s: too large", "9K"), code: ExitUsage,
+			stderr: "tool: -n 9K: too large\nrun \"tool -h\" for usage\n"},
+		{name: "usage with the prefix already", err: Usage(errors.New("tool: tool: bad")), code: ExitUsage,
+			stderr: "tool: bad\nrun \"tool -h\" for usage\n"},
 		{name: "failure", err: errors.New("disk full"), code: ExitFailure, stderr: "tool: disk full\n"},
-		{name: "failure with the prefix", err: fmt.Errorf("tool: open x: %w", errors.New("gone")), code: ExitFailure, stderr: "tool: open x: gone\n"},
+		{name: "failure with the prefix", err: fmt.Errorf("tool: open x: %w", errors.New("gone")),
+			code: ExitFailure, stderr: "tool: open x: gone\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -134,7 +138,8 @@ func TestChecksListTheChoices(t *testing.T) {
 	}{
 		{DType(), []string{"float32", "bf16", "half", "uint64"}, "float8",
 			"not one of float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64"},
-		{DType(fairgo.Float32, fairgo.BFloat16), []string{"float32", "fp32", "bfloat16", "bf16"}, "int32", "not one of float32, bfloat16"},
+		{DType(fairgo.Float32, fairgo.BFloat16), []string{"float32", "fp32", "bfloat16", "bf16"}, "int32",
+			"not one of float32, bfloat16"},
 		{Op, []string{"sum", "avg", "mean", "prod"}, "xor", "not one of sum, avg, max, min, prod"},
 		{OneOf("sim", "cuda"), []string{"sim", "cuda"}, "tpu", "not one of sim, cuda"},
 	} {

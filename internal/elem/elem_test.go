@@ -91,7 +91,8 @@ func TestSetGetIndexProperty(t *testing.T) {
 			// Rounded to nearest: within half an ulp (relative), or the format's overflow.
 			// Within half an ulp: relative in the normal range, half the
 			// smallest denormal below it; or the format overflowed.
-			tiny := map[fairgo.DType]float64{fairgo.Float16: 0x1p-25, fairgo.BFloat16: 0x1p-134, fairgo.Float32: 0x1p-150, fairgo.Float64: 0}[dt]
+			tiny := map[fairgo.DType]float64{fairgo.Float16: 0x1p-25, fairgo.BFloat16: 0x1p-134,
+				fairgo.Float32: 0x1p-150, fairgo.Float64: 0}[dt]
 			if !math.IsInf(got, 0) && math.Abs(got-v) > max(math.Abs(v)*dt.Epsilon(), tiny) {
 				t.Fatalf("%v: set %v, got %v", dt, v, got)
 			}
@@ -122,7 +123,8 @@ func TestCombine(t *testing.T) {
 		acc, x []float64
 		want   []float64
 	}{
-		{"float16 rounds every hop", fairgo.Float16, fairgo.Sum, []float64{2048, 2050}, []float64{1, 1}, []float64{2048, 2052}},
+		{"float16 rounds every hop", fairgo.Float16, fairgo.Sum, []float64{2048, 2050}, []float64{1, 1},
+			[]float64{2048, 2052}},
 		{"bfloat16 sum", fairgo.BFloat16, fairgo.Sum, []float64{256}, []float64{1}, []float64{256}},
 		{"avg combines as sum", fairgo.Float32, fairgo.Avg, []float64{1, 2}, []float64{3, 4}, []float64{4, 6}},
 		{"float64 prod", fairgo.Float64, fairgo.Prod, []float64{1.5, -2}, []float64{4, 8}, []float64{6, -16}},
@@ -168,8 +170,10 @@ func TestReduceShards(t *testing.T) {
 	}{
 		{"float16 accumulates in float32", fairgo.Float16, fairgo.Sum, [][]float64{{2048}, {1}, {1}}, 0, []float64{2050}},
 		{"bfloat16 accumulates in float32", fairgo.BFloat16, fairgo.Sum, [][]float64{{256}, {1}, {1}}, 0, []float64{258}},
-		{"float16 avg divides in float32", fairgo.Float16, fairgo.Avg, [][]float64{{2048}, {1}, {1}}, 3, []float64{float64(Float16ToFloat32(Float32ToFloat16(2050.0 / 3)))}},
-		{"float32 accumulates in float32", fairgo.Float32, fairgo.Sum, [][]float64{{1 << 24}, {1}, {1}}, 0, []float64{1 << 24}},
+		{"float16 avg divides in float32", fairgo.Float16, fairgo.Avg, [][]float64{{2048}, {1}, {1}}, 3,
+			[]float64{float64(Float16ToFloat32(Float32ToFloat16(2050.0 / 3)))}},
+		{"float32 accumulates in float32", fairgo.Float32, fairgo.Sum, [][]float64{{1 << 24}, {1}, {1}}, 0,
+			[]float64{1 << 24}},
 		{"float64 avg", fairgo.Float64, fairgo.Avg, [][]float64{{1, 10}, {2, 20}}, 2, []float64{1.5, 15}},
 		{"int avg truncates toward zero", fairgo.Int32, fairgo.Avg, [][]float64{{-7, 7}, {0, 0}}, 2, []float64{-3, 3}},
 		{"uint8 avg after wrapping sum", fairgo.Uint8, fairgo.Avg, [][]float64{{200}, {100}}, 2, []float64{22}},

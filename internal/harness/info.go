@@ -88,13 +88,20 @@ const (
 // Emulation is the testbed as the launcher describes it: the zero value
 // means no launcher told.
 type Emulation struct {
-	Machines   int           `json:"launcher_machines,omitempty"` // machines the launcher made (emulated when several share a host); 0: not told
-	NICGbit    float64       `json:"nic_gbit,omitempty"`          // each machine's NIC rate, Gbit/s each way; 0: no shaped NIC
-	NICLatency time.Duration `json:"nic_latency_ns,omitempty"`    // one-way delay each NIC adds
-	MPS        bool          `json:"mps"`                         // ranks sharing a GPU run under MPS
-	NetNS      bool          `json:"netns"`                       // each machine in a network namespace of its own
-	Intra      string        `json:"intra,omitempty"`             // the intra-machine link, IntraNVLink or IntraLoopback; "": not told
-	NVLinkGbit float64       `json:"nvlink_gbit,omitempty"`       // the rate the loopback standing in for NVLink is shaped to, Gbit/s; 0: not shaped
+	// machines the launcher made (emulated when several share a host); 0: not told
+	Machines int `json:"launcher_machines,omitempty"`
+	// each machine's NIC rate, Gbit/s each way; 0: no shaped NIC
+	NICGbit float64 `json:"nic_gbit,omitempty"`
+	// one-way delay each NIC adds
+	NICLatency time.Duration `json:"nic_latency_ns,omitempty"`
+	// ranks sharing a GPU run under MPS
+	MPS bool `json:"mps"`
+	// each machine in a network namespace of its own
+	NetNS bool `json:"netns"`
+	// the intra-machine link, IntraNVLink or IntraLoopback; "": not told
+	Intra string `json:"intra,omitempty"`
+	// the rate the loopback standing in for NVLink is shaped to, Gbit/s; 0: not shaped
+	NVLinkGbit float64 `json:"nvlink_gbit,omitempty"`
 }
 
 // IntraLink describes the intra-machine link, "" when not told: "emulated

@@ -120,9 +120,9 @@ func ComputeReference(dt fairgo.DType, op fairgo.Op, inputs [][]byte) Reference 
 		return ref
 	}
 	u := dt.Epsilon()
-	tiny := map[fairgo.DType]float64{fairgo.Float16: 1e-7, fairgo.BFloat16: 1e-37, fairgo.Float32: 1e-44, fairgo.Float64: 1e-300}[dt] * float64(
-		ranks,
-	)
+	tiny := map[fairgo.DType]float64{
+		fairgo.Float16: 1e-7, fairgo.BFloat16: 1e-37, fairgo.Float32: 1e-44, fairgo.Float64: 1e-300,
+	}[dt] * float64(ranks)
 	ref.val = make([]float64, n)
 	ref.tol = make([]float64, n)
 	for i := 0; i < n; i++ {

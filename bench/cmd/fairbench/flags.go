@@ -332,14 +332,16 @@ func (m *methodFlags) register(fs *flag.FlagSet) {
 		&m.algos,
 		"algos",
 		bench.DefaultMethods,
-		"`methods` to measure, comma-separated: flat (NCCL's choice), flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)",
+		"`methods` to measure, comma-separated: flat (NCCL's choice), "+
+			"flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)",
 		methodNames,
 	)
 	fs.Var(
 		&m.variants,
 		"fairgo",
 		"a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
-			"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, flat (flat threshold: size or never), spin (duration),\n"+
+			"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, "+
+			"flat (flat threshold: size or never), spin (duration),\n"+
 			"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off);\n"+
 			"e.g. -fairgo rsag=algo:rail-rsag,slice:64M (default: one variant \"fairgo\" with fairgo's defaults)",
 	)

@@ -160,7 +160,8 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	require.Contains(t, out, "# link net:")
 	in := strings.Join([]string{ln, sc, ov}, ",")
 	out = runCmd(t, "model", "-include-sim", "-in", in, "-model-machines", "8,64")
-	for _, want := range []string{"error against", "predictions for M machines × D = 8 GPUs", "median |error|", "rail-a2a(us)"} {
+	for _, want := range []string{"error against", "predictions for M machines × D = 8 GPUs",
+		"median |error|", "rail-a2a(us)"} {
 		require.Contains(t, out, want)
 	}
 	out = runCmd(t, "report", "-in", in, "-csv", filepath.Join(dir, "all.csv"))
@@ -253,7 +254,8 @@ func TestHelp(t *testing.T) {
 	for cmd, names := range want {
 		// help CMD, -h CMD, CMD -h and CMD --help print the same on stdout.
 		var first string
-		for _, args := range [][]string{{"help", cmd}, {"-h", cmd}, {cmd, "-h"}, {cmd, "--help"}, {cmd, "-b", "1M", "-help"}} {
+		for _, args := range [][]string{{"help", cmd}, {"-h", cmd}, {cmd, "-h"}, {cmd, "--help"},
+			{cmd, "-b", "1M", "-help"}} {
 			if cmd != "sweep" && len(args) == 4 { // -b is sweep's
 				continue
 			}
@@ -276,7 +278,8 @@ func TestHelp(t *testing.T) {
 	// Sizes and choices show what they take.
 	stdout.Reset()
 	require.Zero(t, run(context.Background(), []string{"sweep", "-h"}, &stdout, &bytes.Buffer{}))
-	for _, want := range []string{"  -b size\n", "  -dtype type\n", "  -op reduction\n", "  -backend backend\n", "(default 1M)", "(default float32)", "bfloat16"} {
+	for _, want := range []string{"  -b size\n", "  -dtype type\n", "  -op reduction\n",
+		"  -backend backend\n", "(default 1M)", "(default float32)", "bfloat16"} {
 		require.Contains(t, stdout.String(), want)
 	}
 }
@@ -417,7 +420,8 @@ func TestCLIRules(t *testing.T) {
 		usage("model devices", a("model -in x.jsonl -model-devices 0"), "-model-devices 0: must be at least 1"),
 	})
 	// A failure (a file that is not there) is status 1, one message.
-	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"), a("targets -in /nonexistent/x.jsonl -enqueue 6.5"),
+	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"),
+		a("targets -in /nonexistent/x.jsonl -enqueue 6.5"),
 		a("targets -in /nonexistent/x.jsonl -enqueue /nonexistent/enqueue.txt")} {
 		var stdout, stderr bytes.Buffer
 		require.Equal(t, cli.ExitFailure, runFairbench(args, &stdout, &stderr), "%v", args)
@@ -459,7 +463,8 @@ func TestWorkerArgs(t *testing.T) {
 		),
 	)
 	args := strings.Join(append(append(append(b.args(fs), s.args(fs)...), tf.args(fs)...), m.args(fs)...), " ")
-	for _, want := range []string{"-backend=cuda", "-jitter=1500us", "-b=1M", "-check=true", "-run=r2", "-fairgo=a=slice:64M", "-fairgo=b"} {
+	for _, want := range []string{"-backend=cuda", "-jitter=1500us", "-b=1M", "-check=true", "-run=r2",
+		"-fairgo=a=slice:64M", "-fairgo=b"} {
 		require.Contains(t, args, want)
 	}
 	for _, bad := range []string{"-json", "-e=", "-timeout"} {

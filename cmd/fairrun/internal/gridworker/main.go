@@ -45,7 +45,8 @@ func run(failRank, failCode int, hang bool, pidDir string, timeout time.Duration
 		return err
 	}
 	if pidDir != "" {
-		if err := os.WriteFile(filepath.Join(pidDir, strconv.Itoa(l.Rank)), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		pid := []byte(strconv.Itoa(os.Getpid()))
+		if err := os.WriteFile(filepath.Join(pidDir, strconv.Itoa(l.Rank)), pid, 0o644); err != nil {
 			return err
 		}
 	}

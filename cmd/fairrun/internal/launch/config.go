@@ -43,26 +43,42 @@ type MPSMode string
 
 // MPS modes (--mps).
 const (
-	MPSAuto MPSMode = "auto" // on when emulated machines' ranks share a GPU (more workers than GPUs) and the daemon is installed
-	MPSOn   MPSMode = "on"   // always; an error when nvidia-cuda-mps-control is missing
-	MPSOff  MPSMode = "off"  // never
+	// on when emulated machines' ranks share a GPU (more workers than GPUs) and the daemon is installed
+	MPSAuto MPSMode = "auto"
+	// always; an error when nvidia-cuda-mps-control is missing
+	MPSOn MPSMode = "on"
+	// never
+	MPSOff MPSMode = "off"
 )
 
 // Config is one fairrun invocation.
 type Config struct {
-	NProcPerNode    int    // workers on this node; 0 with NProcFrom until Resolve
-	NProcFrom       string // --nproc-per-node gpu, auto or cpu (torchrun's): Resolve counts the workers on this node; "": NProcPerNode as given
-	NNodes          int    // nodes in the job
-	NodeRank        int    // this node's index in [0, NNodes)
-	MasterAddr      string // host of the store (node rank 0), as the workers dial it
-	MasterPort      int    // port of the store; 0: a free port (single node only)
-	Standalone      bool   // --standalone: one node with a store of its own on a free port (what a single node gets anyway); refuses --nnodes > 1, --master-addr, --master-port
-	StoreBind       string // host or IP the store listens on; "": MasterAddr
-	EmulateMachines int    // split this node's workers into this many virtual machines; 0: off
-	GPUs            int    // GPUs to spread emulated machines over; 0: detect
-	Shuffle         bool   // permute global ranks across this node's workers
-	ShuffleSeed     uint64 // the permutation's seed
-	Grace           time.Duration
+	// workers on this node; 0 with NProcFrom until Resolve
+	NProcPerNode int
+	// --nproc-per-node gpu, auto or cpu (torchrun's): Resolve counts the workers on this node; "": NProcPerNode as given
+	NProcFrom string
+	// nodes in the job
+	NNodes int
+	// this node's index in [0, NNodes)
+	NodeRank int
+	// host of the store (node rank 0), as the workers dial it
+	MasterAddr string
+	// port of the store; 0: a free port (single node only)
+	MasterPort int
+	// --standalone: one node with a store of its own on a free port (what a single node gets anyway);
+	// refuses --nnodes > 1, --master-addr, --master-port
+	Standalone bool
+	// host or IP the store listens on; "": MasterAddr
+	StoreBind string
+	// split this node's workers into this many virtual machines; 0: off
+	EmulateMachines int
+	// GPUs to spread emulated machines over; 0: detect
+	GPUs int
+	// permute global ranks across this node's workers
+	Shuffle bool
+	// the permutation's seed
+	ShuffleSeed uint64
+	Grace       time.Duration
 
 	// An emulated machine's NIC (with EmulateMachines): NICGbit > 0 puts
 	// every emulated machine in a network namespace of its own with one NIC
@@ -169,7 +185,8 @@ func newFlagSet(c *Config) *flag.FlagSet {
 	fs.Var(
 		nprocValue{c},
 		"nproc-per-node",
-		"`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), auto (gpu when there is a GPU, else cpu), cpu (one per CPU)",
+		"`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), "+
+			"auto (gpu when there is a GPU, else cpu), cpu (one per CPU)",
 	)
 	fs.IntVar(&c.NNodes, "nnodes", 1, "`K` nodes in the job; run one fairrun per node")
 	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
@@ -184,7 +201,8 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		"master-port",
 		-1,
 		fmt.Sprintf(
-			"MASTER_PORT, left free for the trainer's own store; fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)",
+			"MASTER_PORT, left free for the trainer's own store; "+
+				"fairgo's store listens on `port`+1 (default: free ports on one node, %d with --nnodes > 1)",
 			DefaultMasterPort,
 		),
 	)
@@ -192,7 +210,9 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		&c.Standalone,
 		"standalone",
 		false,
-		"one node with a store of its own on a free port, as torchrun's --standalone (what a single node gets by default; not with --nnodes > 1, --master-addr or --master-port)",
+		"one node with a store of its own on a free port, as torchrun's "+
+			"--standalone (what a single node gets by default; not with --nnodes > 1, --master-addr or "+
+			"--master-port)",
 	)
 	fs.StringVar(
 		&c.StoreBind,
@@ -217,7 +237,8 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		"nic-gbit",
 		0,
 		fmt.Sprintf(
-			"give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= %d; needs --emulate-machines, root)",
+			"give each emulated machine a network namespace with one NIC shaped to `B` Gbit/s each way (0 < B <= "+
+				"%d; needs --emulate-machines, root)",
 			MaxNICGbit,
 		),
 	)
@@ -232,15 +253,19 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		"nvlink-gbit",
 		0,
 		fmt.Sprintf(
-			"shape each emulated machine's loopback (lo of its namespace) by tbf to `G` Gbit/s: the intra-machine link of ranks that share a GPU, "+
-				"which talk over NCCL sockets through lo. lo is one queue, so G bounds the sum of all intra-machine traffic of a machine, unlike NVLink's links, one per GPU and direction "+
+			"shape each emulated machine's loopback (lo of its namespace) by tbf to `G` Gbit/s: "+
+				"the intra-machine link of ranks that share a GPU, "+
+				"which talk over NCCL sockets through lo. lo is one queue, "+
+				"so G bounds the sum of all intra-machine traffic of a machine, unlike NVLink's links, "+
+				"one per GPU and direction "+
 				"(0 < G <= %d; needs --nic-gbit, and more ranks per machine than GPUs)",
 			MaxNICGbit,
 		),
 	)
 	fs.Func(
 		"mps",
-		"`mode` of running the workers under a private CUDA MPS daemon: auto (when emulated machines' ranks share a GPU), on, off (default auto)",
+		"`mode` of running the workers under a private CUDA MPS daemon: "+
+			"auto (when emulated machines' ranks share a GPU), on, off (default auto)",
 		func(s string) error {
 			switch m := MPSMode(s); m {
 			case MPSAuto, MPSOn, MPSOff:

@@ -280,7 +280,8 @@ func TestRunEmulatedNICs(t *testing.T) {
 			t.Logf("stdout:\n%s", so.String())
 
 			line := regexp.MustCompile(
-				`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`,
+				`^\[(\d)\] netcheck ok rank (\d) machine (\d) netns (\d+) addr (\S+) mtu (\d+) ` +
+					`peer "machine (\d)" host (\S+) device "(\S*)" intra (\S+) lo (\d+)$`,
 			)
 			wantLo := uint64(0) // lo not shaped
 			if tc.loGbit > 0 {
@@ -436,7 +437,8 @@ func TestRunRefusesWithoutPrivileges(t *testing.T) {
 		want string
 	}{
 		{name: "no capabilities", caps: 0, want: "fairrun: --nic-gbit needs CAP_NET_ADMIN (run as root)"},
-		{name: "no CAP_SYS_ADMIN", caps: 1 << netbed.CapNetAdmin, want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
+		{name: "no CAP_SYS_ADMIN", caps: 1 << netbed.CapNetAdmin,
+			want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -532,7 +534,8 @@ func TestRunMPS(t *testing.T) {
 				Args: []string{
 					"-c",
 					`echo "mps=$FAIRGO_TESTBED_MPS pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY"; ` +
-						`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test -d "$CUDA_MPS_LOG_DIRECTORY"; fi`,
+						`if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then ` +
+						`test -s "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid" && test -d "$CUDA_MPS_LOG_DIRECTORY"; fi`,
 				},
 				Env:    env,
 				Stdout: &so,

@@ -24,7 +24,8 @@ const EnvStoreToken = rendezvous.EnvStoreToken
 // ErrNoStoreToken: a job of several nodes needs the same token on every
 // node, and fairrun cannot hand one to the other nodes.
 var ErrNoStoreToken = errors.New(
-	"fairrun: --nnodes > 1 needs " + EnvStoreToken + " set to the same secret on every node (e.g. the output of: head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
+	"fairrun: --nnodes > 1 needs " + EnvStoreToken + " set to the same secret on every node (e.g. the " +
+		"output of: head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
 )
 
 // storeToken returns the store's token: FAIRGO_STORE_TOKEN from the
@@ -115,8 +116,11 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 	per := c.NProcPerNode / max(c.EmulateMachines, 1)
 	if RanksShareGPUs(c, gpus) {
 		log.Info(
-			"fairrun: ranks of one emulated machine share a GPU: each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
-				"with a device identity of its own (FAIRGO_DEVICE_ID); inside a machine they talk over NCCL sockets on the loopback, and flat NCCL does not know the machines",
+			"fairrun: ranks of one emulated machine share a GPU: "+
+				"each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
+				"with a device identity of its own (FAIRGO_DEVICE_ID); "+
+				"inside a machine they talk over NCCL sockets on the loopback, "+
+				"and flat NCCL does not know the machines",
 			"ranks_per_machine",
 			per,
 			"gpus",
@@ -282,8 +286,10 @@ func Resolve(c Config) (Config, error) {
 	if c.NVLinkGbit > 0 && !RanksShareGPUs(c, c.gpus) {
 		per := c.NProcPerNode / max(c.EmulateMachines, 1)
 		return c, asGiven(&UsageError{Flag: "nvlink-gbit", Value: c.NVLinkGbit, Reason: fmt.Sprintf(
-			"the ranks of each emulated machine have GPUs of their own (%d per machine, %d GPUs) and talk GPU to GPU, which tbf cannot shape; "+
-				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs: lower --gpus or raise --nproc-per-node)",
+			"the ranks of each emulated machine have GPUs of their own (%d per machine, "+
+				"%d GPUs) and talk GPU to GPU, which tbf cannot shape; "+
+				"it shapes the loopback that ranks sharing a GPU talk over (more ranks per machine than GPUs: "+
+				"lower --gpus or raise --nproc-per-node)",
 			per,
 			len(c.gpus),
 		)}, c.given)

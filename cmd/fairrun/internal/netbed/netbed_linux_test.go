@@ -419,7 +419,8 @@ func TestShapedRate(t *testing.T) {
 				// A small host's CPU caps TCP near 10 Gbit/s, more so while
 				// other packages test: only 1 Gbit/s must always be reached.
 				t.Skipf(
-					"best of three %.2f Gbit/s of %v (load %.1f on %d CPUs): above 1 Gbit/s this host's CPU cannot be told from the shaping",
+					"best of three %.2f Gbit/s of %v (load %.1f on %d CPUs): "+
+						"above 1 Gbit/s this host's CPU cannot be told from the shaping",
 					best,
 					gbit,
 					load,

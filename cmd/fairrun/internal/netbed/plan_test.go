@@ -21,20 +21,29 @@ func TestNewPlan(t *testing.T) {
 		wantErr string
 	}{
 		{name: "2 machines", spec: Spec{Machines: 2, Gbit: 10}, runID: "00abcd7f", subnet: subnet},
-		{name: "253 machines", spec: Spec{Machines: MaxMachines, Gbit: 1, Latency: time.Millisecond}, runID: "3fffffff", subnet: subnet},
+		{name: "253 machines", spec: Spec{Machines: MaxMachines, Gbit: 1, Latency: time.Millisecond},
+			runID: "3fffffff", subnet: subnet},
 		{name: "no machines", spec: Spec{Machines: 0, Gbit: 10}, runID: "00abcd7f", subnet: subnet, wantErr: "machines"},
-		{name: "too many machines", spec: Spec{Machines: 254, Gbit: 10}, runID: "00abcd7f", subnet: subnet, wantErr: "machines"},
+		{name: "too many machines", spec: Spec{Machines: 254, Gbit: 10}, runID: "00abcd7f", subnet: subnet,
+			wantErr: "machines"},
 		{name: "zero rate", spec: Spec{Machines: 2}, runID: "00abcd7f", subnet: subnet, wantErr: "rate"},
 		{name: "negative rate", spec: Spec{Machines: 2, Gbit: -1}, runID: "00abcd7f", subnet: subnet, wantErr: "rate"},
-		{name: "negative latency", spec: Spec{Machines: 2, Gbit: 1, Latency: -1}, runID: "00abcd7f", subnet: subnet, wantErr: "latency"},
+		{name: "negative latency", spec: Spec{Machines: 2, Gbit: 1, Latency: -1}, runID: "00abcd7f",
+			subnet: subnet, wantErr: "latency"},
 		{name: "bad run id", spec: Spec{Machines: 2, Gbit: 1}, runID: "XYZ", subnet: subnet, wantErr: "run id"},
-		{name: "not a /24", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f", subnet: netip.MustParsePrefix("10.77.0.0/16"), wantErr: "subnet"},
-		{name: "not masked", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f", subnet: netip.MustParsePrefix("10.77.3.5/24"), wantErr: "subnet"},
-		{name: "IPv6", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f", subnet: netip.MustParsePrefix("fd00::/24"), wantErr: "subnet"},
+		{name: "not a /24", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f",
+			subnet: netip.MustParsePrefix("10.77.0.0/16"), wantErr: "subnet"},
+		{name: "not masked", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f",
+			subnet: netip.MustParsePrefix("10.77.3.5/24"), wantErr: "subnet"},
+		{name: "IPv6", spec: Spec{Machines: 2, Gbit: 1}, runID: "00abcd7f",
+			subnet: netip.MustParsePrefix("fd00::/24"), wantErr: "subnet"},
 		{name: "shaped loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: 20}, runID: "00abcd7f", subnet: subnet},
-		{name: "negative loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: -1}, runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
-		{name: "NaN loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: math.NaN()}, runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
-		{name: "loopback too fast", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: MaxGbit + 1}, runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
+		{name: "negative loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: -1}, runID: "00abcd7f",
+			subnet: subnet, wantErr: "loopback"},
+		{name: "NaN loopback", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: math.NaN()}, runID: "00abcd7f",
+			subnet: subnet, wantErr: "loopback"},
+		{name: "loopback too fast", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: MaxGbit + 1},
+			runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := NewPlan(tc.spec, tc.runID, tc.subnet)
@@ -85,8 +94,10 @@ func TestShapingFor(t *testing.T) {
 		{gbit: 100, rate: 12_500_000_000, burst: 2_500_000, limit: 52_500_000},
 		{gbit: 1000, rate: 125_000_000_000, burst: 25_000_000, limit: 64 << 20},
 		{gbit: 0.5, rate: 62_500_000, burst: 256 << 10, limit: 256<<10 + 250_000},
-		{gbit: 10, latency: 50 * time.Microsecond, rate: 1_250_000_000, burst: 256 << 10, limit: 256<<10 + 5_000_000, netemLimit: 1000},
-		{gbit: 10, latency: 10 * time.Millisecond, rate: 1_250_000_000, burst: 256 << 10, limit: 256<<10 + 5_000_000, netemLimit: 16667},
+		{gbit: 10, latency: 50 * time.Microsecond, rate: 1_250_000_000, burst: 256 << 10,
+			limit: 256<<10 + 5_000_000, netemLimit: 1000},
+		{gbit: 10, latency: 10 * time.Millisecond, rate: 1_250_000_000, burst: 256 << 10,
+			limit: 256<<10 + 5_000_000, netemLimit: 16667},
 	} {
 		t.Run(strconv.FormatFloat(tc.gbit, 'g', -1, 64)+"G/"+tc.latency.String(), func(t *testing.T) {
 			s := ShapingFor(tc.gbit, tc.latency)
@@ -109,7 +120,8 @@ func TestPickSubnet(t *testing.T) {
 		want  string
 	}{
 		{name: "nothing in use", want: "10.77.0.0/24"},
-		{name: "unrelated", inUse: []netip.Prefix{p("127.0.0.0/8"), p("192.168.1.0/24"), p("10.76.0.0/16")}, want: "10.77.0.0/24"},
+		{name: "unrelated", inUse: []netip.Prefix{p("127.0.0.0/8"), p("192.168.1.0/24"), p("10.76.0.0/16")},
+			want: "10.77.0.0/24"},
 		{name: "first two taken", inUse: []netip.Prefix{p("10.77.0.0/24"), p("10.77.1.0/24")}, want: "10.77.2.0/24"},
 		{name: "a host address inside", inUse: []netip.Prefix{p("10.77.0.9/32")}, want: "10.77.1.0/24"},
 		{name: "a wider net covering the start", inUse: []netip.Prefix{p("10.77.0.0/23")}, want: "10.77.2.0/24"},
@@ -157,9 +169,12 @@ func TestProberRefuses(t *testing.T) {
 	}{
 		{name: "root", caps: all, kernel: kernelOK},
 		{name: "no capabilities", caps: 0, kernel: kernelOK, want: "fairrun: --nic-gbit needs CAP_NET_ADMIN (run as root)"},
-		{name: "no CAP_SYS_ADMIN", caps: 1 << CapNetAdmin, kernel: kernelOK, want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
-		{name: "no CAP_NET_ADMIN", caps: 1 << CapSysAdmin, kernel: kernelOK, want: "fairrun: --nic-gbit needs CAP_NET_ADMIN (run as root)"},
-		{name: "unreadable", capsErr: errors.New("no /proc"), kernel: kernelOK, want: "needs CAP_NET_ADMIN and CAP_SYS_ADMIN"},
+		{name: "no CAP_SYS_ADMIN", caps: 1 << CapNetAdmin, kernel: kernelOK,
+			want: "fairrun: --nic-gbit needs CAP_SYS_ADMIN (run as root)"},
+		{name: "no CAP_NET_ADMIN", caps: 1 << CapSysAdmin, kernel: kernelOK,
+			want: "fairrun: --nic-gbit needs CAP_NET_ADMIN (run as root)"},
+		{name: "unreadable", capsErr: errors.New("no /proc"), kernel: kernelOK,
+			want: "needs CAP_NET_ADMIN and CAP_SYS_ADMIN"},
 		{name: "kernel without tbf", caps: all, kernel: noTbf, want: "fairrun: --nic-gbit: kernel lacks the tbf qdisc"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

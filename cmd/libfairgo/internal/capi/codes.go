@@ -136,7 +136,8 @@ func (cs Classes) Classify(err error) Code {
 	}
 	switch {
 	case errors.Is(err, fairgo.ErrInvalidArgument), errors.Is(err, rendezvous.ErrNoLaunchEnv),
-		errors.Is(err, topology.ErrIrregular), errors.Is(err, topology.ErrDuplicateDevice), errors.Is(err, topology.ErrBadMember):
+		errors.Is(err, topology.ErrIrregular), errors.Is(err, topology.ErrDuplicateDevice),
+		errors.Is(err, topology.ErrBadMember):
 		return InvalidArgument
 	}
 	return System

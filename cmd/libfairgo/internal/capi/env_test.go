@@ -71,7 +71,8 @@ func TestOptionsFromEnv(t *testing.T) {
 
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{
-		"0": 0, "4096": 4096, "16M": 16 << 20, "16mib": 16 << 20, "2KB": 2 << 10, "1G": 1 << 30, " 7 ": 7, "-1": -1, "12B": 12,
+		"0": 0, "4096": 4096, "16M": 16 << 20, "16mib": 16 << 20, "2KB": 2 << 10, "1G": 1 << 30, " 7 ": 7,
+		"-1": -1, "12B": 12,
 	} {
 		got, err := capi.ParseBytes(in)
 		require.NoError(t, err, in)

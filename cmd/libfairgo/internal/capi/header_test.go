@@ -20,7 +20,8 @@ func headerEnums(t *testing.T) map[string]int {
 	h, err := os.ReadFile("../../fairgo.h")
 	require.NoError(t, err)
 	enums := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^\s*(FAIRGO_[A-Z0-9_]+)\s*=\s*(-?\d+)\s*,?`).FindAllStringSubmatch(string(h), -1) {
+	enumLine := regexp.MustCompile(`(?m)^\s*(FAIRGO_[A-Z0-9_]+)\s*=\s*(-?\d+)\s*,?`)
+	for _, m := range enumLine.FindAllStringSubmatch(string(h), -1) {
 		v, err := strconv.Atoi(m[2])
 		require.NoError(t, err)
 		enums[m[1]] = v

@@ -23,7 +23,8 @@ func TestInputValue(t *testing.T) {
 	require.InDelta(t, 1, sd, 0.05)
 	base := InputValue(1, 2, 3, 4)
 	require.Equal(t, base, InputValue(1, 2, 3, 4))
-	for _, other := range []float32{InputValue(2, 2, 3, 4), InputValue(1, 3, 3, 4), InputValue(1, 2, 4, 4), InputValue(1, 2, 3, 5)} {
+	for _, other := range []float32{InputValue(2, 2, 3, 4), InputValue(1, 3, 3, 4), InputValue(1, 2, 4, 4),
+		InputValue(1, 2, 3, 5)} {
 		require.NotEqual(t, base, other)
 	}
 }

@@ -28,8 +28,9 @@ const (
 	blockSize  = 256 // threads per block of the one-dimensional kernels
 )
 
-// Kernels holds the float32 training kernels of train.cu on one Device: the pieces of a multi-layer perceptron (matrix products, bias and
-// ReLU, the softmax cross-entropy), SGD with momentum and a synthetic data
+// Kernels holds the float32 training kernels of train.cu on one Device: the
+// pieces of a multi-layer perceptron (matrix products, bias and ReLU, the
+// softmax cross-entropy), SGD with momentum and a synthetic data
 // generator, for examples/ddp and for trainers that want a GPU step with no
 // host copies. Every method validates its arguments and enqueues one kernel
 // on s (a *cuda.Stream of the same Device), returning at once. Matrices are
@@ -143,7 +144,8 @@ func (ks *Kernels) MatMul(c, a, b fairgo.Tensor, m, n, k int, transA, transB boo
 		return err
 	}
 	mn, mk, kn := int64(m)*int64(n), int64(m)*int64(k), int64(k)*int64(n)
-	if err := errors.Join(need(name, "c", c, fairgo.Float32, mn), need(name, "a", a, fairgo.Float32, mk), need(name, "b", b, fairgo.Float32, kn)); err != nil {
+	if err := errors.Join(need(name, "c", c, fairgo.Float32, mn), need(name, "a", a, fairgo.Float32, mk),
+		need(name, "b", b, fairgo.Float32, kn)); err != nil {
 		return err
 	}
 	if overlaps(c, a, mn, mk) || overlaps(c, b, mn, kn) {
@@ -177,7 +179,8 @@ func (ks *Kernels) BiasAct(z, bias fairgo.Tensor, rows, cols int, relu bool, s s
 		return err
 	}
 	n := int64(rows) * int64(cols)
-	if err := errors.Join(need(name, "z", z, fairgo.Float32, n), need(name, "bias", bias, fairgo.Float32, int64(cols))); err != nil {
+	if err := errors.Join(need(name, "z", z, fairgo.Float32, n),
+		need(name, "bias", bias, fairgo.Float32, int64(cols))); err != nil {
 		return err
 	}
 	return ks.launch(name, ks.grid1(n, true), 1, blockSize, 1, s, z, bias, int32(rows), int32(cols), flag(relu))
@@ -187,7 +190,8 @@ func (ks *Kernels) BiasAct(z, bias fairgo.Tensor, rows, cols int, relu bool, s s
 // output a[i] is not positive, over da's elements.
 func (ks *Kernels) ReLUMask(da, a fairgo.Tensor, s streams.Stream) error {
 	const name = "fg_t_relu_mask"
-	if err := errors.Join(need(name, "da", da, fairgo.Float32, 1), need(name, "a", a, fairgo.Float32, da.Count)); err != nil {
+	if err := errors.Join(need(name, "da", da, fairgo.Float32, 1),
+		need(name, "a", a, fairgo.Float32, da.Count)); err != nil {
 		return err
 	}
 	return ks.launch(name, ks.grid1(da.Count, true), 1, blockSize, 1, s, da, a, da.Count)
@@ -200,7 +204,8 @@ func (ks *Kernels) ColSum(out, m fairgo.Tensor, rows, cols int, s streams.Stream
 	if err := dims(name, "rows, cols", rows, cols); err != nil {
 		return err
 	}
-	if err := errors.Join(need(name, "out", out, fairgo.Float32, int64(cols)), need(name, "m", m, fairgo.Float32, int64(rows)*int64(cols))); err != nil {
+	if err := errors.Join(need(name, "out", out, fairgo.Float32, int64(cols)),
+		need(name, "m", m, fairgo.Float32, int64(rows)*int64(cols))); err != nil {
 		return err
 	}
 	return ks.launch(name, ks.grid1(int64(cols), false), 1, blockSize, 1, s, out, m, int32(rows), int32(cols))
@@ -253,7 +258,8 @@ func (ks *Kernels) AccumStats(stats, loss, correct fairgo.Tensor, rows int, s st
 	if err := dims(name, "rows", rows); err != nil {
 		return err
 	}
-	if err := errors.Join(need(name, "stats", stats, fairgo.Float64, 2), need(name, "loss", loss, fairgo.Float32, int64(rows)),
+	if err := errors.Join(need(name, "stats", stats, fairgo.Float64, 2),
+		need(name, "loss", loss, fairgo.Float32, int64(rows)),
 		need(name, "correct", correct, fairgo.Float32, int64(rows))); err != nil {
 		return err
 	}
@@ -265,7 +271,8 @@ func (ks *Kernels) AccumStats(stats, loss, correct fairgo.Tensor, rows int, s st
 func (ks *Kernels) SGD(params, velocity, grads fairgo.Tensor, lr, mu float32, s streams.Stream) error {
 	const name = "fg_t_sgd"
 	n := params.Count
-	if err := errors.Join(need(name, "params", params, fairgo.Float32, 1), need(name, "velocity", velocity, fairgo.Float32, n),
+	if err := errors.Join(need(name, "params", params, fairgo.Float32, 1),
+		need(name, "velocity", velocity, fairgo.Float32, n),
 		need(name, "grads", grads, fairgo.Float32, n)); err != nil {
 		return err
 	}
@@ -292,7 +299,8 @@ func (ks *Kernels) GenLabels(y, x, teacher fairgo.Tensor, rows, in, classes int,
 	if err := dims(name, "rows, in, classes", rows, in, classes); err != nil {
 		return err
 	}
-	if err := errors.Join(need(name, "y", y, fairgo.Int32, int64(rows)), need(name, "x", x, fairgo.Float32, int64(rows)*int64(in)),
+	if err := errors.Join(need(name, "y", y, fairgo.Int32, int64(rows)), need(name, "x", x, fairgo.Float32,
+		int64(rows)*int64(in)),
 		need(name, "teacher", teacher, fairgo.Float32, int64(classes)*int64(in))); err != nil {
 		return err
 	}
