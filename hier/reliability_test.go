@@ -434,34 +434,9 @@ func (c *blockingComm) Abort() error {
 // Work is pending yet) is still covered by the watchdog: the caller gets a
 // Work failed with ErrTimeout instead of hanging.
 func TestWatchdogCoversAStuckEnqueue(t *testing.T) {
-	c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	rks := []hier.Rank{c.Rank(0), c.Rank(1)}
-	stuck := &blockingComm{Comm: rks[0].Comms.World, aborted: make(chan struct{})}
-	rks[0].Comms.World = stuck
-	var rs []*hier.Reducer
-	for _, rk := range rks {
-		r, err := hier.NewReducer(
-			context.Background(),
-			rk,
-			hier.WithInlineEnqueue(true),
-			hier.WithTimeout(300*time.Millisecond),
-		)
-		require.NoError(t, err)
-		rs = append(rs, r)
-	}
-	t.Cleanup(func() { _ = hier.CloseAll(rs) })
-	ts := make([]fairgo.Tensor, 2)
-	for g := range ts {
-		ts[g], err = c.Device(g).AllocTensor(1024, fairgo.Float32)
-		require.NoError(t, err)
-	}
-	var works []*hier.Work
-	for g, r := range rs {
-		works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
-	}
-	require.NoError(t, reftest.WaitAll(works))
+	rs, ts := pairWithWorld(t, func(w hier.Comm) hier.Comm {
+		return &blockingComm{Comm: w, aborted: make(chan struct{})}
+	}, hier.WithInlineEnqueue(true), hier.WithTimeout(300*time.Millisecond))
 	start := time.Now()
 	done := make(chan *hier.Work)
 	go func() { done <- rs[0].AllReduce(context.Background(), ts[0], fairgo.Sum) }()
@@ -517,6 +492,35 @@ func TestHangingAbortStillReports(t *testing.T) {
 	require.Less(t, time.Since(start), 300*time.Millisecond+5*time.Second)
 }
 
+// pairWithWorld builds the Reducers of a simulated 1 × 2 cluster whose rank
+// 0 has its world communicator wrapped by wrap, and a tensor of 1024
+// float32 per rank, and makes one allreduce on each that must succeed (the
+// wrappers let their first call through).
+func pairWithWorld(t *testing.T, wrap func(hier.Comm) hier.Comm, opts ...hier.Option) ([]*hier.Reducer, []fairgo.Tensor) {
+	t.Helper()
+	c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	rks := []hier.Rank{c.Rank(0), c.Rank(1)}
+	rks[0].Comms.World = wrap(rks[0].Comms.World)
+	var rs []*hier.Reducer
+	for _, rk := range rks {
+		r, err := hier.NewReducer(context.Background(), rk, opts...)
+		require.NoError(t, err)
+		rs = append(rs, r)
+	}
+	t.Cleanup(func() { _ = hier.CloseAll(rs) })
+	ts := make([]fairgo.Tensor, 2)
+	var works []*hier.Work
+	for g, r := range rs {
+		ts[g], err = c.Device(g).AllocTensor(1024, fairgo.Float32)
+		require.NoError(t, err)
+		works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+	}
+	require.NoError(t, reftest.WaitAll(works))
+	return rs, ts
+}
+
 // failingComm is a world communicator whose second call fails in its
 // enqueue with an untyped error, as NCCL's enqueue returns a plain
 // ncclRemoteError once it finds a peer dead.
@@ -550,38 +554,13 @@ func (c *failingComm) AllReduce(
 func TestEnqueueFailureIsTyped(t *testing.T) {
 	for _, inline := range []bool{true, false} {
 		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
-			c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = c.Close() })
-			rks := []hier.Rank{c.Rank(0), c.Rank(1)}
-			rks[0].Comms.World = &failingComm{Comm: rks[0].Comms.World}
-			var rs []*hier.Reducer
-			for _, rk := range rks {
-				r, err := hier.NewReducer(
-					context.Background(),
-					rk,
-					hier.WithInlineEnqueue(inline),
-					hier.WithTimeout(500*time.Millisecond),
-				)
-				require.NoError(t, err)
-				rs = append(rs, r)
-			}
-			t.Cleanup(func() { _ = hier.CloseAll(rs) })
-			ts := make([]fairgo.Tensor, 2)
-			for g := range ts {
-				ts[g], err = c.Device(g).AllocTensor(1024, fairgo.Float32)
-				require.NoError(t, err)
-			}
+			rs, ts := pairWithWorld(t, func(w hier.Comm) hier.Comm { return &failingComm{Comm: w} },
+				hier.WithInlineEnqueue(inline), hier.WithTimeout(500*time.Millisecond))
 			var works []*hier.Work
 			for g, r := range rs {
 				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
 			}
-			require.NoError(t, reftest.WaitAll(works))
-			works = works[:0]
-			for g, r := range rs {
-				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
-			}
-			err = works[0].Wait(context.Background())
+			err := works[0].Wait(context.Background())
 			require.ErrorIs(t, err, fairgo.ErrAborted)
 			require.Contains(t, err.Error(), "ncclRemoteError")
 			require.ErrorIs(t, rs[0].Err(), fairgo.ErrAborted)
