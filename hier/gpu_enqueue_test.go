@@ -33,16 +33,7 @@ import (
 // BenchmarkGPUEnqueueJob (two jobs of one store prefix in one process are
 // refused).
 func BenchmarkGPUEnqueueFloor(b *testing.B) {
-	if os.Getenv("FAIRGO_ENQUEUE_WORKER") != "1" {
-		b.Skip("a worker under a launcher (FAIRGO_ENQUEUE_WORKER=1, fixed -test.benchtime)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hier.WithTimeout(time.Minute)))
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = r.Close() })
-	dev := r.Device().(*cuda.Device)
-	grid := fmt.Sprintf("%dx%d", r.Grid().Machines, r.Grid().Devices)
+	r, dev, grid := enqueueWorkerJob(b)
 	for _, size := range []int64{64 << 10, 1 << 20} {
 		for _, side := range []string{"", "poll", "check"} {
 			name := "nccl+event"
@@ -60,6 +51,23 @@ func BenchmarkGPUEnqueueFloor(b *testing.B) {
 			benchNCCLEnqueue(b, dev, r.Comms(), size, "", 1)
 		})
 	}
+}
+
+// enqueueWorkerJob is the job of an enqueue benchmark's worker: it skips
+// the benchmark unless FAIRGO_ENQUEUE_WORKER=1 (a worker under a launcher),
+// else returns setup.New's Reducer (closed at the end), its GPU and its
+// grid as "MxD".
+func enqueueWorkerJob(b *testing.B) (*hier.Reducer, *cuda.Device, string) {
+	b.Helper()
+	if os.Getenv("FAIRGO_ENQUEUE_WORKER") != "1" {
+		b.Skip("a worker under a launcher (FAIRGO_ENQUEUE_WORKER=1, fixed -test.benchtime)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hier.WithTimeout(time.Minute)))
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = r.Close() })
+	return r, r.Device().(*cuda.Device), fmt.Sprintf("%dx%d", r.Grid().Machines, r.Grid().Devices)
 }
 
 // benchNCCLEnqueue times NCCL allreduce enqueues of size bytes on the

@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/internal/reftest"
 )
@@ -335,16 +333,7 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 // on a host of one GPU): setup.New's Reducer, which enqueues inline. Every
 // rank must run the same iterations: use a fixed -test.benchtime (e.g. 1000x).
 func BenchmarkGPUEnqueueJob(b *testing.B) {
-	if os.Getenv("FAIRGO_ENQUEUE_WORKER") != "1" {
-		b.Skip("a worker under a launcher (FAIRGO_ENQUEUE_WORKER=1, fixed -test.benchtime)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hier.WithTimeout(time.Minute)))
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = r.Close() })
-	dev := r.Device().(*cuda.Device)
-	grid := fmt.Sprintf("%dx%d", r.Grid().Machines, r.Grid().Devices)
+	r, dev, grid := enqueueWorkerJob(b)
 	for _, check := range []bool{true, false} {
 		for _, size := range []int64{64 << 10, 1 << 20} {
 			for _, batch := range []int{32, 1} {
