@@ -183,14 +183,10 @@ func connect(
 	split := !noSplit && lib.Supports("ncclCommSplit")
 	log.Debug(
 		"fairgo: cuda communicators",
-		"world",
-		W,
-		"grid",
-		fmt.Sprintf("%dx%d", M, D),
-		"split",
-		split,
-		"nccl",
-		lib.String(),
+		"world", W,
+		"grid", fmt.Sprintf("%dx%d", M, D),
+		"split", split,
+		"nccl", lib.String(),
 	)
 	type sub struct {
 		name     string

@@ -208,26 +208,19 @@ func (r *Reducer) calibrate(class int) (route, *Calibration) {
 	if err != nil {
 		r.cfg.logger.Warn(
 			"fairgo: could not calibrate a size class; guessing",
-			"class_bytes",
-			lo,
-			"guess",
-			guess,
-			"err",
-			err,
+			"class_bytes", lo,
+			"guess", guess,
+			"err", err,
 		)
 		return guess, nil
 	}
 	best := fastest(times)
 	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Cost: time.Since(start)}
 	attrs := []any{
-		"class_bytes",
-		lo,
-		"measured_bytes",
-		size,
-		"choice",
-		cands[best].String(),
-		"cost",
-		cal.Cost.Round(time.Millisecond),
+		"class_bytes", lo,
+		"measured_bytes", size,
+		"choice", cands[best].String(),
+		"cost", cal.Cost.Round(time.Millisecond),
 	}
 	for i, a := range cands {
 		cal.Times[a.String()] = time.Duration(times[i])
@@ -416,10 +409,8 @@ func (r *Reducer) linkModel() *linkModel {
 		if err != nil {
 			r.cfg.logger.Warn(
 				"fairgo: could not measure the links; slices keep the default size",
-				"slice_bytes",
-				r.layout.SliceBytes,
-				"err",
-				err,
+				"slice_bytes", r.layout.SliceBytes,
+				"err", err,
 			)
 			return nil
 		}

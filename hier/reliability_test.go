@@ -496,7 +496,9 @@ func TestHangingAbortStillReports(t *testing.T) {
 // 0 has its world communicator wrapped by wrap, and a tensor of 1024
 // float32 per rank, and makes one allreduce on each that must succeed (the
 // wrappers let their first call through).
-func pairWithWorld(t *testing.T, wrap func(hier.Comm) hier.Comm, opts ...hier.Option) ([]*hier.Reducer, []fairgo.Tensor) {
+func pairWithWorld(
+	t *testing.T, wrap func(hier.Comm) hier.Comm, opts ...hier.Option,
+) ([]*hier.Reducer, []fairgo.Tensor) {
 	t.Helper()
 	c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
 	require.NoError(t, err)

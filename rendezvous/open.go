@@ -321,12 +321,9 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 		go func() { defer close(served); srv.Serve(sctx) }()
 		cfg.log.Debug(
 			"rendezvous: rank 0 hosts the store",
-			"addr",
-			srv.Addr(),
-			"launcher",
-			l.Launcher,
-			"token",
-			l.StoreToken != "",
+			"addr", srv.Addr(),
+			"launcher", l.Launcher,
+			"token", l.StoreToken != "",
 		)
 		return &LaunchStore{
 			Store:  srv.Store(),

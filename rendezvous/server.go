@@ -164,12 +164,9 @@ func (s *Server) Serve(ctx context.Context) error {
 func (s *Server) refuse(conn net.Conn, conns, handshaking int) {
 	s.log.Debug(
 		"rendezvous: connection refused: server busy",
-		"remote",
-		conn.RemoteAddr().String(),
-		"conns",
-		conns,
-		"handshaking",
-		handshaking,
+		"remote", conn.RemoteAddr().String(),
+		"conns", conns,
+		"handshaking", handshaking,
 	)
 	conn.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	msg := fmt.Sprintf(

@@ -95,8 +95,7 @@ func (g *group) run(ctx context.Context, c Config, workers []Worker) (int, error
 	if err != nil {
 		g.log.Warn(
 			"fairrun: cannot adopt orphaned processes; descendants that leave a worker's process group may survive it",
-			"err",
-			err,
+			"err", err,
 		)
 	}
 	defer restore()
@@ -161,14 +160,10 @@ func (g *group) run(ctx context.Context, c Config, workers []Worker) (int, error
 				cause = &ExitError{Rank: p.w.Rank, Pid: pid, Code: ecode, Status: describe(ws)}
 				g.log.Error(
 					"fairrun: worker failed",
-					"rank",
-					p.w.Rank,
-					"pid",
-					pid,
-					"exit_code",
-					ecode,
-					"status",
-					describe(ws),
+					"rank", p.w.Rank,
+					"pid", pid,
+					"exit_code", ecode,
+					"status", describe(ws),
 				)
 				stop(fmt.Sprintf("rank %d exited with code %d", p.w.Rank, ecode))
 			}

@@ -72,22 +72,14 @@ func Setup(ctx context.Context, spec Spec, log *slog.Logger) (_ *Testbed, err er
 	}
 	log.Info(
 		"fairrun: testbed up",
-		"machines",
-		len(t.plan.Machines),
-		"bridge",
-		t.plan.Bridge,
-		"subnet",
-		t.plan.Subnet,
-		"rate_bytes_per_s",
-		t.plan.Shaping.RateBytes,
-		"burst",
-		t.plan.Shaping.BurstBytes,
-		"limit",
-		t.plan.Shaping.LimitBytes,
-		"latency",
-		t.plan.Shaping.Latency,
-		"loopback_bytes_per_s",
-		loRate,
+		"machines", len(t.plan.Machines),
+		"bridge", t.plan.Bridge,
+		"subnet", t.plan.Subnet,
+		"rate_bytes_per_s", t.plan.Shaping.RateBytes,
+		"burst", t.plan.Shaping.BurstBytes,
+		"limit", t.plan.Shaping.LimitBytes,
+		"latency", t.plan.Shaping.Latency,
+		"loopback_bytes_per_s", loRate,
 	)
 	return t, nil
 }
