@@ -488,17 +488,8 @@ func (r *Reducer) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
 
 func (r *Reducer) stages() (rs, col, add, dif, ag streams.Stream) {
 	c := r.chain
-	return c.Stream(
-			streams.ReduceScatter,
-		), c.Stream(
-			streams.Collect,
-		), c.Stream(
-			streams.Add,
-		), c.Stream(
-			streams.Diffuse,
-		), c.Stream(
-			streams.AllGather,
-		)
+	return c.Stream(streams.ReduceScatter), c.Stream(streams.Collect), c.Stream(streams.Add),
+		c.Stream(streams.Diffuse), c.Stream(streams.AllGather)
 }
 
 // transpose copies a slice of x.N elements of every rank's block between the

@@ -187,12 +187,25 @@ func checkAgree(t *testing.T, reports []report, launcher, kind string) {
 	}
 }
 
+// portsGiven are the ports freePorts handed out, so that two of the
+// package's parallel tests never get overlapping pairs: one test's p+1 was
+// another's p, and a bind failed with "address already in use" in CI.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
 // freePorts returns a port p in [10000, 29999) such that p and p+1 were
-// both free (the range of SlurmPort).
+// both free (the range of SlurmPort) and neither was handed out before.
 func freePorts(t *testing.T) int {
 	t.Helper()
+	portsMu.Lock() // the package's parallel tests never get overlapping pairs
+	defer portsMu.Unlock()
 	for range 200 {
 		p := 10000 + rand.IntN(19998)
+		if portsGiven[p] || portsGiven[p+1] {
+			continue
+		}
 		a, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err != nil {
 			continue
@@ -201,6 +214,7 @@ func freePorts(t *testing.T) int {
 		a.Close()
 		if err == nil {
 			b.Close()
+			portsGiven[p], portsGiven[p+1] = true, true
 			return p
 		}
 	}
@@ -212,12 +226,10 @@ func freePorts(t *testing.T) int {
 // 2 nodes × 2 job (the machine identity stands in for the node).
 func torchrunEnv(rank int, masterPort int, agentStore bool) map[string]string {
 	return map[string]string{
-		"RANK": strconv.Itoa(
-			rank,
-		), "GROUP_RANK": strconv.Itoa(rank / 2), "ROLE_RANK": strconv.Itoa(rank), "ROLE_NAME": "default",
-		"LOCAL_RANK": strconv.Itoa(
-			rank % 2,
-		), "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "4",
+		"RANK": strconv.Itoa(rank), "GROUP_RANK": strconv.Itoa(rank / 2),
+		"ROLE_RANK": strconv.Itoa(rank), "ROLE_NAME": "default",
+		"LOCAL_RANK": strconv.Itoa(rank % 2), "LOCAL_WORLD_SIZE": "2",
+		"WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "4",
 		"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": strconv.Itoa(masterPort),
 		"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "launchtest",
 		"TORCHELASTIC_USE_AGENT_STORE": pyBool(agentStore), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",

@@ -265,10 +265,9 @@ func fairgo_comm_info(comm C.fairgo_comm_t, info *C.fairgo_comm_info_t) C.int {
 			return err
 		}
 		*info = C.fairgo_comm_info_t{
-			rank: C.int32_t(in.Rank), world_size: C.int32_t(in.WorldSize), machines: C.int32_t(in.Machines),
-			devices: C.int32_t(
-				in.Devices,
-			), machine: C.int32_t(in.Machine), local: C.int32_t(in.Local), device: C.int32_t(in.Device),
+			rank: C.int32_t(in.Rank), world_size: C.int32_t(in.WorldSize),
+			machines: C.int32_t(in.Machines), devices: C.int32_t(in.Devices),
+			machine: C.int32_t(in.Machine), local: C.int32_t(in.Local), device: C.int32_t(in.Device),
 		}
 		return nil
 	})
