@@ -227,32 +227,10 @@ func testCollectives(t *testing.T, ranks []hier.Rank, ss []*Stream, get func(hie
 		return out
 	}
 	cnt, nn := int64(count), int64(n)
-	sum, avg, rsSend, rsRecv := mk(
-		cnt,
-		fairgo.Float32,
-	), mk(
-		cnt,
-		fairgo.BFloat16,
-	), mk(
-		nn*cnt,
-		fairgo.Float32,
-	), mk(
-		cnt,
-		fairgo.Float32,
-	)
-	agSend, agRecv, bc, mx := mk(
-		cnt,
-		fairgo.Int32,
-	), mk(
-		nn*cnt,
-		fairgo.Int32,
-	), mk(
-		cnt,
-		fairgo.Float64,
-	), mk(
-		cnt,
-		fairgo.Int64,
-	)
+	sum, avg, rsSend, rsRecv := mk(cnt, fairgo.Float32), mk(cnt, fairgo.BFloat16), mk(nn*cnt, fairgo.Float32),
+		mk(cnt, fairgo.Float32)
+	agSend, agRecv, bc, mx := mk(cnt, fairgo.Int32), mk(nn*cnt, fairgo.Int32), mk(cnt, fairgo.Float64),
+		mk(cnt, fairgo.Int64)
 	// all-to-all-v: every send from displacement 0, each receive into a
 	// 16-element slot of its own.
 	a2aSend, a2aRecv := mk(16, fairgo.Uint8), mk(16*nn, fairgo.Uint8)

@@ -304,9 +304,8 @@ func TestLaunchOpenMPI(t *testing.T) {
 	envs := make([]map[string]string, 4)
 	for r := range envs {
 		envs[r] = map[string]string{
-			"OMPI_COMM_WORLD_RANK": strconv.Itoa(
-				r,
-			), "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": strconv.Itoa(r % 2),
+			"OMPI_COMM_WORLD_RANK": strconv.Itoa(r), "OMPI_COMM_WORLD_SIZE": "4",
+			"OMPI_COMM_WORLD_LOCAL_RANK": strconv.Itoa(r % 2),
 			"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": strconv.Itoa(r % 2), "OMPI_UNIVERSE_SIZE": "4",
 			"PMIX_RANK": strconv.Itoa(r),
 			// mpirun -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=p -x FAIRGO_STORE_TOKEN=...

@@ -254,10 +254,8 @@ func worstError(errs []model.Error) (model.Error, bool) {
 	if len(errs) == 0 {
 		return model.Error{}, false
 	}
-	return slices.MaxFunc(
-		errs,
-		func(a, b model.Error) int { return cmp.Compare(math.Abs(a.Rel), math.Abs(b.Rel)) },
-	), true
+	worst := slices.MaxFunc(errs, func(a, b model.Error) int { return cmp.Compare(math.Abs(a.Rel), math.Abs(b.Rel)) })
+	return worst, true
 }
 
 func printPredictions(w io.Writer, fitted model.Params, o ModelOptions) error {

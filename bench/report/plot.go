@@ -65,15 +65,8 @@ func busbwPlots(recs []bench.Record, save func(*plot.Plot, string) error) error 
 		if r.Iters > 1 {
 			iters = fmt.Sprintf("_x%d", r.Iters)
 		}
-		return fmt.Sprintf(
-				"busbw_%dx%d_%s%s%s",
-				r.Machines,
-				r.Devices,
-				r.DType,
-				iters,
-				labelSuffix(r),
-			), r.Kind == bench.KindSweep ||
-				r.Kind == bench.KindLink
+		key := fmt.Sprintf("busbw_%dx%d_%s%s%s", r.Machines, r.Devices, r.DType, iters, labelSuffix(r))
+		return key, r.Kind == bench.KindSweep || r.Kind == bench.KindLink
 	})
 	for _, key := range slices.Sorted(maps.Keys(groups)) {
 		group := groups[key]
@@ -159,15 +152,9 @@ func speedupPlots(recs []bench.Record, save func(*plot.Plot, string) error) erro
 // overlapPlots: the time of a round of buckets, one bar per method.
 func overlapPlots(recs []bench.Record, save func(*plot.Plot, string) error) error {
 	groups := groupBy(recs, func(r bench.Record) (string, bool) {
-		return fmt.Sprintf(
-			"overlap_%dx%d_%s_%dx%s%s",
-			r.Machines,
-			r.Devices,
-			r.DType,
-			r.Buckets,
-			bench.FormatSize(r.Bytes),
-			labelSuffix(r),
-		), r.Kind == bench.KindOverlap
+		key := fmt.Sprintf("overlap_%dx%d_%s_%dx%s%s",
+			r.Machines, r.Devices, r.DType, r.Buckets, bench.FormatSize(r.Bytes), labelSuffix(r))
+		return key, r.Kind == bench.KindOverlap
 	})
 	for _, key := range slices.Sorted(maps.Keys(groups)) {
 		group := groups[key]

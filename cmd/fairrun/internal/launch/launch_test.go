@@ -1156,10 +1156,8 @@ func TestRunStoreToken(t *testing.T) {
 	t.Run("store refuses a client without it", func(t *testing.T) {
 		dir := t.TempDir()
 		done := filepath.Join(dir, "done")
-		script := `echo "$FAIRGO_STORE_ADDR" > ` + filepath.Join(
-			dir,
-			"addr.$RANK",
-		) + `; while [ ! -e ` + done + ` ]; do sleep 0.02; done`
+		script := `echo "$FAIRGO_STORE_ADDR" > ` + filepath.Join(dir, "addr.$RANK") +
+			`; while [ ! -e ` + done + ` ]; do sleep 0.02; done`
 		result := make(chan error, 1)
 		go func() { _, err, _ := run(t, 1, env, script); result <- err }()
 		ended := false

@@ -60,22 +60,8 @@ func TestAllReduce(t *testing.T) {
 			errs := spawn(w, func(p int) error {
 				dev := f.device(ids[p])
 				handle, caller := f.b.register(t, dev)
-				src, buf, out := alloc(
-					t,
-					dev,
-					c.count,
-					c.dt,
-				), alloc(
-					t,
-					dev,
-					c.count,
-					c.dt,
-				), alloc(
-					t,
-					dev,
-					c.count,
-					c.dt,
-				)
+				src, buf, out := alloc(t, dev, c.count, c.dt), alloc(t, dev, c.count, c.dt),
+					alloc(t, dev, c.count, c.dt)
 				if err := dev.Upload(src.Ptr, inputs[p]); err != nil {
 					return err
 				}

@@ -286,22 +286,8 @@ func TestTrainSGD(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	n := 1000
 	p, v, g := randn(rng, n), randn(rng, n), randn(rng, n)
-	pt, vt, gt := tensorOf(
-		t,
-		d,
-		fairgo.Float32,
-		p,
-	), tensorOf(
-		t,
-		d,
-		fairgo.Float32,
-		v,
-	), tensorOf(
-		t,
-		d,
-		fairgo.Float32,
-		g,
-	)
+	pt, vt, gt := tensorOf(t, d, fairgo.Float32, p), tensorOf(t, d, fairgo.Float32, v),
+		tensorOf(t, d, fairgo.Float32, g)
 	const lr, mu = 0.05, 0.9
 	for range 3 {
 		if err := tr.SGD(pt, vt, gt, lr, mu, s); err != nil {
@@ -378,53 +364,14 @@ func TestTrainMLPStep(t *testing.T) {
 	d, s, tr := trainKit(t)
 	rng := rand.New(rand.NewPCG(11, 12))
 	batch, in, hid, classes := 20, 12, 17, 5
-	x, w0, b0, w1, b1 := randn(
-		rng,
-		batch*in,
-	), randn(
-		rng,
-		hid*in,
-	), randn(
-		rng,
-		hid,
-	), randn(
-		rng,
-		classes*hid,
-	), randn(
-		rng,
-		classes,
-	)
+	x, w0, b0, w1, b1 := randn(rng, batch*in), randn(rng, hid*in), randn(rng, hid), randn(rng, classes*hid),
+		randn(rng, classes)
 	y := make([]int32, batch)
 	for i := range y {
 		y[i] = int32(rng.IntN(classes))
 	}
-	xt, w0t, b0t, w1t, b1t := tensorOf(
-		t,
-		d,
-		fairgo.Float32,
-		x,
-	), tensorOf(
-		t,
-		d,
-		fairgo.Float32,
-		w0,
-	), tensorOf(
-		t,
-		d,
-		fairgo.Float32,
-		b0,
-	),
-		tensorOf(
-			t,
-			d,
-			fairgo.Float32,
-			w1,
-		), tensorOf(
-			t,
-			d,
-			fairgo.Float32,
-			b1,
-		)
+	xt, w0t := tensorOf(t, d, fairgo.Float32, x), tensorOf(t, d, fairgo.Float32, w0)
+	b0t, w1t, b1t := tensorOf(t, d, fairgo.Float32, b0), tensorOf(t, d, fairgo.Float32, w1), tensorOf(t, d, fairgo.Float32, b1)
 	yt := tensorOf(t, d, fairgo.Int32, y)
 	h, z := zeros(t, d, batch*hid), zeros(t, d, batch*classes)
 	loss, correct, dz, dh := zeros(t, d, batch), zeros(t, d, batch), zeros(t, d, batch*classes), zeros(t, d, batch*hid)
