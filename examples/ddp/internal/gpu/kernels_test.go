@@ -370,8 +370,8 @@ func TestTrainMLPStep(t *testing.T) {
 	for i := range y {
 		y[i] = int32(rng.IntN(classes))
 	}
-	xt, w0t := tensorOf(t, d, fairgo.Float32, x), tensorOf(t, d, fairgo.Float32, w0)
-	b0t, w1t, b1t := tensorOf(t, d, fairgo.Float32, b0), tensorOf(t, d, fairgo.Float32, w1), tensorOf(t, d, fairgo.Float32, b1)
+	f32 := func(v []float32) fairgo.Tensor { return tensorOf(t, d, fairgo.Float32, v) }
+	xt, w0t, b0t, w1t, b1t := f32(x), f32(w0), f32(b0), f32(w1), f32(b1)
 	yt := tensorOf(t, d, fairgo.Int32, y)
 	h, z := zeros(t, d, batch*hid), zeros(t, d, batch*classes)
 	loss, correct, dz, dh := zeros(t, d, batch), zeros(t, d, batch), zeros(t, d, batch*classes), zeros(t, d, batch*hid)
