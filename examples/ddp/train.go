@@ -103,9 +103,23 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 		return nil, err
 	}
 	t.drawShard()
-	res := &Result{Buckets: t.buckets}
-	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
-		es, err := t.epoch(ctx, epoch)
+	res, err := runEpochs(ctx, cfg.Epochs, t.buckets, t.epoch, onEpoch)
+	if err != nil {
+		return nil, err
+	}
+	return t.finish(ctx, res)
+}
+
+// runEpochs runs epochs 1 to n by epoch, calling onEpoch (if not nil)
+// after each, and returns their statistics with the buckets: the loop
+// of Train and of its GPU form alike.
+func runEpochs(
+	ctx context.Context, n int, buckets []Bucket,
+	epoch func(context.Context, int) (EpochStats, error), onEpoch func(EpochStats),
+) (*Result, error) {
+	res := &Result{Buckets: buckets}
+	for e := 1; e <= n; e++ {
+		es, err := epoch(ctx, e)
 		if err != nil {
 			return nil, err
 		}
@@ -114,7 +128,7 @@ func Train(ctx context.Context, cfg Config, r *hier.Reducer, mem Memory, onEpoch
 			onEpoch(es)
 		}
 	}
-	return t.finish(ctx, res)
+	return res, nil
 }
 
 // trainer is the state of Train on one rank.

@@ -53,16 +53,9 @@ func trainGPU(ctx context.Context, cfg Config, r *hier.Reducer, _ Memory, onEpoc
 	}
 	defer closeTimingEvents(t.evs)
 	t.layerViews()
-	res := &Result{Buckets: t.buckets}
-	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
-		es, err := t.epoch(ctx, epoch)
-		if err != nil {
-			return nil, err
-		}
-		res.Epochs = append(res.Epochs, es)
-		if onEpoch != nil {
-			onEpoch(es)
-		}
+	res, err := runEpochs(ctx, cfg.Epochs, t.buckets, t.epoch, onEpoch)
+	if err != nil {
+		return nil, err
 	}
 	return t.finish(ctx, res)
 }
