@@ -119,9 +119,22 @@ func TestImportRules(t *testing.T) {
 		}
 	}
 	// Down the picture: the layers under hier do not import it.
-	for _, r := range []string{"", "streams", "staging", "padding", "internal/elem"} {
+	for _, r := range []string{"", "backend", "streams", "staging", "padding", "internal/elem"} {
 		if slices.Contains(ownDeps(pkgs[r]), "hier") {
 			t.Errorf("%q depends on hier", r)
+		}
+	}
+	// The backend contract sits under the engine and the backends alike:
+	// it imports the root package and streams only, and the backends reach
+	// setup's world through it, never through hier/setup.
+	for _, d := range ownDeps(pkgs["backend"]) {
+		if d != "" && d != "streams" {
+			t.Errorf("backend depends on %s: the contract imports only the root package and streams", d)
+		}
+	}
+	for _, r := range []string{"cuda", "sim", "nccl"} {
+		if slices.Contains(ownDeps(pkgs[r]), "hier/setup") {
+			t.Errorf("%s depends on hier/setup: backends implement backend.Backend", r)
 		}
 	}
 	for _, d := range pkgs["hier"].Deps {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/harness"
 )
@@ -298,7 +299,7 @@ type caller struct {
 	idx   int // index among the testbed's local ranks
 	rank  *harness.Rank
 	reds  map[string]*hier.Reducer // by variant name
-	ring  hier.Comm                // FlatRing's world communicator (harness.RingWorld); nil when not measured
+	ring  backend.Comm             // FlatRing's world communicator (harness.RingWorld); nil when not measured
 	op    fairgo.Op
 	works []*hier.Work // fairgo calls whose completion is still to be checked
 }

@@ -9,16 +9,13 @@ import (
 	"strings"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/hier/setup"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/nccl"
-	"github.com/fairgo/fairgo/rendezvous"
-	"github.com/fairgo/fairgo/topology"
 )
 
-var _ setup.Backend = Backend{}
+var _ backend.Backend = Backend{}
 
-// Backend is the setup.Backend of GPUs, for setup.New and setup.NewLocal:
+// Backend is the backend.Backend of GPUs, for setup.New and setup.NewLocal:
 //
 //	r, err := setup.New(ctx, nil, cuda.Backend{})
 //
@@ -46,9 +43,9 @@ type Backend struct {
 	NoSplit bool
 }
 
-// Connect implements setup.Backend.
-func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
-	if job.Layout == nil || len(job.Ranks) == 0 || len(job.Ranks) != len(job.Devices) {
+// Connect implements backend.Backend.
+func (b Backend) Connect(ctx context.Context, store backend.Store, job backend.Job) ([]backend.Rank, error) {
+	if job.Places.Validate() != nil || len(job.Ranks) == 0 || len(job.Ranks) != len(job.Devices) {
 		return nil, &fairgo.ArgError{
 			Arg:    "cuda backend job",
 			Value:  fmt.Sprintf("ranks %v devices %v", job.Ranks, job.Devices),
@@ -91,7 +88,7 @@ func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.
 	if log == nil {
 		log = slog.Default()
 	}
-	ranks, err := connect(ctx, store, job.Layout, job.Ranks, devs, b.NoSplit, log)
+	ranks, err := connect(ctx, store, job.Places, job.Ranks, devs, b.NoSplit, log)
 	if err != nil {
 		return nil, errors.Join(err, closeDevs())
 	}
@@ -103,21 +100,21 @@ func (b Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.
 // devices; on error every communicator made is aborted.
 func connect(
 	ctx context.Context,
-	store rendezvous.Store,
-	layout *topology.Layout,
+	store backend.Store,
+	layout backend.Placement,
 	ranks []int,
 	devs []*Device,
 	noSplit bool,
 	log *slog.Logger,
-) ([]hier.Rank, error) {
+) ([]backend.Rank, error) {
 	lib, err := nccl.Load()
 	if err != nil {
 		return nil, err
 	}
 	defer lib.Close()
-	out := make([]hier.Rank, len(ranks))
+	out := make([]backend.Rank, len(ranks))
 	var made []*Comm
-	fail := func(err error) ([]hier.Rank, error) {
+	fail := func(err error) ([]backend.Rank, error) {
 		for _, c := range made {
 			_ = c.Abort()
 		}
@@ -126,10 +123,10 @@ func connect(
 	// wrap wraps new communicators, checks their places against the
 	// layout and stores them with set.
 	wrap := func(
-		name func(g hier.Grid) string,
+		name func(g fairgo.Grid) string,
 		raw []*nccl.Comm,
 		want func(i int) (size, rank int),
-		set func(c *hier.Comms, cm hier.Comm),
+		set func(c *backend.Comms, cm backend.Comm),
 	) error {
 		for i, c := range raw {
 			cm, err := NewComm(devs[i], c, name(out[i].Grid))
@@ -159,7 +156,7 @@ func connect(
 	}
 	W := layout.WorldSize()
 	for i, r := range ranks {
-		out[i] = hier.Rank{Grid: layout.GridOf(r), Device: devs[i]}
+		out[i] = backend.Rank{Grid: layout.GridOf(r), Device: devs[i]}
 	}
 	M, D := out[0].Grid.Machines, out[0].Grid.Devices
 
@@ -174,9 +171,9 @@ func connect(
 	if err != nil {
 		return fail(err)
 	}
-	worldName := func(hier.Grid) string { return "world" }
+	worldName := func(fairgo.Grid) string { return "world" }
 	worldPlace := func(i int) (int, int) { return W, ranks[i] }
-	if err := wrap(worldName, world, worldPlace, func(c *hier.Comms, cm hier.Comm) { c.World = cm }); err != nil {
+	if err := wrap(worldName, world, worldPlace, func(c *backend.Comms, cm backend.Comm) { c.World = cm }); err != nil {
 		return fail(err)
 	}
 
@@ -190,18 +187,18 @@ func connect(
 	)
 	type sub struct {
 		name     string
-		size     int                          // ranks per communicator
-		colorKey func(g hier.Grid) (int, int) // which communicator, and the place in it
-		set      func(c *hier.Comms, cm hier.Comm)
+		size     int                            // ranks per communicator
+		colorKey func(g fairgo.Grid) (int, int) // which communicator, and the place in it
+		set      func(c *backend.Comms, cm backend.Comm)
 		leaderOf func(color int) int // global rank of its first member
 		skip     bool
 		config   *nccl.Config // nil: NCCL's defaults
 	}
-	intraCK := func(g hier.Grid) (int, int) { return g.Machine, g.Local }
-	railCK := func(g hier.Grid) (int, int) { return g.Local, g.Machine }
+	intraCK := func(g fairgo.Grid) (int, int) { return g.Machine, g.Local }
+	railCK := func(g fairgo.Grid) (int, int) { return g.Local, g.Machine }
 	intraLeader := func(m int) int { return layout.RankAt(m, 0) }
 	railLeader := func(d int) int { return layout.RankAt(0, d) }
-	checkCK := func(g hier.Grid) (int, int) { return 0, g.Rank() }
+	checkCK := func(g fairgo.Grid) (int, int) { return 0, g.Rank() }
 	checkLeader := func(int) int { return layout.RankAt(0, 0) }
 	subs := []sub{
 		// The check moves a few kilobytes: one CTA, so that it never takes
@@ -211,7 +208,7 @@ func connect(
 			"check",
 			W,
 			checkCK,
-			func(c *hier.Comms, cm hier.Comm) { c.Check = cm },
+			func(c *backend.Comms, cm backend.Comm) { c.Check = cm },
 			checkLeader,
 			W == 1,
 			&nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"},
@@ -220,7 +217,7 @@ func connect(
 			"intra-rs/machine=%d",
 			D,
 			intraCK,
-			func(c *hier.Comms, cm hier.Comm) { c.IntraReduceScatter = cm },
+			func(c *backend.Comms, cm backend.Comm) { c.IntraReduceScatter = cm },
 			intraLeader,
 			D == 1,
 			nil,
@@ -229,7 +226,7 @@ func connect(
 			"intra-ag/machine=%d",
 			D,
 			intraCK,
-			func(c *hier.Comms, cm hier.Comm) { c.IntraAllGather = cm },
+			func(c *backend.Comms, cm backend.Comm) { c.IntraAllGather = cm },
 			intraLeader,
 			D == 1,
 			nil,
@@ -238,7 +235,7 @@ func connect(
 			"rail-collect/local=%d",
 			M,
 			railCK,
-			func(c *hier.Comms, cm hier.Comm) { c.RailCollect = cm },
+			func(c *backend.Comms, cm backend.Comm) { c.RailCollect = cm },
 			railLeader,
 			M == 1,
 			nil,
@@ -247,7 +244,7 @@ func connect(
 			"rail-diffuse/local=%d",
 			M,
 			railCK,
-			func(c *hier.Comms, cm hier.Comm) { c.RailDiffuse = cm },
+			func(c *backend.Comms, cm backend.Comm) { c.RailDiffuse = cm },
 			railLeader,
 			M == 1,
 			nil,
@@ -257,7 +254,7 @@ func connect(
 		if s.skip { // one-rank communicators stay nil, on every rank alike
 			continue
 		}
-		name := func(g hier.Grid) string {
+		name := func(g fairgo.Grid) string {
 			if !strings.Contains(s.name, "%") { // one communicator of every rank
 				return s.name
 			}
@@ -313,28 +310,15 @@ func connect(
 	return out, nil
 }
 
-// shareID returns the unique id stored under key: the leader creates and
-// publishes it, the others wait for it.
-func shareID(
-	ctx context.Context,
-	lib *nccl.Library,
-	store rendezvous.Store,
-	key string,
-	leader bool,
-) (nccl.UniqueID, error) {
-	if leader {
+// shareID returns the NCCL unique id shared under key: the leader creates
+// and publishes it, the others wait for it.
+func shareID(ctx context.Context, lib *nccl.Library, store backend.Store, key string, leader bool) (nccl.UniqueID, error) {
+	v, err := backend.Share(ctx, store, key, leader, func() ([]byte, error) {
 		id, err := lib.GetUniqueId()
-		if err != nil {
-			return id, err
-		}
-		if err := store.Set(ctx, key, id.Bytes()); err != nil {
-			return id, fmt.Errorf("cuda: publishing the NCCL unique id %s: %w", key, err)
-		}
-		return id, nil
-	}
-	v, err := store.Get(ctx, key)
+		return id.Bytes(), err
+	})
 	if err != nil {
-		return nccl.UniqueID{}, fmt.Errorf("cuda: waiting for the NCCL unique id %s: %w", key, err)
+		return nccl.UniqueID{}, fmt.Errorf("cuda: the NCCL unique id: %w", err)
 	}
 	id, err := nccl.UniqueIDFromBytes(v)
 	if err != nil {

@@ -8,16 +8,15 @@ import (
 	"sync"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/streams"
-	"github.com/fairgo/fairgo/topology"
 )
 
-var _ hier.Comm = (*Comm)(nil)
+var _ backend.Comm = (*Comm)(nil)
 
-// Comm is one rank's NCCL communicator on a Device, as hier.Comm.
+// Comm is one rank's NCCL communicator on a Device, as backend.Comm.
 type Comm struct {
 	d          *Device
 	lib        *nccl.Library
@@ -346,7 +345,7 @@ func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error)
 // grid declared instead of discovered. One-rank intra or rail communicators
 // are left nil, as hier allows. The caller keeps the devices; CloseRanks
 // destroys the communicators.
-func NewLocalRanks(devs []*Device, machines, perMachine int) ([]hier.Rank, error) {
+func NewLocalRanks(devs []*Device, machines, perMachine int) ([]backend.Rank, error) {
 	if machines < 1 || perMachine < 1 || len(devs) != machines*perMachine {
 		return nil, &fairgo.ArgError{
 			Arg:    "grid",
@@ -365,31 +364,26 @@ func NewLocalRanks(devs []*Device, machines, perMachine int) ([]hier.Rank, error
 		seen[d.ordinal] = true
 	}
 	n := len(devs)
-	members := make([]topology.Member, n)
+	places := make(backend.Placement, n)
 	ranks := make([]int, n)
-	for r, d := range devs {
+	for r := range devs {
 		ranks[r] = r
-		members[r] = topology.Member{Rank: r, WorldSize: n, MachineID: fmt.Sprintf("declared-machine-%d", r/perMachine),
-			Device: topology.Device{ID: fmt.Sprintf("cuda:%d", d.ordinal), Index: -1, Source: topology.SourceOrdinal}}
+		places[r] = fairgo.Grid{Machines: machines, Devices: perMachine, Machine: r / perMachine, Local: r % perMachine}
 	}
-	layout, err := topology.Build(members, 0)
-	if err != nil {
-		return nil, err
-	}
-	return connect(context.Background(), rendezvous.NewMemoryStore(), layout, ranks, devs, false, slog.Default())
+	return connect(context.Background(), rendezvous.NewMemoryStore(), places, ranks, devs, false, slog.Default())
 }
 
 // CloseRanks destroys the communicators of ranks made by NewLocalRanks (the
 // devices stay open). Each rank destroys its own on a goroutine of its own,
 // all in the same order, in case the NCCL in use synchronises peers there.
-func CloseRanks(ranks []hier.Rank) error {
+func CloseRanks(ranks []backend.Rank) error {
 	errs := make([]error, len(ranks))
 	var wg sync.WaitGroup
 	for i := range ranks {
 		wg.Add(1)
-		go func(c *hier.Comms) {
+		go func(c *backend.Comms) {
 			defer wg.Done()
-			for _, p := range []*hier.Comm{&c.World, &c.IntraReduceScatter, &c.IntraAllGather, &c.RailCollect,
+			for _, p := range []*backend.Comm{&c.World, &c.IntraReduceScatter, &c.IntraAllGather, &c.RailCollect,
 				&c.RailDiffuse, &c.Check} {
 				if *p != nil {
 					errs[i] = errors.Join(errs[i], (*p).Close())

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/nccl"
 )
 
@@ -27,7 +27,7 @@ func needNCCL(t testing.TB) {
 
 // perRank runs fn for every rank on a goroutine of its own, bound to the
 // rank's device, as hier's engine does, and fails the test on any error.
-func perRank(t *testing.T, ranks []hier.Rank, ss []*Stream, fn func(r int, rk hier.Rank, d *Device, s *Stream) error) {
+func perRank(t *testing.T, ranks []backend.Rank, ss []*Stream, fn func(r int, rk backend.Rank, d *Device, s *Stream) error) {
 	t.Helper()
 	errs := make([]error, len(ranks))
 	var wg sync.WaitGroup
@@ -67,7 +67,7 @@ func tensor(t *testing.T, d *Device, count int64, dt fairgo.DType) fairgo.Tensor
 	return tn
 }
 
-func checkComm(t *testing.T, name string, c hier.Comm, size, rank int) {
+func checkComm(t *testing.T, name string, c backend.Comm, size, rank int) {
 	t.Helper()
 	if size == 1 {
 		if c != nil {
@@ -87,34 +87,34 @@ func checkComm(t *testing.T, name string, c hier.Comm, size, rank int) {
 }
 
 // worldRank is a local rank's place in the world communicator.
-func worldRank(rk hier.Rank) int { return rk.Comms.World.Rank() }
+func worldRank(rk backend.Rank) int { return rk.Comms.World.Rank() }
 
 // namedComm picks one communicator of a rank.
 type namedComm struct {
 	name string
-	get  func(hier.Rank) hier.Comm
+	get  func(backend.Rank) backend.Comm
 }
 
 // gridComms are the communicators of an M×D grid that have two ranks or
 // more, and the world communicator (of one rank on 1×1), in the same order
 // on every rank.
 func gridComms(m, d int) []namedComm {
-	out := []namedComm{{"world", func(rk hier.Rank) hier.Comm { return rk.Comms.World }}}
+	out := []namedComm{{"world", func(rk backend.Rank) backend.Comm { return rk.Comms.World }}}
 	if d >= 2 {
 		out = append(out,
-			namedComm{"intra-rs", func(rk hier.Rank) hier.Comm { return rk.Comms.IntraReduceScatter }},
-			namedComm{"intra-ag", func(rk hier.Rank) hier.Comm { return rk.Comms.IntraAllGather }})
+			namedComm{"intra-rs", func(rk backend.Rank) backend.Comm { return rk.Comms.IntraReduceScatter }},
+			namedComm{"intra-ag", func(rk backend.Rank) backend.Comm { return rk.Comms.IntraAllGather }})
 	}
 	if m >= 2 {
 		out = append(out,
-			namedComm{"rail-collect", func(rk hier.Rank) hier.Comm { return rk.Comms.RailCollect }},
-			namedComm{"rail-diffuse", func(rk hier.Rank) hier.Comm { return rk.Comms.RailDiffuse }})
+			namedComm{"rail-collect", func(rk backend.Rank) backend.Comm { return rk.Comms.RailCollect }},
+			namedComm{"rail-diffuse", func(rk backend.Rank) backend.Comm { return rk.Comms.RailDiffuse }})
 	}
 	return out
 }
 
 // TestLocalRanks checks every rank's communicators against its grid and
-// runs every hier.Comm operation on each communicator of two ranks or more
+// runs every backend.Comm operation on each communicator of two ranks or more
 // and on the world communicator, then a group of two communicators' calls.
 // In one process: the 1×2 and 2×1 grids over two GPUs (NewLocalRanks), or
 // 1×1 on one GPU; under a launcher: the launcher's grid, one rank per
@@ -164,7 +164,7 @@ func TestLocalRanks(t *testing.T) {
 				for i, d := range devs {
 					a[i], b[i] = tensor(t, d, n, fairgo.Float32), tensor(t, d, int64(k)*n, fairgo.Int64)
 				}
-				perRank(t, ranks, ss, func(r int, rk hier.Rank, d *Device, s *Stream) error {
+				perRank(t, ranks, ss, func(r int, rk backend.Rank, d *Device, s *Stream) error {
 					q := int64(ag(rk).Rank())
 					if err := d.FillAsync(a[r], float64(worldRank(rk)+1), 0, 1, s); err != nil {
 						return err
@@ -211,10 +211,10 @@ func TestLocalRanks(t *testing.T) {
 // (0 to 8; some pairs send nothing).
 func a2aCount(p, k int) int64 { return int64((5 + 3*p + 4*k) % 9) }
 
-// testCollectives runs every hier.Comm operation on get's communicator of
+// testCollectives runs every backend.Comm operation on get's communicator of
 // the local ranks (n ranks in all, in this process or not) and checks each
 // local rank's results, which are functions of the ranks' places alone.
-func testCollectives(t *testing.T, ranks []hier.Rank, ss []*Stream, get func(hier.Rank) hier.Comm, count int) {
+func testCollectives(t *testing.T, ranks []backend.Rank, ss []*Stream, get func(backend.Rank) backend.Comm, count int) {
 	devs := rankDevices(ranks)
 	n := get(ranks[0]).Size()
 	pos := func(r int) int { return get(ranks[r]).Rank() }
@@ -235,7 +235,7 @@ func testCollectives(t *testing.T, ranks []hier.Rank, ss []*Stream, get func(hie
 	// 16-element slot of its own.
 	a2aSend, a2aRecv := mk(16, fairgo.Uint8), mk(16*nn, fairgo.Uint8)
 
-	perRank(t, ranks, ss, func(r int, rk hier.Rank, d *Device, s *Stream) error {
+	perRank(t, ranks, ss, func(r int, rk backend.Rank, d *Device, s *Stream) error {
 		c, p := get(rk), pos(r)
 		send, recv := make([]int64, n), make([]int64, n)
 		zeros, slots := make([]int64, n), make([]int64, n)
@@ -403,7 +403,7 @@ func TestCommAbort(t *testing.T) {
 	M, D := g[0], g[1]
 	ranks := freshCommRanks(t, M, D)
 	jobBarrier(t) // every rank's communicators complete before any is aborted
-	pick := func(c *hier.Comms) *hier.Comm {
+	pick := func(c *backend.Comms) *backend.Comm {
 		switch {
 		case M >= 2:
 			return &c.RailCollect
@@ -461,7 +461,7 @@ func TestDuplicate(t *testing.T) {
 		}
 		require.NoError(t, c.Err(), "copy %d", i)
 	}
-	dupOf := func(rk hier.Rank) hier.Comm {
+	dupOf := func(rk backend.Rank) backend.Comm {
 		for i := range ranks {
 			if ranks[i].Device == rk.Device {
 				return dups[i]

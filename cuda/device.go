@@ -9,13 +9,13 @@ import (
 	"sync/atomic"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/streams"
 )
 
 var (
-	_ hier.Device       = (*Device)(nil)
+	_ backend.Device    = (*Device)(nil)
 	_ fairgo.HostCopier = (*Device)(nil) // fairgo.Upload and Download
 )
 

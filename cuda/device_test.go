@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -36,7 +36,7 @@ func TestOpen(t *testing.T) {
 		d.Multiprocessors(),
 		time.Since(start),
 	)
-	var _ hier.Device = d
+	var _ backend.Device = d
 	if _, err := Open(-1); !isInvalid(err) {
 		t.Errorf("Open(-1): %v", err)
 	}

@@ -20,7 +20,7 @@
 // The main types:
 //
 //   - Device: one GPU (Open(ordinal)), its memory, streams, events and the
-//     reduce kernels from embedded PTX; it implements hier.Device.
+//     reduce kernels from embedded PTX; it implements backend.Device.
 //   - Stream: a CUDA stream of a Device (CreateStream), or a wrapper of
 //     someone else's stream (ForeignStream, WrapStream) that is never
 //     destroyed by fairgo.
@@ -28,7 +28,7 @@
 //     the pipeline's stages.
 //   - Module and Function: a trainer's own kernels, loaded from PTX or a
 //     cubin (Device.LoadModule) and launched on a Stream.
-//   - Comm: an NCCL communicator on a Device; it implements hier.Comm.
-//   - Backend: the setup.Backend of GPUs, for setup.New(ctx, nil,
+//   - Comm: an NCCL communicator on a Device; it implements backend.Comm.
+//   - Backend: the backend.Backend of GPUs, for setup.New(ctx, nil,
 //     cuda.Backend{}).
 package cuda

@@ -28,7 +28,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/rendezvous"
 )
@@ -38,7 +38,7 @@ var job struct {
 	once   sync.Once
 	launch rendezvous.Launch
 	store  *rendezvous.LaunchStore
-	owner  *hier.Reducer // owns the device and the communicators the tests share
+	rank   backend.Rank // the device and communicators the tests share (setup.Connect)
 	err    error
 	seq    int // store keys of barriers and fresh communicators, in call order (the same on every rank)
 }
@@ -79,7 +79,11 @@ func openJob(t testing.TB) {
 			job.err = fmt.Errorf("the launcher's store: %w", err)
 			return
 		}
-		job.owner, job.err = setup.New(ctx, job.store, Backend{}, setup.WithStorePrefix(jobPrefix+"/setup"))
+		var rks []backend.Rank
+		rks, job.err = setup.Connect(ctx, job.store, Backend{}, nil, setup.WithStorePrefix(jobPrefix+"/setup"))
+		if job.err == nil {
+			job.rank = rks[0]
+		}
 	})
 	if errors.Is(job.err, fairgo.ErrNoDevice) {
 		t.Skip(job.err.Error()) // no driver or no GPU here
@@ -90,8 +94,8 @@ func openJob(t testing.TB) {
 // closeJob releases the launcher form's rank and leaves the store (from
 // TestMain).
 func closeJob() {
-	if job.owner != nil {
-		_ = job.owner.Close()
+	if job.rank.Device != nil {
+		_ = job.rank.Release()
 	}
 	if job.store != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -107,7 +111,7 @@ func commGrids(t testing.TB) [][2]int {
 	t.Helper()
 	if launched() {
 		openJob(t)
-		g := job.owner.Grid()
+		g := job.rank.Grid
 		return [][2]int{{g.Machines, g.Devices}}
 	}
 	n := gpuCount(t)
@@ -122,22 +126,22 @@ func commGrids(t testing.TB) [][2]int {
 // commGrids): under a launcher its own rank of the job's shared
 // communicators; in one process every rank, over the first M·D GPUs, with
 // communicators of the test's own (NewLocalRanks, destroyed at its end).
-func commRanks(t testing.TB, m, d int) []hier.Rank {
+func commRanks(t testing.TB, m, d int) []backend.Rank {
 	t.Helper()
 	if launched() {
 		openJob(t)
-		g := job.owner.Grid()
+		g := job.rank.Grid
 		require.Equal(t, [2]int{m, d}, [2]int{g.Machines, g.Devices}, "the launcher's grid (use commGrids)")
-		return []hier.Rank{{Grid: g, Device: job.owner.Device(), Comms: job.owner.Comms()}}
+		return []backend.Rank{{Grid: g, Device: job.rank.Device, Comms: job.rank.Comms}}
 	}
 	return localRanks(t, m, d)
 }
 
 // freshCommRanks is commRanks over communicators of the test's own, for
-// tests that abort them: NewLocalRanks in one process, a setup.New of its
-// own under a launcher (the Reducer, closed at the end of the test, owns
-// them). Every rank must call it at the same point.
-func freshCommRanks(t testing.TB, m, d int) []hier.Rank {
+// tests that abort them: NewLocalRanks in one process, a setup.Connect of
+// its own under a launcher (released at the end of the test). Every rank
+// must call it at the same point.
+func freshCommRanks(t testing.TB, m, d int) []backend.Rank {
 	t.Helper()
 	if !launched() {
 		return localRanks(t, m, d)
@@ -146,24 +150,25 @@ func freshCommRanks(t testing.TB, m, d int) []hier.Rank {
 	job.seq++
 	ctx, cancel := context.WithTimeout(context.Background(), jobStoreTimeout)
 	defer cancel()
-	r, err := setup.New(
+	rks, err := setup.Connect(
 		ctx,
 		job.store,
 		Backend{},
+		nil,
 		setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)),
 	)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("closing the fresh Reducer: %v", err)
+		if err := rks[0].Release(); err != nil {
+			t.Errorf("releasing the fresh rank: %v", err)
 		}
 	})
-	g := r.Grid()
+	g := rks[0].Grid
 	require.Equal(t, [2]int{m, d}, [2]int{g.Machines, g.Devices}, "the launcher's grid (use commGrids)")
-	return []hier.Rank{{Grid: g, Device: r.Device(), Comms: r.Comms()}}
+	return []backend.Rank{{Grid: g, Device: rks[0].Device, Comms: rks[0].Comms}}
 }
 
-func localRanks(t testing.TB, m, d int) []hier.Rank {
+func localRanks(t testing.TB, m, d int) []backend.Rank {
 	t.Helper()
 	devs := devices(t, m*d)
 	ranks, err := NewLocalRanks(devs, m, d)
@@ -196,7 +201,7 @@ func jobBarrier(t testing.TB) {
 }
 
 // rankDevices are the devices of ranks, in order.
-func rankDevices(ranks []hier.Rank) []*Device {
+func rankDevices(ranks []backend.Rank) []*Device {
 	out := make([]*Device, len(ranks))
 	for i, rk := range ranks {
 		out[i] = rk.Device.(*Device)
@@ -205,7 +210,7 @@ func rankDevices(ranks []hier.Rank) []*Device {
 }
 
 // rankStreams makes a stream on each rank's device.
-func rankStreams(t testing.TB, ranks []hier.Rank) []*Stream {
+func rankStreams(t testing.TB, ranks []backend.Rank) []*Stream {
 	out := make([]*Stream, len(ranks))
 	for i, d := range rankDevices(ranks) {
 		out[i] = stream(t, d)

@@ -79,7 +79,7 @@ func (d *Device) grid(count int64, dt fairgo.DType) int {
 	return int(max(1, min(blocks, int64(d.sms)*8)))
 }
 
-// ReduceAsync enqueues the add stage's kernel on s (see hier.Device):
+// ReduceAsync enqueues the add stage's kernel on s (see backend.Device):
 //
 //	dst[i] = op over k in [0, n) of src[k·stride + i],  i in [0, count)
 //

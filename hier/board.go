@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 )
 
 // Board keys. A rank whose watchdog fires asks every rank for its progress
@@ -79,13 +80,13 @@ func (r *Reducer) timedOutOn(what string, waited time.Duration) {
 // bulletin is a Reducer's link to the Board.
 type bulletin struct {
 	r      *Reducer
-	b      Board
+	b      backend.Store
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 }
 
-func newBulletin(r *Reducer, b Board) *bulletin {
+func newBulletin(r *Reducer, b backend.Store) *bulletin {
 	bl := &bulletin{r: r, b: b}
 	bl.ctx, bl.cancel = context.WithCancel(context.Background())
 	bl.done.Add(2)

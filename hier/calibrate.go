@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -358,7 +359,7 @@ func (r *Reducer) agreedScratch(hdr *exchange, bytes int64, s streams.Stream) (u
 	return scratch, nil
 }
 
-func freeIf(dev Device, ptr uintptr, allocErr error) error {
+func freeIf(dev backend.Device, ptr uintptr, allocErr error) error {
 	if allocErr != nil {
 		return nil
 	}
@@ -445,7 +446,7 @@ type exchange struct {
 	host []byte
 }
 
-func (x *exchange) release(d Device) error {
+func (x *exchange) release(d backend.Device) error {
 	return errors.Join(d.Free(x.dev), d.FreeHost(x.host))
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -194,7 +195,7 @@ func (t *ticket) finish(err error) {
 // its own.
 type checker struct {
 	r      *Reducer
-	comm   Comm
+	comm   backend.Comm
 	stream streams.Stream
 	dev    uintptr // one batch on the device
 	host   batch   // its twin in host memory the device copies without blocking

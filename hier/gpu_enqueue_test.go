@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
@@ -33,7 +34,7 @@ import (
 // BenchmarkGPUEnqueueJob (two jobs of one store prefix in one process are
 // refused).
 func BenchmarkGPUEnqueueFloor(b *testing.B) {
-	r, dev, grid := enqueueWorkerJob(b)
+	_, comms, dev, grid := enqueueWorkerJob(b)
 	for _, size := range []int64{64 << 10, 1 << 20} {
 		for _, side := range []string{"", "poll", "check"} {
 			name := "nccl+event"
@@ -41,39 +42,49 @@ func BenchmarkGPUEnqueueFloor(b *testing.B) {
 				name += "/side=" + side
 			}
 			b.Run(fmt.Sprintf("%s/%s/%dKiB/batch=32", grid, name, size>>10), func(b *testing.B) {
-				benchNCCLEnqueue(b, dev, r.Comms(), size, side, 32)
+				benchNCCLEnqueue(b, dev, comms, size, side, 32)
 			})
 		}
 	}
-	b.Run(grid+"/nccl/64KiB/batch=32", func(b *testing.B) { benchNCCLEnqueue(b, dev, r.Comms(), 64<<10, "none", 32) })
+	b.Run(grid+"/nccl/64KiB/batch=32", func(b *testing.B) { benchNCCLEnqueue(b, dev, comms, 64<<10, "none", 32) })
 	for _, size := range []int64{64 << 10, 1 << 20} { // one call at a time: each waited for before the next
 		b.Run(fmt.Sprintf("%s/nccl+event/%dKiB/batch=1", grid, size>>10), func(b *testing.B) {
-			benchNCCLEnqueue(b, dev, r.Comms(), size, "", 1)
+			benchNCCLEnqueue(b, dev, comms, size, "", 1)
 		})
 	}
 }
 
 // enqueueWorkerJob is the job of an enqueue benchmark's worker: it skips
 // the benchmark unless FAIRGO_ENQUEUE_WORKER=1 (a worker under a launcher),
-// else returns setup.New's Reducer (closed at the end), its GPU and its
-// grid as "MxD".
-func enqueueWorkerJob(b *testing.B) (*hier.Reducer, *cuda.Device, string) {
+// else returns a Reducer built as setup.New builds it (released at the
+// end), its communicators, its GPU and its grid as "MxD".
+func enqueueWorkerJob(b *testing.B) (*hier.Reducer, backend.Comms, *cuda.Device, string) {
 	b.Helper()
 	if os.Getenv("FAIRGO_ENQUEUE_WORKER") != "1" {
 		b.Skip("a worker under a launcher (FAIRGO_ENQUEUE_WORKER=1, fixed -test.benchtime)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	r, err := setup.New(ctx, nil, cuda.Backend{}, setup.WithReducer(hier.WithTimeout(time.Minute)))
+	rks, err := setup.Connect(ctx, nil, cuda.Backend{}, nil)
 	require.NoError(b, err)
-	b.Cleanup(func() { _ = r.Close() })
-	return r, r.Device().(*cuda.Device), fmt.Sprintf("%dx%d", r.Grid().Machines, r.Grid().Devices)
+	rk := rks[0]
+	r, err := hier.NewReducer(ctx, rk, hier.WithInlineEnqueue(true), hier.WithTimeout(time.Minute))
+	if err != nil {
+		_ = rk.Release()
+	}
+	require.NoError(b, err)
+	b.Cleanup(func() {
+		_ = r.Close()
+		_ = rk.Release()
+	})
+	g := r.Grid()
+	return r, rk.Comms, rk.Device.(*cuda.Device), fmt.Sprintf("%dx%d", g.Machines, g.Devices)
 }
 
 // benchNCCLEnqueue times NCCL allreduce enqueues of size bytes on the
 // world communicator, batch back to back and then waited for, with side
 // load side ("": none, "none": not even the event record).
-func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms hier.Comms, size int64, side string, batch int) {
+func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms backend.Comms, size int64, side string, batch int) {
 	t, err := dev.AllocTensor(size/4, fairgo.Float32)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = dev.Free(t.Ptr) })

@@ -333,7 +333,7 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 // on a host of one GPU): setup.New's Reducer, which enqueues inline. Every
 // rank must run the same iterations: use a fixed -test.benchtime (e.g. 1000x).
 func BenchmarkGPUEnqueueJob(b *testing.B) {
-	r, dev, grid := enqueueWorkerJob(b)
+	r, _, dev, grid := enqueueWorkerJob(b)
 	for _, check := range []bool{true, false} {
 		for _, size := range []int64{64 << 10, 1 << 20} {
 			for _, batch := range []int{32, 1} {

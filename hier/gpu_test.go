@@ -29,6 +29,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
@@ -42,7 +43,7 @@ var gpus struct {
 	devs  []*cuda.Device
 	err   error
 	mu    sync.Mutex
-	ranks map[[2]int][]hier.Rank
+	ranks map[[2]int][]backend.Rank
 }
 
 func TestMain(m *testing.M) {
@@ -384,7 +385,7 @@ func TestGPUBFloat16VersusFlatNCCL(t *testing.T) {
 			if W == 1 {
 				return nil // a world of one has no communicator: its flat result is its input
 			}
-			return w.reducers[i].Comms().World.AllReduce(flat[i].Ptr, flat[i].Ptr, int64(n), dt, op, s)
+			return w.flat[i].AllReduce(flat[i].Ptr, flat[i].Ptr, int64(n), dt, op, s)
 		})
 		flatOut := w.download(t, flat)
 		want := make([]float64, n)
@@ -548,7 +549,7 @@ func timeFlat(t testing.TB, w *world, ts []fairgo.Tensor) time.Duration {
 	flatRun(t, w, func(g int, s *cuda.Stream) error {
 		dev := w.devs[g].(*cuda.Device)
 		d, err := dev.TimeRegion(s, func() error {
-			return w.reducers[g].Comms().World.AllReduce(
+			return w.flat[g].AllReduce(
 				ts[g].Ptr,
 				ts[g].Ptr,
 				ts[g].Count,

@@ -38,6 +38,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
@@ -49,7 +50,7 @@ var job struct {
 	once   sync.Once
 	launch rendezvous.Launch
 	store  *rendezvous.LaunchStore
-	owner  *hier.Reducer // owns the device and the communicators the test Reducers share
+	rank   backend.Rank // the device and communicators the tests share (setup.Connect)
 	err    error
 	seq    int // store keys of barriers, exchanges and fresh worlds, in call order (the same on every rank)
 }
@@ -68,8 +69,8 @@ func launched() bool {
 }
 
 // openJob sets up this process's rank of the launcher's job once: the
-// launcher's store, then setup.New with the cuda backend (the Reducer it
-// returns stays idle and owns the device and communicators). It skips the
+// launcher's store, then setup.Connect with the cuda backend (the device and
+// communicators every test's Reducers share). It skips the
 // test where there is no GPU (every rank of the job alike: they share the
 // host's driver).
 func openJob(t testing.TB) {
@@ -91,7 +92,11 @@ func openJob(t testing.TB) {
 			job.err = fmt.Errorf("the launcher's store: %w", err)
 			return
 		}
-		job.owner, job.err = setup.New(ctx, job.store, cuda.Backend{}, setup.WithStorePrefix(jobPrefix+"/setup"))
+		var rks []backend.Rank
+		rks, job.err = setup.Connect(ctx, job.store, cuda.Backend{}, nil, setup.WithStorePrefix(jobPrefix+"/setup"))
+		if job.err == nil {
+			job.rank = rks[0]
+		}
 	})
 	if errors.Is(job.err, fairgo.ErrNoDevice) {
 		t.Skip(job.err.Error()) // no driver or no GPU here
@@ -102,8 +107,8 @@ func openJob(t testing.TB) {
 // closeJob releases the launcher form's rank and leaves the store (from
 // TestMain).
 func closeJob() {
-	if job.owner != nil {
-		_ = job.owner.Close()
+	if job.rank.Device != nil {
+		_ = job.rank.Release()
 	}
 	if job.store != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -115,7 +120,7 @@ func closeJob() {
 // jobGrid is the launcher's grid, M × D.
 func jobGrid(t testing.TB) [2]int {
 	openJob(t)
-	g := job.owner.Grid()
+	g := job.rank.Grid
 	return [2]int{g.Machines, g.Devices}
 }
 
@@ -137,7 +142,7 @@ func localGPUs(t testing.TB) int {
 			}
 			gpus.devs = append(gpus.devs, dev)
 		}
-		gpus.ranks = map[[2]int][]hier.Rank{}
+		gpus.ranks = map[[2]int][]backend.Rank{}
 	})
 	if errors.Is(gpus.err, fairgo.ErrNoDevice) {
 		t.Skip(gpus.err.Error()) // no driver or no GPU here
@@ -225,7 +230,7 @@ func sized(n, small int) int {
 
 // worldRankOf is a rank's world rank (0 in a world of one, which has no
 // world communicator).
-func worldRankOf(rk hier.Rank) int {
+func worldRankOf(rk backend.Rank) int {
 	if rk.Comms.World == nil {
 		return 0
 	}
@@ -236,13 +241,13 @@ func worldRankOf(rk hier.Rank) int {
 // launcher its own rank of the job (whose grid must be M×D); in one process
 // every rank, over the first M·D GPUs, built once per grid and kept for the
 // whole test binary.
-func gpuRanks(t testing.TB, m, d int) []hier.Rank {
+func gpuRanks(t testing.TB, m, d int) []backend.Rank {
 	t.Helper()
 	if launched() {
 		if g := jobGrid(t); g != [2]int{m, d} {
 			t.Fatalf("the launcher's grid is %dx%d; the test asked for %dx%d (use gpuGrids)", g[0], g[1], m, d)
 		}
-		return []hier.Rank{{Grid: job.owner.Grid(), Device: job.owner.Device(), Comms: job.owner.Comms()}}
+		return []backend.Rank{{Grid: job.rank.Grid, Device: job.rank.Device, Comms: job.rank.Comms}}
 	}
 	if n := localGPUs(t); n < m*d {
 		t.Fatalf("grid %dx%d on %d GPUs (use gpuGrids)", m, d, n)
@@ -270,6 +275,7 @@ func gpuWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 		w.reducers = append(w.reducers, r)
 		w.devs = append(w.devs, rk.Device.(*cuda.Device))
 		w.global = append(w.global, worldRankOf(rk))
+		w.flat = append(w.flat, rk.Comms.World)
 	}
 	t.Cleanup(w.close)
 	return w
@@ -277,7 +283,7 @@ func gpuWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 
 // freshGPUWorld is gpuWorld over communicators of its own, destroyed at the
 // end of the test (for tests that abort them): cuda.NewLocalRanks in one
-// process, a setup.New of its own under a launcher.
+// process, a setup.Connect of its own under a launcher.
 func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 	t.Helper()
 	w := &world{m: m, d: d, closeFn: func() {}, worldSize: m * d}
@@ -289,18 +295,26 @@ func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 		ctx, cancel := context.WithTimeout(context.Background(), jobStoreTimeout)
 		defer cancel()
 		// setup.New enqueues inline by default; the in-process form does not.
-		r, err := setup.New(
+		rks, err := setup.Connect(
 			ctx,
 			job.store,
 			cuda.Backend{},
+			nil,
 			setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)),
-			setup.WithReducer(append([]hier.Option{hier.WithInlineEnqueue(false)}, opts...)...),
 		)
 		require.NoError(t, err)
+		rk := rks[0]
+		rk.OwnsResources = true // the Reducer releases its communicators and device on Close
+		r, err := hier.NewReducer(ctx, rk, opts...)
+		if err != nil {
+			_ = rk.Release()
+		}
+		require.NoError(t, err)
 		w.reducers = []*hier.Reducer{r}
-		w.devs = []testDevice{r.Device().(*cuda.Device)}
+		w.devs = []testDevice{rk.Device.(*cuda.Device)}
 		w.global = []int{r.WorldRank()}
-		t.Cleanup(w.close) // the Reducer owns its communicators and device
+		w.flat = []backend.Comm{rk.Comms.World}
+		t.Cleanup(w.close)
 		return w
 	}
 	if n := localGPUs(t); n < m*d {
@@ -314,6 +328,7 @@ func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 		w.reducers = append(w.reducers, r)
 		w.devs = append(w.devs, rk.Device.(*cuda.Device))
 		w.global = append(w.global, worldRankOf(rk))
+		w.flat = append(w.flat, rk.Comms.World)
 	}
 	t.Cleanup(func() {
 		w.close()

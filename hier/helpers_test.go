@@ -9,15 +9,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 )
 
-// testDevice is what the tests need of a device: hier.Device and typed
+// testDevice is what the tests need of a device: backend.Device and typed
 // allocation, which sim and cuda devices both have.
 type testDevice interface {
-	hier.Device
+	backend.Device
 	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
 }
 
@@ -31,9 +32,10 @@ type world struct {
 	reducers  []*hier.Reducer
 	m, d      int
 	closeFn   func()
-	allocs    [][]uintptr // per local rank, freed by close
-	worldSize int         // 0: len(reducers), every rank is here
-	global    []int       // the world rank of each local rank; nil: the local index
+	allocs    [][]uintptr    // per local rank, freed by close
+	worldSize int            // 0: len(reducers), every rank is here
+	global    []int          // the world rank of each local rank; nil: the local index
+	flat      []backend.Comm // GPU worlds: each local rank's world communicator, for flat baselines
 }
 
 func newWorld(t testing.TB, cfg sim.Config, opts ...hier.Option) *world {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -132,7 +133,7 @@ func (r *Reducer) probeLinks() (linkModel, error) {
 		return linkModel{}, err
 	}
 	defer r.events.put(ev)
-	timeOn := func(c Comm, bytes int64) (int64, error) {
+	timeOn := func(c backend.Comm, bytes int64) (int64, error) {
 		if c == nil || c.Size() < 2 {
 			return 0, nil
 		}
@@ -157,7 +158,7 @@ func (r *Reducer) probeLinks() (linkModel, error) {
 	}
 	var times [4]int64
 	for i, p := range []struct {
-		c     Comm
+		c     backend.Comm
 		bytes int64
 	}{{r.comms.IntraReduceScatter, probeSmall}, {r.comms.IntraReduceScatter, probeLarge},
 		{r.comms.RailCollect, probeSmall}, {r.comms.RailCollect, probeLarge}} {

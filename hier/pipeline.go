@@ -2,6 +2,7 @@ package hier
 
 import (
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -58,8 +59,8 @@ func (r *Reducer) stageOps(op fairgo.Op, dt fairgo.DType) stageOps {
 // runs every stage on the first stream, with one communicator per level.
 type lanes struct {
 	st               [streams.NumStages]streams.Stream
-	intraRS, intraAG Comm
-	collect, diffuse Comm
+	intraRS, intraAG backend.Comm
+	collect, diffuse backend.Comm
 }
 
 func (r *Reducer) lanesFor(rt route) lanes {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/padding"
 	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
@@ -63,9 +64,9 @@ func (q *request) String() string {
 // they arrive.
 type Reducer struct {
 	grid   Grid
-	dev    Device
-	comms  Comms
-	rank   Rank // what NewReducer was given; released on Close when it owns its resources
+	dev    backend.Device
+	comms  backend.Comms
+	rank   backend.Rank // what NewReducer was given; released on Close when it owns its resources
 	cfg    config
 	layout staging.Layout
 	events eventPool
@@ -124,11 +125,11 @@ type inflight struct {
 // operations of a communicator in the order each rank enqueues them, and
 // two Reducers' calls and checks would meet in different orders on
 // different ranks.
-func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) {
+func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer, error) {
 	if ctx == nil {
 		return nil, errNilContext
 	}
-	if err := rk.validate(); err != nil {
+	if err := rk.Validate(); err != nil {
 		return nil, err
 	}
 	cfg, err := buildConfig(rk.Grid, opts)
@@ -176,20 +177,11 @@ func NewReducer(ctx context.Context, rk Rank, opts ...Option) (*Reducer, error) 
 func (r *Reducer) Grid() Grid { return r.grid }
 
 // Device is the device this Reducer enqueues on.
-func (r *Reducer) Device() Device { return r.dev }
-
-// Comms are this rank's communicators. Benchmarks use them for flat
-// baselines on the same ranks; calls on them must follow the same-order
-// rule across ranks, and interleaving them with the Reducer's own calls is
-// only safe once the Reducer's work has completed.
-func (r *Reducer) Comms() Comms { return r.comms }
+func (r *Reducer) Device() backend.Device { return r.dev }
 
 // WorldRank is this rank's index in the world communicator (the launcher's
 // global order).
 func (r *Reducer) WorldRank() int { return r.comms.World.Rank() }
-
-// Layout is the slice and slot geometry the options resolved to.
-func (r *Reducer) Layout() staging.Layout { return r.layout }
 
 // SliceBytes is the effective slice size.
 func (r *Reducer) SliceBytes() int64 { return r.layout.SliceBytes }
@@ -668,7 +660,7 @@ func brokenErr(q *request, cause error) error {
 }
 
 // commList is the distinct non-nil communicators.
-func (r *Reducer) commList() []Comm { return r.comms.distinct() }
+func (r *Reducer) commList() []backend.Comm { return r.comms.Distinct() }
 
 // closeGrace is how long Close lets running device work finish before it
 // aborts the communicators.

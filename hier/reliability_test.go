@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/internal/reftest"
@@ -400,7 +401,7 @@ func TestSixteenBitNearTheMaximum(t *testing.T) {
 // thread when its queue to the device is full of work waiting for a dead
 // peer.
 type blockingComm struct {
-	hier.Comm
+	backend.Comm
 	mu      sync.Mutex
 	calls   int
 	aborted chan struct{}
@@ -434,7 +435,7 @@ func (c *blockingComm) Abort() error {
 // Work is pending yet) is still covered by the watchdog: the caller gets a
 // Work failed with ErrTimeout instead of hanging.
 func TestWatchdogCoversAStuckEnqueue(t *testing.T) {
-	rs, ts := pairWithWorld(t, func(w hier.Comm) hier.Comm {
+	rs, ts := pairWithWorld(t, func(w backend.Comm) backend.Comm {
 		return &blockingComm{Comm: w, aborted: make(chan struct{})}
 	}, hier.WithInlineEnqueue(true), hier.WithTimeout(300*time.Millisecond))
 	start := time.Now()
@@ -454,7 +455,7 @@ func TestWatchdogCoversAStuckEnqueue(t *testing.T) {
 // hangingAbortComm is a communicator whose Abort does not return until
 // released, as ncclCommAbort can hang while a peer is dead.
 type hangingAbortComm struct {
-	hier.Comm
+	backend.Comm
 	release chan struct{}
 }
 
@@ -497,13 +498,13 @@ func TestHangingAbortStillReports(t *testing.T) {
 // float32 per rank, and makes one allreduce on each that must succeed (the
 // wrappers let their first call through).
 func pairWithWorld(
-	t *testing.T, wrap func(hier.Comm) hier.Comm, opts ...hier.Option,
+	t *testing.T, wrap func(backend.Comm) backend.Comm, opts ...hier.Option,
 ) ([]*hier.Reducer, []fairgo.Tensor) {
 	t.Helper()
 	c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
-	rks := []hier.Rank{c.Rank(0), c.Rank(1)}
+	rks := []backend.Rank{c.Rank(0), c.Rank(1)}
 	rks[0].Comms.World = wrap(rks[0].Comms.World)
 	var rs []*hier.Reducer
 	for _, rk := range rks {
@@ -527,7 +528,7 @@ func pairWithWorld(
 // enqueue with an untyped error, as NCCL's enqueue returns a plain
 // ncclRemoteError once it finds a peer dead.
 type failingComm struct {
-	hier.Comm
+	backend.Comm
 	mu    sync.Mutex
 	calls int
 }
@@ -556,7 +557,7 @@ func (c *failingComm) AllReduce(
 func TestEnqueueFailureIsTyped(t *testing.T) {
 	for _, inline := range []bool{true, false} {
 		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
-			rs, ts := pairWithWorld(t, func(w hier.Comm) hier.Comm { return &failingComm{Comm: w} },
+			rs, ts := pairWithWorld(t, func(w backend.Comm) backend.Comm { return &failingComm{Comm: w} },
 				hier.WithInlineEnqueue(inline), hier.WithTimeout(500*time.Millisecond))
 			var works []*hier.Work
 			for g, r := range rs {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -174,8 +175,8 @@ func (r *Reducer) await(p pending, start time.Time) error {
 // commFailure returns a failed communicator and its error, preferring a root
 // cause (a mismatch, a stall, a device error) to an abort that a peer made
 // in reaction to it, so that the Work reports what went wrong first.
-func (r *Reducer) commFailure() (Comm, error) {
-	var first Comm
+func (r *Reducer) commFailure() (backend.Comm, error) {
+	var first backend.Comm
 	var firstErr error
 	for _, c := range r.commList() {
 		cerr := c.Err()

@@ -8,18 +8,16 @@ import (
 	"sync"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/hier/setup"
-	"github.com/fairgo/fairgo/rendezvous"
+	"github.com/fairgo/fairgo/backend"
 )
 
-var _ setup.Backend = (*Backend)(nil)
+var _ backend.Backend = (*Backend)(nil)
 
 // keyCluster is the store key under which the process holding global rank
 // 0 publishes the cluster it built (as NCCL's unique id is published).
 const keyCluster = "sim/cluster"
 
-// Backend is a setup.Backend over simulated clusters, so that setup.New and
+// Backend is a backend.Backend over simulated clusters, so that setup.New and
 // setup.NewLocal run end to end without GPUs: goroutines play the processes
 // of a job, each calling setup.New with the same Backend and its own
 // environment (setup.WithEnv), through a shared rendezvous store.
@@ -46,49 +44,49 @@ func NewBackend(cfg Config) *Backend {
 	return &Backend{cfg: cfg}
 }
 
-// Connect implements setup.Backend.
-func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
-	l := job.Layout
-	if l == nil || len(job.Ranks) == 0 {
+// newCluster builds the cluster of a placement and returns its id.
+func (b *Backend) newCluster(l backend.Placement) (int, error) {
+	cfg := b.cfg
+	g := l.GridOf(0)
+	cfg.Machines, cfg.Devices = g.Machines, g.Devices
+	cfg.RankOrder = make([]int, l.WorldSize())
+	for r := range cfg.RankOrder {
+		cfg.RankOrder[r] = l.GridOf(r).Rank()
+	}
+	c, err := NewCluster(cfg)
+	if err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0, errors.Join(fmt.Errorf("sim: backend: %w", fairgo.ErrClosed), c.Close())
+	}
+	b.clusters = append(b.clusters, c)
+	b.claimed = append(b.claimed, map[int]bool{})
+	return len(b.clusters) - 1, nil
+}
+
+// Connect implements backend.Backend.
+func (b *Backend) Connect(ctx context.Context, store backend.Store, job backend.Job) ([]backend.Rank, error) {
+	l := job.Places
+	if l.Validate() != nil || len(job.Ranks) == 0 {
 		return nil, &fairgo.ArgError{
 			Arg:    "sim backend job",
 			Value:  job.Ranks,
-			Reason: "needs a layout and at least one rank",
+			Reason: "needs a placement and at least one rank",
 		}
 	}
-	var id int
-	if job.Ranks[0] == 0 {
-		cfg := b.cfg
-		g := l.Grid
-		cfg.Machines, cfg.Devices = g.Machines, g.Devices
-		cfg.RankOrder = make([]int, l.WorldSize())
-		for r := range cfg.RankOrder {
-			cfg.RankOrder[r] = l.GridOf(r).Rank()
-		}
-		c, err := NewCluster(cfg)
-		if err != nil {
-			return nil, err
-		}
-		b.mu.Lock()
-		if b.closed {
-			b.mu.Unlock()
-			return nil, errors.Join(fmt.Errorf("sim: backend: %w", fairgo.ErrClosed), c.Close())
-		}
-		id = len(b.clusters)
-		b.clusters = append(b.clusters, c)
-		b.claimed = append(b.claimed, map[int]bool{})
-		b.mu.Unlock()
-		if err := store.Set(ctx, keyCluster, []byte(strconv.Itoa(id))); err != nil {
-			return nil, fmt.Errorf("sim: publishing the cluster: %w", err)
-		}
-	} else {
-		v, err := store.Get(ctx, keyCluster)
-		if err != nil {
-			return nil, fmt.Errorf("sim: waiting for rank 0's cluster: %w", err)
-		}
-		if id, err = strconv.Atoi(string(v)); err != nil {
-			return nil, fmt.Errorf("sim: cluster id %q: %w", v, err)
-		}
+	v, err := backend.Share(ctx, store, keyCluster, job.Ranks[0] == 0, func() ([]byte, error) {
+		id, err := b.newCluster(l)
+		return []byte(strconv.Itoa(id)), err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sim: rank 0's cluster: %w", err)
+	}
+	id, err := strconv.Atoi(string(v))
+	if err != nil {
+		return nil, fmt.Errorf("sim: cluster id %q: %w", v, err)
 	}
 
 	b.mu.Lock()
@@ -101,9 +99,9 @@ func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job setup
 	}
 	c := b.clusters[id]
 	if c.Size() != l.WorldSize() {
-		return nil, fmt.Errorf("sim: cluster %d has %d ranks, the layout %d", id, c.Size(), l.WorldSize())
+		return nil, fmt.Errorf("sim: cluster %d has %d ranks, the placement %d", id, c.Size(), l.WorldSize())
 	}
-	out := make([]hier.Rank, len(job.Ranks))
+	out := make([]backend.Rank, len(job.Ranks))
 	for i, r := range job.Ranks {
 		if r < 0 || r >= c.Size() || b.claimed[id][r] {
 			return nil, &fairgo.ArgError{
@@ -115,7 +113,7 @@ func (b *Backend) Connect(ctx context.Context, store rendezvous.Store, job setup
 		out[i] = c.Rank(r)
 		if out[i].Grid != l.GridOf(r) {
 			return nil, fmt.Errorf(
-				"sim: rank %d is at %v in the cluster and at %v in the layout",
+				"sim: rank %d is at %v in the cluster and at %v in the placement",
 				r,
 				out[i].Grid,
 				l.GridOf(r),

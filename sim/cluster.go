@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/rendezvous"
 )
@@ -87,12 +88,12 @@ func (cfg Config) validate() error {
 }
 
 // Cluster is a simulated cluster of Machines × Devices devices and the
-// communicators hier needs (see hier.Comms). It owns them all; Close
+// communicators hier needs (see backend.Comms). It owns them all; Close
 // releases everything.
 type Cluster struct {
 	cfg     Config
-	devices []*Device    // by global rank
-	comms   []hier.Comms // by global rank
+	devices []*Device       // by global rank
+	comms   []backend.Comms // by global rank
 	groups  []*group
 	board   *rendezvous.MemoryStore // the Board of its ranks
 
@@ -122,7 +123,7 @@ func NewCluster(cfg Config) (*Cluster, error) {
 	c := &Cluster{
 		cfg:     cfg,
 		devices: make([]*Device, n),
-		comms:   make([]hier.Comms, n),
+		comms:   make([]backend.Comms, n),
 		board:   rendezvous.NewMemoryStore(),
 	}
 	global := make([]int, n) // grid rank -> global rank
@@ -131,7 +132,7 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		c.devices[g] = newDevice(c, g, hier.Grid{Machines: M, Devices: D, Machine: r / D, Local: r % D})
 	}
 	// newComm builds a communicator over global ranks and hands each its handle.
-	newComm := func(name string, ranks []int, set func(hc *hier.Comms, cm *Comm)) {
+	newComm := func(name string, ranks []int, set func(hc *backend.Comms, cm *Comm)) {
 		members := make([]*Device, len(ranks))
 		for i, g := range ranks {
 			members[i] = c.devices[g]
@@ -146,9 +147,9 @@ func NewCluster(cfg Config) (*Cluster, error) {
 	for g := range world {
 		world[g] = g
 	}
-	newComm("world", world, func(hc *hier.Comms, cm *Comm) { hc.World = cm })
+	newComm("world", world, func(hc *backend.Comms, cm *Comm) { hc.World = cm })
 	if n > 1 {
-		newComm("check", world, func(hc *hier.Comms, cm *Comm) { hc.Check = cm })
+		newComm("check", world, func(hc *backend.Comms, cm *Comm) { hc.Check = cm })
 	}
 	for m := range M {
 		ranks := make([]int, D)
@@ -158,17 +159,17 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		newComm(
 			fmt.Sprintf("intra-rs/machine=%d", m),
 			ranks,
-			func(hc *hier.Comms, cm *Comm) { hc.IntraReduceScatter = cm },
+			func(hc *backend.Comms, cm *Comm) { hc.IntraReduceScatter = cm },
 		)
-		newComm(fmt.Sprintf("intra-ag/machine=%d", m), ranks, func(hc *hier.Comms, cm *Comm) { hc.IntraAllGather = cm })
+		newComm(fmt.Sprintf("intra-ag/machine=%d", m), ranks, func(hc *backend.Comms, cm *Comm) { hc.IntraAllGather = cm })
 	}
 	for d := range D {
 		ranks := make([]int, M)
 		for m := range M {
 			ranks[m] = global[m*D+d]
 		}
-		newComm(fmt.Sprintf("rail-collect/local=%d", d), ranks, func(hc *hier.Comms, cm *Comm) { hc.RailCollect = cm })
-		newComm(fmt.Sprintf("rail-diffuse/local=%d", d), ranks, func(hc *hier.Comms, cm *Comm) { hc.RailDiffuse = cm })
+		newComm(fmt.Sprintf("rail-collect/local=%d", d), ranks, func(hc *backend.Comms, cm *Comm) { hc.RailCollect = cm })
+		newComm(fmt.Sprintf("rail-diffuse/local=%d", d), ranks, func(hc *backend.Comms, cm *Comm) { hc.RailDiffuse = cm })
 	}
 	return c, nil
 }
@@ -212,9 +213,9 @@ func (c *Cluster) Device(global int) *Device {
 
 // Comms returns the communicator handles of a global rank (zero outside
 // [0, Size())). Their dynamic type is *Comm.
-func (c *Cluster) Comms(global int) hier.Comms {
+func (c *Cluster) Comms(global int) backend.Comms {
 	if global < 0 || global >= len(c.devices) {
-		return hier.Comms{}
+		return backend.Comms{}
 	}
 	return c.comms[global]
 }
@@ -223,12 +224,12 @@ func (c *Cluster) Comms(global int) hier.Comms {
 // place, device and communicators. The cluster keeps ownership
 // (OwnsResources is false). Outside [0, Size()) it is the zero Rank, which
 // hier rejects.
-func (c *Cluster) Rank(global int) hier.Rank {
+func (c *Cluster) Rank(global int) backend.Rank {
 	d := c.Device(global)
 	if d == nil {
-		return hier.Rank{}
+		return backend.Rank{}
 	}
-	return hier.Rank{Grid: d.grid, Device: d, Comms: c.comms[global], Board: c.board}
+	return backend.Rank{Grid: d.grid, Device: d, Comms: c.comms[global], Board: c.board}
 }
 
 // Reducers builds a hier.Reducer for every rank, concurrently (they

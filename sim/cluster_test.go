@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 )
 
@@ -56,13 +57,13 @@ func TestRankOrderGivesGridCoordinates(t *testing.T) {
 		require.Equal(t, g, r.Comms.World.Rank())
 		require.Equal(t, 6, r.Comms.World.Size())
 		require.Equal(t, "world", r.Comms.World.Name())
-		for _, cm := range []hier.Comm{r.Comms.IntraReduceScatter, r.Comms.IntraAllGather} {
+		for _, cm := range []backend.Comm{r.Comms.IntraReduceScatter, r.Comms.IntraAllGather} {
 			require.Equal(t, 3, cm.Size())
 			require.Equal(t, gr%3, cm.Rank())
 		}
 		require.Equal(t, "intra-rs/machine="+itoa(gr/3), r.Comms.IntraReduceScatter.Name())
 		require.Equal(t, "intra-ag/machine="+itoa(gr/3), r.Comms.IntraAllGather.Name())
-		for _, cm := range []hier.Comm{r.Comms.RailCollect, r.Comms.RailDiffuse} {
+		for _, cm := range []backend.Comm{r.Comms.RailCollect, r.Comms.RailDiffuse} {
 			require.Equal(t, 2, cm.Size())
 			require.Equal(t, gr/3, cm.Rank())
 		}

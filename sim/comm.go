@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -404,7 +404,7 @@ type Comm struct {
 	closed bool
 }
 
-var _ hier.Comm = (*Comm)(nil)
+var _ backend.Comm = (*Comm)(nil)
 
 // Size is the number of ranks.
 func (c *Comm) Size() int { return c.g.size() }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/streams"
@@ -15,7 +16,7 @@ import (
 // Device is one simulated GPU: its own address space (base (index+1)<<40,
 // 256-byte aligned allocations with unmapped gaps between them, zeroed when
 // allocated), streams run by goroutines, events, and the copy and reduce
-// operations of hier.Device. Every access a stream operation makes is
+// operations of backend.Device. Every access a stream operation makes is
 // bounds-checked against the device's allocations.
 type Device struct {
 	cluster *Cluster
@@ -36,7 +37,7 @@ type Device struct {
 }
 
 var (
-	_ hier.Device       = (*Device)(nil)
+	_ backend.Device    = (*Device)(nil)
 	_ fairgo.HostCopier = (*Device)(nil) // fairgo.Upload and Download
 )
 
@@ -355,7 +356,7 @@ func (d *Device) Copy2DAsync(
 	}})
 }
 
-// ReduceAsync enqueues the add stage's kernel (see hier.Device):
+// ReduceAsync enqueues the add stage's kernel (see backend.Device):
 // dst[i] = op over k in [0, n) of src[k·stride + i] for i in [0, count),
 // computed by elem.ReduceShards. dst may be one of the sources exactly but
 // must not partly overlap any (checked here; a GPU would silently compute

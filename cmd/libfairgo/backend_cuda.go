@@ -6,9 +6,9 @@ import (
 	"errors"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
 	"github.com/fairgo/fairgo/cuda"
-	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -17,7 +17,7 @@ import (
 // cuda.(*Device).ForeignStream.
 type gpuBackend struct{ cuda.Backend }
 
-func (gpuBackend) ForeignStream(dev hier.Device, handle uintptr) (streams.Stream, error) {
+func (gpuBackend) ForeignStream(dev backend.Device, handle uintptr) (streams.Stream, error) {
 	d, ok := dev.(*cuda.Device)
 	if !ok {
 		return nil, &fairgo.ArgError{Arg: "device", Value: dev, Reason: "not a *cuda.Device"}

@@ -11,8 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
-	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/sim"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -23,10 +23,10 @@ import (
 type simBackend struct {
 	*sim.Backend
 	mu      sync.Mutex
-	streams map[hier.Device]streams.Stream
+	streams map[backend.Device]streams.Stream
 }
 
-func (b *simBackend) ForeignStream(dev hier.Device, handle uintptr) (streams.Stream, error) {
+func (b *simBackend) ForeignStream(dev backend.Device, handle uintptr) (streams.Stream, error) {
 	if handle != 0 {
 		return nil, &fairgo.ArgError{
 			Arg:    "stream",
@@ -49,7 +49,7 @@ func (b *simBackend) ForeignStream(dev hier.Device, handle uintptr) (streams.Str
 
 func backendConfig() capi.Config {
 	return capi.Config{
-		Backend: &simBackend{Backend: sim.NewBackend(sim.Config{}), streams: map[hier.Device]streams.Stream{}},
+		Backend: &simBackend{Backend: sim.NewBackend(sim.Config{}), streams: map[backend.Device]streams.Stream{}},
 		Classes: capi.Classes{
 			Mismatch: []error{sim.ErrMismatch},
 			Backend:  []capi.Class{capi.Is(sim.ErrStall, capi.Timeout)},
@@ -60,7 +60,7 @@ func backendConfig() capi.Config {
 // Test hooks of the simulated library (not in fairgo.h): device memory of a
 // communicator's simulated GPU, so that callers' tests can reduce real data.
 
-func simDevice(comm C.fairgo_comm_t) (hier.Device, error) {
+func simDevice(comm C.fairgo_comm_t) (backend.Device, error) {
 	r, err := table.Reducer(int64(comm))
 	if err != nil {
 		return nil, err

@@ -16,33 +16,15 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/topology"
 )
 
-// Backend opens the devices of this process's ranks and builds their
-// communicators, once topology discovery has given every rank the same
-// layout. The CUDA backend (cuda.Backend) and the simulated
-// cluster (sim.Backend) implement it.
-type Backend interface {
-	// Connect returns one hier.Rank per entry of job.Ranks, in that order,
-	// each with its Device and its communicators (Grid may be left zero:
-	// the caller fills it from the layout). Every process of the job calls
-	// it concurrently with the same layout; store is shared by them all,
-	// under a prefix of its own. On error it releases whatever it opened.
-	// Every blocking step ends when ctx does.
-	Connect(ctx context.Context, store rendezvous.Store, job Job) ([]hier.Rank, error)
-}
-
-// Job is what a Backend is told: the layout every rank computed and the
-// ranks this process drives.
-type Job struct {
-	Layout  *topology.Layout // the grid, the ranks of every machine and rail
-	Ranks   []int            // global ranks this process drives, ascending
-	Devices []int            // the CUDA device ordinal of each, parallel to Ranks
-	Logger  *slog.Logger     // never nil
-}
+// Backend opens the devices and communicators of a process's ranks
+// (cuda.Backend, sim.Backend).
+type Backend = backend.Backend
 
 // DefaultStorePrefix is the store prefix New and NewLocal work under unless
 // WithStorePrefix says otherwise.
@@ -161,31 +143,30 @@ func NewLocal(
 	devices []int,
 	opts ...Option,
 ) ([]*hier.Reducer, error) {
-	if ctx == nil {
-		return nil, &Error{
-			Step: "options",
-			Err:  &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil context; use context.Background()"},
-		}
+	if err := checkDevices(ctx, devices, false); err != nil {
+		return nil, err
 	}
-	if len(devices) == 0 {
-		return nil, &Error{
-			Step: "options",
-			Err:  &fairgo.ArgError{Arg: "devices", Value: devices, Reason: "needs at least one device"},
-		}
+	return build(ctx, store, b, devices, opts)
+}
+
+// checkDevices validates the context and the devices of NewLocal and
+// Connect (nil devices: the default one, when defaultOK).
+func checkDevices(ctx context.Context, devices []int, defaultOK bool) error {
+	bad := func(arg string, v any, why string) error {
+		return &Error{Step: "options", Err: &fairgo.ArgError{Arg: arg, Value: v, Reason: why}}
+	}
+	if ctx == nil {
+		return bad("ctx", nil, "a nil context; use context.Background()")
+	}
+	if len(devices) == 0 && !defaultOK {
+		return bad("devices", devices, "needs at least one device")
 	}
 	for i, d := range devices {
 		if d < 0 || slices.Contains(devices[:i], d) {
-			return nil, &Error{
-				Step: "options",
-				Err: &fairgo.ArgError{
-					Arg:    "devices",
-					Value:  devices,
-					Reason: "needs distinct, non-negative ordinals (one rank per GPU in a process)",
-				},
-			}
+			return bad("devices", devices, "needs distinct, non-negative ordinals (one rank per GPU in a process)")
 		}
 	}
-	return build(ctx, store, b, devices, opts)
+	return nil
 }
 
 // builder carries one New or NewLocal through its steps.
@@ -214,18 +195,69 @@ func build(
 	devices []int,
 	opts []Option,
 ) ([]*hier.Reducer, error) {
-	s, err := newBuilder(b, devices, opts)
+	s, rks, err := open(ctx, store, b, devices, opts)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.openStore(ctx, store); err != nil {
+	rs, err := s.reducers(ctx, rks)
+	if err != nil {
+		if s.owned != nil {
+			_ = s.owned.Close()
+		}
+		return nil, s.fail("reducer", err)
+	}
+	return rs, nil
+}
+
+// Connect opens this process's ranks of a launched job as New (devices
+// nil) or NewLocal does, without building Reducers: the caller owns the
+// ranks, builds Reducers over them with hier.NewReducer (one at a time:
+// see NewReducer), and releases them with backend.Rank.Release once those
+// are closed. Tests and benchmarks use it to reach the communicators
+// themselves (a flat NCCL baseline on the same ranks). Each rank's Board
+// is the job's store, and its Closers leave a store Connect opened.
+func Connect(
+	ctx context.Context,
+	store rendezvous.Store,
+	b Backend,
+	devices []int,
+	opts ...Option,
+) ([]backend.Rank, error) {
+	if err := checkDevices(ctx, devices, devices == nil); err != nil {
 		return nil, err
 	}
-	rs, err := s.run(ctx)
+	s, rks, err := open(ctx, store, b, devices, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.share(rks)
+	for i := range rks {
+		rks[i].OwnsResources = false
+	}
+	return rks, nil
+}
+
+// open runs the steps up to the backend's ranks: options, launch, store,
+// describe, discover, connect.
+func open(
+	ctx context.Context,
+	store rendezvous.Store,
+	b Backend,
+	devices []int,
+	opts []Option,
+) (*builder, []backend.Rank, error) {
+	s, err := newBuilder(b, devices, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.openStore(ctx, store); err != nil {
+		return nil, nil, err
+	}
+	rks, err := s.run(ctx)
 	if err != nil && s.owned != nil {
 		_ = s.owned.Close()
 	}
-	return rs, err
+	return s, rks, err
 }
 
 // newBuilder validates the options and reads this process's place in the
@@ -304,8 +336,8 @@ func (s *builder) openStore(ctx context.Context, store rendezvous.Store) error {
 	return nil
 }
 
-// run describes, discovers, connects and builds the Reducers.
-func (s *builder) run(ctx context.Context) ([]*hier.Reducer, error) {
+// run describes, discovers and connects.
+func (s *builder) run(ctx context.Context) ([]backend.Rank, error) {
 	members, err := s.describe()
 	if err != nil {
 		return nil, s.fail("describe", err)
@@ -319,11 +351,7 @@ func (s *builder) run(ctx context.Context) ([]*hier.Reducer, error) {
 	if err != nil {
 		return nil, s.fail("connect", err)
 	}
-	rs, err := s.reducers(ctx, rks)
-	if err != nil {
-		return nil, s.fail("reducer", err)
-	}
-	return rs, nil
+	return rks, nil
 }
 
 // describe gives the Member of every local rank.
@@ -372,12 +400,12 @@ func (s *builder) discover(ctx context.Context, members []topology.Member) (*top
 
 // connect asks the backend for devices and communicators and checks what it
 // returned against the layout.
-func (s *builder) connect(ctx context.Context, layout *topology.Layout) ([]hier.Rank, error) {
+func (s *builder) connect(ctx context.Context, layout *topology.Layout) ([]backend.Rank, error) {
 	k := len(s.ranks)
 	rks, err := s.b.Connect(
 		ctx,
 		rendezvous.WithPrefix(s.store, "backend"),
-		Job{Layout: layout, Ranks: s.ranks, Devices: s.devices, Logger: s.log},
+		backend.Job{Places: placement(layout), Ranks: s.ranks, Devices: s.devices, Logger: s.log},
 	)
 	if err != nil {
 		return nil, err
@@ -406,22 +434,21 @@ func (s *builder) connect(ctx context.Context, layout *topology.Layout) ([]hier.
 	return rks, nil
 }
 
+// placement is the grid place of every rank of the layout.
+func placement(l *topology.Layout) backend.Placement {
+	p := make(backend.Placement, l.WorldSize())
+	for r := range p {
+		p[r] = l.GridOf(r)
+	}
+	return p
+}
+
 // reducers builds one Reducer per rank; each owns its rank's resources from
 // here on. The store New opened is closed with the last of them.
-func (s *builder) reducers(ctx context.Context, rks []hier.Rank) ([]*hier.Reducer, error) {
+func (s *builder) reducers(ctx context.Context, rks []backend.Rank) ([]*hier.Reducer, error) {
 	k := len(rks)
 	opts := s.reducerOptions()
-	for i := range rks {
-		if rks[i].Board == nil { // the Reducers tell each other of failures through the store
-			rks[i].Board = rendezvous.WithPrefix(s.store, "board")
-		}
-	}
-	if s.owned != nil {
-		closer := &sharedCloser{ls: s.owned, users: k}
-		for i := range rks {
-			rks[i].Closers = append(rks[i].Closers, closer.release)
-		}
-	}
+	s.share(rks)
 	rs := make([]*hier.Reducer, k)
 	errs := make([]error, k)
 	var wg sync.WaitGroup
@@ -446,6 +473,23 @@ func (s *builder) reducers(ctx context.Context, rks []hier.Rank) ([]*hier.Reduce
 		return nil, errors.Join(append([]error{err}, cerrs...)...)
 	}
 	return rs, nil
+}
+
+// share gives the ranks the job's store as their Board (the Reducers tell
+// each other of failures through it) and, when this setup opened the
+// store, the release of it once the last rank is released.
+func (s *builder) share(rks []backend.Rank) {
+	for i := range rks {
+		if rks[i].Board == nil {
+			rks[i].Board = rendezvous.WithPrefix(s.store, "board")
+		}
+	}
+	if s.owned != nil {
+		closer := &sharedCloser{ls: s.owned, users: len(rks)}
+		for i := range rks {
+			rks[i].Closers = append(rks[i].Closers, closer.release)
+		}
+	}
 }
 
 // sharedCloser leaves the launcher's store once its last user released it:
@@ -509,7 +553,7 @@ func firstError(errs []error) error {
 
 // closeRanks releases ranks a Reducer does not own (yet), each rank on its
 // own goroutine.
-func closeRanks(rks []hier.Rank) error {
+func closeRanks(rks []backend.Rank) error {
 	errs := make([]error, len(rks))
 	var wg sync.WaitGroup
 	for i, rk := range rks {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/internal/reftest"
@@ -379,7 +380,7 @@ func TestNewBackendWaitHonoursContext(t *testing.T) {
 
 type failingBackend struct{}
 
-func (failingBackend) Connect(context.Context, rendezvous.Store, setup.Job) ([]hier.Rank, error) {
+func (failingBackend) Connect(context.Context, backend.Store, backend.Job) ([]backend.Rank, error) {
 	return nil, errors.New("no devices today")
 }
 
@@ -460,7 +461,7 @@ type lyingBackend struct {
 	devs []*sim.Device
 }
 
-func (b *lyingBackend) Connect(ctx context.Context, store rendezvous.Store, job setup.Job) ([]hier.Rank, error) {
+func (b *lyingBackend) Connect(ctx context.Context, store backend.Store, job backend.Job) ([]backend.Rank, error) {
 	rks, err := b.Backend.Connect(ctx, store, job)
 	for i := range rks {
 		rks[i].Grid.Local = rks[i].Grid.Devices - 1 - rks[i].Grid.Local
@@ -469,4 +470,60 @@ func (b *lyingBackend) Connect(ctx context.Context, store rendezvous.Store, job 
 		b.mu.Unlock()
 	}
 	return rks, err
+}
+
+// Connect opens the ranks without a Reducer: the caller builds Reducers
+// over them, one after the other, reaches the communicators, and releases
+// the ranks; the grids are the ones discovery computes.
+func TestConnect(t *testing.T) {
+	machineOf, grids := shuffledMachines(rand.New(rand.NewPCG(5, 1)), 2, 2)
+	j := job{machineOf: machineOf, storeAddr: startTCP(t)}
+	b := sim.NewBackend(sim.Config{})
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ranks := make([]backend.Rank, len(machineOf))
+	errs := spawn(len(machineOf), func(p int) error {
+		rks, err := setup.Connect(ctx, j.store(), b, nil, j.opts(p)...)
+		if err != nil {
+			return err
+		}
+		if len(rks) != 1 {
+			return fmt.Errorf("process %d got %d ranks", p, len(rks))
+		}
+		ranks[p] = rks[0]
+		return nil
+	})
+	for p, err := range errs {
+		require.NoError(t, err, "process %d", p)
+	}
+	for p, rk := range ranks {
+		require.Equal(t, grids[p], rk.Grid, "process %d", p)
+		require.False(t, rk.OwnsResources, "the caller owns Connect's ranks")
+		require.NotNil(t, rk.Board, "the job's store is the board")
+		require.Equal(t, p, rk.Comms.World.Rank())
+	}
+	for round := range 2 { // two Reducers in turn over the same ranks
+		rs := make([]*hier.Reducer, len(ranks))
+		for p, rk := range ranks {
+			var err error
+			rs[p], err = hier.NewReducer(ctx, rk)
+			require.NoError(t, err, "round %d, process %d", round, p)
+		}
+		checkAllReduce(t, ctx, rs, newCases[round])
+		require.NoError(t, hier.CloseAll(rs))
+	}
+	for p, rk := range ranks {
+		require.NoError(t, rk.Release(), "process %d", p)
+	}
+}
+
+func TestConnectBadDevices(t *testing.T) {
+	for _, devices := range [][]int{{-1}, {0, 0}} {
+		_, err := setup.Connect(context.Background(), nil, sim.NewBackend(sim.Config{}), devices)
+		var se *setup.Error
+		require.ErrorAs(t, err, &se)
+		require.Equal(t, "options", se.Step)
+		require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+	}
 }

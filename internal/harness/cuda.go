@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cuda"
-	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/rendezvous"
@@ -55,7 +55,7 @@ func OpenCUDALocal(s Spec) (*Testbed, error) {
 		return nil, t.closeOnError(err)
 	}
 	t.onClose(func() error { return cuda.CloseRanks(hrs) })
-	t.newRing = func(ctx context.Context) ([]hier.Comm, error) {
+	t.newRing = func(ctx context.Context) ([]backend.Comm, error) {
 		worlds := make([]*cuda.Comm, len(hrs))
 		for i, hr := range hrs {
 			worlds[i] = hr.Comms.World.(*cuda.Comm)
@@ -99,32 +99,29 @@ func OpenCUDAProcess(ctx context.Context) (*Testbed, error) {
 		defer cancel()
 		return ls.Leave(ctx)
 	})
-	owner, err := setup.New(setupCtx, ls, cuda.Backend{}, setup.WithStorePrefix("testbed-setup"))
+	rks, err := setup.Connect(setupCtx, ls, cuda.Backend{}, nil, setup.WithStorePrefix("testbed-setup"))
 	if err != nil {
 		return nil, t.closeOnError(err)
 	}
-	// The Reducer setup.New returns owns the device and the communicators;
-	// it stays idle, and closes them last.
-	t.onClose(func() error {
-		if err := owner.Close(); err != nil && !errors.Is(err, fairgo.ErrClosed) {
-			return err
-		}
-		return nil
-	})
-	hr := hier.Rank{Grid: owner.Grid(), Device: owner.Device(), Comms: owner.Comms()}
-	t.newRing = func(ctx context.Context) ([]hier.Comm, error) {
+	// This process's rank: the testbed owns its device and communicators,
+	// released after every Reducer built over them.
+	// The Reducers built over it get no Board: notes one of them left in
+	// the store would abort the next.
+	t.onClose(rks[0].Release)
+	hr := backend.Rank{Grid: rks[0].Grid, Device: rks[0].Device, Comms: rks[0].Comms}
+	t.newRing = func(ctx context.Context) ([]backend.Comm, error) {
 		world, ok := hr.Comms.World.(*cuda.Comm)
 		if !ok {
 			return nil, fmt.Errorf("testbed: the world communicator is a %T, not a *cuda.Comm", hr.Comms.World)
 		}
 		return ringWorld(ctx, []*cuda.Comm{world})
 	}
-	if err := t.addCUDARank(hr, owner.WorldRank()); err != nil {
+	if err := t.addCUDARank(hr, hr.Comms.World.Rank()); err != nil {
 		return nil, t.closeOnError(err)
 	}
-	g := owner.Grid()
+	g := hr.Grid
 	t.info = gpuInfo("cuda-mp", t, g.Machines, g.Devices, l.WorldSize)
-	t.info.GPUs[0] += fmt.Sprintf(" rank %d (machine %d, local %d)", owner.WorldRank(), g.Machine, g.Local)
+	t.info.GPUs[0] += fmt.Sprintf(" rank %d (machine %d, local %d)", hr.Comms.World.Rank(), g.Machine, g.Local)
 	if id := os.Getenv("NCCL_HOSTID"); id != "" {
 		t.info.Host += " NCCL_HOSTID=" + id
 	}
@@ -138,7 +135,7 @@ func OpenCUDAProcess(ctx context.Context) (*Testbed, error) {
 // ringWorld duplicates the world communicators of this process's ranks
 // while NCCL_ALGO=Ring is set, so that NCCL initialises the copies with its
 // ring algorithm only (cuda.Duplicate; every process makes the same call).
-func ringWorld(ctx context.Context, worlds []*cuda.Comm) ([]hier.Comm, error) {
+func ringWorld(ctx context.Context, worlds []*cuda.Comm) ([]backend.Comm, error) {
 	var dups []*cuda.Comm
 	err := withEnv("NCCL_ALGO", FlatRingAlgo, func() (err error) {
 		dups, err = cuda.Duplicate(ctx, worlds, "flat-ring")
@@ -147,7 +144,7 @@ func ringWorld(ctx context.Context, worlds []*cuda.Comm) ([]hier.Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]hier.Comm, len(dups))
+	out := make([]backend.Comm, len(dups))
 	for i, c := range dups {
 		out[i] = c
 	}
@@ -189,7 +186,7 @@ func gpuIdentity(ordinal int) string {
 }
 
 // addCUDARank adds a rank with a benchmark stream and two timing events.
-func (t *Testbed) addCUDARank(hr hier.Rank, world int) error {
+func (t *Testbed) addCUDARank(hr backend.Rank, world int) error {
 	d, ok := hr.Device.(*cuda.Device)
 	if !ok {
 		return fmt.Errorf("testbed: rank device is a %T, not a *cuda.Device", hr.Device)

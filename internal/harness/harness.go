@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -25,7 +26,7 @@ import (
 // copies included) and typed allocation. *sim.Device and *cuda.Device
 // implement it.
 type Device interface {
-	hier.Device
+	backend.Device
 	AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error)
 }
 
@@ -41,7 +42,7 @@ type Spec struct {
 type Rank struct {
 	// Hier is the rank's grid place, device and communicators, for
 	// hier.NewReducer (Testbed.Reducers makes one per rank).
-	Hier hier.Rank
+	Hier backend.Rank
 	// Device is the rank's device.
 	Device Device
 	// WorldRank is the rank's index in the world communicator.
@@ -129,8 +130,8 @@ type Testbed struct {
 	closed   bool
 
 	ringMu  sync.Mutex
-	ring    []hier.Comm                                // RingWorld's, once made
-	newRing func(context.Context) ([]hier.Comm, error) // the opener's way to make them; nil: none
+	ring    []backend.Comm                                // RingWorld's, once made
+	newRing func(context.Context) ([]backend.Comm, error) // the opener's way to make them; nil: none
 }
 
 // Info describes the testbed.
@@ -214,7 +215,7 @@ const FlatRingAlgo = "Ring"
 // call makes them, and every process of the job must make it (NCCL's
 // initialisation is collective); later calls return the same. Close
 // destroys them.
-func (t *Testbed) RingWorld(ctx context.Context) ([]hier.Comm, error) {
+func (t *Testbed) RingWorld(ctx context.Context) ([]backend.Comm, error) {
 	t.ringMu.Lock()
 	defer t.ringMu.Unlock()
 	if t.ring != nil {

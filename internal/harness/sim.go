@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/sim"
 )
 
@@ -23,12 +23,12 @@ func OpenSim(s Spec) (*Testbed, error) {
 			Placement: Placement{RanksPerGPU: 1}},
 	}
 	t.onClose(c.Close)
-	t.newRing = func(context.Context) ([]hier.Comm, error) {
+	t.newRing = func(context.Context) ([]backend.Comm, error) {
 		cs, err := c.NewWorld("flat-ring")
 		if err != nil {
 			return nil, err
 		}
-		out := make([]hier.Comm, len(cs))
+		out := make([]backend.Comm, len(cs))
 		for g, cm := range cs {
 			out[g] = cm
 		}

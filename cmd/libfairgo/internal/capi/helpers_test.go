@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cmd/libfairgo/internal/capi"
-	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/sim"
@@ -35,7 +35,7 @@ func newSimBackend(cfg sim.Config) *simBackend {
 	return &simBackend{Backend: sim.NewBackend(cfg), streams: map[uintptr]*sim.Stream{}, next: 0x7000}
 }
 
-func (b *simBackend) ForeignStream(dev hier.Device, handle uintptr) (streams.Stream, error) {
+func (b *simBackend) ForeignStream(dev backend.Device, handle uintptr) (streams.Stream, error) {
 	if b.panics {
 		panic("simBackend: ForeignStream told to panic")
 	}

@@ -10,20 +10,21 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/streams"
 )
 
-// Backend is what a Table needs from a device backend: the setup.Backend
+// Backend is what a Table needs from a device backend: the backend.Backend
 // that builds the devices and communicators, and a way to turn a caller's
 // raw stream handle (a cudaStream_t) into a stream of a device.
 type Backend interface {
-	setup.Backend
+	backend.Backend
 	// ForeignStream returns the stream of dev that handle names. The stream
 	// belongs to the caller: closing the result must not destroy it.
-	ForeignStream(dev hier.Device, handle uintptr) (streams.Stream, error)
+	ForeignStream(dev backend.Device, handle uintptr) (streams.Stream, error)
 }
 
 // Config configures a Table.
