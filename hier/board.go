@@ -50,7 +50,7 @@ func (e *TimeoutError) Unwrap() []error { return []error{fairgo.ErrTimeout, fair
 // progress is how far this rank got: the last call enqueued on the device
 // and the last completed.
 func (r *Reducer) progress() string {
-	return fmt.Sprintf("enqueued call %d, completed %d", r.enqueued.Load(), r.completed.Load())
+	return fmt.Sprintf("enqueued call %d, completed %d", r.watch.enqueued.Load(), r.watch.completed.Load())
 }
 
 // timedOut reports that q did not complete within the watchdog's time and
@@ -138,7 +138,7 @@ func (bl *bulletin) report(e *TimeoutError) string {
 	ctx, cancel := context.WithTimeout(bl.ctx, progressWait)
 	defer cancel()
 	_ = bl.b.Set(ctx, boardAsk, []byte(strconv.Itoa(e.Rank)))
-	w := bl.r.grid.Size()
+	w := bl.r.rank.Grid.Size()
 	reports := make([]string, w)
 	var wg sync.WaitGroup
 	for k := range w {

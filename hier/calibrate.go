@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -14,258 +13,24 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-// Size classes and calibration. With Auto, an allreduce at or above the
-// flat threshold belongs to a size class: [base·2^k, base·2^(k+1)), base the
-// flat threshold (at least minClassBytes), the last class open-ended. The
-// first call of a class measures every candidate algorithm at the class's
-// size on this job's own links, takes the slowest rank's time of each, and
-// uses the fastest from then on: every rank measures the same calls and
-// sees the same maxima, so every rank chooses alike.
-const (
-	minClassBytes        = 64 << 10
-	maxCalibrationBytes  = 64 << 20 // the last class: calls of this size and more share its choice
-	calibrationMinRounds = 3        // timed runs per candidate (after one warm-up of each) for classes ≥ 16 MiB
-	calibrationMaxRounds = 5        // and for smaller ones
-)
-
-// classOf is the size class of an allreduce of bytes, and its first byte
-// count; ok is false below the smallest class.
-func (r *Reducer) classOf(bytes int64) (class int, lo int64, ok bool) {
-	base := r.classBase()
-	if bytes < base {
-		return 0, 0, false
-	}
-	class = int(math.Log2(float64(bytes) / float64(base)))
-	lo = base << class
-	for lo > bytes { // floating-point edge
-		class--
-		lo >>= 1
-	}
-	for lo<<1 <= bytes {
-		class++
-		lo <<= 1
-	}
-	return class, lo, true
+// calibrator makes the router's measurements (Auto's timing of candidate
+// routes, the link probe) on the engine goroutine: collectives on every
+// rank alike, whose results every rank agrees on through the world
+// communicator.
+type calibrator struct {
+	r   *Reducer
+	hdr *exchange // the exchange buffer of the slowest rank's times, once needed
 }
 
-func (r *Reducer) classBase() int64 {
-	if t := r.cfg.flatThreshold; t != FlatNever && t > minClassBytes {
-		return t
+// release frees the exchange buffer.
+func (c *calibrator) release() error {
+	if c.hdr == nil {
+		return nil
 	}
-	return minClassBytes
+	return c.hdr.release(c.r.rank.Device)
 }
 
-// route is what Auto chooses for a size class: an algorithm, and for the
-// rail's NCCL form whether the call is cut into slices (overlapping in the
-// pipeline) or goes through as one: where the network dominates, the
-// overlap of the NVLink stages gains little and fewer exchanges in flight
-// on the NIC can fill it better, which only measurement tells.
-type route struct {
-	algo   Algorithm
-	serial bool // the rail's collect and diffuse on one stream and communicator (lanesFor)
-}
-
-func (rt route) String() string {
-	if rt.serial && (rt.algo == RailAllToAll || rt.algo == RailRSAG) {
-		return rt.algo.String() + "-serial"
-	}
-	return rt.algo.String()
-}
-
-// candidates are the routes Auto chooses from at size bytes, in the order
-// that breaks ties (fastest within calibrationTie of each other): the
-// hierarchy in one piece, flat, the rail's NCCL form in the links' slices
-// (only where they cut the call). Where the link model predicts the slices
-// faster than one piece by more than the tie, they come first instead: a
-// difference inside the calibration's noise is then decided by the model,
-// not by the noise (on the one-GPU testbed the sliced route led by 2–9% at
-// 64–256 MiB, and ties to the one piece chose it in 2 of 6 calibrations,
-// bench/NOTES.md item 21). The hierarchy in one piece comes first:
-// one call at a time it ties with flat where flat is close, and back to
-// back it keeps its lead where flat's ring over every rank falls behind
-// (4 × 2 at 1 MiB on the one-GPU testbed: 0.86 of naive with flat chosen).
-// With one device per machine the hierarchy is one NCCL allreduce over
-// the machines, which is flat: Auto is flat there, without calibrating.
-// fairring's all-to-all form (RailAllToAll) is not among them: on every
-// testbed measured it lost to NCCL's reduce-scatter and all-gather on the
-// rail or tied within noise (bench/NOTES.md), and each candidate costs
-// calibration time; WithAlgorithm(RailAllToAll) still selects it.
-func (r *Reducer) candidates(bytes int64) []route {
-	var cs []route
-	if r.grid.Devices > 1 || r.cfg.flatThreshold == FlatNever { // FlatNever: hierarchical, also with D = 1
-		cs = append(cs, route{algo: RailAllReduce})
-	}
-	if r.cfg.flatThreshold != FlatNever {
-		cs = append(cs, route{algo: Flat})
-	}
-	sliced := route{algo: RailRSAG, serial: r.serialRail()}
-	if slice := r.sliceFor(bytes, sliced); r.grid.Devices > 1 && slice < bytes {
-		if r.links != nil && r.links.slicesPay(r.grid, bytes, slice) {
-			return append([]route{sliced}, cs...)
-		}
-		cs = append(cs, sliced)
-	}
-	return cs
-}
-
-// serialRail is whether a sliced rail runs serially (WithSerialRail: on
-// unless the option says otherwise).
-func (r *Reducer) serialRail() bool { return !r.cfg.serialSet || r.cfg.serialRail }
-
-// guess is the route of a class not measured yet.
-var guess = route{algo: RailAllToAll}
-
-// choicesLocked is the current choice table (r.mu held): Flat below the
-// flat threshold, then one entry per size class that has been measured (or
-// the algorithm fixed by WithAlgorithm).
-func (r *Reducer) choicesLocked() []Choice {
-	g := r.grid
-	if g.Size() == 1 || g.Machines == 1 {
-		return []Choice{{MinBytes: 0, Algorithm: Flat, Measured: true}}
-	}
-	fixed := r.cfg.algorithm
-	if fixed == Auto && g.Devices == 1 && r.cfg.flatThreshold != FlatNever {
-		return []Choice{{MinBytes: 0, Algorithm: Flat, Measured: true}} // see candidates
-	}
-	var out []Choice
-	if r.cfg.flatThreshold != FlatNever {
-		out = append(out, Choice{MinBytes: 0, Algorithm: Flat, Measured: true})
-	}
-	start := int64(0)
-	if r.cfg.flatThreshold != FlatNever {
-		start = r.cfg.flatThreshold
-	}
-	if fixed != Auto {
-		return append(out, Choice{MinBytes: start, Algorithm: fixed, Serial: r.serialRail(), Measured: true})
-	}
-	if start < r.classBase() {
-		out = append(out, Choice{MinBytes: start, Algorithm: guess.algo})
-	}
-	for class := 0; ; class++ {
-		lo := r.classBase() << class
-		a, measured := r.measured[class]
-		if !measured {
-			a = guess
-		}
-		out = append(out, Choice{MinBytes: lo, Algorithm: a.algo, Serial: a.serial, Measured: measured,
-			Calibration: r.calibrations[class]})
-		if lo >= maxCalibrationBytes {
-			return out
-		}
-	}
-}
-
-// routeFor is the route of an allreduce of bytes, measuring its size class
-// first when Auto has not yet (engine goroutine only).
-func (r *Reducer) routeFor(bytes int64) route {
-	if r.grid.Machines == 1 {
-		return route{algo: Flat}
-	}
-	if t := r.cfg.flatThreshold; t != FlatNever && bytes < t {
-		return route{algo: Flat}
-	}
-	if r.cfg.algorithm != Auto { // as choicesLocked reports it
-		return route{algo: r.cfg.algorithm, serial: r.serialRail()}
-	}
-	if r.grid.Devices == 1 && r.cfg.flatThreshold != FlatNever {
-		return route{algo: Flat} // the only candidate (see candidates)
-	}
-	class, lo, ok := r.classOf(bytes)
-	if !ok {
-		return guess
-	}
-	if lo > maxCalibrationBytes {
-		class, _, _ = r.classOf(maxCalibrationBytes)
-	}
-	r.mu.Lock()
-	a, measured := r.measured[class]
-	r.mu.Unlock()
-	if measured {
-		return a
-	}
-	a, cal := r.calibrate(class)
-	r.mu.Lock()
-	r.measured[class] = a
-	if cal != nil {
-		r.calibrations[class] = cal
-	}
-	r.mu.Unlock()
-	return a
-}
-
-// calibrate measures the candidates at the size of a class and returns the
-// fastest. Failures are consistent across ranks (they agree on whether to
-// measure first); a class that cannot be measured gets the guess.
-func (r *Reducer) calibrate(class int) (route, *Calibration) {
-	lo := r.classBase() << class
-	size := min(lo+lo/2, maxCalibrationBytes) // inside the class
-	size = size / 64 * 64
-	start := time.Now()
-	if !r.cfg.sliceSet {
-		r.linkModel() // before the timing: the sliced candidates take its slices
-	}
-	cands := r.candidates(size)
-	times, err := r.timeCandidates(size, cands)
-	if err != nil {
-		r.cfg.logger.Warn(
-			"fairgo: could not calibrate a size class; guessing",
-			"class_bytes", lo,
-			"guess", guess,
-			"err", err,
-		)
-		return guess, nil
-	}
-	best := fastest(times)
-	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Cost: time.Since(start)}
-	attrs := []any{
-		"class_bytes", lo,
-		"measured_bytes", size,
-		"choice", cands[best].String(),
-		"cost", cal.Cost.Round(time.Millisecond),
-	}
-	for i, a := range cands {
-		cal.Times[a.String()] = time.Duration(times[i])
-		attrs = append(attrs, a.String()+"_us", float64(times[i])/1e3)
-	}
-	r.cfg.logger.Info("fairgo: calibrated size class", attrs...)
-	return cands[best], cal
-}
-
-// calibrationTie is how much slower than the fastest a candidate may be
-// and still win for coming earlier in the list (flat first, then the
-// simpler forms): differences inside the calibration's noise should not
-// flip a choice between runs.
-const calibrationTie = 0.03
-
-// fastest is the index of the smallest time, a tie going to the earlier.
-func fastest(times []int64) int {
-	best := 0
-	for i, t := range times {
-		if t < times[best] {
-			best = i
-		}
-	}
-	for i, t := range times[:best] {
-		if float64(t) <= float64(times[best])*(1+calibrationTie) {
-			return i
-		}
-	}
-	return best
-}
-
-// Calibration is what Auto measured for one size class.
-type Calibration struct {
-	// Bytes is the size the candidates were timed at.
-	Bytes int64
-	// Times is each candidate route's time (hier.Choice names): the
-	// slowest rank's best of the timed runs.
-	Times map[string]time.Duration
-	// Cost is the wall time the calibration took on this rank: what the
-	// first call of the class waited beyond its own work.
-	Cost time.Duration
-}
-
-// timeCandidates runs each candidate on a scratch buffer of size bytes and
+// timeRoutes runs each candidate on a scratch buffer of size bytes and
 // returns, for each, the slowest rank's best time in nanoseconds. The best,
 // not the median: the noise of a shared network is one-sided (a TCP
 // retransmission timeout adds 200 ms to a call, nothing makes one faster
@@ -275,17 +40,18 @@ type Calibration struct {
 // connections for an algorithm at its first use, which would be timed
 // otherwise); then rounds of every candidate, the order rotated from round
 // to round so that none always follows the same one.
-func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
-	first := r.chain.Stream(streams.ReduceScatter)
-	hdr, err := r.calibrationHeader()
+func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
+	r := c.r
+	first := r.exec.first()
+	hdr, err := c.header()
 	if err != nil {
 		return nil, err
 	}
-	scratch, err := r.agreedScratch(hdr, size, first)
+	scratch, err := c.agreedScratch(hdr, size, first)
 	if err != nil {
 		return nil, err
 	}
-	defer r.dev.Free(scratch)
+	defer r.rank.Device.Free(scratch)
 	t := fairgo.Tensor{Ptr: scratch, Bytes: size, Count: size / 4, DType: fairgo.Float32}
 	rounds := calibrationMaxRounds
 	if size >= 16<<20 {
@@ -296,9 +62,9 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 		return nil, err
 	}
 	defer r.events.put(ev)
-	run := func(a route) (int64, error) {
+	run := func(a plan) (int64, error) {
 		start := time.Now()
-		last, err := r.allReduceWith(t, fairgo.Sum, a, first)
+		last, err := r.exec.allReduce(t, fairgo.Sum, a, first)
 		if err == nil {
 			err = ev.Record(last)
 		}
@@ -330,31 +96,33 @@ func (r *Reducer) timeCandidates(size int64, cands []route) ([]int64, error) {
 	for i := range cands {
 		bests[i] = slices.Min(samples[i])
 	}
-	return r.worldMax(hdr, bests, first)
+	return c.worldMax(hdr, bests, first)
 }
 
 // agreedScratch allocates bytes of scratch memory for a measurement, once
 // every rank has agreed that it could (so that all measure or none does),
 // and waits for the work before it; the caller frees it.
-func (r *Reducer) agreedScratch(hdr *exchange, bytes int64, s streams.Stream) (uintptr, error) {
-	scratch, aerr := r.dev.Alloc(bytes)
+func (c *calibrator) agreedScratch(hdr *exchange, bytes int64, s streams.Stream) (uintptr, error) {
+	r := c.r
+	dev := r.rank.Device
+	scratch, aerr := dev.Alloc(bytes)
 	ok := int64(1)
 	if aerr != nil {
 		ok = 0
 	}
-	agreed, err := r.worldMax(hdr, []int64{-ok}, s)
+	agreed, err := c.worldMax(hdr, []int64{-ok}, s)
 	if err != nil {
-		return 0, errors.Join(err, freeIf(r.dev, scratch, aerr))
+		return 0, errors.Join(err, freeIf(dev, scratch, aerr))
 	}
 	if agreed[0] != -1 {
 		return 0, errors.Join(
 			fmt.Errorf("a rank could not allocate %d bytes of scratch memory", bytes),
 			aerr,
-			freeIf(r.dev, scratch, aerr),
+			freeIf(dev, scratch, aerr),
 		)
 	}
 	if err := r.drain(); err != nil {
-		return 0, errors.Join(err, r.dev.Free(scratch))
+		return 0, errors.Join(err, dev.Free(scratch))
 	}
 	return scratch, nil
 }
@@ -366,78 +134,24 @@ func freeIf(dev backend.Device, ptr uintptr, allocErr error) error {
 	return dev.Free(ptr)
 }
 
-// allReduceWith enqueues an allreduce of t by a given route, flat work on
-// first, and returns the stream its last work is on.
-func (r *Reducer) allReduceWith(t fairgo.Tensor, op fairgo.Op, rt route, first streams.Stream) (streams.Stream, error) {
-	if rt.algo == Flat {
-		return first, r.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, op, first)
-	}
-	return r.allReduce(t, op, rt, r.sliceFor(t.ByteLen(), rt))
-}
-
-// sliceFor is the slice of a hierarchical allreduce of bytes by rt: the
-// whole call for RailAllReduce, WithSliceSize's when given, else the link
-// model's (measured at the first call of at least probeMinBytes: the
-// probe is a collective, so that call is enqueued only once every rank has
-// made it, like the first call of a size class that Auto measures), within
-// the staging slot for the all-to-all's D = 1 receive ring. Smaller calls
-// before the probe take the layout's slice.
-func (r *Reducer) sliceFor(bytes int64, rt route) int64 {
-	if rt.algo == RailAllReduce {
-		return math.MaxInt64
-	}
-	if r.cfg.sliceSet || (r.links == nil && bytes < probeMinBytes) {
-		return r.layout.SliceBytes
-	}
-	m := r.linkModel()
-	if m == nil {
-		return r.layout.SliceBytes
-	}
-	s := m.sliceBytes(r.grid, bytes)
-	if rt.algo == RailAllToAll && r.grid.Devices == 1 {
-		s = min(s, r.layout.SliceBytes)
-	}
-	return s
-}
-
-// linkModel is the links the slices come from, probed at the first call
-// that needs them; nil when the probe failed (the layout's slice then
-// serves, on every rank alike: a failed probe fails everywhere).
-func (r *Reducer) linkModel() *linkModel {
-	if r.links == nil && !r.linksTried {
-		r.linksTried = true
-		m, err := r.probeLinks()
-		if err != nil {
-			r.cfg.logger.Warn(
-				"fairgo: could not measure the links; slices keep the default size",
-				"slice_bytes", r.layout.SliceBytes,
-				"err", err,
-			)
-			return nil
-		}
-		r.links = &m
-		r.cfg.logger.Info("fairgo: measured the links", "grid", r.grid.String(), "links", m.String())
-	}
-	return r.links
-}
-
-// calibrationHeader is a small device buffer and its host twin for the
-// calibration's exchanges, allocated at the first calibration.
-func (r *Reducer) calibrationHeader() (*exchange, error) {
-	if r.calib != nil {
-		return r.calib, nil
+// header is a small device buffer and its host twin for the
+// measurements' exchanges, allocated at the first measurement.
+func (c *calibrator) header() (*exchange, error) {
+	if c.hdr != nil {
+		return c.hdr, nil
 	}
 	const n = 8 * 8
-	dev, err := r.dev.Alloc(n)
+	d := c.r.rank.Device
+	dev, err := d.Alloc(n)
 	if err != nil {
 		return nil, err
 	}
-	host, err := r.dev.AllocHost(n)
+	host, err := d.AllocHost(n)
 	if err != nil {
-		return nil, errors.Join(err, r.dev.Free(dev))
+		return nil, errors.Join(err, d.Free(dev))
 	}
-	r.calib = &exchange{dev: dev, host: host}
-	return r.calib, nil
+	c.hdr = &exchange{dev: dev, host: host}
+	return c.hdr, nil
 }
 
 // exchange is a device buffer and its host twin.
@@ -452,7 +166,8 @@ func (x *exchange) release(d backend.Device) error {
 
 // worldMax returns the element-wise maximum over all ranks of vals (at most
 // 8 values), through the world communicator on s, waiting for it.
-func (r *Reducer) worldMax(x *exchange, vals []int64, s streams.Stream) ([]int64, error) {
+func (c *calibrator) worldMax(x *exchange, vals []int64, s streams.Stream) ([]int64, error) {
+	r := c.r
 	n := len(vals)
 	for i, v := range vals {
 		binary.LittleEndian.PutUint64(x.host[8*i:], uint64(v))
@@ -463,12 +178,12 @@ func (r *Reducer) worldMax(x *exchange, vals []int64, s streams.Stream) ([]int64
 		return nil, err
 	}
 	defer r.events.put(ev)
-	err = r.dev.CopyFromHostAsync(x.dev, host, s)
+	err = r.rank.Device.CopyFromHostAsync(x.dev, host, s)
 	if err == nil {
-		err = r.comms.World.AllReduce(x.dev, x.dev, int64(n), fairgo.Int64, fairgo.Max, s)
+		err = r.rank.Comms.World.AllReduce(x.dev, x.dev, int64(n), fairgo.Int64, fairgo.Max, s)
 	}
 	if err == nil {
-		err = r.dev.CopyToHostAsync(host, x.dev, s)
+		err = r.rank.Device.CopyToHostAsync(host, x.dev, s)
 	}
 	if err == nil {
 		err = ev.Record(s)
@@ -494,7 +209,7 @@ func (r *Reducer) drain() error {
 	}
 	defer r.events.put(ev)
 	for st := range streams.NumStages {
-		if err := ev.Record(r.chain.Stream(st)); err != nil {
+		if err := ev.Record(r.exec.chain.Stream(st)); err != nil {
 			return err
 		}
 		if err := r.waitEvent(ev, "the work before a calibration"); err != nil {

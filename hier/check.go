@@ -212,20 +212,20 @@ type checker struct {
 // startChecker allocates the check buffers and starts the checker's
 // goroutine; the engine goroutine calls it.
 func (r *Reducer) startChecker() error {
-	c := &checker{r: r, comm: r.comms.Check, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	c := &checker{r: r, comm: r.rank.Comms.Check, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
 	var err error
-	if c.stream, err = r.dev.NewStream(); err != nil {
+	if c.stream, err = r.rank.Device.NewStream(); err != nil {
 		return fmt.Errorf("hier: the check stream: %w", err)
 	}
-	if c.dev, err = r.dev.Alloc(int64(8 * batchWords)); err != nil {
+	if c.dev, err = r.rank.Device.Alloc(int64(8 * batchWords)); err != nil {
 		return errors.Join(fmt.Errorf("hier: the check buffer: %w", err), c.release())
 	}
-	host, err := r.dev.AllocHost(8 * batchWords)
+	host, err := r.rank.Device.AllocHost(8 * batchWords)
 	if err != nil {
 		return errors.Join(fmt.Errorf("hier: the check buffer's host memory: %w", err), c.release())
 	}
 	c.host = host
-	if c.ev, err = r.dev.NewEvent(); err != nil {
+	if c.ev, err = r.rank.Device.NewEvent(); err != nil {
 		return errors.Join(fmt.Errorf("hier: the check event: %w", err), c.release())
 	}
 	r.checker = c
@@ -278,10 +278,10 @@ func (c *checker) stop() error {
 func (c *checker) release() error {
 	errs := []error{streams.Release(c.stream), streams.Release(c.ev)}
 	if c.dev != 0 {
-		errs = append(errs, c.r.dev.Free(c.dev))
+		errs = append(errs, c.r.rank.Device.Free(c.dev))
 	}
 	if c.host != nil {
-		errs = append(errs, c.r.dev.FreeHost(c.host))
+		errs = append(errs, c.r.rank.Device.FreeHost(c.host))
 	}
 	return errors.Join(errs...)
 }
@@ -357,12 +357,12 @@ func (c *checker) send() error {
 	for i, q := range calls {
 		c.host.put(i, q)
 	}
-	err := c.r.dev.CopyFromHostAsync(c.dev, c.host, c.stream)
+	err := c.r.rank.Device.CopyFromHostAsync(c.dev, c.host, c.stream)
 	if err == nil {
 		err = c.comm.AllReduce(c.dev, c.dev, int64(batchWords), fairgo.Int64, fairgo.Max, c.stream)
 	}
 	if err == nil {
-		err = c.r.dev.CopyToHostAsync(c.host, c.dev, c.stream)
+		err = c.r.rank.Device.CopyToHostAsync(c.host, c.dev, c.stream)
 	}
 	if err == nil {
 		err = c.ev.Record(c.stream)

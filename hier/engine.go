@@ -5,35 +5,82 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/padding"
-	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
+
+// callQueue is the calls waiting for the engine goroutine, in call order,
+// and whether a call is being enqueued (by the engine, or inline by its
+// caller). Its lock is taken before the router's and the breaker's, never
+// after.
+type callQueue struct {
+	mu        sync.Mutex
+	seq       uint64 // the last call number handed out
+	items     []*request
+	closed    bool
+	busy      bool      // a request is being enqueued
+	busySince time.Time // since when
+	busySeq   uint64    // which call
+	wake      chan struct{}
+}
+
+// inflight is the memory range of a call whose device work may still run.
+type inflight struct {
+	lo, hi uintptr
+	ev     streams.Event
+	last   streams.Stream // the stream ev was recorded on
+	work   *Work
+}
+
+// inflightSet is the calls whose device work may still run: the engine
+// adds each enqueued call, the watcher removes it once complete (and
+// recycles its event, so a wait on it is enqueued under the lock).
+type inflightSet struct {
+	mu   sync.Mutex
+	list []inflight
+}
+
+func (s *inflightSet) add(f inflight) {
+	s.mu.Lock()
+	s.list = append(s.list, f)
+	s.mu.Unlock()
+}
+
+func (s *inflightSet) remove(w *Work) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, f := range s.list {
+		if f.work == w {
+			s.list = append(s.list[:i], s.list[i+1:]...)
+			return
+		}
+	}
+}
 
 // engine is the goroutine that owns all enqueueing for the device, in call
 // order. It exits when the Reducer is closed, after the watcher has seen the
 // end of all device work, and frees the engine's memory.
 func (r *Reducer) engine(ready chan<- error) {
-	defer close(r.engineDone)
-	release, err := r.dev.Bind()
+	defer close(r.done)
+	release, err := r.rank.Device.Bind()
 	if err != nil {
-		close(r.watchCh)
+		close(r.watch.ch)
 		ready <- fmt.Errorf("hier: binding the engine to the device: %w", err)
 		return
 	}
 	defer release()
-	if r.chain, err = streams.NewChain(r.dev); err != nil {
-		close(r.watchCh)
+	if r.exec.chain, err = streams.NewChain(r.rank.Device); err != nil {
+		close(r.watch.ch)
 		ready <- fmt.Errorf("hier: %w", err)
 		return
 	}
-	if r.comms.Check != nil && !r.cfg.checkOff {
+	if r.rank.Comms.Check != nil && !r.cfg.checkOff {
 		if err := r.startChecker(); err != nil {
-			close(r.watchCh)
-			ready <- errors.Join(err, r.chain.Release())
+			close(r.watch.ch)
+			ready <- errors.Join(err, r.exec.release())
 			return
 		}
 	}
@@ -43,16 +90,16 @@ func (r *Reducer) engine(ready chan<- error) {
 		if q == nil {
 			break
 		}
-		r.execute(q, r.chain.Stream(streams.ReduceScatter))
+		r.execute(q, r.exec.first())
 		r.idle()
 	}
-	close(r.watchCh)
+	close(r.watch.ch)
 	grace := time.NewTimer(r.closeGrace())
 	select {
-	case <-r.watchDone:
+	case <-r.watch.done:
 	case <-grace.C:
 		r.abort(fmt.Errorf("%w: the Reducer was closed with work still running", fairgo.ErrClosed))
-		<-r.watchDone
+		<-r.watch.done
 	}
 	grace.Stop()
 	var errs []error
@@ -62,16 +109,7 @@ func (r *Reducer) engine(ready chan<- error) {
 	if r.board != nil {
 		r.board.stop()
 	}
-	if r.calib != nil {
-		errs = append(errs, r.calib.release(r.dev))
-	}
-	errs = append(errs, r.chain.Release(), r.events.release())
-	if r.stagingR != nil {
-		errs = append(errs, r.stagingR.Close())
-	}
-	if r.paddingR != nil {
-		errs = append(errs, r.paddingR.Close())
-	}
+	errs = append(errs, r.router.measure.release(), r.exec.release(), r.events.release())
 	if r.rank.OwnsResources {
 		if r.abortsFinished(r.closeGrace()) {
 			errs = append(errs, r.rank.Release())
@@ -89,18 +127,19 @@ func (r *Reducer) engine(ready chan<- error) {
 // so a caller that drives several ranks from one goroutine must never enqueue
 // itself.
 func (r *Reducer) next() *request {
+	c := &r.calls
 	for {
-		r.mu.Lock()
-		if len(r.queue) > 0 && !r.busy {
-			q := r.queue[0]
-			r.queue[0] = nil
-			r.queue = r.queue[1:]
-			r.busy, r.busySince, r.busySeq = true, time.Now(), q.seq
-			r.mu.Unlock()
+		c.mu.Lock()
+		if len(c.items) > 0 && !c.busy {
+			q := c.items[0]
+			c.items[0] = nil
+			c.items = c.items[1:]
+			c.busy, c.busySince, c.busySeq = true, time.Now(), q.seq
+			c.mu.Unlock()
 			return q
 		}
-		done := r.closed && !r.busy
-		r.mu.Unlock()
+		done := c.closed && !c.busy
+		c.mu.Unlock()
 		if done {
 			return nil
 		}
@@ -114,14 +153,14 @@ func (r *Reducer) park() {
 		deadline := time.Now().Add(r.cfg.spin)
 		for time.Now().Before(deadline) {
 			select {
-			case <-r.wake:
+			case <-r.calls.wake:
 				return
 			default:
 				runtime.Gosched()
 			}
 		}
 	}
-	<-r.wake
+	<-r.calls.wake
 }
 
 // execute enqueues one request's device work, starting on first (the
@@ -142,7 +181,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		if t.Count == 0 {
 			continue
 		}
-		if err := r.dev.CheckRange(t.Ptr, t.ByteLen()); err != nil {
+		if err := r.rank.Device.CheckRange(t.Ptr, t.ByteLen()); err != nil {
 			q.rejected = fmt.Errorf("hier: %v: %w", q, err)
 			q.work.finish(q.rejected)
 			r.events.put(q.after)
@@ -177,25 +216,23 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 			return
 		}
 		lo, hi := q.span()
-		r.mu.Lock()
-		r.inflight = append(r.inflight, inflight{lo: lo, hi: hi, ev: ev, last: last, work: q.work})
-		r.mu.Unlock()
+		r.flight.add(inflight{lo: lo, hi: hi, ev: ev, last: last, work: q.work})
 	}
 	q.work.markEnqueued(ev, last)
-	r.enqueued.Store(q.seq)
+	r.watch.enqueued.Store(q.seq)
 	r.checkLater(q)
 	if ev == nil && q.check == nil { // nothing on the device, no peer to hear from
 		q.work.finish(nil)
 		r.events.put(q.after)
-		r.completed.Store(q.seq)
+		r.watch.completed.Store(q.seq)
 		return
 	}
-	r.watchCh <- pending{req: q, ev: ev}
+	r.watch.ch <- pending{req: q, ev: ev}
 }
 
 // checkLater hands the call to the checker, when there are peers.
 func (r *Reducer) checkLater(q *request) {
-	if r.checker != nil && !r.skipCheck {
+	if r.checker != nil && !r.hooks.skipCheck {
 		r.checker.submit(q)
 	}
 }
@@ -243,13 +280,13 @@ func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, e
 		waited = true
 	}
 	lo, hi := q.span()
-	r.mu.Lock() // held while enqueueing the waits: the watcher recycles events under it
-	defer r.mu.Unlock()
+	r.flight.mu.Lock() // held while enqueueing the waits: the watcher recycles events under it
+	defer r.flight.mu.Unlock()
 	var seen [streams.NumStages + 1]streams.Stream // streams already waited on (first counts as one)
 	seen[0] = first
 	n := 1
-	for i := len(r.inflight) - 1; i >= 0; i-- { // newest first
-		f := r.inflight[i]
+	for i := len(r.flight.list) - 1; i >= 0; i-- { // newest first
+		f := r.flight.list[i]
 		if f.hi <= lo || hi <= f.lo {
 			continue
 		}
@@ -273,32 +310,32 @@ func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, e
 // work went to, or nil when there was nothing to do. Flat work goes on
 // first; the pipeline's stages on the engine's streams.
 func (r *Reducer) dispatch(q *request, first streams.Stream) (streams.Stream, error) {
-	g := r.grid
+	g := r.rank.Grid
 	switch q.kind {
 	case kindAllReduce:
 		t := q.a
 		if t.Count == 0 || g.Size() == 1 {
 			return nil, nil
 		}
-		return r.allReduceWith(t, q.op, r.routeFor(t.ByteLen()), first)
+		return r.exec.allReduce(t, q.op, r.router.route(t.ByteLen()), first)
 	case kindReduceScatter:
-		return r.reduceScatter(q.a, q.b, q.op)
+		return r.exec.reduceScatter(q.a, q.b, q.op)
 	case kindAllGather:
-		return r.allGather(q.a, q.b)
+		return r.exec.allGather(q.a, q.b)
 	case kindBroadcast:
 		if q.a.Count == 0 || g.Size() == 1 {
 			return nil, nil
 		}
-		return first, r.comms.World.Broadcast(q.a.Ptr, q.a.Ptr, q.a.Count, q.a.DType, q.root, first)
+		return first, r.rank.Comms.World.Broadcast(q.a.Ptr, q.a.Ptr, q.a.Count, q.a.DType, q.root, first)
 	case kindAllToAllv:
 		if g.Size() == 1 {
 			if q.a.Count == 0 || q.sendCounts[0] == 0 {
 				return nil, nil
 			}
 			n := min(q.sendCounts[0], q.recvCounts[0])
-			return first, r.dev.CopyAsync(q.b.Ptr, q.a.Ptr, n*int64(q.a.DType.Size()), first)
+			return first, r.rank.Device.CopyAsync(q.b.Ptr, q.a.Ptr, n*int64(q.a.DType.Size()), first)
 		}
-		return first, r.comms.World.AllToAllv(
+		return first, r.rank.Comms.World.AllToAllv(
 			q.a.Ptr,
 			q.sendCounts,
 			prefixSums(q.sendCounts),
@@ -320,48 +357,4 @@ func prefixSums(counts []int64) []int64 {
 		sum += c
 	}
 	return out
-}
-
-// handoff records the end of stage from and makes the next stage wait on it
-// (unless the test hook drops that wait).
-func (r *Reducer) handoff(from streams.Stage) error {
-	if err := r.chain.Record(from); err != nil {
-		return err
-	}
-	if r.skipWait == from+1 {
-		return nil
-	}
-	return r.chain.Wait(from + 1)
-}
-
-// handoffsFrom hands off from stage from to the end of the chain.
-func (r *Reducer) handoffsFrom(from streams.Stage) error {
-	for s := from; s < streams.NumStages-1; s++ {
-		if err := r.handoff(s); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (r *Reducer) stagingRing() (*staging.Ring, error) {
-	if r.stagingR == nil {
-		ring, err := staging.NewRing(r.dev, r.layout.StagingSlots, r.layout.StagingSlotBytes)
-		if err != nil {
-			return nil, err
-		}
-		r.stagingR = ring
-	}
-	return r.stagingR, nil
-}
-
-func (r *Reducer) paddingRing() (*padding.Ring, error) {
-	if r.paddingR == nil {
-		ring, err := padding.NewRing(r.dev, r.layout)
-		if err != nil {
-			return nil, err
-		}
-		r.paddingR = ring
-	}
-	return r.paddingR, nil
 }

@@ -5,23 +5,24 @@ import "github.com/fairgo/fairgo/streams"
 // SkipStageWait drops the wait of stage s on its predecessor's hand-off in
 // r's pipeline. It exists only in test builds, so that a test can prove the
 // property tests catch a missing dependency. Call it before r's first call.
-func SkipStageWait(r *Reducer, s streams.Stage) { r.skipWait = s }
+func SkipStageWait(r *Reducer, s streams.Stage) { r.exec.skipWait = s }
 
 // InlineCalls is how many calls r enqueued on the caller's goroutine.
-func InlineCalls(r *Reducer) uint64 { return r.inlined.Load() }
+func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 
 // SkipCheck turns off r's cross-rank check, so that a benchmark can measure
 // what the check costs. Every rank of the world must do it before its first
 // call.
-func SkipCheck(r *Reducer) { r.skipCheck = true }
+func SkipCheck(r *Reducer) { r.hooks.skipCheck = true }
 
 // SetRoute makes every size class of Auto take algorithm a (its rail
 // serial as the options say), as if a calibration had chosen it. Call it
 // before r's first call, on every rank alike.
 func SetRoute(r *Reducer, a Algorithm) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	rt := r.router
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	for class := range 64 {
-		r.measured[class] = route{algo: a, serial: r.serialRail()}
+		rt.measured[class] = route{algo: a, serial: rt.serialRail()}
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/staging"
-	"github.com/fairgo/fairgo/streams"
 )
 
 // The slice size of the pipeline comes from the job's own links. Slicing
@@ -116,36 +115,37 @@ const (
 // its NIC as they do in the pipeline), each at two sizes, and fits the
 // model. Every rank takes the slowest rank's times, so every rank derives
 // the same slices. Engine goroutine only.
-func (r *Reducer) probeLinks() (linkModel, error) {
-	g := r.grid
-	first := r.chain.Stream(streams.ReduceScatter)
-	hdr, err := r.calibrationHeader()
+func (c *calibrator) probeLinks() (linkModel, error) {
+	r := c.r
+	g := r.rank.Grid
+	first := r.exec.first()
+	hdr, err := c.header()
 	if err != nil {
 		return linkModel{}, err
 	}
-	scratch, err := r.agreedScratch(hdr, probeLarge, first)
+	scratch, err := c.agreedScratch(hdr, probeLarge, first)
 	if err != nil {
 		return linkModel{}, fmt.Errorf("the link probe: %w", err)
 	}
-	defer r.dev.Free(scratch)
+	defer r.rank.Device.Free(scratch)
 	ev, err := r.events.get()
 	if err != nil {
 		return linkModel{}, err
 	}
 	defer r.events.put(ev)
-	timeOn := func(c backend.Comm, bytes int64) (int64, error) {
-		if c == nil || c.Size() < 2 {
+	timeOn := func(cm backend.Comm, bytes int64) (int64, error) {
+		if cm == nil || cm.Size() < 2 {
 			return 0, nil
 		}
 		var samples []int64
 		for run := range probeRuns + 1 {
 			start := time.Now()
-			err := c.AllReduce(scratch, scratch, bytes/4, fairgo.Float32, fairgo.Sum, first)
+			err := cm.AllReduce(scratch, scratch, bytes/4, fairgo.Float32, fairgo.Sum, first)
 			if err == nil {
 				err = ev.Record(first)
 			}
 			if err == nil {
-				err = r.waitEvent(ev, fmt.Sprintf("the link probe's allreduce of %d bytes on %s", bytes, c.Name()))
+				err = r.waitEvent(ev, fmt.Sprintf("the link probe's allreduce of %d bytes on %s", bytes, cm.Name()))
 			}
 			if err != nil {
 				return 0, err
@@ -160,13 +160,13 @@ func (r *Reducer) probeLinks() (linkModel, error) {
 	for i, p := range []struct {
 		c     backend.Comm
 		bytes int64
-	}{{r.comms.IntraReduceScatter, probeSmall}, {r.comms.IntraReduceScatter, probeLarge},
-		{r.comms.RailCollect, probeSmall}, {r.comms.RailCollect, probeLarge}} {
+	}{{r.rank.Comms.IntraReduceScatter, probeSmall}, {r.rank.Comms.IntraReduceScatter, probeLarge},
+		{r.rank.Comms.RailCollect, probeSmall}, {r.rank.Comms.RailCollect, probeLarge}} {
 		if times[i], err = timeOn(p.c, p.bytes); err != nil {
 			return linkModel{}, err
 		}
 	}
-	maxed, err := r.worldMax(hdr, times[:], first)
+	maxed, err := c.worldMax(hdr, times[:], first)
 	if err != nil {
 		return linkModel{}, err
 	}

@@ -146,10 +146,9 @@ func TestCandidatesOrderFollowsTheModel(t *testing.T) {
 			linkModel{intra: link{alpha: 1e-6, bw: 1e11}, rail: link{alpha: 1e-6, bw: 0.3125e9}}, RailAllReduce},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Reducer{grid: g, links: &tc.links, linksTried: true}
-			r.cfg.flatThreshold = 256 << 10
-			r.layout.SliceBytes = 16 << 20
-			cs := r.candidates(64 << 20)
+			cfg := config{flatThreshold: 256 << 10, layout: staging.Layout{SliceBytes: 16 << 20}}
+			rt := &router{grid: g, cfg: &cfg, links: &tc.links, linksTried: true}
+			cs := rt.candidates(64 << 20)
 			require.Equal(t, tc.first, cs[0].algo, "%v", cs)
 			algos := map[Algorithm]bool{}
 			for _, c := range cs {

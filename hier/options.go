@@ -1,11 +1,13 @@
 package hier
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/staging"
 )
 
 // Defaults for the options. They come from measurement on two H200s (see
@@ -24,61 +26,6 @@ const (
 
 // FlatNever, given to WithFlatThreshold, makes every call hierarchical.
 const FlatNever = -1
-
-// Algorithm is how an allreduce crosses the grid.
-type Algorithm int
-
-// The algorithms.
-const (
-	// Auto picks, for each size class, whichever of the others measured
-	// fastest on this job's links (a calibration at the first call that
-	// can use the network), the same choice on every rank.
-	Auto Algorithm = iota
-	// Flat is one NCCL allreduce on the world communicator.
-	Flat
-	// RailAllToAll is fairring's two-level pipeline: reduce-scatter inside
-	// the machine, an all-to-all on the rail, a reduction kernel, an
-	// all-to-all back, an all-gather inside the machine.
-	RailAllToAll
-	// RailRSAG is the same pipeline with the rail phase done by NCCL:
-	// reduce-scatter then all-gather on the rail communicators.
-	RailRSAG
-	// RailAllReduce is the hierarchy in one piece, on one stream: an
-	// intra-machine reduce-scatter, one NCCL allreduce on the rail, an
-	// intra-machine all-gather. It is what a trainer writes by hand, with
-	// fairgo's padding, averaging and cross-rank check; where slicing does
-	// not pay (the NVLink stages too short to hide, or too costly to
-	// repeat), it is the fastest hierarchy.
-	RailAllReduce
-	numAlgorithms
-)
-
-var algorithmNames = [...]string{"auto", "flat", "rail-a2a", "rail-rsag", "rail-allreduce"}
-
-func (a Algorithm) String() string {
-	if a >= 0 && a < numAlgorithms {
-		return algorithmNames[a]
-	}
-	return fmt.Sprintf("Algorithm(%d)", int(a))
-}
-
-// Valid reports whether a is one of the algorithms.
-func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
-
-// ParseAlgorithm reads an algorithm's name ("auto", "flat", "rail-a2a",
-// "rail-rsag", "rail-allreduce").
-func ParseAlgorithm(s string) (Algorithm, error) {
-	for a, n := range algorithmNames {
-		if n == s {
-			return Algorithm(a), nil
-		}
-	}
-	return 0, &fairgo.ArgError{
-		Arg:    "algorithm",
-		Value:  s,
-		Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)",
-	}
-}
 
 // Option configures a Reducer. Options only record values; NewReducer
 // validates them and reports the first invalid one by name.
@@ -100,6 +47,7 @@ type config struct {
 	serialSet     bool
 	checkOff      bool
 	logger        *slog.Logger
+	layout        staging.Layout // the slice and slots the options and the grid resolve to
 }
 
 // WithSliceSize sets the slice size in bytes: a tensor larger than this is
@@ -246,5 +194,26 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
+	layout, err := staging.Plan(staging.Params{
+		Machines: g.Machines, Devices: g.Devices,
+		SliceBytes: c.sliceBytes, StagingBytes: c.stagingBytes,
+		PaddingBytes: c.paddingBytes, Parallelism: c.parallelism,
+	})
+	var ae *fairgo.ArgError
+	if errors.As(err, &ae) {
+		if opt, ok := layoutOptions[ae.Arg]; ok {
+			return c, bad(opt, ae.Value, ae.Reason)
+		}
+	}
+	if err != nil {
+		return c, err
+	}
+	c.layout = layout
 	return c, nil
+}
+
+// layoutOptions are the options behind staging's parameters, for its
+// errors.
+var layoutOptions = map[string]string{
+	"Parallelism": "WithParallelism", "StagingBytes": "WithStagingMemory", "PaddingBytes": "WithPaddingMemory",
 }

@@ -10,8 +10,6 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
-	"github.com/fairgo/fairgo/padding"
-	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -62,59 +60,33 @@ func (q *request) String() string {
 // Reducer runs fairgo's collectives for one rank (one device). It is safe
 // for concurrent use: calls from several goroutines are enqueued in the order
 // they arrive.
+//
+// Its parts have one job each: the call queue and the engine goroutine
+// (engine.go) keep the call order, the router (router.go) decides each
+// allreduce's route and slice, the executor (pipeline.go) enqueues the
+// device work, the checker (check.go) compares the calls across ranks, and
+// the watcher (watch.go) completes the Works and runs the watchdog.
 type Reducer struct {
-	grid   Grid
-	dev    backend.Device
-	comms  backend.Comms
-	rank   backend.Rank // what NewReducer was given; released on Close when it owns its resources
-	cfg    config
-	layout staging.Layout
-	events eventPool
-
-	mu           sync.Mutex
-	seq          uint64 // the last call number handed out
-	queue        []*request
-	closed       bool
-	busy         bool      // a request is being enqueued (by the engine, or inline by its caller)
-	busySince    time.Time // since when
-	busySeq      uint64    // which call
-	broken       error     // set once the communicators were aborted
-	inflight     []inflight
-	measured     map[int]route        // Auto's choice per size class, once measured
-	calibrations map[int]*Calibration // what Auto measured for it (none for SetRoute's choices)
-	wake         chan struct{}
-
-	abortOnce  sync.Once
-	aborted    chan struct{} // closed when abort's communicator aborts have returned
-	closing    chan struct{} // closed by Close
-	engineDone chan struct{}
-	watchCh    chan pending
-	watchDone  chan struct{}
-
-	checker   *checker      // nil without peers
-	enqueued  atomic.Uint64 // the last call whose device work was enqueued
-	completed atomic.Uint64 // the last call whose Work completed
-	inlined   atomic.Uint64 // calls enqueued on the caller's goroutine
-	board     *bulletin     // nil without a Board
-
-	// Owned by the engine goroutine.
-	chain      *streams.Chain
-	stagingR   *staging.Ring
-	paddingR   *padding.Ring
-	calib      *exchange  // the calibration's exchange buffer, once needed
-	links      *linkModel // the links the slices come from, once probed
-	linksTried bool
-	skipWait   streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped
-	skipCheck  bool          // test hook (export_test.go): no cross-rank check
-	closeErr   error
+	rank     backend.Rank // grid, device and communicators; released on Close when it owns them
+	cfg      config
+	events   eventPool
+	calls    callQueue   // the calls waiting for the engine, in call order
+	fail     breaker     // why the Reducer broke, once it did
+	flight   inflightSet // the memory of calls whose device work may still run
+	router   *router
+	exec     *executor     // the engine goroutine's (or an inline caller's while it holds calls.busy)
+	checker  *checker      // nil without peers
+	board    *bulletin     // nil without a Board
+	watch    watcher       // completes Works in call order
+	hooks    testHooks     // export_test.go's knobs
+	done     chan struct{} // closed when the engine goroutine has exited
+	closeErr error         // what the engine's release reported, for Close
 }
 
-// inflight is the memory range of a call whose device work may still run.
-type inflight struct {
-	lo, hi uintptr
-	ev     streams.Event
-	last   streams.Stream // the stream ev was recorded on
-	work   *Work
+// testHooks are the knobs export_test.go turns.
+type testHooks struct {
+	skipCheck bool          // no cross-rank check
+	inlined   atomic.Uint64 // calls enqueued on the caller's goroutine
 }
 
 // NewReducer builds the engine of one rank from its device, grid and
@@ -136,31 +108,24 @@ func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer,
 	if err != nil {
 		return nil, err
 	}
-	layout, err := staging.Plan(staging.Params{
-		Machines: rk.Grid.Machines, Devices: rk.Grid.Devices,
-		SliceBytes: cfg.sliceBytes, StagingBytes: cfg.stagingBytes,
-		PaddingBytes: cfg.paddingBytes, Parallelism: cfg.parallelism,
-	})
-	if err != nil {
-		return nil, err
-	}
+	layout := cfg.layout
 	r := &Reducer{
-		grid: rk.Grid, dev: rk.Device, comms: rk.Comms, rank: rk,
-		cfg: cfg, layout: layout, events: eventPool{factory: rk.Device},
-		wake: make(chan struct{}, 1), closing: make(chan struct{}),
-		engineDone: make(chan struct{}), watchCh: make(chan pending, 4096), watchDone: make(chan struct{}),
-		skipWait: -1, measured: map[int]route{}, calibrations: map[int]*Calibration{}, aborted: make(chan struct{}),
+		rank: rk, cfg: cfg, events: eventPool{factory: rk.Device},
+		calls: callQueue{wake: make(chan struct{}, 1)}, fail: breaker{aborted: make(chan struct{})},
+		watch: watcher{ch: make(chan pending, 4096), done: make(chan struct{})}, done: make(chan struct{}),
 	}
+	r.exec = &executor{grid: rk.Grid, dev: rk.Device, comms: rk.Comms, layout: layout, skipWait: -1}
+	r.router = newRouter(rk.Grid, &r.cfg, &calibrator{r: r})
 	if rk.Board != nil && rk.Grid.Size() > 1 {
 		r.board = newBulletin(r, rk.Board)
 	}
 	ready := make(chan error, 1)
 	go r.engine(ready)
-	go r.watch()
+	go r.watchCalls()
 	select {
 	case err := <-ready:
 		if err != nil {
-			<-r.engineDone
+			<-r.done
 			return nil, err
 		}
 	case <-ctx.Done():
@@ -174,17 +139,17 @@ func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer,
 }
 
 // Grid is this rank's place in the M × D grid.
-func (r *Reducer) Grid() Grid { return r.grid }
+func (r *Reducer) Grid() Grid { return r.rank.Grid }
 
 // Device is the device this Reducer enqueues on.
-func (r *Reducer) Device() backend.Device { return r.dev }
+func (r *Reducer) Device() backend.Device { return r.rank.Device }
 
 // WorldRank is this rank's index in the world communicator (the launcher's
 // global order).
-func (r *Reducer) WorldRank() int { return r.comms.World.Rank() }
+func (r *Reducer) WorldRank() int { return r.rank.Comms.World.Rank() }
 
 // SliceBytes is the effective slice size.
-func (r *Reducer) SliceBytes() int64 { return r.layout.SliceBytes }
+func (r *Reducer) SliceBytes() int64 { return r.exec.layout.SliceBytes }
 
 // FlatThreshold is the effective flat threshold in bytes (FlatNever when off).
 func (r *Reducer) FlatThreshold() int64 { return r.cfg.flatThreshold }
@@ -223,7 +188,7 @@ func (r *Reducer) AllReduce(ctx context.Context, t fairgo.Tensor, op fairgo.Op, 
 // before any rank waits on its Work.
 func (r *Reducer) ReduceScatter(ctx context.Context, send, recv fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {
 	q := &request{kind: kindReduceScatter, a: send, b: recv, op: op}
-	w := int64(r.grid.Size())
+	w := int64(r.rank.Grid.Size())
 	if err := r.checkPair(send, recv); err != nil {
 		return r.reject(q, err)
 	}
@@ -258,7 +223,7 @@ func (r *Reducer) AllGather(ctx context.Context, send, recv fairgo.Tensor, opts 
 	if err := r.checkPair(send, recv); err != nil {
 		return r.reject(q, err)
 	}
-	w := int64(r.grid.Size())
+	w := int64(r.rank.Grid.Size())
 	if send.Count > (1<<62)/w {
 		return r.reject(
 			q,
@@ -279,10 +244,10 @@ func (r *Reducer) Broadcast(ctx context.Context, t fairgo.Tensor, root int, opts
 	if err := t.Validate(); err != nil {
 		return r.reject(q, err)
 	}
-	if root < 0 || root >= r.grid.Size() {
+	if root < 0 || root >= r.rank.Grid.Size() {
 		return r.reject(
 			q,
-			&fairgo.ArgError{Arg: "root", Value: root, Reason: fmt.Sprintf("outside [0, %d)", r.grid.Size())},
+			&fairgo.ArgError{Arg: "root", Value: root, Reason: fmt.Sprintf("outside [0, %d)", r.rank.Grid.Size())},
 		)
 	}
 	return r.submit(ctx, q, opts)
@@ -294,7 +259,7 @@ func (r *Reducer) Broadcast(ctx context.Context, t fairgo.Tensor, root int, opts
 // same calls in the same order, each before any rank waits on its Work.
 func (r *Reducer) AllToAll(ctx context.Context, send, recv fairgo.Tensor, opts ...CallOption) *Work {
 	q := &request{kind: kindAllToAllv, a: send, b: recv}
-	w := int64(r.grid.Size())
+	w := int64(r.rank.Grid.Size())
 	if err := r.checkPair(send, recv); err != nil {
 		return r.reject(q, err)
 	}
@@ -338,13 +303,13 @@ func (r *Reducer) AllToAllv(
 		t      fairgo.Tensor
 		counts []int64
 	}{{"sendCounts", send, sendCounts}, {"recvCounts", recv, recvCounts}} {
-		if len(c.counts) != r.grid.Size() {
+		if len(c.counts) != r.rank.Grid.Size() {
 			return r.reject(
 				q,
 				&fairgo.ArgError{
 					Arg:    c.name,
 					Value:  len(c.counts),
-					Reason: fmt.Sprintf("needs one count per rank (%d)", r.grid.Size()),
+					Reason: fmt.Sprintf("needs one count per rank (%d)", r.rank.Grid.Size()),
 				},
 			)
 		}
@@ -393,7 +358,7 @@ func (r *Reducer) checkCounts(send, recv fairgo.Tensor, want int64, what string)
 				"send has %d elements; %s over %d ranks needs %d",
 				send.Count,
 				what,
-				r.grid.Size(),
+				r.rank.Grid.Size(),
 				want,
 			)}
 	}
@@ -409,19 +374,20 @@ var errNilContext = &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "a nil cont
 // that will never come.
 func (r *Reducer) reject(q *request, err error) *Work {
 	w := failedWork(err)
-	if r.grid.Size() == 1 {
+	if r.rank.Grid.Size() == 1 {
 		return w
 	}
 	q.work, q.rejected = w, err
-	r.mu.Lock()
-	if r.closed || r.broken != nil {
-		r.mu.Unlock()
+	c := &r.calls
+	c.mu.Lock()
+	if c.closed || r.brokenCause() != nil {
+		c.mu.Unlock()
 		return w
 	}
-	r.seq++
-	q.seq = r.seq
-	r.queue = append(r.queue, q)
-	r.mu.Unlock()
+	c.seq++
+	q.seq = c.seq
+	c.items = append(c.items, q)
+	c.mu.Unlock()
 	r.kick()
 	return w
 }
@@ -446,28 +412,29 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	q.ctx = ctx
 	q.work = newWork()
 	q.work.spin = r.cfg.spin
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	c := &r.calls
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
 		return failedWork(fmt.Errorf("hier: %v: %w", q, fairgo.ErrClosed))
 	}
-	if r.broken != nil {
-		r.mu.Unlock()
-		return failedWork(brokenErr(q, r.broken))
+	if cause := r.brokenCause(); cause != nil {
+		c.mu.Unlock()
+		return failedWork(brokenErr(q, cause))
 	}
 	if r.inlineLocked(q) {
 		// Nothing is queued before this flat call: enqueue it here, on the
 		// caller's stream, without the engine's hand-off and events.
-		r.seq++
-		q.seq = r.seq
-		r.busy, r.busySince, r.busySeq = true, time.Now(), q.seq
-		r.mu.Unlock()
+		c.seq++
+		q.seq = c.seq
+		c.busy, c.busySince, c.busySeq = true, time.Now(), q.seq
+		c.mu.Unlock()
 		first := cc.after
 		if first == nil {
-			first = r.chain.Stream(streams.ReduceScatter)
+			first = r.exec.first()
 		}
 		r.execute(q, first)
-		r.inlined.Add(1)
+		r.hooks.inlined.Add(1)
 		r.idle()
 		return q.work
 	}
@@ -479,47 +446,30 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 			err = ev.Record(cc.after)
 		}
 		if err != nil {
-			r.mu.Unlock()
+			c.mu.Unlock()
 			return r.reject(q, fmt.Errorf("hier: %v: recording the After event: %w", q, err))
 		}
 		q.after = ev
 	}
-	r.seq++
-	q.seq = r.seq
-	r.queue = append(r.queue, q)
-	r.mu.Unlock()
+	c.seq++
+	q.seq = c.seq
+	c.items = append(c.items, q)
+	c.mu.Unlock()
 	r.kick()
 	return q.work
 }
 
 // inlineLocked reports whether q may be enqueued on the calling goroutine
-// (r.mu held): WithInlineEnqueue is on, no earlier call waits for the
-// engine, and q is a flat allreduce whose algorithm is known without a
+// (r.calls.mu held): WithInlineEnqueue is on, no earlier call waits for the
+// engine, and q is a flat allreduce whose route is known without a
 // calibration.
 func (r *Reducer) inlineLocked(q *request) bool {
-	if !r.cfg.inline || len(r.queue) > 0 || r.busy || q.kind != kindAllReduce || q.a.Count == 0 || r.grid.Size() == 1 {
+	c := &r.calls
+	if !r.cfg.inline || len(c.items) > 0 || c.busy || q.kind != kindAllReduce || q.a.Count == 0 ||
+		r.rank.Grid.Size() == 1 {
 		return false
 	}
-	bytes := q.a.ByteLen()
-	switch {
-	case r.grid.Machines == 1, r.cfg.algorithm == Flat:
-		return true
-	case r.cfg.algorithm == Auto && r.grid.Devices == 1 && r.cfg.flatThreshold != FlatNever:
-		return true // Auto is flat with one device per machine
-	case r.cfg.algorithm != Auto:
-		return r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold
-	case r.cfg.flatThreshold != FlatNever && bytes < r.cfg.flatThreshold:
-		return true
-	}
-	class, lo, ok := r.classOf(bytes)
-	if !ok {
-		return false
-	}
-	if lo > maxCalibrationBytes {
-		class, _, _ = r.classOf(maxCalibrationBytes)
-	}
-	a, measured := r.measured[class]
-	return measured && a.algo == Flat
+	return r.router.isFlat(q.a.ByteLen())
 }
 
 // idle ends the current execution (the engine goroutine's, or an inline
@@ -528,16 +478,17 @@ func (r *Reducer) inlineLocked(q *request) bool {
 // or Close waiting for the execution to end): waking it after every inline
 // call would cost the caller a wake-up and the engine its spin.
 func (r *Reducer) idle() {
-	r.mu.Lock()
-	r.busy = false
-	wake := len(r.queue) > 0 || r.closed
-	r.mu.Unlock()
+	c := &r.calls
+	c.mu.Lock()
+	c.busy = false
+	wake := len(c.items) > 0 || c.closed
+	c.mu.Unlock()
 	if wake {
 		r.kick()
 	}
 }
 
-func (r *Reducer) kick() { notify(r.wake) }
+func (r *Reducer) kick() { notify(r.calls.wake) }
 
 // notify wakes the goroutine waiting on ch (a channel of capacity one)
 // without blocking: a wake already pending is enough.
@@ -554,16 +505,16 @@ func notify(ch chan struct{}) {
 // frees the engine's device memory, and the device and communicators when the
 // Rank said so. A second Close returns fairgo.ErrClosed.
 func (r *Reducer) Close() error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	c := &r.calls
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
 		return fairgo.ErrClosed
 	}
-	r.closed = true
-	queued := r.queue
-	r.queue = nil
-	r.mu.Unlock()
-	close(r.closing)
+	c.closed = true
+	queued := c.items
+	c.items = nil
+	c.mu.Unlock()
 	for _, q := range queued {
 		q.work.finish(fmt.Errorf("hier: %v: %w", q, fairgo.ErrClosed))
 		if q.after != nil {
@@ -572,12 +523,12 @@ func (r *Reducer) Close() error {
 	}
 	r.kick()
 	select {
-	case <-r.engineDone:
+	case <-r.done:
 	case <-time.After(2 * r.closeGrace()):
 		// A call stuck in its enqueue (NCCL blocking the caller's thread)
 		// keeps the engine from exiting: aborting ends it.
 		r.abort(fmt.Errorf("%w: the Reducer was closed while a call was stuck in its enqueue", fairgo.ErrClosed))
-		<-r.engineDone
+		<-r.done
 	}
 	return r.closeErr
 }
@@ -590,18 +541,19 @@ func (r *Reducer) Close() error {
 // failure must reach the caller regardless. The engine waits for them (closeGrace at most) before
 // it destroys the communicators.
 func (r *Reducer) abort(cause error) {
-	r.mu.Lock()
-	if r.broken != nil && reaction(r.broken) && !reaction(cause) {
+	f := &r.fail
+	f.mu.Lock()
+	if f.cause != nil && reaction(f.cause) && !reaction(cause) {
 		// A peer's abort reached this rank first; the root cause (the
 		// mismatch or timeout it reacted to) is what Err reports.
-		r.broken = cause
+		f.cause = cause
 	}
-	r.mu.Unlock()
-	r.abortOnce.Do(func() {
-		r.mu.Lock()
-		r.broken = cause
-		r.mu.Unlock()
-		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.grid.String(), "cause", cause)
+	f.mu.Unlock()
+	f.once.Do(func() {
+		f.mu.Lock()
+		f.cause = cause
+		f.mu.Unlock()
+		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.rank.Grid.String(), "cause", cause)
 		var wg sync.WaitGroup
 		for _, c := range r.commList() {
 			wg.Add(1)
@@ -612,7 +564,7 @@ func (r *Reducer) abort(cause error) {
 		}
 		go func() {
 			wg.Wait()
-			close(r.aborted)
+			close(r.fail.aborted)
 		}()
 	})
 }
@@ -626,7 +578,7 @@ func (r *Reducer) abortsFinished(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-r.aborted:
+	case <-r.fail.aborted:
 		return true
 	case <-t.C:
 		return false
@@ -641,9 +593,19 @@ func reaction(err error) bool {
 }
 
 func (r *Reducer) brokenCause() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.broken
+	r.fail.mu.Lock()
+	defer r.fail.mu.Unlock()
+	return r.fail.cause
+}
+
+// breaker is why the Reducer broke, once it did: the first cause of the
+// communicators' abort (a root cause replaces a mere reaction to a peer's
+// abort).
+type breaker struct {
+	mu      sync.Mutex
+	cause   error
+	once    sync.Once
+	aborted chan struct{} // closed when abort's communicator aborts have returned
 }
 
 // Err reports why the Reducer is broken, or nil. A Reducer breaks when its
@@ -660,7 +622,7 @@ func brokenErr(q *request, cause error) error {
 }
 
 // commList is the distinct non-nil communicators.
-func (r *Reducer) commList() []backend.Comm { return r.comms.Distinct() }
+func (r *Reducer) commList() []backend.Comm { return r.rank.Comms.Distinct() }
 
 // closeGrace is how long Close lets running device work finish before it
 // aborts the communicators.
@@ -732,53 +694,13 @@ func CloseAll(rs []*Reducer) error {
 	return errors.Join(errs...)
 }
 
-// Choice is the algorithm of allreduces of at least MinBytes (up to the next
-// Choice's MinBytes).
-type Choice struct {
-	MinBytes  int64
-	Algorithm Algorithm
-	// Serial: the rail's collect and diffuse of all slices run one after
-	// the other on one stream and communicator (WithSerialRail).
-	Serial bool
-	// Measured is false for a size class Auto has not measured yet (no
-	// call of that size so far); Algorithm is then a guess.
-	Measured bool
-	// Calibration is what Auto measured to choose, nil when it did not
-	// (a fixed algorithm, a class not measured yet, a failed calibration).
-	Calibration *Calibration
-}
-
 // Choices is the algorithm of every size class, ascending by MinBytes,
 // starting at 0 (on one machine: Flat throughout). With Auto, a class is
 // measured by the first call that falls in it.
-func (r *Reducer) Choices() []Choice {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]Choice(nil), r.choicesLocked()...)
-}
-
-// String names the choice's route: the algorithm, with "-serial" when its
-// rail runs serially ("rail-rsag-serial").
-func (c Choice) String() string {
-	return route{algo: c.Algorithm, serial: c.Serial}.String()
-}
+func (r *Reducer) Choices() []Choice { return r.router.choices() }
 
 // AlgorithmFor is the algorithm an allreduce of bytes bytes uses.
 func (r *Reducer) AlgorithmFor(bytes int64) Algorithm { return r.ChoiceFor(bytes).Algorithm }
 
 // ChoiceFor is the choice an allreduce of bytes bytes follows.
-func (r *Reducer) ChoiceFor(bytes int64) Choice {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return pick(r.choicesLocked(), bytes)
-}
-
-func pick(cs []Choice, bytes int64) Choice {
-	out := Choice{Algorithm: Flat, Measured: true}
-	for _, c := range cs {
-		if bytes >= c.MinBytes {
-			out = c
-		}
-	}
-	return out
-}
+func (r *Reducer) ChoiceFor(bytes int64) Choice { return pick(r.router.choices(), bytes) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -24,17 +25,26 @@ const (
 	abortGrace = 2 * time.Second       // how long to wait for device work after an abort before reporting it
 )
 
-// watch completes Works in call order as their device work and their
+// watcher is the goroutine that completes Works: the calls the engine
+// hands it, and how far this rank got.
+type watcher struct {
+	ch        chan pending
+	done      chan struct{} // closed when the watcher has exited
+	enqueued  atomic.Uint64 // the last call whose device work was enqueued
+	completed atomic.Uint64 // the last call whose Work completed
+}
+
+// watchCalls completes Works in call order as their device work and their
 // checks end, and runs the watchdog. A call's clock starts when the
 // watcher turns to it, that is once every earlier call has completed: time
 // spent queued behind healthy work is not held against it.
-func (r *Reducer) watch() {
-	defer close(r.watchDone)
+func (r *Reducer) watchCalls() {
+	defer close(r.watch.done)
 	tick := time.NewTicker(watchPoll)
 	defer tick.Stop()
 	for {
 		select {
-		case p, ok := <-r.watchCh:
+		case p, ok := <-r.watch.ch:
 			if !ok {
 				return
 			}
@@ -52,16 +62,9 @@ func (r *Reducer) complete(p pending) {
 		err = fmt.Errorf("hier: %v: %w", p.req, err)
 	}
 	ev := p.req.work.releaseEvent()
-	r.mu.Lock()
-	for i, f := range r.inflight {
-		if f.work == p.req.work {
-			r.inflight = append(r.inflight[:i], r.inflight[i+1:]...)
-			break
-		}
-	}
-	r.mu.Unlock()
+	r.flight.remove(p.req.work)
 	p.req.work.finish(err)
-	r.completed.Store(p.req.seq)
+	r.watch.completed.Store(p.req.seq)
 	if err == nil || ev == nil {
 		r.events.put(ev)
 	}
@@ -71,9 +74,9 @@ func (r *Reducer) complete(p pending) {
 // progressed tells the enqueue watchdog that the engine, busy with one
 // call for long (a calibration), is making progress.
 func (r *Reducer) progressed() {
-	r.mu.Lock()
-	r.busySince = time.Now()
-	r.mu.Unlock()
+	r.calls.mu.Lock()
+	r.calls.busySince = time.Now()
+	r.calls.mu.Unlock()
 }
 
 // checkEnqueueStall is the watchdog of enqueueing itself: NCCL can block
@@ -83,10 +86,11 @@ func (r *Reducer) checkEnqueueStall() {
 	if r.cfg.timeout <= 0 {
 		return
 	}
-	r.mu.Lock()
-	busy, since, seq, broken := r.busy, r.busySince, r.busySeq, r.broken
-	r.mu.Unlock()
-	if busy && broken == nil {
+	c := &r.calls
+	c.mu.Lock()
+	busy, since, seq := c.busy, c.busySince, c.busySeq
+	c.mu.Unlock()
+	if busy && r.brokenCause() == nil {
 		if waited := time.Since(since); waited > r.cfg.timeout {
 			r.timedOutOn(fmt.Sprintf("enqueueing call %d", seq), waited)
 		}

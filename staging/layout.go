@@ -49,11 +49,11 @@ func (l Layout) World() int { return l.Machines * l.Devices }
 // staging slot.
 func (l Layout) PaddingReceiveOffset() int64 { return l.SliceBytes }
 
-// Plan derives the layout from the options. The slice size is rounded down
-// to a multiple of M·D·Align (and is at least one such unit); when the
+// Plan derives the layout from the parameters. The slice size is rounded
+// down to a multiple of M·D·Align (and is at least one such unit); when the
 // staging budget cannot hold Parallelism slots of that size, the slice
 // shrinks until it can. A budget too small even for the smallest slice is an
-// error naming the option to raise.
+// *fairgo.ArgError naming the parameter (its Params field) to raise.
 func Plan(p Params) (Layout, error) {
 	if p.Machines < 1 || p.Devices < 1 {
 		return Layout{}, &fairgo.ArgError{
@@ -63,7 +63,7 @@ func Plan(p Params) (Layout, error) {
 		}
 	}
 	if p.Parallelism < 1 {
-		return Layout{}, &fairgo.ArgError{Arg: "WithParallelism", Value: p.Parallelism, Reason: "must be at least 1"}
+		return Layout{}, &fairgo.ArgError{Arg: "Parallelism", Value: p.Parallelism, Reason: "must be at least 1"}
 	}
 	w := int64(p.Machines) * int64(p.Devices)
 	unit := w * Align
@@ -76,9 +76,9 @@ func Plan(p Params) (Layout, error) {
 	if p.StagingBytes < par*(slice+recvPad) {
 		slice = (p.StagingBytes/par - recvPad) / unit * unit
 		if slice < unit {
-			return Layout{}, &fairgo.ArgError{Arg: "WithStagingMemory", Value: p.StagingBytes,
+			return Layout{}, &fairgo.ArgError{Arg: "StagingBytes", Value: p.StagingBytes,
 				Reason: fmt.Sprintf(
-					"%d slots in flight of at least %d bytes each need %d bytes; raise it or lower WithParallelism",
+					"%d slots in flight of at least %d bytes each need %d bytes; raise it or lower the parallelism",
 					par,
 					unit+recvPad,
 					par*(unit+recvPad),
@@ -94,7 +94,7 @@ func Plan(p Params) (Layout, error) {
 	}
 	l.StagingSlots = int(min(p.StagingBytes/l.StagingSlotBytes, max(MaxSlots, par)))
 	if p.PaddingBytes < unit {
-		return Layout{}, &fairgo.ArgError{Arg: "WithPaddingMemory", Value: p.PaddingBytes,
+		return Layout{}, &fairgo.ArgError{Arg: "PaddingBytes", Value: p.PaddingBytes,
 			Reason: fmt.Sprintf("one padding slot of a %d×%d grid needs %d bytes", p.Machines, p.Devices, unit)}
 	}
 	l.PaddingSlots = int(min(p.PaddingBytes/unit, MaxSlots))

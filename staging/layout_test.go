@@ -93,7 +93,7 @@ func TestLayoutProperties(t *testing.T) {
 	})
 }
 
-func TestPlanErrorsNameTheOption(t *testing.T) {
+func TestPlanErrorsNameTheParameter(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		p    Params
@@ -101,11 +101,11 @@ func TestPlanErrorsNameTheOption(t *testing.T) {
 	}{
 		{"staging too small",
 			Params{Machines: 4, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 100, PaddingBytes: 1 << 20, Parallelism: 4},
-			"WithStagingMemory"},
+			"StagingBytes"},
 		{"padding too small",
 			Params{Machines: 4, Devices: 2, SliceBytes: 1 << 20, StagingBytes: 1 << 30, PaddingBytes: 64, Parallelism: 4},
-			"WithPaddingMemory"},
-		{"no parallelism", Params{Machines: 1, Devices: 1, Parallelism: 0}, "WithParallelism"},
+			"PaddingBytes"},
+		{"no parallelism", Params{Machines: 1, Devices: 1, Parallelism: 0}, "Parallelism"},
 		{"no grid", Params{Machines: 0, Devices: 1, Parallelism: 1}, "grid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,270 @@
+package hier
+
+import (
+	"fmt"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// Algorithm is how an allreduce crosses the grid.
+type Algorithm int
+
+// The algorithms.
+const (
+	// Auto picks, for each size class, whichever of the others measured
+	// fastest on this job's links (a calibration at the first call that
+	// can use the network), the same choice on every rank.
+	Auto Algorithm = iota
+	// Flat is one NCCL allreduce on the world communicator.
+	Flat
+	// RailAllToAll is fairring's two-level pipeline: reduce-scatter inside
+	// the machine, an all-to-all on the rail, a reduction kernel, an
+	// all-to-all back, an all-gather inside the machine.
+	RailAllToAll
+	// RailRSAG is the same pipeline with the rail phase done by NCCL:
+	// reduce-scatter then all-gather on the rail communicators.
+	RailRSAG
+	// RailAllReduce is the hierarchy in one piece, on one stream: an
+	// intra-machine reduce-scatter, one NCCL allreduce on the rail, an
+	// intra-machine all-gather. It is what a trainer writes by hand, with
+	// fairgo's padding, averaging and cross-rank check; where slicing does
+	// not pay (the NVLink stages too short to hide, or too costly to
+	// repeat), it is the fastest hierarchy.
+	RailAllReduce
+	numAlgorithms
+)
+
+var algorithmNames = [...]string{"auto", "flat", "rail-a2a", "rail-rsag", "rail-allreduce"}
+
+// algorithms are the implementations, by Algorithm (Auto has none: it
+// chooses one of the others).
+var algorithms = [numAlgorithms]algorithm{
+	Flat:          flatAllReduce{},
+	RailAllToAll:  pipelined{railAllToAll{}},
+	RailRSAG:      pipelined{railRSAG{}},
+	RailAllReduce: pipelined{railAllReduce{}},
+}
+
+func (a Algorithm) String() string {
+	if a >= 0 && a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", int(a))
+}
+
+// Valid reports whether a is one of the algorithms.
+func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
+
+// ParseAlgorithm reads an algorithm's name ("auto", "flat", "rail-a2a",
+// "rail-rsag", "rail-allreduce").
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for a, n := range algorithmNames {
+		if n == s {
+			return Algorithm(a), nil
+		}
+	}
+	return 0, &fairgo.ArgError{
+		Arg:    "algorithm",
+		Value:  s,
+		Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)",
+	}
+}
+
+// impl is a's implementation; nil for Auto.
+func (a Algorithm) impl() algorithm {
+	if a <= Auto || a >= numAlgorithms {
+		return nil
+	}
+	return algorithms[a]
+}
+
+// algorithm is one way to run an allreduce: it enqueues the whole call on
+// the executor as its plan says (the slice, whether the rail is serial)
+// and returns the stream its last work is on.
+type algorithm interface {
+	allReduce(x *executor, t fairgo.Tensor, op fairgo.Op, p plan, first streams.Stream) (streams.Stream, error)
+	// whole reports whether the algorithm takes a call in one piece (its
+	// plan's slice is then the whole call).
+	whole() bool
+	// stagedReceive reports whether a slice's rail exchange receives into
+	// a staging slot on grid g (its slice then fits one).
+	stagedReceive(g Grid) bool
+}
+
+// flatAllReduce is one NCCL allreduce on the world communicator, on first.
+type flatAllReduce struct{}
+
+func (flatAllReduce) allReduce(x *executor, t fairgo.Tensor, op fairgo.Op, _ plan, first streams.Stream) (streams.Stream, error) {
+	return first, x.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, op, first)
+}
+
+func (flatAllReduce) whole() bool { return true }
+
+func (flatAllReduce) stagedReceive(Grid) bool { return false }
+
+// pipelined runs its rail step inside the five-stage pipeline, slice by
+// slice (executor.pipeline).
+type pipelined struct{ rail railStep }
+
+func (a pipelined) allReduce(x *executor, t fairgo.Tensor, op fairgo.Op, p plan, _ streams.Stream) (streams.Stream, error) {
+	return x.pipeline(t, op, p, a.rail)
+}
+
+func (a pipelined) whole() bool { return a.rail.whole() }
+
+func (a pipelined) stagedReceive(g Grid) bool { return a.rail.stagedReceive(g) }
+
+// railStep is the middle of the pipeline, stages 2 to 4 of one slice
+// (collect, add, diffuse): what one rail algorithm does between the
+// intra-machine reduce-scatter and all-gather. Each stage method enqueues
+// every part of the slice on its lane.
+type railStep interface {
+	collect(c *sliceCall) error
+	add(c *sliceCall) error
+	diffuse(c *sliceCall) error
+	// lanes puts the stages on their streams and communicators, given the
+	// default of one each (serial: the plan's rail runs serially).
+	lanes(l *lanes, serial bool)
+	// stagedReceive reports whether the collect receives into a staging
+	// slot on grid g instead of the neighbour's row.
+	stagedReceive(g Grid) bool
+	whole() bool
+}
+
+// serialLanes puts the diffuse on the collect's stream and communicator,
+// when the rail runs serially.
+func serialLanes(l *lanes, serial bool) {
+	if serial {
+		l.st[streams.Diffuse] = l.st[streams.Collect]
+		l.diffuse = l.collect
+	}
+}
+
+// railAllToAll is fairring's rail: cell [d][k] goes to machine k, the add
+// kernel reduces the M shards received into cell [d][m], which then goes
+// back to every machine.
+type railAllToAll struct{}
+
+func (railAllToAll) collect(c *sliceCall) error {
+	M := c.grid.Machines
+	return c.eachPart(func(pt part) error {
+		x := pt.cells
+		counts, displs := sameCounts(M, x.N), strided(M, x.N)
+		return c.l.collect.AllToAllv(x.Row(c.grid.Local), counts, displs, pt.recv, counts, displs, c.dt, c.l.st[streams.Collect])
+	})
+}
+
+func (railAllToAll) add(c *sliceCall) error {
+	g := c.grid
+	for _, pt := range c.p.parts {
+		x := pt.cells
+		err := c.dev.ReduceAsync(x.Cell(g.Local, g.Machine), pt.recv, g.Machines, x.N, x.N, c.dt, c.ops.add,
+			c.ops.addDivisor, c.l.st[streams.Add])
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (railAllToAll) diffuse(c *sliceCall) error {
+	g := c.grid
+	return c.eachPart(func(pt part) error {
+		x := pt.cells
+		sendCounts := withoutPeer(sameCounts(g.Machines, x.N), g.Machine)
+		return c.l.diffuse.AllToAllv(x.Cell(g.Local, g.Machine), sendCounts, make([]int64, g.Machines),
+			x.Row(g.Local), sendCounts, strided(g.Machines, x.N), c.dt, c.l.st[streams.Diffuse])
+	})
+}
+
+func (railAllToAll) lanes(l *lanes, serial bool) { serialLanes(l, serial) }
+
+// stagedReceive: with one device per machine there is no neighbour's row.
+func (railAllToAll) stagedReceive(g Grid) bool { return g.Devices == 1 }
+
+func (railAllToAll) whole() bool { return false }
+
+// railRSAG is the rail by NCCL: a reduce-scatter of row d leaves cell
+// [d][m] reduced, an all-gather fills the row again; the add stage only
+// divides an integer average.
+type railRSAG struct{}
+
+func (railRSAG) collect(c *sliceCall) error {
+	g := c.grid
+	return c.eachPart(func(pt part) error {
+		x := pt.cells
+		return c.l.collect.ReduceScatter(x.Row(g.Local), x.Cell(g.Local, g.Machine), x.N, c.dt, c.ops.rail,
+			c.l.st[streams.Collect])
+	})
+}
+
+func (railRSAG) add(c *sliceCall) error {
+	if c.ops.divideBy <= 1 {
+		return nil
+	}
+	g := c.grid
+	for _, pt := range c.p.parts {
+		cell := pt.cells.Cell(g.Local, g.Machine)
+		n := pt.cells.N
+		if err := c.dev.ReduceAsync(cell, cell, 1, n, n, c.dt, fairgo.Avg, c.ops.divideBy, c.l.st[streams.Add]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (railRSAG) diffuse(c *sliceCall) error {
+	g := c.grid
+	return c.eachPart(func(pt part) error {
+		x := pt.cells
+		return c.l.diffuse.AllGather(x.Cell(g.Local, g.Machine), x.Row(g.Local), x.N, c.dt, c.l.st[streams.Diffuse])
+	})
+}
+
+func (railRSAG) lanes(l *lanes, serial bool) { serialLanes(l, serial) }
+
+func (railRSAG) stagedReceive(Grid) bool { return false }
+
+func (railRSAG) whole() bool { return false }
+
+// railAllReduce is the hierarchy in one piece: one NCCL allreduce of the
+// whole row on the rail, every stage on the first stream, one
+// communicator per level.
+type railAllReduce struct{}
+
+func (railAllReduce) collect(c *sliceCall) error {
+	d := c.grid.Local
+	return c.eachPart(func(pt part) error {
+		x := pt.cells
+		return c.l.collect.AllReduce(x.Row(d), x.Row(d), x.RowCount(), c.dt, c.ops.rail, c.l.st[streams.Collect])
+	})
+}
+
+func (railAllReduce) add(c *sliceCall) error {
+	if c.ops.divideBy <= 1 {
+		return nil
+	}
+	d := c.grid.Local
+	for _, pt := range c.p.parts {
+		row, n := pt.cells.Row(d), pt.cells.RowCount()
+		if err := c.dev.ReduceAsync(row, row, 1, n, n, c.dt, fairgo.Avg, c.ops.divideBy, c.l.st[streams.Add]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// diffuse: the allreduce filled the row.
+func (railAllReduce) diffuse(*sliceCall) error { return nil }
+
+func (railAllReduce) lanes(l *lanes, _ bool) {
+	for s := range streams.NumStages {
+		l.st[s] = l.st[streams.ReduceScatter]
+	}
+	l.intraAG, l.diffuse = l.intraRS, l.collect
+}
+
+func (railAllReduce) stagedReceive(Grid) bool { return false }
+
+func (railAllReduce) whole() bool { return true }
