@@ -1,6 +1,7 @@
 // Package model is an alpha-beta cost model of allreduce on M machines × D
 // GPUs: NCCL's flat ring and tree, the naive hierarchy, and fairgo's two
-// rail forms. Fitted to two measured links, it checks a benchmark's points
+// rail forms (hier.RailAllToAll and hier.RailRSAG; algorithms go by hier's
+// names). Fitted to two measured links, it checks a benchmark's points
 // and extrapolates them to larger clusters.
 //
 // # Links
@@ -50,6 +51,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/fairgo/fairgo/hier"
 )
 
 // Link is the alpha-beta description of a link: a message of n bytes takes
@@ -205,15 +208,12 @@ func (p Params) Naive(g Grid, n float64) float64 {
 	return 2*p.intraRS(g, n) + p.railAllReduce(g, n/float64(g.D))
 }
 
-// Rail forms of fairgo's pipeline (hier.RailAllToAll, hier.RailRSAG).
-const (
-	RailAllToAll = "rail-a2a"
-	RailRSAG     = "rail-rsag"
-)
-
 // Fairgo are fairgo's options as the model sees them.
 type Fairgo struct {
-	Rail          string  // RailAllToAll (the default) or RailRSAG
+	// Rail is the rail form of fairgo's pipeline: hier.RailRSAG, else
+	// hier.RailAllToAll (the default: the zero value, hier.Auto, and any
+	// other algorithm read as it).
+	Rail          hier.Algorithm
 	Slice         float64 // bytes per slice
 	Parallelism   int     // slices in flight; 1 disables overlap
 	FlatThreshold float64 // below this many bytes: Flat; negative: never
@@ -221,8 +221,8 @@ type Fairgo struct {
 
 // Stages are the five stage times of one slice of s bytes: intra
 // reduce-scatter, the two rail steps with the add between them, intra
-// all-gather.
-func (p Params) Stages(g Grid, s float64, rail string) [5]float64 {
+// all-gather; rail is read as Fairgo.Rail.
+func (p Params) Stages(g Grid, s float64, rail hier.Algorithm) [5]float64 {
 	var t [5]float64
 	t[0] = p.intraRS(g, s)
 	t[4] = t[0]
@@ -230,7 +230,7 @@ func (p Params) Stages(g Grid, s float64, rail string) [5]float64 {
 		m := float64(g.M)
 		bytes := (m - 1) / m * s / p.machineBW(g.D)
 		switch rail {
-		case RailRSAG:
+		case hier.RailRSAG:
 			t[1] = (m-1)*p.Net.Alpha + bytes
 		default:
 			t[1] = p.Net.Alpha + (m-2)*p.peerAlpha() + bytes
@@ -272,7 +272,7 @@ func (p Params) FairgoTime(g Grid, n float64, buckets int, o Fairgo) float64 {
 // BestSlice returns, among powers of two from 64 KiB to n, the slice size
 // that minimises fairgo's time for n bytes with the given rail form, and
 // that time.
-func (p Params) BestSlice(g Grid, n float64, rail string, par int) (slice, t float64) {
+func (p Params) BestSlice(g Grid, n float64, rail hier.Algorithm, par int) (slice, t float64) {
 	best, bestT := n, math.Inf(1)
 	for s := float64(64 << 10); ; s *= 2 {
 		s = math.Min(s, n)

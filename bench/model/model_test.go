@@ -6,6 +6,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
 )
 
 // H200-like links with one 10 Gbit/s NIC per machine, for shape tests only
@@ -59,9 +62,9 @@ func TestNICBound(t *testing.T) {
 		m, w := float64(g.M), float64(g.World())
 		ideal := 2 * (m - 1) / m * n / B
 		near(t, "naive "+g.String(), p.Naive(g, n), ideal, 0.02)
-		for _, rail := range []string{RailAllToAll, RailRSAG} {
+		for _, rail := range []hier.Algorithm{hier.RailAllToAll, hier.RailRSAG} {
 			_, tf := p.BestSlice(g, n, rail, 4)
-			near(t, rail+" "+g.String(), tf, ideal, 0.05)
+			near(t, rail.String()+" "+g.String(), tf, ideal, 0.05)
 		}
 		near(t, "ring "+g.String(), p.Ring(g, n), 2*(w-1)/w*n/B, 0.01)
 	}
@@ -104,19 +107,19 @@ func TestLimits(t *testing.T) {
 	require.Greater(t, p.Naive(g, n), uncapped.Naive(g, n))
 	require.Greater(t, p.Ring(g, n), uncapped.Ring(g, n))
 	// D = 1: no intra stages.
-	st := p.Stages(Grid{4, 1}, n, RailAllToAll)
+	st := p.Stages(Grid{4, 1}, n, hier.RailAllToAll)
 	require.Zero(t, st[0])
 	require.Zero(t, st[4])
 	// The rail forms differ in latency only.
 	q := p
 	q.PeerAlpha = p.Net.Alpha / 4
-	a2a, rsag := q.Stages(Grid{8, 2}, n, RailAllToAll), q.Stages(Grid{8, 2}, n, RailRSAG)
+	a2a, rsag := q.Stages(Grid{8, 2}, n, hier.RailAllToAll), q.Stages(Grid{8, 2}, n, hier.RailRSAG)
 	near(t, "rsag − a2a", rsag[1]-a2a[1], 7*p.Net.Alpha-(p.Net.Alpha+6*q.PeerAlpha), 1e-6)
 	require.Zero(t, rsag[2], "the add runs inside NCCL")
 	// Parallelism 1 is the sum over slices; more parallelism never hurts.
 	o := Fairgo{Slice: 16 << 20, Parallelism: 1, FlatThreshold: -1}
 	g = Grid{8, 8}
-	st = p.Stages(g, 16<<20, RailAllToAll)
+	st = p.Stages(g, 16<<20, hier.RailAllToAll)
 	sum := st[0] + st[1] + st[2] + st[3] + st[4]
 	near(t, "no overlap", p.FairgoTime(g, n, 1, o), 16*sum, 1e-12)
 	o.Parallelism = 4
@@ -168,7 +171,7 @@ func TestBestSliceGrowsWithMachines(t *testing.T) {
 	n := float64(1 << 30)
 	prev := 0.0
 	for _, m := range []int{2, 16, 128, 1024} {
-		s, tt := p.BestSlice(Grid{m, 8}, n, RailAllToAll, 4)
+		s, tt := p.BestSlice(Grid{m, 8}, n, hier.RailAllToAll, 4)
 		require.GreaterOrEqual(t, s, prev, "best slice shrinks at M=%d", m)
 		require.Positive(t, tt)
 		require.Positive(t, s)
@@ -228,24 +231,24 @@ func TestFitTestbedPredictsItsOwnPoints(t *testing.T) {
 				ms,
 				Measurement{Grid: g, Algorithm: "flat", Bytes: n, Seconds: truth.Flat(g, n)},
 				Measurement{Grid: g, Algorithm: "naive", Bytes: n, Seconds: truth.Naive(g, n)},
-				Measurement{Grid: g, Algorithm: "fairgo", Chosen: RailRSAG, Bytes: n, Slice: o.Slice, Parallelism: 4,
+				Measurement{Grid: g, Algorithm: "fairgo", Chosen: hier.RailRSAG.String(), Bytes: n, Slice: o.Slice, Parallelism: 4,
 					Seconds: truth.FairgoTime(
 						g,
 						n,
 						1,
-						Fairgo{Rail: RailRSAG, Slice: o.Slice, Parallelism: 4, FlatThreshold: -1},
+						Fairgo{Rail: hier.RailRSAG, Slice: o.Slice, Parallelism: 4, FlatThreshold: -1},
 					)},
 				Measurement{
 					Grid:        g,
 					Algorithm:   "fairgo",
-					Chosen:      RailAllToAll,
+					Chosen:      hier.RailAllToAll.String(),
 					Bytes:       n,
 					Buckets:     64,
 					Slice:       o.Slice,
 					Parallelism: 4,
 					Seconds:     truth.FairgoTime(g, n, 64, o),
 				},
-				Measurement{Grid: g, Algorithm: "fairgo", Chosen: "flat", Bytes: n, Seconds: truth.Flat(g, n)},
+				Measurement{Grid: g, Algorithm: "fairgo", Chosen: hier.Flat.String(), Bytes: n, Seconds: truth.Flat(g, n)},
 			)
 		}
 	}
@@ -273,6 +276,54 @@ func TestEvaluate(t *testing.T) {
 	require.Error(t, (Params{}).Validate())
 }
 
+// TestPredictChosen: a fairgo measurement's Chosen is read by hier's
+// names: flat is the flat time, rail-a2a and rail-rsag the pipeline with
+// that rail form and no flat threshold, "" the pipeline with rail-a2a and
+// the record's threshold; other algorithms have no prediction.
+func TestPredictChosen(t *testing.T) {
+	p := testParams
+	g, n := Grid{4, 2}, float64(64<<20)
+	o := Fairgo{Slice: 4 << 20, Parallelism: 4, FlatThreshold: 1 << 30}
+	pipeline := func(rail hier.Algorithm, threshold float64) float64 {
+		return p.FairgoTime(g, n, 1, Fairgo{Rail: rail, Slice: o.Slice, Parallelism: o.Parallelism,
+			FlatThreshold: threshold})
+	}
+	cases := []struct {
+		chosen  string
+		want    float64
+		invalid bool // hier does not know the name
+	}{
+		{"", pipeline(hier.RailAllToAll, o.FlatThreshold), false},
+		{hier.Flat.String(), p.Flat(g, n), false},
+		{hier.RailAllToAll.String(), pipeline(hier.RailAllToAll, -1), false},
+		{hier.RailRSAG.String(), pipeline(hier.RailRSAG, -1), false},
+		{hier.RailAllReduce.String(), 0, false},
+		{hier.Auto.String(), 0, false},
+		{"ring", 0, true},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%q", c.chosen), func(t *testing.T) {
+			m := Measurement{Grid: g, Algorithm: "fairgo", Chosen: c.chosen, Bytes: n, Slice: o.Slice,
+				Parallelism: o.Parallelism, FlatThreshold: o.FlatThreshold}
+			got, err := p.Predict(m)
+			if c.want == 0 {
+				require.Error(t, err)
+				require.Contains(t, err.Error(), c.chosen)
+				if c.invalid {
+					require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+				}
+				return
+			}
+			require.NoError(t, err)
+			require.InDelta(t, c.want, got, c.want*1e-12)
+		})
+	}
+	require.NotEqual(t, pipeline(hier.RailAllToAll, -1), pipeline(hier.RailRSAG, -1), "the two rail forms differ")
+	require.NotEqual(t, pipeline(hier.RailAllToAll, -1), pipeline(hier.RailAllToAll, o.FlatThreshold),
+		"the record's threshold (above n) matters where Chosen is empty")
+	require.Equal(t, pipeline(hier.RailAllToAll, -1), pipeline(hier.Auto, -1), "the zero Rail reads as rail-a2a")
+}
+
 func TestFitPeerAlpha(t *testing.T) {
 	truth := testParams
 	truth.PeerAlpha = truth.Net.Alpha / 4
@@ -286,7 +337,7 @@ func TestFitPeerAlpha(t *testing.T) {
 				Measurement{
 					Grid:          g,
 					Algorithm:     "fairgo",
-					Chosen:        RailAllToAll,
+					Chosen:        hier.RailAllToAll.String(),
 					Bytes:         n,
 					Seconds:       truth.FairgoTime(g, n, 1, o),
 					Slice:         o.Slice,

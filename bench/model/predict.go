@@ -4,15 +4,18 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/fairgo/fairgo/hier"
 )
 
 // Measurement is one measured point to compare the model with.
 type Measurement struct {
 	Grid      Grid
 	Algorithm string // "flat", "naive" or "fairgo"
-	// Chosen is, for fairgo, the algorithm its Reducer used at this size:
-	// "flat", RailAllToAll or RailRSAG ("" reads as RailAllToAll above the
-	// flat threshold).
+	// Chosen is, for fairgo, hier's name of the algorithm its Reducer used
+	// at this size (hier.Algorithm's String: "flat", "rail-a2a",
+	// "rail-rsag"); "" reads as hier.RailAllToAll above the flat
+	// threshold.
 	Chosen        string
 	Bytes         float64 // per call
 	Buckets       int     // calls enqueued back to back (0 or 1: one)
@@ -32,15 +35,22 @@ func (p Params) Predict(m Measurement) (float64, error) {
 	case "naive":
 		return k * p.Naive(m.Grid, m.Bytes), nil
 	case "fairgo":
-		o := Fairgo{Rail: m.Chosen, Slice: m.Slice, Parallelism: m.Parallelism, FlatThreshold: m.FlatThreshold}
-		switch m.Chosen {
-		case "flat":
-			return k * p.Flat(m.Grid, m.Bytes), nil
-		case "", RailAllToAll, RailRSAG:
-		default:
-			return 0, fmt.Errorf("model: no prediction for fairgo's %q", m.Chosen)
-		}
+		o := Fairgo{Rail: hier.RailAllToAll, Slice: m.Slice, Parallelism: m.Parallelism,
+			FlatThreshold: m.FlatThreshold}
 		if m.Chosen != "" {
+			chosen, err := hier.ParseAlgorithm(m.Chosen)
+			if err != nil {
+				return 0, fmt.Errorf("model: no prediction for fairgo's %q: %w", m.Chosen, err)
+			}
+			switch chosen {
+			case hier.Flat:
+				return k * p.Flat(m.Grid, m.Bytes), nil
+			case hier.RailAllToAll, hier.RailRSAG:
+			default:
+				return 0, fmt.Errorf("model: no prediction for fairgo's %v (the model has %v, %v and %v)",
+					chosen, hier.Flat, hier.RailAllToAll, hier.RailRSAG)
+			}
+			o.Rail = chosen
 			o.FlatThreshold = -1 // the record says what was used
 		}
 		return p.FairgoTime(m.Grid, m.Bytes, max(m.Buckets, 1), o), nil
@@ -132,8 +142,8 @@ func (p Params) Table(d int, machines []int, sizes []float64, par int) []Predict
 		for _, n := range sizes {
 			pr := Prediction{Grid: g, Bytes: n, Ring: p.Ring(g, n), Tree: p.Tree(g, n), Flat: p.Flat(g, n),
 				FlatAlgo: p.FlatAlgo(g, n), Naive: p.Naive(g, n)}
-			pr.A2ASlice, pr.A2A = p.BestSlice(g, n, RailAllToAll, par)
-			pr.RSAGSlice, pr.RSAG = p.BestSlice(g, n, RailRSAG, par)
+			pr.A2ASlice, pr.A2A = p.BestSlice(g, n, hier.RailAllToAll, par)
+			pr.RSAGSlice, pr.RSAG = p.BestSlice(g, n, hier.RailRSAG, par)
 			if f := pr.Fairgo(); f > 0 {
 				pr.Speedup = pr.Flat / f
 			}
@@ -151,7 +161,8 @@ func (p Params) Table(d int, machines []int, sizes []float64, par int) []Predict
 func (p Params) FitPeerAlpha(ms []Measurement) (float64, bool) {
 	var use []Measurement
 	for _, m := range ms {
-		if m.Algorithm == "fairgo" && (m.Chosen == "" || m.Chosen == RailAllToAll) && m.Grid.M >= 3 && m.Seconds > 0 {
+		a2a := m.Chosen == "" || m.Chosen == hier.RailAllToAll.String()
+		if m.Algorithm == "fairgo" && a2a && m.Grid.M >= 3 && m.Seconds > 0 {
 			use = append(use, m)
 		}
 	}

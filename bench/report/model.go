@@ -123,11 +123,18 @@ func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, erro
 		p.PeerAlpha = a
 		notes = append(
 			notes,
-			fmt.Sprintf("all-to-all per-peer cost: %.2f µs (fit to rail-a2a fairgo points on ≥ 3 machines)", a*1e6),
+			fmt.Sprintf(
+				"all-to-all per-peer cost: %.2f µs (fit to %v fairgo points on ≥ 3 machines)",
+				a*1e6,
+				hier.RailAllToAll,
+			),
 		)
 	} else {
 		notes = append(notes, fmt.Sprintf(
-			"all-to-all per-peer cost: %.2f µs = α_n (no rail-a2a fairgo points on ≥ 3 machines)", p.Net.Alpha*1e6))
+			"all-to-all per-peer cost: %.2f µs = α_n (no %v fairgo points on ≥ 3 machines)",
+			p.Net.Alpha*1e6,
+			hier.RailAllToAll,
+		))
 	}
 	return p, notes, p.Validate()
 }
@@ -298,10 +305,12 @@ func printPredictions(w io.Writer, fitted model.Params, o ModelOptions) error {
 	)
 	fmt.Fprintf(w, "#   pipelined with parallelism %d, at its best slice (powers of 2 from 64K); busbw in GB/s\n", par)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(
+	fmt.Fprintf(
 		tw,
-		"machines\tsize\tring(us)\ttree(us)\tnaive(us)\trail-a2a(us)\tslice\trail-rsag(us)\tslice\tflat busbw\t"+
-			"naive busbw\tfairgo busbw\tfairgo/flat\t",
+		"machines\tsize\tring(us)\ttree(us)\tnaive(us)\t%v(us)\tslice\t%v(us)\tslice\tflat busbw\t"+
+			"naive busbw\tfairgo busbw\tfairgo/flat\t\n",
+		hier.RailAllToAll,
+		hier.RailRSAG,
 	)
 	for _, pr := range p.Table(o.Devices, o.Machines, o.Sizes, par) {
 		world := pr.Grid.World()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/model"
+	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/harness"
 )
 
@@ -58,11 +59,11 @@ func synthRun(run string, slow func(m, d int, testbed bool, bytes int64) float64
 		g := model.Grid{M: l.m, D: l.d}
 		n := float64(bytes)
 		k := float64(max(buckets, 1))
-		chosen := "rail-rsag"
+		chosen := hier.RailRSAG
 		if l.m == 1 {
-			chosen = "flat"
+			chosen = hier.Flat
 		}
-		fo := model.Fairgo{Rail: chosen, Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1}
+		fo := model.Fairgo{Rail: hier.RailRSAG, Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1}
 		times := map[string]float64{"flat": k * p.Flat(g, n), "naive": k * p.Naive(g, n),
 			"fairgo": p.FairgoTime(g, n, max(buckets, 1), fo) * slow(l.m, l.d, l.testbed, bytes)}
 		if l.m == 1 {
@@ -90,7 +91,7 @@ func synthRun(run string, slow func(m, d int, testbed bool, bytes int64) float64
 			if alg == "fairgo" {
 				r.Fairgo = &bench.FairgoSetup{
 					Algorithm:     "auto",
-					Chosen:        chosen,
+					Chosen:        chosen.String(),
 					SliceBytes:    16 << 20,
 					Parallelism:   4,
 					FlatThreshold: -1,
@@ -193,7 +194,7 @@ func TestTargetsFindTheWorstPoint(t *testing.T) {
 		model.Grid{M: 4, D: 2},
 		16<<20,
 		1,
-		model.Fairgo{Rail: "rail-rsag", Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1},
+		model.Fairgo{Rail: hier.RailRSAG, Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1},
 	)
 	require.InDelta(t, math.Min(flat, naive)/(2*fo), *t3.Measured, 1e-9)
 	// The model cannot explain the slow point: T7 fails there.

@@ -122,9 +122,12 @@ typedef int64_t fairgo_store_t; /* a rendezvous store served by this process */
  *   FAIRGO_INIT_TIMEOUT          init_timeout           init_timeout_ms
  *   FAIRGO_DEVICE                device                 device
  *
- * In the environment, algorithms are named auto, flat, rail-a2a and
- * rail-rsag; sizes are bytes with an optional K, M or G (binary)
- * suffix; timeouts are seconds or Go durations ("90s", "10m"). */
+ * In the environment, algorithms are named auto, flat, rail-a2a,
+ * rail-rsag and rail-allreduce; sizes are bytes with an optional K, M or
+ * G (binary) suffix; timeouts are seconds or Go durations ("90s", "10m").
+ * fairgo_init judges the values (a bad one gives
+ * FAIRGO_ERR_INVALID_ARGUMENT naming the field), with the same rules as
+ * fairgo's Go options. */
 typedef struct fairgo_config {
   uint32_t struct_size;         /* sizeof(fairgo_config_t), set by fairgo_config_init */
   int32_t device;               /* CUDA ordinal of this rank's GPU (as the CUDA runtime and

@@ -16,12 +16,14 @@ from typing import Optional
 from . import _dtypes, _lib
 
 
-def _ms(seconds: Optional[float], name: str) -> int:
-    if seconds is None:
+def _ms(seconds: Optional[float]) -> int:
+    """Seconds as the library's milliseconds (None: 0). A value that is not
+    zero stays so and keeps its sign (0.0001 s is 1 ms, -0.0001 s is -1 ms):
+    the library judges it (a negative timeout is its InvalidArgumentError)."""
+    if seconds is None or seconds == 0:
         return 0
-    if seconds < 0:
-        raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: {name} {seconds} is negative")
-    return max(1, int(round(seconds * 1000))) if seconds > 0 else 0
+    ms = int(round(seconds * 1000))
+    return max(1, ms) if seconds > 0 else min(-1, ms)
 
 
 class Work:
@@ -275,13 +277,12 @@ def _env_set(name: str) -> bool:
 
 
 def _algorithm(a) -> int:
-    if isinstance(a, bool) or not isinstance(a, (int, str)):
-        raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: algorithm {a!r}: want one of {', '.join(_lib.ALGORITHMS)}")
-    if isinstance(a, int):
-        if a not in _lib.ALGORITHMS.values():
-            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: algorithm {a}: want one of {', '.join(_lib.ALGORITHMS)}")
-        return a
-    code = _lib.ALGORITHMS.get(a.strip().lower())
+    """The fairgo_algorithm_t of an algorithm's name (fairgo.h's enumerators,
+    _lib.ALGORITHMS), or of an int, which is passed on as it is: the library
+    judges it. A name that is none of the enumerators' cannot be translated."""
+    if isinstance(a, int) and not isinstance(a, bool):
+        return int(a)
+    code = _lib.ALGORITHMS.get(a.strip().lower()) if isinstance(a, str) else None
     if code is None:
         raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: algorithm {a!r}: want one of {', '.join(_lib.ALGORITHMS)}")
     return code
@@ -292,7 +293,11 @@ def _config(lib: _lib.Library, *, device=None, algorithm=None, slice_bytes=None,
     """The fairgo_config_t of the settings: each keyword argument that is not
     None overrides its environment variable (SETTINGS), which overrides the
     default. op_timeout and flat_threshold are the former names of timeout
-    and flat_threshold_bytes (op_timeout=None meant off)."""
+    and flat_threshold_bytes (op_timeout=None meant off). Values are only
+    translated (seconds to milliseconds, algorithm names to numbers): the
+    library judges them, fairgo_config_from_env here for the environment's,
+    fairgo_init* for the rest, and an invalid one is its
+    InvalidArgumentError naming the variable or the fairgo_config_t field."""
     if op_timeout is not _UNSET:
         if timeout is not None:
             raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, "fairgo: give timeout or its former name op_timeout, not both")
@@ -309,8 +314,8 @@ def _config(lib: _lib.Library, *, device=None, algorithm=None, slice_bytes=None,
     return lib.config(
         device=device,
         algorithm=None if algorithm is None else _algorithm(algorithm),
-        init_timeout_ms=None if init_timeout is None else _ms(init_timeout, "init_timeout"),
-        op_timeout_ms=None if timeout is None else _ms(timeout, "timeout"),
+        init_timeout_ms=None if init_timeout is None else _ms(init_timeout),
+        op_timeout_ms=None if timeout is None else _ms(timeout),
         slice_bytes=slice_bytes,
         flat_threshold_bytes=flat_threshold_bytes,
     )

@@ -44,11 +44,11 @@ def fairgo_dtype(dtype) -> int:
 def fairgo_op(op) -> int:
     """The fairgo_op_t of an op name ("sum", "avg", "max", "min", "prod"), of
     a torch.distributed.ReduceOp (SUM, AVG, MAX, MIN, PRODUCT), or of an
-    int already."""
+    int already, which is passed on as it is: the library judges it."""
     if isinstance(op, bool):
         raise TypeError(f"fairgo: not a reduction operator: {op!r}")
-    if isinstance(op, int) and op in _lib.OPS.values():
-        return op
+    if isinstance(op, int):
+        return int(op)
     name = str(op).lower()
     for prefix in ("reduceop.", "redoptype.", "torch.distributed.reduceop."):
         if name.startswith(prefix):

@@ -65,11 +65,17 @@ class TestDTypes(unittest.TestCase):
         for op, code in cases.items():
             with self.subTest(op=op):
                 self.assertEqual(fairgo_torch.fairgo_op(op), code)
-        for bad in ["band", "ReduceOp.BXOR", 0, 99]:
+        for bad in ["band", "ReduceOp.BXOR"]:
             with self.subTest(op=bad), self.assertRaises(ValueError):
                 fairgo_torch.fairgo_op(bad)
         with self.assertRaises(TypeError):
             fairgo_torch.fairgo_op(True)
+
+    def test_op_numbers_pass_through(self):
+        # Numbers are the library's to judge (TestLibrary.test_errors).
+        for op in [0, 99, -1]:
+            with self.subTest(op=op):
+                self.assertEqual(fairgo_torch.fairgo_op(op), op)
 
 
 class TestTorchPort(unittest.TestCase):
@@ -103,6 +109,12 @@ class TestHeader(unittest.TestCase):
         self.assertEqual(_lib.RESULT_NAMES, results)
         self.assertEqual(set(_lib.ERRORS), set(results) - {_lib.OK, _lib.NOT_READY})
         self.assertEqual(_lib.ABI_VERSION, int(re.search(r"#define FAIRGO_ABI_VERSION (\d+)", self.text)[1]))
+
+    def test_algorithm_names(self):
+        """_lib.ALGORITHMS, the names init() translates, are fairgo.h's
+        enumerators (whose numbers are hier.Algorithm's, a Go test checks)."""
+        enums = {m[0]: int(m[1]) for m in re.findall(r"^\s*FAIRGO_ALGORITHM_([A-Z0-9_]+)\s*=\s*(\d+)", self.text, re.M)}
+        self.assertEqual(_lib.ALGORITHMS, {name.lower().replace("_", "-"): v for name, v in enums.items()})
 
     def test_functions(self):
         declared = set(re.findall(r"^(?:int|void|const char\*)\s+(fairgo_[a-z_]+)\(", self.text, re.M))
@@ -275,6 +287,7 @@ class TestSimLibrary(unittest.TestCase):
             (lambda: fairgo_torch.init_rank(2, 2, 0, 1, None, device=-1, lib=self.lib), fairgo_torch.InvalidArgumentError, "Rank"),
             (lambda: fairgo_torch.init_rank(1, 2, 0, 1, None, device=-1, lib=self.lib), fairgo_torch.InvalidArgumentError, "store"),
             (lambda: fairgo_torch.init_rank(0, 1, 0, 1, None, device=-1, init_timeout=-1, lib=self.lib), fairgo_torch.InvalidArgumentError, "init_timeout"),
+            (lambda: c.allreduce(0, 0, _lib.FLOAT32, 99, 0), fairgo_torch.InvalidArgumentError, "op"),
         ]
         for fn, exc, text in cases:
             with self.subTest(text=text), self.assertRaises(exc) as cm:
@@ -282,6 +295,33 @@ class TestSimLibrary(unittest.TestCase):
             self.assertIn(text, str(cm.exception))
             self.assertEqual(cm.exception.code, _lib.ERR_INVALID_ARGUMENT)
             self.assertIn("FAIRGO_ERR_INVALID_ARGUMENT", str(cm.exception))
+
+    def test_settings_judged_by_library(self):
+        """Keyword values pass through to the C ABI untouched; fairgo_init_rank
+        rejects the invalid ones with an error naming the fairgo_config_t
+        field (hier's rules for the settings that are hier options)."""
+        cases = [
+            (dict(slice_bytes=-1), "config slice_bytes -1"),
+            (dict(flat_threshold_bytes=-2), "config flat_threshold_bytes -2"),
+            (dict(algorithm=99), "config algorithm 99"),
+            (dict(timeout=-1.5), "config op_timeout_ms -1500"),
+            (dict(timeout=-0.0001), "config op_timeout_ms -1"),  # stays negative: not 0, off
+            (dict(init_timeout=-2), "config init_timeout_ms -2000"),
+            (dict(device=-2), "config device -2"),
+        ]
+        clean = {v: "" for v in fairgo_torch.SETTINGS.values()}
+        for kw, text in cases:
+            with self.subTest(kw=kw), mock.patch.dict(os.environ, clean):
+                kw.setdefault("device", -1)
+                cfg = _comm._config(self.lib, **kw)  # translation only: no error yet
+                with self.assertRaises(fairgo_torch.InvalidArgumentError) as cm:
+                    fairgo_torch.init_rank(0, 1, 0, 1, None, lib=self.lib, **kw)
+                self.assertIn(text, str(cm.exception))
+                self.assertEqual(cm.exception.code, _lib.ERR_INVALID_ARGUMENT)
+                self.assertNotIn("With", str(cm.exception))  # the C field, not hier's option
+                field = text.split()[1]
+                value = int(text.split()[2])
+                self.assertEqual(getattr(cfg, field), value)
 
     def test_raw_abi(self):
         dll = self.lib.dll
@@ -406,7 +446,9 @@ class TestSettings(unittest.TestCase):
                 self.config({}, **kw)
 
     def test_bad_values(self):
-        for var, value in [("FAIRGO_ALGORITHM", "ring"), ("FAIRGO_SLICE_BYTES", "lots"), ("FAIRGO_TIMEOUT", "-1"), ("FAIRGO_DEVICE", "x")]:
+        for var, value in [("FAIRGO_ALGORITHM", "ring"), ("FAIRGO_SLICE_BYTES", "lots"), ("FAIRGO_TIMEOUT", "-1"), ("FAIRGO_DEVICE", "x"),
+                           ("FAIRGO_SLICE_BYTES", "-1"), ("FAIRGO_FLAT_THRESHOLD_BYTES", "-2"), ("FAIRGO_INIT_TIMEOUT", "-5"),
+                           ("FAIRGO_DEVICE", "-2")]:
             with self.subTest(var=var), self.assertRaises(fairgo_torch.InvalidArgumentError) as cm:
                 self.config({var: value})
             self.assertIn(var, str(cm.exception))

@@ -69,6 +69,69 @@ func TestOptionsFromEnv(t *testing.T) {
 	}
 }
 
+// hierReason is the reason hier.ValidateOptions gives for opt.
+func hierReason(t *testing.T, opt hier.Option) string {
+	t.Helper()
+	var bad *fairgo.ArgError
+	require.ErrorAs(t, hier.ValidateOptions(opt), &bad)
+	return bad.Reason
+}
+
+// TestOptionsFromEnvInvalid: a variable that parses but holds a value
+// hier (or, for the C ABI's own settings, this package) rejects is an
+// *fairgo.ArgError naming the variable with its text, hier's reason and
+// fairgo.ErrInvalidArgument; the options come back unchanged.
+func TestOptionsFromEnvInvalid(t *testing.T) {
+	_, parseErr := hier.ParseAlgorithm("ring")
+	var unknownAlgorithm *fairgo.ArgError
+	require.ErrorAs(t, parseErr, &unknownAlgorithm)
+	cases := []struct {
+		variable, text string
+		reason         string // "": only checked to be given
+	}{
+		{"FAIRGO_SLICE_BYTES", "-1", hierReason(t, hier.WithSliceSize(-1))},
+		{"FAIRGO_SLICE_BYTES", "-2M", hierReason(t, hier.WithSliceSize(-2<<20))},
+		{"FAIRGO_FLAT_THRESHOLD_BYTES", "-2", hierReason(t, hier.WithFlatThreshold(-2))},
+		{"FAIRGO_TIMEOUT", "-1", hierReason(t, hier.WithTimeout(-time.Second))},
+		{"FAIRGO_TIMEOUT", "-90s", hierReason(t, hier.WithTimeout(-90*time.Second))},
+		{"FAIRGO_ALGORITHM", "ring", unknownAlgorithm.Reason},
+		{"FAIRGO_INIT_TIMEOUT", "-1", ""},
+		{"FAIRGO_DEVICE", "-2", ""},
+	}
+	base := capi.DefaultOptions()
+	for _, c := range cases {
+		t.Run(c.variable+"="+c.text, func(t *testing.T) {
+			env := map[string]string{c.variable: c.text, "FAIRGO_ALGORITHM": "flat"}
+			if c.variable == "FAIRGO_ALGORITHM" {
+				env["FAIRGO_SLICE_BYTES"] = "1M"
+			}
+			got, err := base.FromEnv(lookupIn(env))
+			require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+			var bad *fairgo.ArgError
+			require.ErrorAs(t, err, &bad)
+			require.Equal(t, "environment variable "+c.variable, bad.Arg)
+			require.Equal(t, `"`+c.text+`"`, bad.Value)
+			if c.reason != "" {
+				require.Equal(t, c.reason, bad.Reason)
+			}
+			require.NotEmpty(t, bad.Reason)
+			require.Equal(t, base, got, "a bad variable changes nothing")
+		})
+	}
+}
+
+// TestOptionsFromEnvJudgesOnlyItsVariables: FromEnv judges the values of
+// the variables it read, not those it was given (a C caller's config is
+// judged by init, which names its field).
+func TestOptionsFromEnvJudgesOnlyItsVariables(t *testing.T) {
+	base := capi.DefaultOptions()
+	base.SliceBytes = -1
+	got, err := base.FromEnv(lookupIn(map[string]string{"FAIRGO_ALGORITHM": "rail-a2a"}))
+	require.NoError(t, err)
+	require.Equal(t, hier.RailAllToAll, got.Algorithm)
+	require.Equal(t, int64(-1), got.SliceBytes)
+}
+
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{
 		"0": 0, "4096": 4096, "16M": 16 << 20, "16mib": 16 << 20, "2KB": 2 << 10, "1G": 1 << 30, " 7 ": 7,
@@ -87,12 +150,15 @@ func TestParseBytes(t *testing.T) {
 func TestParseSeconds(t *testing.T) {
 	for in, want := range map[string]time.Duration{
 		"0": 0, "600": 10 * time.Minute, "0.5": 500 * time.Millisecond, "90s": 90 * time.Second, "10m": 10 * time.Minute,
+		// Negative durations parse: hier.WithTimeout and the init
+		// timeout's check judge them.
+		"-1": -time.Second, "-2s": -2 * time.Second,
 	} {
 		got, err := capi.ParseSeconds(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
 	}
-	for _, in := range []string{"", "-1", "-2s", "soon", "NaN", "1e300"} {
+	for _, in := range []string{"", "soon", "NaN", "1e300", "-1e300"} {
 		_, err := capi.ParseSeconds(in)
 		require.Error(t, err, in)
 	}

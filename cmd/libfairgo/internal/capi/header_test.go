@@ -73,21 +73,31 @@ func TestSettingsDocumented(t *testing.T) {
 	}
 }
 
-// TestAlgorithmsDocumented: README.md's row of FAIRGO_ALGORITHM names
-// every algorithm the setting takes.
+// TestAlgorithmsDocumented: FAIRGO_ALGORITHM's setting lists hier's
+// algorithms by name, and README.md's row of FAIRGO_ALGORITHM and fairgo.h's
+// note on the environment name every one.
 func TestAlgorithmsDocumented(t *testing.T) {
 	readme, err := os.ReadFile("../../../../README.md")
 	require.NoError(t, err)
 	row := regexp.MustCompile("(?m)^\\| `FAIRGO_ALGORITHM` \\|.*$").FindString(string(readme))
 	require.NotEmpty(t, row, "README.md's settings table lacks FAIRGO_ALGORITHM")
+	h, err := os.ReadFile("../../fairgo.h")
+	require.NoError(t, err)
+	note := regexp.MustCompile(`(?s)In the environment, algorithms are named (.*?);`).FindSubmatch(h)
+	require.NotNil(t, note, "fairgo.h does not say how algorithms are named in the environment")
+	var want []string
+	for a := hier.Auto; a.Valid(); a++ {
+		want = append(want, a.String())
+	}
 	for _, s := range capi.Settings {
 		if s.Env != "FAIRGO_ALGORITHM" {
 			continue
 		}
 		names := regexp.MustCompile(`[a-z0-9-]+`).FindAllString(strings.ReplaceAll(s.Value, " or ", ", "), -1)
-		require.Contains(t, names, "rail-allreduce")
+		require.Equal(t, want, names, "the setting's value lists hier's algorithms")
 		for _, name := range names {
 			require.Contains(t, row, "`"+name+"`", "README.md's FAIRGO_ALGORITHM row lacks %s", name)
+			require.Regexp(t, `\b`+regexp.QuoteMeta(name)+`\b`, string(note[1]), "fairgo.h's note lacks %s", name)
 		}
 		return
 	}

@@ -47,10 +47,13 @@ const (
 	DefaultEnqueueTimeout = 5 * time.Minute
 )
 
-// Options are the per-communicator settings (fairgo_config_t).
+// Options are the per-communicator settings (fairgo_config_t). Init
+// validates them: those that become hier options (Settings' Option) with
+// hier.ValidateOptions, the C ABI's own (InitTimeout, Device) itself; an
+// invalid one is an *fairgo.ArgError naming its fairgo_config_t field.
 type Options struct {
-	// Device is the CUDA ordinal of this rank; negative: the default (the
-	// only GPU CUDA_VISIBLE_DEVICES names, else LOCAL_RANK).
+	// Device is the CUDA ordinal of this rank; -1: the default (the only
+	// GPU CUDA_VISIBLE_DEVICES names, else LOCAL_RANK).
 	Device int
 	// InitTimeout bounds Init (store, discovery, communicators); zero:
 	// DefaultInitTimeout.
@@ -71,29 +74,6 @@ type Options struct {
 
 // DefaultOptions are the defaults of fairgo_config_init.
 func DefaultOptions() Options { return Options{Device: -1, InitTimeout: DefaultInitTimeout} }
-
-func (o Options) validate() error {
-	bad := func(field string, v any, why string) error {
-		return &fairgo.ArgError{Arg: "config " + field, Value: v, Reason: why}
-	}
-	switch {
-	case o.InitTimeout < 0:
-		return bad("init_timeout_ms", o.InitTimeout.Milliseconds(), "negative")
-	case o.OpTimeout < 0:
-		return bad("op_timeout_ms", o.OpTimeout.Milliseconds(), "negative")
-	case o.SliceBytes < 0:
-		return bad("slice_bytes", o.SliceBytes, "negative")
-	case o.FlatThreshold < 0 && o.FlatThreshold != hier.FlatNever:
-		return bad(
-			"flat_threshold_bytes",
-			o.FlatThreshold,
-			fmt.Sprintf("negative (only %d, never flat, is allowed)", hier.FlatNever),
-		)
-	case !o.Algorithm.Valid():
-		return bad("algorithm", int(o.Algorithm), "unknown (FAIRGO_ALGORITHM_AUTO, _FLAT, _RAIL_A2A, _RAIL_RSAG)")
-	}
-	return nil
-}
 
 // Table holds the handles of one C caller (libfairgo.so has one for the
 // process). Its methods are safe for concurrent use.
@@ -169,13 +149,7 @@ func (t *Table) init(l *rendezvous.Launch, o Options) (int64, error) {
 	if o.InitTimeout == 0 {
 		o.InitTimeout = DefaultInitTimeout
 	}
-	ropts := []hier.Option{
-		hier.WithTimeout(o.OpTimeout),
-		hier.WithSliceSize(o.SliceBytes),
-		hier.WithFlatThreshold(o.FlatThreshold),
-		hier.WithAlgorithm(o.Algorithm),
-	}
-	sopts := append([]setup.Option{setup.WithReducer(ropts...)}, t.cfg.Setup...)
+	sopts := append([]setup.Option{setup.WithReducer(o.reducerOptions()...)}, t.cfg.Setup...)
 	sopts = append(sopts, o.Setup...)
 	if l != nil {
 		sopts = append(sopts, setup.WithLaunch(*l))

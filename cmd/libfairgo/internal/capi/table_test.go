@@ -162,6 +162,10 @@ func TestInitErrors(t *testing.T) {
 			opts: func(o *capi.Options) { o.SliceBytes = -1 }, want: capi.InvalidArgument, text: "slice_bytes"},
 		{name: "flat threshold", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
 			opts: func(o *capi.Options) { o.FlatThreshold = -7 }, want: capi.InvalidArgument, text: "flat_threshold_bytes"},
+		{name: "unknown algorithm", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
+			opts: func(o *capi.Options) { o.Algorithm = 99 }, want: capi.InvalidArgument, text: "config algorithm"},
+		{name: "device below -1", launch: &rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1},
+			opts: func(o *capi.Options) { o.Device = -2 }, want: capi.InvalidArgument, text: "config device"},
 		{name: "peer never joins", launch: ptr(launch(two, 0)),
 			opts: func(o *capi.Options) { o.InitTimeout = 300 * time.Millisecond }, want: capi.Timeout, text: "init"},
 	}
@@ -204,6 +208,56 @@ func TestInitErrors(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestInitConfigInvalid: init passes the settings that are hier options to
+// hier.ValidateOptions and reports the one it rejects by its
+// fairgo_config_t field, with the value as the C caller wrote it, hier's
+// reason and fairgo.ErrInvalidArgument; it judges the C ABI's own settings
+// (init_timeout_ms, device) itself.
+func TestInitConfigInvalid(t *testing.T) {
+	cases := []struct {
+		name   string
+		set    func(*capi.Options)
+		arg    string
+		value  any
+		reason string // "": only checked to be given
+	}{
+		{"slice_bytes -1", func(o *capi.Options) { o.SliceBytes = -1 },
+			"config slice_bytes", int64(-1), hierReason(t, hier.WithSliceSize(-1))},
+		{"flat_threshold_bytes -7", func(o *capi.Options) { o.FlatThreshold = -7 },
+			"config flat_threshold_bytes", int64(-7), hierReason(t, hier.WithFlatThreshold(-7))},
+		{"algorithm 99", func(o *capi.Options) { o.Algorithm = 99 },
+			"config algorithm", 99, hierReason(t, hier.WithAlgorithm(99))},
+		{"algorithm -1", func(o *capi.Options) { o.Algorithm = -1 },
+			"config algorithm", -1, hierReason(t, hier.WithAlgorithm(-1))},
+		{"op_timeout_ms -1500", func(o *capi.Options) { o.OpTimeout = -1500 * time.Millisecond },
+			"config op_timeout_ms", int64(-1500), hierReason(t, hier.WithTimeout(-1500*time.Millisecond))},
+		{"init_timeout_ms -1000", func(o *capi.Options) { o.InitTimeout = -time.Second },
+			"config init_timeout_ms", int64(-1000), ""},
+		{"device -2", func(o *capi.Options) { o.Device = -2 }, "config device", -2, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, sim.Config{})
+			o := capi.DefaultOptions()
+			c.set(&o)
+			_, err := f.tbl.InitRank(rendezvous.Launch{WorldSize: 1, LocalWorldSize: 1}, o)
+			require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+			require.Equal(t, capi.InvalidArgument, code(err), "%v", err)
+			var bad *fairgo.ArgError
+			require.ErrorAs(t, err, &bad)
+			require.Equal(t, c.arg, bad.Arg)
+			require.Equal(t, c.value, bad.Value)
+			if c.reason != "" {
+				require.Equal(t, c.reason, bad.Reason)
+			}
+			require.NotEmpty(t, bad.Reason)
+			require.NotContains(t, err.Error(), "With", "the error names the C field, not hier's option")
+			comms, _, _ := f.tbl.Handles()
+			require.Zero(t, comms)
+		})
+	}
+}
 
 // TestAllReduceErrors: arguments the call rejects before enqueueing
 // anything, with the code and text the C caller gets.
