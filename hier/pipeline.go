@@ -28,17 +28,7 @@ type executor struct {
 
 // release frees the chain's streams and the slot rings.
 func (ex *executor) release() error {
-	var errs []error
-	if ex.chain != nil {
-		errs = append(errs, ex.chain.Release())
-	}
-	if ex.stagingR != nil {
-		errs = append(errs, ex.stagingR.Close())
-	}
-	if ex.paddingR != nil {
-		errs = append(errs, ex.paddingR.Close())
-	}
-	return errors.Join(errs...)
+	return errors.Join(ex.chain.Release(), ex.stagingR.Close(), ex.paddingR.Close())
 }
 
 // first is the stream a call's first work goes on.
@@ -303,179 +293,232 @@ func (ex *executor) runSlice(c *sliceCall, rail railStep) error {
 	return nil
 }
 
+// direct enqueues what a reduce-scatter or all-gather of c elements per
+// rank does without the pipeline: nothing (c = 0), a copy on one rank
+// (unless in place), or the intra communicator's own collective on one
+// machine (intra, on the first stage's stream). done is false when the
+// call needs the hierarchy.
+func (ex *executor) direct(send, recv fairgo.Tensor, c int64, intra func(s streams.Stream) error) (
+	last streams.Stream, done bool, err error,
+) {
+	g, rs := ex.grid, ex.chain.Stream(streams.ReduceScatter)
+	switch {
+	case c == 0:
+		return nil, true, nil
+	case g.Size() == 1:
+		if send.Ptr == recv.Ptr {
+			return nil, true, nil
+		}
+		return rs, true, ex.dev.CopyAsync(recv.Ptr, send.Ptr, c*int64(send.DType.Size()), rs)
+	case g.Machines == 1:
+		return rs, true, intra(rs)
+	}
+	return nil, false, nil
+}
+
 // reduceScatter enqueues a hierarchical reduce-scatter: per slice of the
 // blocks, the gather of every rank's part into a [D][M][n] staging slot, an
 // intra-machine reduce-scatter, a rail all-to-all and the add kernel
 // writing straight into recv.
 func (ex *executor) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams.Stream, error) {
-	g := ex.grid
-	M, D, d := g.Machines, g.Devices, g.Local
-	dt := send.DType
-	es := int64(dt.Size())
 	c := recv.Count
-	rs, col, add, _, ag := ex.stages()
-	switch {
-	case c == 0:
-		return nil, nil
-	case g.Size() == 1:
-		if send.Ptr == recv.Ptr {
-			return nil, nil
-		}
-		return rs, ex.dev.CopyAsync(recv.Ptr, send.Ptr, c*es, rs)
-	case M == 1:
-		return rs, ex.comms.IntraReduceScatter.ReduceScatter(send.Ptr, recv.Ptr, c, dt, op, rs)
+	last, done, err := ex.direct(send, recv, c, func(s streams.Stream) error {
+		return ex.comms.IntraReduceScatter.ReduceScatter(send.Ptr, recv.Ptr, c, send.DType, op, s)
+	})
+	if done {
+		return last, err
 	}
-	ops := ex.stageOps(op, dt)
+	ops := ex.stageOps(op, send.DType)
 	ring, err := ex.stagingRing()
 	if err != nil {
 		return nil, err
 	}
-	for b := range staging.Blocks(c, int(es), g.Size(), ex.layout.SliceBytes) {
-		n := b.Count
+	es := int64(send.DType.Size())
+	for b := range staging.Blocks(c, int(es), ex.grid.Size(), ex.layout.SliceBytes) {
 		st, err := ring.Next()
 		if err != nil {
 			return nil, err
 		}
-		out := recv.Ptr + uintptr(b.Offset*es)
-		x := staging.Cells{Base: st.Ptr, Devices: D, Machines: M, N: n, ElemSize: es}
-		counts := sameCounts(M, n)
-		if D > 1 {
-			if err := rs.WaitEvent(st.Guard); err != nil {
-				return nil, err
-			}
-			if err := ex.transpose(x, send.Ptr+uintptr(b.Offset*es), c, true, rs); err != nil {
-				return nil, err
-			}
-			if err := ex.comms.IntraReduceScatter.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, ops.intra, rs); err != nil {
-				return nil, err
-			}
-			if err := ex.handoff(streams.ReduceScatter); err != nil {
-				return nil, err
-			}
-			nb := x.Row((d + 1) % D)
-			if err := ex.comms.RailCollect.AllToAllv(x.Row(d), counts, strided(M, n),
-				nb, counts, strided(M, n), dt, col); err != nil {
-				return nil, err
-			}
-			if err := ex.handoff(streams.Collect); err != nil {
-				return nil, err
-			}
-			if err := ex.dev.ReduceAsync(out, nb, M, n, n, dt, ops.add, ops.addDivisor, add); err != nil {
-				return nil, err
-			}
+		blk := rsBlock{send: send, out: recv.Ptr + uintptr(b.Offset*es), c: c, b: b, slot: st, ops: ops}
+		if ex.grid.Devices > 1 {
+			err = ex.reduceScatterStaged(blk)
 		} else {
-			if err := ex.handoff(streams.ReduceScatter); err != nil {
-				return nil, err
-			}
-			if err := col.WaitEvent(st.Guard); err != nil {
-				return nil, err
-			}
-			sendDispls := strided(M, c)
-			for k := range sendDispls {
-				sendDispls[k] += b.Offset
-			}
-			if err := ex.comms.RailCollect.AllToAllv(send.Ptr, counts, sendDispls,
-				st.Ptr, counts, strided(M, n), dt, col); err != nil {
-				return nil, err
-			}
-			if err := ex.handoff(streams.Collect); err != nil {
-				return nil, err
-			}
-			if err := ex.dev.ReduceAsync(out, st.Ptr, M, n, n, dt, ops.add, ops.addDivisor, add); err != nil {
-				return nil, err
-			}
+			err = ex.reduceScatterDirect(blk)
 		}
-		if err := st.Guard.Record(add); err != nil {
-			return nil, err
+		if err == nil {
+			err = st.Guard.Record(ex.chain.Stream(streams.Add))
 		}
-		if err := ex.handoffsFrom(streams.Add); err != nil {
+		if err == nil {
+			err = ex.handoffsFrom(streams.Add)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
-	return ag, nil
+	return ex.chain.Stream(streams.AllGather), nil
+}
+
+// rsBlock is one slice of a reduce-scatter: block b of every rank's c
+// elements of send, reduced into out through the staging slot.
+type rsBlock struct {
+	send fairgo.Tensor
+	out  uintptr
+	c    int64
+	b    staging.Block
+	slot staging.Slot
+	ops  stageOps
+}
+
+// reduceScatterStaged (D > 1) gathers every rank's part of the block into
+// the slot's [D][M][n] cells, reduce-scatters them inside the machine,
+// exchanges row d on the rail into the neighbour's row and adds the M
+// shards into out.
+func (ex *executor) reduceScatterStaged(blk rsBlock) error {
+	g, dt, n := ex.grid, blk.send.DType, blk.b.Count
+	M, d := g.Machines, g.Local
+	es := int64(dt.Size())
+	rs, col, add, _, _ := ex.stages()
+	x := staging.Cells{Base: blk.slot.Ptr, Devices: g.Devices, Machines: M, N: n, ElemSize: es}
+	counts := sameCounts(M, n)
+	if err := rs.WaitEvent(blk.slot.Guard); err != nil {
+		return err
+	}
+	if err := ex.transpose(x, blk.send.Ptr+uintptr(blk.b.Offset*es), blk.c, true, rs); err != nil {
+		return err
+	}
+	if err := ex.comms.IntraReduceScatter.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, blk.ops.intra, rs); err != nil {
+		return err
+	}
+	if err := ex.handoff(streams.ReduceScatter); err != nil {
+		return err
+	}
+	nb := x.Row((d + 1) % g.Devices)
+	if err := ex.comms.RailCollect.AllToAllv(x.Row(d), counts, strided(M, n), nb, counts, strided(M, n), dt, col); err != nil {
+		return err
+	}
+	if err := ex.handoff(streams.Collect); err != nil {
+		return err
+	}
+	return ex.dev.ReduceAsync(blk.out, nb, M, n, n, dt, blk.ops.add, blk.ops.addDivisor, add)
+}
+
+// reduceScatterDirect (D = 1) exchanges every rank's part of the block on
+// the rail straight from send into the slot and adds the M shards into
+// out.
+func (ex *executor) reduceScatterDirect(blk rsBlock) error {
+	M, dt, n := ex.grid.Machines, blk.send.DType, blk.b.Count
+	_, col, add, _, _ := ex.stages()
+	if err := ex.handoff(streams.ReduceScatter); err != nil {
+		return err
+	}
+	if err := col.WaitEvent(blk.slot.Guard); err != nil {
+		return err
+	}
+	sendDispls := strided(M, blk.c)
+	for k := range sendDispls {
+		sendDispls[k] += blk.b.Offset
+	}
+	counts := sameCounts(M, n)
+	if err := ex.comms.RailCollect.AllToAllv(blk.send.Ptr, counts, sendDispls,
+		blk.slot.Ptr, counts, strided(M, n), dt, col); err != nil {
+		return err
+	}
+	if err := ex.handoff(streams.Collect); err != nil {
+		return err
+	}
+	return ex.dev.ReduceAsync(blk.out, blk.slot.Ptr, M, n, n, dt, blk.ops.add, blk.ops.addDivisor, add)
 }
 
 // allGather enqueues a hierarchical all-gather: per slice, a rail
 // all-to-all of this rank's part, an intra-machine all-gather of the
 // [D][M][n] slice, and a strided copy into recv's blocks.
 func (ex *executor) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
-	g := ex.grid
-	M, D, d := g.Machines, g.Devices, g.Local
-	dt := send.DType
-	es := int64(dt.Size())
 	c := send.Count
-	rs, _, _, dif, ag := ex.stages()
-	self := recv.Ptr + uintptr(int64(g.Rank())*c*es) // this rank's block in recv
-	switch {
-	case c == 0:
-		return nil, nil
-	case g.Size() == 1:
-		if send.Ptr == recv.Ptr {
-			return nil, nil
-		}
-		return rs, ex.dev.CopyAsync(recv.Ptr, send.Ptr, c*es, rs)
-	case M == 1:
-		return rs, ex.comms.IntraAllGather.AllGather(send.Ptr, recv.Ptr, c, dt, rs)
+	last, done, err := ex.direct(send, recv, c, func(s streams.Stream) error {
+		return ex.comms.IntraAllGather.AllGather(send.Ptr, recv.Ptr, c, send.DType, s)
+	})
+	if done {
+		return last, err
 	}
 	var ring *staging.Ring
-	if D > 1 {
-		var err error
+	if ex.grid.Devices > 1 {
 		if ring, err = ex.stagingRing(); err != nil {
 			return nil, err
 		}
 	}
-	for b := range staging.Blocks(c, int(es), g.Size(), ex.layout.SliceBytes) {
-		n := b.Count
-		src := send.Ptr + uintptr(b.Offset*es)
+	es := int64(send.DType.Size())
+	for b := range staging.Blocks(c, int(es), ex.grid.Size(), ex.layout.SliceBytes) {
 		if err := ex.handoffsFrom(streams.ReduceScatter); err != nil {
 			return nil, err
 		}
-		counts := sameCounts(M, n)
-		if D > 1 {
-			st, err := ring.Next()
-			if err != nil {
-				return nil, err
-			}
-			x := staging.Cells{Base: st.Ptr, Devices: D, Machines: M, N: n, ElemSize: es}
-			if err := dif.WaitEvent(st.Guard); err != nil {
-				return nil, err
-			}
-			if err := ex.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M),
-				x.Row(d), counts, strided(M, n), dt, dif); err != nil {
-				return nil, err
-			}
-			if err := ex.handoff(streams.Diffuse); err != nil {
-				return nil, err
-			}
-			if err := ex.comms.IntraAllGather.AllGather(x.Row(d), x.Base, x.RowCount(), dt, ag); err != nil {
-				return nil, err
-			}
-			if err := ex.transpose(x, recv.Ptr+uintptr(b.Offset*es), c, false, ag); err != nil {
-				return nil, err
-			}
-			if err := st.Guard.Record(ag); err != nil {
-				return nil, err
-			}
-			continue
+		if ring != nil {
+			err = ex.allGatherStaged(send, recv, b, ring)
+		} else {
+			err = ex.allGatherDirect(send, recv, b)
 		}
-		// D = 1: receive straight into recv's blocks; in place, this rank's
-		// own block is already there.
-		if self == send.Ptr {
-			counts = withoutPeer(counts, g.Machine)
-		}
-		recvDispls := strided(M, c)
-		for k := range recvDispls {
-			recvDispls[k] += b.Offset
-		}
-		if err := ex.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M),
-			recv.Ptr, counts, recvDispls, dt, dif); err != nil {
-			return nil, err
-		}
-		if err := ex.handoff(streams.Diffuse); err != nil {
+		if err != nil {
 			return nil, err
 		}
 	}
-	return ag, nil
+	return ex.chain.Stream(streams.AllGather), nil
+}
+
+// allGatherStaged (D > 1) exchanges this rank's part of block b on the
+// rail into row d of a staging slot's [D][M][n] cells, all-gathers the
+// cells inside the machine and copies them into recv's blocks.
+func (ex *executor) allGatherStaged(send, recv fairgo.Tensor, b staging.Block, ring *staging.Ring) error {
+	g, dt, n, c := ex.grid, send.DType, b.Count, send.Count
+	M, d := g.Machines, g.Local
+	es := int64(dt.Size())
+	_, _, _, dif, ag := ex.stages()
+	st, err := ring.Next()
+	if err != nil {
+		return err
+	}
+	x := staging.Cells{Base: st.Ptr, Devices: g.Devices, Machines: M, N: n, ElemSize: es}
+	if err := dif.WaitEvent(st.Guard); err != nil {
+		return err
+	}
+	counts := sameCounts(M, n)
+	src := send.Ptr + uintptr(b.Offset*es)
+	if err := ex.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M), x.Row(d), counts, strided(M, n), dt,
+		dif); err != nil {
+		return err
+	}
+	if err := ex.handoff(streams.Diffuse); err != nil {
+		return err
+	}
+	if err := ex.comms.IntraAllGather.AllGather(x.Row(d), x.Base, x.RowCount(), dt, ag); err != nil {
+		return err
+	}
+	if err := ex.transpose(x, recv.Ptr+uintptr(b.Offset*es), c, false, ag); err != nil {
+		return err
+	}
+	return st.Guard.Record(ag)
+}
+
+// allGatherDirect (D = 1) receives every machine's part of block b
+// straight into recv's blocks; in place, this rank's own block is already
+// there.
+func (ex *executor) allGatherDirect(send, recv fairgo.Tensor, b staging.Block) error {
+	g, dt, n, c := ex.grid, send.DType, b.Count, send.Count
+	M := g.Machines
+	es := int64(dt.Size())
+	dif := ex.chain.Stream(streams.Diffuse)
+	counts := sameCounts(M, n)
+	if self := recv.Ptr + uintptr(int64(g.Rank())*c*es); self == send.Ptr {
+		counts = withoutPeer(counts, g.Machine)
+	}
+	recvDispls := strided(M, c)
+	for k := range recvDispls {
+		recvDispls[k] += b.Offset
+	}
+	src := send.Ptr + uintptr(b.Offset*es)
+	if err := ex.comms.RailDiffuse.AllToAllv(src, counts, make([]int64, M), recv.Ptr, counts, recvDispls, dt,
+		dif); err != nil {
+		return err
+	}
+	return ex.handoff(streams.Diffuse)
 }
 
 func (ex *executor) stages() (rs, col, add, dif, ag streams.Stream) {

@@ -43,5 +43,10 @@ func (r *Ring) Next(padShard int64, elemSize int) (staging.Slot, staging.Cells, 
 	}, nil
 }
 
-// Close frees the slots.
-func (r *Ring) Close() error { return r.ring.Close() }
+// Close frees the slots. A nil Ring has nothing to free.
+func (r *Ring) Close() error {
+	if r == nil {
+		return nil
+	}
+	return r.ring.Close()
+}

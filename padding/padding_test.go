@@ -49,3 +49,9 @@ func TestRingHandsOutSlotsAsCells(t *testing.T) {
 	}
 	require.NoError(t, r.Close())
 }
+
+// A ring never made (the engine makes it at first use) closes as nothing.
+func TestNilRingCloses(t *testing.T) {
+	var r *padding.Ring
+	require.NoError(t, r.Close())
+}

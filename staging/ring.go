@@ -76,8 +76,11 @@ func (r *Ring) Next() (Slot, error) {
 }
 
 // Close frees the ring's memory and events. The caller must have waited
-// for the work that used it.
+// for the work that used it. A nil Ring has nothing to free.
 func (r *Ring) Close() error {
+	if r == nil {
+		return nil
+	}
 	var errs []error
 	for i := range r.slots {
 		s := &r.slots[i]

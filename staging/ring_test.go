@@ -73,3 +73,9 @@ func TestRingAllocatesSlotsAtFirstUse(t *testing.T) {
 	require.NoError(t, r.Close(), "a second Close frees nothing more")
 	require.Equal(t, 4, dev.frees)
 }
+
+// A ring never made (the engine makes it at first use) closes as nothing.
+func TestNilRingCloses(t *testing.T) {
+	var r *staging.Ring
+	require.NoError(t, r.Close())
+}

@@ -63,8 +63,12 @@ func NewChain(f Factory) (*Chain, error) {
 }
 
 // Release destroys the chain's streams and events where the backend offers
-// a Close or Destroy method. The work on them must be complete.
+// a Close or Destroy method. The work on them must be complete. A nil
+// Chain has nothing to release.
 func (c *Chain) Release() error {
+	if c == nil {
+		return nil
+	}
 	var errs []error
 	for _, s := range c.streams {
 		errs = append(errs, Release(s))
