@@ -83,7 +83,8 @@ func (a Algorithm) impl() algorithm {
 // the executor as its plan says (the slice, whether the rail is serial)
 // and returns the stream its last work is on.
 type algorithm interface {
-	allReduce(x *executor, t fairgo.Tensor, op fairgo.Op, p plan, first streams.Stream) (streams.Stream, error)
+	allReduce(x *executor, t fairgo.Tensor, op fairgo.Op, p plan, first streams.Stream) (
+		streams.Stream, error)
 	// whole reports whether the algorithm takes a call in one piece (its
 	// plan's slice is then the whole call).
 	whole() bool
@@ -95,7 +96,9 @@ type algorithm interface {
 // flatAllReduce is one NCCL allreduce on the world communicator, on first.
 type flatAllReduce struct{}
 
-func (flatAllReduce) allReduce(x *executor, t fairgo.Tensor, op fairgo.Op, _ plan, first streams.Stream) (streams.Stream, error) {
+func (flatAllReduce) allReduce(
+	x *executor, t fairgo.Tensor, op fairgo.Op, _ plan, first streams.Stream,
+) (streams.Stream, error) {
 	return first, x.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, op, first)
 }
 
@@ -107,7 +110,9 @@ func (flatAllReduce) stagedReceive(Grid) bool { return false }
 // slice (executor.pipeline).
 type pipelined struct{ rail railStep }
 
-func (a pipelined) allReduce(x *executor, t fairgo.Tensor, op fairgo.Op, p plan, _ streams.Stream) (streams.Stream, error) {
+func (a pipelined) allReduce(
+	x *executor, t fairgo.Tensor, op fairgo.Op, p plan, _ streams.Stream,
+) (streams.Stream, error) {
 	return x.pipeline(t, op, p, a.rail)
 }
 
@@ -151,7 +156,8 @@ func (railAllToAll) collect(c *sliceCall) error {
 	return c.eachPart(func(pt part) error {
 		x := pt.cells
 		counts, displs := sameCounts(M, x.N), strided(M, x.N)
-		return c.l.collect.AllToAllv(x.Row(c.grid.Local), counts, displs, pt.recv, counts, displs, c.dt, c.l.st[streams.Collect])
+		return c.l.collect.AllToAllv(x.Row(c.grid.Local), counts, displs, pt.recv, counts, displs, c.dt,
+			c.l.st[streams.Collect])
 	})
 }
 

@@ -386,14 +386,16 @@ func (ex *executor) reduceScatterStaged(blk rsBlock) error {
 	if err := ex.transpose(x, blk.send.Ptr+uintptr(blk.b.Offset*es), blk.c, true, rs); err != nil {
 		return err
 	}
-	if err := ex.comms.IntraReduceScatter.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, blk.ops.intra, rs); err != nil {
+	intra := ex.comms.IntraReduceScatter
+	if err := intra.ReduceScatter(x.Base, x.Row(d), x.RowCount(), dt, blk.ops.intra, rs); err != nil {
 		return err
 	}
 	if err := ex.handoff(streams.ReduceScatter); err != nil {
 		return err
 	}
 	nb := x.Row((d + 1) % g.Devices)
-	if err := ex.comms.RailCollect.AllToAllv(x.Row(d), counts, strided(M, n), nb, counts, strided(M, n), dt, col); err != nil {
+	displs := strided(M, n)
+	if err := ex.comms.RailCollect.AllToAllv(x.Row(d), counts, displs, nb, counts, displs, dt, col); err != nil {
 		return err
 	}
 	if err := ex.handoff(streams.Collect); err != nil {
