@@ -169,6 +169,7 @@ var callPatterns = []struct {
 	{"20 back to back", func(n int) bool { return n >= 20 }},
 }
 
+// String names the layout in requirements: "2×2 at 2.5 Gbit/s".
 func (l oneGPULayout) String() string { return fmt.Sprintf("%d×%d at %g Gbit/s", l.m, l.d, l.gbit) }
 
 // sweeps keeps the layout's sweeps of sizes lo–hi whose call count iters
