@@ -123,114 +123,149 @@ var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
 // hier.WithCheck). NAME may not be flat or naive.
 func ParseVariant(s string) (Variant, error) {
 	name, spec, _ := strings.Cut(strings.TrimSpace(s), "=")
-	v := Variant{Name: strings.TrimSpace(name), Spec: strings.TrimSpace(spec)}
-	bad := func(why string) (Variant, error) {
-		return Variant{}, &fairgo.ArgError{Arg: "-fairgo", Value: strconv.Quote(s), Reason: why}
-	}
-	// badKey names the key and its value: for a *fairgo.ArgError (of the
-	// library's parser or options) with its reason alone, and wrapping it.
-	badKey := func(key, val string, err error) (Variant, error) {
-		why, cause := err.Error(), error(nil) // nil: ErrInvalidArgument
-		var ae *fairgo.ArgError
-		if errors.As(err, &ae) {
-			why, cause = ae.Reason, err
-		}
-		return Variant{}, &fairgo.ArgError{
-			Arg:    "-fairgo",
-			Value:  strconv.Quote(s),
-			Reason: fmt.Sprintf("%s %s: %s", key, val, why),
-			Err:    cause,
-		}
-	}
-	if !variantName.MatchString(v.Name) || v.Name == Flat || v.Name == Naive {
-		return bad("needs a NAME (a letter, then letters, digits, '_', '.', '-'; not flat or naive) before '='")
+	p := variantParser{s: s, v: Variant{Name: strings.TrimSpace(name), Spec: strings.TrimSpace(spec)}}
+	if !variantName.MatchString(p.v.Name) || p.v.Name == Flat || p.v.Name == Naive {
+		return p.bad("needs a NAME (a letter, then letters, digits, '_', '.', '-'; not flat or naive) before '='")
 	}
 	given := map[string]string{} // each key's value as written, by the key's main spelling
-	for _, kv := range strings.Split(v.Spec, ",") {
+	for _, kv := range strings.Split(p.v.Spec, ",") {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
 			continue
 		}
 		key, val, ok := strings.Cut(kv, ":")
 		if !ok {
-			return bad(fmt.Sprintf("%q is not key:value", kv))
+			return p.bad(fmt.Sprintf("%q is not key:value", kv))
 		}
 		val = strings.TrimSpace(val)
-		var err error
-		switch strings.TrimSpace(key) {
-		case "algo", "algorithm":
-			v.Algorithm, err = hier.ParseAlgorithm(val)
-		case "slice":
-			v.Slice, err = ParseSize(val)
-		case "parallelism", "par":
-			var perr error
-			if v.Parallelism, perr = strconv.Atoi(val); perr != nil {
-				err = errors.New("not an integer")
-			} else if v.Parallelism < 1 {
-				err = errors.New("must be at least 1")
-			}
-		case "flat", "flat-threshold":
-			if val == "never" {
-				v.FlatThreshold = hier.FlatNever
-			} else {
-				v.FlatThreshold, err = ParseSize(val)
-			}
-		case "spin":
-			var derr error
-			if v.Spin, derr = time.ParseDuration(val); derr != nil {
-				err = errors.New("not a duration (e.g. 20us)")
-			}
-			v.SpinSet = true
-		case "inline":
-			v.InlineSet = true
-			switch val {
-			case "on":
-				v.Inline = true
-			case "off":
-			default:
-				err = errors.New("on or off")
-			}
-		case "rail":
-			v.SerialSet = true
-			switch val {
-			case "serial":
-				v.Serial = true
-			case "overlap":
-			default:
-				err = errors.New("serial or overlap")
-			}
-		case "check":
-			switch val {
-			case "on":
-			case "off":
-				v.NoCheck = true
-			default:
-				err = errors.New("on or off")
-			}
-		default:
-			return bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline, rail, check)", key))
+		k := strings.TrimSpace(key)
+		known, err := p.v.set(k, val)
+		if !known {
+			return p.bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline, rail, check)", key))
 		}
 		if err != nil {
-			return badKey(strings.TrimSpace(key), val, err)
+			return p.badKey(k, val, err)
 		}
-		k := strings.TrimSpace(key)
 		if a, ok := keyAliases[k]; ok {
 			k = a
 		}
 		given[k] = val
 	}
-	if err := hier.ValidateOptions(v.Options()...); err != nil {
-		var ae *fairgo.ArgError
-		if errors.As(err, &ae) {
-			if key, ok := optionKeys[ae.Arg]; ok {
-				if val, ok := given[key]; ok {
-					return badKey(key, val, err)
-				}
+	return p.validate(given)
+}
+
+// variantParser reads one -fairgo value, s, into v.
+type variantParser struct {
+	s string
+	v Variant
+}
+
+// bad is the error of the whole value, for why.
+func (p variantParser) bad(why string) (Variant, error) {
+	return Variant{}, &fairgo.ArgError{Arg: "-fairgo", Value: strconv.Quote(p.s), Reason: why}
+}
+
+// badKey names the key and its value: for a *fairgo.ArgError (of the
+// library's parser or options) with its reason alone, and wrapping it.
+func (p variantParser) badKey(key, val string, err error) (Variant, error) {
+	why, cause := err.Error(), error(nil) // nil: ErrInvalidArgument
+	var ae *fairgo.ArgError
+	if errors.As(err, &ae) {
+		why, cause = ae.Reason, err
+	}
+	return Variant{}, &fairgo.ArgError{
+		Arg:    "-fairgo",
+		Value:  strconv.Quote(p.s),
+		Reason: fmt.Sprintf("%s %s: %s", key, val, why),
+		Err:    cause,
+	}
+}
+
+// validate checks the variant's options with hier, naming the key at
+// fault when hier names its option (given: the keys' values as written).
+func (p variantParser) validate(given map[string]string) (Variant, error) {
+	err := hier.ValidateOptions(p.v.Options()...)
+	if err == nil {
+		return p.v, nil
+	}
+	var ae *fairgo.ArgError
+	if errors.As(err, &ae) {
+		if key, ok := optionKeys[ae.Arg]; ok {
+			if val, ok := given[key]; ok {
+				return p.badKey(key, val, err)
 			}
 		}
-		return badKey("options", v.Spec, err)
 	}
-	return v, nil
+	return p.badKey("options", p.v.Spec, err)
+}
+
+// set sets the option of key to val. known is false for a key that is
+// none of ParseVariant's; err says what is wrong with val. Of the switches,
+// inline:on, rail:serial and check:off stick once given.
+func (v *Variant) set(key, val string) (known bool, err error) {
+	var yes bool
+	switch key {
+	case "algo", "algorithm":
+		v.Algorithm, err = hier.ParseAlgorithm(val)
+	case "slice":
+		v.Slice, err = ParseSize(val)
+	case "parallelism", "par":
+		v.Parallelism, err = parseParallelism(val)
+	case "flat", "flat-threshold":
+		v.FlatThreshold, err = parseFlatThreshold(val)
+	case "spin":
+		var derr error
+		if v.Spin, derr = time.ParseDuration(val); derr != nil {
+			err = errors.New("not a duration (e.g. 20us)")
+		}
+		v.SpinSet = true
+	case "inline":
+		v.InlineSet = true
+		yes, err = parseChoice(val, "on", "off")
+		v.Inline = v.Inline || yes
+	case "rail":
+		v.SerialSet = true
+		yes, err = parseChoice(val, "serial", "overlap")
+		v.Serial = v.Serial || yes
+	case "check":
+		yes, err = parseChoice(val, "on", "off")
+		v.NoCheck = v.NoCheck || (err == nil && !yes)
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
+// parseParallelism reads the slices in flight: an integer, at least 1.
+func parseParallelism(val string) (int, error) {
+	n, err := strconv.Atoi(val)
+	switch {
+	case err != nil:
+		return n, errors.New("not an integer")
+	case n < 1:
+		return n, errors.New("must be at least 1")
+	}
+	return n, nil
+}
+
+// parseFlatThreshold reads the flat threshold: a size, or never
+// (hier.FlatNever).
+func parseFlatThreshold(val string) (int64, error) {
+	if val == "never" {
+		return hier.FlatNever, nil
+	}
+	return ParseSize(val)
+}
+
+// parseChoice reads one of two words: true for yes, false for no.
+func parseChoice(val, yes, no string) (bool, error) {
+	switch val {
+	case yes:
+		return true, nil
+	case no:
+		return false, nil
+	}
+	return false, errors.New(yes + " or " + no)
 }
 
 // Method is one way to allreduce that a run measures: a baseline (Flat,

@@ -347,7 +347,40 @@ func parseSlurmTasksPerNode(v string) ([]int, error) {
 	return out, nil
 }
 
+// storeAddr decides who launched the process and where its store is:
+// FAIRGO_STORE_ADDR when set, else MASTER_ADDR (or Slurm's first host) at
+// a port from MASTER_PORT (or Slurm's job id): torchrun's agent store
+// there, or rank 0's at FAIRGO_STORE_PORT, else MASTER_PORT+1. A failure
+// is recorded in e.err.
 func (e *envReader) storeAddr(l *Launch) {
+	e.launcher(l)
+	if e.fairrunStore(l) {
+		return
+	}
+	addr, ok := e.masterAddr(l.Source)
+	if !ok {
+		return
+	}
+	port, ok := e.masterPort(l.Source)
+	if !ok {
+		return
+	}
+	l.MasterAddr, l.MasterPort = addr, port
+	if l.AgentStore {
+		l.StoreKind = StoreC10d
+		l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(port))
+		return
+	}
+	l.StoreKind = StoreRank0
+	if sp, ok := e.rank0StorePort(port); ok {
+		l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(sp))
+	}
+}
+
+// launcher tells torchrun (its TORCHELASTIC_* variables: whether its agent
+// serves a store, its restart count) from other launchers that set
+// torchrun's variables, and names the launcher by the source otherwise.
+func (e *envReader) launcher(l *Launch) {
 	if l.Source == "torchrun" &&
 		(e.has("TORCHELASTIC_RUN_ID") || e.has("TORCHELASTIC_RESTART_COUNT") || e.has("TORCHELASTIC_USE_AGENT_STORE")) {
 		l.Launcher = LauncherTorchrun
@@ -363,89 +396,121 @@ func (e *envReader) storeAddr(l *Launch) {
 			l.Launcher = LauncherEnv
 		}
 	}
-	if v, ok := e.get(EnvStoreAddr); ok {
-		host, port, err := net.SplitHostPort(v)
-		p, perr := strconv.Atoi(port)
-		if err != nil || perr != nil || p < 1 || p > 65535 || host == "" {
-			e.fail(&EnvError{Var: EnvStoreAddr, Value: v, Reason: "want host:port"})
-			return
-		}
-		l.MasterAddr, l.MasterPort, l.StoreAddr = host, p, v
-		l.Launcher, l.StoreKind = LauncherFairrun, StoreFairgo
-		return
+}
+
+// fairrunStore reads FAIRGO_STORE_ADDR: when it is set, the fairgo store
+// there is the store (launcher fairrun), and it reports true.
+func (e *envReader) fairrunStore(l *Launch) bool {
+	v, ok := e.get(EnvStoreAddr)
+	if !ok {
+		return false
 	}
+	host, port, err := net.SplitHostPort(v)
+	p, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || p < 1 || p > 65535 || host == "" {
+		e.fail(&EnvError{Var: EnvStoreAddr, Value: v, Reason: "want host:port"})
+		return true
+	}
+	l.MasterAddr, l.MasterPort, l.StoreAddr = host, p, v
+	l.Launcher, l.StoreKind = LauncherFairrun, StoreFairgo
+	return true
+}
+
+// masterAddr reads MASTER_ADDR, under Slurm defaulting to its first host
+// (see slurmMasterAddr). false: it failed, recorded in e.err.
+func (e *envReader) masterAddr(source string) (string, bool) {
 	addr, ok := e.get("MASTER_ADDR")
-	if !ok && l.Source == LauncherSlurm {
-		for _, name := range []string{"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
-			if v, set := e.get(name); set {
-				hosts, err := SlurmHostlist(v, 1)
-				if err != nil {
-					e.fail(&EnvError{Var: name, Value: v, Reason: err.Error()})
-					return
-				}
-				addr, ok = hosts[0], true
-				break
-			}
-		}
-		if !ok {
-			addr, ok = e.get("SLURM_LAUNCH_NODE_IPADDR")
+	if !ok && source == LauncherSlurm {
+		var err error
+		if addr, ok, err = e.slurmMasterAddr(); err != nil {
+			e.fail(err)
+			return "", false
 		}
 	}
 	if !ok {
-		reason := "missing (and " + EnvStoreAddr + " too)"
-		switch l.Source {
-		case LauncherSlurm:
-			reason = "missing (and SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST, " +
-				"SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
-		case LauncherOpenMPI:
-			reason = "missing: Open MPI names no host to meet at; give the host of rank 0 (mpirun -x " +
-				"MASTER_ADDR=host -x MASTER_PORT=port), or " + EnvStoreAddr + "=host:port of a running fairgo store"
-		}
-		e.fail(&EnvError{Var: "MASTER_ADDR", Reason: reason})
-		return
+		e.fail(&EnvError{Var: "MASTER_ADDR", Reason: missingMasterAddr(source)})
+		return "", false
 	}
-	port := DefaultMasterPort
+	return addr, true
+}
+
+// slurmMasterAddr is the first host of SLURM_STEP_NODELIST, else
+// SLURM_JOB_NODELIST, SLURM_NODELIST, else SLURM_LAUNCH_NODE_IPADDR; false
+// when none is set.
+func (e *envReader) slurmMasterAddr() (string, bool, error) {
+	for _, name := range []string{"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
+		if v, set := e.get(name); set {
+			hosts, err := SlurmHostlist(v, 1)
+			if err != nil {
+				return "", false, &EnvError{Var: name, Value: v, Reason: err.Error()}
+			}
+			return hosts[0], true, nil
+		}
+	}
+	addr, ok := e.get("SLURM_LAUNCH_NODE_IPADDR")
+	return addr, ok, nil
+}
+
+// missingMasterAddr is the reason of a missing MASTER_ADDR: what else
+// could have named the host under the source's launcher.
+func missingMasterAddr(source string) string {
+	switch source {
+	case LauncherSlurm:
+		return "missing (and SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST, " +
+			"SLURM_LAUNCH_NODE_IPADDR and " + EnvStoreAddr + " too)"
+	case LauncherOpenMPI:
+		return "missing: Open MPI names no host to meet at; give the host of rank 0 (mpirun -x " +
+			"MASTER_ADDR=host -x MASTER_PORT=port), or " + EnvStoreAddr + "=host:port of a running fairgo store"
+	}
+	return "missing (and " + EnvStoreAddr + " too)"
+}
+
+// masterPort reads MASTER_PORT (required with torchrun's variables), under
+// Slurm defaulting to SlurmPort(SLURM_JOB_ID), else DefaultMasterPort.
+// false: it failed, recorded in e.err.
+func (e *envReader) masterPort(source string) (int, bool) {
 	switch {
-	case l.Source == "torchrun" || e.has("MASTER_PORT"):
-		port = e.int("MASTER_PORT", DefaultMasterPort)
+	case source == "torchrun" || e.has("MASTER_PORT"):
+		port := e.int("MASTER_PORT", DefaultMasterPort)
 		if e.err != nil {
-			return
+			return 0, false
 		}
 		if port < 1 || port > 65535 {
 			e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port), Reason: "outside [1, 65535]"})
-			return
+			return 0, false
 		}
-	case l.Source == LauncherSlurm && e.has("SLURM_JOB_ID"):
+		return port, true
+	case source == LauncherSlurm && e.has("SLURM_JOB_ID"):
 		id, err := strconv.ParseUint(mustGet(e, "SLURM_JOB_ID"), 10, 64)
 		if err != nil {
 			e.fail(&EnvError{Var: "SLURM_JOB_ID", Value: mustGet(e, "SLURM_JOB_ID"), Reason: "not a job number"})
-			return
+			return 0, false
 		}
-		port = SlurmPort(id)
+		return SlurmPort(id), true
 	}
-	l.MasterAddr, l.MasterPort = addr, port
-	if l.AgentStore {
-		l.StoreKind = StoreC10d
-		l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(port))
-		return
-	}
-	l.StoreKind = StoreRank0
-	sp := port + 1
-	if e.has(EnvStorePort) {
-		sp = e.int(EnvStorePort, 0)
-		if e.err != nil {
-			return
+	return DefaultMasterPort, true
+}
+
+// rank0StorePort is the port of the store rank 0 hosts: FAIRGO_STORE_PORT,
+// else MASTER_PORT+1. false: it failed, recorded in e.err.
+func (e *envReader) rank0StorePort(masterPort int) (int, bool) {
+	if !e.has(EnvStorePort) {
+		if sp := masterPort + 1; sp <= 65535 {
+			return sp, true
 		}
-		if sp < 1 || sp > 65535 {
-			e.fail(&EnvError{Var: EnvStorePort, Value: strconv.Itoa(sp), Reason: "outside [1, 65535]"})
-			return
-		}
-	} else if sp > 65535 {
-		e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(port),
+		e.fail(&EnvError{Var: "MASTER_PORT", Value: strconv.Itoa(masterPort),
 			Reason: "the store rank 0 hosts goes on MASTER_PORT+1, which is no port: set " + EnvStorePort})
-		return
+		return 0, false
 	}
-	l.StoreAddr = net.JoinHostPort(addr, strconv.Itoa(sp))
+	sp := e.int(EnvStorePort, 0)
+	if e.err != nil {
+		return 0, false
+	}
+	if sp < 1 || sp > 65535 {
+		e.fail(&EnvError{Var: EnvStorePort, Value: strconv.Itoa(sp), Reason: "outside [1, 65535]"})
+		return 0, false
+	}
+	return sp, true
 }
 
 func mustGet(e *envReader, name string) string { v, _ := e.get(name); return v }

@@ -203,6 +203,38 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 	if ctx == nil {
 		return nil, &fairgo.ArgError{Arg: "ctx", Value: nil, Reason: "nil"}
 	}
+	cfg := newOpenConfig(opts)
+	kind, err := launchStoreKind(l)
+	if err != nil {
+		return nil, err
+	}
+	if kind == StoreMemory {
+		m := NewMemoryStore()
+		return &LaunchStore{Store: m, Launch: l, Kind: kind, closer: m}, nil
+	}
+	o := &opener{l: l, kind: kind, cfg: cfg}
+	if err := o.setDialOptions(); err != nil {
+		return nil, err
+	}
+	dctx, cancel := openDeadline(ctx)
+	defer cancel()
+	switch kind {
+	case StoreFairgo:
+		return o.dial(dctx)
+	case StoreC10d:
+		return o.dialC10d(dctx)
+	case StoreRank0:
+		if l.Rank != 0 {
+			return o.dial(dctx)
+		}
+		return o.host()
+	}
+	return nil, &fairgo.ArgError{Arg: "rendezvous.Launch.StoreKind", Value: kind, Reason: "unknown"}
+}
+
+// newOpenConfig applies Open's options (nil ones skipped) and fills in the
+// logger.
+func newOpenConfig(opts []OpenOption) openConfig {
 	var cfg openConfig
 	for _, o := range opts {
 		if o != nil {
@@ -212,8 +244,15 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 	if cfg.log == nil {
 		cfg.log = slog.Default()
 	}
+	return cfg
+}
+
+// launchStoreKind checks l's rank and decides the kind of store Open gets:
+// memory for a single process, else l.StoreKind, the fairgo store when a
+// Launch made by hand names only StoreAddr.
+func launchStoreKind(l Launch) (string, error) {
 	if l.WorldSize < 1 || l.Rank < 0 || l.Rank >= l.WorldSize {
-		return nil, &fairgo.ArgError{
+		return "", &fairgo.ArgError{
 			Arg:    "rendezvous.Launch",
 			Value:  fmt.Sprintf("rank %d of %d", l.Rank, l.WorldSize),
 			Reason: "want 0 <= Rank < WorldSize",
@@ -226,117 +265,138 @@ func Open(ctx context.Context, l Launch, opts ...OpenOption) (*LaunchStore, erro
 	case kind == "" && l.StoreAddr != "":
 		kind = StoreFairgo
 	case kind == "":
-		return nil, &fairgo.ArgError{
+		return "", &fairgo.ArgError{
 			Arg:    "rendezvous.Launch",
 			Value:  fmt.Sprintf("rank %d of %d", l.Rank, l.WorldSize),
 			Reason: "no store address (StoreAddr) for a job of several processes",
 		}
 	}
-	if kind == StoreMemory {
-		m := NewMemoryStore()
-		return &LaunchStore{Store: m, Launch: l, Kind: kind, closer: m}, nil
-	}
-	dialOpts := append([]DialOption{WithClientLogger(cfg.log)}, cfg.dialOpts...)
-	if l.StoreToken != "" && kind != StoreC10d {
-		dialOpts = append(dialOpts, WithDialToken(l.StoreToken))
-	}
-	if _, err := newDialConfig(dialOpts, kind == StoreC10d); err != nil {
-		return nil, err
-	}
-	fail := func(hosting bool, addr string, err error) (*LaunchStore, error) {
-		return nil, &OpenError{
-			Launcher:  l.Launcher,
-			Kind:      kind,
-			Addr:      addr,
-			Hosting:   hosting,
-			Rank:      l.Rank,
-			WorldSize: l.WorldSize,
-			Vars:      l.VarsString(),
-			Err:       err,
-		}
-	}
-	dctx, cancel := openDeadline(ctx)
-	defer cancel()
-	unreachable := func(err error) error {
-		if errors.Is(err, ErrUnauthorized) || errors.Is(err, fairgo.ErrInvalidArgument) {
-			return err
-		}
-		return fmt.Errorf("%w: %w", ErrUnreachable, err)
-	}
+	return kind, nil
+}
 
-	switch kind {
-	case StoreFairgo:
-		c, err := Dial(dctx, l.StoreAddr, dialOpts...)
-		if err != nil {
-			return fail(false, l.StoreAddr, unreachable(err))
-		}
-		return &LaunchStore{Store: c, Launch: l, Kind: kind, Addr: l.StoreAddr, closer: c}, nil
-	case StoreC10d:
-		c, err := DialC10d(dctx, l.StoreAddr, dialOpts...)
-		if err != nil {
-			return fail(false, l.StoreAddr, unreachable(err))
-		}
-		return &LaunchStore{
-			Store:  WithPrefix(c, "fairgo/attempt_"+strconv.Itoa(l.RestartCount)),
-			Launch: l,
-			Kind:   kind,
-			Addr:   l.StoreAddr,
-			closer: c,
-		}, nil
-	case StoreRank0:
-		if l.Rank != 0 {
-			c, err := Dial(dctx, l.StoreAddr, dialOpts...)
-			if err != nil {
-				return fail(false, l.StoreAddr, unreachable(err))
-			}
-			return &LaunchStore{Store: c, Launch: l, Kind: kind, Addr: l.StoreAddr, closer: c}, nil
-		}
-		host, port, err := net.SplitHostPort(l.StoreAddr)
-		if err != nil {
-			return fail(true, l.StoreAddr, fmt.Errorf("store address: %w", err))
-		}
-		if cfg.bindSet {
-			host = cfg.bindHost
-		}
-		bind := net.JoinHostPort(host, port)
-		sopts := []ServerOption{WithServerLogger(cfg.log)}
-		if l.StoreToken != "" {
-			sopts = append(sopts, WithToken(l.StoreToken))
-		}
-		srv, err := Listen(bind, sopts...)
-		if err != nil {
-			if errors.Is(err, fairgo.ErrInvalidArgument) {
-				return nil, err
-			}
-			hint := ""
-			if isAddrNotAvail(err) {
-				hint = " (MASTER_ADDR must name rank 0's machine; or see WithBindHost)"
-			} else if isAddrInUse(err) {
-				hint = " (the port is taken: set " + EnvStorePort + ")"
-			}
-			return fail(true, bind, fmt.Errorf("%w%s", err, hint))
-		}
-		sctx, stop := context.WithCancel(context.Background())
-		served := make(chan struct{})
-		go func() { defer close(served); srv.Serve(sctx) }()
-		cfg.log.Debug(
-			"rendezvous: rank 0 hosts the store",
-			"addr", srv.Addr(),
-			"launcher", l.Launcher,
-			"token", l.StoreToken != "",
-		)
-		return &LaunchStore{
-			Store:  srv.Store(),
-			Launch: l,
-			Kind:   kind,
-			Addr:   srv.Addr(),
-			server: srv,
-			stop:   stop,
-			served: served,
-			closer: nopCloser{},
-		}, nil
+// opener gets the store of one launch that is not in memory: it dials it,
+// or on rank 0 of a rank-0-hosted store, serves it.
+type opener struct {
+	l        Launch
+	kind     string // the store kind (Store* constants)
+	cfg      openConfig
+	dialOpts []DialOption
+}
+
+// setDialOptions gathers the options to dial the store with (the logger,
+// Open's dial options, the token but for the c10d store) and checks them.
+func (o *opener) setDialOptions() error {
+	o.dialOpts = append([]DialOption{WithClientLogger(o.cfg.log)}, o.cfg.dialOpts...)
+	if o.l.StoreToken != "" && o.kind != StoreC10d {
+		o.dialOpts = append(o.dialOpts, WithDialToken(o.l.StoreToken))
 	}
-	return nil, &fairgo.ArgError{Arg: "rendezvous.Launch.StoreKind", Value: kind, Reason: "unknown"}
+	_, err := newDialConfig(o.dialOpts, o.kind == StoreC10d)
+	return err
+}
+
+// fail is Open's *OpenError for a failure at addr (hosting: rank 0 could
+// not serve the store there).
+func (o *opener) fail(hosting bool, addr string, err error) (*LaunchStore, error) {
+	return nil, &OpenError{
+		Launcher:  o.l.Launcher,
+		Kind:      o.kind,
+		Addr:      addr,
+		Hosting:   hosting,
+		Rank:      o.l.Rank,
+		WorldSize: o.l.WorldSize,
+		Vars:      o.l.VarsString(),
+		Err:       err,
+	}
+}
+
+// unreachable wraps a failure to dial the store in ErrUnreachable, but for
+// a refused token or an invalid argument.
+func unreachable(err error) error {
+	if errors.Is(err, ErrUnauthorized) || errors.Is(err, fairgo.ErrInvalidArgument) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnreachable, err)
+}
+
+// dial dials the fairgo store at StoreAddr.
+func (o *opener) dial(ctx context.Context) (*LaunchStore, error) {
+	c, err := Dial(ctx, o.l.StoreAddr, o.dialOpts...)
+	if err != nil {
+		return o.fail(false, o.l.StoreAddr, unreachable(err))
+	}
+	return &LaunchStore{Store: c, Launch: o.l, Kind: o.kind, Addr: o.l.StoreAddr, closer: c}, nil
+}
+
+// dialC10d dials torchrun's agent store at StoreAddr, its keys under
+// fairgo/attempt_<restart count>/.
+func (o *opener) dialC10d(ctx context.Context) (*LaunchStore, error) {
+	c, err := DialC10d(ctx, o.l.StoreAddr, o.dialOpts...)
+	if err != nil {
+		return o.fail(false, o.l.StoreAddr, unreachable(err))
+	}
+	return &LaunchStore{
+		Store:  WithPrefix(c, "fairgo/attempt_"+strconv.Itoa(o.l.RestartCount)),
+		Launch: o.l,
+		Kind:   o.kind,
+		Addr:   o.l.StoreAddr,
+		closer: c,
+	}, nil
+}
+
+// host listens, on rank 0, at StoreAddr's port on the bind host
+// (WithBindHost, else StoreAddr's host) with the token, and serves the
+// store until the LaunchStore is closed.
+func (o *opener) host() (*LaunchStore, error) {
+	host, port, err := net.SplitHostPort(o.l.StoreAddr)
+	if err != nil {
+		return o.fail(true, o.l.StoreAddr, fmt.Errorf("store address: %w", err))
+	}
+	if o.cfg.bindSet {
+		host = o.cfg.bindHost
+	}
+	bind := net.JoinHostPort(host, port)
+	sopts := []ServerOption{WithServerLogger(o.cfg.log)}
+	if o.l.StoreToken != "" {
+		sopts = append(sopts, WithToken(o.l.StoreToken))
+	}
+	srv, err := Listen(bind, sopts...)
+	if err != nil {
+		if errors.Is(err, fairgo.ErrInvalidArgument) {
+			return nil, err
+		}
+		return o.fail(true, bind, fmt.Errorf("%w%s", err, listenHint(err)))
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { defer close(served); srv.Serve(sctx) }()
+	o.cfg.log.Debug(
+		"rendezvous: rank 0 hosts the store",
+		"addr", srv.Addr(),
+		"launcher", o.l.Launcher,
+		"token", o.l.StoreToken != "",
+	)
+	return &LaunchStore{
+		Store:  srv.Store(),
+		Launch: o.l,
+		Kind:   o.kind,
+		Addr:   srv.Addr(),
+		server: srv,
+		stop:   stop,
+		served: served,
+		closer: nopCloser{},
+	}, nil
+}
+
+// listenHint says what to do about a failure to listen: the address is not
+// rank 0's, or the port is taken; "" for other failures.
+func listenHint(err error) string {
+	switch {
+	case isAddrNotAvail(err):
+		return " (MASTER_ADDR must name rank 0's machine; or see WithBindHost)"
+	case isAddrInUse(err):
+		return " (the port is taken: set " + EnvStorePort + ")"
+	}
+	return ""
 }
 
 type nopCloser struct{}

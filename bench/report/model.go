@@ -42,101 +42,117 @@ func (o ModelOptions) usable(r bench.Record) bool {
 // that one NIC. The all-to-all's per-peer cost is fitted to rail-a2a fairgo
 // points on 3 machines or more, else α_n.
 func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, error) {
-	var notes []string
-	rates := map[float64]bool{}
-	for _, r := range recs {
-		if o.usable(r) && r.Testbed.NICGbit > 0 {
-			rates[r.Testbed.NICGbit] = true
-		}
-	}
+	rates := nicRates(recs, o)
 	if len(rates) > 1 {
 		return model.Params{}, nil, fmt.Errorf(
 			"report: records of testbeds with NICs of %v Gbit/s: fit the model to one testbed's records",
 			sortedKeys(rates),
 		)
 	}
-	onTestbed := len(rates) == 1
-	// pick returns a link's points: link records, else flat sweeps of one
-	// call at a time on m × d (the network pair on the testbed when there
-	// is one, the NVLink pair off it).
-	pick := func(link string, m, d int, testbed bool) ([]model.Point, string) {
-		var links, flats []model.Point
-		for _, r := range recs {
-			if !o.usable(r) || r.Algorithm != bench.Flat || r.Buckets > 0 {
-				continue
-			}
-			pt := model.Point{Bytes: float64(r.Bytes), Seconds: r.TimeUS / 1e6}
-			switch {
-			case r.Kind == bench.KindLink && r.Link == link:
-				links = append(links, pt)
-			case r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && r.Iters == 1 &&
-				(r.Testbed.NICGbit > 0) == testbed:
-				flats = append(flats, pt)
-			}
-		}
-		if len(links) > 0 {
-			return links, fmt.Sprintf("%d link records", len(links))
-		}
-		return flats, fmt.Sprintf("%d flat sweep points on %d×%d", len(flats), m, d)
-	}
-	tb := model.Testbed{OneNICPerMachine: onTestbed}
+	f := fitter{recs: recs, o: o}
+	tb := model.Testbed{OneNICPerMachine: len(rates) == 1}
 	var from [2]string
-	tb.NVLink, from[0] = pick("nvlink", 1, 2, false)
-	tb.Net, from[1] = pick("net", 2, 1, onTestbed)
-	fit := func(name string, pts []model.Point, given model.Link, src string) (model.Link, error) {
-		if given.BW > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %v (given)", name, given))
-			return given, nil
-		}
-		l, err := model.FitLink(pts)
-		if err != nil {
-			return l, fmt.Errorf("%s: %w (run fairbench links, or sweep flat on the pair)", name, err)
-		}
-		worst := 0.0
-		for _, pt := range pts {
-			worst = math.Max(worst, math.Abs(model.LinkTime(l, pt.Bytes)/pt.Seconds-1))
-		}
-		notes = append(
-			notes,
-			fmt.Sprintf("%s: %v (fit of T = 2α + n/B to %s; worst point off by %.0f%%)", name, l, src, worst*100),
-		)
-		return l, nil
-	}
-	intra, err1 := fit("NVLink pair", tb.NVLink, o.Intra, from[0])
-	net, err2 := fit("network pair", tb.Net, o.Net, from[1])
+	tb.NVLink, from[0] = f.linkPoints("nvlink", 1, 2, false)
+	tb.Net, from[1] = f.linkPoints("net", 2, 1, tb.OneNICPerMachine)
+	intra, err1 := f.fitLink("NVLink pair", tb.NVLink, o.Intra, from[0])
+	net, err2 := f.fitLink("network pair", tb.Net, o.Net, from[1])
 	p := model.Params{Intra: intra, Net: net, PeerAlpha: -1}
 	if err := errors.Join(err1, err2); err != nil {
-		return p, notes, err
+		return p, f.notes, err
 	}
 	if tb.OneNICPerMachine {
 		p.NetPerMachine = net.BW
-		notes = append(
-			notes,
-			fmt.Sprintf(
-				"one NIC per machine (fairrun --nic-gbit %g): a machine's D rails share %.3f GB/s",
-				sortedKeys(rates)[0],
-				net.BW/1e9,
-			),
+		f.note(
+			"one NIC per machine (fairrun --nic-gbit %g): a machine's D rails share %.3f GB/s",
+			sortedKeys(rates)[0],
+			net.BW/1e9,
 		)
 	}
-	if a, ok := p.FitPeerAlpha(Measurements(recs, o)); ok {
-		p.PeerAlpha = a
-		notes = append(
-			notes,
-			fmt.Sprintf(
-				"all-to-all per-peer cost: %.2f µs (fit to %v fairgo points on ≥ 3 machines)",
-				a*1e6,
-				hier.RailAllToAll,
-			),
-		)
-	} else {
-		notes = append(notes, fmt.Sprintf(
+	f.fitPeerAlpha(&p)
+	return p, f.notes, p.Validate()
+}
+
+// nicRates are the NIC rates of the testbeds of the usable records.
+func nicRates(recs []bench.Record, o ModelOptions) map[float64]bool {
+	rates := map[float64]bool{}
+	for _, r := range recs {
+		if o.usable(r) && r.Testbed.NICGbit > 0 {
+			rates[r.Testbed.NICGbit] = true
+		}
+	}
+	return rates
+}
+
+// fitter fits the model's parameters to records, noting where each came
+// from.
+type fitter struct {
+	recs  []bench.Record
+	o     ModelOptions
+	notes []string
+}
+
+// note adds a note, formatted as fmt.Sprintf.
+func (f *fitter) note(format string, args ...any) {
+	f.notes = append(f.notes, fmt.Sprintf(format, args...))
+}
+
+// linkPoints returns a link's points and where they came from: link
+// records, else flat sweeps of one call at a time on m × d (on the testbed
+// or off it, as testbed says).
+func (f *fitter) linkPoints(link string, m, d int, testbed bool) ([]model.Point, string) {
+	var links, flats []model.Point
+	for _, r := range f.recs {
+		if !f.o.usable(r) || r.Algorithm != bench.Flat || r.Buckets > 0 {
+			continue
+		}
+		pt := model.Point{Bytes: float64(r.Bytes), Seconds: r.TimeUS / 1e6}
+		switch {
+		case r.Kind == bench.KindLink && r.Link == link:
+			links = append(links, pt)
+		case r.Kind == bench.KindSweep && r.Machines == m && r.Devices == d && r.Iters == 1 &&
+			(r.Testbed.NICGbit > 0) == testbed:
+			flats = append(flats, pt)
+		}
+	}
+	if len(links) > 0 {
+		return links, fmt.Sprintf("%d link records", len(links))
+	}
+	return flats, fmt.Sprintf("%d flat sweep points on %d×%d", len(flats), m, d)
+}
+
+// fitLink is the link given when its bandwidth is set, else the fit of
+// T = 2α + n/B to pts (from src), noting its worst point.
+func (f *fitter) fitLink(name string, pts []model.Point, given model.Link, src string) (model.Link, error) {
+	if given.BW > 0 {
+		f.note("%s: %v (given)", name, given)
+		return given, nil
+	}
+	l, err := model.FitLink(pts)
+	if err != nil {
+		return l, fmt.Errorf("%s: %w (run fairbench links, or sweep flat on the pair)", name, err)
+	}
+	worst := 0.0
+	for _, pt := range pts {
+		worst = math.Max(worst, math.Abs(model.LinkTime(l, pt.Bytes)/pt.Seconds-1))
+	}
+	f.note("%s: %v (fit of T = 2α + n/B to %s; worst point off by %.0f%%)", name, l, src, worst*100)
+	return l, nil
+}
+
+// fitPeerAlpha fits the all-to-all's per-peer cost to rail-a2a fairgo
+// points on 3 machines or more; without them it stays α_n.
+func (f *fitter) fitPeerAlpha(p *model.Params) {
+	a, ok := p.FitPeerAlpha(Measurements(f.recs, f.o))
+	if !ok {
+		f.note(
 			"all-to-all per-peer cost: %.2f µs = α_n (no %v fairgo points on ≥ 3 machines)",
 			p.Net.Alpha*1e6,
 			hier.RailAllToAll,
-		))
+		)
+		return
 	}
-	return p, notes, p.Validate()
+	p.PeerAlpha = a
+	f.note("all-to-all per-peer cost: %.2f µs (fit to %v fairgo points on ≥ 3 machines)", a*1e6, hier.RailAllToAll)
 }
 
 // Measurements converts the usable sweep and overlap records for the model.

@@ -60,9 +60,29 @@ func variantNames(recs []bench.Record) []string {
 // point (run, label, sim, invalid, intra-machine link); then the links
 // fitted to link records.
 func Summary(w io.Writer, recs []bench.Record) error {
-	variants := variantNames(recs)
-	methods := methodsOf(recs)
+	s := summary{variants: variantNames(recs), methods: methodsOf(recs)}
 	order, ps := points(recs, func(r bench.Record) bool { return r.Kind != bench.KindLink })
+	printIntraLines(w, order, ps)
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(s.head(), "\t")+"\t")
+	for _, k := range order {
+		fmt.Fprintln(tw, strings.Join(s.row(k, ps[k]), "\t")+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	printLinkFits(w, recs)
+	return nil
+}
+
+// summary is the table of Summary: its methods and fairgo variants.
+type summary struct {
+	variants, methods []string
+}
+
+// printIntraLines prints one line per testbed whose intra-machine link is
+// told, in the order of the points.
+func printIntraLines(w io.Writer, order []pointKey, ps map[pointKey]point) {
 	var lines []string
 	for _, k := range order {
 		for _, r := range ps[k] {
@@ -74,59 +94,64 @@ func Summary(w io.Writer, recs []bench.Record) error {
 	for _, l := range lines {
 		fmt.Fprintf(w, "# %s\n", l)
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+}
+
+// head is the table's header: the point, every method's time and busbw,
+// the ideal, every variant's ratios, the wrong elements and the notes.
+func (s summary) head() []string {
 	head := []string{"kind", "grid", "type", "size", "iters"}
-	for _, m := range methods {
+	for _, m := range s.methods {
 		head = append(head, m+" us")
 	}
-	for _, m := range methods {
+	for _, m := range s.methods {
 		head = append(head, m+" busbw")
 	}
 	head = append(head, "ideal")
-	for _, v := range variants {
+	for _, v := range s.variants {
 		head = append(head, v+"/flat", v+"/best", v+"/ideal")
 	}
-	head = append(head, "wrong", "notes")
-	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
-	for _, k := range order {
-		p := ps[k]
-		size := bench.FormatSize(k.bytes)
-		if k.kind == bench.KindOverlap {
-			size = fmt.Sprintf("%d×%s", k.buckets, size)
-		}
-		row := []string{k.kind, fmt.Sprintf("%d×%d", k.m, k.d), k.dtype, size, fmt.Sprint(k.iters)}
-		for _, m := range methods {
-			row = append(row, fmtTime(p.time(m)))
-		}
-		var any bench.Record
-		wrong, checked := int64(0), false
-		for _, m := range methods {
-			r, ok := p[m]
-			if !ok {
-				row = append(row, "-")
-				continue
-			}
-			any = r
-			row = append(row, fmtBW(r.BusBW))
-			if r.Wrong >= 0 {
-				wrong += r.Wrong
-				checked = true
-			}
-		}
-		row = append(row, fmtIdeal(any.IdealBusBW))
-		for _, v := range variants {
-			row = append(row, fmtRatio(p.vsFlat(v)), fmtRatio(p.vsBest(v)), fmtRatio(p.vsIdeal(v)))
-		}
-		ws := "-"
-		if checked {
-			ws = fmt.Sprint(wrong)
-		}
-		row = append(row, ws, notes(any))
-		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	return append(head, "wrong", "notes")
+}
+
+// row is the table's row of point p at k, in head's columns.
+func (s summary) row(k pointKey, p point) []string {
+	size := bench.FormatSize(k.bytes)
+	if k.kind == bench.KindOverlap {
+		size = fmt.Sprintf("%d×%s", k.buckets, size)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	row := []string{k.kind, fmt.Sprintf("%d×%d", k.m, k.d), k.dtype, size, fmt.Sprint(k.iters)}
+	for _, m := range s.methods {
+		row = append(row, fmtTime(p.time(m)))
 	}
+	var any bench.Record
+	wrong, checked := int64(0), false
+	for _, m := range s.methods {
+		r, ok := p[m]
+		if !ok {
+			row = append(row, "-")
+			continue
+		}
+		any = r
+		row = append(row, fmtBW(r.BusBW))
+		if r.Wrong >= 0 {
+			wrong += r.Wrong
+			checked = true
+		}
+	}
+	row = append(row, fmtIdeal(any.IdealBusBW))
+	for _, v := range s.variants {
+		row = append(row, fmtRatio(p.vsFlat(v)), fmtRatio(p.vsBest(v)), fmtRatio(p.vsIdeal(v)))
+	}
+	ws := "-"
+	if checked {
+		ws = fmt.Sprint(wrong)
+	}
+	return append(row, ws, notes(any))
+}
+
+// printLinkFits prints the link fitted to each link's records, by link
+// name; a link whose fit fails is left out.
+func printLinkFits(w io.Writer, recs []bench.Record) {
 	links := map[string][]model.Point{}
 	for _, r := range recs {
 		if r.Kind == bench.KindLink {
@@ -138,7 +163,6 @@ func Summary(w io.Writer, recs []bench.Record) error {
 			fmt.Fprintf(w, "link %s: %v (%d sizes)\n", l, fit, len(links[l]))
 		}
 	}
-	return nil
 }
 
 // notes marks a point: its run and label, sim timings, an invalid testbed.

@@ -145,46 +145,89 @@ func vsNaive(p point, v string) float64 { return p.ratio(v, p.time(bench.Naive))
 func vsBest(p point, v string) float64  { return p.vsBest(v) }
 func vsIdeal(p point, v string) float64 { return p.vsIdeal(v) }
 
-// issue18Defs are issue 18's targets on the one-GPU testbed: several ranks
-// per machine at 2.5 Gbit/s (2 × 2, 2 × 4, 4 × 2), one per machine at 10
-// Gbit/s (2 × 1, 4 × 1, 8 × 1).
-func issue18Defs() []targetDef {
-	type lay struct {
-		m, d int
-		gbit float64
+// oneGPULayout is a layout of issue 18's one-GPU testbed: m machines of d
+// ranks with NICs of gbit Gbit/s.
+type oneGPULayout struct {
+	m, d int
+	gbit float64
+}
+
+// Issue 18's layouts: several ranks per machine at 2.5 Gbit/s, one per
+// machine at 10 Gbit/s.
+var (
+	sharedLayouts = []oneGPULayout{{2, 2, 2.5}, {2, 4, 2.5}, {4, 2, 2.5}}
+	singleLayouts = []oneGPULayout{{2, 1, 10}, {4, 1, 10}, {8, 1, 10}}
+)
+
+// callPatterns are the ways a sweep calls: one call at a time, and 20
+// back to back.
+var callPatterns = []struct {
+	name string
+	ok   func(iters int) bool
+}{
+	{"one call at a time", func(n int) bool { return n == 1 }},
+	{"20 back to back", func(n int) bool { return n >= 20 }},
+}
+
+// String names the layout in requirements: "2×2 at 2.5 Gbit/s".
+func (l oneGPULayout) String() string { return fmt.Sprintf("%d×%d at %g Gbit/s", l.m, l.d, l.gbit) }
+
+// sweeps keeps the layout's sweeps of sizes lo–hi whose call count iters
+// accepts.
+func (l oneGPULayout) sweeps(lo, hi int64, iters func(int) bool) func(bench.Record) bool {
+	return oneGPU(l.m, l.d, l.gbit, lo, hi, iters)
+}
+
+// smallest is the smallest size U5 and U6 look at: 256K with one rank per
+// machine, else 1M.
+func (l oneGPULayout) smallest() int64 {
+	if l.d == 1 {
+		return 256 * kib
 	}
-	shared := []lay{{2, 2, 2.5}, {2, 4, 2.5}, {4, 2, 2.5}}
-	single := []lay{{2, 1, 10}, {4, 1, 10}, {8, 1, 10}}
-	name := func(l lay) string { return fmt.Sprintf("%d×%d at %g Gbit/s", l.m, l.d, l.gbit) }
-	parts := func(ls []lay, lo, hi int64, ratio func(point, string) float64) []requirement {
-		var out []requirement
-		for _, l := range ls {
-			out = append(out, requirement{name(l), oneGPU(l.m, l.d, l.gbit, lo, hi, anyIters), ratio})
-		}
-		return out
+	return mib
+}
+
+// layoutParts is one requirement per layout of ls: its sweeps of sizes
+// lo–hi, compared by ratio.
+func layoutParts(ls []oneGPULayout, lo, hi int64, ratio func(point, string) float64) []requirement {
+	var out []requirement
+	for _, l := range ls {
+		out = append(out, requirement{l.String(), l.sweeps(lo, hi, anyIters), ratio})
 	}
-	var u5, u6 []requirement
-	for _, l := range append(append([]lay(nil), shared...), single...) {
-		lo := mib
-		if l.d == 1 {
-			lo = 256 * kib
-		}
-		for _, it := range []struct {
-			name string
-			ok   func(int) bool
-		}{{"one call at a time", func(n int) bool { return n == 1 }},
-			{"20 back to back", func(n int) bool { return n >= 20 }}} {
-			u5 = append(
-				u5,
-				requirement{name(l) + ", " + it.name, oneGPU(l.m, l.d, l.gbit, lo, 256*mib, it.ok), vsNoCheck},
+	return out
+}
+
+// u5Parts are U5's requirements: every layout, one call at a time and 20
+// back to back, the check's cost.
+func u5Parts() []requirement {
+	var out []requirement
+	for _, l := range append(slices.Clone(sharedLayouts), singleLayouts...) {
+		for _, it := range callPatterns {
+			out = append(
+				out,
+				requirement{l.String() + ", " + it.name, l.sweeps(l.smallest(), 256*mib, it.ok), vsNoCheck},
 			)
 		}
-		u6 = append(u6, requirement{name(l), oneGPU(l.m, l.d, l.gbit, lo, 256*mib, anyIters), vsFastestFairgo})
 	}
-	var u7 []requirement
-	for _, l := range shared[:2] {
-		l := l
-		u7 = append(u7, requirement{name(l) + ", 64×25M", func(r bench.Record) bool {
+	return out
+}
+
+// u6Parts are U6's requirements: every layout, Auto's choice against the
+// fastest fairgo variant.
+func u6Parts() []requirement {
+	var out []requirement
+	for _, l := range append(slices.Clone(sharedLayouts), singleLayouts...) {
+		out = append(out, requirement{l.String(), l.sweeps(l.smallest(), 256*mib, anyIters), vsFastestFairgo})
+	}
+	return out
+}
+
+// u7Parts are U7's requirements: 64 buckets of 25 MiB back to back on the
+// first two layouts of several ranks per machine.
+func u7Parts() []requirement {
+	var out []requirement
+	for _, l := range sharedLayouts[:2] {
+		out = append(out, requirement{l.String() + ", 64×25M", func(r bench.Record) bool {
 			return r.Kind == bench.KindOverlap && r.Machines == l.m && r.Devices == l.d &&
 				r.Testbed.NICGbit == l.gbit &&
 				r.Testbed.Intra == harness.IntraLoopback &&
@@ -192,9 +235,16 @@ func issue18Defs() []targetDef {
 				r.Bytes == 25*mib
 		}, vsBest})
 	}
+	return out
+}
+
+// issue18Defs are issue 18's targets on the one-GPU testbed: several ranks
+// per machine at 2.5 Gbit/s (2 × 2, 2 × 4, 4 × 2), one per machine at 10
+// Gbit/s (2 × 1, 4 × 1, 8 × 1).
+func issue18Defs() []targetDef {
 	return []targetDef{
 		{id: "U1", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo/naive at 64M–256M",
-			target: "≥ 1.05", atLeast: true, threshold: 1.05, parts: parts(shared, 64*mib, 256*mib, vsNaive)},
+			target: "≥ 1.05", atLeast: true, threshold: 1.05, parts: layoutParts(sharedLayouts, 64*mib, 256*mib, vsNaive)},
 		{
 			id: "U2",
 			what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo / max(flat, flat ring, " +
@@ -202,10 +252,10 @@ func issue18Defs() []targetDef {
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,
-			parts:     parts(shared, mib, 256*mib, vsBest),
+			parts:     layoutParts(sharedLayouts, mib, 256*mib, vsBest),
 		},
 		{id: "U3", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo busbw / NIC-bound ideal at 64M–256M",
-			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: parts(shared, 64*mib, 256*mib, vsIdeal)},
+			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: layoutParts(sharedLayouts, 64*mib, 256*mib, vsIdeal)},
 		{
 			id: "U4",
 			what: "one GPU, 2 × 1, 4 × 1, 8 × 1 at 10 Gbit/s: fairgo / max(flat, flat ring, " +
@@ -213,7 +263,7 @@ func issue18Defs() []targetDef {
 			target:    "≥ 0.97",
 			atLeast:   true,
 			threshold: 0.97,
-			parts:     parts(single, 256*kib, 256*mib, vsBest),
+			parts:     layoutParts(singleLayouts, 256*kib, 256*mib, vsBest),
 		},
 		{
 			id: "U5",
@@ -222,7 +272,7 @@ func issue18Defs() []targetDef {
 			target:    "≥ 0.98",
 			atLeast:   true,
 			threshold: 0.98,
-			parts:     u5,
+			parts:     u5Parts(),
 		},
 		{
 			id: "U6",
@@ -231,7 +281,7 @@ func issue18Defs() []targetDef {
 			target:    "≥ 0.971",
 			atLeast:   true,
 			threshold: 1 / 1.03,
-			parts:     u6,
+			parts:     u6Parts(),
 		},
 		{
 			id:        "U7",
@@ -239,7 +289,7 @@ func issue18Defs() []targetDef {
 			target:    "≥ 1.10",
 			atLeast:   true,
 			threshold: 1.10,
-			parts:     u7,
+			parts:     u7Parts(),
 		},
 	}
 }
@@ -249,11 +299,7 @@ func targetDefs() []targetDef {
 	vsFlat := func(p point, v string) float64 { return p.vsFlat(v) }
 	var t1 []requirement
 	for _, dt := range []string{"float32", "bfloat16"} {
-		for _, it := range []struct {
-			name string
-			ok   func(int) bool
-		}{{"one call at a time", func(n int) bool { return n == 1 }},
-			{"20 back to back", func(n int) bool { return n >= 20 }}} {
+		for _, it := range callPatterns {
 			t1 = append(t1, requirement{fmt.Sprintf("1×2 in one process, %s, %s", dt, it.name),
 				sweepOn(1, 2, false, []string{dt}, 64*kib, gib, it.ok), vsFlat})
 		}

@@ -112,54 +112,82 @@ func run(mode string, py bool, timeout time.Duration) error {
 
 // exercise runs the checks every rank does on st.
 func exercise(ctx context.Context, st rendezvous.Store, l rendezvous.Launch) error {
-	me, world := l.Rank, l.WorldSize
-	key := func(p string, r int) string { return fmt.Sprintf("%s/%d", p, r) }
-	all := func(p string) []string {
-		ks := make([]string, world)
-		for r := range ks {
-			ks[r] = key(p, r)
+	p := probe{ctx: ctx, st: st, me: l.Rank, world: l.WorldSize}
+	for _, step := range []func() error{p.greet, p.electLeader, p.getAfterCancel, p.finish} {
+		if err := step(); err != nil {
+			return err
 		}
-		return ks
 	}
-	// Count, then announce; once every rank announced, the count is final.
+	return nil
+}
+
+// probe is one rank's run of the checks on a store.
+type probe struct {
+	ctx       context.Context
+	st        rendezvous.Store
+	me, world int // this rank, and the number of ranks
+}
+
+// key is rank r's key under prefix.
+func (p probe) key(prefix string, r int) string { return fmt.Sprintf("%s/%d", prefix, r) }
+
+// all is every rank's key under prefix.
+func (p probe) all(prefix string) []string {
+	ks := make([]string, p.world)
+	for r := range ks {
+		ks[r] = p.key(prefix, r)
+	}
+	return ks
+}
+
+// greet counts the ranks, then announces this one; once every rank
+// announced, it reads every rank's greeting and checks the count is final.
+func (p probe) greet() error {
+	ctx, st := p.ctx, p.st
 	if _, err := st.Add(ctx, "count", 1); err != nil {
 		return fmt.Errorf("add: %w", err)
 	}
-	if err := st.Set(ctx, key("rank", me), []byte(fmt.Sprintf("hello from %d", me))); err != nil {
+	if err := st.Set(ctx, p.key("rank", p.me), []byte(fmt.Sprintf("hello from %d", p.me))); err != nil {
 		return fmt.Errorf("set: %w", err)
 	}
-	if err := st.Wait(ctx, all("rank")...); err != nil {
+	if err := st.Wait(ctx, p.all("rank")...); err != nil {
 		return fmt.Errorf("wait: %w", err)
 	}
-	for r := range world {
-		v, err := st.Get(ctx, key("rank", r))
+	for r := range p.world {
+		v, err := st.Get(ctx, p.key("rank", r))
 		if err != nil {
 			return fmt.Errorf("get: %w", err)
 		}
 		if want := fmt.Sprintf("hello from %d", r); string(v) != want {
-			return fmt.Errorf("get %s: %q, want %q", key("rank", r), v, want)
+			return fmt.Errorf("get %s: %q, want %q", p.key("rank", r), v, want)
 		}
 	}
 	v, err := st.Get(ctx, "count")
 	if err != nil {
 		return err
 	}
-	if string(v) != strconv.Itoa(world) {
-		return fmt.Errorf("count %q, want %d", v, world)
+	if string(v) != strconv.Itoa(p.world) {
+		return fmt.Errorf("count %q, want %d", v, p.world)
 	}
-	// Every rank races to set the leader; all must agree on the winner.
-	won, err := st.CompareSet(ctx, "leader", nil, []byte(strconv.Itoa(me)))
+	return nil
+}
+
+// electLeader has every rank race to set the leader with a compare-set;
+// all must agree on the winner.
+func (p probe) electLeader() error {
+	ctx, st := p.ctx, p.st
+	won, err := st.CompareSet(ctx, "leader", nil, []byte(strconv.Itoa(p.me)))
 	if err != nil {
 		return fmt.Errorf("compare-set: %w", err)
 	}
-	if err := st.Set(ctx, key("seen", me), won); err != nil {
+	if err := st.Set(ctx, p.key("seen", p.me), won); err != nil {
 		return err
 	}
-	if err := st.Wait(ctx, all("seen")...); err != nil {
+	if err := st.Wait(ctx, p.all("seen")...); err != nil {
 		return err
 	}
-	for r := range world {
-		v, err := st.Get(ctx, key("seen", r))
+	for r := range p.world {
+		v, err := st.Get(ctx, p.key("seen", r))
 		if err != nil {
 			return err
 		}
@@ -167,30 +195,40 @@ func exercise(ctx context.Context, st rendezvous.Store, l rendezvous.Launch) err
 			return fmt.Errorf("rank %d saw leader %q, this rank %q", r, v, won)
 		}
 	}
-	// A Get whose ctx ends returns ctx.Err() and leaves the client usable.
+	return nil
+}
+
+// getAfterCancel checks that a Get whose ctx ends returns ctx.Err() and
+// leaves the client usable: set, get and delete still work.
+func (p probe) getAfterCancel() error {
+	ctx, st, key := p.ctx, p.st, p.key("never", p.me)
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	_, err = st.Get(short, key("never", me))
+	_, err := st.Get(short, key)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("get with a short deadline: %v, want %v", err, context.DeadlineExceeded)
 	}
-	if err := st.Set(ctx, key("never", me), []byte("now")); err != nil {
+	if err := st.Set(ctx, key, []byte("now")); err != nil {
 		return err
 	}
-	if v, err := st.Get(ctx, key("never", me)); err != nil || string(v) != "now" {
+	if v, err := st.Get(ctx, key); err != nil || string(v) != "now" {
 		return fmt.Errorf("get after a cancelled get: %q, %v", v, err)
 	}
-	ok, err := st.Delete(ctx, key("never", me))
+	ok, err := st.Delete(ctx, key)
 	if err != nil || !ok {
 		return fmt.Errorf("delete: %v, %v", ok, err)
 	}
-	// Everyone is done reading before anyone moves on.
-	if n, err := st.Add(ctx, "done", 1); err != nil {
+	return nil
+}
+
+// finish waits until every rank is done reading before anyone moves on.
+func (p probe) finish() error {
+	if n, err := p.st.Add(p.ctx, "done", 1); err != nil {
 		return err
-	} else if n == int64(world) {
-		if err := st.Set(ctx, "all-done", nil); err != nil {
+	} else if n == int64(p.world) {
+		if err := p.st.Set(p.ctx, "all-done", nil); err != nil {
 			return err
 		}
 	}
-	return st.Wait(ctx, "all-done")
+	return p.st.Wait(p.ctx, "all-done")
 }

@@ -182,6 +182,16 @@ flags:
 func newFlagSet(c *Config) *flag.FlagSet {
 	fs := flag.NewFlagSet("fairrun", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	declareJobFlags(fs, c)
+	declareMachineFlags(fs, c)
+	declareNICFlags(fs, c)
+	declareWorkerFlags(fs, c)
+	return fs
+}
+
+// declareJobFlags declares the flags of the job's shape and its store:
+// the workers on this node, the nodes, and where the store is.
+func declareJobFlags(fs *flag.FlagSet, c *Config) {
 	fs.Var(
 		nprocValue{c},
 		"nproc-per-node",
@@ -220,6 +230,11 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		"",
 		"`host` or IP the store listens on (default: --master-addr; never every interface unless given 0.0.0.0 or ::)",
 	)
+}
+
+// declareMachineFlags declares the flags of the emulated machines: how
+// many, and the GPUs they are spread over.
+func declareMachineFlags(fs *flag.FlagSet, c *Config) {
 	fs.IntVar(
 		&c.EmulateMachines,
 		"emulate-machines",
@@ -232,6 +247,11 @@ func newFlagSet(c *Config) *flag.FlagSet {
 		0,
 		"`G` GPUs to spread emulated machines over (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else 1)",
 	)
+}
+
+// declareNICFlags declares the flags of the emulated machines' links: the
+// NIC's rate and delay, and the loopback's rate.
+func declareNICFlags(fs *flag.FlagSet, c *Config) {
 	fs.Float64Var(
 		&c.NICGbit,
 		"nic-gbit",
@@ -262,6 +282,11 @@ func newFlagSet(c *Config) *flag.FlagSet {
 			MaxNICGbit,
 		),
 	)
+}
+
+// declareWorkerFlags declares the flags of how the workers run: under
+// MPS, stopped after a grace period, with shuffled ranks.
+func declareWorkerFlags(fs *flag.FlagSet, c *Config) {
 	fs.Func(
 		"mps",
 		"`mode` of running the workers under a private CUDA MPS daemon: "+
@@ -288,7 +313,6 @@ func newFlagSet(c *Config) *flag.FlagSet {
 			return nil
 		},
 	)
-	return fs
 }
 
 // Values of --nproc-per-node that count this node's devices, as torchrun's.
@@ -452,9 +476,29 @@ const notStandalone = "not allowed with --standalone (one node with a store of i
 
 // Validate checks the configuration, naming the flag at fault.
 func (c Config) Validate() error {
-	bad := func(flag string, v any, reason string) error {
-		return &UsageError{Flag: flag, Value: v, Reason: reason}
+	for _, check := range []func() error{c.checkJob, c.checkMachines, c.checkNICs} {
+		if err := check(); err != nil {
+			return err
+		}
 	}
+	switch {
+	case c.MPS != "" && c.MPS != MPSAuto && c.MPS != MPSOn && c.MPS != MPSOff:
+		return usageError("mps", c.MPS, "must be auto, on or off")
+	case c.Program == "":
+		return fmt.Errorf("%w: no worker program", ErrUsage)
+	}
+	return nil
+}
+
+// usageError is the *UsageError of flag with value v.
+func usageError(flag string, v any, reason string) error {
+	return &UsageError{Flag: flag, Value: v, Reason: reason}
+}
+
+// checkJob checks the job's shape and its store: the workers on this
+// node, the nodes, --standalone, and the store's address.
+func (c Config) checkJob() error {
+	bad := usageError
 	switch {
 	case c.NProcFrom != "" && c.NProcFrom != NProcGPU && c.NProcFrom != NProcAuto && c.NProcFrom != NProcCPU:
 		return bad(
@@ -482,6 +526,15 @@ func (c Config) Validate() error {
 		return bad("master-addr", `""`, "empty")
 	case c.StoreBind != "" && hasPort(c.StoreBind):
 		return bad("store-bind", c.StoreBind, "give a host or IP; the port is --master-port")
+	}
+	return nil
+}
+
+// checkMachines checks the emulated machines, their GPUs, and the grace
+// period.
+func (c Config) checkMachines() error {
+	bad := usageError
+	switch {
 	case c.EmulateMachines < 0:
 		return bad("emulate-machines", c.EmulateMachines, "negative")
 	case c.EmulateMachines > 0 && c.NProcPerNode > 0 && c.NProcPerNode%c.EmulateMachines != 0:
@@ -494,6 +547,15 @@ func (c Config) Validate() error {
 		return bad("gpus", c.GPUs, "negative")
 	case c.Grace < 0:
 		return bad("grace", c.Grace, "negative")
+	}
+	return nil
+}
+
+// checkNICs checks the emulated NICs and loopback: their rates and delay,
+// and what they need.
+func (c Config) checkNICs() error {
+	bad := usageError
+	switch {
 	case math.IsNaN(c.NICGbit) || c.NICGbit < 0 || c.NICGbit > MaxNICGbit:
 		return bad("nic-gbit", c.NICGbit, fmt.Sprintf("must be in (0, %d] Gbit/s", MaxNICGbit))
 	case c.NICGbit > 0 && c.EmulateMachines == 0:
@@ -528,10 +590,6 @@ func (c Config) Validate() error {
 			c.NVLinkGbit,
 			"needs --nic-gbit (it shapes the loopback of each emulated machine's network namespace)",
 		)
-	case c.MPS != "" && c.MPS != MPSAuto && c.MPS != MPSOn && c.MPS != MPSOff:
-		return bad("mps", c.MPS, "must be auto, on or off")
-	case c.Program == "":
-		return fmt.Errorf("%w: no worker program", ErrUsage)
 	}
 	return nil
 }

@@ -104,117 +104,175 @@ func (g *group) run(ctx context.Context, c Config, workers []Worker) (int, error
 	defer signal.Stop(sigchld)
 
 	var copiers sync.WaitGroup
+	s := &supervision{g: g, ctx: ctx, done: ctx.Done(), procs: map[int]*proc{}, termed: map[int]bool{}}
+	pipes := s.startAll(c, workers, &copiers)
+	s.supervise(sigchld)
+	g.drain(pipes, &copiers)
+	return s.code, s.cause
+}
+
+// supervision is one run of the group: its workers, the exit code and its
+// cause so far, and how far stopping the job has got.
+type supervision struct {
+	g    *group
+	ctx  context.Context
+	done <-chan struct{} // ctx.Done() until seen; then nil
+
+	procs   map[int]*proc // the started workers, by pid
+	running int           // workers not yet reaped
+	code    int
+	cause   error
+
+	stopping  bool             // every worker was sent SIGTERM
+	killing   bool             // the grace period is over: SIGKILL
+	killTimer <-chan time.Time // ends the grace period
+	termed    map[int]bool     // adopted processes already sent SIGTERM
+}
+
+// startAll starts the workers in order until one fails to start (that
+// failure is then the cause, and the ones started are stopped), and
+// returns the read ends of every pipe opened.
+func (s *supervision) startAll(c Config, workers []Worker, copiers *sync.WaitGroup) []*os.File {
 	var pipes []*os.File
-	procs := map[int]*proc{}
-	code, cause := 0, error(nil)
 	for _, w := range workers {
-		p, outs, err := g.startWorker(c, w, &copiers)
+		p, outs, err := s.g.startWorker(c, w, copiers)
 		pipes = append(pipes, outs...)
 		if err != nil {
-			code, cause = ExitStartFailure, err
+			s.code, s.cause = ExitStartFailure, err
 			break
 		}
-		procs[p.pid] = p
+		s.procs[p.pid] = p
 	}
-	running := len(procs)
+	s.running = len(s.procs)
+	if s.cause != nil {
+		s.stop(s.cause.Error())
+	}
+	return pipes
+}
 
-	stopping, killing := false, false
-	var killTimer <-chan time.Time
-	termed := map[int]bool{} // adopted processes already sent SIGTERM
-	stop := func(why string) {
-		if stopping {
-			return
-		}
-		stopping = true
-		g.log.Info("fairrun: stopping workers", "why", why, "running", running, "grace", g.grace)
-		for _, p := range procs {
-			if p.running {
-				signalGroup(p.pid, syscall.SIGTERM)
-			}
-		}
-		killTimer = time.After(g.grace)
-	}
-	if cause != nil {
-		stop(cause.Error())
-	}
+// supervise reaps the workers and what they left behind until every one
+// has ended, stopping the job on the first failure, when ctx ends, or when
+// every worker exited but processes they started remain.
+func (s *supervision) supervise(sigchld <-chan os.Signal) {
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
-	done := ctx.Done()
 	for {
-		// Reap whatever has exited: workers and adopted orphans.
-		for {
-			pid, ws, ok := reapOne()
-			if !ok {
-				break
-			}
-			p := procs[pid]
-			if p == nil || !p.running {
-				delete(termed, pid)
-				continue
-			}
-			p.running = false
-			running--
-			ecode := exitCode(ws)
-			if ecode != 0 && !stopping {
-				code = ecode
-				cause = &ExitError{Rank: p.w.Rank, Pid: pid, Code: ecode, Status: describe(ws)}
-				g.log.Error(
-					"fairrun: worker failed",
-					"rank", p.w.Rank,
-					"pid", pid,
-					"exit_code", ecode,
-					"status", describe(ws),
-				)
-				stop(fmt.Sprintf("rank %d exited with code %d", p.w.Rank, ecode))
-			}
-		}
-		if running == 0 || stopping {
-			orphans := adoptedChildren(procs)
-			if running == 0 && len(orphans) == 0 {
-				break
-			}
-			if !stopping {
-				stop("every worker exited; ending the processes they left behind")
-			}
-			for _, pid := range orphans {
-				switch {
-				case killing:
-					signalTree(pid, syscall.SIGKILL)
-				case !termed[pid]:
-					termed[pid] = true
-					signalTree(pid, syscall.SIGTERM)
-				}
-			}
+		s.reap()
+		if (s.running == 0 || s.stopping) && s.endLeftovers() {
+			return
 		}
 		select {
 		case <-sigchld:
 		case <-tick.C:
-		case <-done:
-			done = nil
-			if !stopping {
-				code, cause = 1, context.Cause(ctx)
-				var se *SignalError
-				if errors.As(cause, &se) {
-					code = 128 + int(se.Signal)
-				}
-				stop(cause.Error())
-			}
-		case <-killTimer:
-			killTimer, killing = nil, true
-			for _, p := range procs {
-				if p.running {
-					g.log.Warn("fairrun: worker ignored SIGTERM; killing it", "rank", p.w.Rank, "pid", p.pid)
-					signalGroup(p.pid, syscall.SIGKILL)
-				}
-			}
-			for _, pid := range adoptedChildren(procs) {
-				g.log.Warn("fairrun: process left by a worker ignored SIGTERM; killing it", "pid", pid)
-				signalTree(pid, syscall.SIGKILL)
-			}
+		case <-s.done:
+			s.done = nil
+			s.cancelled()
+		case <-s.killTimer:
+			s.killTimer, s.killing = nil, true
+			s.kill()
 		}
 	}
-	g.drain(pipes, &copiers)
-	return code, cause
+}
+
+// stop sends every running worker's process group SIGTERM (once) and
+// starts the grace period.
+func (s *supervision) stop(why string) {
+	if s.stopping {
+		return
+	}
+	s.stopping = true
+	s.g.log.Info("fairrun: stopping workers", "why", why, "running", s.running, "grace", s.g.grace)
+	for _, p := range s.procs {
+		if p.running {
+			signalGroup(p.pid, syscall.SIGTERM)
+		}
+	}
+	s.killTimer = time.After(s.g.grace)
+}
+
+// reap reaps whatever has exited, workers and adopted orphans; the first
+// worker to fail before the job is stopping gives the exit code and stops
+// the others.
+func (s *supervision) reap() {
+	for {
+		pid, ws, ok := reapOne()
+		if !ok {
+			return
+		}
+		p := s.procs[pid]
+		if p == nil || !p.running {
+			delete(s.termed, pid)
+			continue
+		}
+		p.running = false
+		s.running--
+		ecode := exitCode(ws)
+		if ecode != 0 && !s.stopping {
+			s.code = ecode
+			s.cause = &ExitError{Rank: p.w.Rank, Pid: pid, Code: ecode, Status: describe(ws)}
+			s.g.log.Error(
+				"fairrun: worker failed",
+				"rank", p.w.Rank,
+				"pid", pid,
+				"exit_code", ecode,
+				"status", describe(ws),
+			)
+			s.stop(fmt.Sprintf("rank %d exited with code %d", p.w.Rank, ecode))
+		}
+	}
+}
+
+// endLeftovers, once every worker exited or the job is stopping, signals
+// the processes the workers left behind (SIGTERM once, SIGKILL after the
+// grace period). It reports whether the job is over: no worker running
+// and nothing left behind.
+func (s *supervision) endLeftovers() bool {
+	orphans := adoptedChildren(s.procs)
+	if s.running == 0 && len(orphans) == 0 {
+		return true
+	}
+	if !s.stopping {
+		s.stop("every worker exited; ending the processes they left behind")
+	}
+	for _, pid := range orphans {
+		switch {
+		case s.killing:
+			signalTree(pid, syscall.SIGKILL)
+		case !s.termed[pid]:
+			s.termed[pid] = true
+			signalTree(pid, syscall.SIGTERM)
+		}
+	}
+	return false
+}
+
+// cancelled stops the job because ctx ended, unless it is stopping
+// already: the exit code is 128 + N when signal N ended it, else 1.
+func (s *supervision) cancelled() {
+	if s.stopping {
+		return
+	}
+	s.code, s.cause = 1, context.Cause(s.ctx)
+	var se *SignalError
+	if errors.As(s.cause, &se) {
+		s.code = 128 + int(se.Signal)
+	}
+	s.stop(s.cause.Error())
+}
+
+// kill ends the grace period: SIGKILL to every worker still running and
+// every process left behind.
+func (s *supervision) kill() {
+	for _, p := range s.procs {
+		if p.running {
+			s.g.log.Warn("fairrun: worker ignored SIGTERM; killing it", "rank", p.w.Rank, "pid", p.pid)
+			signalGroup(p.pid, syscall.SIGKILL)
+		}
+	}
+	for _, pid := range adoptedChildren(s.procs) {
+		s.g.log.Warn("fairrun: process left by a worker ignored SIGTERM; killing it", "pid", pid)
+		signalTree(pid, syscall.SIGKILL)
+	}
 }
 
 // drain lets the output copiers finish, then closes the pipes under those

@@ -110,6 +110,39 @@ func RanksShareGPUs(c Config, gpus []string) bool {
 // identity of its own; FAIRGO_MACHINE_ID still groups the ranks into
 // machines (FAIRGO_TESTBED_INTRA=loopback).
 func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([]Worker, error) {
+	p, err := newPlanner(c, base, storeAddr, gpus, x)
+	if err != nil {
+		return nil, err
+	}
+	workers := make([]Worker, p.n)
+	for slot := range p.n {
+		workers[slot] = p.worker(slot)
+	}
+	return workers, nil
+}
+
+// planner holds what every worker's environment is derived from (Plan's
+// arguments) and what Plan decides once for all of them.
+type planner struct {
+	c         Config
+	base      []string
+	storeAddr string
+	gpus      []string
+	x         Extras
+
+	n      int   // workers on this node
+	groups int   // machines on this node: 1 without emulation
+	per    int   // workers per machine
+	perm   []int // slot → rank within the node
+	shared bool  // ranks of one emulated machine share a GPU
+
+	masterAddr, masterPort string // MASTER_ADDR and MASTER_PORT
+	hostname               string // leads emulated machines' ids
+}
+
+// newPlanner checks Plan's arguments and decides the rank of each slot,
+// the machines, MASTER_ADDR and MASTER_PORT.
+func newPlanner(c Config, base []string, storeAddr string, gpus []string, x Extras) (*planner, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -123,92 +156,122 @@ func Plan(c Config, base []string, storeAddr string, gpus []string, x Extras) ([
 	if err != nil {
 		return nil, err
 	}
-	n := c.NProcPerNode
-	perm := make([]int, n)
+	p := &planner{c: c, base: base, storeAddr: storeAddr, gpus: gpus, x: x, n: c.NProcPerNode, groups: 1}
+	p.perm = rankPerm(c)
+	if c.EmulateMachines > 0 {
+		p.groups = c.EmulateMachines
+		if len(gpus) == 0 {
+			return nil, fmt.Errorf("%w: no GPUs to spread emulated machines over", ErrUsage)
+		}
+	}
+	p.per = p.n / p.groups
+	p.shared = RanksShareGPUs(c, gpus)
+	p.masterAddr, p.masterPort = host, port
+	if x.MasterPort != "" {
+		p.masterPort = x.MasterPort
+	}
+	if x.NetNS && len(x.MachineAddrs) == p.groups && c.NodeRank == 0 {
+		// MASTER_ADDR is the machine of global rank 0.
+		for slot := range p.n {
+			if p.perm[slot] == 0 {
+				p.masterAddr = x.MachineAddrs[slot/p.per]
+			}
+		}
+	}
+	p.hostname, _ = os.Hostname()
+	if p.hostname == "" {
+		p.hostname = "localhost"
+	}
+	return p, nil
+}
+
+// rankPerm is each slot's rank within the node: the slot itself, or a
+// permutation seeded by --shuffle-ranks.
+func rankPerm(c Config) []int {
+	perm := make([]int, c.NProcPerNode)
 	for i := range perm {
 		perm[i] = i
 	}
 	if c.Shuffle {
 		rng := rand.New(rand.NewPCG(c.ShuffleSeed, 0x6661697267))
-		rng.Shuffle(n, func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
+		rng.Shuffle(len(perm), func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
 	}
-	groups := 1
+	return perm
+}
+
+// worker plans the worker of one slot: its rank, machine, GPU and whole
+// environment.
+func (p *planner) worker(slot int) Worker {
+	c := p.c
+	w := Worker{Slot: slot, Rank: c.NodeRank*p.n + p.perm[slot], Machine: c.NodeRank}
+	env := newEnv(p.base)
+	p.setTorchrun(env, w, slot)
 	if c.EmulateMachines > 0 {
-		groups = c.EmulateMachines
-		if len(gpus) == 0 {
-			return nil, fmt.Errorf("%w: no GPUs to spread emulated machines over", ErrUsage)
-		}
+		p.emulate(env, &w, slot)
 	}
-	per := n / groups
-	shared := RanksShareGPUs(c, gpus)
-	masterAddr, masterPort := host, port
-	if x.MasterPort != "" {
-		masterPort = x.MasterPort
+	env.set("GROUP_RANK", strconv.Itoa(w.Machine))
+	p.setTestbed(env)
+	w.Env = env.list()
+	return w
+}
+
+// setTorchrun sets torchrun's variables, the store's address and token,
+// and NCCL's defaults for every worker.
+func (p *planner) setTorchrun(env *env, w Worker, slot int) {
+	env.set("RANK", strconv.Itoa(w.Rank))
+	env.set("WORLD_SIZE", strconv.Itoa(p.c.NNodes*p.n))
+	env.set("LOCAL_RANK", strconv.Itoa(slot%p.per))
+	env.set("LOCAL_WORLD_SIZE", strconv.Itoa(p.per))
+	env.set("MASTER_ADDR", p.masterAddr)
+	env.set("MASTER_PORT", p.masterPort)
+	env.set("FAIRGO_STORE_ADDR", p.storeAddr)
+	if p.x.StoreToken != "" {
+		env.set(EnvStoreToken, p.x.StoreToken)
 	}
-	if x.NetNS && len(x.MachineAddrs) == groups && c.NodeRank == 0 {
-		for slot := range n {
-			if perm[slot] == 0 {
-				masterAddr = x.MachineAddrs[slot/per]
-			}
-		}
+	env.setDefault("NCCL_NVLS_ENABLE", "0") // NVLink multicast stays off unless asked for
+}
+
+// emulate puts the worker of slot on its emulated machine: the machine
+// and GPU of w, the identities NCCL and fairgo know it by (see Plan), and
+// the NIC NCCL's sockets use.
+func (p *planner) emulate(env *env, w *Worker, slot int) {
+	w.Machine = p.c.NodeRank*p.groups + slot/p.per
+	w.GPU = p.gpus[slot%len(p.gpus)]
+	id := fmt.Sprintf("%s-emu%d", p.hostname, w.Machine)
+	intra := IntraNVLink
+	if p.shared {
+		local := slot % p.per
+		env.set(EnvNCCLHostID, fmt.Sprintf("%s-d%d", id, local))
+		env.set(EnvDeviceID, fmt.Sprintf("%s/r%d", w.GPU, local))
+		intra = IntraLoopback
+	} else {
+		env.set(EnvNCCLHostID, id)
 	}
-	hostname, _ := os.Hostname()
-	if hostname == "" {
-		hostname = "localhost"
+	env.set(EnvMachineID, id)
+	env.set("CUDA_VISIBLE_DEVICES", w.GPU)
+	env.set(EnvTestbedIntra, intra)
+	if p.x.NetNS {
+		env.set("NCCL_SOCKET_IFNAME", netbed.NIC)
+		env.setDefault("NCCL_IB_DISABLE", "1")
+	} else {
+		env.setDefault("NCCL_SOCKET_IFNAME", "lo")
 	}
-	workers := make([]Worker, n)
-	for slot := range n {
-		w := Worker{Slot: slot, Rank: c.NodeRank*n + perm[slot], Machine: c.NodeRank}
-		env := newEnv(base)
-		env.set("RANK", strconv.Itoa(w.Rank))
-		env.set("WORLD_SIZE", strconv.Itoa(c.NNodes*n))
-		env.set("LOCAL_RANK", strconv.Itoa(slot%per))
-		env.set("LOCAL_WORLD_SIZE", strconv.Itoa(per))
-		env.set("MASTER_ADDR", masterAddr)
-		env.set("MASTER_PORT", masterPort)
-		env.set("FAIRGO_STORE_ADDR", storeAddr)
-		if x.StoreToken != "" {
-			env.set(EnvStoreToken, x.StoreToken)
-		}
-		env.setDefault("NCCL_NVLS_ENABLE", "0") // NVLink multicast stays off unless asked for
-		if c.EmulateMachines > 0 {
-			w.Machine = c.NodeRank*groups + slot/per
-			w.GPU = gpus[slot%len(gpus)]
-			id := fmt.Sprintf("%s-emu%d", hostname, w.Machine)
-			intra := IntraNVLink
-			if shared {
-				local := slot % per
-				env.set(EnvNCCLHostID, fmt.Sprintf("%s-d%d", id, local))
-				env.set(EnvDeviceID, fmt.Sprintf("%s/r%d", w.GPU, local))
-				intra = IntraLoopback
-			} else {
-				env.set(EnvNCCLHostID, id)
-			}
-			env.set(EnvMachineID, id)
-			env.set("CUDA_VISIBLE_DEVICES", w.GPU)
-			env.set(EnvTestbedIntra, intra)
-			if x.NetNS {
-				env.set("NCCL_SOCKET_IFNAME", netbed.NIC)
-				env.setDefault("NCCL_IB_DISABLE", "1")
-			} else {
-				env.setDefault("NCCL_SOCKET_IFNAME", "lo")
-			}
-		}
-		env.set("GROUP_RANK", strconv.Itoa(w.Machine))
-		if x.MPS != nil {
-			env.set("CUDA_MPS_PIPE_DIRECTORY", x.MPS.PipeDir)
-			env.set("CUDA_MPS_LOG_DIRECTORY", x.MPS.LogDir)
-		}
-		env.set(EnvTestbedMachines, strconv.Itoa(c.NNodes*groups))
-		env.set(EnvTestbedNICGbit, strconv.FormatFloat(c.NICGbit, 'g', -1, 64))
-		env.set(EnvTestbedNICLatency, c.NICLatency.String())
-		env.set(EnvTestbedNetNS, boolEnv(x.NetNS))
-		env.set(EnvTestbedMPS, boolEnv(x.MPS != nil))
-		env.set(EnvTestbedNVLinkGbit, strconv.FormatFloat(c.NVLinkGbit, 'g', -1, 64))
-		w.Env = env.list()
-		workers[slot] = w
+}
+
+// setTestbed sets where the MPS daemon is, when there is one, and the
+// variables that describe the testbed (EnvTestbed*).
+func (p *planner) setTestbed(env *env) {
+	c, x := p.c, p.x
+	if x.MPS != nil {
+		env.set("CUDA_MPS_PIPE_DIRECTORY", x.MPS.PipeDir)
+		env.set("CUDA_MPS_LOG_DIRECTORY", x.MPS.LogDir)
 	}
-	return workers, nil
+	env.set(EnvTestbedMachines, strconv.Itoa(c.NNodes*p.groups))
+	env.set(EnvTestbedNICGbit, strconv.FormatFloat(c.NICGbit, 'g', -1, 64))
+	env.set(EnvTestbedNICLatency, c.NICLatency.String())
+	env.set(EnvTestbedNetNS, boolEnv(x.NetNS))
+	env.set(EnvTestbedMPS, boolEnv(x.MPS != nil))
+	env.set(EnvTestbedNVLinkGbit, strconv.FormatFloat(c.NVLinkGbit, 'g', -1, 64))
 }
 
 func boolEnv(b bool) string {

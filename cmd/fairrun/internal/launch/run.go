@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
@@ -90,157 +91,244 @@ func Run(ctx context.Context, c Config) (code int, err error) {
 			return ExitUsage, err
 		}
 	}
-	log := c.logger()
+	s := newSetup(ctx, c)
+	defer func() {
+		if terr := s.tearDown(); terr != nil {
+			err = errors.Join(err, terr)
+		}
+	}()
+	if err := s.build(); err != nil {
+		return s.failed(err)
+	}
+	workers, err := Plan(c, s.base, s.storeAddr, c.gpus, s.x)
+	if err != nil {
+		return ExitLaunchFailure, err
+	}
+	g := &group{log: s.log, grace: c.Grace, stdout: &lockedWriter{w: c.stdout()}, stderr: &lockedWriter{w: c.stderr()}}
+	if s.tb != nil {
+		g.start = s.tb.Run
+	}
+	return g.run(ctx, c, workers)
+}
+
+// setup is what Run builds around the workers before they start (the
+// store's token, the emulated NICs, the store, the MPS daemon) and removes
+// when they are done.
+type setup struct {
+	ctx  context.Context
+	c    Config // resolved
+	log  *slog.Logger
+	base []string // the workers' base environment
+
+	x         Extras          // what the workers learn about the setup
+	tb        *netbed.Testbed // the emulated NICs; nil: none
+	storeAddr string          // the store's "host:port", as the workers dial it
+	undo      []func() error  // removes what was built, in the order built
+}
+
+// newSetup starts the setup of a resolved configuration; nothing is built
+// yet.
+func newSetup(ctx context.Context, c Config) *setup {
 	base := c.Env
 	if base == nil {
 		base = os.Environ()
 	}
-	// A failure before the workers start: 128 + N when a signal ended ctx.
-	setupFailed := func(err error) (int, error) {
-		var se *SignalError
-		if ctx.Err() != nil && errors.As(context.Cause(ctx), &se) {
-			return 128 + int(se.Signal), err
-		}
-		return ExitLaunchFailure, err
-	}
-	var x Extras
+	return &setup{ctx: ctx, c: c, log: c.logger(), base: base}
+}
 
-	// The store's shared secret, checked on every connection.
-	if x.StoreToken, err = storeToken(c, base); err != nil {
-		return setupFailed(err)
+// build makes the store's token, reports GPUs the ranks share, builds the
+// emulated NICs, hosts the store and starts the MPS daemon, in this order;
+// it stops at the first failure, or when ctx has ended meanwhile.
+func (s *setup) build() error {
+	var err error
+	if s.x.StoreToken, err = storeToken(s.c, s.base); err != nil {
+		return err
 	}
-
-	// The GPUs emulated machines are spread over (Resolve), and whether
-	// ranks of one machine share them.
-	gpus := c.gpus
-	per := c.NProcPerNode / max(c.EmulateMachines, 1)
-	if RanksShareGPUs(c, gpus) {
-		log.Info(
-			"fairrun: ranks of one emulated machine share a GPU: "+
-				"each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
-				"with a device identity of its own (FAIRGO_DEVICE_ID); "+
-				"inside a machine they talk over NCCL sockets on the loopback, "+
-				"and flat NCCL does not know the machines",
-			"ranks_per_machine",
-			per,
-			"gpus",
-			len(gpus),
-			"loopback_gbit",
-			c.NVLinkGbit,
-		)
+	s.noteSharedGPUs()
+	if err := s.buildNICs(); err != nil {
+		return err
 	}
-
-	// The emulated NICs.
-	var tb *netbed.Testbed
-	if c.NICGbit > 0 {
-		spec := netbed.Spec{
-			Machines:     c.EmulateMachines,
-			Gbit:         c.NICGbit,
-			Latency:      c.NICLatency,
-			LoopbackGbit: c.NVLinkGbit,
-		}
-		if err := c.prober.Check(spec); err != nil {
-			return setupFailed(err)
-		}
-		tb, err = netbed.Setup(ctx, spec, log)
-		if err != nil {
-			return setupFailed(fmt.Errorf("fairrun: build the emulated NICs: %w", err))
-		}
-		defer func() {
-			if cerr := tb.Close(); cerr != nil {
-				log.Error("fairrun: removing the emulated NICs failed", "err", cerr)
-				err = errors.Join(err, cerr)
-			}
-		}()
-		x.NetNS = true
+	if err := s.hostStore(); err != nil {
+		return err
 	}
+	if err := s.startMPSDaemon(); err != nil {
+		return err
+	}
+	if s.ctx.Err() != nil {
+		return context.Cause(s.ctx)
+	}
+	return nil
+}
 
-	// The store: bound to the address given, never every interface unless
-	// asked; with emulated NICs on the bridge, which every namespace reaches.
+// failed is Run's result for a failure before the workers start:
+// ExitLaunchFailure, or 128 + N when signal N ended ctx.
+func (s *setup) failed(err error) (int, error) {
+	var se *SignalError
+	if s.ctx.Err() != nil && errors.As(context.Cause(s.ctx), &se) {
+		return 128 + int(se.Signal), err
+	}
+	return ExitLaunchFailure, err
+}
+
+// tearDown removes what build built, the last built first, and returns
+// the errors of those removals that failed.
+func (s *setup) tearDown() error {
+	var errs []error
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		if err := s.undo[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// noteSharedGPUs logs, when ranks of one emulated machine share a GPU
+// (the GPUs Resolve spread the machines over), how they are told apart.
+func (s *setup) noteSharedGPUs() {
+	c := s.c
+	if !RanksShareGPUs(c, c.gpus) {
+		return
+	}
+	s.log.Info(
+		"fairrun: ranks of one emulated machine share a GPU: "+
+			"each rank is an NCCL host of its own (NCCL_HOSTID=<machine>-d<local rank>) "+
+			"with a device identity of its own (FAIRGO_DEVICE_ID); "+
+			"inside a machine they talk over NCCL sockets on the loopback, "+
+			"and flat NCCL does not know the machines",
+		"ranks_per_machine",
+		c.NProcPerNode/max(c.EmulateMachines, 1),
+		"gpus",
+		len(c.gpus),
+		"loopback_gbit",
+		c.NVLinkGbit,
+	)
+}
+
+// buildNICs checks what the emulated NICs need and builds them (with
+// --nic-gbit).
+func (s *setup) buildNICs() error {
+	c := s.c
+	if c.NICGbit <= 0 {
+		return nil
+	}
+	spec := netbed.Spec{
+		Machines:     c.EmulateMachines,
+		Gbit:         c.NICGbit,
+		Latency:      c.NICLatency,
+		LoopbackGbit: c.NVLinkGbit,
+	}
+	if err := c.prober.Check(spec); err != nil {
+		return err
+	}
+	tb, err := netbed.Setup(s.ctx, spec, s.log)
+	if err != nil {
+		return fmt.Errorf("fairrun: build the emulated NICs: %w", err)
+	}
+	s.tb = tb
+	s.undo = append(s.undo, func() error {
+		if cerr := tb.Close(); cerr != nil {
+			s.log.Error("fairrun: removing the emulated NICs failed", "err", cerr)
+			return cerr
+		}
+		return nil
+	})
+	s.x.NetNS = true
+	return nil
+}
+
+// hostStore decides the store's address, and the MASTER_PORT and machine
+// addresses the workers get, and on node rank 0 serves the store.
+//
+// The store is bound to the address given, never every interface unless
+// asked; with emulated NICs on the bridge, which every namespace reaches.
+// fairgo's store takes --master-port + 1 (a free port on a single node),
+// so that MASTER_PORT stays free for the trainer's own store, as torchrun
+// leaves it.
+func (s *setup) hostStore() error {
+	c := s.c
 	bindHost, dialHost := c.StoreBind, c.MasterAddr
 	if bindHost == "" {
 		bindHost = c.MasterAddr
 	}
-	if tb != nil {
-		bindHost = tb.Plan().BridgeAddr.Addr().String()
+	if s.tb != nil {
+		bindHost = s.tb.Plan().BridgeAddr.Addr().String()
 		dialHost = bindHost
 	}
-	// fairgo's store takes --master-port + 1 (a free port on a single
-	// node), so that MASTER_PORT stays free for the trainer's own store, as
-	// torchrun leaves it.
 	storePort := 0
 	if c.MasterPort != 0 {
 		storePort = c.MasterPort + 1
-		x.MasterPort = strconv.Itoa(c.MasterPort)
+		s.x.MasterPort = strconv.Itoa(c.MasterPort)
 	}
-	if tb != nil {
-		for _, m := range tb.Plan().Machines {
-			x.MachineAddrs = append(x.MachineAddrs, m.Addr.Addr().String())
+	if s.tb != nil {
+		for _, m := range s.tb.Plan().Machines {
+			s.x.MachineAddrs = append(s.x.MachineAddrs, m.Addr.Addr().String())
 		}
 	}
-	storeAddr := net.JoinHostPort(dialHost, strconv.Itoa(storePort))
-	if c.NodeRank == 0 {
-		if c.MasterPort == 0 {
-			p, err := freePort(bindHost)
-			if err != nil {
-				return setupFailed(fmt.Errorf("fairrun: a free MASTER_PORT: %w", err))
-			}
-			x.MasterPort = strconv.Itoa(p)
-		}
-		srv, err := rendezvous.Listen(
-			net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(storePort)),
-			rendezvous.WithServerLogger(log),
-			rendezvous.WithToken(x.StoreToken),
-		)
+	s.storeAddr = net.JoinHostPort(dialHost, strconv.Itoa(storePort))
+	if c.NodeRank != 0 {
+		return nil
+	}
+	return s.serveStore(bindHost, dialHost, storePort)
+}
+
+// serveStore picks a free MASTER_PORT when none is given, listens on
+// bindHost:storePort (0: a free port) and serves the store until tearDown.
+func (s *setup) serveStore(bindHost, dialHost string, storePort int) error {
+	if s.c.MasterPort == 0 {
+		p, err := freePort(bindHost)
 		if err != nil {
-			return setupFailed(fmt.Errorf("fairrun: host the store: %w", err))
+			return fmt.Errorf("fairrun: a free MASTER_PORT: %w", err)
 		}
-		_, port, _ := net.SplitHostPort(srv.Addr())
-		storeAddr = net.JoinHostPort(dialHost, port)
-		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-		served := make(chan struct{})
-		go func() { srv.Serve(sctx); close(served) }()
-		defer func() { stop(); srv.Close(); <-served }()
+		s.x.MasterPort = strconv.Itoa(p)
 	}
-
-	// MPS.
-	if wantMPS(c, gpus) {
-		control, err := findMPSControl(base)
-		switch {
-		case err != nil && c.MPS == MPSOn:
-			return setupFailed(fmt.Errorf("fairrun: --mps on: %w", err))
-		case err != nil:
-			log.Warn(
-				"fairrun: ranks share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful",
-				"err",
-				err,
-			)
-		default:
-			d, err := startMPS(ctx, control, base, log)
-			if err != nil {
-				return setupFailed(err)
-			}
-			defer func() {
-				if serr := d.Stop(); serr != nil {
-					log.Error("fairrun: stopping the MPS daemon failed", "err", serr)
-				}
-			}()
-			x.MPS = &d.env
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return setupFailed(context.Cause(ctx))
-	}
-
-	workers, err := Plan(c, base, storeAddr, gpus, x)
+	srv, err := rendezvous.Listen(
+		net.JoinHostPort(strings.Trim(bindHost, "[]"), strconv.Itoa(storePort)),
+		rendezvous.WithServerLogger(s.log),
+		rendezvous.WithToken(s.x.StoreToken),
+	)
 	if err != nil {
-		return ExitLaunchFailure, err
+		return fmt.Errorf("fairrun: host the store: %w", err)
 	}
-	g := &group{log: log, grace: c.Grace, stdout: &lockedWriter{w: c.stdout()}, stderr: &lockedWriter{w: c.stderr()}}
-	if tb != nil {
-		g.start = tb.Run
+	_, port, _ := net.SplitHostPort(srv.Addr())
+	s.storeAddr = net.JoinHostPort(dialHost, port)
+	sctx, stop := context.WithCancel(context.WithoutCancel(s.ctx))
+	served := make(chan struct{})
+	go func() { srv.Serve(sctx); close(served) }()
+	s.undo = append(s.undo, func() error { stop(); srv.Close(); <-served; return nil })
+	return nil
+}
+
+// startMPSDaemon starts a private MPS daemon when --mps asks for one (see
+// wantMPS); without nvidia-cuda-mps-control that fails with --mps on and
+// is a warning with auto.
+func (s *setup) startMPSDaemon() error {
+	if !wantMPS(s.c, s.c.gpus) {
+		return nil
 	}
-	return g.run(ctx, c, workers)
+	control, err := findMPSControl(s.base)
+	switch {
+	case err != nil && s.c.MPS == MPSOn:
+		return fmt.Errorf("fairrun: --mps on: %w", err)
+	case err != nil:
+		s.log.Warn(
+			"fairrun: ranks share a GPU, but there is no MPS: the GPU time-slices between them and timings are not faithful",
+			"err",
+			err,
+		)
+		return nil
+	}
+	d, err := startMPS(s.ctx, control, s.base, s.log)
+	if err != nil {
+		return err
+	}
+	s.undo = append(s.undo, func() error {
+		if serr := d.Stop(); serr != nil {
+			s.log.Error("fairrun: stopping the MPS daemon failed", "err", serr)
+		}
+		return nil
+	})
+	s.x.MPS = &d.env
+	return nil
 }
 
 // Resolve decides, before anything runs, what depends on this node: the
