@@ -199,9 +199,9 @@ func (p variantParser) validate(given map[string]string) (Variant, error) {
 	return p.badKey("options", p.v.Spec, err)
 }
 
-// set sets the option of key to val. known is false for a key that is
-// none of ParseVariant's; err says what is wrong with val. Of the switches,
-// inline:on, rail:serial and check:off stick once given.
+// set sets the option of key to val (a key given twice: the last value
+// wins). known is false for a key that is none of ParseVariant's; err says
+// what is wrong with val.
 func (v *Variant) set(key, val string) (known bool, err error) {
 	var yes bool
 	switch key {
@@ -221,15 +221,18 @@ func (v *Variant) set(key, val string) (known bool, err error) {
 		v.SpinSet = true
 	case "inline":
 		v.InlineSet = true
-		yes, err = parseChoice(val, "on", "off")
-		v.Inline = v.Inline || yes
+		if yes, err = parseChoice(val, "on", "off"); err == nil {
+			v.Inline = yes
+		}
 	case "rail":
 		v.SerialSet = true
-		yes, err = parseChoice(val, "serial", "overlap")
-		v.Serial = v.Serial || yes
+		if yes, err = parseChoice(val, "serial", "overlap"); err == nil {
+			v.Serial = yes
+		}
 	case "check":
-		yes, err = parseChoice(val, "on", "off")
-		v.NoCheck = v.NoCheck || (err == nil && !yes)
+		if yes, err = parseChoice(val, "on", "off"); err == nil {
+			v.NoCheck = !yes
+		}
 	default:
 		return false, nil
 	}

@@ -334,6 +334,12 @@ func TestParseVariant(t *testing.T) {
 		},
 		{in: "i=inline:on", want: Variant{Name: "i", Spec: "inline:on", Inline: true, InlineSet: true}},
 		{in: "o=inline:off", want: Variant{Name: "o", Spec: "inline:off", InlineSet: true}},
+		{ // a switch given twice: the last value wins
+			in: "t=inline:on,inline:off,rail:serial,rail:overlap,check:off,check:on",
+			want: Variant{Name: "t", Spec: "inline:on,inline:off,rail:serial,rail:overlap,check:off,check:on",
+				InlineSet: true, SerialSet: true},
+		},
+		{in: "u=check:off", want: Variant{Name: "u", Spec: "check:off", NoCheck: true}},
 		{in: "x=inline:maybe", bad: true},
 		{in: "=slice:1M", bad: true},
 		{in: "flat=slice:1M", bad: true},

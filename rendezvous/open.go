@@ -65,7 +65,6 @@ type openConfig struct {
 	dialOpts []DialOption
 	bindHost string
 	bindSet  bool
-	margin   time.Duration
 }
 
 // WithOpenLogger sets the logger of Open and of the store it hosts or
