@@ -1,20 +1,22 @@
 package nccl
 
-// This file holds all of the package's C: the few NCCL declarations fairgo
-// needs (so that no nccl.h is required to build), dlopen/dlsym, and one
-// small shim per NCCL function that calls through the resolved pointer.
+// This file holds the package's C code: the few NCCL declarations fairgo
+// needs (so that no nccl.h is required to build), dlopen/dlsym (through the
+// helpers of internal/dl/fg_dl.h, shared with package cuda), and one small
+// shim per NCCL function that calls through the resolved pointer.
 // Device pointers and streams cross as uintptr_t.
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../internal/dl
 #cgo LDFLAGS: -ldl
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fg_dl.h"
 
 typedef struct fg_ncclComm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
@@ -83,38 +85,6 @@ static const char* fg_names[FG_NSYM] = {
 
 static int fg_nsym(void) { return FG_NSYM; }
 static const char* fg_name(int i) { return fg_names[i]; }
-
-// dlopen and dlerror in one call, so that the error text comes from the same thread.
-static void* fg_dlopen(const char* path, char* err, size_t n) {
-	dlerror();
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		const char* e = dlerror();
-		snprintf(err, n, "%s", e ? e : "dlopen failed");
-	}
-	return h;
-}
-
-static void* fg_dlsym(void* h, int i, char* err, size_t n) {
-	dlerror();
-	void* p = dlsym(h, fg_names[i]);
-	if (!p) {
-		const char* e = dlerror();
-		snprintf(err, n, "%s", e ? e : "symbol not found");
-	}
-	return p;
-}
-
-static int fg_dlclose(void* h) { return dlclose(h); }
-
-// dladdr tells which file a resolved symbol came from (the real path of a
-// library found through the loader's search).
-static int fg_origin(void* sym, char* out, size_t n) {
-	Dl_info info;
-	if (dladdr(sym, &info) == 0 || info.dli_fname == NULL) return -1;
-	snprintf(out, n, "%s", info.dli_fname);
-	return 0;
-}
 
 typedef ncclResult_t (*fg_GetVersion_t)(int*);
 typedef ncclResult_t (*fg_GetUniqueId_t)(ncclUniqueId*);
@@ -246,7 +216,7 @@ func resolve(h unsafe.Pointer) (*unsafe.Pointer, map[sym]string) {
 	slots := unsafe.Slice(table, int(numSyms))
 	for i := sym(0); i < numSyms; i++ {
 		var buf [errBufLen]C.char
-		p := C.fg_dlsym(h, C.int(i), &buf[0], errBufLen)
+		p := C.fg_dl_sym(h, C.fg_name(C.int(i)), &buf[0], errBufLen)
 		if p == nil {
 			missing[i] = C.GoString(&buf[0])
 			continue
