@@ -123,13 +123,10 @@ static ncclResult_t fg_CommGetAsyncError(void** s, ncclComm_t c, ncclResult_t* r
 }
 static ncclResult_t fg_CommCount(void** s, ncclComm_t c, int* n) { return ((fg_CommInt_t)s[FG_CommCount])(c, n); }
 static ncclResult_t fg_CommUserRank(void** s, ncclComm_t c, int* r) { return ((fg_CommInt_t)s[FG_CommUserRank])(c, r); }
-static ncclResult_t fg_AllReduce(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
-                                 ncclComm_t c, uintptr_t st) {
-	return ((fg_Reduce_t)s[FG_AllReduce])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
-}
-static ncclResult_t fg_ReduceScatter(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
-                                     ncclComm_t c, uintptr_t st) {
-	return ((fg_Reduce_t)s[FG_ReduceScatter])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
+// f is FG_AllReduce or FG_ReduceScatter: the two have one prototype.
+static ncclResult_t fg_Reduce(void** s, int f, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
+                              ncclComm_t c, uintptr_t st) {
+	return ((fg_Reduce_t)s[f])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
 }
 static ncclResult_t fg_AllGather(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt,
                                  ncclComm_t c, uintptr_t st) {
@@ -375,59 +372,21 @@ func cCommUserRank(t *unsafe.Pointer, c C.ncclComm_t) (int, Result) {
 	return int(n), Result(r)
 }
 
-func cAllReduce(
-	t *unsafe.Pointer,
-	send, recv uintptr,
-	n int64,
-	dt DataType,
-	op RedOp,
-	c C.ncclComm_t,
-	s uintptr,
-) Result {
-	return Result(
-		C.fg_AllReduce(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(op), c, C.uintptr_t(s)),
-	)
-}
-
-func cReduceScatter(
-	t *unsafe.Pointer,
-	send, recv uintptr,
-	n int64,
-	dt DataType,
-	op RedOp,
-	c C.ncclComm_t,
-	s uintptr,
-) Result {
-	return Result(
-		C.fg_ReduceScatter(
-			t,
-			C.uintptr_t(send),
-			C.uintptr_t(recv),
-			C.size_t(n),
-			C.int(dt),
-			C.int(op),
-			c,
-			C.uintptr_t(s),
-		),
-	)
+// cReduce calls f, symAllReduce or symReduceScatter (one prototype).
+func cReduce(t *unsafe.Pointer, f sym, send, recv uintptr, n int64, dt DataType, op RedOp, c C.ncclComm_t,
+	s uintptr) Result {
+	snd, rcv, st := C.uintptr_t(send), C.uintptr_t(recv), C.uintptr_t(s)
+	return Result(C.fg_Reduce(t, C.int(f), snd, rcv, C.size_t(n), C.int(dt), C.int(op), c, st))
 }
 
 func cAllGather(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, c C.ncclComm_t, s uintptr) Result {
 	return Result(C.fg_AllGather(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), c, C.uintptr_t(s)))
 }
 
-func cBroadcast(
-	t *unsafe.Pointer,
-	send, recv uintptr,
-	n int64,
-	dt DataType,
-	root int,
-	c C.ncclComm_t,
-	s uintptr,
-) Result {
-	return Result(
-		C.fg_Broadcast(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(root), c, C.uintptr_t(s)),
-	)
+func cBroadcast(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, root int, c C.ncclComm_t,
+	s uintptr) Result {
+	snd, rcv, st := C.uintptr_t(send), C.uintptr_t(recv), C.uintptr_t(s)
+	return Result(C.fg_Broadcast(t, snd, rcv, C.size_t(n), C.int(dt), C.int(root), c, st))
 }
 
 func cSend(t *unsafe.Pointer, buf uintptr, n int64, dt DataType, peer int, c C.ncclComm_t, s uintptr) Result {
