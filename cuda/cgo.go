@@ -297,15 +297,13 @@ const errBufLen = 1024
 // table is a C array of the resolved driver functions, one per sym.
 type table = *unsafe.Pointer
 
+// dlopen opens the library at path, or returns the loader's text.
 func dlopen(path string) (unsafe.Pointer, string) {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
 	var buf [errBufLen]C.char
-	h := C.fg_dlopen(cpath, &buf[0], errBufLen)
-	if h == nil {
-		return nil, C.GoString(&buf[0])
+	if h := C.fg_dlopen(path, &buf[0], errBufLen); h != nil {
+		return h, ""
 	}
-	return h, ""
+	return nil, C.GoString(&buf[0])
 }
 
 func dlclose(h unsafe.Pointer) { C.fg_dlclose(h) }

@@ -192,15 +192,13 @@ type cHandle struct {
 	syms *unsafe.Pointer // C array of numSyms entries
 }
 
+// dlopen opens the library at path, or returns the loader's text.
 func dlopen(path string) (unsafe.Pointer, string) {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
 	var buf [errBufLen]C.char
-	h := C.fg_dlopen(cpath, &buf[0], errBufLen)
-	if h == nil {
-		return nil, C.GoString(&buf[0])
+	if h := C.fg_dlopen(path, &buf[0], errBufLen); h != nil {
+		return h, ""
 	}
-	return h, ""
+	return nil, C.GoString(&buf[0])
 }
 
 func dlclose(h unsafe.Pointer) { C.fg_dlclose(h) }

@@ -6,7 +6,8 @@
  * table; fg_dl_sym takes the name.
  *
  * dladdr needs _GNU_SOURCE, defined before the first #include of the
- * preamble.
+ * preamble; fg_dlopen takes cgo's _GoString_, so this header is for cgo
+ * preambles only.
  */
 #ifndef FG_DL_H
 #define FG_DL_H
@@ -18,11 +19,23 @@
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-// dlopen and dlerror in one call, so that the error text comes from the same thread.
-static void* fg_dlopen(const char* path, char* err, size_t n) {
+// dlopen and dlerror in one call, so that the error text comes from the same
+// thread. path is a Go string (cgo's _GoString_), copied to add the NUL.
+static void* fg_dlopen(_GoString_ path, char* err, size_t n) {
+	size_t len = _GoStringLen(path);
+	char* p = malloc(len + 1);
+	if (!p) {
+		snprintf(err, n, "%s", "out of memory");
+		return NULL;
+	}
+	if (len > 0) memcpy(p, _GoStringPtr(path), len);
+	p[len] = 0;
 	dlerror();
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	void* h = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+	free(p);
 	if (!h) {
 		const char* e = dlerror();
 		snprintf(err, n, "%s", e ? e : "dlopen failed");
