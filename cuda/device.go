@@ -372,19 +372,12 @@ func (d *Device) CopyAsync(dst, src uintptr, bytes int64, s streams.Stream) erro
 // Copy2DAsync enqueues height rows of width bytes, from src+i·srcPitch to
 // dst+i·dstPitch, as one cuMemcpy2DAsync (or one flat copy when the rows are
 // contiguous, or a copy per row when a pitch exceeds the device's limit).
-func (d *Device) Copy2DAsync(
-	dst uintptr,
-	dstPitch int64,
-	src uintptr,
-	srcPitch int64,
-	width, height int64,
-	s streams.Stream,
-) error {
+func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch int64, width, height int64,
+	s streams.Stream) error {
 	cs, err := d.stream(s)
-	if err != nil {
-		return err
-	}
 	switch {
+	case err != nil:
+		return err
 	case width < 0 || height < 0:
 		return &fairgo.ArgError{Arg: "2D copy shape", Value: fmt.Sprintf("%d×%d", width, height), Reason: "negative"}
 	case height > 1 && (dstPitch < width || srcPitch < width):
