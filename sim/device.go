@@ -423,14 +423,10 @@ func (d *Device) Group(fn func() error) error {
 // returns. Memory stays readable (Download) until the cluster closes.
 // Closing twice is a no-op.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	ss, first := closeOnce(&d.mu, &d.closed, func() []*Stream { return d.streams })
+	if !first {
 		return nil
 	}
-	d.closed = true
-	ss := d.streams
-	d.mu.Unlock()
 	d.cancel()
 	for _, s := range ss {
 		s.mu.Lock()
