@@ -1,7 +1,5 @@
 package fairgo
 
-import "fmt"
-
 // DType is the element type of a tensor.
 type DType int
 
@@ -23,13 +21,19 @@ const (
 // DTypes lists every valid element type, in declaration order.
 var DTypes = []DType{Float16, BFloat16, Float32, Float64, Int8, Uint8, Int32, Uint32, Int64, Uint64}
 
-var dtypeNames = map[DType]string{
+var dtypeNames = names[DType]{
 	Float16: "float16", BFloat16: "bfloat16", Float32: "float32", Float64: "float64",
 	Int8: "int8", Uint8: "uint8", Int32: "int32", Uint32: "uint32", Int64: "int64", Uint64: "uint64",
 }
 
+// dtypeAliases are the other names ParseDType accepts.
+var dtypeAliases = map[string]DType{
+	"fp16": Float16, "half": Float16, "bf16": BFloat16,
+	"fp32": Float32, "float": Float32, "fp64": Float64, "double": Float64,
+}
+
 // Valid reports whether d is one of the declared element types.
-func (d DType) Valid() bool { _, ok := dtypeNames[d]; return ok }
+func (d DType) Valid() bool { return dtypeNames.has(d) }
 
 // Size is the size of one element in bytes, or 0 for an invalid type.
 func (d DType) Size() int {
@@ -70,30 +74,13 @@ func (d DType) Epsilon() float64 {
 	return 0
 }
 
-func (d DType) String() string {
-	if s, ok := dtypeNames[d]; ok {
-		return s
-	}
-	return fmt.Sprintf("DType(%d)", int(d))
-}
+func (d DType) String() string { return dtypeNames.of(d, "DType") }
 
 // ParseDType reads a type name as String prints it ("bf16", "fp32", "half",
 // "float" and "double" are accepted too).
 func ParseDType(s string) (DType, error) {
-	for d, n := range dtypeNames {
-		if n == s {
-			return d, nil
-		}
-	}
-	switch s {
-	case "fp16", "half":
-		return Float16, nil
-	case "bf16":
-		return BFloat16, nil
-	case "fp32", "float":
-		return Float32, nil
-	case "fp64", "double":
-		return Float64, nil
+	if d, ok := dtypeNames.parse(s, dtypeAliases); ok {
+		return d, nil
 	}
 	return 0, &ArgError{Arg: "dtype", Value: s, Reason: "unknown element type", Err: ErrUnknownDType}
 }

@@ -1,7 +1,5 @@
 package fairgo
 
-import "fmt"
-
 // Op is a reduction operator, with the names PyTorch's ReduceOp uses.
 type Op int
 
@@ -19,31 +17,21 @@ const (
 // Ops lists every valid operator.
 var Ops = []Op{Sum, Avg, Max, Min, Prod}
 
-var opNames = map[Op]string{Sum: "sum", Avg: "avg", Max: "max", Min: "min", Prod: "prod"}
+var opNames = names[Op]{Sum: "sum", Avg: "avg", Max: "max", Min: "min", Prod: "prod"}
+
+// opAliases are the other names ParseOp accepts.
+var opAliases = map[string]Op{"mean": Avg, "product": Prod}
 
 // Valid reports whether o is one of the declared operators.
-func (o Op) Valid() bool { _, ok := opNames[o]; return ok }
+func (o Op) Valid() bool { return opNames.has(o) }
 
-func (o Op) String() string {
-	if s, ok := opNames[o]; ok {
-		return s
-	}
-	return fmt.Sprintf("Op(%d)", int(o))
-}
+func (o Op) String() string { return opNames.of(o, "Op") }
 
 // ParseOp reads an operator name as String prints it ("mean" and "product"
 // are accepted too).
 func ParseOp(s string) (Op, error) {
-	for o, n := range opNames {
-		if n == s {
-			return o, nil
-		}
-	}
-	switch s {
-	case "mean":
-		return Avg, nil
-	case "product":
-		return Prod, nil
+	if o, ok := opNames.parse(s, opAliases); ok {
+		return o, nil
 	}
 	return 0, &ArgError{Arg: "op", Value: s, Reason: "unknown reduction operator", Err: ErrUnknownOp}
 }

@@ -60,15 +60,8 @@ type Device interface {
 	// other types accumulate in their own type. Strides and counts are in
 	// elements. dst may equal a source exactly (an in-place division with
 	// n = 1) but must not partly overlap any.
-	ReduceAsync(
-		dst, src uintptr,
-		n int,
-		stride, count int64,
-		dt fairgo.DType,
-		op fairgo.Op,
-		divisor int,
-		s streams.Stream,
-	) error
+	ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int,
+		s streams.Stream) error
 
 	// Group runs fn with communicator calls fused into one launch
 	// (ncclGroupStart/ncclGroupEnd on NCCL).
@@ -101,14 +94,8 @@ type Comm interface {
 	// rank k, and receives recvCounts[k] elements from rank k into
 	// recv+recvDispls[k]. Sends may overlap each other (a displacement
 	// repeated sends the same data twice); receives must not.
-	AllToAllv(
-		send uintptr,
-		sendCounts, sendDispls []int64,
-		recv uintptr,
-		recvCounts, recvDispls []int64,
-		dt fairgo.DType,
-		s streams.Stream,
-	) error
+	AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64,
+		dt fairgo.DType, s streams.Stream) error
 
 	// Err reports an asynchronous failure of the communicator (a peer that
 	// failed, a mismatch, an abort), or nil. It may be called from any

@@ -187,12 +187,11 @@ func connect(
 	)
 	type sub struct {
 		name     string
-		size     int                            // ranks per communicator
+		size     int                            // ranks per communicator (one: none is made)
 		colorKey func(g fairgo.Grid) (int, int) // which communicator, and the place in it
+		leaderOf func(color int) int            // global rank of its first member
+		config   *nccl.Config                   // nil: NCCL's defaults
 		set      func(c *backend.Comms, cm backend.Comm)
-		leaderOf func(color int) int // global rank of its first member
-		skip     bool
-		config   *nccl.Config // nil: NCCL's defaults
 	}
 	intraCK := func(g fairgo.Grid) (int, int) { return g.Machine, g.Local }
 	railCK := func(g fairgo.Grid) (int, int) { return g.Local, g.Machine }
@@ -200,58 +199,23 @@ func connect(
 	railLeader := func(d int) int { return layout.RankAt(0, d) }
 	checkCK := func(g fairgo.Grid) (int, int) { return 0, g.Rank() }
 	checkLeader := func(int) int { return layout.RankAt(0, 0) }
+	// The check moves a few kilobytes: one CTA, so that it never takes SMs
+	// that the data's kernels (and, with ranks sharing a GPU under MPS,
+	// other ranks' kernels they wait for) need.
+	checkConfig := &nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"}
 	subs := []sub{
-		// The check moves a few kilobytes: one CTA, so that it never takes
-		// SMs that the data's kernels (and, with ranks sharing a GPU under
-		// MPS, other ranks' kernels they wait for) need.
-		{
-			"check",
-			W,
-			checkCK,
-			func(c *backend.Comms, cm backend.Comm) { c.Check = cm },
-			checkLeader,
-			W == 1,
-			&nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"},
-		},
-		{
-			"intra-rs/machine=%d",
-			D,
-			intraCK,
-			func(c *backend.Comms, cm backend.Comm) { c.IntraReduceScatter = cm },
-			intraLeader,
-			D == 1,
-			nil,
-		},
-		{
-			"intra-ag/machine=%d",
-			D,
-			intraCK,
-			func(c *backend.Comms, cm backend.Comm) { c.IntraAllGather = cm },
-			intraLeader,
-			D == 1,
-			nil,
-		},
-		{
-			"rail-collect/local=%d",
-			M,
-			railCK,
-			func(c *backend.Comms, cm backend.Comm) { c.RailCollect = cm },
-			railLeader,
-			M == 1,
-			nil,
-		},
-		{
-			"rail-diffuse/local=%d",
-			M,
-			railCK,
-			func(c *backend.Comms, cm backend.Comm) { c.RailDiffuse = cm },
-			railLeader,
-			M == 1,
-			nil,
-		},
+		{"check", W, checkCK, checkLeader, checkConfig, func(c *backend.Comms, cm backend.Comm) { c.Check = cm }},
+		{"intra-rs/machine=%d", D, intraCK, intraLeader, nil,
+			func(c *backend.Comms, cm backend.Comm) { c.IntraReduceScatter = cm }},
+		{"intra-ag/machine=%d", D, intraCK, intraLeader, nil,
+			func(c *backend.Comms, cm backend.Comm) { c.IntraAllGather = cm }},
+		{"rail-collect/local=%d", M, railCK, railLeader, nil,
+			func(c *backend.Comms, cm backend.Comm) { c.RailCollect = cm }},
+		{"rail-diffuse/local=%d", M, railCK, railLeader, nil,
+			func(c *backend.Comms, cm backend.Comm) { c.RailDiffuse = cm }},
 	}
 	for _, s := range subs {
-		if s.skip { // one-rank communicators stay nil, on every rank alike
+		if s.size == 1 { // one-rank communicators stay nil, on every rank alike
 			continue
 		}
 		name := func(g fairgo.Grid) string {

@@ -1,7 +1,8 @@
 package cuda
 
-// This file holds all of the package's C: dlopen and dlsym of the CUDA
-// driver, the table of its resolved functions (fg_cuda.h lists them), and
+// This file holds the package's C code: dlopen and dlsym of the CUDA
+// driver (through the helpers of internal/dl/fg_dl.h, shared with package
+// nccl), the table of its resolved functions (fg_cuda.h lists them), and
 // one small shim per use. Each shim that needs a context takes it, makes it
 // current for the duration of the one C call, and restores what was
 // current, so that a goroutine need not be locked to its thread for it (a
@@ -9,15 +10,15 @@ package cuda
 // pointers and stream handles cross as uintptr_t.
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../internal/dl
 #cgo LDFLAGS: -ldl
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fg_cuda.h"
+#include "fg_dl.h"
 
 #define FG_CU_NAME(id, sym, plain, ret, params) #sym,
 static const char* fg_cu_names[FG_CU_NSYM] = {FG_CU_SYMBOLS(FG_CU_NAME)};
@@ -33,37 +34,6 @@ static void fg_cu_commit(void** t) { memcpy(fg_cu, t, sizeof fg_cu); }
 
 #define FG(id) ((fg_pfn_##id)fg_cu[FG_CU_##id])
 #define FGT(t, id) ((fg_pfn_##id)(t)[FG_CU_##id])
-
-// dlopen and dlerror in one call, so that the error text comes from the same thread.
-static void* fg_dlopen(const char* path, char* err, size_t n) {
-	dlerror();
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		const char* e = dlerror();
-		snprintf(err, n, "%s", e ? e : "dlopen failed");
-	}
-	return h;
-}
-
-static void* fg_dlsym(void* h, int i, char* err, size_t n) {
-	dlerror();
-	void* p = dlsym(h, fg_cu_names[i]);
-	if (!p) {
-		const char* e = dlerror();
-		snprintf(err, n, "%s", e ? e : "symbol not found");
-	}
-	return p;
-}
-
-static int fg_dlclose(void* h) { return dlclose(h); }
-
-// dladdr tells which file a resolved symbol came from.
-static int fg_origin(void* sym, char* out, size_t n) {
-	Dl_info info;
-	if (sym == NULL || dladdr(sym, &info) == 0 || info.dli_fname == NULL) return -1;
-	snprintf(out, n, "%s", info.dli_fname);
-	return 0;
-}
 
 // Load-time calls, through a table not yet committed.
 static fg_CUresult fg_t_init(void** t) { return FGT(t, Init)(0); }
@@ -327,15 +297,13 @@ const errBufLen = 1024
 // table is a C array of the resolved driver functions, one per sym.
 type table = *unsafe.Pointer
 
+// dlopen opens the library at path, or returns the loader's text.
 func dlopen(path string) (unsafe.Pointer, string) {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
 	var buf [errBufLen]C.char
-	h := C.fg_dlopen(cpath, &buf[0], errBufLen)
-	if h == nil {
-		return nil, C.GoString(&buf[0])
+	if h := C.fg_dlopen(path, &buf[0], errBufLen); h != nil {
+		return h, ""
 	}
-	return h, ""
+	return nil, C.GoString(&buf[0])
 }
 
 func dlclose(h unsafe.Pointer) { C.fg_dlclose(h) }
@@ -348,7 +316,7 @@ func resolve(h unsafe.Pointer) (t table, missing, text string) {
 	slots := unsafe.Slice(t, n)
 	for i := range n {
 		var buf [errBufLen]C.char
-		p := C.fg_dlsym(h, C.int(i), &buf[0], errBufLen)
+		p := C.fg_dl_sym(h, C.fg_cu_name(C.int(i)), &buf[0], errBufLen)
 		if p == nil {
 			return t, symName(sym(i)), C.GoString(&buf[0])
 		}

@@ -143,14 +143,8 @@ func (c *Comm) Broadcast(send, recv uintptr, count int64, dt fairgo.DType, root 
 // AllToAllv enqueues, in one NCCL group, a send of sendCounts[k] elements
 // from send+sendDispls[k] to each rank k and a receive of recvCounts[k]
 // elements into recv+recvDispls[k] from it; zero counts are skipped.
-func (c *Comm) AllToAllv(
-	send uintptr,
-	sendCounts, sendDispls []int64,
-	recv uintptr,
-	recvCounts, recvDispls []int64,
-	dt fairgo.DType,
-	s streams.Stream,
-) error {
+func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64,
+	dt fairgo.DType, s streams.Stream) error {
 	ndt, _, err := c.types(dt, 0, false)
 	if err != nil {
 		return err

@@ -262,11 +262,8 @@ func (d *Device) CheckRange(ptr uintptr, bytes int64) error {
 	if err := d.alive(); err != nil {
 		return err
 	}
-	if bytes < 0 {
-		return &fairgo.ArgError{Arg: "bytes", Value: bytes, Reason: "negative"}
-	}
-	if bytes == 0 {
-		return nil
+	if ok, err := someBytes(bytes); !ok {
+		return err
 	}
 	if d.ranges.covers(ptr, bytes) {
 		return nil
@@ -360,31 +357,30 @@ func (d *Device) CopyAsync(dst, src uintptr, bytes int64, s streams.Stream) erro
 	if err != nil {
 		return err
 	}
-	if bytes < 0 {
-		return &fairgo.ArgError{Arg: "bytes", Value: bytes, Reason: "negative"}
-	}
-	if bytes == 0 {
-		return nil
+	if ok, err := someBytes(bytes); !ok {
+		return err
 	}
 	return copyAsync(d.ctx, dst, src, bytes, cs.h)
+}
+
+// someBytes checks a byte count: an error where it is negative, ok false
+// (nothing to do) where it is 0.
+func someBytes(bytes int64) (ok bool, err error) {
+	if bytes < 0 {
+		return false, &fairgo.ArgError{Arg: "bytes", Value: bytes, Reason: "negative"}
+	}
+	return bytes > 0, nil
 }
 
 // Copy2DAsync enqueues height rows of width bytes, from src+i·srcPitch to
 // dst+i·dstPitch, as one cuMemcpy2DAsync (or one flat copy when the rows are
 // contiguous, or a copy per row when a pitch exceeds the device's limit).
-func (d *Device) Copy2DAsync(
-	dst uintptr,
-	dstPitch int64,
-	src uintptr,
-	srcPitch int64,
-	width, height int64,
-	s streams.Stream,
-) error {
+func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch int64, width, height int64,
+	s streams.Stream) error {
 	cs, err := d.stream(s)
-	if err != nil {
-		return err
-	}
 	switch {
+	case err != nil:
+		return err
 	case width < 0 || height < 0:
 		return &fairgo.ArgError{Arg: "2D copy shape", Value: fmt.Sprintf("%d×%d", width, height), Reason: "negative"}
 	case height > 1 && (dstPitch < width || srcPitch < width):
@@ -444,21 +440,9 @@ func (d *Device) Download(dst []byte, src uintptr) error {
 // unlike a copy from AllocHost memory (CopyFromHostAsync) it does not
 // overlap the host. Unlike Upload it does not synchronise the device.
 func (d *Device) UploadAsync(dst uintptr, src []byte, s streams.Stream) error {
-	cs, err := d.stream(s)
-	if err != nil {
+	cs, ok, err := d.goMemoryCopy(s, src, dst, true)
+	if !ok {
 		return err
-	}
-	switch {
-	case len(src) == 0:
-		return nil
-	case dst == 0:
-		return &fairgo.ArgError{Arg: "dst", Value: "0", Reason: "null device address"}
-	case d.host.owns(src):
-		return &fairgo.ArgError{
-			Arg:    "src",
-			Value:  len(src),
-			Reason: "page-locked memory from AllocHost: use CopyFromHostAsync",
-		}
 	}
 	if err := htodAsync(d.ctx, dst, src, cs.h); err != nil {
 		return fmt.Errorf("cuda: upload on %v: %w", cs, err)
@@ -471,27 +455,39 @@ func (d *Device) UploadAsync(dst uintptr, src []byte, s streams.Stream) error {
 // holds them. It waits for s only, not for the whole device as Download
 // does.
 func (d *Device) DownloadAfter(dst []byte, src uintptr, s streams.Stream) error {
-	cs, err := d.stream(s)
-	if err != nil {
+	cs, ok, err := d.goMemoryCopy(s, dst, src, false)
+	if !ok {
 		return err
-	}
-	switch {
-	case len(dst) == 0:
-		return nil
-	case src == 0:
-		return &fairgo.ArgError{Arg: "src", Value: "0", Reason: "null device address"}
-	case d.host.owns(dst):
-		return &fairgo.ArgError{
-			Arg:    "dst",
-			Value:  len(dst),
-			Reason: "page-locked memory from AllocHost: use CopyToHostAsync",
-		}
 	}
 	err = errors.Join(dtohAsync(d.ctx, dst, src, cs.h), streamSync(d.ctx, cs.h))
 	if err != nil {
 		return fmt.Errorf("cuda: download on %v: %w", cs, err)
 	}
 	return nil
+}
+
+// goMemoryCopy checks a copy on s between b, Go memory, and device memory
+// at addr: from b to addr where up (UploadAsync), else from addr to b
+// (DownloadAfter). It returns s's *Stream, or ok false where there is
+// nothing to copy (b empty) or err.
+func (d *Device) goMemoryCopy(s streams.Stream, b []byte, addr uintptr, up bool) (cs *Stream, ok bool, err error) {
+	host, dev, pinned := "dst", "src", "CopyToHostAsync"
+	if up {
+		host, dev, pinned = "src", "dst", "CopyFromHostAsync"
+	}
+	if cs, err = d.stream(s); err != nil {
+		return nil, false, err
+	}
+	switch {
+	case len(b) == 0:
+		return nil, false, nil
+	case addr == 0:
+		return nil, false, &fairgo.ArgError{Arg: dev, Value: "0", Reason: "null device address"}
+	case d.host.owns(b):
+		reason := "page-locked memory from AllocHost: use " + pinned
+		return nil, false, &fairgo.ArgError{Arg: host, Value: len(b), Reason: reason}
+	}
+	return cs, true, nil
 }
 
 // Close waits for the device's work, destroys the streams and events made
@@ -509,11 +505,8 @@ func (d *Device) Close() error {
 	d.owned, d.allocs, d.modules = map[any]struct{}{}, map[uintptr]int64{}, map[*Module]struct{}{}
 	d.mu.Unlock()
 	for o := range owned {
-		switch o := o.(type) {
-		case *Stream:
-			errs = append(errs, o.destroy())
-		case *Event:
-			errs = append(errs, o.destroy())
+		if r, ok := o.(resource); ok {
+			errs = append(errs, r.destroy())
 		}
 	}
 	for p := range allocs {

@@ -98,15 +98,9 @@ func (d *Device) FreeHost(b []byte) error {
 // CopyFromHostAsync enqueues a copy of src (memory from AllocHost) to dst on
 // s. src must not change until s has run the copy.
 func (d *Device) CopyFromHostAsync(dst uintptr, src []byte, s streams.Stream) error {
-	cs, err := d.stream(s)
-	if err != nil {
+	cs, ok, err := d.pinnedCopy(s, "src", src)
+	if !ok {
 		return err
-	}
-	if !d.host.owns(src) {
-		return &fairgo.ArgError{Arg: "src", Value: len(src), Reason: "host memory not from AllocHost"}
-	}
-	if len(src) == 0 {
-		return nil
 	}
 	return htodAsync(d.ctx, dst, src, cs.h)
 }
@@ -114,17 +108,24 @@ func (d *Device) CopyFromHostAsync(dst uintptr, src []byte, s streams.Stream) er
 // CopyToHostAsync enqueues a copy of device memory at src into dst (memory
 // from AllocHost) on s; dst holds the bytes once s has run the copy.
 func (d *Device) CopyToHostAsync(dst []byte, src uintptr, s streams.Stream) error {
-	cs, err := d.stream(s)
-	if err != nil {
+	cs, ok, err := d.pinnedCopy(s, "dst", dst)
+	if !ok {
 		return err
 	}
-	if !d.host.owns(dst) {
-		return &fairgo.ArgError{Arg: "dst", Value: len(dst), Reason: "host memory not from AllocHost"}
-	}
-	if len(dst) == 0 {
-		return nil
-	}
 	return dtohAsync(d.ctx, dst, src, cs.h)
+}
+
+// pinnedCopy checks a copy on s to or from b, memory from AllocHost (the
+// argument arg). It returns s's *Stream, or ok false where there is nothing
+// to copy (b empty) or err.
+func (d *Device) pinnedCopy(s streams.Stream, arg string, b []byte) (cs *Stream, ok bool, err error) {
+	if cs, err = d.stream(s); err != nil {
+		return nil, false, err
+	}
+	if !d.host.owns(b) {
+		return nil, false, &fairgo.ArgError{Arg: arg, Value: len(b), Reason: "host memory not from AllocHost"}
+	}
+	return cs, len(b) > 0, nil
 }
 
 // MemInfo returns the device's free and total memory in bytes

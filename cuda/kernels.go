@@ -85,15 +85,8 @@ func (d *Device) grid(count int64, dt fairgo.DType) int {
 //
 // with Avg dividing the sum by divisor. dst may be exactly one of the
 // sources (in place), but must not partly overlap any of them.
-func (d *Device) ReduceAsync(
-	dst, src uintptr,
-	n int,
-	stride, count int64,
-	dt fairgo.DType,
-	op fairgo.Op,
-	divisor int,
-	s streams.Stream,
-) error {
+func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, op fairgo.Op, divisor int,
+	s streams.Stream) error {
 	cs, err := d.stream(s)
 	if err != nil {
 		return err

@@ -35,12 +35,22 @@ func (d *Device) CreateStream() (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Stream{d: d, h: h, owned: true}
-	if err := d.track(s); err != nil {
-		_ = streamDestroy(d.ctx, h)
-		return nil, err
+	return adopt(d, &Stream{d: d, h: h, owned: true})
+}
+
+// resource is what a Device tracks and destroys on Close: its streams and
+// events.
+type resource interface{ destroy() error }
+
+// adopt tracks r, just created on d; where d has been closed meanwhile, it
+// destroys r again and fails.
+func adopt[R resource](d *Device, r R) (R, error) {
+	if err := d.track(r); err != nil {
+		_ = r.destroy()
+		var none R
+		return none, err
 	}
-	return s, nil
+	return r, nil
 }
 
 // NewStream is CreateStream for streams.Factory.
@@ -135,12 +145,7 @@ func (d *Device) CreateEvent(timing bool) (*Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Event{d: d, h: h, timing: timing}
-	if err := d.track(e); err != nil {
-		_ = eventDestroy(d.ctx, h)
-		return nil, err
-	}
-	return e, nil
+	return adopt(d, &Event{d: d, h: h, timing: timing})
 }
 
 // NewEvent creates an event without timing, for streams.Factory.

@@ -1,20 +1,22 @@
 package nccl
 
-// This file holds all of the package's C: the few NCCL declarations fairgo
-// needs (so that no nccl.h is required to build), dlopen/dlsym, and one
-// small shim per NCCL function that calls through the resolved pointer.
+// This file holds the package's C code: the few NCCL declarations fairgo
+// needs (so that no nccl.h is required to build), dlopen/dlsym (through the
+// helpers of internal/dl/fg_dl.h, shared with package cuda), and one small
+// shim per NCCL function that calls through the resolved pointer.
 // Device pointers and streams cross as uintptr_t.
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../internal/dl
 #cgo LDFLAGS: -ldl
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fg_dl.h"
 
 typedef struct fg_ncclComm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
@@ -84,38 +86,6 @@ static const char* fg_names[FG_NSYM] = {
 static int fg_nsym(void) { return FG_NSYM; }
 static const char* fg_name(int i) { return fg_names[i]; }
 
-// dlopen and dlerror in one call, so that the error text comes from the same thread.
-static void* fg_dlopen(const char* path, char* err, size_t n) {
-	dlerror();
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		const char* e = dlerror();
-		snprintf(err, n, "%s", e ? e : "dlopen failed");
-	}
-	return h;
-}
-
-static void* fg_dlsym(void* h, int i, char* err, size_t n) {
-	dlerror();
-	void* p = dlsym(h, fg_names[i]);
-	if (!p) {
-		const char* e = dlerror();
-		snprintf(err, n, "%s", e ? e : "symbol not found");
-	}
-	return p;
-}
-
-static int fg_dlclose(void* h) { return dlclose(h); }
-
-// dladdr tells which file a resolved symbol came from (the real path of a
-// library found through the loader's search).
-static int fg_origin(void* sym, char* out, size_t n) {
-	Dl_info info;
-	if (dladdr(sym, &info) == 0 || info.dli_fname == NULL) return -1;
-	snprintf(out, n, "%s", info.dli_fname);
-	return 0;
-}
-
 typedef ncclResult_t (*fg_GetVersion_t)(int*);
 typedef ncclResult_t (*fg_GetUniqueId_t)(ncclUniqueId*);
 typedef ncclResult_t (*fg_CommInitRank_t)(ncclComm_t*, int, ncclUniqueId, int);
@@ -153,13 +123,10 @@ static ncclResult_t fg_CommGetAsyncError(void** s, ncclComm_t c, ncclResult_t* r
 }
 static ncclResult_t fg_CommCount(void** s, ncclComm_t c, int* n) { return ((fg_CommInt_t)s[FG_CommCount])(c, n); }
 static ncclResult_t fg_CommUserRank(void** s, ncclComm_t c, int* r) { return ((fg_CommInt_t)s[FG_CommUserRank])(c, r); }
-static ncclResult_t fg_AllReduce(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
-                                 ncclComm_t c, uintptr_t st) {
-	return ((fg_Reduce_t)s[FG_AllReduce])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
-}
-static ncclResult_t fg_ReduceScatter(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
-                                     ncclComm_t c, uintptr_t st) {
-	return ((fg_Reduce_t)s[FG_ReduceScatter])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
+// f is FG_AllReduce or FG_ReduceScatter: the two have one prototype.
+static ncclResult_t fg_Reduce(void** s, int f, uintptr_t send, uintptr_t recv, size_t n, int dt, int op,
+                              ncclComm_t c, uintptr_t st) {
+	return ((fg_Reduce_t)s[f])((const void*)send, (void*)recv, n, dt, op, c, (cudaStream_t)st);
 }
 static ncclResult_t fg_AllGather(void** s, uintptr_t send, uintptr_t recv, size_t n, int dt,
                                  ncclComm_t c, uintptr_t st) {
@@ -225,15 +192,13 @@ type cHandle struct {
 	syms *unsafe.Pointer // C array of numSyms entries
 }
 
+// dlopen opens the library at path, or returns the loader's text.
 func dlopen(path string) (unsafe.Pointer, string) {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
 	var buf [errBufLen]C.char
-	h := C.fg_dlopen(cpath, &buf[0], errBufLen)
-	if h == nil {
-		return nil, C.GoString(&buf[0])
+	if h := C.fg_dlopen(path, &buf[0], errBufLen); h != nil {
+		return h, ""
 	}
-	return h, ""
+	return nil, C.GoString(&buf[0])
 }
 
 func dlclose(h unsafe.Pointer) { C.fg_dlclose(h) }
@@ -246,7 +211,7 @@ func resolve(h unsafe.Pointer) (*unsafe.Pointer, map[sym]string) {
 	slots := unsafe.Slice(table, int(numSyms))
 	for i := sym(0); i < numSyms; i++ {
 		var buf [errBufLen]C.char
-		p := C.fg_dlsym(h, C.int(i), &buf[0], errBufLen)
+		p := C.fg_dl_sym(h, C.fg_name(C.int(i)), &buf[0], errBufLen)
 		if p == nil {
 			missing[i] = C.GoString(&buf[0])
 			continue
@@ -405,59 +370,21 @@ func cCommUserRank(t *unsafe.Pointer, c C.ncclComm_t) (int, Result) {
 	return int(n), Result(r)
 }
 
-func cAllReduce(
-	t *unsafe.Pointer,
-	send, recv uintptr,
-	n int64,
-	dt DataType,
-	op RedOp,
-	c C.ncclComm_t,
-	s uintptr,
-) Result {
-	return Result(
-		C.fg_AllReduce(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(op), c, C.uintptr_t(s)),
-	)
-}
-
-func cReduceScatter(
-	t *unsafe.Pointer,
-	send, recv uintptr,
-	n int64,
-	dt DataType,
-	op RedOp,
-	c C.ncclComm_t,
-	s uintptr,
-) Result {
-	return Result(
-		C.fg_ReduceScatter(
-			t,
-			C.uintptr_t(send),
-			C.uintptr_t(recv),
-			C.size_t(n),
-			C.int(dt),
-			C.int(op),
-			c,
-			C.uintptr_t(s),
-		),
-	)
+// cReduce calls f, symAllReduce or symReduceScatter (one prototype).
+func cReduce(t *unsafe.Pointer, f sym, send, recv uintptr, n int64, dt DataType, op RedOp, c C.ncclComm_t,
+	s uintptr) Result {
+	snd, rcv, st := C.uintptr_t(send), C.uintptr_t(recv), C.uintptr_t(s)
+	return Result(C.fg_Reduce(t, C.int(f), snd, rcv, C.size_t(n), C.int(dt), C.int(op), c, st))
 }
 
 func cAllGather(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, c C.ncclComm_t, s uintptr) Result {
 	return Result(C.fg_AllGather(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), c, C.uintptr_t(s)))
 }
 
-func cBroadcast(
-	t *unsafe.Pointer,
-	send, recv uintptr,
-	n int64,
-	dt DataType,
-	root int,
-	c C.ncclComm_t,
-	s uintptr,
-) Result {
-	return Result(
-		C.fg_Broadcast(t, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(n), C.int(dt), C.int(root), c, C.uintptr_t(s)),
-	)
+func cBroadcast(t *unsafe.Pointer, send, recv uintptr, n int64, dt DataType, root int, c C.ncclComm_t,
+	s uintptr) Result {
+	snd, rcv, st := C.uintptr_t(send), C.uintptr_t(recv), C.uintptr_t(s)
+	return Result(C.fg_Broadcast(t, snd, rcv, C.size_t(n), C.int(dt), C.int(root), c, st))
 }
 
 func cSend(t *unsafe.Pointer, buf uintptr, n int64, dt DataType, peer int, c C.ncclComm_t, s uintptr) Result {

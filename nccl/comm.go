@@ -218,7 +218,7 @@ func (c *Comm) AllReduce(send, recv uintptr, count int64, dt DataType, op RedOp,
 		return err
 	}
 	return c.call("ncclAllReduce", symAllReduce, func() Result {
-		return cAllReduce(c.lib.table, send, recv, count, dt, op, c.h, stream)
+		return cReduce(c.lib.table, symAllReduce, send, recv, count, dt, op, c.h, stream)
 	})
 }
 
@@ -228,7 +228,7 @@ func (c *Comm) ReduceScatter(send, recv uintptr, recvCount int64, dt DataType, o
 		return err
 	}
 	return c.call("ncclReduceScatter", symReduceScatter, func() Result {
-		return cReduceScatter(c.lib.table, send, recv, recvCount, dt, op, c.h, stream)
+		return cReduce(c.lib.table, symReduceScatter, send, recv, recvCount, dt, op, c.h, stream)
 	})
 }
 

@@ -296,14 +296,10 @@ func (c *Cluster) checkOpen() error {
 // exited when Close returns) and releases device memory. Closing twice is a
 // no-op.
 func (c *Cluster) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	groups, first := closeOnce(&c.mu, &c.closed, func() []*group { return c.groups })
+	if !first {
 		return nil
 	}
-	c.closed = true
-	groups := c.groups
-	c.mu.Unlock()
 	for _, g := range groups {
 		g.fail(fmt.Errorf("sim: %s: cluster closed: %w", g.name, fairgo.ErrClosed))
 	}
@@ -313,4 +309,16 @@ func (c *Cluster) Close() error {
 		d.mem.release()
 	}
 	return errors.Join(errs...)
+}
+
+// closeOnce sets *closed under mu and returns what take reads under the same
+// lock; first is false, and nothing is read, where it was closed already.
+func closeOnce[T any](mu *sync.Mutex, closed *bool, take func() T) (v T, first bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	if *closed {
+		return v, false
+	}
+	*closed = true
+	return take(), true
 }

@@ -534,14 +534,8 @@ func (c *Comm) Broadcast(send, recv uintptr, count int64, dt fairgo.DType, root 
 // at recv+recvDispls[k]. Sends may overlap; receives must not (checked).
 // Every rank's sendCounts[k] must equal rank k's recvCounts[r], else all
 // fail with a *MismatchError.
-func (c *Comm) AllToAllv(
-	send uintptr,
-	sendCounts, sendDispls []int64,
-	recv uintptr,
-	recvCounts, recvDispls []int64,
-	dt fairgo.DType,
-	s streams.Stream,
-) error {
+func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uintptr, recvCounts, recvDispls []int64,
+	dt fairgo.DType, s streams.Stream) error {
 	n := c.Size()
 	for _, x := range []struct {
 		name string

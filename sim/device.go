@@ -314,14 +314,8 @@ func (d *Device) CopyAsync(dst, src uintptr, bytes int64, st streams.Stream) err
 // Copy2DAsync enqueues height copies of width bytes, row i from
 // src+i·srcPitch to dst+i·dstPitch. As in CUDA, both pitches must be at
 // least width.
-func (d *Device) Copy2DAsync(
-	dst uintptr,
-	dstPitch int64,
-	src uintptr,
-	srcPitch int64,
-	width, height int64,
-	st streams.Stream,
-) error {
+func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch int64, width, height int64,
+	st streams.Stream) error {
 	s, err := d.stream(st)
 	if err != nil {
 		return err
@@ -361,15 +355,8 @@ func (d *Device) Copy2DAsync(
 // computed by elem.ReduceShards. dst may be one of the sources exactly but
 // must not partly overlap any (checked here; a GPU would silently compute
 // garbage).
-func (d *Device) ReduceAsync(
-	dst, src uintptr,
-	n int,
-	stride, count int64,
-	dt fairgo.DType,
-	rop fairgo.Op,
-	divisor int,
-	st streams.Stream,
-) error {
+func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fairgo.DType, rop fairgo.Op, divisor int,
+	st streams.Stream) error {
 	s, err := d.stream(st)
 	if err != nil {
 		return err
@@ -436,14 +423,10 @@ func (d *Device) Group(fn func() error) error {
 // returns. Memory stays readable (Download) until the cluster closes.
 // Closing twice is a no-op.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	ss, first := closeOnce(&d.mu, &d.closed, func() []*Stream { return d.streams })
+	if !first {
 		return nil
 	}
-	d.closed = true
-	ss := d.streams
-	d.mu.Unlock()
 	d.cancel()
 	for _, s := range ss {
 		s.mu.Lock()

@@ -187,16 +187,10 @@ class Config(ctypes.Structure):
 
 
 class CommInfo(ctypes.Structure):
-    """fairgo_comm_info_t."""
+    """fairgo_comm_info_t: seven int32_t."""
 
     _fields_ = [
-        ("rank", ctypes.c_int32),
-        ("world_size", ctypes.c_int32),
-        ("machines", ctypes.c_int32),
-        ("devices", ctypes.c_int32),
-        ("machine", ctypes.c_int32),
-        ("local", ctypes.c_int32),
-        ("device", ctypes.c_int32),
+        (name, ctypes.c_int32) for name in ("rank", "world_size", "machines", "devices", "machine", "local", "device")
     ]
 
 
