@@ -263,6 +263,8 @@ import "C"
 import (
 	"time"
 	"unsafe"
+
+	_ "github.com/fairgo/fairgo/internal/dl" // the header the preamble includes, for go mod vendor
 )
 
 // CUDA result codes and constants the Go side tests for.

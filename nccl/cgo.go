@@ -151,6 +151,8 @@ import "C"
 
 import (
 	"unsafe"
+
+	_ "github.com/fairgo/fairgo/internal/dl" // the header the preamble includes, for go mod vendor
 )
 
 // sym indexes the resolved-symbol table; the order matches the C enum.
