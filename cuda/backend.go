@@ -96,8 +96,8 @@ func (b Backend) Connect(ctx context.Context, store backend.Store, job backend.J
 }
 
 // connect makes the communicators of this process's ranks (global ranks
-// ranks, on devs) in the layout every rank computed. The caller keeps the
-// devices; on error every communicator made is aborted.
+// ranks, on devs) in the placement every rank computed. The caller keeps
+// the devices; on error every communicator made is aborted.
 func connect(
 	ctx context.Context,
 	store backend.Store,
@@ -112,98 +112,117 @@ func connect(
 		return nil, err
 	}
 	defer lib.Close()
-	out := make([]backend.Rank, len(ranks))
-	var made []*Comm
-	fail := func(err error) ([]backend.Rank, error) {
-		for _, c := range made {
-			_ = c.Abort()
-		}
-		return nil, err
-	}
-	// wrap wraps new communicators, checks their places against the
-	// layout and stores them with set.
-	wrap := func(
-		name func(g fairgo.Grid) string,
-		raw []*nccl.Comm,
-		want func(i int) (size, rank int),
-		set func(c *backend.Comms, cm backend.Comm),
-	) error {
-		for i, c := range raw {
-			cm, err := NewComm(devs[i], c, name(out[i].Grid))
-			if err != nil {
-				for _, x := range raw[i:] {
-					_ = x.Abort()
-				}
-				return err
-			}
-			made = append(made, cm)
-			set(&out[i].Comms, cm)
-		}
-		for i, cm := range made[len(made)-len(raw):] {
-			if n, r := want(i); cm.Size() != n || cm.Rank() != r {
-				return fmt.Errorf(
-					"cuda: communicator %s of global rank %d is rank %d of %d; the layout says %d of %d",
-					cm.Name(),
-					ranks[i],
-					cm.Rank(),
-					cm.Size(),
-					r,
-					n,
-				)
-			}
-		}
-		return nil
-	}
-	W := layout.WorldSize()
+	c := &connector{ctx: ctx, store: store, layout: layout, ranks: ranks, devs: devs, lib: lib}
+	c.out = make([]backend.Rank, len(ranks))
 	for i, r := range ranks {
-		out[i] = backend.Rank{Grid: layout.GridOf(r), Device: devs[i]}
+		c.out[i] = backend.Rank{Grid: layout.GridOf(r), Device: devs[i]}
 	}
-	M, D := out[0].Grid.Machines, out[0].Grid.Devices
+	if err := c.worldComms(); err != nil {
+		return c.fail(err)
+	}
+	split := !noSplit && lib.Supports("ncclCommSplit")
+	g := c.out[0].Grid
+	log.Debug("fairgo: cuda communicators", "world", layout.WorldSize(),
+		"grid", fmt.Sprintf("%dx%d", g.Machines, g.Devices), "split", split, "nccl", lib.String())
+	for _, s := range c.subs() {
+		if s.size == 1 { // one-rank communicators stay nil, on every rank alike
+			continue
+		}
+		var raw []*nccl.Comm
+		if split {
+			raw, err = c.split(s)
+		} else {
+			raw, err = c.fromIDs(s)
+		}
+		if err != nil {
+			return c.fail(err)
+		}
+		place := func(i int) (int, int) { _, key := s.colorKey(c.out[i].Grid); return s.size, key }
+		if err := c.wrap(s.nameOf, raw, place, s.set); err != nil {
+			return c.fail(err)
+		}
+	}
+	return c.out, nil
+}
 
-	// The world communicator.
-	id, err := shareID(ctx, lib, store, "nccl/world", ranks[0] == 0)
-	if err != nil {
-		return fail(err)
+// connector carries one connect: what it was given, the ranks it builds
+// and the communicators made so far (aborted if it fails).
+type connector struct {
+	ctx    context.Context
+	store  backend.Store
+	layout backend.Placement
+	ranks  []int
+	devs   []*Device
+	lib    *nccl.Library
+	out    []backend.Rank
+	world  []*nccl.Comm // each rank's world communicator, which the others split from
+	made   []*Comm
+}
+
+// sub is one kind of communicator under the world: the check, the intra
+// ones and the rail ones.
+type sub struct {
+	name     string                         // a format with the color, or the name of the one communicator
+	size     int                            // ranks per communicator (one: none is made)
+	colorKey func(g fairgo.Grid) (int, int) // which communicator, and the place in it
+	leaderOf func(color int) int            // global rank of its first member
+	config   *nccl.Config                   // nil: NCCL's defaults
+	set      func(c *backend.Comms, cm backend.Comm)
+}
+
+// nameOf is the name of the communicator of the rank at g.
+func (s sub) nameOf(g fairgo.Grid) string {
+	if !strings.Contains(s.name, "%") { // one communicator of every rank
+		return s.name
 	}
-	world, err := eachRank(ctx, "world communicator", devs, func(i int) (*nccl.Comm, error) {
-		return lib.CommInitRank(W, id, ranks[i])
+	c, _ := s.colorKey(g)
+	return fmt.Sprintf(s.name, c)
+}
+
+// fail aborts every communicator made and returns err.
+func (c *connector) fail(err error) ([]backend.Rank, error) {
+	for _, cm := range c.made {
+		_ = cm.Abort()
+	}
+	return nil, err
+}
+
+// worldComms makes the world communicator of every rank from a unique id
+// global rank 0 publishes.
+func (c *connector) worldComms() error {
+	W := c.layout.WorldSize()
+	id, err := shareID(c.ctx, c.lib, c.store, "nccl/world", c.ranks[0] == 0)
+	if err != nil {
+		return err
+	}
+	c.world, err = eachRank(c.ctx, "world communicator", c.devs, func(i int) (*nccl.Comm, error) {
+		return c.lib.CommInitRank(W, id, c.ranks[i])
 	})
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	worldName := func(fairgo.Grid) string { return "world" }
-	worldPlace := func(i int) (int, int) { return W, ranks[i] }
-	if err := wrap(worldName, world, worldPlace, func(c *backend.Comms, cm backend.Comm) { c.World = cm }); err != nil {
-		return fail(err)
-	}
+	name := func(fairgo.Grid) string { return "world" }
+	place := func(i int) (int, int) { return W, c.ranks[i] }
+	return c.wrap(name, c.world, place, func(cs *backend.Comms, cm backend.Comm) { cs.World = cm })
+}
 
-	split := !noSplit && lib.Supports("ncclCommSplit")
-	log.Debug(
-		"fairgo: cuda communicators",
-		"world", W,
-		"grid", fmt.Sprintf("%dx%d", M, D),
-		"split", split,
-		"nccl", lib.String(),
-	)
-	type sub struct {
-		name     string
-		size     int                            // ranks per communicator (one: none is made)
-		colorKey func(g fairgo.Grid) (int, int) // which communicator, and the place in it
-		leaderOf func(color int) int            // global rank of its first member
-		config   *nccl.Config                   // nil: NCCL's defaults
-		set      func(c *backend.Comms, cm backend.Comm)
-	}
+// subs are the communicators under the world, in the order every rank
+// makes them.
+func (c *connector) subs() []sub {
+	l := c.layout
+	g := c.out[0].Grid
+	M, D, W := g.Machines, g.Devices, l.WorldSize()
 	intraCK := func(g fairgo.Grid) (int, int) { return g.Machine, g.Local }
 	railCK := func(g fairgo.Grid) (int, int) { return g.Local, g.Machine }
-	intraLeader := func(m int) int { return layout.RankAt(m, 0) }
-	railLeader := func(d int) int { return layout.RankAt(0, d) }
+	intraLeader := func(m int) int { return l.RankAt(m, 0) }
+	railLeader := func(d int) int { return l.RankAt(0, d) }
 	checkCK := func(g fairgo.Grid) (int, int) { return 0, g.Rank() }
-	checkLeader := func(int) int { return layout.RankAt(0, 0) }
+	checkLeader := func(int) int { return l.RankAt(0, 0) }
 	// The check moves a few kilobytes: one CTA, so that it never takes SMs
 	// that the data's kernels (and, with ranks sharing a GPU under MPS,
 	// other ranks' kernels they wait for) need.
 	checkConfig := &nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"}
-	subs := []sub{
+	return []sub{
 		{"check", W, checkCK, checkLeader, checkConfig, func(c *backend.Comms, cm backend.Comm) { c.Check = cm }},
 		{"intra-rs/machine=%d", D, intraCK, intraLeader, nil,
 			func(c *backend.Comms, cm backend.Comm) { c.IntraReduceScatter = cm }},
@@ -214,64 +233,74 @@ func connect(
 		{"rail-diffuse/local=%d", M, railCK, railLeader, nil,
 			func(c *backend.Comms, cm backend.Comm) { c.RailDiffuse = cm }},
 	}
-	for _, s := range subs {
-		if s.size == 1 { // one-rank communicators stay nil, on every rank alike
-			continue
+}
+
+// split makes s's communicators by ncclCommSplit of the world.
+func (c *connector) split(s sub) ([]*nccl.Comm, error) {
+	return eachRank(c.ctx, s.nameOf(c.out[0].Grid)+" split", c.devs, func(i int) (*nccl.Comm, error) {
+		color, key := s.colorKey(c.out[i].Grid)
+		cm, err := c.world[i].Split(color, key, s.config)
+		if err == nil && cm == nil {
+			err = fmt.Errorf("ncclCommSplit(color %d, key %d) returned no communicator", color, key)
 		}
-		name := func(g fairgo.Grid) string {
-			if !strings.Contains(s.name, "%") { // one communicator of every rank
-				return s.name
+		return cm, err
+	})
+}
+
+// fromIDs makes s's communicators from unique ids their first members
+// create and publish through the store.
+func (c *connector) fromIDs(s sub) ([]*nccl.Comm, error) {
+	ids := make([]nccl.UniqueID, len(c.ranks))
+	// Leaders publish first, then everyone reads: no process waits on an
+	// id that a process waiting on it would create.
+	for _, leaders := range []bool{true, false} {
+		for i, r := range c.ranks {
+			color, _ := s.colorKey(c.out[i].Grid)
+			if (s.leaderOf(color) == r) != leaders {
+				continue
 			}
-			c, _ := s.colorKey(g)
-			return fmt.Sprintf(s.name, c)
-		}
-		var raw []*nccl.Comm
-		if split {
-			raw, err = eachRank(ctx, name(out[0].Grid)+" split", devs, func(i int) (*nccl.Comm, error) {
-				color, key := s.colorKey(out[i].Grid)
-				c, err := world[i].Split(color, key, s.config)
-				if err == nil && c == nil {
-					err = fmt.Errorf("ncclCommSplit(color %d, key %d) returned no communicator", color, key)
-				}
-				return c, err
-			})
-		} else {
-			// Leaders publish first, then everyone reads: no process
-			// waits on an id that a process waiting on it would create.
-			ids := make([]nccl.UniqueID, len(ranks))
-			for i, r := range ranks {
-				color, _ := s.colorKey(out[i].Grid)
-				if s.leaderOf(color) == r {
-					if ids[i], err = shareID(ctx, lib, store, "nccl/"+name(out[i].Grid), true); err != nil {
-						return fail(err)
-					}
-				}
+			var err error
+			if ids[i], err = shareID(c.ctx, c.lib, c.store, "nccl/"+s.nameOf(c.out[i].Grid), leaders); err != nil {
+				return nil, err
 			}
-			for i, r := range ranks {
-				color, _ := s.colorKey(out[i].Grid)
-				if s.leaderOf(color) != r {
-					if ids[i], err = shareID(ctx, lib, store, "nccl/"+name(out[i].Grid), false); err != nil {
-						return fail(err)
-					}
-				}
-			}
-			raw, err = eachRank(ctx, name(out[0].Grid), devs, func(i int) (*nccl.Comm, error) {
-				_, key := s.colorKey(out[i].Grid)
-				if s.config != nil && lib.Supports("ncclCommInitRankConfig") {
-					return lib.CommInitRankConfig(ctx, s.size, ids[i], key, s.config)
-				}
-				return lib.CommInitRank(s.size, ids[i], key)
-			})
-		}
-		if err != nil {
-			return fail(err)
-		}
-		place := func(i int) (int, int) { _, key := s.colorKey(out[i].Grid); return s.size, key }
-		if err := wrap(name, raw, place, s.set); err != nil {
-			return fail(err)
 		}
 	}
-	return out, nil
+	return eachRank(c.ctx, s.nameOf(c.out[0].Grid), c.devs, func(i int) (*nccl.Comm, error) {
+		_, key := s.colorKey(c.out[i].Grid)
+		if s.config != nil && c.lib.Supports("ncclCommInitRankConfig") {
+			return c.lib.CommInitRankConfig(c.ctx, s.size, ids[i], key, s.config)
+		}
+		return c.lib.CommInitRank(s.size, ids[i], key)
+	})
+}
+
+// wrap wraps new communicators, checks their places against the
+// placement (want: the size and rank the i-th should have) and stores
+// them with set.
+func (c *connector) wrap(
+	name func(g fairgo.Grid) string,
+	raw []*nccl.Comm,
+	want func(i int) (size, rank int),
+	set func(c *backend.Comms, cm backend.Comm),
+) error {
+	for i, rc := range raw {
+		cm, err := NewComm(c.devs[i], rc, name(c.out[i].Grid))
+		if err != nil {
+			for _, x := range raw[i:] {
+				_ = x.Abort()
+			}
+			return err
+		}
+		c.made = append(c.made, cm)
+		set(&c.out[i].Comms, cm)
+	}
+	for i, cm := range c.made[len(c.made)-len(raw):] {
+		if n, r := want(i); cm.Size() != n || cm.Rank() != r {
+			return fmt.Errorf("cuda: communicator %s of global rank %d is rank %d of %d; the layout says %d of %d",
+				cm.Name(), c.ranks[i], cm.Rank(), cm.Size(), r, n)
+		}
+	}
+	return nil
 }
 
 // shareID returns the NCCL unique id shared under key: the leader creates
