@@ -252,110 +252,138 @@ func (g *group) check(m *meeting) error {
 // all reads into temporaries first, then all writes (so in-place
 // reduce-scatter and all-gather are correct).
 func (g *group) execute(m *meeting) error {
-	n := g.size()
 	c0 := m.calls[0]
-	dt := c0.dt
-	size := int64(dt.Size())
-	what := fmt.Sprintf("%s on %s seq %d", kindNames[c0.kind], g.name, m.seq)
-	read := func(c *call, ptr uintptr, elems int64) ([]byte, error) {
-		return c.dev.mem.read(what, ptr, elems*size)
-	}
-	write := func(c *call, ptr uintptr, data []byte) error {
-		return c.dev.mem.write(what, ptr, data)
-	}
+	x := exchange{m: m, n: g.size(), size: int64(c0.dt.Size()),
+		what: fmt.Sprintf("%s on %s seq %d", kindNames[c0.kind], g.name, m.seq)}
 	switch c0.kind {
 	case kAllReduce, kReduceScatter:
-		count := c0.count
-		total := count
-		if c0.kind == kReduceScatter {
-			total = count * int64(n)
-		}
-		inputs := make([][]byte, n)
-		for r, c := range m.calls {
-			b, err := read(c, c.send, total)
-			if err != nil {
-				return err
-			}
-			inputs[r] = b
-		}
-		if c0.op == fairgo.Avg && dt.IsFloat() {
-			for _, b := range inputs {
-				if err := elem.PreMulInverse(dt, b, n); err != nil {
-					return err
-				}
-			}
-		}
-		if c0.kind == kReduceScatter {
-			for b, c := range m.calls {
-				block, err := ringReduce(inputs, int64(b)*count*size, count*size, b, dt, c0.op)
-				if err != nil {
-					return err
-				}
-				if err := write(c, c.recv, block); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		// All-reduce: a ring reduce-scatter over n chunks, then every rank
-		// receives the same bytes.
-		result := make([]byte, 0, total*size)
-		for b := range n {
-			lo, hi := total*int64(b)/int64(n), total*int64(b+1)/int64(n)
-			chunk, err := ringReduce(inputs, lo*size, (hi-lo)*size, b, dt, c0.op)
-			if err != nil {
-				return err
-			}
-			result = append(result, chunk...)
-		}
-		for _, c := range m.calls {
-			if err := write(c, c.recv, result); err != nil {
-				return err
-			}
-		}
+		return x.reduce()
 	case kAllGather:
-		count := c0.count
-		all := make([]byte, 0, int64(n)*count*size)
-		for _, c := range m.calls {
-			b, err := read(c, c.send, count)
-			if err != nil {
-				return err
-			}
-			all = append(all, b...)
-		}
-		for _, c := range m.calls {
-			if err := write(c, c.recv, all); err != nil {
-				return err
-			}
-		}
+		return x.allGather()
 	case kBroadcast:
 		root := m.calls[c0.root]
-		data, err := read(root, root.send, c0.count)
+		data, err := x.read(root, root.send, c0.count)
 		if err != nil {
 			return err
 		}
-		for _, c := range m.calls {
-			if err := write(c, c.recv, data); err != nil {
+		return x.writeAll(data)
+	case kAllToAll:
+		return x.allToAll()
+	}
+	return nil
+}
+
+// exchange is one meeting's data movement: its calls (one per rank, in
+// rank order), their element size, and what errors call it.
+type exchange struct {
+	m    *meeting
+	n    int
+	size int64
+	what string
+}
+
+func (x exchange) read(c *call, ptr uintptr, elems int64) ([]byte, error) {
+	return c.dev.mem.read(x.what, ptr, elems*x.size)
+}
+
+func (x exchange) write(c *call, ptr uintptr, data []byte) error {
+	return c.dev.mem.write(x.what, ptr, data)
+}
+
+// writeAll writes data to every rank's receive buffer.
+func (x exchange) writeAll(data []byte) error {
+	for _, c := range x.m.calls {
+		if err := x.write(c, c.recv, data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reduce is an all-reduce or a reduce-scatter: every rank's input read
+// (pre-multiplied by 1/n for a floating-point Avg, as NCCL does), reduced
+// in ring order chunk by chunk.
+func (x exchange) reduce() error {
+	c0, n, size := x.m.calls[0], x.n, x.size
+	dt, count := c0.dt, c0.count
+	total := count
+	if c0.kind == kReduceScatter {
+		total = count * int64(n)
+	}
+	inputs := make([][]byte, n)
+	for r, c := range x.m.calls {
+		b, err := x.read(c, c.send, total)
+		if err != nil {
+			return err
+		}
+		inputs[r] = b
+	}
+	if c0.op == fairgo.Avg && dt.IsFloat() {
+		for _, b := range inputs {
+			if err := elem.PreMulInverse(dt, b, n); err != nil {
 				return err
 			}
 		}
-	case kAllToAll:
-		parts := make([][][]byte, n) // parts[from][to]
-		for r, c := range m.calls {
-			parts[r] = make([][]byte, n)
-			for k := range n {
-				b, err := read(c, c.send+uintptr(c.sendDispls[k]*size), c.sendCounts[k])
-				if err != nil {
-					return err
-				}
-				parts[r][k] = b
+	}
+	if c0.kind == kReduceScatter {
+		for b, c := range x.m.calls {
+			block, err := ringReduce(inputs, int64(b)*count*size, count*size, b, dt, c0.op)
+			if err != nil {
+				return err
+			}
+			if err := x.write(c, c.recv, block); err != nil {
+				return err
 			}
 		}
-		for k, c := range m.calls {
-			for r := range n {
-				if err := write(c, c.recv+uintptr(c.recvDispls[r]*size), parts[r][k]); err != nil {
-					return err
-				}
+		return nil
+	}
+	// All-reduce: a ring reduce-scatter over n chunks, then every rank
+	// receives the same bytes.
+	result := make([]byte, 0, total*size)
+	for b := range n {
+		lo, hi := total*int64(b)/int64(n), total*int64(b+1)/int64(n)
+		chunk, err := ringReduce(inputs, lo*size, (hi-lo)*size, b, dt, c0.op)
+		if err != nil {
+			return err
+		}
+		result = append(result, chunk...)
+	}
+	return x.writeAll(result)
+}
+
+// allGather concatenates every rank's input, in rank order, into every
+// rank's receive buffer.
+func (x exchange) allGather() error {
+	count := x.m.calls[0].count
+	all := make([]byte, 0, int64(x.n)*count*x.size)
+	for _, c := range x.m.calls {
+		b, err := x.read(c, c.send, count)
+		if err != nil {
+			return err
+		}
+		all = append(all, b...)
+	}
+	return x.writeAll(all)
+}
+
+// allToAll moves block k of every rank's send to rank k.
+func (x exchange) allToAll() error {
+	n, size := x.n, x.size
+	parts := make([][][]byte, n) // parts[from][to]
+	for r, c := range x.m.calls {
+		parts[r] = make([][]byte, n)
+		for k := range n {
+			b, err := x.read(c, c.send+uintptr(c.sendDispls[k]*size), c.sendCounts[k])
+			if err != nil {
+				return err
+			}
+			parts[r][k] = b
+		}
+	}
+	for k, c := range x.m.calls {
+		for r := range n {
+			if err := x.write(c, c.recv+uintptr(c.recvDispls[r]*size), parts[r][k]); err != nil {
+				return err
 			}
 		}
 	}
