@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -228,6 +229,7 @@ func TestErrorType(t *testing.T) {
 
 // fakeNCCL is a stand-in libnccl for the load, version and error paths.
 const fakeNCCL = `
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
@@ -263,10 +265,13 @@ R ncclCommGetAsyncError(void* c, R* st) { *st = stuck() || polls++ < 3 ? 7 : 0; 
 R ncclCommCount(void* c, int* n) { *n = ((int*)c)[0]; return 0; }
 R ncclCommUserRank(void* c, int* r) { *r = ((int*)c)[1]; return 0; }
 R ncclAllReduce(const void* s, void* r, size_t n, int dt, int op, void* c, void* st) {
-	if (dt > 9) { strcpy(last, "fake: invalid datatype"); return 4; }
+	if (dt > 9) { snprintf(last, sizeof last, "fake: invalid datatype in allreduce of %zu, op %d", n, op); return 4; }
 	return 0;
 }
-R ncclReduceScatter(const void* s, void* r, size_t n, int dt, int op, void* c, void* st) { return 0; }
+R ncclReduceScatter(const void* s, void* r, size_t n, int dt, int op, void* c, void* st) {
+	if (dt > 9) { snprintf(last, sizeof last, "fake: invalid datatype in reduce-scatter of %zu, op %d", n, op); return 4; }
+	return 0;
+}
 R ncclAllGather(const void* s, void* r, size_t n, int dt, void* c, void* st) { return 0; }
 R ncclBroadcast(const void* s, void* r, size_t n, int dt, int root, void* c, void* st) { return 0; }
 R ncclSend(const void* s, size_t n, int dt, int peer, void* c, void* st) { return 0; }
@@ -372,6 +377,16 @@ func TestFakeMissingOptional(t *testing.T) {
 	}
 	if !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, fairgo.ErrInvalidArgument) {
 		t.Errorf("%v does not match the invalid-argument sentinels", err)
+	}
+	// AllReduce and ReduceScatter share a shim: each reaches its own
+	// symbol with its arguments.
+	if !strings.Contains(ne.Text, "allreduce of 1, op 0") {
+		t.Errorf("AllReduce reached %q", ne.Text)
+	}
+	err = comm.ReduceScatter(0, 0, 5, DataType(99), Max, 0)
+	if !errors.As(err, &ne) || ne.Op != "ncclReduceScatter" ||
+		!strings.Contains(ne.Text, fmt.Sprintf("reduce-scatter of 5, op %d", Max)) {
+		t.Errorf("ReduceScatter error = %v", err)
 	}
 	if err := comm.AllReduce(0, 0, -1, Float32, Sum, 0); !errors.Is(err, fairgo.ErrInvalidArgument) {
 		t.Errorf("negative count: %v", err)
