@@ -104,13 +104,7 @@ func (c *Comm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fa
 }
 
 // ReduceScatter enqueues ncclReduceScatter.
-func (c *Comm) ReduceScatter(
-	send, recv uintptr,
-	recvCount int64,
-	dt fairgo.DType,
-	op fairgo.Op,
-	s streams.Stream,
-) error {
+func (c *Comm) ReduceScatter(send, recv uintptr, recvCount int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
 	ndt, nop, err := c.types(dt, op, true)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -206,18 +207,8 @@ func (railRSAG) collect(c *sliceCall) error {
 }
 
 func (railRSAG) add(c *sliceCall) error {
-	if c.ops.divideBy <= 1 {
-		return nil
-	}
 	g := c.grid
-	for _, pt := range c.p.parts {
-		cell := pt.cells.Cell(g.Local, g.Machine)
-		n := pt.cells.N
-		if err := c.dev.ReduceAsync(cell, cell, 1, n, n, c.dt, fairgo.Avg, c.ops.divideBy, c.l.st[streams.Add]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c.divide(func(x staging.Cells) (uintptr, int64) { return x.Cell(g.Local, g.Machine), x.N })
 }
 
 func (railRSAG) diffuse(c *sliceCall) error {
@@ -248,17 +239,8 @@ func (railAllReduce) collect(c *sliceCall) error {
 }
 
 func (railAllReduce) add(c *sliceCall) error {
-	if c.ops.divideBy <= 1 {
-		return nil
-	}
 	d := c.grid.Local
-	for _, pt := range c.p.parts {
-		row, n := pt.cells.Row(d), pt.cells.RowCount()
-		if err := c.dev.ReduceAsync(row, row, 1, n, n, c.dt, fairgo.Avg, c.ops.divideBy, c.l.st[streams.Add]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c.divide(func(x staging.Cells) (uintptr, int64) { return x.Row(d), x.RowCount() })
 }
 
 // diffuse: the allreduce filled the row.

@@ -82,6 +82,21 @@ func (c *sliceCall) eachPart(fn func(pt part) error) error {
 	})
 }
 
+// divide enqueues, for an integer Avg of an NCCL rail, the division by
+// the world size of each part's result: the n elements at where(cells).
+func (c *sliceCall) divide(where func(x staging.Cells) (ptr uintptr, n int64)) error {
+	if c.ops.divideBy <= 1 {
+		return nil
+	}
+	for _, pt := range c.p.parts {
+		p, n := where(pt.cells)
+		if err := c.dev.ReduceAsync(p, p, 1, n, n, c.dt, fairgo.Avg, c.ops.divideBy, c.l.st[streams.Add]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // stageOps are the operators of the stages for one call's op and dtype.
 type stageOps struct {
 	intra      fairgo.Op // stage 1 (NCCL reduce-scatter inside the machine)

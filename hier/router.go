@@ -145,36 +145,39 @@ func (rt *router) classBase() int64 {
 	return minClassBytes
 }
 
+// known is decide with Auto's measurements so far: ok is false only for
+// a size class not measured yet (class), which route calibrates.
+func (rt *router) known(bytes int64) (r route, class int, ok bool) {
+	r, class, ok = rt.decide(bytes)
+	if ok || class < 0 {
+		return r, class, true
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	r, ok = rt.measured[class]
+	return r, class, ok
+}
+
 // isFlat reports whether an allreduce of bytes is flat without a
 // measurement still to make (the inline path's question).
 func (rt *router) isFlat(bytes int64) bool {
-	r, class, ok := rt.decide(bytes)
-	if !ok && class >= 0 {
-		rt.mu.Lock()
-		r, ok = rt.measured[class]
-		rt.mu.Unlock()
-	}
+	r, _, ok := rt.known(bytes)
 	return ok && r.algo == Flat
 }
 
 // route is the plan of an allreduce of bytes, measuring its size class
 // first when Auto has not yet (engine goroutine only).
 func (rt *router) route(bytes int64) plan {
-	r, class, ok := rt.decide(bytes)
-	if !ok && class >= 0 {
+	r, class, ok := rt.known(bytes)
+	if !ok {
+		var cal *Calibration
+		r, cal = rt.calibrate(class)
 		rt.mu.Lock()
-		r, ok = rt.measured[class]
-		rt.mu.Unlock()
-		if !ok {
-			var cal *Calibration
-			r, cal = rt.calibrate(class)
-			rt.mu.Lock()
-			rt.measured[class] = r
-			if cal != nil {
-				rt.calibrations[class] = cal
-			}
-			rt.mu.Unlock()
+		rt.measured[class] = r
+		if cal != nil {
+			rt.calibrations[class] = cal
 		}
+		rt.mu.Unlock()
 	}
 	return rt.planFor(r, bytes)
 }

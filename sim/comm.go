@@ -518,13 +518,7 @@ func (c *Comm) AllReduce(send, recv uintptr, count int64, dt fairgo.DType, op fa
 // ReduceScatter enqueues a ring reduce-scatter: send holds Size()·recvCount
 // elements, rank r receives the reduction of block r. In place when
 // recv == send + Rank()·recvCount.
-func (c *Comm) ReduceScatter(
-	send, recv uintptr,
-	recvCount int64,
-	dt fairgo.DType,
-	op fairgo.Op,
-	s streams.Stream,
-) error {
+func (c *Comm) ReduceScatter(send, recv uintptr, recvCount int64, dt fairgo.DType, op fairgo.Op, s streams.Stream) error {
 	b := recvCount * int64(dt.Size())
 	if err := c.inPlaceOK("reduce-scatter", send, b*int64(c.Size()), recv, b, send+uintptr(int64(c.rank)*b)); err != nil {
 		return err
