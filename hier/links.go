@@ -154,7 +154,7 @@ func (c *calibrator) probeLinks() (linkModel, error) {
 				samples = append(samples, time.Since(start).Nanoseconds())
 			}
 		}
-		return slices.Min(samples), nil // the best run: a shared network's noise is one-sided (see timeCandidates)
+		return slices.Min(samples), nil // the best run: a shared network's noise is one-sided (see calibrator.timeRoutes)
 	}
 	var times [4]int64
 	for i, p := range []struct {
