@@ -480,6 +480,11 @@ section_enqueue() {
   need hier.test || return
   step enqueue 300 "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkGPUEnqueue$' -test.benchtime 2000x -test.timeout 280s
   grep -E '^Benchmark' "$OUT/logs/enqueue.log" >"$OUT/enqueue.txt"
+  # The engine's own host time on this host's CPUs (a null device, no GPU
+  # or NCCL): what of T6 is fairgo's, apart from the backend's calls.
+  step enqueue-null 120 "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkEngineOverhead$' -test.benchtime 3000x \
+    -test.timeout 100s
+  grep -E '^Benchmark' "$OUT/logs/enqueue-null.log" >>"$OUT/enqueue.txt"
   local n
   n=$(grep -c 'enqueue-ns/op' "$OUT/enqueue.txt")
   note "$([ "$rc" -eq 0 ] && [ "$n" -gt 0 ] && echo PASS || echo FAIL)" enqueue "$secs" "rc=$rc $n benchmarks (enqueue.txt)"

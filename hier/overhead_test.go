@@ -1,0 +1,211 @@
+package hier_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// A null device and null communicators: every operation returns at once
+// and every event is complete, so that what a call costs on them is the
+// engine's own host time (the queue, the router, the executor's
+// bookkeeping, the events, the hand-offs to the watcher and the checker),
+// apart from any device or NCCL. Issue 18's T6 asks for that host time.
+
+type nullStream struct{}
+
+func (nullStream) WaitEvent(streams.Event) error { return nil }
+
+type nullEvent struct{}
+
+func (nullEvent) Record(streams.Stream) error          { return nil }
+func (nullEvent) Query() (bool, error)                 { return true, nil }
+func (nullEvent) Wait(context.Context) error           { return nil }
+func (*nullDevice) NewStream() (streams.Stream, error) { return nullStream{}, nil }
+func (*nullDevice) NewEvent() (streams.Event, error)   { return nullEvent{}, nil }
+
+type nullDevice struct {
+	mu   sync.Mutex
+	next uintptr
+}
+
+func (*nullDevice) Bind() (func(), error) { return func() {}, nil }
+
+func (d *nullDevice) Alloc(bytes int64) (uintptr, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.next += 1 << 40 // disjoint ranges, never dereferenced
+	return d.next, nil
+}
+
+func (*nullDevice) Free(uintptr) error                                      { return nil }
+func (*nullDevice) Upload(uintptr, []byte) error                            { return nil }
+func (*nullDevice) Download([]byte, uintptr) error                          { return nil }
+func (*nullDevice) AllocHost(n int) ([]byte, error)                         { return make([]byte, n), nil }
+func (*nullDevice) FreeHost([]byte) error                                   { return nil }
+func (*nullDevice) CheckRange(uintptr, int64) error                         { return nil }
+func (*nullDevice) Group(fn func() error) error                             { return fn() }
+func (*nullDevice) Close() error                                            { return nil }
+func (*nullDevice) CopyAsync(_, _ uintptr, _ int64, _ streams.Stream) error { return nil }
+func (*nullDevice) CopyFromHostAsync(uintptr, []byte, streams.Stream) error { return nil }
+func (*nullDevice) CopyToHostAsync([]byte, uintptr, streams.Stream) error   { return nil }
+
+func (*nullDevice) Copy2DAsync(uintptr, int64, uintptr, int64, int64, int64, streams.Stream) error {
+	return nil
+}
+
+func (*nullDevice) ReduceAsync(_, _ uintptr, _ int, _, _ int64, _ fairgo.DType, _ fairgo.Op, _ int,
+	_ streams.Stream) error {
+	return nil
+}
+
+type nullComm struct {
+	size, rank int
+	name       string
+}
+
+func (c nullComm) Size() int    { return c.size }
+func (c nullComm) Rank() int    { return c.rank }
+func (c nullComm) Name() string { return c.name }
+func (nullComm) Err() error     { return nil }
+func (nullComm) Abort() error   { return nil }
+func (nullComm) Close() error   { return nil }
+
+func (nullComm) AllReduce(_, _ uintptr, _ int64, _ fairgo.DType, _ fairgo.Op, _ streams.Stream) error {
+	return nil
+}
+
+func (nullComm) ReduceScatter(_, _ uintptr, _ int64, _ fairgo.DType, _ fairgo.Op, _ streams.Stream) error {
+	return nil
+}
+
+func (nullComm) AllGather(_, _ uintptr, _ int64, _ fairgo.DType, _ streams.Stream) error { return nil }
+
+func (nullComm) Broadcast(_, _ uintptr, _ int64, _ fairgo.DType, _ int, _ streams.Stream) error {
+	return nil
+}
+
+func (nullComm) AllToAllv(uintptr, []int64, []int64, uintptr, []int64, []int64, fairgo.DType,
+	streams.Stream) error {
+	return nil
+}
+
+// nullRank is rank 0 of an M × D grid on the null device.
+func nullRank(m, d int) backend.Rank {
+	g := fairgo.Grid{Machines: m, Devices: d}
+	comm := func(name string, size, rank int) backend.Comm {
+		if size == 1 {
+			return nil
+		}
+		return nullComm{size: size, rank: rank, name: name}
+	}
+	return backend.Rank{Grid: g, Device: &nullDevice{}, Comms: backend.Comms{
+		World:              nullComm{size: g.Size(), name: "world"},
+		Check:              comm("check", g.Size(), 0),
+		IntraReduceScatter: comm("intra-rs", d, 0),
+		IntraAllGather:     comm("intra-ag", d, 0),
+		RailCollect:        comm("rail-collect", m, 0),
+		RailDiffuse:        comm("rail-diffuse", m, 0),
+	}}
+}
+
+// BenchmarkEngineOverhead is the engine's own host time per call: an
+// AllReduce of 64 KiB of float32 and its StreamWait on the null device,
+// batch calls back to back, then a Wait on the last. "batch=1" is one call
+// at a time. With the check, the checker and its batches are included;
+// without it, only the data path. enqueue-ns/op is the call and its
+// StreamWait (T6); ns/op also holds the waits.
+func BenchmarkEngineOverhead(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		m, d int
+		opts []hier.Option
+	}{
+		{"1x2/flat/inline", 1, 2, []hier.Option{hier.WithInlineEnqueue(true)}},
+		{"1x2/flat/engine", 1, 2, nil},
+		{"2x2/rail-allreduce", 2, 2, []hier.Option{hier.WithFlatThreshold(hier.FlatNever),
+			hier.WithAlgorithm(hier.RailAllReduce)}},
+		{"2x2/rail-rsag", 2, 2, []hier.Option{hier.WithFlatThreshold(hier.FlatNever),
+			hier.WithAlgorithm(hier.RailRSAG)}},
+	} {
+		for _, check := range []bool{true, false} {
+			for _, batch := range []int{1, 32} {
+				name := fmt.Sprintf("%s/check=%v/batch=%d", tc.name, check, batch)
+				b.Run(name, func(b *testing.B) {
+					opts := append([]hier.Option{hier.WithCheck(check), hier.WithLogger(slog.New(slog.DiscardHandler))},
+						tc.opts...)
+					benchNullEnqueue(b, nullRank(tc.m, tc.d), opts, batch)
+				})
+			}
+		}
+	}
+}
+
+func benchNullEnqueue(b *testing.B, rk backend.Rank, opts []hier.Option, batch int) {
+	ctx := context.Background()
+	r, err := hier.NewReducer(ctx, rk, opts...)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = r.Close() })
+	ptr, err := rk.Device.Alloc(64 << 10)
+	require.NoError(b, err)
+	t := fairgo.Tensor{Ptr: ptr, Bytes: 64 << 10, Count: 16 << 10, DType: fairgo.Float32}
+	s := nullStream{}
+	var enqueue time.Duration
+	calls := 0
+	b.SetBytes(t.Bytes)
+	for b.Loop() {
+		for range batch {
+			start := time.Now()
+			w := r.AllReduce(ctx, t, fairgo.Sum, hier.After(s))
+			if err := w.StreamWait(ctx, s); err != nil {
+				b.Fatal(err)
+			}
+			enqueue += time.Since(start)
+			calls++
+			if calls%batch == 0 {
+				if err := w.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.ReportMetric(float64(enqueue.Nanoseconds())/float64(calls), "enqueue-ns/op")
+}
+
+// The null device runs every kind of call to completion: the benchmark's
+// testbed works, and what it measures is a successful call.
+func TestNullDeviceCalls(t *testing.T) {
+	ctx := context.Background()
+	for _, g := range [][2]int{{1, 2}, {2, 2}, {2, 1}} {
+		rk := nullRank(g[0], g[1])
+		r, err := hier.NewReducer(ctx, rk, hier.WithFlatThreshold(hier.FlatNever), hier.WithTimeout(10*time.Second),
+			hier.WithLogger(slog.New(slog.DiscardHandler)))
+		require.NoError(t, err)
+		ptr, err := rk.Device.Alloc(1 << 20)
+		require.NoError(t, err)
+		w := int64(g[0] * g[1])
+		buf := fairgo.Tensor{Ptr: ptr, Bytes: 1 << 20, Count: 1 << 18, DType: fairgo.Float32}
+		part := fairgo.Tensor{Ptr: ptr, Bytes: (1 << 20) / w, Count: (1 << 18) / w, DType: fairgo.Float32}
+		works := []*hier.Work{
+			r.AllReduce(ctx, buf, fairgo.Avg),
+			r.ReduceScatter(ctx, buf, part, fairgo.Sum),
+			r.AllGather(ctx, part, buf),
+			r.Broadcast(ctx, buf, 0),
+			r.AllToAll(ctx, buf, buf),
+		}
+		for i, wk := range works {
+			require.NoError(t, wk.Wait(ctx), "grid %v, call %d", g, i)
+		}
+		require.NoError(t, r.Close())
+	}
+}
