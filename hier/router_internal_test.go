@@ -27,8 +27,10 @@ func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, error) {
 	return out, nil
 }
 
-func (m *fixedMeasurer) probeLinks() (linkModel, error) { return linkModel{}, errors.New("no links here") }
-func (m *fixedMeasurer) release() error                 { return nil }
+func (m *fixedMeasurer) probeLinks() (linkModel, error) {
+	return linkModel{}, errors.New("no links here")
+}
+func (m *fixedMeasurer) release() error { return nil }
 
 func testRouter(g Grid, cfg config, m measurer) *router {
 	cfg.logger = slog.New(slog.DiscardHandler)
