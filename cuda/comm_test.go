@@ -132,7 +132,7 @@ func TestLocalRanks(t *testing.T) {
 				require.NotNil(t, rk.Comms.World, "rank %d: world communicator", r)
 				wr := worldRank(rk)
 				if launched() {
-					require.Equal(t, job.launch.Rank, wr, "the world rank is the launcher's rank")
+					require.Equal(t, job.Launch.Rank, wr, "the world rank is the launcher's rank")
 				} else {
 					require.Equal(t, r, gr.Rank(), "rank %d's place in the grid", r)
 					require.Equal(t, r, wr, "rank %d's world rank", r)

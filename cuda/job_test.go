@@ -30,17 +30,15 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier/setup"
-	"github.com/fairgo/fairgo/rendezvous"
+	"github.com/fairgo/fairgo/internal/launchjob"
 )
 
 // job is this process's rank of a launcher's job (the launcher form).
 var job struct {
-	once   sync.Once
-	launch rendezvous.Launch
-	store  *rendezvous.LaunchStore
-	rank   backend.Rank // the device and communicators the tests share (setup.Connect)
-	err    error
-	seq    int // store keys of barriers and fresh communicators, in call order (the same on every rank)
+	*launchjob.Job
+	once sync.Once
+	err  error
+	seq  int // store keys of barriers and fresh communicators, in call order (the same on every rank)
 }
 
 // jobPrefix is the store prefix of the test binary's own keys.
@@ -51,15 +49,12 @@ const jobStoreTimeout = 3 * time.Minute
 
 // launched reports whether this test binary runs as one rank of a
 // launcher's job.
-func launched() bool {
-	_, err := rendezvous.FromEnv()
-	return !errors.Is(err, rendezvous.ErrNoLaunchEnv)
-}
+func launched() bool { return launchjob.Launched() }
 
 // openJob sets up this process's rank of the launcher's job once: the
-// launcher's store, then setup.New with Backend (the Reducer it returns
-// stays idle and owns the device and communicators). It skips the test
-// where there is no GPU (every rank alike: they share the host's driver).
+// launcher's store, then setup.Connect with Backend (the device and
+// communicators the tests share). It skips the test where there is no GPU
+// (every rank alike: they share the host's driver).
 func openJob(t testing.TB) {
 	t.Helper()
 	job.once.Do(func() {
@@ -67,23 +62,9 @@ func openJob(t testing.TB) {
 			job.err = err
 			return
 		}
-		l, err := rendezvous.FromEnv()
-		if err != nil {
-			job.err = fmt.Errorf("the launch environment: %w", err)
-			return
-		}
-		job.launch = l
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if job.store, err = rendezvous.Open(ctx, l); err != nil {
-			job.err = fmt.Errorf("the launcher's store: %w", err)
-			return
-		}
-		var rks []backend.Rank
-		rks, job.err = setup.Connect(ctx, job.store, Backend{}, nil, setup.WithStorePrefix(jobPrefix+"/setup"))
-		if job.err == nil {
-			job.rank = rks[0]
-		}
+		job.Job, job.err = launchjob.Open(ctx, Backend{}, jobPrefix+"/setup")
 	})
 	if errors.Is(job.err, fairgo.ErrNoDevice) {
 		t.Skip(job.err.Error()) // no driver or no GPU here
@@ -93,16 +74,7 @@ func openJob(t testing.TB) {
 
 // closeJob releases the launcher form's rank and leaves the store (from
 // TestMain).
-func closeJob() {
-	if job.rank.Device != nil {
-		_ = job.rank.Release()
-	}
-	if job.store != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = job.store.Leave(ctx)
-	}
-}
+func closeJob() { _ = job.Close() }
 
 // commGrids returns the grids the communicator tests run: the launcher's
 // grid under a launcher; in one process 1×2 and 2×1 over two GPUs or more,
@@ -111,7 +83,7 @@ func commGrids(t testing.TB) [][2]int {
 	t.Helper()
 	if launched() {
 		openJob(t)
-		g := job.rank.Grid
+		g := job.Rank.Grid
 		return [][2]int{{g.Machines, g.Devices}}
 	}
 	n := gpuCount(t)
@@ -130,9 +102,9 @@ func commRanks(t testing.TB, m, d int) []backend.Rank {
 	t.Helper()
 	if launched() {
 		openJob(t)
-		g := job.rank.Grid
+		g := job.Rank.Grid
 		require.Equal(t, [2]int{m, d}, [2]int{g.Machines, g.Devices}, "the launcher's grid (use commGrids)")
-		return []backend.Rank{{Grid: g, Device: job.rank.Device, Comms: job.rank.Comms}}
+		return []backend.Rank{{Grid: g, Device: job.Rank.Device, Comms: job.Rank.Comms}}
 	}
 	return localRanks(t, m, d)
 }
@@ -152,7 +124,7 @@ func freshCommRanks(t testing.TB, m, d int) []backend.Rank {
 	defer cancel()
 	rks, err := setup.Connect(
 		ctx,
-		job.store,
+		job.Store,
 		Backend{},
 		nil,
 		setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)),
@@ -193,9 +165,9 @@ func jobBarrier(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), jobStoreTimeout)
 	defer cancel()
 	prefix := fmt.Sprintf("%s/barrier/%d/", jobPrefix, job.seq)
-	require.NoError(t, job.store.Set(ctx, prefix+strconv.Itoa(job.launch.Rank), nil))
-	for p := range job.launch.WorldSize {
-		_, err := job.store.Get(ctx, prefix+strconv.Itoa(p))
+	require.NoError(t, job.Store.Set(ctx, prefix+strconv.Itoa(job.Launch.Rank), nil))
+	for p := range job.Launch.WorldSize {
+		_, err := job.Store.Get(ctx, prefix+strconv.Itoa(p))
 		require.NoError(t, err, "barrier %d: process %d", job.seq, p)
 	}
 }

@@ -533,7 +533,7 @@ func TestGPUTiming(t *testing.T) {
 	for _, r := range rows {
 		t.Logf("%-5s %10d %-14s %12.1f %12.1f %12.1f %10.1f", r.Grid, r.Bytes, r.Algo, r.Median, r.Min, r.Max, r.BusBW)
 	}
-	if dir := os.Getenv("FAIRGO_OUT"); dir != "" && (!launched() || job.launch.Rank == 0) {
+	if dir := os.Getenv("FAIRGO_OUT"); dir != "" && (!launched() || job.Launch.Rank == 0) {
 		name := "gpu-timing.json"
 		if launched() {
 			name = fmt.Sprintf("gpu-timing-launched-%s.json", rows[0].Grid)

@@ -42,17 +42,15 @@ import (
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
-	"github.com/fairgo/fairgo/rendezvous"
+	"github.com/fairgo/fairgo/internal/launchjob"
 )
 
 // job is this process's rank of a launcher's job (the launcher form).
 var job struct {
-	once   sync.Once
-	launch rendezvous.Launch
-	store  *rendezvous.LaunchStore
-	rank   backend.Rank // the device and communicators the tests share (setup.Connect)
-	err    error
-	seq    int // store keys of barriers, exchanges and fresh worlds, in call order (the same on every rank)
+	*launchjob.Job
+	once sync.Once
+	err  error
+	seq  int // store keys of barriers, exchanges and fresh worlds, in call order (the same on every rank)
 }
 
 // jobPrefix is the store prefix of the test binary's own keys.
@@ -63,10 +61,7 @@ const jobStoreTimeout = 3 * time.Minute
 
 // launched reports whether this test binary runs as one rank of a
 // launcher's job.
-func launched() bool {
-	_, err := rendezvous.FromEnv()
-	return !errors.Is(err, rendezvous.ErrNoLaunchEnv)
-}
+func launched() bool { return launchjob.Launched() }
 
 // openJob sets up this process's rank of the launcher's job once: the
 // launcher's store, then setup.Connect with the cuda backend (the device and
@@ -80,23 +75,9 @@ func openJob(t testing.TB) {
 			job.err = err
 			return
 		}
-		l, err := rendezvous.FromEnv()
-		if err != nil {
-			job.err = fmt.Errorf("the launch environment: %w", err)
-			return
-		}
-		job.launch = l
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if job.store, err = rendezvous.Open(ctx, l); err != nil {
-			job.err = fmt.Errorf("the launcher's store: %w", err)
-			return
-		}
-		var rks []backend.Rank
-		rks, job.err = setup.Connect(ctx, job.store, cuda.Backend{}, nil, setup.WithStorePrefix(jobPrefix+"/setup"))
-		if job.err == nil {
-			job.rank = rks[0]
-		}
+		job.Job, job.err = launchjob.Open(ctx, cuda.Backend{}, jobPrefix+"/setup")
 	})
 	if errors.Is(job.err, fairgo.ErrNoDevice) {
 		t.Skip(job.err.Error()) // no driver or no GPU here
@@ -106,21 +87,12 @@ func openJob(t testing.TB) {
 
 // closeJob releases the launcher form's rank and leaves the store (from
 // TestMain).
-func closeJob() {
-	if job.rank.Device != nil {
-		_ = job.rank.Release()
-	}
-	if job.store != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = job.store.Leave(ctx)
-	}
-}
+func closeJob() { _ = job.Close() }
 
 // jobGrid is the launcher's grid, M × D.
 func jobGrid(t testing.TB) [2]int {
 	openJob(t)
-	g := job.rank.Grid
+	g := job.Rank.Grid
 	return [2]int{g.Machines, g.Devices}
 }
 
@@ -247,7 +219,7 @@ func gpuRanks(t testing.TB, m, d int) []backend.Rank {
 		if g := jobGrid(t); g != [2]int{m, d} {
 			t.Fatalf("the launcher's grid is %dx%d; the test asked for %dx%d (use gpuGrids)", g[0], g[1], m, d)
 		}
-		return []backend.Rank{{Grid: job.rank.Grid, Device: job.rank.Device, Comms: job.rank.Comms}}
+		return []backend.Rank{{Grid: job.Rank.Grid, Device: job.Rank.Device, Comms: job.Rank.Comms}}
 	}
 	if n := localGPUs(t); n < m*d {
 		t.Fatalf("grid %dx%d on %d GPUs (use gpuGrids)", m, d, n)
@@ -297,7 +269,7 @@ func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 		// setup.New enqueues inline by default; the in-process form does not.
 		rks, err := setup.Connect(
 			ctx,
-			job.store,
+			job.Store,
 			cuda.Backend{},
 			nil,
 			setup.WithStorePrefix(fmt.Sprintf("%s/fresh/%d", jobPrefix, job.seq)),
@@ -344,12 +316,12 @@ func exchange(t testing.TB, b []byte) [][]byte {
 	job.seq++
 	ctx, cancel := context.WithTimeout(context.Background(), jobStoreTimeout)
 	defer cancel()
-	me, n := job.launch.Rank, job.launch.WorldSize
+	me, n := job.Launch.Rank, job.Launch.WorldSize
 	prefix := fmt.Sprintf("%s/exchange/%d/", jobPrefix, job.seq)
-	require.NoError(t, job.store.Set(ctx, prefix+strconv.Itoa(me), b))
+	require.NoError(t, job.Store.Set(ctx, prefix+strconv.Itoa(me), b))
 	out := make([][]byte, n)
 	for p := range n {
-		v, err := job.store.Get(ctx, prefix+strconv.Itoa(p))
+		v, err := job.Store.Get(ctx, prefix+strconv.Itoa(p))
 		require.NoError(t, err, "exchange %d: process %d's value", job.seq, p)
 		out[p] = v
 	}
