@@ -46,11 +46,21 @@ func (fc *fakeC10dConn) write(b []byte) {
 // startFakeC10d serves on loopback (addr "" picks a port) until the test ends.
 func startFakeC10d(t *testing.T, addr string) *fakeC10d {
 	t.Helper()
+	s, err := tryFakeC10d(t, addr)
+	require.NoError(t, err)
+	return s
+}
+
+// tryFakeC10d is startFakeC10d that returns the listen error (a fixed
+// port another process took).
+func tryFakeC10d(t *testing.T, addr string) (*fakeC10d, error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
 	ln, err := net.Listen("tcp", addr)
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
 	s := &fakeC10d{
 		ln:      ln,
 		data:    map[string][]byte{},
@@ -75,7 +85,7 @@ func startFakeC10d(t *testing.T, addr string) *fakeC10d {
 		}
 	}()
 	t.Cleanup(s.Close)
-	return s
+	return s, nil
 }
 
 func (s *fakeC10d) Addr() string { return s.ln.Addr().String() }

@@ -9,3 +9,13 @@ func StartFakeC10dForTest(t *testing.T, addr string) (string, func(key string) (
 	s := startFakeC10d(t, addr)
 	return s.Addr(), s.get
 }
+
+// TryFakeC10dForTest is StartFakeC10dForTest that returns the listen
+// error instead of failing the test (a fixed port another process took).
+func TryFakeC10dForTest(t *testing.T, addr string) (func(key string) ([]byte, bool), error) {
+	s, err := tryFakeC10d(t, addr)
+	if err != nil {
+		return nil, err
+	}
+	return s.get, nil
+}

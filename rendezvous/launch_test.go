@@ -263,10 +263,19 @@ func TestLaunchTorchrunAgentStore(t *testing.T) {
 
 func TestLaunchTorchrunWithoutAgentStore(t *testing.T) {
 	t.Parallel()
-	p := freePorts(t)
 	// A Python rank 0 would serve PyTorch's own TCPStore on MASTER_PORT:
-	// fairgo's goes on the next port and both coexist.
-	_, torchKeys := rendezvous.StartFakeC10dForTest(t, "127.0.0.1:"+strconv.Itoa(p))
+	// fairgo's goes on the next port and both coexist. The port was free
+	// when freePorts saw it, but another process may take it before the
+	// fake listens (CI once failed so): another pair then.
+	var p int
+	var torchKeys func(string) ([]byte, bool)
+	for attempt := 1; torchKeys == nil; attempt++ {
+		p = freePorts(t)
+		var err error
+		if torchKeys, err = rendezvous.TryFakeC10dForTest(t, "127.0.0.1:"+strconv.Itoa(p)); err != nil && attempt == 10 {
+			t.Fatal(err)
+		}
+	}
 	envs := make([]map[string]string, 4)
 	for r := range envs {
 		envs[r] = torchrunEnv(r, p, false)
