@@ -102,7 +102,9 @@
 # to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
 # on a host of one GPU), NVLINK_SIZES, NET_SIZES, RAPID_CHECKS (hier's
 # property test: 25 in one process, LAUNCHED_RAPID_CHECKS 10 per layout
-# under fairrun), FAULT_MODES, SOAK_SECONDS.
+# under fairrun), FAULT_MODES, SOAK_SECONDS, STALL_DUMP_SECONDS (a test
+# binary whose log is silent this long gets SIGQUIT for its stacks; 45, under
+# the tests' one-minute timeouts).
 #
 # Under $OUT: machine.txt, logs/STEP.log (every command's output; all of
 # them packed again in logs.tgz),
@@ -130,6 +132,7 @@ RAPID_CHECKS=${RAPID_CHECKS:-25}
 LAUNCHED_RAPID_CHECKS=${LAUNCHED_RAPID_CHECKS:-10}
 FAULT_MODES=${FAULT_MODES:-kill cut stall}
 SOAK_SECONDS=${SOAK_SECONDS:-600}
+STALL_DUMP_SECONDS=${STALL_DUMP_SECONDS:-45}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
 mkdir -p "$OUT/logs" "$OUT/json"
@@ -146,16 +149,39 @@ note() {
 }
 
 # step NAME LIMIT CMD...: runs CMD with NCCL_NVLS_ENABLE=0 and a time limit,
-# output to logs/NAME.log; sets rc and secs.
+# output to logs/NAME.log; sets rc and secs. Where STALL_BIN is set (a test
+# binary's name), a log that stops growing for STALL_DUMP_SECONDS gets the
+# goroutine dumps of every process of that binary (SIGQUIT, GOTRACEBACK=all)
+# and a "== stall:" line: a hang leaves its stacks, not only its timeout.
 step() {
   local name=$1 limit=$2
   shift 2
-  local t0=$SECONDS
-  echo "== $name: $*" >"$OUT/logs/$name.log"
-  timeout -k 10 "$limit" env NCCL_NVLS_ENABLE=0 "$@" >>"$OUT/logs/$name.log" 2>&1
+  local t0=$SECONDS log="$OUT/logs/$name.log" watcher=""
+  echo "== $name: $*" >"$log"
+  if [ -n "${STALL_BIN:-}" ]; then
+    stall_dump "$log" "$STALL_BIN" &
+    watcher=$!
+  fi
+  timeout -k 10 "$limit" env NCCL_NVLS_ENABLE=0 GOTRACEBACK=all "$@" >>"$log" 2>&1
   rc=$?
+  [ -n "$watcher" ] && kill "$watcher" 2>/dev/null && wait "$watcher" 2>/dev/null
   secs=$((SECONDS - t0))
-  [ "$rc" -eq 124 ] && echo "== $name: killed after ${limit}s" >>"$OUT/logs/$name.log"
+  [ "$rc" -eq 124 ] && echo "== $name: killed after ${limit}s" >>"$log"
+}
+
+# stall_dump LOG BIN: SIGQUIT to every process named BIN once LOG has not
+# grown for STALL_DUMP_SECONDS (checked every 5 s).
+stall_dump() {
+  local log=$1 bin=$2 last=-1 same=0 size
+  while sleep 5; do
+    size=$(stat -c %s "$log" 2>/dev/null || echo 0)
+    if [ "$size" = "$last" ]; then same=$((same + 5)); else same=0 last=$size; fi
+    if [ "$same" -ge "$STALL_DUMP_SECONDS" ]; then
+      echo "== stall: no output for ${same}s: SIGQUIT to every $bin (goroutine dumps follow)" >>"$log"
+      pkill -QUIT -x "$bin"
+      return
+    fi
+  done
 }
 
 need() {
@@ -233,6 +259,7 @@ test_verdict() {
   [ "$gskip" -ne 0 ] && has_gpu && verdict=FAIL
   note "$verdict" "$name" "$secs" "rc=$rc pass=$pass fail=$fail skip=$skip gpu-skip=$gskip $what"
   [ "$fail" -ne 0 ] && note FAIL "  failed" 0 "$(sed -E 's/^\[[0-9]+\] //' "$log" | grep -E '^\s*--- FAIL: ' | awk '{print $3}' | sort -u | head -8 | paste -sd' ')"
+  grep -q '^== stall:' "$log" && note FAIL "  stalled" 0 "$(grep -m1 '^== stall:' "$log" | cut -c4-)"
   [ "$gskip" -ne 0 ] && note "$(has_gpu && echo FAIL || echo SKIP)" "  skipped" 0 "$(sed -E 's/^\[[0-9]+\] //' "$log" | grep -E '^\s*--- SKIP: ' | awk '{print $3}' | sort -u | head -8 | paste -sd' ')"
   return 0
 }
@@ -243,7 +270,7 @@ gotest() {
   local name=$1 bin=$2 limit=$3 re=$4
   shift 4
   need "$bin" || return
-  step "$name" "$limit" "$BIN/$bin" -test.v -test.count=1 -test.timeout "$((limit - 15))s" -test.run "$re" "$@"
+  STALL_BIN=$bin step "$name" "$limit" "$BIN/$bin" -test.v -test.count=1 -test.timeout "$((limit - 15))s" -test.run "$re" "$@"
   test_verdict "$name" "$OUT/logs/$name.log" "-test.run '$re'"
 }
 
@@ -270,7 +297,7 @@ launched_test() {
   local name=$1 bin=$2 limit=$3 m=$4 d=$5 re=$6 n=$(($4 * $5))
   shift 6
   # shellcheck disable=SC2046
-  FAIRGO_OUT=$OUT step "$name" "$limit" "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" --grace 10s -- \
+  FAIRGO_OUT=$OUT STALL_BIN=$bin step "$name" "$limit" "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" --grace 10s -- \
     "$BIN/$bin" -test.v -test.count=1 -test.timeout "$((limit - 20))s" -test.run "$re" "$@"
   local log="$OUT/logs/$name.log" ranks
   ranks=$(grep -cE '^\[[0-9]+\] PASS$' "$log")
