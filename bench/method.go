@@ -62,6 +62,9 @@ type Variant struct {
 	Serial, SerialSet bool
 	// NoCheck turns the cross-rank check off (hier.WithCheck(false)).
 	NoCheck bool
+	// RoutesOf names an earlier variant whose routes this one follows
+	// (hier.WithRoutesOf: one calibration serves both); "" measures its own.
+	RoutesOf string
 }
 
 // Options are the variant's hier options.
@@ -120,7 +123,9 @@ var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
 // never), spin (a duration), inline (on or off: hier.WithInlineEnqueue;
 // on by default: every rank has a goroutine of its own), rail
 // (serial or overlap: hier.WithSerialRail), check (on or off:
-// hier.WithCheck). NAME may not be flat or naive.
+// hier.WithCheck), routes (the NAME of an earlier variant whose routes
+// this one follows: hier.WithRoutesOf, so that two variants compared differ
+// only in their other keys). NAME may not be flat or naive.
 func ParseVariant(s string) (Variant, error) {
 	name, spec, _ := strings.Cut(strings.TrimSpace(s), "=")
 	p := variantParser{s: s, v: Variant{Name: strings.TrimSpace(name), Spec: strings.TrimSpace(spec)}}
@@ -141,7 +146,7 @@ func ParseVariant(s string) (Variant, error) {
 		k := strings.TrimSpace(key)
 		known, err := p.v.set(k, val)
 		if !known {
-			return p.bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline, rail, check)", key))
+			return p.bad(fmt.Sprintf("unknown key %q (algo, slice, parallelism, flat, spin, inline, rail, check, routes)", key))
 		}
 		if err != nil {
 			return p.badKey(k, val, err)
@@ -233,6 +238,11 @@ func (v *Variant) set(key, val string) (known bool, err error) {
 		if yes, err = parseChoice(val, "on", "off"); err == nil {
 			v.NoCheck = !yes
 		}
+	case "routes":
+		v.RoutesOf = val
+		if !variantName.MatchString(val) || IsBaseline(val) {
+			err = errors.New("not a variant's name")
+		}
 	default:
 		return false, nil
 	}
@@ -320,6 +330,13 @@ func Methods(list string, variants []Variant) ([]Method, error) {
 					Arg:    "-fairgo",
 					Value:  variants[i].Name,
 					Reason: "two variants of one name",
+				}
+			}
+			if src := variants[i].RoutesOf; src != "" && !seen[src] {
+				return nil, &fairgo.ArgError{
+					Arg:    "-fairgo",
+					Value:  variants[i].Name,
+					Reason: fmt.Sprintf("routes:%s names no variant before it", src),
 				}
 			}
 			seen[variants[i].Name] = true

@@ -176,7 +176,12 @@ func newRun(ctx context.Context, tb *harness.Testbed, cfg Config) (*run, error) 
 			hier.WithTimeout(10*time.Minute),
 			hier.WithInlineEnqueue(m.Variant.inline()),
 		)
-		reds, err := tb.Reducers(ctx, opts...)
+		reds, err := tb.ReducersOf(ctx, func(i int) []hier.Option {
+			if src := m.Variant.RoutesOf; src != "" {
+				return append(slices.Clone(opts), hier.WithRoutesOf(r.callers[i].reds[src]))
+			}
+			return opts
+		})
 		if err != nil {
 			return nil, fmt.Errorf("bench: building the Reducers of %s: %w", m.Name, err)
 		}

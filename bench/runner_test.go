@@ -311,6 +311,35 @@ func TestIdealBusBW(t *testing.T) {
 	require.Zero(t, IdealBusBW(1<<20, 2, 2, 0), "rate unknown")
 }
 
+// A variant with routes:NAME follows NAME's routes: the two share each
+// size class's calibration (measured once), so they differ only in their
+// other keys (here the check) at every point of the sweep.
+func TestVariantFollowsAnotherVariantsRoutes(t *testing.T) {
+	tb := openSimT(t, 2, 2, 100*time.Microsecond)
+	cfg := Config{Sizes: []int64{512 << 10, 2 << 20}, Iters: 1, Reps: 2, Check: true,
+		Methods: methods(t, "fairgo", "fairgo", "nocheck=check:off,routes:fairgo", "own=check:off")}
+	r, err := newRun(context.Background(), tb, cfg)
+	require.NoError(t, err)
+	recs, err := r.sweep()
+	require.NoError(t, err)
+	routes := map[string]string{}
+	for _, rec := range recs {
+		require.Zero(t, rec.Wrong)
+		routes[rec.Algorithm+"/"+FormatSize(rec.Bytes)] = rec.Fairgo.Route
+	}
+	for _, size := range cfg.Sizes {
+		at := "/" + FormatSize(size)
+		require.NotEmpty(t, routes["fairgo"+at])
+		require.Equal(t, routes["fairgo"+at], routes["nocheck"+at], "size %s", FormatSize(size))
+		for _, c := range r.callers {
+			mine, follower := c.reds["fairgo"].ChoiceFor(size), c.reds["nocheck"].ChoiceFor(size)
+			require.NotNil(t, mine.Calibration)
+			require.Same(t, mine.Calibration, follower.Calibration, "one calibration for both")
+			require.NotSame(t, mine.Calibration, c.reds["own"].ChoiceFor(size).Calibration, "own measures its own")
+		}
+	}
+}
+
 func TestParseVariant(t *testing.T) {
 	tests := []struct {
 		in   string
@@ -340,6 +369,12 @@ func TestParseVariant(t *testing.T) {
 				InlineSet: true, SerialSet: true},
 		},
 		{in: "u=check:off", want: Variant{Name: "u", Spec: "check:off", NoCheck: true}},
+		{
+			in:   "n=check:off,routes:fairgo",
+			want: Variant{Name: "n", Spec: "check:off,routes:fairgo", NoCheck: true, RoutesOf: "fairgo"},
+		},
+		{in: "x=routes:naive", bad: true},
+		{in: "x=routes:1a", bad: true},
 		{in: "x=inline:maybe", bad: true},
 		{in: "=slice:1M", bad: true},
 		{in: "flat=slice:1M", bad: true},
@@ -373,7 +408,7 @@ func TestParseVariant(t *testing.T) {
 		"x=parallelism:two":   `parallelism two: not an integer`,
 		"x=parallelism:2000":  `parallelism 2000: more than 1024 slices in flight`,
 		"x=rail:both":         `rail both: serial or overlap`,
-		"x=colour:red":        `unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check)`,
+		"x=colour:red":        `unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check, routes)`,
 		"x=spin:2000ms":       `spin 2000ms: must be between 0 and 1s`,
 		"x=par:2000":          `parallelism 2000: more than 1024`,
 		"x=spin:forever":      `spin forever: not a duration`,
@@ -406,7 +441,14 @@ func TestMethods(t *testing.T) {
 	for _, bad := range []struct {
 		list  string
 		specs []string
-	}{{"ring", nil}, {"", nil}, {"fairgo", []string{"a", "a=slice:1M"}}, {"fairgo", []string{"flat-ring=slice:1M"}}} {
+	}{
+		{"ring", nil},
+		{"", nil},
+		{"fairgo", []string{"a", "a=slice:1M"}},
+		{"fairgo", []string{"flat-ring=slice:1M"}},
+		{"fairgo", []string{"n=routes:a", "a"}}, // the routes' variant comes later
+		{"fairgo", []string{"a", "n=routes:b"}}, // no such variant
+	} {
 		_, err := Methods(bad.list, variants(t, bad.specs...))
 		require.Error(t, err, "%v", bad)
 	}

@@ -222,3 +222,98 @@ func TestFlatNeverStaysHierarchicalWithOneDevicePerMachine(t *testing.T) {
 		require.NotEqual(t, hier.Flat, r.AlgorithmFor(400000), "%+v", r.Choices())
 	}
 }
+
+// sharingWorld builds a second Reducer on every rank of w, each taking the
+// routes of w's Reducer of its rank (WithRoutesOf), with opts.
+func sharingWorld(t *testing.T, w *world, opts ...hier.Option) *world {
+	t.Helper()
+	rs := make([]*hier.Reducer, len(w.reducers))
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for g := range rs {
+		wg.Go(func() {
+			rk := w.cluster.Rank(g)
+			rk.Board = nil // one Reducer of the rank posts notes
+			rs[g], errs[g] = hier.NewReducer(context.Background(), rk,
+				append(slices.Clone(opts), hier.WithRoutesOf(w.reducers[g]))...)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	s := &world{cluster: w.cluster, devs: w.devs, reducers: rs, m: w.m, d: w.d, closeFn: func() {}}
+	t.Cleanup(s.close)
+	return s
+}
+
+// Two Reducers of each rank that share their routes (WithRoutesOf) follow
+// the same route at every size: a size class measured through either one
+// serves the other, nothing is measured twice, and results stay right.
+func TestRoutesOfShareMeasurements(t *testing.T) {
+	thr := hier.WithFlatThreshold(64 << 10)
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 5, Jitter: 200 * time.Microsecond}, thr)
+	nocheck := sharingWorld(t, w, thr, hier.WithCheck(false))
+	rng := rand.New(rand.NewPCG(5, 6))
+	reduce := func(on *world, count int) {
+		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, 4, count)
+		out, err := on.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+		require.NoError(t, err)
+		require.NoError(
+			t,
+			reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out),
+		)
+	}
+	shared := func(bytes int64) {
+		t.Helper()
+		for g, r := range w.reducers {
+			mine, theirs := r.ChoiceFor(bytes), nocheck.reducers[g].ChoiceFor(bytes)
+			require.True(t, mine.Measured, "rank %d, %d bytes: %+v", g, bytes, mine)
+			require.NotNil(t, mine.Calibration, "rank %d, %d bytes", g, bytes)
+			require.Same(t, mine.Calibration, theirs.Calibration, "rank %d, %d bytes: measured once", g, bytes)
+			require.Equal(t, mine, theirs, "rank %d, %d bytes", g, bytes)
+		}
+	}
+	reduce(w, 300000) // 1.2 MB, measured through the first Reducers
+	shared(1200000)
+	reduce(nocheck, 20000) // 80 KB, measured through the second
+	shared(80000)
+	require.False(t, w.reducers[0].ChoiceFor(280000).Measured, "a class no call reached stays unmeasured")
+	for g, r := range w.reducers {
+		require.Equal(t, r.Choices(), nocheck.reducers[g].Choices(), "rank %d", g)
+	}
+	reduce(nocheck, 300001) // the shared class again: both sets still agree
+	reduce(w, 20001)
+}
+
+// WithRoutesOf is refused, with the option's name, where the two Reducers
+// could not follow one route table: another rank's Reducer, size classes
+// that differ, a fixed algorithm on either side.
+func TestRoutesOfRefusesWhatCannotShare(t *testing.T) {
+	thr := hier.WithFlatThreshold(64 << 10)
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2}, thr)
+	fixed := newWorld(t, sim.Config{Machines: 2, Devices: 2}, thr, hier.WithAlgorithm(hier.RailRSAG))
+	rk := w.cluster.Rank(0)
+	rk.Board = nil
+	for _, tc := range []struct {
+		name string
+		src  *hier.Reducer
+		opts []hier.Option
+		want string
+	}{
+		{"another rank", w.reducers[1], []hier.Option{thr}, "another grid"},
+		{"another flat threshold", w.reducers[0], nil, "flat threshold"},
+		{"a fixed algorithm here", w.reducers[0], []hier.Option{thr, hier.WithAlgorithm(hier.Flat)}, "Auto"},
+		{"a fixed algorithm there", fixed.reducers[0], []hier.Option{thr}, "Auto"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := hier.NewReducer(context.Background(), rk, append(tc.opts, hier.WithRoutesOf(tc.src))...)
+			require.Nil(t, r)
+			require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+			var ae *fairgo.ArgError
+			require.ErrorAs(t, err, &ae)
+			require.Equal(t, "WithRoutesOf", ae.Arg)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}

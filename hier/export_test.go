@@ -20,9 +20,9 @@ func SkipCheck(r *Reducer) { r.hooks.skipCheck = true }
 // before r's first call, on every rank alike.
 func SetRoute(r *Reducer, a Algorithm) {
 	rt := r.router
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
+	rt.table.mu.Lock()
+	defer rt.table.mu.Unlock()
 	for class := range 64 {
-		rt.measured[class] = route{algo: a, serial: rt.serialRail()}
+		rt.table.measured[class] = route{algo: a, serial: rt.serialRail()}
 	}
 }

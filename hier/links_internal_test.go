@@ -147,7 +147,7 @@ func TestCandidatesOrderFollowsTheModel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config{flatThreshold: 256 << 10, layout: staging.Layout{SliceBytes: 16 << 20}}
-			rt := &router{grid: g, cfg: &cfg, links: &tc.links, linksTried: true}
+			rt := &router{grid: g, cfg: &cfg, table: &routeTable{links: &tc.links, linksTried: true}}
 			cs := rt.candidates(64 << 20)
 			require.Equal(t, tc.first, cs[0].algo, "%v", cs)
 			algos := map[Algorithm]bool{}

@@ -46,6 +46,7 @@ type config struct {
 	serialRail    bool
 	serialSet     bool
 	checkOff      bool
+	routesOf      *Reducer // WithRoutesOf: whose route table this Reducer shares
 	logger        *slog.Logger
 	layout        staging.Layout // the slice and slots the options and the grid resolve to
 }
@@ -114,6 +115,17 @@ func WithSerialRail(on bool) Option {
 // of hanging or returning wrong data. Off, such calls are undefined
 // behaviour, as with NCCL itself.
 func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
+
+// WithRoutesOf makes the Reducer share Auto's measurements with src: the
+// route src measured for each size class and the links it probed serve
+// this Reducer too, and what this Reducer measures first serves src. Two
+// configurations then follow the same routes in the same slices, so that a
+// comparison of them (a benchmark's check on and off) measures what
+// differs between them, not the noise of two calibrations. src must be on
+// the same grid with the same flat threshold, and both must be Auto; as
+// for any two Reducers over the same communicators, their calls must not
+// be in flight at once.
+func WithRoutesOf(src *Reducer) Option { return func(c *config) { c.routesOf = src } }
 
 // WithTimeout arms a watchdog: work not complete this long after it was
 // enqueued aborts the communicators and fails with fairgo.ErrTimeout, so a
@@ -210,6 +222,30 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	}
 	c.layout = layout
 	return c, nil
+}
+
+// sharedRoutes is the route table WithRoutesOf names for a Reducer of grid
+// g with c, nil for a table of its own; an error where the two Reducers
+// could not share one.
+func (c *config) sharedRoutes(g Grid) (*routeTable, error) {
+	src := c.routesOf
+	if src == nil {
+		return nil, nil
+	}
+	bad := func(why string) error {
+		return &fairgo.ArgError{Arg: "WithRoutesOf", Value: src.rank.Grid, Reason: why}
+	}
+	switch {
+	case src.rank.Grid != g:
+		return nil, bad(fmt.Sprintf(
+			"a Reducer of another grid than this one's %v (only Reducers of one rank share routes)", g))
+	case src.cfg.flatThreshold != c.flatThreshold:
+		return nil, bad(fmt.Sprintf("its flat threshold %d differs from this one's %d (their size classes would differ)",
+			src.cfg.flatThreshold, c.flatThreshold))
+	case src.cfg.algorithm != Auto || c.algorithm != Auto:
+		return nil, bad(fmt.Sprintf("both Reducers must be Auto (they are %v and %v)", src.cfg.algorithm, c.algorithm))
+	}
+	return src.router.table, nil
 }
 
 // layoutOptions are the options behind staging's parameters, for its

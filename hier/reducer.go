@@ -108,6 +108,11 @@ func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer,
 	if err != nil {
 		return nil, err
 	}
+	table, err := cfg.sharedRoutes(rk.Grid)
+	if err != nil {
+		return nil, err
+	}
+	cfg.routesOf = nil // the table is what it was for
 	layout := cfg.layout
 	r := &Reducer{
 		rank: rk, cfg: cfg, events: eventPool{factory: rk.Device},
@@ -115,7 +120,7 @@ func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer,
 		watch: watcher{ch: make(chan pending, 4096), done: make(chan struct{})}, done: make(chan struct{}),
 	}
 	r.exec = &executor{grid: rk.Grid, dev: rk.Device, comms: rk.Comms, layout: layout, skipWait: -1}
-	r.router = newRouter(rk.Grid, &r.cfg, &calibrator{r: r})
+	r.router = newRouter(rk.Grid, &r.cfg, &calibrator{r: r}, table)
 	if rk.Board != nil && rk.Grid.Size() > 1 {
 		r.board = newBulletin(r, rk.Board)
 	}

@@ -60,13 +60,30 @@ type router struct {
 	logger  *slog.Logger
 	measure measurer
 
+	table *routeTable // this Reducer's, or the one it shares (WithRoutesOf)
+}
+
+// routeTable is what Auto has learnt: the route measured per size class,
+// and the links the slices come from. A Reducer has one of its own, or
+// shares another's (WithRoutesOf); measurements run outside its lock.
+type routeTable struct {
 	mu           sync.Mutex
 	measured     map[int]route        // Auto's choice per size class, once measured
 	calibrations map[int]*Calibration // what Auto measured for it (none for SetRoute's choices)
+	links        *linkModel           // once probed
+	linksTried   bool
+}
 
-	// Owned by the engine goroutine.
-	links      *linkModel // the links the slices come from, once probed
-	linksTried bool
+func newRouteTable() *routeTable {
+	return &routeTable{measured: map[int]route{}, calibrations: map[int]*Calibration{}}
+}
+
+// probedLinks is the links probed so far, nil before the probe or after a
+// failed one.
+func (t *routeTable) probedLinks() *linkModel {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.links
 }
 
 // measurer runs the measurements the router decides from; the Reducer
@@ -81,9 +98,11 @@ type measurer interface {
 	release() error
 }
 
-func newRouter(g Grid, cfg *config, m measurer) *router {
-	return &router{grid: g, cfg: cfg, logger: cfg.logger, measure: m,
-		measured: map[int]route{}, calibrations: map[int]*Calibration{}}
+func newRouter(g Grid, cfg *config, m measurer, table *routeTable) *router {
+	if table == nil {
+		table = newRouteTable()
+	}
+	return &router{grid: g, cfg: cfg, logger: cfg.logger, measure: m, table: table}
 }
 
 // decide is the route of an allreduce of bytes where it does not depend
@@ -152,9 +171,9 @@ func (rt *router) known(bytes int64) (r route, class int, ok bool) {
 	if ok || class < 0 {
 		return r, class, true
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	r, ok = rt.measured[class]
+	rt.table.mu.Lock()
+	defer rt.table.mu.Unlock()
+	r, ok = rt.table.measured[class]
 	return r, class, ok
 }
 
@@ -172,12 +191,12 @@ func (rt *router) route(bytes int64) plan {
 	if !ok {
 		var cal *Calibration
 		r, cal = rt.calibrate(class)
-		rt.mu.Lock()
-		rt.measured[class] = r
+		rt.table.mu.Lock()
+		rt.table.measured[class] = r
 		if cal != nil {
-			rt.calibrations[class] = cal
+			rt.table.calibrations[class] = cal
 		}
-		rt.mu.Unlock()
+		rt.table.mu.Unlock()
 	}
 	return rt.planFor(r, bytes)
 }
@@ -195,7 +214,7 @@ func (rt *router) planFor(r route, bytes int64) plan {
 		return plan{route: r, slice: bytes}
 	}
 	layoutSlice := rt.cfg.layout.SliceBytes // WithSliceSize's, or the default, within the staging memory
-	if rt.cfg.sliceSet || (rt.links == nil && bytes < probeMinBytes) {
+	if rt.cfg.sliceSet || (rt.table.probedLinks() == nil && bytes < probeMinBytes) {
 		return plan{route: r, slice: layoutSlice}
 	}
 	m := rt.linkModel()
@@ -213,21 +232,28 @@ func (rt *router) planFor(r route, bytes int64) plan {
 // that needs them; nil when the probe failed (the layout's slice then
 // serves, on every rank alike: a failed probe fails everywhere).
 func (rt *router) linkModel() *linkModel {
-	if rt.links == nil && !rt.linksTried {
-		rt.linksTried = true
-		m, err := rt.measure.probeLinks()
-		if err != nil {
-			rt.logger.Warn(
-				"fairgo: could not measure the links; slices keep the default size",
-				"slice_bytes", rt.cfg.layout.SliceBytes,
-				"err", err,
-			)
-			return nil
-		}
-		rt.links = &m
-		rt.logger.Info("fairgo: measured the links", "grid", rt.grid.String(), "links", m.String())
+	t := rt.table
+	t.mu.Lock()
+	links, tried := t.links, t.linksTried
+	t.linksTried = true
+	t.mu.Unlock()
+	if links != nil || tried {
+		return links
 	}
-	return rt.links
+	m, err := rt.measure.probeLinks()
+	if err != nil {
+		rt.logger.Warn(
+			"fairgo: could not measure the links; slices keep the default size",
+			"slice_bytes", rt.cfg.layout.SliceBytes,
+			"err", err,
+		)
+		return nil
+	}
+	t.mu.Lock()
+	t.links = &m
+	t.mu.Unlock()
+	rt.logger.Info("fairgo: measured the links", "grid", rt.grid.String(), "links", m.String())
+	return &m
 }
 
 // candidates are the routes Auto chooses from at size bytes, in the order
@@ -256,7 +282,7 @@ func (rt *router) candidates(bytes int64) []plan {
 	}
 	sliced := rt.planFor(route{algo: RailRSAG, serial: rt.serialRail()}, bytes)
 	if rt.grid.Devices > 1 && sliced.slice < bytes {
-		if rt.links != nil && rt.links.slicesPay(rt.grid, bytes, sliced.slice) {
+		if links := rt.table.probedLinks(); links != nil && links.slicesPay(rt.grid, bytes, sliced.slice) {
 			return append([]plan{sliced}, cs...)
 		}
 		cs = append(cs, sliced)
@@ -358,19 +384,19 @@ func (c Choice) String() string {
 // changes (0, the flat threshold, each size class), each with the route
 // decide gives there.
 func (rt *router) choices() []Choice {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
+	rt.table.mu.Lock()
+	defer rt.table.mu.Unlock()
 	var out []Choice
 	lastFixed := false // the last entry did not depend on a measurement
 	add := func(lo int64) {
 		r, class, ok := rt.decide(lo)
 		c := Choice{MinBytes: lo, Measured: ok}
 		if !ok && class >= 0 {
-			r, c.Measured = rt.measured[class]
+			r, c.Measured = rt.table.measured[class]
 			if !c.Measured {
 				r = guess
 			}
-			c.Calibration = rt.calibrations[class]
+			c.Calibration = rt.table.calibrations[class]
 		}
 		c.Algorithm, c.Serial = r.algo, r.serial
 		if n := len(out); ok && lastFixed && out[n-1].String() == c.String() {

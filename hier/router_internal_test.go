@@ -37,7 +37,7 @@ func testRouter(g Grid, cfg config, m measurer) *router {
 	if cfg.layout.SliceBytes == 0 {
 		cfg.layout = staging.Layout{SliceBytes: 16 << 20}
 	}
-	return newRouter(g, &cfg, m)
+	return newRouter(g, &cfg, m, nil)
 }
 
 // The route is decided once: for any grid, options and calibration, the

@@ -84,7 +84,8 @@
 #                       ~3 min), overlap (64 × 25 MiB on 2×2 and 2×4 at 2.5
 #                       Gbit/s; ~3 min) or enqueue (T6 on 2×1; ~20 s). Every
 #                       sweep measures flat, flat-ring, naive, fairgo, fairgo
-#                       without the check (nocheck) and the routes Auto
+#                       without the check on fairgo's routes (nocheck:
+#                       check:off,routes:fairgo, for U5) and the routes Auto
 #                       chooses among (U6)
 #   analyse             targets, model and digest of the records under $OUT/json
 #
@@ -450,7 +451,7 @@ section_onegpu() {
   # a second run (CHECK_RESULTS=0) warms up with one untimed call instead.
   local CHECK=(-check -w 0)
   [ "${CHECK_RESULTS:-1}" = 1 ] || CHECK=(-w 1)
-  local both="-fairgo fairgo -fairgo nocheck=check:off"
+  local both="-fairgo fairgo -fairgo nocheck=check:off,routes:fairgo"
   for part in "$@"; do
     case $part in
     shared)

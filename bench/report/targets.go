@@ -102,7 +102,9 @@ func sweepOn(m, d int, testbed bool, dtypes []string, lo, hi int64, iters func(i
 func anyIters(int) bool { return true }
 
 // NoCheckVariant is the fairgo variant with the cross-rank check off that
-// U5 compares the default variant with (-fairgo nocheck=check:off).
+// U5 compares the default variant with (-fairgo nocheck=check:off,routes:fairgo:
+// the same routes, hier.WithRoutesOf, so that the ratio is the check's cost
+// alone, not two calibrations' difference).
 const NoCheckVariant = "nocheck"
 
 // oneGPU keeps the sweeps of issue 18's one-GPU testbed: M × D emulated
@@ -267,7 +269,8 @@ func issue18Defs() []targetDef {
 		},
 		{
 			id: "U5",
-			what: "all of U1–U4's layouts: fairgo with the check / without it (-fairgo nocheck=check:off), " +
+			what: "all of U1–U4's layouts: fairgo with the check / without it on the same routes " +
+				"(-fairgo nocheck=check:off,routes:fairgo), " +
 				"one call at a time and 20 back to back",
 			target:    "≥ 0.98",
 			atLeast:   true,

@@ -184,9 +184,15 @@ func (t *Testbed) ForRanks(fn func(i int, r *Rank) error) error {
 // concurrently (they rendezvous with each other). The Testbed closes them
 // on Close; if one fails, those built are closed and the error returned.
 func (t *Testbed) Reducers(ctx context.Context, opts ...hier.Option) ([]*hier.Reducer, error) {
+	return t.ReducersOf(ctx, func(int) []hier.Option { return opts })
+}
+
+// ReducersOf is Reducers with the options of local rank i from opts(i)
+// (options that name another Reducer of the rank, hier.WithRoutesOf).
+func (t *Testbed) ReducersOf(ctx context.Context, opts func(i int) []hier.Option) ([]*hier.Reducer, error) {
 	rs := make([]*hier.Reducer, len(t.ranks))
 	err := t.ForRanks(func(i int, r *Rank) error {
-		red, err := hier.NewReducer(ctx, r.Hier, opts...)
+		red, err := hier.NewReducer(ctx, r.Hier, opts(i)...)
 		rs[i] = red
 		return err
 	})

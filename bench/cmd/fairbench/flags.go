@@ -342,8 +342,10 @@ func (m *methodFlags) register(fs *flag.FlagSet) {
 		"a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
 			"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, "+
 			"flat (flat threshold: size or never), spin (duration),\n"+
-			"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off);\n"+
-			"e.g. -fairgo rsag=algo:rail-rsag,slice:64M (default: one variant \"fairgo\" with fairgo's defaults)",
+			"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off),\n"+
+			"routes (an earlier variant's NAME: follow its routes, one calibration for both);\n"+
+			"e.g. -fairgo rsag=algo:rail-rsag,slice:64M or -fairgo fairgo -fairgo nocheck=check:off,routes:fairgo\n"+
+			"(default: one variant \"fairgo\" with fairgo's defaults)",
 	)
 }
 

@@ -382,7 +382,7 @@ func TestCLIRules(t *testing.T) {
 		usage(
 			"fairgo key",
 			a("sweep -fairgo x=colour:red"),
-			`unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check)`,
+			`unknown key "colour" (algo, slice, parallelism, flat, spin, inline, rail, check, routes)`,
 		),
 		usage("fairgo baseline name", a("sweep -fairgo flat"), `invalid value "flat" for flag -fairgo: needs a NAME`),
 		usage(
