@@ -103,7 +103,9 @@
 # to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
 # on a host of one GPU), NVLINK_SIZES, NET_SIZES, RAPID_CHECKS (hier's
 # property test: 25 in one process, LAUNCHED_RAPID_CHECKS 10 per layout
-# under fairrun), FAULT_MODES, SOAK_SECONDS, STALL_DUMP_SECONDS (a test
+# under fairrun), FAULT_MODES, SOAK_SECONDS, TEST_COUNT (tests-launched runs
+# each test this many times, its time limits grown alike: a flake hunt, e.g.
+# TEST_COUNT=5 scripts/gpu.sh tests-launched 2x2), STALL_DUMP_SECONDS (a test
 # binary whose log is silent this long gets SIGQUIT for its stacks; 45, under
 # the tests' one-minute timeouts).
 #
@@ -134,6 +136,7 @@ LAUNCHED_RAPID_CHECKS=${LAUNCHED_RAPID_CHECKS:-10}
 FAULT_MODES=${FAULT_MODES:-kill cut stall}
 SOAK_SECONDS=${SOAK_SECONDS:-600}
 STALL_DUMP_SECONDS=${STALL_DUMP_SECONDS:-45}
+TEST_COUNT=${TEST_COUNT:-1}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
 mkdir -p "$OUT/logs" "$OUT/json"
@@ -282,11 +285,12 @@ section_tests_local() {
   FAIRGO_OUT=$OUT gotest hier-gpu hier.test 270 '^TestGPU' -rapid.checks="$RAPID_CHECKS"
 }
 
-# launched_limit M D: seconds hier's tests may take under fairrun on M×D.
-launched_limit() { echo $((90 + 15 * $1 * $2)); }
+# launched_limit M D: seconds hier's tests may take under fairrun on M×D
+# (TEST_COUNT times).
+launched_limit() { echo $(((90 + 15 * $1 * $2) * TEST_COUNT)); }
 
 # cuda_launched_limit M D: the same for cuda's communicator tests.
-cuda_launched_limit() { echo $((60 + 10 * $1 * $2)); }
+cuda_launched_limit() { echo $(((60 + 10 * $1 * $2) * TEST_COUNT)); }
 
 # The cuda tests that have a launcher form (one rank per process, the
 # launcher's grid); the others run in tests-local only.
@@ -299,10 +303,10 @@ launched_test() {
   shift 6
   # shellcheck disable=SC2046
   FAIRGO_OUT=$OUT STALL_BIN=$bin step "$name" "$limit" "$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" --grace 10s -- \
-    "$BIN/$bin" -test.v -test.count=1 -test.timeout "$((limit - 20))s" -test.run "$re" "$@"
+    "$BIN/$bin" -test.v -test.count="$TEST_COUNT" -test.timeout "$((limit - 20))s" -test.run "$re" "$@"
   local log="$OUT/logs/$name.log" ranks
   ranks=$(grep -cE '^\[[0-9]+\] PASS$' "$log")
-  test_verdict "$name" "$log" "ranks passing=$ranks/$n (fairrun ${m}x$d, one rank per process, -test.run '$re')"
+  test_verdict "$name" "$log" "ranks passing=$ranks/$n (fairrun ${m}x$d, one rank per process, -test.run '$re', -test.count $TEST_COUNT)"
   [ "$ranks" -eq "$n" ] || note FAIL "  ranks" 0 "only $ranks of $n ranks ended with PASS"
 }
 
