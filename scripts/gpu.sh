@@ -105,7 +105,9 @@
 # property test: 25 in one process, LAUNCHED_RAPID_CHECKS 10 per layout
 # under fairrun), FAULT_MODES, SOAK_SECONDS, TEST_COUNT (tests-launched runs
 # each test this many times, its time limits grown alike: a flake hunt, e.g.
-# TEST_COUNT=5 scripts/gpu.sh tests-launched 2x2), STALL_DUMP_SECONDS (a test
+# TEST_COUNT=5 scripts/gpu.sh tests-launched 2x2), HOOK_ALGORITHMS (hook: one
+# more ResNet-18 run of fairgo's hook per algorithm listed, FAIRGO_ALGORITHM
+# fixed, images/s only; e.g. "flat rail-rsag"), STALL_DUMP_SECONDS (a test
 # binary whose log is silent this long gets SIGQUIT for its stacks; 45, under
 # the tests' one-minute timeouts).
 #
@@ -137,6 +139,7 @@ FAULT_MODES=${FAULT_MODES:-kill cut stall}
 SOAK_SECONDS=${SOAK_SECONDS:-600}
 STALL_DUMP_SECONDS=${STALL_DUMP_SECONDS:-45}
 TEST_COUNT=${TEST_COUNT:-1}
+HOOK_ALGORITHMS=${HOOK_ALGORITHMS:-}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
 mkdir -p "$OUT/logs" "$OUT/json"
@@ -667,6 +670,15 @@ section_hook() {
       --envelope "$OUT/resnet-$l-ring.json" "$OUT/resnet-$l-tree.json"
     verdict=$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)
     note "$verdict" "resnet-$l" "$secs" "$(grep -E 'worst step|step-0 gradients|images/s|^(agree|DIFFER)$' "$OUT/logs/resnet-$l-compare.log" | sed -E 's/ \([^)]*\.json\)//' | paste -sd';' -)"
+    # fairgo's hook with its algorithm fixed (FAIRGO_ALGORITHM), for where
+    # its speed comes from: images/s only.
+    for run in $HOOK_ALGORITHMS; do
+      step "resnet-$l-fairgo-$run" 300 env FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python" FAIRGO_ALGORITHM="$run" \
+        "${launch[@]}" examples/ddp_torch/train_resnet.py --hook fairgo --steps 50 --batch-size 32 \
+        --losses-out "$OUT/resnet-$l-fairgo-$run.json"
+      note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" "resnet-$l-fairgo-$run" "$secs" \
+        "rc=$rc FAIRGO_ALGORITHM=$run: $(grep -m1 -oE 'images/s [0-9.]+' "$OUT/logs/resnet-$l-fairgo-$run.log")"
+    done
   done
 }
 
