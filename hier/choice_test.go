@@ -287,14 +287,18 @@ func TestRoutesOfShareMeasurements(t *testing.T) {
 }
 
 // WithRoutesOf is refused, with the option's name, where the two Reducers
-// could not follow one route table: another rank's Reducer, size classes
-// that differ, a fixed algorithm on either side.
+// could not follow one route table: another rank's Reducer, the same rank
+// of another job, size classes that differ, a fixed algorithm on either
+// side.
 func TestRoutesOfRefusesWhatCannotShare(t *testing.T) {
 	thr := hier.WithFlatThreshold(64 << 10)
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2}, thr)
-	fixed := newWorld(t, sim.Config{Machines: 2, Devices: 2}, thr, hier.WithAlgorithm(hier.RailRSAG))
+	other := newWorld(t, sim.Config{Machines: 2, Devices: 2}, thr)
 	rk := w.cluster.Rank(0)
 	rk.Board = nil
+	fixed, err := hier.NewReducer(context.Background(), rk, thr, hier.WithAlgorithm(hier.RailRSAG))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = fixed.Close() })
 	for _, tc := range []struct {
 		name string
 		src  *hier.Reducer
@@ -302,9 +306,10 @@ func TestRoutesOfRefusesWhatCannotShare(t *testing.T) {
 		want string
 	}{
 		{"another rank", w.reducers[1], []hier.Option{thr}, "another grid"},
+		{"another job", other.reducers[0], []hier.Option{thr}, "another world communicator"},
 		{"another flat threshold", w.reducers[0], nil, "flat threshold"},
 		{"a fixed algorithm here", w.reducers[0], []hier.Option{thr, hier.WithAlgorithm(hier.Flat)}, "Auto"},
-		{"a fixed algorithm there", fixed.reducers[0], []hier.Option{thr}, "Auto"},
+		{"a fixed algorithm there", fixed, []hier.Option{thr}, "Auto"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := hier.NewReducer(context.Background(), rk, append(tc.opts, hier.WithRoutesOf(tc.src))...)

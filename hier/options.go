@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/staging"
 )
 
@@ -121,10 +123,10 @@ func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 // this Reducer too, and what this Reducer measures first serves src. Two
 // configurations then follow the same routes in the same slices, so that a
 // comparison of them (a benchmark's check on and off) measures what
-// differs between them, not the noise of two calibrations. src must be on
-// the same grid with the same flat threshold, and both must be Auto; as
-// for any two Reducers over the same communicators, their calls must not
-// be in flight at once.
+// differs between them, not the noise of two calibrations. src must be a
+// Reducer of the same rank (its grid place and world communicator) with
+// the same flat threshold, and both must be Auto; as for any two Reducers
+// over the same communicators, their calls must not be in flight at once.
 func WithRoutesOf(src *Reducer) Option { return func(c *config) { c.routesOf = src } }
 
 // WithTimeout arms a watchdog: work not complete this long after it was
@@ -227,7 +229,7 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 // sharedRoutes is the route table WithRoutesOf names for a Reducer of grid
 // g with c, nil for a table of its own; an error where the two Reducers
 // could not share one.
-func (c *config) sharedRoutes(g Grid) (*routeTable, error) {
+func (c *config) sharedRoutes(g Grid, world backend.Comm) (*routeTable, error) {
 	src := c.routesOf
 	if src == nil {
 		return nil, nil
@@ -239,6 +241,8 @@ func (c *config) sharedRoutes(g Grid) (*routeTable, error) {
 	case src.rank.Grid != g:
 		return nil, bad(fmt.Sprintf(
 			"a Reducer of another grid than this one's %v (only Reducers of one rank share routes)", g))
+	case !sameComm(src.rank.Comms.World, world):
+		return nil, bad("a Reducer over another world communicator (only Reducers of one rank of one job share routes)")
 	case src.cfg.flatThreshold != c.flatThreshold:
 		return nil, bad(fmt.Sprintf("its flat threshold %d differs from this one's %d (their size classes would differ)",
 			src.cfg.flatThreshold, c.flatThreshold))
@@ -246,6 +250,20 @@ func (c *config) sharedRoutes(g Grid) (*routeTable, error) {
 		return nil, bad(fmt.Sprintf("both Reducers must be Auto (they are %v and %v)", src.cfg.algorithm, c.algorithm))
 	}
 	return src.router.table, nil
+}
+
+// sameComm reports whether a and b are one communicator, where their
+// dynamic types can tell (a type that cannot be compared is taken on
+// trust).
+func sameComm(a, b backend.Comm) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	if ta != tb {
+		return false
+	}
+	if ta == nil || !ta.Comparable() {
+		return true
+	}
+	return a == b
 }
 
 // layoutOptions are the options behind staging's parameters, for its

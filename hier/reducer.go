@@ -108,7 +108,7 @@ func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer,
 	if err != nil {
 		return nil, err
 	}
-	table, err := cfg.sharedRoutes(rk.Grid)
+	table, err := cfg.sharedRoutes(rk.Grid, rk.Comms.World)
 	if err != nil {
 		return nil, err
 	}
