@@ -45,6 +45,9 @@ type Record struct {
 	Buckets   int    `json:"buckets,omitempty"`
 	Iters     int    `json:"iters"` // calls back to back per timed repetition
 	Reps      int    `json:"reps"`
+	// Rounds is how many rounds of Iters calls, each waited for, one
+	// repetition spans (Config.RepBytes); 0: one.
+	Rounds int `json:"rounds,omitempty"`
 	// Fairgo is the variant's configuration and choices; nil for flat and
 	// naive.
 	Fairgo *FairgoSetup `json:"fairgo,omitempty"`

@@ -18,12 +18,17 @@ import (
 
 // Config is one benchmark run on a testbed.
 type Config struct {
-	Sizes       []int64 // bytes per call (sweep)
-	DType       fairgo.DType
-	Op          fairgo.Op
-	Warmup      int // untimed rounds of each method per point
-	Iters       int // calls back to back per timed repetition (sweep)
-	Reps        int // repetitions (median and spread)
+	Sizes  []int64 // bytes per call (sweep)
+	DType  fairgo.DType
+	Op     fairgo.Op
+	Warmup int // untimed rounds of each method per point
+	Iters  int // calls back to back per timed repetition (sweep)
+	Reps   int // repetitions (median and spread)
+	// RepBytes steadies small sizes: a repetition repeats its round (Iters
+	// calls back to back, then a wait for them) until the rounds have
+	// moved at least this many bytes per rank, and times the mean call.
+	// 0: one round per repetition.
+	RepBytes    int64
 	Check       bool
 	Seed        uint64
 	Methods     []Method // nil: DefaultMethods (every baseline, and fairgo with its defaults)
@@ -89,6 +94,8 @@ func (c *Config) defaults() error {
 		return bad("-n", c.Iters, "must be at least 1")
 	case c.Reps < 1:
 		return bad("-reps", c.Reps, "must be at least 1")
+	case c.RepBytes < 0:
+		return bad("-rep-bytes", c.RepBytes, "negative")
 	}
 	return nil
 }
@@ -256,51 +263,71 @@ type rankResult struct {
 	Units int         `json:"u,omitempty"`
 }
 
-// timeUnit runs, for every local rank at once, units calls of enqueue
-// inside the rank's timer, and returns each rank's time per unit.
-func (r *run) timeUnit(units int, enqueue func(c *caller) error) ([]float64, error) {
+// timeUnit runs, for every local rank at once, rounds rounds of units
+// calls of enqueue, each round inside the rank's timer and waited for
+// before the next, and returns each rank's mean time per call.
+func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]float64, error) {
 	if err := r.tb.Barrier(r.ctx); err != nil {
 		return nil, err
 	}
 	out := make([]float64, len(r.ranks))
 	err := r.tb.ForRanks(func(i int, rk *harness.Rank) error {
 		c := r.callers[i]
-		d, err := rk.Time(r.ctx, func() error {
-			for range units {
-				if err := enqueue(c); err != nil {
-					return err
+		var total time.Duration
+		for range rounds {
+			d, err := rk.Time(r.ctx, func() error {
+				for range units {
+					if err := enqueue(c); err != nil {
+						return err
+					}
 				}
+				return nil
+			})
+			if err == nil {
+				err = c.wait(r.ctx)
 			}
-			return nil
-		})
-		if err == nil {
-			err = c.wait(r.ctx)
+			if err != nil {
+				return err
+			}
+			total += d
 		}
-		out[i] = d.Seconds() / float64(units)
-		return err
+		out[i] = total.Seconds() / float64(units*rounds)
+		return nil
 	})
 	return out, err
 }
 
+// rounds is how many rounds of a repetition move RepBytes, a round moving
+// bytes per rank.
+func (r *run) rounds(bytes int64) int {
+	if r.cfg.RepBytes <= 0 || bytes <= 0 {
+		return 1
+	}
+	return int(min((r.cfg.RepBytes+bytes-1)/bytes, maxRounds))
+}
+
+// maxRounds bounds the rounds of one repetition (RepBytes over tiny sizes).
+const maxRounds = 1 << 12
+
 // measure runs the warm-up and the timed repetitions of every method,
 // alternating, with enqueue enqueueing one timed unit of a method.
-func (r *run) measure(res *rankResult, units int, enqueue func(m Method, c *caller) error) error {
+func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method, c *caller) error) error {
 	ms := r.cfg.Methods
 	res.Times = make([][][]float64, len(ms))
 	for _, m := range ms {
 		if r.cfg.Warmup == 0 {
 			break
 		}
-		if _, err := r.timeUnit(r.cfg.Warmup, func(c *caller) error { return enqueue(m, c) }); err != nil {
+		if _, err := r.timeUnit(r.cfg.Warmup, 1, func(c *caller) error { return enqueue(m, c) }); err != nil {
 			return fmt.Errorf("%s warm-up: %w", m.Name, err)
 		}
 	}
 	res.Load = make([]hostDelta, len(ms))
-	res.Units = units * r.cfg.Reps
+	res.Units = units * rounds * r.cfg.Reps
 	for range r.cfg.Reps {
 		for k, m := range ms {
 			before := sampleHost()
-			ts, err := r.timeUnit(units, func(c *caller) error { return enqueue(m, c) })
+			ts, err := r.timeUnit(units, rounds, func(c *caller) error { return enqueue(m, c) })
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.Name, err)
 			}
@@ -343,7 +370,7 @@ func (r *run) check(res *rankResult, count, stride int64, buckets int) error {
 		if err != nil {
 			return fmt.Errorf("%s check: uploading inputs: %w", m.Name, err)
 		}
-		if _, err := r.timeUnit(1, func(c *caller) error {
+		if _, err := r.timeUnit(1, 1, func(c *caller) error {
 			for j := range buckets {
 				if err := c.call(r.ctx, m, r.bucket(c, j, count, stride)); err != nil {
 					return err
@@ -442,7 +469,11 @@ func (r *run) point(proto Record, count, stride int64, buckets, units int) ([]Re
 			return nil, err
 		}
 	}
-	err := r.measure(&res, units, func(m Method, c *caller) error {
+	rounds := r.rounds(proto.Bytes * int64(buckets) * int64(units))
+	if rounds > 1 {
+		proto.Rounds = rounds
+	}
+	err := r.measure(&res, units, rounds, func(m Method, c *caller) error {
 		for j := range buckets {
 			if err := c.call(r.ctx, m, r.bucket(c, j, count, stride)); err != nil {
 				return err

@@ -472,7 +472,7 @@ func BenchmarkSimAllReduce(b *testing.B) {
 				b.SetBytes(size)
 				var total time.Duration
 				for b.Loop() {
-					ts, err := r.timeUnit(1, func(c *caller) error {
+					ts, err := r.timeUnit(1, 1, func(c *caller) error {
 						return c.call(r.ctx, m, r.bucket(c, 0, count, count+int64(r.world)))
 					})
 					require.NoError(b, err)
@@ -485,4 +485,49 @@ func BenchmarkSimAllReduce(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestRepBytesRepeatsRounds: a repetition repeats its round until the
+// rounds moved RepBytes (capped), every round's calls are made, and the
+// records say how many rounds a repetition spans.
+func TestRepBytesRepeatsRounds(t *testing.T) {
+	tb := openSimT(t, 2, 2, 0)
+	cfg := Config{Sizes: []int64{64 << 10, 1 << 20}, Iters: 2, Reps: 3, RepBytes: 1 << 20, Check: true,
+		Methods: methods(t, "flat,fairgo")}
+	recs, err := Sweep(context.Background(), tb, cfg)
+	require.NoError(t, err)
+	require.Len(t, recs, 4)
+	for _, r := range recs {
+		require.Zero(t, r.Wrong)
+		want := map[int64]int{64 << 10: 8, 1 << 20: 0}[r.Bytes] // 2 calls of 64K a round: 8 rounds make 1M
+		require.Equal(t, want, r.Rounds, "%s at %s", r.Algorithm, FormatSize(r.Bytes))
+	}
+
+	r, err := newRun(context.Background(), tb, cfg)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		bytes int64
+		want  int
+	}{{1 << 20, 1}, {1<<20 - 1, 2}, {1 << 10, 1 << 10}, {1, maxRounds}, {0, 1}, {4 << 20, 1}} {
+		require.Equal(t, c.want, r.rounds(c.bytes), "a round of %d bytes", c.bytes)
+	}
+	r.cfg.RepBytes = 0
+	require.Equal(t, 1, r.rounds(1))
+
+	calls := make([]int, len(r.ranks)) // per local rank; ForRanks runs them at once
+	var res rankResult
+	err = r.measure(&res, 2, 5, func(_ Method, c *caller) error {
+		calls[slices.Index(r.callers, c)]++
+		return nil
+	})
+	require.NoError(t, err)
+	for i, n := range calls {
+		require.Equal(t, len(cfg.Methods)*cfg.Reps*5*2, n, "local rank %d", i)
+	}
+	require.Equal(t, cfg.Reps*5*2, res.Units)
+
+	_, err = Sweep(context.Background(), tb, Config{Sizes: []int64{1 << 10}, Iters: 1, Reps: 1, RepBytes: -1})
+	var arg *fairgo.ArgError
+	require.ErrorAs(t, err, &arg)
+	require.Equal(t, "-rep-bytes", arg.Arg)
 }

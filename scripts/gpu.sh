@@ -95,7 +95,9 @@
 # --nvlink-gbit where ranks of a machine share GPUs; default not shaped),
 # NIC_LATENCY (e.g. 50us; default none), MPS (auto), RUN (r1: the run label
 # of single bench sections), RUNS ("r1 r2": targets), CHECK_RESULTS (onegpu:
-# 1 checks every result, 0 warms up instead), VARIANTS (further
+# 1 checks every result, 0 warms up instead), REP_BYTES (onegpu: a
+# repetition repeats its calls until they moved this much, 64M, so that a
+# point below it is a mean of many calls, not one), VARIANTS (further
 # fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
 # (T6: µs, or a file of `go test -bench` output; default enqueue.txt when
 # the enqueue section made it), ENQUEUE_BENCH (the benchmarks T6 takes the
@@ -128,6 +130,7 @@ NVLINK_GBIT=${NVLINK_GBIT:-}
 NIC_LATENCY=${NIC_LATENCY:-}
 MPS=${MPS:-auto}
 RUN=${RUN:-r1}
+REP_BYTES=${REP_BYTES:-64M}
 RUNS=${RUNS:-r1 r2}
 VARIANTS=${VARIANTS:-}
 ENQUEUE=${ENQUEUE:-}
@@ -448,7 +451,7 @@ onegpu_sweep() {
   m=${l%x*} d=${l#*x}
   # shellcheck disable=SC2086,SC2046
   bench "onegpu-$l-n$iters" "$(testbed_limit)" "$BIN/fairrun" $(NIC_GBIT=$gbit fairrun_flags "$m" "$d") --nproc-per-node $((m * d)) -- \
-    "$BIN/fairbench" sweep -backend cuda $sizes -n "$iters" -reps 3 "${CHECK[@]}" -label "onegpu-$l" $variants
+    "$BIN/fairbench" sweep -backend cuda $sizes -n "$iters" -reps 3 -rep-bytes "$REP_BYTES" "${CHECK[@]}" -label "onegpu-$l" $variants
 }
 
 section_onegpu() {

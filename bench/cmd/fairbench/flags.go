@@ -219,6 +219,7 @@ func (s *sizeFlags) args(fs *flag.FlagSet) []string { return given(fs, "b", "e",
 type timingFlags struct {
 	dtype, op, run, label string
 	warmup, iters, reps   int
+	repBytes              int64
 	check                 bool
 	seed                  uint64
 	timeout               time.Duration
@@ -238,6 +239,9 @@ func (t *timingFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&t.warmup, "w", 1, "untimed rounds of each method per point")
 	fs.IntVar(&t.iters, "n", 1, "calls back to back per timed repetition (1: one call at a time)")
 	fs.IntVar(&t.reps, "reps", 3, "timed repetitions of each method, alternating (median and spread)")
+	sizeFlag(fs, &t.repBytes, "rep-bytes", "0",
+		"each repetition repeats its -n calls, waiting for them each round, until the rounds moved this many `bytes` "+
+			"(steadies small sizes; 0: one round)")
 	fs.BoolVar(&t.check, "check", false, "check every rank's result against a float64 reference")
 	fs.Uint64Var(&t.seed, "seed", 1, "seed of the check inputs and of the sim's delays")
 	fs.StringVar(&t.run, "run", "", "the run's label, stored in every record (targets group records by it)")
@@ -246,7 +250,7 @@ func (t *timingFlags) register(fs *flag.FlagSet) {
 }
 
 func (t *timingFlags) args(fs *flag.FlagSet) []string {
-	return given(fs, "dtype", "op", "w", "n", "reps", "check", "seed", "run", "label")
+	return given(fs, "dtype", "op", "w", "n", "reps", "rep-bytes", "check", "seed", "run", "label")
 }
 
 // config is the bench configuration the flags describe; its errors are
@@ -270,7 +274,7 @@ func (t *timingFlags) config() (bench.Config, error) {
 	case t.timeout <= 0:
 		return bench.Config{}, cli.Usagef("-timeout %s: must be positive", t.timeoutFlag)
 	}
-	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, Check: t.check, Seed: t.seed,
+	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, RepBytes: t.repBytes, Check: t.check, Seed: t.seed,
 		Run: t.run, Label: t.label}, nil
 }
 
