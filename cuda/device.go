@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/internal/poll"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -563,10 +564,10 @@ func (d *Device) untrack(o any) {
 }
 
 // waitCtx is the context-aware wait shared by events and streams.
-func waitCtx(ctx context.Context, poll func() (bool, error)) error {
-	var b backoff
+func waitCtx(ctx context.Context, query func() (bool, error)) error {
+	var b poll.Backoff
 	for {
-		done, err := poll()
+		done, err := query()
 		if err != nil {
 			return err
 		}
@@ -578,6 +579,6 @@ func waitCtx(ctx context.Context, poll func() (bool, error)) error {
 			return ctx.Err()
 		default:
 		}
-		b.wait()
+		b.Wait()
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -193,8 +192,9 @@ func (e *Event) Query() (bool, error) {
 	}
 }
 
-// Wait polls Query with a backoff until the captured work has completed or
-// ctx is done; it then returns ctx.Err() unchanged.
+// Wait polls Query (yielding, then napping up to 200 µs: poll.Backoff)
+// until the captured work has completed or ctx is done; it then returns
+// ctx.Err() unchanged.
 func (e *Event) Wait(ctx context.Context) error {
 	return waitCtx(ctx, e.Query)
 }
@@ -269,16 +269,3 @@ func (d *Device) TimeRegion(s *Stream, fn func() error) (time.Duration, error) {
 	return Elapsed(start, end)
 }
 
-// backoff spins, then yields, then sleeps a little longer each time up to
-// 200 µs.
-type backoff struct{ n int }
-
-func (b *backoff) wait() {
-	b.n++
-	switch {
-	case b.n < 64:
-		runtime.Gosched()
-	default:
-		time.Sleep(time.Duration(1<<min(b.n-64, 7)) * 1562 * time.Nanosecond)
-	}
-}

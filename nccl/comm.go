@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/internal/poll"
 )
 
 // NoColor is NCCL_SPLIT_NOCOLOR: the rank joins no communicator in Split.
@@ -67,7 +69,9 @@ func (c *Comm) call(op string, s sym, f func() Result) error {
 // in progress (a non-blocking init, split or call), ctx is done (ctx.Err()
 // is returned unchanged), or the communicator failed.
 func (c *Comm) WaitReady(ctx context.Context) error {
-	var b backoff
+	// A non-blocking communicator's call returns while a thread of NCCL's
+	// launches it, tens of microseconds: naps stay short.
+	b := poll.Backoff{Max: 100 * time.Microsecond}
 	for {
 		st, err := c.GetAsyncError()
 		if err != nil {
@@ -85,7 +89,7 @@ func (c *Comm) WaitReady(ctx context.Context) error {
 			return ctx.Err()
 		default:
 		}
-		b.wait()
+		b.Wait()
 	}
 }
 

@@ -8,10 +8,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/fairgo/fairgo"
@@ -321,19 +319,6 @@ func checkRanks(nranks, rank int) error {
 	return nil
 }
 
-// backoff sleeps a little longer each time, from a yield up to 1 ms.
-type backoff struct{ n int }
-
-func (b *backoff) wait() {
-	b.n++
-	switch {
-	case b.n < 16:
-		runtime.Gosched()
-	default:
-		d := time.Duration(1<<min(b.n-16, 10)) * time.Microsecond
-		time.Sleep(d)
-	}
-}
 
 // DataType maps a fairgo element type to NCCL's, checking that the loaded
 // NCCL supports it.

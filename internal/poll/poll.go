@@ -1,0 +1,64 @@
+// Package poll paces the loops that poll the GPU driver and NCCL for
+// completion: a short spin, then naps in the kernel. Go's timers cannot
+// nap: time.Sleep of a few microseconds lasts about a millisecond in a
+// process whose other goroutines are idle, which a completion poll cannot
+// afford.
+package poll
+
+import (
+	"runtime"
+	"time"
+)
+
+const (
+	// Spin is how long a Backoff yields the processor between polls
+	// before it starts to nap.
+	Spin = 30 * time.Microsecond
+	// firstNap is the first nap; the kernel's timer slack (50 µs by
+	// default) comes on top of every nap.
+	firstNap = 10 * time.Microsecond
+	// DefaultMax is the longest nap of a Backoff whose Max is 0.
+	DefaultMax = 200 * time.Microsecond
+)
+
+// Backoff paces one polling loop: call Wait between polls. The zero value
+// is ready: it yields the processor for the first Spin of the wait, then
+// naps in the kernel, each nap twice the last, from 10 µs up to Max. A
+// Backoff is for one goroutine.
+type Backoff struct {
+	Max time.Duration // the longest nap; 0: DefaultMax
+
+	start time.Time
+	nap   time.Duration
+}
+
+// Wait pauses before the next poll.
+func (b *Backoff) Wait() {
+	if d := b.next(time.Now()); d > 0 {
+		nap(d)
+	} else {
+		runtime.Gosched()
+	}
+}
+
+// next is the pause before the next poll at now: 0 to yield, or a nap.
+func (b *Backoff) next(now time.Time) time.Duration {
+	if b.start.IsZero() {
+		b.start = now
+	}
+	if now.Sub(b.start) < Spin {
+		return 0
+	}
+	limit := b.Max
+	if limit <= 0 {
+		limit = DefaultMax
+	}
+	switch {
+	case b.nap == 0:
+		b.nap = firstNap
+	case b.nap < limit:
+		b.nap *= 2
+	}
+	b.nap = min(b.nap, limit)
+	return b.nap
+}
