@@ -10,9 +10,10 @@ import (
 // chain. The CUDA backend and the simulated cluster implement it.
 //
 // Calls may come from any goroutine, one at a time per stream: the engine's
-// (after Bind), a caller's that enqueues a flat call inline, and the
-// checker's; NewEvent and the methods of events from any goroutine at any
-// time (a call's After option records an event on the caller's stream).
+// (after Bind), or a caller's that enqueues a flat call inline; NewEvent and
+// the methods of events from any goroutine at any time (a call's After
+// option records an event on the caller's stream, the checker polls its
+// events).
 type Device interface {
 	streams.Factory
 

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -15,28 +14,23 @@ import (
 
 // The cross-rank check. Every call's shape (kind, element type, operator,
 // root, counts, and whether this rank accepted it) is compared across
-// ranks by an allreduce with Max of the shapes and their negations on the
-// check communicator, on a stream of its own: the data never waits for it,
-// and a Work completes only once both its data and its check are done. A
+// ranks by an allreduce with Max of the shape and its negation on the check
+// communicator, on a stream of its own: the data never waits for it, and a
+// Work completes only once both its data and its check are done. A
 // mismatch ends the Work with a *MismatchError on every rank alike (they
 // all see the same maxima) and aborts the communicators, since mismatched
 // collectives may never finish.
 //
-// A check goes out once a pending call is due: its data is done (or it has
-// none: a rejected call, a call with nothing to do), checkBatch calls are
-// pending, or the oldest has waited checkDelay. So the check runs after
-// the data rather than beside it, where its communicator's threads would
-// compete with the data's for the host (on NCCL's socket transport they
-// spin while an operation is in flight), and one check covers the calls
-// made meanwhile; the delay bounds how long a mismatch whose data hangs
-// goes unnoticed. A Work completes once its data and its check are done;
-// StreamWait orders the caller's stream after the data alone.
-// Ranks may batch differently: entry i of every rank's batch is the i-th
-// call not yet decided (the same call on every rank, since all ranks decide
-// alike), tagged with its number; a call is decided once every rank has put
-// it in a batch, and is carried over to the next batch otherwise. Every
-// batch is one allreduce of the same size, so the k-th batches of all ranks
-// meet.
+// A call's check is enqueued right after its data, by the goroutine that
+// enqueued the data, so every rank submits the check communicator's
+// operations at the same place among the data communicators' ones. NCCL
+// asks for that of communicators used at once ("operations submitted in the
+// same order across ranks"): a check sent at a time of the rank's own
+// choosing (a batch when a call's data is done, or after a delay) met a
+// data operation in one order on one rank and in the other on another, and
+// on a shared GPU that hung now and then (bench/NOTES.md items 27 and 30).
+// The check's host side (its slot of host memory, the wait for its event
+// and the verdict) runs on the checker's goroutine, in call order.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call
@@ -49,11 +43,11 @@ var checkFields = [...]string{"kind", "element type", "operator", "root", "count
 const (
 	nFields    = len(checkFields)
 	entryWords = 1 + nFields // the call's number, then its shape
-	checkBatch = 32          // calls per batch
+	checkBatch = 1           // calls per check
 	batchWords = 2 * checkBatch * entryWords
-	// checkDelay is how long a call waits for its check when its data is
-	// not done yet.
-	checkDelay = 5 * time.Millisecond
+	// checkSlots is how many checks may be in flight: the call after that
+	// many undecided ones waits for the oldest to be decided.
+	checkSlots = 64
 )
 
 // shape is what the check compares: a call's fields, each encoded so that 0
@@ -84,7 +78,7 @@ func shapeOf(q *request) shape {
 }
 
 // batch is the host image of one check: checkBatch entries of the call
-// number and shape, then their negations.
+// number and shape, then their negations (one entry: a call's own check).
 type batch []byte
 
 func (b batch) word(neg bool, entry, w int) int {
@@ -113,23 +107,24 @@ func (b batch) put(entry int, q *request) {
 	}
 }
 
-// decide reads entry i of a reduced batch for call q: decided is false when
-// some rank had not made the call yet; otherwise err is nil or the
-// mismatch.
-func (b batch) decide(entry int, q *request) (decided bool, err error) {
+// decide reads entry i of a reduced batch for call q: nil, or the mismatch.
+// The ranks' call numbers differ only when one made a check out of turn,
+// which the check's order rules out; it is reported all the same.
+func (b batch) decide(entry int, q *request) error {
 	seqHi, seqLo := b.get(false, entry, 0), -b.get(true, entry, 0)
 	if seqHi != int64(q.seq) || seqLo != int64(q.seq) {
-		return false, nil
+		return &MismatchError{Seq: q.seq, Call: q.String(), Field: "call number",
+			This: fmt.Sprint(q.seq), Low: fmt.Sprint(seqLo), High: fmt.Sprint(seqHi)}
 	}
 	mine := shapeOf(q)
 	for f := range nFields {
 		hi, lo := b.get(false, entry, 1+f), -b.get(true, entry, 1+f)
 		if hi != lo {
-			return true, &MismatchError{Seq: q.seq, Call: q.String(), Field: checkFields[f],
+			return &MismatchError{Seq: q.seq, Call: q.String(), Field: checkFields[f],
 				This: fieldValue(f, mine[f]), Low: fieldValue(f, lo), High: fieldValue(f, hi)}
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // fieldValue renders an encoded field.
@@ -181,9 +176,8 @@ func (e *MismatchError) Unwrap() error { return fairgo.ErrMismatch }
 
 // ticket is the outcome of one call's check.
 type ticket struct {
-	done  chan struct{}
-	err   error
-	since time.Time // when the call reached the checker
+	done chan struct{}
+	err  error
 }
 
 func (t *ticket) finish(err error) {
@@ -191,92 +185,114 @@ func (t *ticket) finish(err error) {
 	close(t.done)
 }
 
-// checker runs the checks of one Reducer, in call order, on a goroutine of
-// its own.
+// checker runs the checks of one Reducer: submit enqueues a call's check
+// on the executing goroutine, in call order; the checker's goroutine waits
+// for each check's event and decides the call, in the same order.
 type checker struct {
-	r      *Reducer
-	comm   backend.Comm
-	stream streams.Stream
-	dev    uintptr // one batch on the device
-	host   batch   // its twin in host memory the device copies without blocking
-	ev     streams.Event
-
-	mu      sync.Mutex
-	pending []*request // submitted and not decided, in call order
-	due     uint64     // the highest call whose check is wanted now
-	closing bool
-	wake    chan struct{}
-	stopped chan struct{}
+	r       *Reducer
+	comm    backend.Comm
+	stream  streams.Stream
+	dev     uintptr // checkSlots checks on the device
+	host    []byte  // their twins in host memory the device copies without blocking
+	slots   [checkSlots]checkSlot
+	next    int              // the slot of the next call
+	queue   chan queuedCheck // enqueued checks, in call order, for the goroutine
+	stopped chan struct{}    // closed when the goroutine has exited
 }
 
-// startChecker allocates the check buffers and starts the checker's
+// queuedCheck is a call whose check is enqueued in slot.
+type queuedCheck struct {
+	q    *request
+	slot *checkSlot
+}
+
+// checkSlot is the memory and event of one check in flight.
+type checkSlot struct {
+	dev  uintptr
+	host batch
+	ev   streams.Event
+	free chan struct{} // holds a token while the slot is free
+}
+
+// startChecker allocates the check slots and starts the checker's
 // goroutine; the engine goroutine calls it.
 func (r *Reducer) startChecker() error {
-	c := &checker{r: r, comm: r.rank.Comms.Check, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	c := &checker{r: r, comm: r.rank.Comms.Check, queue: make(chan queuedCheck, checkSlots),
+		stopped: make(chan struct{})}
+	const slotBytes = 8 * batchWords
 	var err error
 	if c.stream, err = r.rank.Device.NewStream(); err != nil {
 		return fmt.Errorf("hier: the check stream: %w", err)
 	}
-	if c.dev, err = r.rank.Device.Alloc(int64(8 * batchWords)); err != nil {
+	if c.dev, err = r.rank.Device.Alloc(int64(checkSlots * slotBytes)); err != nil {
 		return errors.Join(fmt.Errorf("hier: the check buffer: %w", err), c.release())
 	}
-	host, err := r.rank.Device.AllocHost(8 * batchWords)
-	if err != nil {
+	if c.host, err = r.rank.Device.AllocHost(checkSlots * slotBytes); err != nil {
 		return errors.Join(fmt.Errorf("hier: the check buffer's host memory: %w", err), c.release())
 	}
-	c.host = host
-	if c.ev, err = r.rank.Device.NewEvent(); err != nil {
-		return errors.Join(fmt.Errorf("hier: the check event: %w", err), c.release())
+	for i := range c.slots {
+		sl := &c.slots[i]
+		sl.dev = c.dev + uintptr(i*slotBytes)
+		sl.host = batch(c.host[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes])
+		sl.free = make(chan struct{}, 1)
+		sl.free <- struct{}{}
+		if sl.ev, err = r.rank.Device.NewEvent(); err != nil {
+			return errors.Join(fmt.Errorf("hier: the check events: %w", err), c.release())
+		}
 	}
 	r.checker = c
 	go c.run()
 	return nil
 }
 
-// submit hands a call to the checker; calls arrive in call order. A call
-// this rank refused is due at once: its peers may be waiting in its data.
+// submit enqueues call q's check after its data: on the goroutine that
+// enqueued the data, before the next call's. It waits for a free slot when
+// checkSlots checks are undecided.
 func (c *checker) submit(q *request) {
-	q.check = &ticket{done: make(chan struct{}), since: time.Now()}
-	c.mu.Lock()
-	c.pending = append(c.pending, q)
-	if q.rejected != nil {
-		c.due = max(c.due, q.seq)
+	q.check = &ticket{done: make(chan struct{})}
+	if cause := c.r.brokenCause(); cause != nil {
+		q.check.finish(fmt.Errorf("hier: the call's check did not run: %w", cause))
+		return
 	}
-	first := len(c.pending) == 1 || q.rejected != nil || len(c.pending) >= checkBatch
-	c.mu.Unlock()
-	if first { // the checker's timer starts with the oldest call, and a full batch goes at once
-		c.kick()
+	sl := &c.slots[c.next]
+	<-sl.free // the slot's last check is decided, or failed
+	c.next = (c.next + 1) % checkSlots
+	clear(sl.host)
+	sl.host.put(0, q)
+	err := c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
+	if err == nil {
+		err = c.comm.AllReduce(sl.dev, sl.dev, int64(batchWords), fairgo.Int64, fairgo.Max, c.stream)
 	}
+	if err == nil {
+		err = c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
+	}
+	if err == nil {
+		err = sl.ev.Record(c.stream)
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w", fairgo.ErrAborted, q, err)
+		c.r.abort(err)
+		q.check.finish(err)
+		sl.free <- struct{}{}
+		return
+	}
+	c.queue <- queuedCheck{q, sl} // never blocks: it holds at most checkSlots calls, one per slot taken
 }
-
-// want makes the checks of the calls up to seq due (the watcher found
-// their data done).
-func (c *checker) want(seq uint64) {
-	c.mu.Lock()
-	kick := seq > c.due
-	c.due = max(c.due, seq)
-	c.mu.Unlock()
-	if kick {
-		c.kick()
-	}
-}
-
-func (c *checker) kick() { notify(c.wake) }
 
 // stop ends the checker and frees its resources. The engine calls it after
-// the watcher has finished: calls still undecided then (their peers never
-// made them, or the Reducer broke) fail with ErrClosed.
+// the watcher has finished, once no call can be submitted: checks still
+// undecided then (the Reducer broke) fail with its cause.
 func (c *checker) stop() error {
-	c.mu.Lock()
-	c.closing = true
-	c.mu.Unlock()
-	c.kick()
+	close(c.queue)
 	<-c.stopped
 	return c.release()
 }
 
 func (c *checker) release() error {
-	errs := []error{streams.Release(c.stream), streams.Release(c.ev)}
+	errs := []error{streams.Release(c.stream)}
+	for i := range c.slots {
+		errs = append(errs, streams.Release(c.slots[i].ev))
+	}
 	if c.dev != 0 {
 		errs = append(errs, c.r.rank.Device.Free(c.dev))
 	}
@@ -286,120 +302,38 @@ func (c *checker) release() error {
 	return errors.Join(errs...)
 }
 
-// run sends out batches while calls are pending, and exits on stop. It
-// does not Bind: its few calls per batch set the device's context each, and
-// a goroutine locked to its OS thread that polls an event (yielding between
-// queries) makes the Go scheduler hand processors between threads at every
-// yield, which cost the enqueueing caller 50–150 µs a call on the GPU
-// (bench/NOTES.md item 23).
+// run decides the checks in call order until stop. It does not Bind: it
+// only polls events, and a goroutine locked to its OS thread that polls
+// (yielding between queries) makes the Go scheduler hand processors between
+// threads at every yield, which cost the enqueueing caller 50–150 µs a call
+// on the GPU (bench/NOTES.md item 23).
 func (c *checker) run() {
 	defer close(c.stopped)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for {
-		c.mu.Lock()
-		n, closing := len(c.pending), c.closing
-		var wait time.Duration
-		if n > 0 && c.pending[0].seq > c.due && n < checkBatch {
-			wait = checkDelay - time.Since(c.pending[0].check.since)
+	for qc := range c.queue {
+		q, sl := qc.q, qc.slot
+		err := c.await(sl.ev)
+		if err == nil {
+			err = sl.host.decide(0, q)
+			if err != nil {
+				c.r.abort(err)
+			}
+		} else {
+			err = fmt.Errorf("hier: the call's check did not complete: %w", err)
 		}
-		c.mu.Unlock()
-		switch {
-		case closing || c.r.brokenCause() != nil && n > 0:
-			c.failPending(fmt.Errorf("hier: the call's check did not complete: %w", c.closedCause()))
-			if closing {
-				return
-			}
-			continue
-		case n > 0 && wait <= 0:
-			if err := c.send(); err != nil {
-				c.r.abort(fmt.Errorf("%w: hier: the consistency check failed: %w", fairgo.ErrAborted, err))
-			}
-			continue
-		case n > 0:
-			timer.Reset(wait)
-			select {
-			case <-c.wake:
-			case <-timer.C:
-			}
-			timer.Stop()
-			continue
-		}
-		<-c.wake
-	}
-}
-
-// closedCause is what undecided checks fail with at the end.
-func (c *checker) closedCause() error {
-	if cause := c.r.brokenCause(); cause != nil {
-		return cause
-	}
-	return fairgo.ErrClosed
-}
-
-func (c *checker) failPending(err error) {
-	c.mu.Lock()
-	pending := c.pending
-	c.pending = nil
-	c.mu.Unlock()
-	for _, q := range pending {
 		q.check.finish(err)
+		sl.free <- struct{}{}
 	}
 }
 
-// send sends one batch, waits for it and settles the calls it decides.
-func (c *checker) send() error {
-	c.mu.Lock()
-	calls := append([]*request(nil), c.pending[:min(len(c.pending), checkBatch)]...)
-	c.mu.Unlock()
-	clear(c.host)
-	for i, q := range calls {
-		c.host.put(i, q)
-	}
-	err := c.r.rank.Device.CopyFromHostAsync(c.dev, c.host, c.stream)
-	if err == nil {
-		err = c.comm.AllReduce(c.dev, c.dev, int64(batchWords), fairgo.Int64, fairgo.Max, c.stream)
-	}
-	if err == nil {
-		err = c.r.rank.Device.CopyToHostAsync(c.host, c.dev, c.stream)
-	}
-	if err == nil {
-		err = c.ev.Record(c.stream)
-	}
-	if err == nil {
-		err = c.await()
-	}
-	if err != nil {
-		return err
-	}
-	decided := 0
-	for i, q := range calls {
-		ok, verdict := c.host.decide(i, q)
-		if !ok {
-			break // later calls are missing on that rank too
-		}
-		decided++
-		if verdict != nil {
-			c.r.abort(verdict)
-		}
-		q.check.finish(verdict)
-	}
-	c.mu.Lock()
-	c.pending = c.pending[decided:]
-	c.mu.Unlock()
-	return nil
-}
-
-// await waits for the batch's event; after an abort it gives the device
-// work abortGrace to end.
-func (c *checker) await() error {
+// await waits for a check's event; after an abort it gives the device work
+// abortGrace to end.
+func (c *checker) await(ev streams.Event) error {
 	var abortedAt time.Time
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
-		_ = c.ev.Wait(ctx)
+		_ = ev.Wait(ctx)
 		cancel()
-		if done, err := c.ev.Query(); done {
+		if done, err := ev.Query(); done {
 			return err
 		}
 		if cause := c.r.brokenCause(); cause != nil {

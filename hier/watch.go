@@ -108,7 +108,6 @@ func (r *Reducer) await(p pending, start time.Time) error {
 		checkErr  error
 		checkC    <-chan struct{}
 		timedOut  bool
-		asked     bool // the check was asked for
 		poll      = time.NewTimer(watchPoll)
 	)
 	poll.Stop()
@@ -124,11 +123,7 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			dataDone, dataErr = p.ev.Query()
 		}
 		if !checkDone {
-			if dataDone { // only the check is left: ask for it, and wait for it a poll at a time
-				if !asked {
-					r.checker.want(p.req.seq)
-					asked = true
-				}
+			if dataDone { // only the check is left: wait for it a poll at a time
 				poll.Reset(watchPoll)
 				select {
 				case <-checkC:
