@@ -268,4 +268,3 @@ func (d *Device) TimeRegion(s *Stream, fn func() error) (time.Duration, error) {
 	}
 	return Elapsed(start, end)
 }
-

@@ -319,7 +319,6 @@ func checkRanks(nranks, rank int) error {
 	return nil
 }
 
-
 // DataType maps a fairgo element type to NCCL's, checking that the loaded
 // NCCL supports it.
 func (l *Library) DataType(dt fairgo.DType) (DataType, error) {
