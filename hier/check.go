@@ -311,18 +311,35 @@ func (c *checker) run() {
 	defer close(c.stopped)
 	for qc := range c.queue {
 		q, sl := qc.q, qc.slot
-		err := c.await(sl.ev)
-		if err == nil {
-			err = sl.host.decide(0, q)
-			if err != nil {
-				c.r.abort(err)
-			}
-		} else {
-			err = fmt.Errorf("hier: the call's check did not complete: %w", err)
+		err := c.verdict(q, sl)
+		if errors.Is(err, fairgo.ErrMismatch) {
+			c.r.abort(err)
 		}
 		q.check.finish(err)
 		sl.free <- struct{}{}
 	}
+}
+
+// verdict waits for q's check in sl and reads it (judge).
+func (c *checker) verdict(q *request, sl *checkSlot) error {
+	if err := c.await(sl.ev); err != nil {
+		return fmt.Errorf("hier: the call's check did not complete: %w", err)
+	}
+	return judge(sl.host.decide(0, q), c.r.brokenCause())
+}
+
+// judge is a check's outcome from what its slot decided and the Reducer's
+// broken cause when it was read. After an abort the check's collective may
+// have ended early, leaving in the slot this rank's own shape, another
+// call's or a half-reduced one: then only a mismatch whose call numbers
+// agree is believed (the Work fails either way), and anything else reports
+// the abort's cause, never a match.
+func judge(decided, cause error) error {
+	var mm *MismatchError
+	if cause == nil || errors.As(decided, &mm) && mm.Field != "call number" {
+		return decided
+	}
+	return fmt.Errorf("hier: the call's check did not complete: %w", cause)
 }
 
 // await waits for a check's event; after an abort it gives the device work

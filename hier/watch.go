@@ -143,11 +143,16 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			return checkErr // whatever the data did, the call did not match
 		}
 		if dataDone && checkDone {
-			if dataErr != nil {
-				if cause := r.brokenCause(); cause != nil && !errors.Is(dataErr, cause) {
-					return fmt.Errorf("%w (%w)", cause, dataErr)
-				}
+			cause := r.brokenCause()
+			switch {
+			case dataErr != nil && cause != nil && !errors.Is(dataErr, cause):
+				return fmt.Errorf("%w (%w)", cause, dataErr)
+			case dataErr != nil:
 				return dataErr
+			case checkErr == nil && cause != nil:
+				// An abort ends the device work early, and its event then
+				// completes: the data may be partial.
+				return cause
 			}
 			return checkErr
 		}
