@@ -38,12 +38,13 @@ func failedWork(err error) *Work {
 
 // finish completes the work once; later calls are ignored. Work that ends
 // without reaching the device counts as enqueued too, so that StreamWait
-// never waits for it.
+// never waits for it; done closes first, so a StreamWait that wakes on
+// enqueued reads the error (not the nil of work still running).
 func (w *Work) finish(err error) {
 	w.once.Do(func() {
 		w.err = err
-		w.enqOnce.Do(func() { close(w.enqueued) })
 		close(w.done)
+		w.enqOnce.Do(func() { close(w.enqueued) })
 	})
 }
 
