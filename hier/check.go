@@ -42,9 +42,8 @@ var checkFields = [...]string{"kind", "element type", "operator", "root", "count
 
 const (
 	nFields    = len(checkFields)
-	entryWords = 1 + nFields // the call's number, then its shape
-	checkBatch = 1           // calls per check
-	batchWords = 2 * checkBatch * entryWords
+	entryWords = 1 + nFields    // the call's number, then its shape
+	imageWords = 2 * entryWords // the entry, then its negation
 	// checkSlots is how many checks may be in flight: the call after that
 	// many undecided ones waits for the oldest to be decided.
 	checkSlots = 64
@@ -77,48 +76,47 @@ func shapeOf(q *request) shape {
 	return s
 }
 
-// batch is the host image of one check: checkBatch entries of the call
-// number and shape, then their negations (one entry: a call's own check).
-type batch []byte
+// image is the host image of one call's check: the call's number and
+// shape, then their negations.
+type image []byte
 
-func (b batch) word(neg bool, entry, w int) int {
-	i := entry*entryWords + w
+func (b image) word(neg bool, w int) int {
 	if neg {
-		i += checkBatch * entryWords
+		w += entryWords
 	}
-	return 8 * i
+	return 8 * w
 }
 
-func (b batch) get(neg bool, entry, w int) int64 {
-	return int64(binary.LittleEndian.Uint64(b[b.word(neg, entry, w):]))
+func (b image) get(neg bool, w int) int64 {
+	return int64(binary.LittleEndian.Uint64(b[b.word(neg, w):]))
 }
 
-func (b batch) set(neg bool, entry, w int, v int64) {
-	binary.LittleEndian.PutUint64(b[b.word(neg, entry, w):], uint64(v))
+func (b image) set(neg bool, w int, v int64) {
+	binary.LittleEndian.PutUint64(b[b.word(neg, w):], uint64(v))
 }
 
-// put writes call q's entry (and its negation); an unused entry is zero.
-func (b batch) put(entry int, q *request) {
+// put writes call q's entry and its negation.
+func (b image) put(q *request) {
 	sh := shapeOf(q)
 	vals := append([]int64{int64(q.seq)}, sh[:]...)
 	for w, v := range vals {
-		b.set(false, entry, w, v)
-		b.set(true, entry, w, -v)
+		b.set(false, w, v)
+		b.set(true, w, -v)
 	}
 }
 
-// decide reads entry i of a reduced batch for call q: nil, or the mismatch.
-// The ranks' call numbers differ only when one made a check out of turn,
-// which the check's order rules out; it is reported all the same.
-func (b batch) decide(entry int, q *request) error {
-	seqHi, seqLo := b.get(false, entry, 0), -b.get(true, entry, 0)
+// decide reads a reduced image for call q: nil, or the mismatch. The
+// ranks' call numbers differ only when one made a check out of turn, which
+// the check's order rules out; it is reported all the same.
+func (b image) decide(q *request) error {
+	seqHi, seqLo := b.get(false, 0), -b.get(true, 0)
 	if seqHi != int64(q.seq) || seqLo != int64(q.seq) {
 		return &MismatchError{Seq: q.seq, Call: q.String(), Field: "call number",
 			This: fmt.Sprint(q.seq), Low: fmt.Sprint(seqLo), High: fmt.Sprint(seqHi)}
 	}
 	mine := shapeOf(q)
 	for f := range nFields {
-		hi, lo := b.get(false, entry, 1+f), -b.get(true, entry, 1+f)
+		hi, lo := b.get(false, 1+f), -b.get(true, 1+f)
 		if hi != lo {
 			return &MismatchError{Seq: q.seq, Call: q.String(), Field: checkFields[f],
 				This: fieldValue(f, mine[f]), Low: fieldValue(f, lo), High: fieldValue(f, hi)}
@@ -209,7 +207,7 @@ type queuedCheck struct {
 // checkSlot is the memory and event of one check in flight.
 type checkSlot struct {
 	dev  uintptr
-	host batch
+	host image
 	ev   streams.Event
 	free chan struct{} // holds a token while the slot is free
 }
@@ -219,7 +217,7 @@ type checkSlot struct {
 func (r *Reducer) startChecker() error {
 	c := &checker{r: r, comm: r.rank.Comms.Check, queue: make(chan queuedCheck, checkSlots),
 		stopped: make(chan struct{})}
-	const slotBytes = 8 * batchWords
+	const slotBytes = 8 * imageWords
 	var err error
 	if c.stream, err = r.rank.Device.NewStream(); err != nil {
 		return fmt.Errorf("hier: the check stream: %w", err)
@@ -233,7 +231,7 @@ func (r *Reducer) startChecker() error {
 	for i := range c.slots {
 		sl := &c.slots[i]
 		sl.dev = c.dev + uintptr(i*slotBytes)
-		sl.host = batch(c.host[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes])
+		sl.host = image(c.host[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes])
 		sl.free = make(chan struct{}, 1)
 		sl.free <- struct{}{}
 		if sl.ev, err = r.rank.Device.NewEvent(); err != nil {
@@ -258,10 +256,10 @@ func (c *checker) submit(q *request) {
 	<-sl.free // the slot's last check is decided, or failed
 	c.next = (c.next + 1) % checkSlots
 	clear(sl.host)
-	sl.host.put(0, q)
+	sl.host.put(q)
 	err := c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
 	if err == nil {
-		err = c.comm.AllReduce(sl.dev, sl.dev, int64(batchWords), fairgo.Int64, fairgo.Max, c.stream)
+		err = c.comm.AllReduce(sl.dev, sl.dev, int64(imageWords), fairgo.Int64, fairgo.Max, c.stream)
 	}
 	if err == nil {
 		err = c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
@@ -325,7 +323,7 @@ func (c *checker) verdict(q *request, sl *checkSlot) error {
 	if err := c.await(sl.ev); err != nil {
 		return fmt.Errorf("hier: the call's check did not complete: %w", err)
 	}
-	return judge(sl.host.decide(0, q), c.r.brokenCause())
+	return judge(sl.host.decide(q), c.r.brokenCause())
 }
 
 // judge is a check's outcome from what its slot decided and the Reducer's
