@@ -247,67 +247,34 @@ func (r *Reducer) startChecker() error {
 // enqueued the data, before the next call's. It waits for a free slot when
 // checkSlots checks are undecided.
 func (c *checker) submit(q *request) {
-	if pc := c.prepare(q); pc != nil && pc.launch() {
-		pc.commit()
-	}
-}
-
-// pendingCheck is a check between prepare and commit: its slot is taken
-// and its image is on its way to the device.
-type pendingCheck struct {
-	c  *checker
-	q  *request
-	sl *checkSlot
-}
-
-// prepare takes q's slot and enqueues the copy of its image; nil when the
-// check cannot run (its ticket is then finished).
-func (c *checker) prepare(q *request) *pendingCheck {
 	q.check = &ticket{done: make(chan struct{})}
 	if cause := c.r.brokenCause(); cause != nil {
 		q.check.finish(fmt.Errorf("hier: the call's check did not run: %w", cause))
-		return nil
+		return
 	}
 	sl := &c.slots[c.next]
 	<-sl.free // the slot's last check is decided, or failed
 	c.next = (c.next + 1) % checkSlots
 	clear(sl.host)
 	sl.host.put(q)
-	pc := &pendingCheck{c, q, sl}
-	return pc.ok(c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream))
-}
-
-// launch enqueues the check's allreduce; inside a communicator group it
-// goes out with the call's data. It reports whether the check goes on.
-func (pc *pendingCheck) launch() bool {
-	c, sl := pc.c, pc.sl
-	return pc.ok(c.comm.AllReduce(sl.dev, sl.dev, int64(imageWords), fairgo.Int64, fairgo.Max, c.stream)) != nil
-}
-
-// commit enqueues the copy back and the check's event, and hands the check
-// to the checker's goroutine.
-func (pc *pendingCheck) commit() {
-	c, sl := pc.c, pc.sl
-	err := c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
+	err := c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
+	if err == nil {
+		err = c.comm.AllReduce(sl.dev, sl.dev, int64(imageWords), fairgo.Int64, fairgo.Max, c.stream)
+	}
+	if err == nil {
+		err = c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
+	}
 	if err == nil {
 		err = sl.ev.Record(c.stream)
 	}
-	if pc.ok(err) != nil {
-		c.queue <- queuedCheck{pc.q, sl} // never blocks: it holds at most checkSlots calls, one per slot taken
+	if err != nil {
+		err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w", fairgo.ErrAborted, q, err)
+		c.r.abort(err)
+		q.check.finish(err)
+		sl.free <- struct{}{}
+		return
 	}
-}
-
-// ok passes pc on when err is nil; otherwise it aborts (the peers may have
-// enqueued their checks), fails the check, frees its slot and returns nil.
-func (pc *pendingCheck) ok(err error) *pendingCheck {
-	if err == nil {
-		return pc
-	}
-	err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w", fairgo.ErrAborted, pc.q, err)
-	pc.c.r.abort(err)
-	pc.q.check.finish(err)
-	pc.sl.free <- struct{}{}
-	return nil
+	c.queue <- queuedCheck{q, sl} // never blocks: it holds at most checkSlots calls, one per slot taken
 }
 
 // stop ends the checker and frees its resources. The engine calls it after

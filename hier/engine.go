@@ -194,7 +194,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		r.abortAfterEnqueueError(q, err)
 		return
 	}
-	last, pc, grouped, err := r.dispatchChecked(q, first)
+	last, err := r.dispatch(q, first)
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return
@@ -220,12 +220,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	}
 	q.work.markEnqueued(ev, last)
 	r.watch.enqueued.Store(q.seq)
-	switch {
-	case pc != nil:
-		pc.commit()
-	case !grouped:
-		r.checkLater(q)
-	}
+	r.checkLater(q)
 	if ev == nil && q.check == nil { // nothing on the device, no peer to hear from
 		q.work.finish(nil)
 		r.events.put(q.after)
@@ -233,35 +228,6 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		return
 	}
 	r.watch.ch <- pending{req: q, ev: ev}
-}
-
-// dispatchChecked is dispatch, and for a flat allreduce also the launch of
-// its check in the same communicator group: the two go out together (one
-// launch of NCCL's, where a non-blocking communicator takes a thread of its
-// own for each). grouped says the check was handled here: pc is then the
-// check to commit after the data's event, or nil when it failed (its ticket
-// is finished). Otherwise the call's check is still to submit (checkLater).
-func (r *Reducer) dispatchChecked(q *request, first streams.Stream) (
-	last streams.Stream, pc *pendingCheck, grouped bool, err error,
-) {
-	if r.checker == nil || r.hooks.skipCheck || q.kind != kindAllReduce || q.a.Count == 0 ||
-		r.rank.Grid.Size() == 1 || !r.router.isFlat(q.a.ByteLen()) {
-		last, err = r.dispatch(q, first)
-		return last, nil, false, err
-	}
-	pc = r.checker.prepare(q)
-	err = r.rank.Device.Group(func() error {
-		var err error
-		if last, err = r.dispatch(q, first); err == nil && pc != nil && !pc.launch() {
-			pc = nil // the launch failed the check, and aborted
-		}
-		return err
-	})
-	if err != nil && pc != nil {
-		pc.ok(err) // the group failed: so did the check
-		pc = nil
-	}
-	return last, pc, true, err
 }
 
 // checkLater hands the call to the checker, when there are peers.
