@@ -62,14 +62,24 @@ type Variant struct {
 	Serial, SerialSet bool
 	// NoCheck turns the cross-rank check off (hier.WithCheck(false)).
 	NoCheck bool
+	// FingerprintMax (hier.WithFingerprintMax) when FingerprintSet: "fp:0"
+	// gives small flat calls the separate check.
+	FingerprintMax int64
+	FingerprintSet bool
 	// RoutesOf names an earlier variant whose routes this one follows
 	// (hier.WithRoutesOf: one calibration serves both); "" measures its own.
 	RoutesOf string
 }
 
+// Watchdog is the timeout of every variant's Reducer (hier.WithTimeout): a
+// benchmark never hangs, and fairgo runs as a trainer would run it (with the
+// watchdog armed, small flat calls carry their check in their data).
+const Watchdog = 5 * time.Minute
+
 // Options are the variant's hier options.
 func (v Variant) Options() []hier.Option {
 	opts := []hier.Option{
+		hier.WithTimeout(Watchdog),
 		hier.WithAlgorithm(v.Algorithm),
 		hier.WithSliceSize(v.Slice),
 		hier.WithParallelism(v.Parallelism),
@@ -86,6 +96,9 @@ func (v Variant) Options() []hier.Option {
 	}
 	if v.NoCheck {
 		opts = append(opts, hier.WithCheck(false))
+	}
+	if v.FingerprintSet {
+		opts = append(opts, hier.WithFingerprintMax(v.FingerprintMax))
 	}
 	return opts
 }
@@ -238,6 +251,9 @@ func (v *Variant) set(key, val string) (known bool, err error) {
 		if yes, err = parseChoice(val, "on", "off"); err == nil {
 			v.NoCheck = !yes
 		}
+	case "fp", "fingerprint":
+		v.FingerprintMax, err = ParseSize(val)
+		v.FingerprintSet = true
 	case "routes":
 		v.RoutesOf = val
 		if !variantName.MatchString(val) || IsBaseline(val) {

@@ -373,6 +373,16 @@ func TestParseVariant(t *testing.T) {
 			in:   "n=check:off,routes:fairgo",
 			want: Variant{Name: "n", Spec: "check:off,routes:fairgo", NoCheck: true, RoutesOf: "fairgo"},
 		},
+		{
+			in:   "s=fp:0,routes:fairgo",
+			want: Variant{Name: "s", Spec: "fp:0,routes:fairgo", FingerprintSet: true, RoutesOf: "fairgo"},
+		},
+		{
+			in:   "s=fingerprint:1M",
+			want: Variant{Name: "s", Spec: "fingerprint:1M", FingerprintMax: 1 << 20, FingerprintSet: true},
+		},
+		{in: "x=fp:2G", bad: true},
+		{in: "x=fp:-1", bad: true},
 		{in: "x=routes:naive", bad: true},
 		{in: "x=routes:1a", bad: true},
 		{in: "x=inline:maybe", bad: true},

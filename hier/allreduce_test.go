@@ -71,6 +71,10 @@ func drawCase(t *rapid.T) allReduceCase {
 		),
 		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
 		hier.WithSerialRail(rapid.Bool().Draw(t, "serial rail")),
+		// With the watchdog, small flat calls carry their check in their
+		// data; the limit at the call's size, or just below it.
+		hier.WithTimeout(rapid.SampledFrom([]time.Duration{0, time.Minute}).Draw(t, "watchdog")),
+		hier.WithFingerprintMax(rapid.SampledFrom([]int64{hier.DefaultFingerprintMax, bytes, bytes - 1}).Draw(t, "fingerprint max")),
 	}
 	return allReduceCase{
 		cfg: sim.Config{Machines: m, Devices: d, Seed: rapid.Int64().Draw(t, "seed"),

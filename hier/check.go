@@ -154,10 +154,15 @@ type MismatchError struct {
 	Call      string // this rank's call
 	Field     string // the first field that differs: "count", "operator", ...
 	This      string // this rank's value
-	Low, High string // the lowest and highest value among the ranks
+	Low, High string // the lowest and highest value among the ranks; both empty when a fingerprint found it (WithFingerprintMax)
 }
 
 func (e *MismatchError) Error() string {
+	if e.Low == "" && e.High == "" {
+		return fmt.Sprintf(
+			"hier: call %d (%s) mismatched across ranks: they disagree on the %s: this rank has %s (found by the call's fingerprint, which does not carry the other ranks' values)",
+			e.Seq, e.Call, e.Field, e.This)
+	}
 	return fmt.Sprintf(
 		"hier: call %d (%s) mismatched across ranks: they disagree on the %s: this rank has %s, the ranks have %s to %s",
 		e.Seq,

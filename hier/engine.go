@@ -83,6 +83,13 @@ func (r *Reducer) engine(ready chan<- error) {
 			ready <- errors.Join(err, r.exec.release())
 			return
 		}
+		if r.cfg.timeout > 0 && r.cfg.fingerprintMax > 0 {
+			if r.fps, err = r.newFingerprints(); err != nil {
+				close(r.watch.ch)
+				ready <- errors.Join(err, r.checker.stop(), r.exec.release())
+				return
+			}
+		}
 	}
 	ready <- nil
 	for {
@@ -105,6 +112,9 @@ func (r *Reducer) engine(ready chan<- error) {
 	var errs []error
 	if r.checker != nil {
 		errs = append(errs, r.checker.stop())
+	}
+	if r.fps != nil {
+		errs = append(errs, r.fps.release())
 	}
 	if r.board != nil {
 		r.board.stop()
@@ -169,7 +179,7 @@ func (r *Reducer) park() {
 // It runs on the engine goroutine, or on the caller's while it holds busy.
 func (r *Reducer) execute(q *request, first streams.Stream) {
 	if q.rejected != nil { // refused at the call: only its check runs
-		r.checkLater(q)
+		r.checkRejected(q, first)
 		return
 	}
 	if cause := r.brokenCause(); cause != nil {
@@ -185,7 +195,8 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 			q.rejected = fmt.Errorf("hier: %v: %w", q, err)
 			q.work.finish(q.rejected)
 			r.events.put(q.after)
-			r.checkLater(q)
+			q.after = nil
+			r.checkRejected(q, first)
 			return
 		}
 	}
@@ -194,7 +205,13 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		r.abortAfterEnqueueError(q, err)
 		return
 	}
-	last, err := r.dispatch(q, first)
+	var last streams.Stream
+	fingerprinted := r.fingerprintable(q)
+	if fingerprinted {
+		last, err = first, r.fps.enqueue(q, first, true)
+	} else {
+		last, err = r.dispatch(q, first)
+	}
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return
@@ -220,13 +237,46 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	}
 	q.work.markEnqueued(ev, last)
 	r.watch.enqueued.Store(q.seq)
-	r.checkLater(q)
+	if !fingerprinted {
+		r.checkLater(q)
+	}
 	if ev == nil && q.check == nil { // nothing on the device, no peer to hear from
 		q.work.finish(nil)
 		r.events.put(q.after)
 		r.watch.completed.Store(q.seq)
 		return
 	}
+	r.watch.ch <- pending{req: q, ev: ev}
+}
+
+// checkRejected runs the check of a call this rank refused: inside a
+// fingerprinted collective when the call's shape makes one (its peers that
+// accepted it run theirs), else on the checker. The Work has failed
+// already; a mismatch aborts, as on the peers.
+func (r *Reducer) checkRejected(q *request, first streams.Stream) {
+	if !r.fingerprintable(q) {
+		r.checkLater(q)
+		return
+	}
+	if r.brokenCause() != nil {
+		return // the peers' calls fail with the abort too
+	}
+	err := r.fps.enqueue(q, first, false)
+	var ev streams.Event
+	if err == nil {
+		if ev, err = r.events.get(); err == nil {
+			err = ev.Record(first)
+		}
+		if err != nil {
+			q.fp.free()
+			q.fp = nil
+		}
+	}
+	if err != nil {
+		r.abort(fmt.Errorf("%w: hier: %v: enqueueing the check of a refused call: %w", fairgo.ErrAborted, q, err))
+		return
+	}
+	q.work.markEnqueued(ev, first)
 	r.watch.ch <- pending{req: q, ev: ev}
 }
 

@@ -10,6 +10,9 @@ func SkipStageWait(r *Reducer, s streams.Stage) { r.exec.skipWait = s }
 // InlineCalls is how many calls r enqueued on the caller's goroutine.
 func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 
+// FingerprintedCalls is how many calls carried their check in their data.
+func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load() }
+
 // SkipCheck turns off r's cross-rank check, so that a benchmark can measure
 // what the check costs. Every rank of the world must do it before its first
 // call.

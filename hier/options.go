@@ -34,23 +34,25 @@ const FlatNever = -1
 type Option func(*config)
 
 type config struct {
-	sliceBytes    int64
-	sliceSet      bool // WithSliceSize gave a size: no slice from the link model
-	stagingBytes  int64
-	paddingBytes  int64
-	parallelism   int
-	flatThreshold int64
-	timeout       time.Duration
-	algorithm     Algorithm
-	inline        bool
-	spin          time.Duration
-	spinSet       bool
-	serialRail    bool
-	serialSet     bool
-	checkOff      bool
-	routesOf      *Reducer // WithRoutesOf: whose route table this Reducer shares
-	logger        *slog.Logger
-	layout        staging.Layout // the slice and slots the options and the grid resolve to
+	sliceBytes     int64
+	sliceSet       bool // WithSliceSize gave a size: no slice from the link model
+	stagingBytes   int64
+	paddingBytes   int64
+	parallelism    int
+	flatThreshold  int64
+	timeout        time.Duration
+	algorithm      Algorithm
+	inline         bool
+	spin           time.Duration
+	spinSet        bool
+	serialRail     bool
+	serialSet      bool
+	checkOff       bool
+	fingerprintMax int64
+	fingerprintSet bool
+	routesOf       *Reducer // WithRoutesOf: whose route table this Reducer shares
+	logger         *slog.Logger
+	layout         staging.Layout // the slice and slots the options and the grid resolve to
 }
 
 // WithSliceSize sets the slice size in bytes: a tensor larger than this is
@@ -118,6 +120,19 @@ func WithSerialRail(on bool) Option {
 // behaviour, as with NCCL itself.
 func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 
+// WithFingerprintMax sets the largest flat allreduce, in bytes, whose
+// cross-rank check travels inside its own collective instead of a second
+// one (DefaultFingerprintMax; 0 turns it off). It applies only with the
+// watchdog armed (WithTimeout): ranks that disagree on such a call's count or
+// element type make its collective itself disagree, which ends in the
+// watchdog's *TimeoutError rather than a *MismatchError; a difference of
+// operator, kind, call order or acceptance is a *MismatchError naming the
+// field, without the other ranks' values. It costs two device copies of the
+// call and 2 × (this bytes + 2 KiB) of device memory per Reducer.
+func WithFingerprintMax(bytes int64) Option {
+	return func(c *config) { c.fingerprintMax, c.fingerprintSet = bytes, true }
+}
+
 // WithRoutesOf makes the Reducer share Auto's measurements with src: the
 // route src measured for each size class and the links it probed serve
 // this Reducer too, and what this Reducer measures first serves src. Two
@@ -180,8 +195,15 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 		return c, bad("WithAlgorithm", c.algorithm, "unknown algorithm")
 	case c.timeout < 0:
 		return c, bad("WithTimeout", c.timeout, "must be positive, or 0 for no watchdog")
+	case c.fingerprintMax < 0:
+		return c, bad("WithFingerprintMax", c.fingerprintMax, "must be positive, or 0 to turn fingerprints off")
+	case c.fingerprintMax > 1<<30:
+		return c, bad("WithFingerprintMax", c.fingerprintMax, "above 1 GiB the copies cost more than a separate check")
 	case c.spin < 0 || c.spin > time.Second:
 		return c, bad("WithSpin", c.spin, "must be between 0 and 1s")
+	}
+	if !c.fingerprintSet {
+		c.fingerprintMax = DefaultFingerprintMax
 	}
 	if !c.spinSet {
 		c.spin = DefaultSpin

@@ -50,7 +50,8 @@ type request struct {
 	work       *Work
 	seq        uint64  // the call's number in this Reducer's call order, from 1
 	rejected   error   // set when this rank refused the call: only its check runs
-	check      *ticket // the outcome of the cross-rank check; nil without peers
+	check      *ticket // the outcome of the cross-rank check; nil without peers or when fp carries it
+	fp         *fpCall // the fingerprint the call's data carries (fingerprint.go); nil otherwise
 }
 
 func (q *request) String() string {
@@ -76,6 +77,7 @@ type Reducer struct {
 	router   *router
 	exec     *executor     // the engine goroutine's (or an inline caller's while it holds calls.busy)
 	checker  *checker      // nil without peers
+	fps      *fingerprints // nil unless small flat calls carry their check (WithFingerprintMax)
 	board    *bulletin     // nil without a Board
 	watch    watcher       // completes Works in call order
 	hooks    testHooks     // export_test.go's knobs
@@ -85,8 +87,9 @@ type Reducer struct {
 
 // testHooks are the knobs export_test.go turns.
 type testHooks struct {
-	skipCheck bool          // no cross-rank check
-	inlined   atomic.Uint64 // calls enqueued on the caller's goroutine
+	skipCheck     bool          // no cross-rank check
+	inlined       atomic.Uint64 // calls enqueued on the caller's goroutine
+	fingerprinted atomic.Uint64 // calls whose check their data carried (refused ones included)
 }
 
 // NewReducer builds the engine of one rank from its device, grid and

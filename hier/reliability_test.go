@@ -92,45 +92,114 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 			return r.AllReduce(context.Background(), t, fairgo.Sum)
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 4, StallTimeout: 20 * time.Second})
-			ts := w.upload(
-				t,
-				fairgo.Float32,
-				[][]byte{make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)},
-			)
-			var works []*hier.Work
-			for g, r := range w.reducers {
-				works = append(works, tc.call(g, r, ts[g]))
-			}
-			for g, wk := range works {
-				err := wk.Wait(context.Background())
-				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
-				var me *hier.MismatchError
-				if errors.As(err, &me) { // the sim may see the data mismatch first
-					require.Equal(t, tc.field, me.Field)
+		for _, mode := range checkModes {
+			t.Run(tc.name+"/"+mode.name, func(t *testing.T) {
+				w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 4, StallTimeout: 20 * time.Second}, mode.opts...)
+				ts := w.upload(
+					t,
+					fairgo.Float32,
+					[][]byte{make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)},
+				)
+				var works []*hier.Work
+				for g, r := range w.reducers {
+					works = append(works, tc.call(g, r, ts[g]))
 				}
-			}
-		})
+				for g, wk := range works {
+					err := wk.Wait(context.Background())
+					require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+					var me *hier.MismatchError
+					if errors.As(err, &me) { // the sim may see the data mismatch first
+						require.Contains(t, []string{tc.field, "shape"}, me.Field) // "shape": a fingerprint whose field hash collided
+					}
+				}
+				if tc.name != "root" { // a broadcast never carries a fingerprint
+					mode.used(t, w)
+				}
+			})
+		}
 	}
+}
+
+// checkModes are the two forms of the cross-rank check: a collective of its
+// own, and the fingerprint a small flat call carries in its data (on with
+// the watchdog; hier/fingerprint.go). used asserts the form was taken.
+var checkModes = []struct {
+	name string
+	opts []hier.Option
+	used func(t *testing.T, w *world)
+}{
+	{"separate", nil, func(t *testing.T, w *world) {
+		for _, r := range w.reducers {
+			require.Zero(t, hier.FingerprintedCalls(r))
+		}
+	}},
+	{"fingerprint", []hier.Option{hier.WithTimeout(time.Minute)}, func(t *testing.T, w *world) {
+		n := uint64(0)
+		for _, r := range w.reducers {
+			n += hier.FingerprintedCalls(r)
+		}
+		require.Positive(t, n)
+	}},
 }
 
 // A call that one rank refuses (here: its context was already done) while
 // the others accept it fails everywhere at once, instead of leaving the
 // others waiting for data that never comes.
 func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 4, StallTimeout: time.Minute})
-	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	start := time.Now()
-	w0 := w.reducers[0].AllReduce(done, ts[0], fairgo.Sum)
-	w1 := w.reducers[1].AllReduce(context.Background(), ts[1], fairgo.Sum)
-	require.ErrorIs(t, w0.Wait(context.Background()), context.Canceled)
-	err := w1.Wait(context.Background())
-	require.ErrorIs(t, err, fairgo.ErrMismatch)
-	require.Contains(t, err.Error(), "acceptance")
-	require.Less(t, time.Since(start), 10*time.Second)
+	for _, mode := range checkModes {
+		t.Run(mode.name, func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 4, StallTimeout: time.Minute}, mode.opts...)
+			ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			start := time.Now()
+			w0 := w.reducers[0].AllReduce(done, ts[0], fairgo.Sum)
+			w1 := w.reducers[1].AllReduce(context.Background(), ts[1], fairgo.Sum)
+			require.ErrorIs(t, w0.Wait(context.Background()), context.Canceled)
+			err := w1.Wait(context.Background())
+			require.ErrorIs(t, err, fairgo.ErrMismatch)
+			require.Contains(t, err.Error(), "acceptance")
+			require.Less(t, time.Since(start), 10*time.Second)
+			mode.used(t, w)
+			if mode.name == "fingerprint" { // the refusing rank ran the fingerprinted collective too
+				require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[0]))
+			}
+		})
+	}
+}
+
+// Small flat calls that carry their check in their data (every element
+// type and operator, counts from 1 to past a staging buffer's turn) give
+// the reference's results, and WithFingerprintMax(0) turns them off.
+func TestFingerprintedCallsAreExact(t *testing.T) {
+	for _, fpMax := range []int64{hier.DefaultFingerprintMax, 0} {
+		t.Run(fmt.Sprint(fpMax), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 8, StallTimeout: time.Minute},
+				hier.WithTimeout(time.Minute), hier.WithFingerprintMax(fpMax), hier.WithInlineEnqueue(fpMax == 0))
+			rng := rand.New(rand.NewPCG(3, 4))
+			calls := 0
+			for _, dt := range fairgo.DTypes {
+				for _, op := range fairgo.Ops {
+					for _, n := range []int{1, 7, 4097} {
+						in := reftest.RandomInputs(rng, dt, op, w.size(), n)
+						out, err := w.allReduce(t, dt, op, in)
+						require.NoError(t, err, "%s %s n=%d", dt, op, n)
+						require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out),
+							"%s %s n=%d", dt, op, n)
+						calls++
+						w.freeAllocs()
+					}
+				}
+			}
+			want := uint64(calls)
+			if fpMax == 0 {
+				want = 0
+			}
+			for _, r := range w.reducers {
+				require.Equal(t, want, hier.FingerprintedCalls(r))
+			}
+		})
+	}
 }
 
 // A nil context is a typed error, never a panic.

@@ -58,6 +58,10 @@ func (r *Reducer) watchCalls() {
 // complete waits for one pending call and finishes its Work.
 func (r *Reducer) complete(p pending) {
 	err := r.await(p, time.Now())
+	if fc := p.req.fp; fc != nil {
+		p.req.fp = nil
+		fc.free()
+	}
 	if err != nil {
 		err = fmt.Errorf("hier: %v: %w", p.req, err)
 	}
@@ -153,6 +157,12 @@ func (r *Reducer) await(p pending, start time.Time) error {
 				// An abort ends the device work early, and its event then
 				// completes: the data may be partial.
 				return cause
+			}
+			if fc := p.req.fp; fc != nil { // no separate check: the data carried it
+				if err := fc.decide(p.req); err != nil {
+					r.abort(err)
+					return err
+				}
 			}
 			return checkErr
 		}

@@ -472,8 +472,8 @@ section_onegpu() {
       ;;
     single)
       for l in 2x1 4x1 8x1; do
-        onegpu_sweep "$l" 10 "-b 256K -e 256M -f 4" "$both -fairgo fflat=algo:flat -fairgo rar=algo:rail-allreduce" 1
-        onegpu_sweep "$l" 10 "-b 256K -e 16M -f 4" "$both" 20
+        onegpu_sweep "$l" 10 "-b 256K -e 256M -f 4" "$both -fairgo sep=fp:0,routes:fairgo -fairgo fflat=algo:flat -fairgo rar=algo:rail-allreduce" 1
+        onegpu_sweep "$l" 10 "-b 256K -e 16M -f 4" "$both -fairgo sep=fp:0,routes:fairgo" 20
       done
       ;;
     overlap)

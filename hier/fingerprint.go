@@ -1,0 +1,299 @@
+package hier
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// Fingerprints: the check of a small flat allreduce carried in its own
+// collective. The separate check (check.go) is a second collective on a
+// communicator of its own; on a flat call of a few hundred microseconds it
+// ran beside the data across the same NICs and NCCL proxies and cost 15–25%
+// of a one-at-a-time call on 8 machines (bench/NOTES.md item 32). A
+// fingerprinted call instead reduces, with its own operator and element
+// type, a staging copy of its data followed by fpElems elements that encode
+// the call's number and shape: each bit b as the pair (b, 1−b), 1 and 0 in
+// the call's type. Every operator keeps a pair whose bit all ranks share at
+// (nonzero, 0) or (0, nonzero), and turns a pair whose bit differs into
+// (nonzero, nonzero) (sum, float avg, max) or (0, 0) (min, prod, integer
+// avg): every rank sees the same reduced pairs, so all of them find a
+// difference, and none can mistake it for a match.
+//
+// What this cannot catch the way the separate check does: ranks that
+// disagree on the count or the element type give the data collective itself
+// different sizes, which NCCL may never finish. So fingerprints are used
+// only when the watchdog is armed (WithTimeout), which turns such a call
+// into a *TimeoutError; a mismatch of kind, operator, call number or
+// acceptance is a *MismatchError, as with the separate check, but without
+// the other ranks' values (the reduced bits do not say which rank had
+// which).
+
+const (
+	fpHashBits  = 64                                  // a hash of the call's number and shape
+	fpFieldBits = 8                                   // then a hash of each field, to name the one that differs
+	fpBits      = fpHashBits + entryWords*fpFieldBits // 128
+	fpElems     = 2 * fpBits                          // each bit as a pair
+	fpMaxElem   = 8                                   // the widest element type, bytes
+	fpHostBytes = fpElems * fpMaxElem
+	// fpSlots is how many fingerprinted calls may be undecided at once; the
+	// next waits for the oldest to be decided.
+	fpSlots = 64
+	// fpStages is how many staging buffers calls use in turn.
+	fpStages = 2
+	// DefaultFingerprintMax is the largest flat allreduce, in bytes, that
+	// carries its check in its data when the watchdog is armed
+	// (WithFingerprintMax).
+	DefaultFingerprintMax = 4 << 20
+)
+
+// fingerprint is the bits a call encodes: the hash of its number and shape,
+// then each field's hash (field 0 the call number, then checkFields).
+type fingerprint [fpBits]bool
+
+func fingerprintOf(q *request) fingerprint {
+	sh := shapeOf(q)
+	vals := append([]int64{int64(q.seq)}, sh[:]...)
+	var fp fingerprint
+	h := fnv.New64a()
+	var word [8]byte
+	for _, v := range vals {
+		putWord(word[:], v)
+		_, _ = h.Write(word[:])
+	}
+	all := h.Sum64()
+	for i := range fpHashBits {
+		fp[i] = all>>i&1 == 1
+	}
+	for f, v := range vals {
+		h.Reset()
+		putWord(word[:], int64(f))
+		_, _ = h.Write(word[:])
+		putWord(word[:], v)
+		_, _ = h.Write(word[:])
+		fh := h.Sum64()
+		for j := range fpFieldBits {
+			fp[fpHashBits+f*fpFieldBits+j] = fh>>j&1 == 1
+		}
+	}
+	return fp
+}
+
+func putWord(b []byte, v int64) {
+	for i := range 8 {
+		b[i] = byte(uint64(v) >> (8 * i))
+	}
+}
+
+// encode writes fp into b as fpElems elements of dt.
+func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
+	for i, bit := range fp {
+		one, zero := 2*i, 2*i+1
+		if !bit {
+			one, zero = zero, one
+		}
+		elem.Set(dt, b, one, 1)
+		elem.Set(dt, b, zero, 0)
+	}
+}
+
+// decide reads the reduced fingerprint in b (elements of dt) for call q,
+// whose own fingerprint is fp: nil when every rank had fp, else the
+// mismatch, naming the first field whose hash differs ("shape" when only the
+// whole hash does).
+func (fp *fingerprint) decide(q *request, dt fairgo.DType, b []byte) error {
+	bad, field := false, -1
+	for i, bit := range fp {
+		x, y := elem.Get(dt, b, 2*i) != 0, elem.Get(dt, b, 2*i+1) != 0 // NaN counts as nonzero
+		if x == bit && y == !bit {
+			continue
+		}
+		bad = true
+		if i >= fpHashBits {
+			field = (i - fpHashBits) / fpFieldBits
+			break
+		}
+	}
+	if !bad {
+		return nil
+	}
+	e := &MismatchError{Seq: q.seq, Call: q.String(), Field: "shape", This: q.String()}
+	switch {
+	case field == 0:
+		e.Field, e.This = "call number", fmt.Sprint(q.seq)
+	case field > 0:
+		sh := shapeOf(q)
+		e.Field, e.This = checkFields[field-1], fieldValue(field-1, sh[field-1])
+	}
+	return e
+}
+
+// fingerprints is a Reducer's staging buffers and host slots for
+// fingerprinted calls. The executing goroutine (engine or inline caller)
+// enqueues; the watcher decides and frees the slot.
+type fingerprints struct {
+	r      *Reducer
+	max    int64 // the largest fingerprinted call, bytes
+	dev    uintptr
+	stages [fpStages]fpStage
+	next   int // the stage of the next call
+	host   []byte
+	slots  [fpSlots]fpSlot
+	slot   int // the slot of the next call
+}
+
+// fpStage is one staging buffer: the call's data, then its fingerprint.
+type fpStage struct {
+	ptr  uintptr
+	ev   streams.Event  // recorded after the buffer's last use
+	last streams.Stream // the stream of that use; nil before the first
+}
+
+// fpSlot is one call's fingerprint in host memory the device copies without
+// blocking: written before the call, read back reduced.
+type fpSlot struct {
+	host []byte
+	free chan struct{} // holds a token while the slot is free
+}
+
+// fpCall is a fingerprinted call in flight.
+type fpCall struct {
+	slot *fpSlot
+	fp   fingerprint
+	dt   fairgo.DType
+}
+
+// fingerprintable reports whether q's check travels in its data: a flat
+// allreduce of at most the limit, with peers, the check on and the watchdog
+// armed. It depends only on the call's shape and the route table, so every
+// rank that agrees on the shape answers alike; a rank that rejected the call
+// answers from the shape it was given.
+func (r *Reducer) fingerprintable(q *request) bool {
+	if r.fps == nil || r.hooks.skipCheck || q.kind != kindAllReduce || q.a.Count <= 0 ||
+		!q.a.DType.Valid() || !q.op.Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
+		return false
+	}
+	return fingerprintFits(q.a.DType, r.rank.Grid.Size()) && r.router.isFlat(q.a.ByteLen())
+}
+
+// fingerprintFits reports whether a sum of ranks ones is exact in dt, which
+// a fingerprint needs of its integer Avg (a wrapped sum divides to 0).
+func fingerprintFits(dt fairgo.DType, ranks int) bool {
+	switch dt {
+	case fairgo.Int8:
+		return ranks <= 127
+	case fairgo.Uint8:
+		return ranks <= 255
+	}
+	return true
+}
+
+// newFingerprints allocates the staging buffers and slots.
+func (r *Reducer) newFingerprints() (*fingerprints, error) {
+	f := &fingerprints{r: r, max: r.cfg.fingerprintMax}
+	dev := r.rank.Device
+	stageBytes := f.max + int64(fpHostBytes)
+	var err error
+	if f.dev, err = dev.Alloc(fpStages * stageBytes); err != nil {
+		return nil, fmt.Errorf("hier: the fingerprint staging: %w", err)
+	}
+	if f.host, err = dev.AllocHost(fpSlots * fpHostBytes); err != nil {
+		return nil, errors.Join(fmt.Errorf("hier: the fingerprints' host memory: %w", err), f.release())
+	}
+	for i := range f.stages {
+		f.stages[i].ptr = f.dev + uintptr(int64(i)*stageBytes)
+		if f.stages[i].ev, err = dev.NewEvent(); err != nil {
+			return nil, errors.Join(fmt.Errorf("hier: the fingerprint events: %w", err), f.release())
+		}
+	}
+	for i := range f.slots {
+		sl := &f.slots[i]
+		sl.host = f.host[i*fpHostBytes : (i+1)*fpHostBytes : (i+1)*fpHostBytes]
+		sl.free = make(chan struct{}, 1)
+		sl.free <- struct{}{}
+	}
+	return f, nil
+}
+
+func (f *fingerprints) release() error {
+	var errs []error
+	for i := range f.stages {
+		errs = append(errs, streams.Release(f.stages[i].ev))
+	}
+	if f.dev != 0 {
+		errs = append(errs, f.r.rank.Device.Free(f.dev))
+	}
+	if f.host != nil {
+		errs = append(errs, f.r.rank.Device.FreeHost(f.host))
+	}
+	return errors.Join(errs...)
+}
+
+// enqueue enqueues q's fingerprinted allreduce on first: the data into a
+// staging buffer (withData; a rejected call reduces whatever the buffer
+// holds, its peers failing anyway), the fingerprint after it, the allreduce
+// of both, the data back and the reduced fingerprint to host memory. It
+// sets q.fp; the watcher decides once first has passed the call.
+func (f *fingerprints) enqueue(q *request, first streams.Stream, withData bool) error {
+	sl := &f.slots[f.slot]
+	<-sl.free // the slot's last call is decided
+	f.slot = (f.slot + 1) % fpSlots
+	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: q.a.DType}
+	if err := f.enqueueOn(q, call, first, withData); err != nil {
+		sl.free <- struct{}{}
+		return err
+	}
+	q.fp = call
+	f.r.hooks.fingerprinted.Add(1)
+	return nil
+}
+
+func (f *fingerprints) enqueueOn(q *request, call *fpCall, first streams.Stream, withData bool) error {
+	dev, t := f.r.rank.Device, q.a
+	st := &f.stages[f.next]
+	f.next = (f.next + 1) % fpStages
+	if st.last != nil && st.last != first {
+		if err := first.WaitEvent(st.ev); err != nil {
+			return err
+		}
+	}
+	n := t.ByteLen()
+	tail := call.slot.host[:fpElems*t.DType.Size()]
+	call.fp.encode(t.DType, tail)
+	if withData {
+		if err := dev.CopyAsync(st.ptr, t.Ptr, n, first); err != nil {
+			return err
+		}
+	}
+	if err := dev.CopyFromHostAsync(st.ptr+uintptr(n), tail, first); err != nil {
+		return err
+	}
+	if err := f.r.rank.Comms.World.AllReduce(st.ptr, st.ptr, t.Count+int64(fpElems), t.DType, q.op, first); err != nil {
+		return err
+	}
+	if withData {
+		if err := dev.CopyAsync(t.Ptr, st.ptr, n, first); err != nil {
+			return err
+		}
+	}
+	if err := dev.CopyToHostAsync(tail, st.ptr+uintptr(n), first); err != nil {
+		return err
+	}
+	if err := st.ev.Record(first); err != nil {
+		return err
+	}
+	st.last = first
+	return nil
+}
+
+// decide reads the reduced fingerprint of q, its device work complete.
+func (c *fpCall) decide(q *request) error {
+	return c.fp.decide(q, c.dt, c.slot.host[:fpElems*c.dt.Size()])
+}
+
+// free gives back the call's slot (the watcher, once the call is done).
+func (c *fpCall) free() { c.slot.free <- struct{}{} }

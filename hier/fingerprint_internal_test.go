@@ -1,0 +1,129 @@
+package hier
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/internal/elem"
+)
+
+// reduceFingerprints reduces the ranks' encoded fingerprints as NCCL would:
+// a chain of combines (float Avg premultiplied by 1/W, integer Avg a
+// truncated sum), or the add stage's ReduceShards when shards is set.
+func reduceFingerprints(t *rapid.T, dt fairgo.DType, op fairgo.Op, in [][]byte, shards bool) []byte {
+	w := len(in)
+	if shards {
+		out := make([]byte, len(in[0]))
+		require.NoError(t, elem.ReduceShards(dt, op, out, in, w))
+		return out
+	}
+	ins := make([][]byte, w)
+	for g := range in {
+		ins[g] = slices.Clone(in[g])
+		if op == fairgo.Avg && dt.IsFloat() {
+			require.NoError(t, elem.PreMulInverse(dt, ins[g], w))
+		}
+	}
+	cop := op
+	if op == fairgo.Avg {
+		cop = fairgo.Sum
+	}
+	acc := ins[0]
+	for _, x := range ins[1:] {
+		require.NoError(t, elem.Combine(dt, cop, acc, x))
+	}
+	if op == fairgo.Avg && !dt.IsFloat() {
+		require.NoError(t, elem.Scale(dt, acc, w))
+	}
+	return acc
+}
+
+// Every rank decides a match exactly when every rank encoded the same call,
+// for every element type and operator: a difference in any field is found
+// by all ranks, never taken for a match, and named when its field's hash
+// differs.
+func TestFingerprintFindsEveryDifference(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := rapid.IntRange(2, 12).Draw(t, "ranks")
+		if rapid.Bool().Draw(t, "many ranks") {
+			w = rapid.SampledFrom([]int{127, 255}).Draw(t, "ranks")
+		}
+		dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dtype")
+		if !fingerprintFits(dt, w) {
+			w = 127
+		}
+		require.True(t, fingerprintFits(dt, w))
+		op := rapid.SampledFrom(fairgo.Ops).Draw(t, "op")
+		base := request{kind: kindAllReduce, op: op, seq: rapid.Uint64Range(1, 1<<40).Draw(t, "seq"),
+			a: fairgo.Tensor{DType: dt, Count: rapid.Int64Range(1, 1<<20).Draw(t, "count")}}
+		qs := make([]request, w)
+		for g := range qs {
+			qs[g] = base
+		}
+		field := rapid.SampledFrom([]string{"", "call number", "operator", "count", "acceptance"}).Draw(t, "differs")
+		odd := rapid.IntRange(0, w-1).Draw(t, "odd rank")
+		q := &qs[odd]
+		switch field {
+		case "call number":
+			q.seq += rapid.Uint64Range(1, 100).Draw(t, "seq delta")
+		case "operator":
+			q.op = fairgo.Ops[(int(q.op)-1+rapid.IntRange(1, len(fairgo.Ops)-1).Draw(t, "op delta"))%len(fairgo.Ops)]
+		case "count":
+			q.a.Count += rapid.Int64Range(1, 100).Draw(t, "count delta")
+		case "acceptance":
+			q.rejected = errors.New("refused")
+		}
+		in := make([][]byte, w)
+		fps := make([]fingerprint, w)
+		for g := range qs {
+			fps[g] = fingerprintOf(&qs[g])
+			in[g] = make([]byte, fpElems*dt.Size())
+			fps[g].encode(dt, in[g])
+		}
+		out := reduceFingerprints(t, dt, op, in, rapid.Bool().Draw(t, "add stage"))
+		for g := range qs {
+			err := fps[g].decide(&qs[g], dt, out)
+			if field == "" {
+				require.NoError(t, err, "rank %d", g)
+				continue
+			}
+			require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d missed the %s", g, field)
+			var me *MismatchError
+			require.ErrorAs(t, err, &me)
+			require.Contains(t, []string{field, "shape"}, me.Field, "rank %d", g) // "shape": the field's 8-bit hash collided
+			require.Empty(t, me.Low+me.High)
+		}
+	})
+}
+
+// A call's fingerprint names the field that differs, and its hash covers
+// every field.
+func TestFingerprintNamesTheField(t *testing.T) {
+	base := request{kind: kindAllReduce, op: fairgo.Sum, seq: 9, a: fairgo.Tensor{DType: fairgo.Float32, Count: 1000}}
+	other := base
+	other.a.Count = 1001
+	fa, fb := fingerprintOf(&base), fingerprintOf(&other)
+	require.NotEqual(t, fa, fb)
+	in := [][]byte{make([]byte, fpElems*4), make([]byte, fpElems*4)}
+	fa.encode(fairgo.Float32, in[0])
+	fb.encode(fairgo.Float32, in[1])
+	out := slices.Clone(in[0])
+	require.NoError(t, elem.Combine(fairgo.Float32, fairgo.Sum, out, in[1]))
+	err := fa.decide(&base, fairgo.Float32, out)
+	var me *MismatchError
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, "count", me.Field)
+	require.Equal(t, "1000", me.This)
+	require.Contains(t, err.Error(), "fingerprint")
+	// Garbage (a collective whose sizes differed) is never a match.
+	junk := make([]byte, fpElems*4)
+	for i := range fpElems {
+		elem.Set(fairgo.Float32, junk, i, 0.5)
+	}
+	require.ErrorIs(t, fa.decide(&base, fairgo.Float32, junk), fairgo.ErrMismatch)
+}
