@@ -3,7 +3,6 @@ package hier
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/internal/elem"
@@ -46,9 +45,12 @@ const (
 	// fpStages is how many staging buffers calls use in turn.
 	fpStages = 2
 	// DefaultFingerprintMax is the largest flat allreduce, in bytes, that
-	// carries its check in its data when the watchdog is armed
-	// (WithFingerprintMax).
+	// carries its check in its data when the watchdog is armed, in worlds of
+	// FingerprintMinRanks ranks or more (WithFingerprintMax).
 	DefaultFingerprintMax = 4 << 20
+	// FingerprintMinRanks is the smallest world whose calls carry their
+	// check by default.
+	FingerprintMinRanks = 8
 )
 
 // fingerprint is the bits a call encodes: the hash of its number and shape,
@@ -57,25 +59,19 @@ type fingerprint [fpBits]bool
 
 func fingerprintOf(q *request) fingerprint {
 	sh := shapeOf(q)
-	vals := append([]int64{int64(q.seq)}, sh[:]...)
+	var vals [entryWords]int64
+	vals[0] = int64(q.seq)
+	copy(vals[1:], sh[:])
 	var fp fingerprint
-	h := fnv.New64a()
-	var word [8]byte
+	all := uint64(fnvOffset)
 	for _, v := range vals {
-		putWord(word[:], v)
-		_, _ = h.Write(word[:])
+		all = fnvWord(all, v)
 	}
-	all := h.Sum64()
 	for i := range fpHashBits {
 		fp[i] = all>>i&1 == 1
 	}
 	for f, v := range vals {
-		h.Reset()
-		putWord(word[:], int64(f))
-		_, _ = h.Write(word[:])
-		putWord(word[:], v)
-		_, _ = h.Write(word[:])
-		fh := h.Sum64()
+		fh := fnvWord(fnvWord(fnvOffset, int64(f)), v)
 		for j := range fpFieldBits {
 			fp[fpHashBits+f*fpFieldBits+j] = fh>>j&1 == 1
 		}
@@ -83,21 +79,38 @@ func fingerprintOf(q *request) fingerprint {
 	return fp
 }
 
-func putWord(b []byte, v int64) {
+// FNV-1a, 64 bits, over a word's little-endian bytes.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnvWord(h uint64, v int64) uint64 {
 	for i := range 8 {
-		b[i] = byte(uint64(v) >> (8 * i))
+		h ^= uint64(v) >> (8 * i) & 0xff
+		h *= fnvPrime
 	}
+	return h
+}
+
+// oneOf is the element 1 of dt, little-endian, in b.
+func oneOf(dt fairgo.DType, b *[fpMaxElem]byte) []byte {
+	elem.Set(dt, b[:], 0, 1)
+	return b[:dt.Size()]
 }
 
 // encode writes fp into b as fpElems elements of dt.
 func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
+	var buf [fpMaxElem]byte
+	one := oneOf(dt, &buf)
+	es := len(one)
+	clear(b[:fpElems*es])
 	for i, bit := range fp {
-		one, zero := 2*i, 2*i+1
+		at := 2 * i
 		if !bit {
-			one, zero = zero, one
+			at++
 		}
-		elem.Set(dt, b, one, 1)
-		elem.Set(dt, b, zero, 0)
+		copy(b[at*es:], one)
 	}
 }
 

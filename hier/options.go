@@ -122,7 +122,12 @@ func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 
 // WithFingerprintMax sets the largest flat allreduce, in bytes, whose
 // cross-rank check travels inside its own collective instead of a second
-// one (DefaultFingerprintMax; 0 turns it off). It applies only with the
+// one; 0 turns it off. Without it, worlds of FingerprintMinRanks ranks or
+// more use DefaultFingerprintMax and smaller ones the separate check: the
+// fingerprint costs a call a constant ~45 µs (its copies), the separate
+// check a ring of its own that grows with the ranks (bench/NOTES.md item
+// 32: on 2 and 4 machines the separate check was as cheap or cheaper, on 8
+// the fingerprint saved ~100 µs a call). It applies only with the
 // watchdog armed (WithTimeout): ranks that disagree on such a call's count or
 // element type make its collective itself disagree, which ends in the
 // watchdog's *TimeoutError rather than a *MismatchError; a difference of
@@ -202,7 +207,7 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	case c.spin < 0 || c.spin > time.Second:
 		return c, bad("WithSpin", c.spin, "must be between 0 and 1s")
 	}
-	if !c.fingerprintSet {
+	if !c.fingerprintSet && g.Size() >= FingerprintMinRanks {
 		c.fingerprintMax = DefaultFingerprintMax
 	}
 	if !c.spinSet {

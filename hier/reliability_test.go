@@ -133,7 +133,7 @@ var checkModes = []struct {
 			require.Zero(t, hier.FingerprintedCalls(r))
 		}
 	}},
-	{"fingerprint", []hier.Option{hier.WithTimeout(time.Minute)}, func(t *testing.T, w *world) {
+	{"fingerprint", []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)}, func(t *testing.T, w *world) {
 		n := uint64(0)
 		for _, r := range w.reducers {
 			n += hier.FingerprintedCalls(r)
@@ -163,6 +163,35 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 			mode.used(t, w)
 			if mode.name == "fingerprint" { // the refusing rank ran the fingerprinted collective too
 				require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[0]))
+			}
+		})
+	}
+}
+
+// Fingerprints by default: with the watchdog, in worlds of
+// FingerprintMinRanks ranks or more; never without the watchdog, nor in
+// smaller worlds unless asked.
+func TestFingerprintsByDefault(t *testing.T) {
+	for _, c := range []struct {
+		m, d     int
+		opts     []hier.Option
+		expected bool
+	}{
+		{2, 4, []hier.Option{hier.WithTimeout(time.Minute)}, true},
+		{8, 1, []hier.Option{hier.WithTimeout(time.Minute)}, true},
+		{8, 1, nil, false},
+		{2, 2, []hier.Option{hier.WithTimeout(time.Minute)}, false},
+		{2, 2, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(1 << 20)}, true},
+		{2, 4, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0)}, false},
+	} {
+		t.Run(fmt.Sprintf("%dx%d/%d", c.m, c.d, len(c.opts)), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: c.m, Devices: c.d, Seed: 2, StallTimeout: time.Minute}, c.opts...)
+			in := reftest.RandomInputs(rand.New(rand.NewPCG(1, 2)), fairgo.Float32, fairgo.Sum, w.size(), 1000)
+			out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+			require.NoError(t, err)
+			require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+			for _, r := range w.reducers {
+				require.Equal(t, c.expected, hier.FingerprintedCalls(r) == 1)
 			}
 		})
 	}
