@@ -296,11 +296,18 @@ func (c *checker) release() error {
 	for i := range c.slots {
 		errs = append(errs, streams.Release(c.slots[i].ev))
 	}
-	if c.dev != 0 {
-		errs = append(errs, c.r.rank.Device.Free(c.dev))
+	return errors.Join(append(errs, freeMemory(c.r.rank.Device, c.dev, c.host))...)
+}
+
+// freeMemory frees device memory at ptr and pinned host memory host, each
+// when allocated.
+func freeMemory(dev backend.Device, ptr uintptr, host []byte) error {
+	var errs []error
+	if ptr != 0 {
+		errs = append(errs, dev.Free(ptr))
 	}
-	if c.host != nil {
-		errs = append(errs, c.r.rank.Device.FreeHost(c.host))
+	if host != nil {
+		errs = append(errs, dev.FreeHost(host))
 	}
 	return errors.Join(errs...)
 }

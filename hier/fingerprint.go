@@ -237,13 +237,7 @@ func (f *fingerprints) release() error {
 	for i := range f.stages {
 		errs = append(errs, streams.Release(f.stages[i].ev))
 	}
-	if f.dev != 0 {
-		errs = append(errs, f.r.rank.Device.Free(f.dev))
-	}
-	if f.host != nil {
-		errs = append(errs, f.r.rank.Device.FreeHost(f.host))
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, freeMemory(f.r.rank.Device, f.dev, f.host))...)
 }
 
 // enqueue enqueues q's fingerprinted allreduce on first: the data into a
