@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -95,8 +94,41 @@ func fnvWord(h uint64, v int64) uint64 {
 
 // oneOf is the element 1 of dt, little-endian, in b.
 func oneOf(dt fairgo.DType, b *[fpMaxElem]byte) []byte {
-	elem.Set(dt, b[:], 0, 1)
+	var v uint64 = 1
+	switch dt {
+	case fairgo.Float16:
+		v = 0x3c00
+	case fairgo.BFloat16:
+		v = 0x3f80
+	case fairgo.Float32:
+		v = 0x3f800000
+	case fairgo.Float64:
+		v = 0x3ff0000000000000
+	}
+	for i := range b {
+		b[i] = byte(v >> (8 * i))
+	}
 	return b[:dt.Size()]
+}
+
+// isZero reports whether element i of b (elements of dt) is zero; a
+// floating-point -0 is zero, a NaN is not.
+func isZero(dt fairgo.DType, b []byte, i int) bool {
+	es := dt.Size()
+	e := b[i*es : (i+1)*es]
+	last := e[es-1]
+	if dt.IsFloat() {
+		last &= 0x7f // the sign bit
+	}
+	if last != 0 {
+		return false
+	}
+	for _, x := range e[:es-1] {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // encode writes fp into b as fpElems elements of dt.
@@ -121,7 +153,7 @@ func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
 func (fp *fingerprint) decide(q *request, dt fairgo.DType, b []byte) error {
 	bad, field := false, -1
 	for i, bit := range fp {
-		x, y := elem.Get(dt, b, 2*i) != 0, elem.Get(dt, b, 2*i+1) != 0 // NaN counts as nonzero
+		x, y := !isZero(dt, b, 2*i), !isZero(dt, b, 2*i+1)
 		if x == bit && y == !bit {
 			continue
 		}

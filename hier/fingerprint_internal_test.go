@@ -2,6 +2,7 @@ package hier
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"testing"
 
@@ -126,4 +127,25 @@ func TestFingerprintNamesTheField(t *testing.T) {
 		elem.Set(fairgo.Float32, junk, i, 0.5)
 	}
 	require.ErrorIs(t, fa.decide(&base, fairgo.Float32, junk), fairgo.ErrMismatch)
+}
+
+// The fingerprint's 1 and its zero test agree with the element codecs for
+// every type: 1, 0, -0 (zero), NaN (not zero), and arbitrary values.
+func TestFingerprintElements(t *testing.T) {
+	for _, dt := range fairgo.DTypes {
+		var buf [fpMaxElem]byte
+		want := make([]byte, dt.Size())
+		elem.Set(dt, want, 0, 1)
+		require.Equal(t, want, oneOf(dt, &buf), "%s", dt)
+		vals := []float64{0, 1, -1, 3, 0.5}
+		if dt.IsFloat() {
+			vals = append(vals, math.Copysign(0, -1), math.NaN(), math.Inf(1))
+		}
+		for _, v := range vals {
+			b := make([]byte, 2*dt.Size())
+			elem.Set(dt, b, 1, v)
+			require.Equal(t, elem.Get(dt, b, 1) == 0, isZero(dt, b, 1), "%s %v", dt, v)
+			require.True(t, isZero(dt, b, 0))
+		}
+	}
 }
