@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,19 +19,22 @@ import (
 // apart from the links': a CPU-bound socket transport, or TCP losing
 // packets in a shaped NIC's queue.
 type Load struct {
-	CPUSeconds  float64 `json:"cpu_s"`           // user + system, summed over processes
-	TCPOutSegs  float64 `json:"tcp_out_segs"`    // segments sent, summed over network namespaces
-	TCPRetrans  float64 `json:"tcp_retrans"`     // segments retransmitted, likewise
+	CPUSeconds float64 `json:"cpu_s"`        // user + system, summed over processes
+	TCPOutSegs float64 `json:"tcp_out_segs"` // segments sent, summed over network namespaces
+	TCPRetrans float64 `json:"tcp_retrans"`  // segments retransmitted, likewise
+	// retransmission timeouts, likewise: the losses no duplicate ACK
+	// repaired, each a stall of at least the route's rto_min
+	TCPTimeouts float64 `json:"tcp_timeouts"`
 	Namespaces  int     `json:"netns,omitempty"` // distinct network namespaces counted
 	Unavailable string  `json:"unavailable,omitempty"`
 }
 
 // hostSample is one process's counters at one moment.
 type hostSample struct {
-	cpu              time.Duration
-	outSegs, retrans int64
-	netns            string // the network namespace's identity; "" when unreadable
-	err              string
+	cpu                        time.Duration
+	outSegs, retrans, timeouts int64
+	netns                      string // the network namespace's identity; "" when unreadable
+	err                        string
 }
 
 // sampleHost reads this process's CPU time and its network namespace's TCP
@@ -53,52 +57,57 @@ func sampleHost() hostSample {
 		s.err = "tcp counters: " + err.Error()
 		return s
 	}
-	out, re, err := parseTCPCounters(snmp)
+	tcp, err := parseCounters("/proc/net/snmp", snmp, "Tcp", "OutSegs", "RetransSegs")
 	if err != nil {
 		s.err = err.Error()
 		return s
 	}
-	s.netns, s.outSegs, s.retrans = ns, out, re
+	netstat, err := os.ReadFile("/proc/self/net/netstat")
+	if err != nil {
+		s.err = "tcp counters: " + err.Error()
+		return s
+	}
+	ext, err := parseCounters("/proc/net/netstat", netstat, "TcpExt", "TCPTimeouts")
+	if err != nil {
+		s.err = err.Error()
+		return s
+	}
+	s.netns, s.outSegs, s.retrans, s.timeouts = ns, tcp[0], tcp[1], ext[0]
 	return s
 }
 
-// parseTCPCounters reads OutSegs and RetransSegs from the Tcp lines of
-// /proc/net/snmp (a header line of names, then one of values).
-func parseTCPCounters(snmp []byte) (out, retrans int64, err error) {
-	var names []string
-	sc := bufio.NewScanner(bytes.NewReader(snmp))
+// parseCounters reads the named counters of section from text, a
+// /proc/net/snmp or /proc/net/netstat (per section a line of names, then
+// one of values, both starting "Section:"); file names it for errors.
+func parseCounters(file string, text []byte, section string, names ...string) ([]int64, error) {
+	var header []string
+	sc := bufio.NewScanner(bytes.NewReader(text))
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) == 0 || f[0] != "Tcp:" {
+		if len(f) == 0 || f[0] != section+":" {
 			continue
 		}
-		if names == nil {
-			names = f[1:]
+		if header == nil {
+			header = f[1:]
 			continue
 		}
 		vals := f[1:]
-		found := 0
-		for i, n := range names {
-			if i >= len(vals) || (n != "OutSegs" && n != "RetransSegs") {
-				continue
+		out := make([]int64, len(names))
+		for j, n := range names {
+			i := slices.Index(header, n)
+			if i < 0 || i >= len(vals) {
+				return nil, fmt.Errorf("bench: %s has no %s %s", file, section, n)
 			}
-			v, perr := strconv.ParseInt(vals[i], 10, 64)
-			if perr != nil {
-				return 0, 0, fmt.Errorf("bench: /proc/net/snmp %s: %w", n, perr)
+			v, err := strconv.ParseInt(vals[i], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("bench: %s %s: %w", file, n, err)
 			}
-			if n == "OutSegs" {
-				out = v
-			} else {
-				retrans = v
-			}
-			found++
+			out[j] = v
 		}
-		if found != 2 {
-			return 0, 0, fmt.Errorf("bench: /proc/net/snmp has no OutSegs and RetransSegs")
-		}
-		return out, retrans, nil
+		return out, nil
 	}
-	return 0, 0, fmt.Errorf("bench: /proc/net/snmp has no Tcp lines")
+	return nil, fmt.Errorf("bench: %s has no %s lines", file, section)
 }
 
 // hostDelta is one process's counters over one method's timed units.
@@ -106,6 +115,7 @@ type hostDelta struct {
 	CPU     float64 `json:"c"` // seconds
 	Out     int64   `json:"o"`
 	Retrans int64   `json:"r"`
+	RTOs    int64   `json:"t"`
 	NetNS   string  `json:"n,omitempty"`
 	Err     string  `json:"e,omitempty"`
 }
@@ -121,6 +131,7 @@ func (d hostDelta) add(e hostDelta) hostDelta {
 	d.CPU += e.CPU
 	d.Out += e.Out
 	d.Retrans += e.Retrans
+	d.RTOs += e.RTOs
 	d.NetNS = e.NetNS
 	return d
 }
@@ -130,6 +141,7 @@ func (a hostSample) until(b hostSample) hostDelta {
 		CPU:     (b.cpu - a.cpu).Seconds(),
 		Out:     b.outSegs - a.outSegs,
 		Retrans: b.retrans - a.retrans,
+		RTOs:    b.timeouts - a.timeouts,
 		NetNS:   b.netns,
 	}
 	switch {
@@ -162,11 +174,13 @@ func sumLoad(ds []hostDelta, units int) *Load {
 	for _, d := range perNS {
 		l.TCPOutSegs += float64(d.Out)
 		l.TCPRetrans += float64(d.Retrans)
+		l.TCPTimeouts += float64(d.RTOs)
 	}
 	l.Namespaces = len(perNS)
 	u := float64(max(units, 1))
 	l.CPUSeconds /= u
 	l.TCPOutSegs /= u
 	l.TCPRetrans /= u
+	l.TCPTimeouts /= u
 	return l
 }

@@ -67,26 +67,32 @@ func TestJSONL(t *testing.T) {
 func TestParseTCPCounters(t *testing.T) {
 	snmp := "Ip: Forwarding DefaultTTL\nIp: 1 64\n" +
 		"Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs InErrs\nTcp: 1 200 11288 37 0\nUdp: InDatagrams\nUdp: 5\n"
-	out, re, err := parseTCPCounters([]byte(snmp))
+	got, err := parseCounters("snmp", []byte(snmp), "Tcp", "OutSegs", "RetransSegs")
 	require.NoError(t, err)
-	require.Equal(t, int64(11288), out)
-	require.Equal(t, int64(37), re)
-	_, _, err = parseTCPCounters([]byte("Tcp: RtoAlgorithm\nTcp: 1\n"))
-	require.Error(t, err)
-	_, _, err = parseTCPCounters([]byte("Udp: InDatagrams\nUdp: 5\n"))
+	require.Equal(t, []int64{11288, 37}, got)
+	_, err = parseCounters("snmp", []byte("Tcp: RtoAlgorithm\nTcp: 1\n"), "Tcp", "OutSegs", "RetransSegs")
+	require.ErrorContains(t, err, "no Tcp OutSegs")
+	_, err = parseCounters("snmp", []byte("Udp: InDatagrams\nUdp: 5\n"), "Tcp", "OutSegs")
+	require.ErrorContains(t, err, "no Tcp lines")
+	netstat := "TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes\nTcpExt: 0 12 3\nIpExt: InNoRoutes\nIpExt: 0\n"
+	got, err = parseCounters("netstat", []byte(netstat), "TcpExt", "TCPTimeouts")
+	require.NoError(t, err)
+	require.Equal(t, []int64{12}, got)
+	_, err = parseCounters("netstat", []byte("TcpExt: A B\nTcpExt: 1 x\n"), "TcpExt", "B")
 	require.Error(t, err)
 }
 
 func TestSumLoadCountsANamespaceOnce(t *testing.T) {
 	ds := []hostDelta{
-		{CPU: 1, Out: 100, Retrans: 2, NetNS: "a"},
+		{CPU: 1, Out: 100, Retrans: 2, RTOs: 1, NetNS: "a"},
 		{CPU: 2, Out: 90, Retrans: 1, NetNS: "a"}, // the same machine: its larger reading counts
-		{CPU: 3, Out: 50, Retrans: 5, NetNS: "b"},
+		{CPU: 3, Out: 50, Retrans: 5, RTOs: 2, NetNS: "b"},
 	}
 	l := sumLoad(ds, 2)
 	require.InDelta(t, 3.0, l.CPUSeconds, 1e-12)
 	require.InDelta(t, 75.0, l.TCPOutSegs, 1e-12)
 	require.InDelta(t, 3.5, l.TCPRetrans, 1e-12)
+	require.InDelta(t, 1.5, l.TCPTimeouts, 1e-12)
 	require.Equal(t, 2, l.Namespaces)
 	require.Empty(t, l.Unavailable)
 	l = sumLoad([]hostDelta{{Err: "no /proc"}}, 1)

@@ -511,6 +511,12 @@ func commandOf(r bench.Record) string {
 	if tb.NICLatency > 0 {
 		fr += fmt.Sprintf(" --nic-latency %v", tb.NICLatency)
 	}
+	if tb.NICQueue > 0 {
+		fr += fmt.Sprintf(" --nic-queue %v", tb.NICQueue)
+	}
+	if tb.NICRtoMin > 0 || tb.NICQueue > 0 { // a fairrun that told both: 0 is the kernel's
+		fr += fmt.Sprintf(" --nic-rto-min %v", tb.NICRtoMin)
+	}
 	if tb.NVLinkGbit > 0 {
 		fr += fmt.Sprintf(" --nvlink-gbit %g", tb.NVLinkGbit)
 	}

@@ -68,6 +68,8 @@ const (
 	EnvMachines   = "FAIRGO_TESTBED_MACHINES"    // machines M of the job, emulated or not
 	EnvNICGbit    = "FAIRGO_TESTBED_NIC_GBIT"    // each machine's NIC, Gbit/s each way
 	EnvNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // one-way delay added by each NIC
+	EnvNICQueue   = "FAIRGO_TESTBED_NIC_QUEUE"   // each NIC's tbf queue, in time at its rate (a Go duration)
+	EnvNICRtoMin  = "FAIRGO_TESTBED_NIC_RTO_MIN" // TCP's minimum retransmission timeout on the machines' routes; 0s: the kernel's
 	EnvMPS        = "FAIRGO_TESTBED_MPS"         // 1: ranks run under an MPS daemon
 	EnvNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine has a network namespace of its own
 	EnvIntra      = "FAIRGO_TESTBED_INTRA"       // the intra-machine link: IntraNVLink or IntraLoopback
@@ -94,6 +96,10 @@ type Emulation struct {
 	NICGbit float64 `json:"nic_gbit,omitempty"`
 	// one-way delay each NIC adds
 	NICLatency time.Duration `json:"nic_latency_ns,omitempty"`
+	// each NIC's tbf queue, in time at its rate; 0: not told
+	NICQueue time.Duration `json:"nic_queue_ns,omitempty"`
+	// TCP's minimum retransmission timeout on the machines' routes; 0: the kernel's (200 ms) or not told
+	NICRtoMin time.Duration `json:"nic_rto_min_ns,omitempty"`
 	// ranks sharing a GPU run under MPS
 	MPS bool `json:"mps"`
 	// each machine in a network namespace of its own
@@ -140,6 +146,12 @@ func (e Emulation) String() string {
 		nic := fmt.Sprintf("one NIC per machine at %g Gbit/s", e.NICGbit)
 		if e.NICLatency > 0 {
 			nic += fmt.Sprintf(" + %v one-way latency", e.NICLatency)
+		}
+		if e.NICQueue > 0 {
+			nic += fmt.Sprintf(", a %v queue", e.NICQueue)
+		}
+		if e.NICRtoMin > 0 {
+			nic += fmt.Sprintf(", TCP rto_min %v", e.NICRtoMin)
 		}
 		parts = append(parts, nic)
 	} else {
@@ -196,6 +208,18 @@ func EmulationFromEnv(lookup rendezvous.LookupFunc) (Emulation, error) {
 			return bad(EnvNICLatency, v, "negative")
 		}
 		e.NICLatency = d
+	}
+	for _, f := range []struct {
+		name string
+		dst  *time.Duration
+	}{{EnvNICQueue, &e.NICQueue}, {EnvNICRtoMin, &e.NICRtoMin}} {
+		if v, ok := get(f.name); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return bad(f.name, v, "not a duration (4ms)")
+			}
+			*f.dst = d
+		}
 	}
 	if v, ok := get(EnvIntra); ok {
 		if v != IntraNVLink && v != IntraLoopback {

@@ -33,9 +33,14 @@ const (
 
 // Limits of the emulated NICs.
 const (
-	MaxNICGbit     = netbed.MaxGbit     // a larger --nic-gbit is taken for a typo (Mbit/s?)
-	MaxNICLatency  = netbed.MaxLatency  // one-way delay added to every packet
-	MaxNICMachines = netbed.MaxMachines // one /24 subnet: the bridge and one address per machine
+	MaxNICGbit    = netbed.MaxGbit    // a larger --nic-gbit is taken for a typo (Mbit/s?)
+	MaxNICLatency = netbed.MaxLatency // one-way delay added to every packet
+	MaxNICQueue   = netbed.MaxQueue   // tbf queue of an emulated NIC, in time at its rate
+	MaxNICRtoMin  = netbed.MaxRtoMin  // TCP's minimum retransmission timeout on the emulated routes
+	// DefaultNICRtoMin is --nic-rto-min's default: a lost packet costs
+	// TCP a few ms, not 200.
+	DefaultNICRtoMin = 5 * time.Millisecond
+	MaxNICMachines   = netbed.MaxMachines // one /24 subnet: the bridge and one address per machine
 )
 
 // MPSMode says when fairrun runs the workers under a private MPS daemon.
@@ -86,6 +91,12 @@ type Config struct {
 	// every packet a machine sends.
 	NICGbit    float64
 	NICLatency time.Duration
+	// NICQueue is the tbf queue of every NIC (and shaped loopback), in time
+	// at its rate; 0: netbed.DefaultQueue.
+	NICQueue time.Duration
+	// NICRtoMin is TCP's minimum retransmission timeout on every route of
+	// the emulated machines; 0: the kernel's (200 ms).
+	NICRtoMin time.Duration
 	// NVLinkGbit (with NICGbit) shapes lo in every emulated machine's
 	// namespace to NVLinkGbit Gbit/s: the intra-machine link of ranks that
 	// share a GPU, which talk over NCCL's sockets through lo. A tbf on lo
@@ -268,6 +279,27 @@ func declareNICFlags(fs *flag.FlagSet, c *Config) {
 		0,
 		"one-way `delay` added to every packet an emulated machine sends, e.g. 50us (needs --nic-gbit)",
 	)
+	fs.DurationVar(
+		&c.NICQueue,
+		"nic-queue",
+		netbed.DefaultQueue,
+		fmt.Sprintf(
+			"how long each emulated NIC's tbf queue is at its rate, e.g. 16ms (0 < D <= %v; needs --nic-gbit); "+
+				"a queue that overflows drops packets, which TCP retransmits",
+			MaxNICQueue,
+		),
+	)
+	fs.DurationVar(
+		&c.NICRtoMin,
+		"nic-rto-min",
+		DefaultNICRtoMin,
+		fmt.Sprintf(
+			"TCP's minimum retransmission timeout on every route of the emulated machines, whole ms "+
+				"(0: the kernel's 200 ms, a stall per lost tail packet that a lossless RDMA fabric never has; "+
+				"<= %v; needs --nic-gbit)",
+			MaxNICRtoMin,
+		),
+	)
 	fs.Float64Var(
 		&c.NVLinkGbit,
 		"nvlink-gbit",
@@ -449,6 +481,14 @@ func parseArgs(fs *flag.FlagSet, args []string, c *Config, given map[string]stri
 	if set("nic-gbit") && c.NICGbit == 0 {
 		return bad("nic-gbit", c.NICGbit, "must be > 0")
 	}
+	if set("nic-queue") && c.NICQueue == 0 {
+		return bad("nic-queue", c.NICQueue, "must be > 0")
+	}
+	for _, f := range []string{"nic-queue", "nic-rto-min"} {
+		if set(f) && c.NICGbit == 0 {
+			return bad(f, given[f], "needs --nic-gbit (it shapes the emulated machines' NICs)")
+		}
+	}
 	if set("nvlink-gbit") && c.NVLinkGbit == 0 {
 		return bad("nvlink-gbit", c.NVLinkGbit, "must be > 0")
 	}
@@ -551,6 +591,14 @@ func (c Config) checkMachines() error {
 	return nil
 }
 
+// nicQueue is the tbf queue of the emulated NICs, in time at their rate.
+func (c Config) nicQueue() time.Duration {
+	if c.NICQueue == 0 {
+		return netbed.DefaultQueue
+	}
+	return c.NICQueue
+}
+
 // checkNICs checks the emulated NICs and loopback: their rates and delay,
 // and what they need.
 func (c Config) checkNICs() error {
@@ -582,6 +630,10 @@ func (c Config) checkNICs() error {
 		return bad("nic-latency", c.NICLatency, fmt.Sprintf("must be in [0, %v]", MaxNICLatency))
 	case c.NICLatency > 0 && c.NICGbit == 0:
 		return bad("nic-latency", c.NICLatency, "needs --nic-gbit (the delay is added on the emulated NICs)")
+	case c.NICQueue < 0 || c.NICQueue > MaxNICQueue:
+		return bad("nic-queue", c.NICQueue, fmt.Sprintf("must be in (0, %v]", MaxNICQueue))
+	case c.NICRtoMin < 0 || c.NICRtoMin > MaxNICRtoMin || c.NICRtoMin%time.Millisecond != 0:
+		return bad("nic-rto-min", c.NICRtoMin, fmt.Sprintf("must be whole milliseconds in [0, %v]", MaxNICRtoMin))
 	case math.IsNaN(c.NVLinkGbit) || c.NVLinkGbit < 0 || c.NVLinkGbit > MaxNICGbit:
 		return bad("nvlink-gbit", c.NVLinkGbit, fmt.Sprintf("must be in (0, %d] Gbit/s", MaxNICGbit))
 	case c.NVLinkGbit > 0 && c.NICGbit == 0:

@@ -74,7 +74,7 @@ func netcheck() int {
 			loRate = tbf.Rate
 		}
 	}
-	if want := netbed.ShapingFor(loGbit, 0).RateBytes; loGbit > 0 && loRate != want || loGbit == 0 && loRate != 0 {
+	if want := netbed.ShapingFor(loGbit, 0, 0).RateBytes; loGbit > 0 && loRate != want || loGbit == 0 && loRate != 0 {
 		return fail("lo shaped to %d bytes/s, want %d (%s=%v)", loRate, want, EnvTestbedNVLinkGbit, loGbit)
 	}
 	bridge, err := netip.ParseAddr(os.Getenv("MASTER_ADDR"))
@@ -260,6 +260,7 @@ func TestRunEmulatedNICs(t *testing.T) {
 				EmulateMachines: 2,
 				GPUs:            tc.gpus,
 				NICGbit:         1,
+				NICRtoMin:       DefaultNICRtoMin,
 				NVLinkGbit:      tc.loGbit,
 				MPS:             MPSOff,
 				Grace:           2 * time.Second,
@@ -285,7 +286,7 @@ func TestRunEmulatedNICs(t *testing.T) {
 			)
 			wantLo := uint64(0) // lo not shaped
 			if tc.loGbit > 0 {
-				wantLo = netbed.ShapingFor(tc.loGbit, 0).RateBytes
+				wantLo = netbed.ShapingFor(tc.loGbit, 0, 0).RateBytes
 			}
 			inodes := map[uint64]int{}
 			addrOf := map[int]string{}
@@ -329,6 +330,19 @@ func TestRunEmulatedNICs(t *testing.T) {
 			require.NotContains(t, inodes, rootIno)
 			require.Regexp(t, `^10\.77\.\d+\.2/24$`, addrOf[0])
 			require.Regexp(t, `^10\.77\.\d+\.3/24$`, addrOf[1])
+			// At the end fairrun logs what each machine's NIC carried and
+			// dropped (the workers reached each other, so both sent).
+			counters := regexp.MustCompile(`msg="fairrun: NIC counters" machine=(\d) sent_bytes=(\d+) send_drops=\d+ ` +
+				`received_bytes=(\d+) receive_drops=\d+`).FindAllStringSubmatch(se.String(), -1)
+			require.Len(t, counters, 2, "stderr: %s", se.String())
+			for i, m := range counters {
+				require.Equal(t, strconv.Itoa(i), m[1])
+				require.NotZero(t, mustUint(t, m[2]), "machine %d sent", i)
+				require.NotZero(t, mustUint(t, m[3]), "machine %d received", i)
+			}
+			if tc.loGbit > 0 {
+				require.Contains(t, se.String(), "loopback_bytes=")
+			}
 
 			require.Empty(t, linksOf(t, os.Getpid()), "every link and qdisc of the run is gone")
 			var list []uint64

@@ -25,6 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	tbinfo "github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/topology"
@@ -141,6 +142,22 @@ func TestParseArgs(t *testing.T) {
 			args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-latency 2s -- p", flag: "nic-latency"},
 		{name: "latency without nic", args: "--nproc-per-node 2 --emulate-machines 2 --nic-latency 1ms -- p",
 			flag: "nic-latency"},
+		{name: "queue and rto_min", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 2.5 --nic-queue 16ms " +
+			"--nic-rto-min 0 -- p",
+			want: Config{NProcPerNode: 2, NNodes: 1, MasterAddr: DefaultMasterAddr, EmulateMachines: 2, NICGbit: 2.5,
+				NICQueue: 16 * time.Millisecond, MPS: MPSAuto, Grace: DefaultGrace, Program: "p", Args: []string{}}},
+		{name: "zero queue", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-queue 0 -- p",
+			flag: "nic-queue"},
+		{name: "queue too long", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-queue 2s -- p",
+			flag: "nic-queue"},
+		{name: "queue without nic", args: "--nproc-per-node 2 --emulate-machines 2 --nic-queue 8ms -- p",
+			flag: "nic-queue"},
+		{name: "rto_min not whole ms",
+			args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-rto-min 2500us -- p", flag: "nic-rto-min"},
+		{name: "negative rto_min", args: "--nproc-per-node 2 --emulate-machines 2 --nic-gbit 10 --nic-rto-min -5ms -- p",
+			flag: "nic-rto-min"},
+		{name: "rto_min without nic", args: "--nproc-per-node 2 --emulate-machines 2 --nic-rto-min 5ms -- p",
+			flag: "nic-rto-min"},
 		{name: "bad mps", args: "--nproc-per-node 2 --mps yes -- p", flag: "-"},
 		{name: "shaped loopback", args: "--nproc-per-node 4 --emulate-machines 2 --nic-gbit 2.5 " +
 			"--nvlink-gbit 20 --mps on -- p",
@@ -217,7 +234,14 @@ func TestParseArgs(t *testing.T) {
 			if tc.flag == "" {
 				require.NoError(t, err)
 				got.given = nil // the text of each flag, for Resolve's errors
-				require.Equal(t, tc.want, got)
+				want := tc.want // with the defaults of the NIC's queue and rto_min where the case gives none
+				if want.NICQueue == 0 {
+					want.NICQueue = netbed.DefaultQueue
+				}
+				if !strings.Contains(tc.args, "rto-min") {
+					want.NICRtoMin = DefaultNICRtoMin
+				}
+				require.Equal(t, want, got)
 				return
 			}
 			require.ErrorIs(t, err, ErrUsage)
@@ -530,6 +554,7 @@ func TestWorkersReadWhatPlanWrites(t *testing.T) {
 		MasterAddr:      "127.0.0.1",
 		EmulateMachines: 2,
 		NICGbit:         2.5,
+		NICRtoMin:       5 * time.Millisecond,
 		NVLinkGbit:      20,
 		Program:         "p",
 	}
@@ -551,6 +576,8 @@ func TestWorkersReadWhatPlanWrites(t *testing.T) {
 			tbinfo.Emulation{
 				Machines:   2,
 				NICGbit:    2.5,
+				NICQueue:   netbed.DefaultQueue,
+				NICRtoMin:  5 * time.Millisecond,
 				MPS:        true,
 				NetNS:      true,
 				Intra:      tbinfo.IntraLoopback,

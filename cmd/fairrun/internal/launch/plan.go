@@ -51,6 +51,8 @@ const (
 	EnvTestbedMachines   = "FAIRGO_TESTBED_MACHINES"    // machines in the job, emulated or not
 	EnvTestbedNICGbit    = "FAIRGO_TESTBED_NIC_GBIT"    // shaped NIC rate in Gbit/s; 0: not shaped
 	EnvTestbedNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // added one-way delay, a Go duration ("0s")
+	EnvTestbedNICQueue   = "FAIRGO_TESTBED_NIC_QUEUE"   // each NIC's tbf queue at its rate, a Go duration ("4ms")
+	EnvTestbedNICRtoMin  = "FAIRGO_TESTBED_NIC_RTO_MIN" // TCP's rto_min on the machines' routes ("0s": the kernel's)
 	EnvTestbedNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine in its own network namespace
 	EnvTestbedMPS        = "FAIRGO_TESTBED_MPS"         // 1: workers run under a private MPS daemon
 	// EnvTestbedIntra is the intra-machine link of emulated machines
@@ -269,6 +271,10 @@ func (p *planner) setTestbed(env *env) {
 	env.set(EnvTestbedMachines, strconv.Itoa(c.NNodes*p.groups))
 	env.set(EnvTestbedNICGbit, strconv.FormatFloat(c.NICGbit, 'g', -1, 64))
 	env.set(EnvTestbedNICLatency, c.NICLatency.String())
+	if c.NICGbit > 0 {
+		env.set(EnvTestbedNICQueue, c.nicQueue().String())
+		env.set(EnvTestbedNICRtoMin, c.NICRtoMin.String())
+	}
 	env.set(EnvTestbedNetNS, boolEnv(x.NetNS))
 	env.set(EnvTestbedMPS, boolEnv(x.MPS != nil))
 	env.set(EnvTestbedNVLinkGbit, strconv.FormatFloat(c.NVLinkGbit, 'g', -1, 64))

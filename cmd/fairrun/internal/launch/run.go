@@ -215,6 +215,8 @@ func (s *setup) buildNICs() error {
 		Machines:     c.EmulateMachines,
 		Gbit:         c.NICGbit,
 		Latency:      c.NICLatency,
+		Queue:        c.nicQueue(),
+		RtoMin:       c.NICRtoMin,
 		LoopbackGbit: c.NVLinkGbit,
 	}
 	if err := c.prober.Check(spec); err != nil {
@@ -226,6 +228,7 @@ func (s *setup) buildNICs() error {
 	}
 	s.tb = tb
 	s.undo = append(s.undo, func() error {
+		s.logCounters(tb)
 		if cerr := tb.Close(); cerr != nil {
 			s.log.Error("fairrun: removing the emulated NICs failed", "err", cerr)
 			return cerr
@@ -234,6 +237,28 @@ func (s *setup) buildNICs() error {
 	})
 	s.x.NetNS = true
 	return nil
+}
+
+// logCounters logs what every emulated machine's tbfs sent and dropped:
+// the drops are packets TCP had to retransmit, a cost that a lossless
+// fabric does not have.
+func (s *setup) logCounters(tb *netbed.Testbed) {
+	counters, err := tb.Counters()
+	if err != nil {
+		s.log.Warn("fairrun: reading the emulated NICs' counters failed", "err", err)
+		return
+	}
+	for _, c := range counters {
+		attrs := []any{
+			"machine", c.Machine,
+			"sent_bytes", c.Send.SentBytes, "send_drops", c.Send.Drops,
+			"received_bytes", c.Receive.SentBytes, "receive_drops", c.Receive.Drops,
+		}
+		if c.Loopback != nil {
+			attrs = append(attrs, "loopback_bytes", c.Loopback.SentBytes, "loopback_drops", c.Loopback.Drops)
+		}
+		s.log.Info("fairrun: NIC counters", attrs...)
+	}
 }
 
 // hostStore decides the store's address, and the MASTER_PORT and machine

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -213,7 +214,94 @@ func (t *Testbed) createMachine(i int) error {
 	if err := h.LinkSetUp(nic); err != nil {
 		return fmt.Errorf("testbed: machine %d: bring %s up: %w", i, m.NIC, err)
 	}
+	if t.plan.RtoMin > 0 {
+		if err := setRtoMin(h, t.plan.RtoMin); err != nil {
+			return fmt.Errorf("testbed: machine %d: %w", i, err)
+		}
+	}
 	return nil
+}
+
+// setRtoMin sets the metric rto_min on every IPv4 unicast and local route
+// of the namespace h works in (its subnet's through the NIC, its own
+// addresses' through lo): TCP connections take their minimum
+// retransmission timeout from their route.
+func setRtoMin(h *netlink.Handle, d time.Duration) error {
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("routes: %w", err)
+	}
+	n := 0
+	for _, rt := range routes {
+		if rt.Dst == nil || (rt.Type != unix.RTN_UNICAST && rt.Type != unix.RTN_LOCAL) {
+			continue
+		}
+		rt.RtoMin = int(d / time.Millisecond)
+		if err := h.RouteReplace(&rt); err != nil {
+			return fmt.Errorf("rto_min %v on the route to %v (table %d): %w", d, rt.Dst, rt.Table, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("rto_min %v: no route to set it on", d)
+	}
+	return nil
+}
+
+// Counters reads every machine's tbf counters: where a shaped link dropped
+// packets, TCP retransmitted them, and a run's timings carry the cost.
+func (t *Testbed) Counters() ([]MachineCounters, error) {
+	var out []MachineCounters
+	for i, m := range t.plan.Machines {
+		mc := MachineCounters{Machine: i}
+		var err error
+		if mc.Receive, err = tbfCounters(t.root, m.HostVeth); err != nil {
+			return nil, fmt.Errorf("testbed: machine %d: %w", i, err)
+		}
+		h, err := netlink.NewHandleAt(t.ns[i], unix.NETLINK_ROUTE)
+		if err != nil {
+			return nil, fmt.Errorf("testbed: netlink in machine %d's namespace: %w", i, err)
+		}
+		mc.Send, err = tbfCounters(h, m.NIC)
+		if err == nil && t.plan.Loopback != nil {
+			var lo QdiscCounters
+			lo, err = tbfCounters(h, "lo")
+			mc.Loopback = &lo
+		}
+		h.Close()
+		if err != nil {
+			return nil, fmt.Errorf("testbed: machine %d: %w", i, err)
+		}
+		out = append(out, mc)
+	}
+	return out, nil
+}
+
+// tbfCounters reads the counters of the tbf on the link named name.
+func tbfCounters(h *netlink.Handle, name string) (QdiscCounters, error) {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return QdiscCounters{}, fmt.Errorf("%s: %w", name, err)
+	}
+	qs, err := h.QdiscList(link)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return QdiscCounters{}, fmt.Errorf("qdiscs of %s: %w", name, err)
+	}
+	for _, q := range qs {
+		tbf, ok := q.(*netlink.Tbf)
+		if !ok || tbf.Statistics == nil || tbf.Statistics.Basic == nil || tbf.Statistics.Queue == nil {
+			continue
+		}
+		st := tbf.Statistics
+		return QdiscCounters{
+			Link:       name,
+			SentBytes:  st.Basic.Bytes,
+			SentPkts:   st.Basic.Packets,
+			Drops:      st.Queue.Drops,
+			Overlimits: st.Queue.Overlimits,
+		}, nil
+	}
+	return QdiscCounters{}, fmt.Errorf("%s has no tbf with counters", name)
 }
 
 // shape puts the tbf (and, on a machine's own end, the netem) on link.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -97,7 +98,8 @@ func nsInode() (uint64, error) {
 // Setup builds what the plan says, machines reach each other and the
 // bridge, and Close leaves nothing behind.
 func TestSetupAndClose(t *testing.T) {
-	spec := Spec{Machines: 3, Gbit: 10, Latency: 100 * time.Microsecond}
+	spec := Spec{Machines: 3, Gbit: 10, Latency: 100 * time.Microsecond, Queue: 8 * time.Millisecond,
+		RtoMin: 5 * time.Millisecond}
 	if err := (Prober{}).Check(spec); err != nil && strings.Contains(err.Error(), "netem") {
 		t.Logf("no netem here (%v): testing without latency", err)
 		spec.Latency = 0
@@ -200,6 +202,9 @@ func TestSetupAndClose(t *testing.T) {
 			if tbf, err := loopbackTbf(); err != nil || tbf != nil {
 				return fmt.Errorf("machine %d: lo shaped without --nvlink-gbit (%v, %v)", i, tbf, err)
 			}
+			if err := checkRtoMin(m, spec.RtoMin); err != nil {
+				return fmt.Errorf("machine %d: %w", i, err)
+			}
 			listeners[i], err = net.Listen("tcp", net.JoinHostPort(m.Addr.Addr().String(), "0"))
 			return err
 		}))
@@ -255,12 +260,59 @@ func TestSetupAndClose(t *testing.T) {
 		return err
 	}))
 
+	// Every machine sent and received through its tbfs, and nothing was
+	// dropped.
+	counters, err := tb.Counters()
+	require.NoError(t, err)
+	require.Len(t, counters, len(p.Machines))
+	for i, c := range counters {
+		require.Equal(t, i, c.Machine)
+		require.Equal(t, NIC, c.Send.Link)
+		require.Equal(t, p.Machines[i].HostVeth, c.Receive.Link)
+		require.Positive(t, c.Send.SentPkts, "machine %d sent", i)
+		require.Positive(t, c.Receive.SentPkts, "machine %d received", i)
+		require.Greater(t, c.Send.SentBytes, uint64(c.Send.SentPkts))
+		require.Zero(t, c.Send.Drops+c.Receive.Drops, "machine %d", i)
+		require.Nil(t, c.Loopback, "lo is not shaped")
+	}
+
 	for _, ln := range listeners {
 		ln.Close()
 	}
 	require.NoError(t, tb.Close())
 	closed = true
 	require.Empty(t, leftovers(t, p.RunID, indexes), "Close removes every link and qdisc")
+}
+
+// checkRtoMin checks, in machine m's namespace, that the routes to its
+// subnet and to its own address carry rto_min d (in ms; 0: none set).
+func checkRtoMin(m Machine, d time.Duration) error {
+	routes, err := dump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{m.Addr.Masked().String(): false, netip.PrefixFrom(m.Addr.Addr(), 32).String(): false}
+	for _, rt := range routes {
+		if rt.Dst == nil {
+			continue
+		}
+		dst := rt.Dst.String()
+		if _, ok := want[dst]; !ok {
+			continue
+		}
+		if rt.RtoMin != int(d/time.Millisecond) {
+			return fmt.Errorf("route to %s (table %d): rto_min %d ms, want %v", dst, rt.Table, rt.RtoMin, d)
+		}
+		want[dst] = true
+	}
+	for dst, seen := range want {
+		if !seen {
+			return fmt.Errorf("no route to %s among %v", dst, routes)
+		}
+	}
+	return nil
 }
 
 // A setup interrupted half-way removes what it had created.

@@ -22,6 +22,9 @@ func (t *Testbed) Plan() Plan { return t.plan }
 // Run fails outside Linux.
 func (t *Testbed) Run(int, func() error) error { return errors.New("testbed: not built") }
 
+// Counters fails outside Linux.
+func (t *Testbed) Counters() ([]MachineCounters, error) { return nil, errors.New("testbed: not built") }
+
 // Close does nothing outside Linux.
 func (t *Testbed) Close() error { return nil }
 

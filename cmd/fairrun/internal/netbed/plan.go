@@ -28,6 +28,17 @@ type Spec struct {
 	// one namespace, including to the machine's own NIC address, goes
 	// through lo, whose one queue then bounds the sum of all of it.
 	LoopbackGbit float64
+	// Queue is how long the tbf queues of the NIC and of a shaped loopback
+	// are at their rates (the packets that may wait for tokens); 0:
+	// DefaultQueue.
+	Queue time.Duration
+	// RtoMin is TCP's minimum retransmission timeout on every route of a
+	// machine (the metric rto_min, in whole milliseconds); 0: the
+	// kernel's, 200 ms. A packet the tbf drops costs TCP a retransmission;
+	// when it was the last of a burst, only the retransmission timer finds
+	// it, and 200 ms is longer than a whole collective of the sizes the
+	// testbed measures, a stall that an RDMA fabric (lossless) never has.
+	RtoMin time.Duration
 }
 
 // Limits of a Spec.
@@ -35,6 +46,8 @@ const (
 	MaxMachines = 253 // one /24: .1 is the bridge, machines are .2 ... .254
 	MaxGbit     = 1000
 	MaxLatency  = time.Second
+	MaxQueue    = time.Second
+	MaxRtoMin   = time.Second
 )
 
 // Validate checks the spec.
@@ -52,6 +65,10 @@ func (s Spec) Validate() error {
 			s.LoopbackGbit,
 			MaxGbit,
 		)
+	case s.Queue < 0 || s.Queue > MaxQueue:
+		return fmt.Errorf("testbed: NIC queue %v: must be in [0, %v]", s.Queue, MaxQueue)
+	case s.RtoMin < 0 || s.RtoMin > MaxRtoMin || s.RtoMin%time.Millisecond != 0:
+		return fmt.Errorf("testbed: rto_min %v: must be whole milliseconds in [0, %v]", s.RtoMin, MaxRtoMin)
 	}
 	return nil
 }
@@ -84,6 +101,9 @@ type Plan struct {
 	// Loopback is the tbf of lo in every machine's namespace; nil: lo is
 	// not shaped.
 	Loopback *Shaping
+	// RtoMin is the rto_min of every route in every machine's namespace; 0:
+	// the kernel's.
+	RtoMin time.Duration
 }
 
 // Machine is one emulated machine's namespace and NIC.
@@ -92,6 +112,24 @@ type Machine struct {
 	HostVeth string       // the veth end on the bridge, in the root namespace
 	NIC      string       // the veth end in the machine's namespace
 	Addr     netip.Prefix // the NIC's address: .(Index+2) of Subnet
+}
+
+// QdiscCounters is what one tbf did while the testbed ran.
+type QdiscCounters struct {
+	Link       string // the link's name (a machine's NIC, its bridge end, or lo)
+	SentBytes  uint64
+	SentPkts   uint32
+	Drops      uint32 // packets the full queue refused
+	Overlimits uint32 // times a packet had to wait for tokens
+}
+
+// MachineCounters is one machine's tbfs: what it sent (its NIC's own end),
+// what it received (the bridge end) and, when shaped, its loopback.
+type MachineCounters struct {
+	Machine  int
+	Send     QdiscCounters
+	Receive  QdiscCounters
+	Loopback *QdiscCounters
 }
 
 // Shaping is the qdisc configuration of every veth end.
@@ -113,10 +151,10 @@ type Machine struct {
 // one); a bucket of 1 ms would make small collectives look 30% faster
 // than a real NIC allows.
 //
-// Limit (bytes that may wait for tokens) is Burst plus 4 ms at the rate,
-// at most 64 MiB: deep enough that incast of several senders into one
-// machine does not drop at the first burst, shallow enough to keep the
-// queueing delay of a saturated NIC at a few ms.
+// Limit (bytes that may wait for tokens) is Burst plus the queue time at
+// the rate (DefaultQueue: 4 ms), at most 64 MiB: deep enough that incast of
+// several senders into one machine does not drop at the first burst,
+// shallow enough to keep the queueing delay of a saturated NIC at a few ms.
 //
 // With a latency, a netem qdisc is the root of the namespace end (packets
 // the machine sends wait Latency) and the tbf its child.
@@ -132,18 +170,24 @@ type Shaping struct {
 const (
 	minBurst     = 256 << 10
 	burstTime    = 200 * time.Microsecond
-	queueTime    = 4 * time.Millisecond
 	maxLimit     = 64 << 20
 	minNetemPkts = 1000
 )
 
+// DefaultQueue is the tbf queue of a NIC, in time at its rate, when the
+// Spec names none.
+const DefaultQueue = 4 * time.Millisecond
+
 // ShapingFor returns the qdisc parameters of a NIC of gbit Gbit/s with a
-// one-way latency.
-func ShapingFor(gbit float64, latency time.Duration) Shaping {
+// one-way latency and a queue of queue at the rate (0: DefaultQueue).
+func ShapingFor(gbit float64, latency, queue time.Duration) Shaping {
+	if queue == 0 {
+		queue = DefaultQueue
+	}
 	rate := gbit * 1e9 / 8 // bytes per second
 	at := func(d time.Duration) float64 { return rate * d.Seconds() }
 	burst := math.Max(minBurst, at(burstTime))
-	limit := math.Min(burst+at(queueTime), maxLimit)
+	limit := math.Min(burst+at(queue), maxLimit)
 	s := Shaping{RateBytes: uint64(math.Round(rate)), BurstBytes: uint32(burst), LimitBytes: uint32(limit)}
 	if latency > 0 {
 		// Every packet in flight through the delay sits in netem: room for
@@ -173,10 +217,11 @@ func NewPlan(spec Spec, runID string, subnet netip.Prefix) (Plan, error) {
 		Bridge:     bridgePrefix + runID,
 		Subnet:     subnet,
 		BridgeAddr: netip.PrefixFrom(nthAddr(subnet, 1), 24),
-		Shaping:    ShapingFor(spec.Gbit, spec.Latency),
+		Shaping:    ShapingFor(spec.Gbit, spec.Latency, spec.Queue),
+		RtoMin:     spec.RtoMin,
 	}
 	if spec.LoopbackGbit > 0 {
-		lo := ShapingFor(spec.LoopbackGbit, 0)
+		lo := ShapingFor(spec.LoopbackGbit, 0, spec.Queue)
 		p.Loopback = &lo
 	}
 	for i := range spec.Machines {

@@ -44,6 +44,18 @@ func TestNewPlan(t *testing.T) {
 			subnet: subnet, wantErr: "loopback"},
 		{name: "loopback too fast", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: MaxGbit + 1},
 			runID: "00abcd7f", subnet: subnet, wantErr: "loopback"},
+		{name: "queue and rto_min", spec: Spec{Machines: 2, Gbit: 2.5, LoopbackGbit: 20, Queue: 16 * time.Millisecond,
+			RtoMin: 5 * time.Millisecond}, runID: "00abcd7f", subnet: subnet},
+		{name: "negative queue", spec: Spec{Machines: 2, Gbit: 2.5, Queue: -1}, runID: "00abcd7f", subnet: subnet,
+			wantErr: "queue"},
+		{name: "queue too long", spec: Spec{Machines: 2, Gbit: 2.5, Queue: MaxQueue + 1}, runID: "00abcd7f",
+			subnet: subnet, wantErr: "queue"},
+		{name: "negative rto_min", spec: Spec{Machines: 2, Gbit: 2.5, RtoMin: -time.Millisecond}, runID: "00abcd7f",
+			subnet: subnet, wantErr: "rto_min"},
+		{name: "rto_min not whole ms", spec: Spec{Machines: 2, Gbit: 2.5, RtoMin: 1500 * time.Microsecond},
+			runID: "00abcd7f", subnet: subnet, wantErr: "rto_min"},
+		{name: "rto_min too long", spec: Spec{Machines: 2, Gbit: 2.5, RtoMin: MaxRtoMin + time.Millisecond},
+			runID: "00abcd7f", subnet: subnet, wantErr: "rto_min"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := NewPlan(tc.spec, tc.runID, tc.subnet)
@@ -55,6 +67,8 @@ func TestNewPlan(t *testing.T) {
 			require.Equal(t, "frb"+tc.runID, p.Bridge)
 			require.Equal(t, "10.77.3.1/24", p.BridgeAddr.String())
 			require.Len(t, p.Machines, tc.spec.Machines)
+			require.Equal(t, tc.spec.RtoMin, p.RtoMin)
+			require.Equal(t, ShapingFor(tc.spec.Gbit, tc.spec.Latency, tc.spec.Queue), p.Shaping)
 			names := map[string]bool{p.Bridge: true}
 			for i, m := range p.Machines {
 				require.Equal(t, i, m.Index)
@@ -69,7 +83,7 @@ func TestNewPlan(t *testing.T) {
 				require.Nil(t, p.Loopback, "lo is not shaped unless asked")
 			} else {
 				require.NotNil(t, p.Loopback)
-				require.Equal(t, ShapingFor(tc.spec.LoopbackGbit, 0), *p.Loopback)
+				require.Equal(t, ShapingFor(tc.spec.LoopbackGbit, 0, tc.spec.Queue), *p.Loopback)
 			}
 			pid, ok := OwnerPid(p.Bridge)
 			require.True(t, ok)
@@ -83,6 +97,7 @@ func TestShapingFor(t *testing.T) {
 	for _, tc := range []struct {
 		gbit       float64
 		latency    time.Duration
+		queue      time.Duration
 		rate       uint64
 		burst      uint32
 		limit      uint32
@@ -98,9 +113,13 @@ func TestShapingFor(t *testing.T) {
 			limit: 256<<10 + 5_000_000, netemLimit: 1000},
 		{gbit: 10, latency: 10 * time.Millisecond, rate: 1_250_000_000, burst: 256 << 10,
 			limit: 256<<10 + 5_000_000, netemLimit: 16667},
+		{gbit: 2.5, queue: DefaultQueue, rate: 312_500_000, burst: 256 << 10, limit: 256<<10 + 1_250_000},
+		{gbit: 2.5, queue: 16 * time.Millisecond, rate: 312_500_000, burst: 256 << 10, limit: 256<<10 + 5_000_000},
+		{gbit: 100, queue: 16 * time.Millisecond, rate: 12_500_000_000, burst: 2_500_000, limit: 64 << 20},
 	} {
-		t.Run(strconv.FormatFloat(tc.gbit, 'g', -1, 64)+"G/"+tc.latency.String(), func(t *testing.T) {
-			s := ShapingFor(tc.gbit, tc.latency)
+		name := strconv.FormatFloat(tc.gbit, 'g', -1, 64) + "G/" + tc.latency.String() + "/" + tc.queue.String()
+		t.Run(name, func(t *testing.T) {
+			s := ShapingFor(tc.gbit, tc.latency, tc.queue)
 			require.Equal(t, tc.rate, s.RateBytes)
 			require.Equal(t, tc.burst, s.BurstBytes)
 			require.Equal(t, tc.limit, s.LimitBytes)

@@ -53,7 +53,7 @@ func probeKernel(spec Spec) error {
 	if err != nil {
 		return fmt.Errorf("testbed: probe: %w", err)
 	}
-	if err := addQdiscs(h, link, ShapingFor(spec.Gbit, spec.Latency), spec.Latency > 0, flagNIC); err != nil {
+	if err := addQdiscs(h, link, ShapingFor(spec.Gbit, spec.Latency, spec.Queue), spec.Latency > 0, flagNIC); err != nil {
 		return err
 	}
 	if spec.LoopbackGbit == 0 {
@@ -63,7 +63,7 @@ func probeKernel(spec Spec) error {
 	if err != nil {
 		return fmt.Errorf("testbed: probe: lo: %w", err)
 	}
-	return addQdiscs(h, lo, ShapingFor(spec.LoopbackGbit, 0), false, flagLoopback)
+	return addQdiscs(h, lo, ShapingFor(spec.LoopbackGbit, 0, spec.Queue), false, flagLoopback)
 }
 
 // linkErr explains a failure to create a link: a kernel without that kind
