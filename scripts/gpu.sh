@@ -93,7 +93,8 @@
 # on one GPU the testbed is 2.5, a ~10:1 ratio to the loopback that
 # stands in for NVLink), NVLINK_GBIT (shapes each machine's loopback with
 # --nvlink-gbit where ranks of a machine share GPUs; default not shaped),
-# NIC_LATENCY (e.g. 50us; default none), MPS (auto), RUN (r1: the run label
+# NIC_LATENCY (e.g. 50us; default none), NIC_QUEUE and NIC_RTO_MIN
+# (fairrun's --nic-queue and --nic-rto-min; default fairrun's), MPS (auto), RUN (r1: the run label
 # of single bench sections), RUNS ("r1 r2": targets), CHECK_RESULTS (onegpu:
 # 1 checks every result, 0 warms up instead), REP_BYTES (onegpu: a
 # repetition repeats its calls until they moved this much, 64M, so that a
@@ -128,6 +129,8 @@ BIN=${BIN:-./bin}
 NIC_GBIT=${NIC_GBIT:-10}
 NVLINK_GBIT=${NVLINK_GBIT:-}
 NIC_LATENCY=${NIC_LATENCY:-}
+NIC_QUEUE=${NIC_QUEUE:-}
+NIC_RTO_MIN=${NIC_RTO_MIN:-}
 MPS=${MPS:-auto}
 RUN=${RUN:-r1}
 REP_BYTES=${REP_BYTES:-64M}
@@ -233,6 +236,8 @@ gpus() {
 fairrun_flags() {
   local f=(--emulate-machines "$1" --nic-gbit "$NIC_GBIT" --mps "$MPS")
   [ -n "$NIC_LATENCY" ] && f+=(--nic-latency "$NIC_LATENCY")
+  [ -n "$NIC_QUEUE" ] && f+=(--nic-queue "$NIC_QUEUE")
+  [ -n "$NIC_RTO_MIN" ] && f+=(--nic-rto-min "$NIC_RTO_MIN")
   [ -n "$NVLINK_GBIT" ] && [ "$2" -gt "$(gpus)" ] && f+=(--nvlink-gbit "$NVLINK_GBIT")
   echo "${f[@]}"
 }

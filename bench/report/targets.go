@@ -517,6 +517,9 @@ func commandOf(r bench.Record) string {
 	if tb.NICRtoMin > 0 || tb.NICQueue > 0 { // a fairrun that told both: 0 is the kernel's
 		fr += fmt.Sprintf(" --nic-rto-min %v", tb.NICRtoMin)
 	}
+	if tb.NICSlowStartAfterIdle != nil && *tb.NICSlowStartAfterIdle {
+		fr += " --nic-slow-start-after-idle"
+	}
 	if tb.NVLinkGbit > 0 {
 		fr += fmt.Sprintf(" --nvlink-gbit %g", tb.NVLinkGbit)
 	}

@@ -70,10 +70,13 @@ const (
 	EnvNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // one-way delay added by each NIC
 	EnvNICQueue   = "FAIRGO_TESTBED_NIC_QUEUE"   // each NIC's tbf queue, in time at its rate (a Go duration)
 	EnvNICRtoMin  = "FAIRGO_TESTBED_NIC_RTO_MIN" // TCP's minimum retransmission timeout on the machines' routes; 0s: the kernel's
-	EnvMPS        = "FAIRGO_TESTBED_MPS"         // 1: ranks run under an MPS daemon
-	EnvNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine has a network namespace of its own
-	EnvIntra      = "FAIRGO_TESTBED_INTRA"       // the intra-machine link: IntraNVLink or IntraLoopback
-	EnvNVLinkGbit = "FAIRGO_TESTBED_NVLINK_GBIT" // the rate the emulated intra-machine link is shaped to, Gbit/s
+	// EnvNICSlowStartAfterIdle is 1 where the machines keep TCP's slow
+	// start after idle, 0 where it is off
+	EnvNICSlowStartAfterIdle = "FAIRGO_TESTBED_NIC_SLOW_START_AFTER_IDLE"
+	EnvMPS                   = "FAIRGO_TESTBED_MPS"         // 1: ranks run under an MPS daemon
+	EnvNetNS                 = "FAIRGO_TESTBED_NETNS"       // 1: each machine has a network namespace of its own
+	EnvIntra                 = "FAIRGO_TESTBED_INTRA"       // the intra-machine link: IntraNVLink or IntraLoopback
+	EnvNVLinkGbit            = "FAIRGO_TESTBED_NVLINK_GBIT" // the rate the emulated intra-machine link is shaped to, Gbit/s
 )
 
 // The intra-machine links a launcher reports in FAIRGO_TESTBED_INTRA.
@@ -100,6 +103,8 @@ type Emulation struct {
 	NICQueue time.Duration `json:"nic_queue_ns,omitempty"`
 	// TCP's minimum retransmission timeout on the machines' routes; 0: the kernel's (200 ms) or not told
 	NICRtoMin time.Duration `json:"nic_rto_min_ns,omitempty"`
+	// whether the machines keep TCP's slow start after idle; nil: not told
+	NICSlowStartAfterIdle *bool `json:"nic_slow_start_after_idle,omitempty"`
 	// ranks sharing a GPU run under MPS
 	MPS bool `json:"mps"`
 	// each machine in a network namespace of its own
@@ -152,6 +157,9 @@ func (e Emulation) String() string {
 		}
 		if e.NICRtoMin > 0 {
 			nic += fmt.Sprintf(", TCP rto_min %v", e.NICRtoMin)
+		}
+		if e.NICSlowStartAfterIdle != nil {
+			nic += ", TCP slow start after idle " + onOff(*e.NICSlowStartAfterIdle)
 		}
 		parts = append(parts, nic)
 	} else {
@@ -220,6 +228,13 @@ func EmulationFromEnv(lookup rendezvous.LookupFunc) (Emulation, error) {
 			}
 			*f.dst = d
 		}
+	}
+	if v, ok := get(EnvNICSlowStartAfterIdle); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return bad(EnvNICSlowStartAfterIdle, v, "not 1 or 0")
+		}
+		e.NICSlowStartAfterIdle = &b
 	}
 	if v, ok := get(EnvIntra); ok {
 		if v != IntraNVLink && v != IntraLoopback {

@@ -97,6 +97,10 @@ type Config struct {
 	// NICRtoMin is TCP's minimum retransmission timeout on every route of
 	// the emulated machines; 0: the kernel's (200 ms).
 	NICRtoMin time.Duration
+	// NICSlowStartAfterIdle keeps TCP's congestion-window restart after
+	// idle in the emulated machines (the kernel's default); false turns it
+	// off there.
+	NICSlowStartAfterIdle bool
 	// NVLinkGbit (with NICGbit) shapes lo in every emulated machine's
 	// namespace to NVLinkGbit Gbit/s: the intra-machine link of ranks that
 	// share a GPU, which talk over NCCL's sockets through lo. A tbf on lo
@@ -300,6 +304,13 @@ func declareNICFlags(fs *flag.FlagSet, c *Config) {
 			MaxNICRtoMin,
 		),
 	)
+	fs.BoolVar(
+		&c.NICSlowStartAfterIdle,
+		"nic-slow-start-after-idle",
+		false,
+		"keep TCP's slow start after idle (the kernel's default) in the emulated machines; by default it is off "+
+			"there, as an RDMA fabric has no congestion window to restart (needs --nic-gbit)",
+	)
 	fs.Float64Var(
 		&c.NVLinkGbit,
 		"nvlink-gbit",
@@ -484,7 +495,7 @@ func parseArgs(fs *flag.FlagSet, args []string, c *Config, given map[string]stri
 	if set("nic-queue") && c.NICQueue == 0 {
 		return bad("nic-queue", c.NICQueue, "must be > 0")
 	}
-	for _, f := range []string{"nic-queue", "nic-rto-min"} {
+	for _, f := range []string{"nic-queue", "nic-rto-min", "nic-slow-start-after-idle"} {
 		if set(f) && c.NICGbit == 0 {
 			return bad(f, given[f], "needs --nic-gbit (it shapes the emulated machines' NICs)")
 		}

@@ -332,7 +332,7 @@ func TestRunEmulatedNICs(t *testing.T) {
 			require.Regexp(t, `^10\.77\.\d+\.3/24$`, addrOf[1])
 			// At the end fairrun logs what each machine's NIC carried and
 			// dropped (the workers reached each other, so both sent).
-			counters := regexp.MustCompile(`msg="fairrun: NIC counters" machine=(\d) sent_bytes=(\d+) send_drops=\d+ ` +
+			counters := regexp.MustCompile(`msg="fairrun: NIC counters" machine=(\d) sent_bytes=(\d+) send_drops=\d+ `+
 				`received_bytes=(\d+) receive_drops=\d+`).FindAllStringSubmatch(se.String(), -1)
 			require.Len(t, counters, 2, "stderr: %s", se.String())
 			for i, m := range counters {

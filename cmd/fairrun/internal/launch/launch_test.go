@@ -574,14 +574,16 @@ func TestWorkersReadWhatPlanWrites(t *testing.T) {
 		require.Equal(
 			t,
 			tbinfo.Emulation{
-				Machines:   2,
-				NICGbit:    2.5,
-				NICQueue:   netbed.DefaultQueue,
-				NICRtoMin:  5 * time.Millisecond,
-				MPS:        true,
-				NetNS:      true,
-				Intra:      tbinfo.IntraLoopback,
-				NVLinkGbit: 20,
+				Machines:  2,
+				NICGbit:   2.5,
+				NICQueue:  netbed.DefaultQueue,
+				NICRtoMin: 5 * time.Millisecond,
+				MPS:       true,
+				// fairrun turns TCP's slow start after idle off unless told
+				NICSlowStartAfterIdle: new(bool),
+				NetNS:                 true,
+				Intra:                 tbinfo.IntraLoopback,
+				NVLinkGbit:            20,
 			},
 			emu,
 		)

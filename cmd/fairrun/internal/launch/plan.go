@@ -53,8 +53,11 @@ const (
 	EnvTestbedNICLatency = "FAIRGO_TESTBED_NIC_LATENCY" // added one-way delay, a Go duration ("0s")
 	EnvTestbedNICQueue   = "FAIRGO_TESTBED_NIC_QUEUE"   // each NIC's tbf queue at its rate, a Go duration ("4ms")
 	EnvTestbedNICRtoMin  = "FAIRGO_TESTBED_NIC_RTO_MIN" // TCP's rto_min on the machines' routes ("0s": the kernel's)
-	EnvTestbedNetNS      = "FAIRGO_TESTBED_NETNS"       // 1: each machine in its own network namespace
-	EnvTestbedMPS        = "FAIRGO_TESTBED_MPS"         // 1: workers run under a private MPS daemon
+	// EnvTestbedNICSlowStartAfterIdle is 1 where the machines keep TCP's
+	// slow start after idle, 0 where it is off.
+	EnvTestbedNICSlowStartAfterIdle = "FAIRGO_TESTBED_NIC_SLOW_START_AFTER_IDLE"
+	EnvTestbedNetNS                 = "FAIRGO_TESTBED_NETNS" // 1: each machine in its own network namespace
+	EnvTestbedMPS                   = "FAIRGO_TESTBED_MPS"   // 1: workers run under a private MPS daemon
 	// EnvTestbedIntra is the intra-machine link of emulated machines
 	// (IntraNVLink or IntraLoopback); unset without --emulate-machines.
 	EnvTestbedIntra = "FAIRGO_TESTBED_INTRA"
@@ -274,6 +277,7 @@ func (p *planner) setTestbed(env *env) {
 	if c.NICGbit > 0 {
 		env.set(EnvTestbedNICQueue, c.nicQueue().String())
 		env.set(EnvTestbedNICRtoMin, c.NICRtoMin.String())
+		env.set(EnvTestbedNICSlowStartAfterIdle, boolEnv(c.NICSlowStartAfterIdle))
 	}
 	env.set(EnvTestbedNetNS, boolEnv(x.NetNS))
 	env.set(EnvTestbedMPS, boolEnv(x.MPS != nil))

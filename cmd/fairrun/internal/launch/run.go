@@ -212,12 +212,13 @@ func (s *setup) buildNICs() error {
 		return nil
 	}
 	spec := netbed.Spec{
-		Machines:     c.EmulateMachines,
-		Gbit:         c.NICGbit,
-		Latency:      c.NICLatency,
-		Queue:        c.nicQueue(),
-		RtoMin:       c.NICRtoMin,
-		LoopbackGbit: c.NVLinkGbit,
+		Machines:           c.EmulateMachines,
+		Gbit:               c.NICGbit,
+		Latency:            c.NICLatency,
+		Queue:              c.nicQueue(),
+		RtoMin:             c.NICRtoMin,
+		SlowStartAfterIdle: c.NICSlowStartAfterIdle,
+		LoopbackGbit:       c.NVLinkGbit,
 	}
 	if err := c.prober.Check(spec); err != nil {
 		return err

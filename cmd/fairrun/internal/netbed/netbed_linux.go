@@ -219,8 +219,18 @@ func (t *Testbed) createMachine(i int) error {
 			return fmt.Errorf("testbed: machine %d: %w", i, err)
 		}
 	}
+	if !t.plan.SlowStartAfterIdle {
+		err := inNetNS(ns, func() error { return os.WriteFile(slowStartAfterIdle, []byte("0"), 0o644) })
+		if err != nil {
+			return fmt.Errorf("testbed: machine %d: turn TCP's slow start after idle off: %w", i, err)
+		}
+	}
 	return nil
 }
+
+// slowStartAfterIdle is the sysctl of TCP's congestion-window restart
+// after idle, per network namespace (that of the thread that opens it).
+const slowStartAfterIdle = "/proc/sys/net/ipv4/tcp_slow_start_after_idle"
 
 // setRtoMin sets the metric rto_min on every IPv4 unicast and local route
 // of the namespace h works in (its subnet's through the NIC, its own

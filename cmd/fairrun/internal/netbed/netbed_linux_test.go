@@ -105,6 +105,9 @@ func TestSetupAndClose(t *testing.T) {
 		spec.Latency = 0
 	}
 	needNetAdmin(t, spec)
+	rootSSAIBytes, err := os.ReadFile(slowStartAfterIdle)
+	require.NoError(t, err)
+	rootSSAI := strings.TrimSpace(string(rootSSAIBytes))
 	tb, err := Setup(context.Background(), spec, quiet)
 	require.NoError(t, err)
 	closed := false
@@ -205,6 +208,9 @@ func TestSetupAndClose(t *testing.T) {
 			if err := checkRtoMin(m, spec.RtoMin); err != nil {
 				return fmt.Errorf("machine %d: %w", i, err)
 			}
+			if b, err := os.ReadFile(slowStartAfterIdle); err != nil || strings.TrimSpace(string(b)) != "0" {
+				return fmt.Errorf("machine %d: tcp_slow_start_after_idle %q (%v), want 0", i, b, err)
+			}
 			listeners[i], err = net.Listen("tcp", net.JoinHostPort(m.Addr.Addr().String(), "0"))
 			return err
 		}))
@@ -222,6 +228,9 @@ func TestSetupAndClose(t *testing.T) {
 	}
 	_, err = nsInode()
 	require.NoError(t, err)
+	b, err := os.ReadFile(slowStartAfterIdle)
+	require.NoError(t, err)
+	require.Equal(t, rootSSAI, strings.TrimSpace(string(b)), "the root namespace's setting stays")
 	ino, _ := nsInode()
 	require.Equal(t, rootIno, ino, "Run returns the thread to the root namespace")
 

@@ -39,6 +39,14 @@ type Spec struct {
 	// it, and 200 ms is longer than a whole collective of the sizes the
 	// testbed measures, a stall that an RDMA fabric (lossless) never has.
 	RtoMin time.Duration
+	// SlowStartAfterIdle keeps the kernel's TCP congestion-window restart
+	// after an idle period (net.ipv4.tcp_slow_start_after_idle) in the
+	// machines' namespaces; false turns it off there. A collective's
+	// connections idle between calls and between the stages of a pipeline
+	// longer than a retransmission timeout, and each restart begins the
+	// next transfer with 10 segments in flight, growing over round trips:
+	// a cost an RDMA fabric, without a congestion window, does not have.
+	SlowStartAfterIdle bool
 }
 
 // Limits of a Spec.
@@ -104,6 +112,9 @@ type Plan struct {
 	// RtoMin is the rto_min of every route in every machine's namespace; 0:
 	// the kernel's.
 	RtoMin time.Duration
+	// SlowStartAfterIdle is net.ipv4.tcp_slow_start_after_idle in every
+	// machine's namespace.
+	SlowStartAfterIdle bool
 }
 
 // Machine is one emulated machine's namespace and NIC.
@@ -219,6 +230,8 @@ func NewPlan(spec Spec, runID string, subnet netip.Prefix) (Plan, error) {
 		BridgeAddr: netip.PrefixFrom(nthAddr(subnet, 1), 24),
 		Shaping:    ShapingFor(spec.Gbit, spec.Latency, spec.Queue),
 		RtoMin:     spec.RtoMin,
+		// The kernel's default is on.
+		SlowStartAfterIdle: spec.SlowStartAfterIdle,
 	}
 	if spec.LoopbackGbit > 0 {
 		lo := ShapingFor(spec.LoopbackGbit, 0, spec.Queue)
