@@ -30,16 +30,27 @@ func (c *calibrator) release() error {
 	return c.hdr.release(c.r.rank.Device)
 }
 
-// timeRoutes runs each candidate on a scratch buffer of size bytes and
-// returns, for each, the slowest rank's best time in nanoseconds. The best,
-// not the median: the noise of a shared network is one-sided (a TCP
-// retransmission timeout adds 200 ms to a call, nothing makes one faster
-// than its links), and on the one-GPU testbed two of three runs of one
-// candidate were hit at once, which chose the slower route by its median. Every
-// candidate first runs once untimed (NCCL sets up a communicator's
-// connections for an algorithm at its first use, which would be timed
-// otherwise); then rounds of every candidate, the order rotated from round
-// to round so that none always follows the same one.
+// timeRoutes runs each candidate on scratch buffers of size bytes and
+// returns, for each, the slowest rank's best time per call in nanoseconds.
+//
+// A sample is a burst of calls back to back (calibrationBurst: up to 4,
+// each on a buffer of its own, then one wait), the way a trainer's
+// gradient buckets arrive: a pipelined route overlaps one call's network
+// stage with the next call's intra-machine stages, which a single call
+// cannot show. Measured one call at a time on the one-GPU testbed, the
+// 16 MiB class on 2 × 4 chose the rail allreduce in one piece (100–105 ms
+// against 104–113 for the sliced rail at 24 MiB), which then took 3.4–3.5 s
+// for 32 buckets of 25 MiB back to back against 2.8 s for the sliced rail
+// (bench/NOTES.md item 35).
+//
+// The best, not the median: the noise of a shared network is one-sided (a
+// TCP retransmission timeout adds 200 ms to a call, nothing makes one
+// faster than its links), and on the one-GPU testbed two of three runs of
+// one candidate were hit at once, which chose the slower route by its
+// median. Every candidate first runs once untimed (NCCL sets up a
+// communicator's connections for an algorithm at its first use, which
+// would be timed otherwise); then rounds of every candidate, the order
+// rotated from round to round so that none always follows the same one.
 func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
 	r := c.r
 	first := r.exec.first()
@@ -47,12 +58,12 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	scratch, err := c.agreedScratch(hdr, size, first)
+	burst := calibrationBurst(size)
+	scratch, err := c.agreedScratch(hdr, size*int64(burst), first)
 	if err != nil {
 		return nil, err
 	}
 	defer r.rank.Device.Free(scratch)
-	t := fairgo.Tensor{Ptr: scratch, Bytes: size, Count: size / 4, DType: fairgo.Float32}
 	rounds := calibrationMaxRounds
 	if size >= 16<<20 {
 		rounds = calibrationMinRounds
@@ -64,17 +75,25 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
 	defer r.events.put(ev)
 	run := func(a plan) (int64, error) {
 		start := time.Now()
-		last, err := r.exec.allReduce(t, fairgo.Sum, a, first)
+		var last streams.Stream
+		var err error
+		for k := range burst {
+			t := fairgo.Tensor{Ptr: scratch + uintptr(int64(k)*size), Bytes: size, Count: size / 4, DType: fairgo.Float32}
+			if last, err = r.exec.allReduce(t, fairgo.Sum, a, first); err != nil {
+				break
+			}
+			r.hooks.calibrationCalls.Add(1)
+		}
 		if err == nil {
 			err = ev.Record(last)
 		}
 		if err == nil {
-			err = r.waitEvent(ev, fmt.Sprintf("the calibration's %v of %d bytes", a, size))
+			err = r.waitEvent(ev, fmt.Sprintf("the calibration's %v of %d × %d bytes", a, burst, size))
 		}
 		if err != nil {
 			return 0, fmt.Errorf("timing %v at %d bytes: %w", a, size, err)
 		}
-		return time.Since(start).Nanoseconds(), nil
+		return time.Since(start).Nanoseconds() / int64(burst), nil
 	}
 	for _, a := range cands { // warm-up
 		if _, err := run(a); err != nil {
@@ -97,6 +116,16 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
 		bests[i] = slices.Min(samples[i])
 	}
 	return c.worldMax(hdr, bests, first)
+}
+
+// calibrationBurst is how many calls of size bytes one calibration sample
+// makes back to back: enough to move calibrationBurstBytes, at least 1 and
+// at most calibrationMaxBurst.
+func calibrationBurst(size int64) int {
+	if size <= 0 {
+		return 1
+	}
+	return int(min(max(calibrationBurstBytes/size, 1), calibrationMaxBurst))
 }
 
 // agreedScratch allocates bytes of scratch memory for a measurement, once

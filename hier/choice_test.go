@@ -46,6 +46,18 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, measured, "one measured class per size: %+v", first)
+	// Each sample of a candidate is a burst of calls back to back.
+	var calls uint64
+	for _, c := range first {
+		if c.Calibration != nil {
+			runs, burst := hier.CalibrationRuns(c.Calibration.Bytes)
+			require.Equal(t, 4, burst, "%d bytes: a burst moves 64 MiB, at most 4 calls", c.Calibration.Bytes)
+			calls += uint64(len(c.Calibration.Times) * runs * burst)
+		}
+	}
+	for g, r := range w.reducers {
+		require.Equal(t, calls, hier.CalibrationCalls(r), "rank %d", g)
+	}
 	for g, r := range w.reducers[1:] {
 		require.Equal(t, withoutCosts(first), withoutCosts(r.Choices()), "rank %d", g+1)
 		for _, b := range []int64{1000, 80000, 280000, 1200000, 1 << 30} {

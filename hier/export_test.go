@@ -13,6 +13,20 @@ func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 // FingerprintedCalls is how many calls carried their check in their data.
 func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load() }
 
+// CalibrationCalls is how many allreduces Auto's calibrations enqueued.
+func CalibrationCalls(r *Reducer) uint64 { return r.hooks.calibrationCalls.Load() }
+
+// CalibrationRuns is how many runs (a warm-up and the timed rounds) the
+// calibration makes of each candidate at size bytes, and the calls back to
+// back in each.
+func CalibrationRuns(size int64) (runs, burst int) {
+	rounds := calibrationMaxRounds
+	if size >= 16<<20 {
+		rounds = calibrationMinRounds
+	}
+	return 1 + rounds, calibrationBurst(size)
+}
+
 // SkipCheck turns off r's cross-rank check, so that a benchmark can measure
 // what the check costs. Every rank of the world must do it before its first
 // call.

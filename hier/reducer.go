@@ -90,6 +90,8 @@ type testHooks struct {
 	skipCheck     bool          // no cross-rank check
 	inlined       atomic.Uint64 // calls enqueued on the caller's goroutine
 	fingerprinted atomic.Uint64 // calls whose check their data carried (refused ones included)
+	// allreduces Auto's calibration enqueued
+	calibrationCalls atomic.Uint64
 }
 
 // NewReducer builds the engine of one rank from its device, grid and

@@ -19,6 +19,10 @@ const (
 	maxCalibrationBytes  = 64 << 20 // the last class: calls of this size and more share its choice
 	calibrationMinRounds = 3        // timed runs per candidate (after one warm-up of each) for classes ≥ 16 MiB
 	calibrationMaxRounds = 5        // and for smaller ones
+	// A calibration sample moves this much in a burst of calls back to
+	// back (calibrationBurst), of at most calibrationMaxBurst calls.
+	calibrationBurstBytes = 64 << 20
+	calibrationMaxBurst   = 4
 )
 
 // route is what an allreduce of some size follows: an algorithm, and for

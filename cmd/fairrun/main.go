@@ -58,7 +58,13 @@
 // GPUs (lo is one queue, so G bounds the sum of a machine's intra-machine
 // traffic, unlike NVLink's per-GPU, per-direction links; refused when the
 // ranks of a machine have GPUs of their own, with exit status 2 before
-// anything runs, like every bad command line). Its workers run inside the
+// anything runs, like every bad command line). Each tbf queues 16 ms at its
+// rate (--nic-queue), so that a machine's own flows are not dropped before
+// its NIC, as a real NIC never drops them; TCP's slow start after idle is
+// off in every machine's namespace (--nic-slow-start-after-idle keeps it),
+// as an RDMA fabric has no congestion window to restart; --nic-rto-min sets
+// TCP's minimum retransmission timeout on the machines' routes. At exit
+// fairrun logs each NIC's bytes and drops. Its workers run inside the
 // namespace with NCCL_SOCKET_IFNAME=eth0 and NCCL_IB_DISABLE=1 (unless
 // set), and the store is served on the bridge. This needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
 // and a kernel with network namespaces, veth, bridge and tbf (netem for

@@ -163,9 +163,15 @@ type MachineCounters struct {
 // than a real NIC allows.
 //
 // Limit (bytes that may wait for tokens) is Burst plus the queue time at
-// the rate (DefaultQueue: 4 ms), at most 64 MiB: deep enough that incast of
-// several senders into one machine does not drop at the first burst,
-// shallow enough to keep the queueing delay of a saturated NIC at a few ms.
+// the rate (DefaultQueue: 16 ms), at most 64 MiB. A real NIC does not drop
+// what its own host sends: the socket waits instead. A tbf that is too
+// short does drop it, and TCP takes such a local drop for congestion and
+// halves its window. With 4 ms, the 2 × 4 testbed at 2.5 Gbit/s dropped
+// 1,300–7,600 packets per run on the sending side, where several rails'
+// flows share one NIC, and none on the receiving side. With 16 ms it
+// dropped none, and the collectives were as fast or faster
+// (bench/NOTES.md item 35). The queue stays short enough that the
+// queueing delay of a saturated NIC is tens of ms at most.
 //
 // With a latency, a netem qdisc is the root of the namespace end (packets
 // the machine sends wait Latency) and the tbf its child.
@@ -186,8 +192,8 @@ const (
 )
 
 // DefaultQueue is the tbf queue of a NIC, in time at its rate, when the
-// Spec names none.
-const DefaultQueue = 4 * time.Millisecond
+// Spec names none (see Shaping).
+const DefaultQueue = 16 * time.Millisecond
 
 // ShapingFor returns the qdisc parameters of a NIC of gbit Gbit/s with a
 // one-way latency and a queue of queue at the rate (0: DefaultQueue).

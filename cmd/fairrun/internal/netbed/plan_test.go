@@ -103,19 +103,20 @@ func TestShapingFor(t *testing.T) {
 		limit      uint32
 		netemLimit uint32
 	}{
-		{gbit: 1, rate: 125_000_000, burst: 256 << 10, limit: 256<<10 + 500_000},
-		{gbit: 10, rate: 1_250_000_000, burst: 256 << 10, limit: 256<<10 + 5_000_000},
-		{gbit: 40, rate: 5_000_000_000, burst: 1_000_000, limit: 21_000_000},
-		{gbit: 100, rate: 12_500_000_000, burst: 2_500_000, limit: 52_500_000},
+		{gbit: 1, rate: 125_000_000, burst: 256 << 10, limit: 256<<10 + 2_000_000},
+		{gbit: 10, rate: 1_250_000_000, burst: 256 << 10, limit: 256<<10 + 20_000_000},
+		{gbit: 40, queue: 4 * time.Millisecond, rate: 5_000_000_000, burst: 1_000_000, limit: 21_000_000},
+		{gbit: 40, rate: 5_000_000_000, burst: 1_000_000, limit: 64 << 20},
+		{gbit: 100, rate: 12_500_000_000, burst: 2_500_000, limit: 64 << 20},
 		{gbit: 1000, rate: 125_000_000_000, burst: 25_000_000, limit: 64 << 20},
-		{gbit: 0.5, rate: 62_500_000, burst: 256 << 10, limit: 256<<10 + 250_000},
+		{gbit: 0.5, rate: 62_500_000, burst: 256 << 10, limit: 256<<10 + 1_000_000},
 		{gbit: 10, latency: 50 * time.Microsecond, rate: 1_250_000_000, burst: 256 << 10,
-			limit: 256<<10 + 5_000_000, netemLimit: 1000},
+			limit: 256<<10 + 20_000_000, netemLimit: 1000},
 		{gbit: 10, latency: 10 * time.Millisecond, rate: 1_250_000_000, burst: 256 << 10,
-			limit: 256<<10 + 5_000_000, netemLimit: 16667},
-		{gbit: 2.5, queue: DefaultQueue, rate: 312_500_000, burst: 256 << 10, limit: 256<<10 + 1_250_000},
-		{gbit: 2.5, queue: 16 * time.Millisecond, rate: 312_500_000, burst: 256 << 10, limit: 256<<10 + 5_000_000},
-		{gbit: 100, queue: 16 * time.Millisecond, rate: 12_500_000_000, burst: 2_500_000, limit: 64 << 20},
+			limit: 256<<10 + 20_000_000, netemLimit: 16667},
+		{gbit: 2.5, queue: DefaultQueue, rate: 312_500_000, burst: 256 << 10, limit: 256<<10 + 5_000_000},
+		{gbit: 2.5, queue: 4 * time.Millisecond, rate: 312_500_000, burst: 256 << 10, limit: 256<<10 + 1_250_000},
+		{gbit: 100, queue: 4 * time.Millisecond, rate: 12_500_000_000, burst: 2_500_000, limit: 52_500_000},
 	} {
 		name := strconv.FormatFloat(tc.gbit, 'g', -1, 64) + "G/" + tc.latency.String() + "/" + tc.queue.String()
 		t.Run(name, func(t *testing.T) {
