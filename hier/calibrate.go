@@ -33,7 +33,7 @@ func (c *calibrator) release() error {
 // timeRoutes runs each candidate on scratch buffers of size bytes and
 // returns, for each, the slowest rank's best time per call in nanoseconds.
 //
-// A sample is a burst of calls back to back (calibrationBurst: 2 to 4,
+// A sample is a burst of calls back to back (calibrationBurst: up to 4,
 // each on a buffer of its own, then one wait), the way a trainer's
 // gradient buckets arrive: a pipelined route overlaps one call's network
 // stage with the next call's intra-machine stages, which a single call
@@ -41,10 +41,7 @@ func (c *calibrator) release() error {
 // 16 MiB class on 2 × 4 chose the rail allreduce in one piece (100–105 ms
 // against 104–113 for the sliced rail at 24 MiB), which then took 3.4–3.5 s
 // for 32 buckets of 25 MiB back to back against 2.8 s for the sliced rail
-// (bench/NOTES.md item 35). Even the largest class takes two calls: one
-// call alone put the sliced rail 5–16% behind the time the sweeps measured
-// for it, and on 4 × 2 once chose the one piece at 64 MiB, 8% slower there
-// (item 35; the cause of the one-call penalty is not found).
+// (bench/NOTES.md item 35).
 //
 // The best, not the median: the noise of a shared network is one-sided (a
 // TCP retransmission timeout adds 200 ms to a call, nothing makes one
@@ -122,13 +119,13 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
 }
 
 // calibrationBurst is how many calls of size bytes one calibration sample
-// makes back to back: enough to move calibrationBurstBytes, at least
-// calibrationMinBurst and at most calibrationMaxBurst.
+// makes back to back: enough to move calibrationBurstBytes, at least 1 and
+// at most calibrationMaxBurst.
 func calibrationBurst(size int64) int {
 	if size <= 0 {
-		return calibrationMinBurst
+		return 1
 	}
-	return int(min(max(calibrationBurstBytes/size, calibrationMinBurst), calibrationMaxBurst))
+	return int(min(max(calibrationBurstBytes/size, 1), calibrationMaxBurst))
 }
 
 // agreedScratch allocates bytes of scratch memory for a measurement, once

@@ -20,10 +20,8 @@ const (
 	calibrationMinRounds = 3        // timed runs per candidate (after one warm-up of each) for classes ≥ 16 MiB
 	calibrationMaxRounds = 5        // and for smaller ones
 	// A calibration sample moves this much in a burst of calls back to
-	// back (calibrationBurst), of calibrationMinBurst to calibrationMaxBurst
-	// calls.
+	// back (calibrationBurst), of at most calibrationMaxBurst calls.
 	calibrationBurstBytes = 64 << 20
-	calibrationMinBurst   = 2
 	calibrationMaxBurst   = 4
 )
 

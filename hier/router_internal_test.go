@@ -109,15 +109,15 @@ func nanos[K comparable, V ~int64](m map[K]V) map[K]int64 {
 	return out
 }
 
-// A calibration sample is a burst that moves calibrationBurstBytes, of 2 to
+// A calibration sample is a burst that moves calibrationBurstBytes, of 1 to
 // calibrationMaxBurst calls.
 func TestCalibrationBurst(t *testing.T) {
 	for _, tc := range []struct {
 		size int64
 		want int
 	}{
-		{0, 2}, {-1, 2}, {1, 4}, {96 << 10, 4}, {6 << 20, 4}, {16 << 20, 4}, {24 << 20, 2},
-		{32 << 20, 2}, {48 << 20, 2}, {64 << 20, 2}, {1 << 30, 2},
+		{0, 1}, {-1, 1}, {1, 4}, {96 << 10, 4}, {6 << 20, 4}, {16 << 20, 4}, {24 << 20, 2},
+		{32 << 20, 2}, {48 << 20, 1}, {64 << 20, 1}, {1 << 30, 1},
 	} {
 		require.Equal(t, tc.want, calibrationBurst(tc.size), "%d bytes", tc.size)
 	}
