@@ -31,7 +31,9 @@ func (c *calibrator) release() error {
 }
 
 // timeRoutes runs each candidate on scratch buffers of size bytes and
-// returns, for each, the slowest rank's best time per call in nanoseconds.
+// returns, for each, the slowest rank's best time per call in nanoseconds,
+// and how many timed samples it ran (prune stops timing a candidate far
+// behind after the first round).
 //
 // A sample is a burst of calls back to back (calibrationBurst: up to 4,
 // each on a buffer of its own, then one wait), the way a trainer's
@@ -47,37 +49,34 @@ func (c *calibrator) release() error {
 // TCP retransmission timeout adds 200 ms to a call, nothing makes one
 // faster than its links), and on the one-GPU testbed two of three runs of
 // one candidate were hit at once, which chose the slower route by its
-// median. Every candidate first runs once untimed (NCCL sets up a
+// median. Every candidate first runs one call untimed (NCCL sets up a
 // communicator's connections for an algorithm at its first use, which
-// would be timed otherwise); then rounds of every candidate, the order
-// rotated from round to round so that none always follows the same one.
-func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
+// would be timed otherwise); then calibrationRounds rounds of every
+// candidate, the order rotated from round to round so that none always
+// follows the same one.
+func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, []int, error) {
 	r := c.r
 	first := r.exec.first()
 	hdr, err := c.header()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	burst := calibrationBurst(size)
 	scratch, err := c.agreedScratch(hdr, size*int64(burst), first)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer r.rank.Device.Free(scratch)
-	rounds := calibrationMaxRounds
-	if size >= 16<<20 {
-		rounds = calibrationMinRounds
-	}
 	ev, err := r.events.get()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer r.events.put(ev)
-	run := func(a plan) (int64, error) {
+	run := func(a plan, calls int) (int64, error) {
 		start := time.Now()
 		var last streams.Stream
 		var err error
-		for k := range burst {
+		for k := range calls {
 			t := fairgo.Tensor{Ptr: scratch + uintptr(int64(k)*size), Bytes: size, Count: size / 4, DType: fairgo.Float32}
 			if last, err = r.exec.allReduce(t, fairgo.Sum, a, first); err != nil {
 				break
@@ -88,34 +87,72 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, error) {
 			err = ev.Record(last)
 		}
 		if err == nil {
-			err = r.waitEvent(ev, fmt.Sprintf("the calibration's %v of %d × %d bytes", a, burst, size))
+			err = r.waitEvent(ev, fmt.Sprintf("the calibration's %v of %d × %d bytes", a, calls, size))
 		}
 		if err != nil {
 			return 0, fmt.Errorf("timing %v at %d bytes: %w", a, size, err)
 		}
-		return time.Since(start).Nanoseconds() / int64(burst), nil
+		return time.Since(start).Nanoseconds() / int64(calls), nil
 	}
-	for _, a := range cands { // warm-up
-		if _, err := run(a); err != nil {
-			return nil, err
+	for _, a := range cands { // warm-up: one call connects what the route uses
+		if _, err := run(a, 1); err != nil {
+			return nil, nil, err
 		}
 	}
 	samples := make([][]int64, len(cands))
-	for round := range rounds {
-		for j := range cands {
-			i := (j + round) % len(cands)
-			d, err := run(cands[i])
+	timed := make([]int, len(cands)) // the candidates still timed
+	for i := range timed {
+		timed[i] = i
+	}
+	for round := range calibrationRounds {
+		for j := range timed {
+			i := timed[(j+round)%len(timed)]
+			d, err := run(cands[i], burst)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			samples[i] = append(samples[i], d)
 		}
+		if round == 0 && len(timed) > 1 {
+			if timed, err = c.prune(hdr, samples, first); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 	bests := make([]int64, len(cands))
+	counts := make([]int, len(cands))
 	for i := range cands {
 		bests[i] = slices.Min(samples[i])
+		counts[i] = len(samples[i])
 	}
-	return c.worldMax(hdr, bests, first)
+	times, err := c.worldMax(hdr, bests, first)
+	return times, counts, err
+}
+
+// prune returns the candidates worth more rounds after the first: those
+// whose first sample, the slowest rank's, is within calibrationPrune times
+// the fastest one's. A candidate slower than that cannot win the rounds
+// left, and timing it again would only lengthen the first call of the
+// class (on the sim cluster with 11 KiB slices, the sliced rail took 13×
+// flat's time and 85% of the calibration). Every rank keeps the same
+// candidates: the decision is on times all ranks agreed on.
+func (c *calibrator) prune(hdr *exchange, samples [][]int64, s streams.Stream) ([]int, error) {
+	firsts := make([]int64, len(samples))
+	for i, sm := range samples {
+		firsts[i] = sm[0]
+	}
+	agreed, err := c.worldMax(hdr, firsts, s)
+	if err != nil {
+		return nil, err
+	}
+	fastest := slices.Min(agreed)
+	var keep []int
+	for i, t := range agreed {
+		if float64(t) <= calibrationPrune*float64(fastest) {
+			keep = append(keep, i)
+		}
+	}
+	return keep, nil
 }
 
 // calibrationBurst is how many calls of size bytes one calibration sample

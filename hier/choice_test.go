@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -50,9 +51,13 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 	var calls uint64
 	for _, c := range first {
 		if c.Calibration != nil {
-			runs, burst := hier.CalibrationRuns(c.Calibration.Bytes)
+			burst := hier.CalibrationBurst(c.Calibration.Bytes)
 			require.Equal(t, 4, burst, "%d bytes: a burst moves 64 MiB, at most 4 calls", c.Calibration.Bytes)
-			calls += uint64(len(c.Calibration.Times) * runs * burst)
+			require.Len(t, c.Calibration.Samples, len(c.Calibration.Times))
+			for route, n := range c.Calibration.Samples {
+				require.True(t, n == 1 || n == hier.CalibrationRounds, "%s: %d samples", route, n)
+				calls += uint64(1 + n*burst) // a warm-up call, then the bursts
+			}
 		}
 	}
 	for g, r := range w.reducers {
@@ -332,5 +337,52 @@ func TestRoutesOfRefusesWhatCannotShare(t *testing.T) {
 			require.Equal(t, "WithRoutesOf", ae.Arg)
 			require.Contains(t, err.Error(), tc.want)
 		})
+	}
+}
+
+// A candidate that the first round puts more than twice behind the fastest
+// is not timed again (the sliced rail in 4 KiB slices, against one NCCL
+// call), on every rank alike; the others get every round.
+func TestCalibrationPrunesHopelessRoutes(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 5}, hier.WithFlatThreshold(64<<10),
+		hier.WithSliceSize(4<<10))
+	rng := rand.New(rand.NewPCG(5, 6))
+	in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, 4, 300000) // 1.2 MB: the 1 MiB class
+	out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+	require.NoError(t, err)
+	require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+	var cal *hier.Calibration
+	for _, c := range w.reducers[0].Choices() {
+		if c.Calibration != nil {
+			cal = c.Calibration
+		}
+	}
+	require.NotNil(t, cal)
+	var fastest time.Duration
+	for _, d := range cal.Times {
+		if fastest == 0 || d < fastest {
+			fastest = d
+		}
+	}
+	pruned := 0
+	for route, d := range cal.Times {
+		if d > 2*fastest {
+			require.Equal(t, 1, cal.Samples[route], "%s took %v against %v: timed once", route, d, fastest)
+			pruned++
+		} else {
+			require.Equal(t, hier.CalibrationRounds, cal.Samples[route], "%s", route)
+		}
+	}
+	sliced := ""
+	for route := range cal.Times {
+		if strings.HasPrefix(route, "rail-rsag") {
+			sliced = route
+		}
+	}
+	require.NotEmpty(t, sliced, "the sliced rail is a candidate: %v", cal.Times)
+	require.Equal(t, 1, cal.Samples[sliced], "4 KiB slices: %v", cal.Times)
+	require.Positive(t, pruned)
+	for g, r := range w.reducers[1:] {
+		require.Equal(t, withoutCosts(w.reducers[0].Choices()), withoutCosts(r.Choices()), "rank %d", g+1)
 	}
 }

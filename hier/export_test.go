@@ -16,16 +16,12 @@ func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load()
 // CalibrationCalls is how many allreduces Auto's calibrations enqueued.
 func CalibrationCalls(r *Reducer) uint64 { return r.hooks.calibrationCalls.Load() }
 
-// CalibrationRuns is how many runs (a warm-up and the timed rounds) the
-// calibration makes of each candidate at size bytes, and the calls back to
-// back in each.
-func CalibrationRuns(size int64) (runs, burst int) {
-	rounds := calibrationMaxRounds
-	if size >= 16<<20 {
-		rounds = calibrationMinRounds
-	}
-	return 1 + rounds, calibrationBurst(size)
-}
+// CalibrationBurst is how many calls back to back one calibration sample
+// makes at size bytes.
+func CalibrationBurst(size int64) int { return calibrationBurst(size) }
+
+// CalibrationRounds is the timed samples of a candidate that is not pruned.
+const CalibrationRounds = calibrationRounds
 
 // SkipCheck turns off r's cross-rank check, so that a benchmark can measure
 // what the check costs. Every rank of the world must do it before its first

@@ -15,10 +15,12 @@ import (
 // uses the fastest from then on: every rank measures the same calls and
 // sees the same maxima, so every rank chooses alike.
 const (
-	minClassBytes        = 64 << 10
-	maxCalibrationBytes  = 64 << 20 // the last class: calls of this size and more share its choice
-	calibrationMinRounds = 3        // timed runs per candidate (after one warm-up of each) for classes ≥ 16 MiB
-	calibrationMaxRounds = 5        // and for smaller ones
+	minClassBytes       = 64 << 10
+	maxCalibrationBytes = 64 << 20 // the last class: calls of this size and more share its choice
+	calibrationRounds   = 3        // timed samples per candidate, after one warm-up call of each
+	// After the first round, only candidates within this factor of the
+	// fastest are timed again.
+	calibrationPrune = 2.0
 	// A calibration sample moves this much in a burst of calls back to
 	// back (calibrationBurst), of at most calibrationMaxBurst calls.
 	calibrationBurstBytes = 64 << 20
@@ -95,7 +97,7 @@ func (t *routeTable) probedLinks() *linkModel {
 type measurer interface {
 	// timeRoutes times each candidate on an allreduce of size bytes and
 	// returns, for each, the slowest rank's best time in nanoseconds.
-	timeRoutes(size int64, cands []plan) ([]int64, error)
+	timeRoutes(size int64, cands []plan) (times []int64, samples []int, err error)
 	// probeLinks measures the intra-machine link and the rail.
 	probeLinks() (linkModel, error)
 	// release frees what the measurements allocated.
@@ -306,14 +308,14 @@ func (rt *router) calibrate(class int) (route, *Calibration) {
 		rt.linkModel() // before the timing: the sliced candidates take its slices
 	}
 	cands := rt.candidates(size)
-	times, err := rt.measure.timeRoutes(size, cands)
+	times, samples, err := rt.measure.timeRoutes(size, cands)
 	if err != nil {
 		rt.logger.Warn("fairgo: could not calibrate a size class; guessing",
 			"class_bytes", lo, "guess", guess, "err", err)
 		return guess, nil
 	}
 	best := fastest(times)
-	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Cost: time.Since(start)}
+	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Samples: map[string]int{}, Cost: time.Since(start)}
 	attrs := []any{
 		"class_bytes", lo,
 		"measured_bytes", size,
@@ -322,6 +324,7 @@ func (rt *router) calibrate(class int) (route, *Calibration) {
 	}
 	for i, p := range cands {
 		cal.Times[p.String()] = time.Duration(times[i])
+		cal.Samples[p.String()] = samples[i]
 		attrs = append(attrs, p.String()+"_us", float64(times[i])/1e3)
 	}
 	rt.logger.Info("fairgo: calibrated size class", attrs...)
@@ -357,6 +360,10 @@ type Calibration struct {
 	// Times is each candidate route's time (hier.Choice names): the
 	// slowest rank's best of the timed runs.
 	Times map[string]time.Duration
+	// Samples is how many timed samples (bursts of calls back to back)
+	// each candidate ran: fewer than the rounds for one that the first
+	// round put more than twice behind the fastest.
+	Samples map[string]int
 	// Cost is the wall time the calibration took on this rank: what the
 	// first call of the class waited beyond its own work.
 	Cost time.Duration

@@ -18,13 +18,15 @@ type fixedMeasurer struct {
 	timed int // how many calibrations it ran
 }
 
-func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, error) {
+func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, []int, error) {
 	m.timed++
 	out := make([]int64, len(cands))
+	samples := make([]int, len(cands))
 	for i, p := range cands {
 		out[i] = m.times[p.algo]
+		samples[i] = calibrationRounds
 	}
-	return out, nil
+	return out, samples, nil
 }
 
 func (m *fixedMeasurer) probeLinks() (linkModel, error) {
