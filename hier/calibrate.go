@@ -131,9 +131,9 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, []int, error
 
 // prune returns the candidates worth more rounds after the first: those
 // whose first sample, the slowest rank's, is within calibrationPrune times
-// the fastest one's. A candidate slower than that cannot win the rounds
-// left, and timing it again would only lengthen the first call of the
-// class (on the sim cluster with 11 KiB slices, the sliced rail took 13×
+// the fastest one's. A candidate slower than that wins the rounds left
+// only if noise doubled its first sample, and timing it again lengthens
+// the first call of the class (on the sim cluster with 11 KiB slices, the sliced rail took 13×
 // flat's time and 85% of the calibration). Every rank keeps the same
 // candidates: the decision is on times all ranks agreed on.
 func (c *calibrator) prune(hdr *exchange, samples [][]int64, s streams.Stream) ([]int, error) {
