@@ -341,11 +341,11 @@ func TestRoutesOfRefusesWhatCannotShare(t *testing.T) {
 }
 
 // A candidate that the first round puts more than twice behind the fastest
-// is not timed again (the sliced rail in 4 KiB slices, against one NCCL
+// is not timed again (the sliced rail in 1 KiB slices, against one NCCL
 // call), on every rank alike; the others get every round.
 func TestCalibrationPrunesHopelessRoutes(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 5}, hier.WithFlatThreshold(64<<10),
-		hier.WithSliceSize(4<<10))
+		hier.WithSliceSize(1<<10))
 	rng := rand.New(rand.NewPCG(5, 6))
 	in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, 4, 300000) // 1.2 MB: the 1 MiB class
 	out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
@@ -364,13 +364,20 @@ func TestCalibrationPrunesHopelessRoutes(t *testing.T) {
 			fastest = d
 		}
 	}
+	// A pruned candidate's time is its first sample, more than twice the
+	// first round's fastest, which is no faster than the fastest's best:
+	// it ends more than twice behind. A candidate that the first round
+	// kept may end there too (the fastest's later rounds beat its first),
+	// so the converse is not a property.
 	pruned := 0
 	for route, d := range cal.Times {
-		if d > 2*fastest {
-			require.Equal(t, 1, cal.Samples[route], "%s took %v against %v: timed once", route, d, fastest)
+		switch cal.Samples[route] {
+		case 1:
+			require.Greater(t, d, 2*fastest, "%s was timed once: %v", route, cal.Times)
 			pruned++
-		} else {
-			require.Equal(t, hier.CalibrationRounds, cal.Samples[route], "%s", route)
+		case hier.CalibrationRounds:
+		default:
+			require.Failf(t, "neither pruned nor timed every round", "%s: %d samples", route, cal.Samples[route])
 		}
 	}
 	sliced := ""
@@ -380,7 +387,7 @@ func TestCalibrationPrunesHopelessRoutes(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, sliced, "the sliced rail is a candidate: %v", cal.Times)
-	require.Equal(t, 1, cal.Samples[sliced], "4 KiB slices: %v", cal.Times)
+	require.Equal(t, 1, cal.Samples[sliced], "1 KiB slices: %v", cal.Times)
 	require.Positive(t, pruned)
 	for g, r := range w.reducers[1:] {
 		require.Equal(t, withoutCosts(w.reducers[0].Choices()), withoutCosts(r.Choices()), "rank %d", g+1)
