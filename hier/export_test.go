@@ -39,3 +39,10 @@ func SetRoute(r *Reducer, a Algorithm) {
 		rt.table.measured[class] = route{algo: a, serial: rt.serialRail()}
 	}
 }
+
+// The link probe's sizes (bytes per rank) and timed runs per size.
+const (
+	ProbeSmall = probeSmall
+	ProbeLarge = probeLarge
+	ProbeRuns  = probeRuns
+)

@@ -3,7 +3,6 @@ package hier
 import (
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -33,11 +32,21 @@ type link struct {
 // probe measured them; the zero value means "not measured".
 type linkModel struct {
 	intra, rail link
+	// probes are the times the fit came from (ns; the slowest rank's best
+	// of the intra link's small and large probe, then the rail's), for the
+	// log: a fit is only as good as they are.
+	probes [4]int64
 }
 
 func (m linkModel) String() string {
-	return fmt.Sprintf("intra α %.1f µs, %.2f GB/s; rail α %.1f µs, %.3f GB/s",
+	s := fmt.Sprintf("intra α %.1f µs, %.2f GB/s; rail α %.1f µs, %.3f GB/s",
 		m.intra.alpha*1e6, m.intra.bw/1e9, m.rail.alpha*1e6, m.rail.bw/1e9)
+	if m.probes != [4]int64{} {
+		p := m.probes
+		s += fmt.Sprintf(" (probes of %d KiB and %d KiB: intra %.1f and %.1f µs, rail %.1f and %.1f µs)",
+			probeSmall>>10, probeLarge>>10, float64(p[0])/1e3, float64(p[1])/1e3, float64(p[2])/1e3, float64(p[3])/1e3)
+	}
+	return s
 }
 
 // maxModelSlices bounds the slices the model considers for one call.
@@ -106,7 +115,7 @@ const (
 	probeMinBytes = 1 << 20 // the smallest call that probes the links
 	probeSmall    = 256 << 10
 	probeLarge    = 8 << 20
-	probeRuns     = 3 // timed runs per size, after one untimed
+	probeRuns     = 3 // timed runs per size, after one untimed of the large size
 )
 
 // probeLinks measures the intra link (an allreduce on the intra
@@ -133,36 +142,52 @@ func (c *calibrator) probeLinks() (linkModel, error) {
 		return linkModel{}, err
 	}
 	defer r.events.put(ev)
-	timeOn := func(cm backend.Comm, bytes int64) (int64, error) {
+	timeOne := func(cm backend.Comm, bytes int64) (int64, error) {
+		start := time.Now()
+		err := cm.AllReduce(scratch, scratch, bytes/4, fairgo.Float32, fairgo.Sum, first)
+		if err == nil {
+			err = ev.Record(first)
+		}
+		if err == nil {
+			err = r.waitEvent(ev, fmt.Sprintf("the link probe's allreduce of %d bytes on %s", bytes, cm.Name()))
+		}
+		return time.Since(start).Nanoseconds(), err
+	}
+	// timeOn returns the best time of probeRuns allreduces of each size on
+	// cm, the sizes alternating, after one untimed of the large size: it
+	// connects, and it opens the TCP windows of a socket transport, which a
+	// small first run would leave for the timed small runs to open (a
+	// small time too slow makes the fit's α too large, and the slices too
+	// few). The best, not the median: a shared network's noise is
+	// one-sided (see calibrator.timeRoutes).
+	timeOn := func(cm backend.Comm) (small, large int64, err error) {
 		if cm == nil || cm.Size() < 2 {
-			return 0, nil
+			return 0, 0, nil
 		}
-		var samples []int64
-		for run := range probeRuns + 1 {
-			start := time.Now()
-			err := cm.AllReduce(scratch, scratch, bytes/4, fairgo.Float32, fairgo.Sum, first)
-			if err == nil {
-				err = ev.Record(first)
-			}
-			if err == nil {
-				err = r.waitEvent(ev, fmt.Sprintf("the link probe's allreduce of %d bytes on %s", bytes, cm.Name()))
-			}
+		if _, err := timeOne(cm, probeLarge); err != nil {
+			return 0, 0, err
+		}
+		for range probeRuns {
+			s, err := timeOne(cm, probeSmall)
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
-			if run > 0 {
-				samples = append(samples, time.Since(start).Nanoseconds())
+			l, err := timeOne(cm, probeLarge)
+			if err != nil {
+				return 0, 0, err
+			}
+			if small == 0 || s < small {
+				small = s
+			}
+			if large == 0 || l < large {
+				large = l
 			}
 		}
-		return slices.Min(samples), nil // the best run: a shared network's noise is one-sided (see calibrator.timeRoutes)
+		return small, large, nil
 	}
 	var times [4]int64
-	for i, p := range []struct {
-		c     backend.Comm
-		bytes int64
-	}{{r.rank.Comms.IntraReduceScatter, probeSmall}, {r.rank.Comms.IntraReduceScatter, probeLarge},
-		{r.rank.Comms.RailCollect, probeSmall}, {r.rank.Comms.RailCollect, probeLarge}} {
-		if times[i], err = timeOn(p.c, p.bytes); err != nil {
+	for i, cm := range []backend.Comm{r.rank.Comms.IntraReduceScatter, r.rank.Comms.RailCollect} {
+		if times[2*i], times[2*i+1], err = timeOn(cm); err != nil {
 			return linkModel{}, err
 		}
 	}
@@ -191,5 +216,7 @@ func fitLinks(g Grid, ns []int64) linkModel {
 		alpha := math.Max(0, (s1-f*probeSmall/bw)/2)
 		return link{alpha: alpha, bw: bw}
 	}
-	return linkModel{intra: fit(g.Devices, ns[0], ns[1]), rail: fit(g.Machines, ns[2], ns[3])}
+	m := linkModel{intra: fit(g.Devices, ns[0], ns[1]), rail: fit(g.Machines, ns[2], ns[3])}
+	copy(m.probes[:], ns)
+	return m
 }

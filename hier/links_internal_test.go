@@ -158,3 +158,10 @@ func TestCandidatesOrderFollowsTheModel(t *testing.T) {
 		})
 	}
 }
+
+// The log line of a fit names the probe times it came from.
+func TestLinkModelStringNamesTheProbes(t *testing.T) {
+	m := fitLinks(Grid{Machines: 2, Devices: 2}, []int64{100e3, 3000e3, 2500e3, 80000e3})
+	require.Contains(t, m.String(), "probes of 256 KiB and 8192 KiB: intra 100.0 and 3000.0 µs, rail 2500.0 and 80000.0 µs")
+	require.NotContains(t, linkModel{rail: link{bw: 1e9}}.String(), "probes")
+}
