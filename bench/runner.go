@@ -310,7 +310,8 @@ func (r *run) rounds(bytes int64) int {
 const maxRounds = 1 << 12
 
 // measure runs the warm-up and the timed repetitions of every method,
-// alternating, with enqueue enqueueing one timed unit of a method.
+// alternating (each repetition in its repOrder), with enqueue enqueueing
+// one timed unit of a method.
 func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method, c *caller) error) error {
 	ms := r.cfg.Methods
 	res.Times = make([][][]float64, len(ms))
@@ -324,8 +325,9 @@ func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method,
 	}
 	res.Load = make([]hostDelta, len(ms))
 	res.Units = units * rounds * r.cfg.Reps
-	for range r.cfg.Reps {
-		for k, m := range ms {
+	for rep := range r.cfg.Reps {
+		for _, k := range repOrder(rep, len(ms)) {
+			m := ms[k]
 			before := sampleHost()
 			ts, err := r.timeUnit(units, rounds, func(c *caller) error { return enqueue(m, c) })
 			if err != nil {
@@ -339,6 +341,26 @@ func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method,
 		}
 	}
 	return nil
+}
+
+// repOrder is the order in which repetition rep measures n methods: the
+// configured order rotated by rep/2, reversed on odd repetitions (two
+// methods take turns going first). A method
+// measured at the same place every time carries whatever that place does
+// to it (the method before it leaves its communicators' connections idle,
+// its streams' work queued, the host's caches); on the one-GPU testbed
+// three identical variants ran 221, 228 and 260 µs at 2 × 1 256K in one
+// process, with the order fixed (bench/NOTES.md item 39). Every process
+// derives the same order, so the ranks still call alike.
+func repOrder(rep, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = (i + rep/2) % n
+	}
+	if rep%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
 }
 
 // check runs each method once on fresh inputs over every bucket and counts

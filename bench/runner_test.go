@@ -524,15 +524,22 @@ func TestRepBytesRepeatsRounds(t *testing.T) {
 	r.cfg.RepBytes = 0
 	require.Equal(t, 1, r.rounds(1))
 
-	calls := make([]int, len(r.ranks)) // per local rank; ForRanks runs them at once
+	calls := make([]int, len(r.ranks))      // per local rank; ForRanks runs them at once
+	order := make([][]string, len(r.ranks)) // the methods each local rank called, a call per round
 	var res rankResult
-	err = r.measure(&res, 2, 5, func(_ Method, c *caller) error {
-		calls[slices.Index(r.callers, c)]++
+	err = r.measure(&res, 2, 5, func(m Method, c *caller) error {
+		i := slices.Index(r.callers, c)
+		calls[i]++
+		if calls[i]%10 == 1 {
+			order[i] = append(order[i], m.Name)
+		}
 		return nil
 	})
 	require.NoError(t, err)
 	for i, n := range calls {
 		require.Equal(t, len(cfg.Methods)*cfg.Reps*5*2, n, "local rank %d", i)
+		require.Equal(t, []string{"flat", "fairgo", "fairgo", "flat", "fairgo", "flat"}, order[i],
+			"local rank %d: the methods take turns going first", i)
 	}
 	require.Equal(t, cfg.Reps*5*2, res.Units)
 
@@ -540,4 +547,45 @@ func TestRepBytesRepeatsRounds(t *testing.T) {
 	var arg *fairgo.ArgError
 	require.ErrorAs(t, err, &arg)
 	require.Equal(t, "-rep-bytes", arg.Arg)
+}
+
+// Each repetition measures every method once, in the configured order
+// rotated by half the repetition and reversed on odd ones, so that no
+// method always follows the same one or always goes first.
+func TestRepOrder(t *testing.T) {
+	for _, tc := range []struct {
+		rep, n int
+		want   []int
+	}{
+		{0, 4, []int{0, 1, 2, 3}},
+		{1, 4, []int{3, 2, 1, 0}},
+		{2, 4, []int{1, 2, 3, 0}},
+		{3, 4, []int{0, 3, 2, 1}},
+		{0, 2, []int{0, 1}},
+		{1, 2, []int{1, 0}},
+		{5, 1, []int{0}},
+		{0, 0, []int{}},
+	} {
+		require.Equal(t, tc.want, repOrder(tc.rep, tc.n), "repetition %d of %d methods", tc.rep, tc.n)
+	}
+	for n := 1; n <= 9; n++ {
+		before := map[[2]int]bool{} // (method, the one measured just before it) in the first four repetitions
+		for rep := range 4 {
+			o := repOrder(rep, n)
+			sorted := slices.Clone(o)
+			slices.Sort(sorted)
+			for i := range sorted {
+				require.Equal(t, i, sorted[i], "repetition %d of %d methods: %v is not a permutation", rep, n, o)
+			}
+			for i := 1; i < n; i++ {
+				before[[2]int{o[i], o[i-1]}] = true
+			}
+		}
+		for k := range n {
+			if n >= 3 {
+				require.True(t, before[[2]int{k, (k + n - 1) % n}] && before[[2]int{k, (k + 1) % n}],
+					"%d methods: method %d follows each of its neighbours in four repetitions", n, k)
+			}
+		}
+	}
 }

@@ -238,7 +238,7 @@ func (t *timingFlags) register(fs *flag.FlagSet) {
 	cli.Choice(fs, &t.op, "op", "sum", "`reduction`: sum, avg, max, min, prod", cli.Op)
 	fs.IntVar(&t.warmup, "w", 1, "untimed rounds of each method per point")
 	fs.IntVar(&t.iters, "n", 1, "calls back to back per timed repetition (1: one call at a time)")
-	fs.IntVar(&t.reps, "reps", 3, "timed repetitions of each method, alternating (median and spread)")
+	fs.IntVar(&t.reps, "reps", 3, "timed repetitions of each method, alternating, each in another order (median and spread)")
 	sizeFlag(fs, &t.repBytes, "rep-bytes", "0",
 		"each repetition repeats its -n calls, waiting for them each round, until the rounds moved this many `bytes` "+
 			"(steadies small sizes; 0: one round)")
