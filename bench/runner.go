@@ -345,13 +345,13 @@ func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method,
 
 // repOrder is the order in which repetition rep measures n methods: the
 // configured order rotated by rep/2, reversed on odd repetitions (two
-// methods take turns going first). A method
-// measured at the same place every time carries whatever that place does
-// to it (the method before it leaves its communicators' connections idle,
-// its streams' work queued, the host's caches); on the one-GPU testbed
-// three identical variants ran 221, 228 and 260 µs at 2 × 1 256K in one
-// process, with the order fixed (bench/NOTES.md item 39). Every process
-// derives the same order, so the ranks still call alike.
+// methods take turns going first). A method measured at the same place
+// every time carries whatever that place does to it (the method before it
+// leaves its communicators' connections idle, its streams' work queued,
+// the host's caches); on the one-GPU testbed three identical variants ran
+// 221, 228 and 260 µs at 2 × 1 256K in one process, with the order fixed
+// (bench/NOTES.md item 39). Every process derives the same order, so the
+// ranks still call alike.
 func repOrder(rep, n int) []int {
 	out := make([]int, n)
 	for i := range out {
