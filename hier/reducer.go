@@ -712,5 +712,8 @@ func (r *Reducer) Choices() []Choice { return r.router.choices() }
 // AlgorithmFor is the algorithm an allreduce of bytes bytes uses.
 func (r *Reducer) AlgorithmFor(bytes int64) Algorithm { return r.ChoiceFor(bytes).Algorithm }
 
-// ChoiceFor is the choice an allreduce of bytes bytes follows.
-func (r *Reducer) ChoiceFor(bytes int64) Choice { return pick(r.router.choices(), bytes) }
+// ChoiceFor is the choice an allreduce of bytes bytes follows: its size
+// class's, except where Auto's sliced rail would take the call in one
+// slice, which runs as the hierarchy in one piece (RailAllReduce, with the
+// class's Calibration).
+func (r *Reducer) ChoiceFor(bytes int64) Choice { return r.router.choiceFor(bytes) }

@@ -204,7 +204,31 @@ func (rt *router) route(bytes int64) plan {
 		}
 		rt.table.mu.Unlock()
 	}
+	if _, _, fixed := rt.decide(bytes); !fixed {
+		r = rt.uncut(r, bytes, rt.linkModel)
+	}
 	return rt.planFor(r, bytes)
+}
+
+// uncut is Auto's route r for an allreduce of bytes: r, except that where
+// the sliced rail would take the call in one slice, the hierarchy in one
+// piece. Auto times the sliced rail only where the links cut the call at
+// the class's size (candidates), but a class spans a factor of two, and at
+// its smaller sizes the model may keep the call whole: the sliced rail's
+// one slice is then the hierarchy in one piece with the rail's allreduce
+// split in two NCCL calls and four hand-offs between streams. On the
+// one-GPU testbed's 2 × 4 (r1) the model kept 1 MiB whole and cut the
+// 1.5 MiB Auto measured in two: rsag ran 1 MiB in 4218 µs against the one
+// piece's 3989 (bench/NOTES.md item 40). links gives the link model as
+// planWith takes it.
+func (rt *router) uncut(r route, bytes int64, links func() *linkModel) route {
+	if r.algo != RailRSAG {
+		return r
+	}
+	if p := rt.planWith(r, bytes, links); p.slice < bytes {
+		return r
+	}
+	return route{algo: RailAllReduce}
 }
 
 // planFor is the plan of an allreduce of bytes by r: the whole call for
@@ -214,7 +238,11 @@ func (rt *router) route(bytes int64) plan {
 // once every rank has made it, like the first call of a size class that
 // Auto measures), within a staging slot where the rail receives into one.
 // Smaller calls before the probe take the layout's slice.
-func (rt *router) planFor(r route, bytes int64) plan {
+func (rt *router) planFor(r route, bytes int64) plan { return rt.planWith(r, bytes, rt.linkModel) }
+
+// planWith is planFor with the link model from links, called only where
+// the plan needs it (rt.linkModel probes; rt.table.probedLinks does not).
+func (rt *router) planWith(r route, bytes int64, links func() *linkModel) plan {
 	impl := r.algo.impl()
 	if impl.whole() {
 		return plan{route: r, slice: bytes}
@@ -223,7 +251,7 @@ func (rt *router) planFor(r route, bytes int64) plan {
 	if rt.cfg.sliceSet || (rt.table.probedLinks() == nil && bytes < probeMinBytes) {
 		return plan{route: r, slice: layoutSlice}
 	}
-	m := rt.linkModel()
+	m := links()
 	if m == nil {
 		return plan{route: r, slice: layoutSlice}
 	}
@@ -428,6 +456,21 @@ func (rt *router) choices() []Choice {
 			return out
 		}
 	}
+}
+
+// choiceFor is the choice an allreduce of bytes follows (Reducer.ChoiceFor).
+// It never probes (any goroutine may ask): before the probe it answers
+// with the layout's slice, where the call itself may probe first and cut
+// by the model.
+func (rt *router) choiceFor(bytes int64) Choice {
+	c := pick(rt.choices(), bytes)
+	if _, _, fixed := rt.decide(bytes); fixed || !c.Measured {
+		return c
+	}
+	if u := rt.uncut(route{algo: c.Algorithm, serial: c.Serial}, bytes, rt.table.probedLinks); u.algo != c.Algorithm {
+		c.Algorithm, c.Serial = u.algo, u.serial
+	}
+	return c
 }
 
 // pick is the entry of cs that an allreduce of bytes follows.

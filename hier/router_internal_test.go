@@ -15,7 +15,8 @@ import (
 // candidates' times it was given (by algorithm), and no link model.
 type fixedMeasurer struct {
 	times map[Algorithm]int64
-	timed int // how many calibrations it ran
+	timed int        // how many calibrations it ran
+	links *linkModel // what the probe measures; nil: it fails
 }
 
 func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, []int, error) {
@@ -30,6 +31,9 @@ func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, []int, error
 }
 
 func (m *fixedMeasurer) probeLinks() (linkModel, error) {
+	if m.links != nil {
+		return *m.links, nil
+	}
 	return linkModel{}, errors.New("no links here")
 }
 func (m *fixedMeasurer) release() error { return nil }
@@ -65,7 +69,7 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 		sizes := rapid.SliceOfN(rapid.Int64Range(1, 1<<30), 1, 20).Draw(t, "sizes")
 		for _, b := range sizes {
 			p := rt.route(b) // calibrates the class where Auto must
-			c := pick(rt.choices(), b)
+			c := rt.choiceFor(b)
 			require.Equal(t, p.algo, c.Algorithm, "%d bytes: plan %v, choice %v", b, p, c)
 			require.Equal(t, p.route.String(), c.String(), "%d bytes", b)
 			require.Equal(t, p.algo == Flat, rt.isFlat(b), "%d bytes", b)
@@ -74,9 +78,50 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 				require.Equal(t, b, p.slice, "an algorithm that takes the call in one piece")
 			} else {
 				require.Equal(t, int64(16<<20), p.slice, "WithSliceSize's slice")
+				if cfg.algorithm == Auto && p.algo == RailRSAG {
+					require.Less(t, p.slice, b, "Auto's sliced rail cuts the call")
+				}
 			}
 		}
 	})
+}
+
+// Where Auto chose the sliced rail for a class but the links keep a call
+// of the class whole, the call runs as the hierarchy in one piece, and
+// ChoiceFor says so; a fixed algorithm is followed as given.
+func TestAutoTakesAnUncutCallInOnePiece(t *testing.T) {
+	// r1's 2 × 4 on the one-GPU testbed: 1 MiB in one slice, 1.5 MiB in two.
+	links := &linkModel{intra: link{alpha: 296e-6, bw: 2.94e9}, rail: link{alpha: 150e-6, bw: 0.079e9}}
+	g := Grid{Machines: 2, Devices: 4}
+	require.Equal(t, int64(1<<20), links.sliceBytes(g, 1<<20))
+	require.Less(t, links.sliceBytes(g, 3<<19), int64(3<<19))
+	m := &fixedMeasurer{times: map[Algorithm]int64{Flat: 50, RailAllReduce: 30, RailRSAG: 20}, links: links}
+	rt := testRouter(g, config{flatThreshold: 256 << 10}, m)
+	for _, tc := range []struct {
+		bytes int64
+		want  Algorithm
+	}{{3 << 19, RailRSAG}, {1 << 20, RailAllReduce}, {2<<20 - 64, RailRSAG}} {
+		p := rt.route(tc.bytes)
+		require.Equal(t, tc.want, p.algo, "%d bytes", tc.bytes)
+		c := rt.choiceFor(tc.bytes)
+		require.Equal(t, tc.want, c.Algorithm, "%d bytes", tc.bytes)
+		require.Equal(t, p.route.String(), c.String(), "%d bytes", tc.bytes)
+		require.True(t, c.Measured)
+		require.NotNil(t, c.Calibration, "the class's calibration")
+		if tc.want == RailAllReduce {
+			require.Equal(t, tc.bytes, p.slice)
+		} else {
+			require.Less(t, p.slice, tc.bytes)
+		}
+	}
+	require.Equal(t, 1, m.timed, "one class")
+	require.Equal(t, RailRSAG, pick(rt.choices(), 1<<20).Algorithm, "the class's choice is unchanged")
+
+	fixed := testRouter(g, config{flatThreshold: 256 << 10, algorithm: RailRSAG}, m)
+	p := fixed.route(1 << 20)
+	require.Equal(t, RailRSAG, p.algo, "a fixed algorithm is followed")
+	require.Equal(t, int64(1<<20), p.slice)
+	require.Equal(t, RailRSAG, fixed.choiceFor(1<<20).Algorithm)
 }
 
 // Each size class is calibrated once, by its first call, and every later
