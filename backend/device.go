@@ -9,20 +9,13 @@ import (
 // reduction kernel of the add stage, and the streams and events of the stage
 // chain. The CUDA backend and the simulated cluster implement it.
 //
-// Calls may come from any goroutine, one at a time per stream: the engine's
-// (after Bind), or a caller's that enqueues a flat call inline; NewEvent and
+// Calls may come from any goroutine, one at a time per stream: the engine's,
+// or a caller's that enqueues a flat call inline; NewEvent and
 // the methods of events from any goroutine at any time (a call's After
 // option records an event on the caller's stream, the checker polls its
 // events).
 type Device interface {
 	streams.Factory
-
-	// Bind prepares the calling goroutine to enqueue much work for this
-	// device (the CUDA backend locks the OS thread and makes the device's
-	// primary context current; its calls also work unbound). The engine
-	// calls it once, from its own goroutine, and calls release when it
-	// exits.
-	Bind() (release func(), err error)
 
 	// Alloc allocates device memory; Free releases it.
 	Alloc(bytes int64) (uintptr, error)

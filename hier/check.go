@@ -312,8 +312,9 @@ func freeMemory(dev backend.Device, ptr uintptr, host []byte) error {
 	return errors.Join(errs...)
 }
 
-// run decides the checks in call order until stop. It does not Bind: it
-// only polls events, and a goroutine locked to its OS thread that polls
+// run decides the checks in call order until stop. It is not locked to an
+// OS thread (nor is the engine): it only polls events, and a goroutine
+// locked to its OS thread that polls
 // (yielding between queries) makes the Go scheduler hand processors between
 // threads at every yield, which cost the enqueueing caller 50–150 µs a call
 // on the GPU (bench/NOTES.md item 23).

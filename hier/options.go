@@ -157,9 +157,9 @@ func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = 
 
 // WithSpin sets how long the engine goroutine polls for the next call before
 // it parks, and how long Work.StreamWait polls for the enqueue before it
-// blocks. Waking a parked goroutine that is locked to its OS thread costs
-// tens of microseconds during which a waiting GPU idles; polling trades a
-// little CPU for that latency. Zero parks at once. Default DefaultSpin.
+// blocks. Waking a parked goroutine costs the OS's scheduling latency on a
+// busy host, during which a waiting GPU idles; polling trades a little CPU
+// for that latency. Zero parks at once. Default DefaultSpin.
 func WithSpin(d time.Duration) Option { return func(c *config) { c.spin, c.spinSet = d, true } }
 
 // WithLogger sets the logger for the engine's rare events (aborts,

@@ -39,8 +39,6 @@ type nullDevice struct {
 	next uintptr
 }
 
-func (*nullDevice) Bind() (func(), error) { return func() {}, nil }
-
 func (d *nullDevice) Alloc(bytes int64) (uintptr, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

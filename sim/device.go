@@ -104,15 +104,6 @@ func (d *Device) NewEvent() (streams.Event, error) {
 	return &Event{dev: d}, nil
 }
 
-// Bind does nothing on sim (any goroutine may enqueue); it returns a no-op
-// release.
-func (d *Device) Bind() (func(), error) {
-	if err := d.checkOpen(); err != nil {
-		return nil, err
-	}
-	return func() {}, nil
-}
-
 // Alloc allocates bytes of zeroed device memory (CUDA leaves it undefined).
 // A zero-byte allocation gets an address of its own.
 func (d *Device) Alloc(bytes int64) (uintptr, error) {

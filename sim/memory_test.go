@@ -182,9 +182,6 @@ func TestReduceAsync(t *testing.T) {
 	require.ErrorContains(t, err, "reduce")
 	require.NoError(t, d.Group(func() error { return d.Group(func() error { return nil }) }))
 	require.Error(t, d.Group(func() error { return errors.New("inner") }))
-	release, err := d.Bind()
-	require.NoError(t, err)
-	release()
 	require.ErrorIs(t, d.Synchronize(context.Background()), ErrIllegalAddress, "the device reports its failed stream")
 }
 
