@@ -63,13 +63,12 @@ func (c recordingComm) Broadcast(send, recv uintptr, n int64, dt fairgo.DType, r
 	return c.Comm.Broadcast(send, recv, n, dt, root, s)
 }
 
-// TestCheckKeepsItsPlaceAmongTheData: NCCL asks that operations of
-// communicators used at once be submitted in the same order on every rank,
-// or a GPU that runs one before the other may hang. Every rank submits the
-// same sequence of data and check operations, whatever the streams' delays,
-// with calls back to back, waited for late, and a call every rank refuses.
-func TestCheckKeepsItsPlaceAmongTheData(t *testing.T) {
-	c, err := sim.NewCluster(sim.Config{Machines: 2, Devices: 2, Seed: 3, Jitter: 300 * time.Microsecond})
+// recordingReducers makes a sim cluster of cfg and a Reducer with opts on
+// each of its ranks, every communicator of which logs what is submitted on
+// it (recordingComm; roles world, intra-rs, intra-ag, rail-collect,
+// rail-diffuse and check), one log per rank.
+func recordingReducers(t *testing.T, cfg sim.Config, opts ...hier.Option) (*sim.Cluster, []*hier.Reducer, []*opLog) {
+	c, err := sim.NewCluster(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	logs := make([]*opLog, c.Size())
@@ -89,12 +88,25 @@ func TestCheckKeepsItsPlaceAmongTheData(t *testing.T) {
 		wrap(&rk.Comms.Check, "check")
 		eg.Go(func() error {
 			var err error
-			rs[g], err = hier.NewReducer(ctx, rk, hier.WithAlgorithm(hier.RailRSAG), hier.WithFlatThreshold(4<<10))
+			rs[g], err = hier.NewReducer(ctx, rk, opts...)
 			return err
 		})
 	}
 	require.NoError(t, eg.Wait())
 	t.Cleanup(func() { require.NoError(t, hier.CloseAll(rs)) })
+	return c, rs, logs
+}
+
+// TestCheckKeepsItsPlaceAmongTheData: NCCL asks that operations of
+// communicators used at once be submitted in the same order on every rank,
+// or a GPU that runs one before the other may hang. Every rank submits the
+// same sequence of data and check operations, whatever the streams' delays,
+// with calls back to back, waited for late, and a call every rank refuses.
+func TestCheckKeepsItsPlaceAmongTheData(t *testing.T) {
+	c, rs, logs := recordingReducers(t, sim.Config{Machines: 2, Devices: 2, Seed: 3, Jitter: 300 * time.Microsecond},
+		hier.WithAlgorithm(hier.RailRSAG), hier.WithFlatThreshold(4<<10))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 
 	counts := []int64{100, 5000, 1 << 14, 7, 40000, 1000}
 	bufs := make([][]fairgo.Tensor, len(rs))

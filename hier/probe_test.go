@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
@@ -24,38 +23,21 @@ import (
 // open, and the fit's α would come out too large. Every rank probes alike,
 // before Auto times a route, and the call's result is right.
 func TestLinkProbeOpensEachLinkWithItsLargeSize(t *testing.T) {
-	c, err := sim.NewCluster(sim.Config{Machines: 2, Devices: 2, Seed: 4})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	logs := make([]*opLog, c.Size())
-	rs := make([]*hier.Reducer, c.Size())
+	c, rs, logs := recordingReducers(t, sim.Config{Machines: 2, Devices: 2, Seed: 4}, hier.WithFlatThreshold(64<<10))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var eg errgroup.Group
-	for g := range rs {
-		logs[g] = &opLog{}
-		rk := c.Rank(g)
-		wrap := func(cm *backend.Comm, role string) { *cm = recordingComm{Comm: *cm, role: role, log: logs[g]} }
-		wrap(&rk.Comms.IntraReduceScatter, "intra-rs")
-		wrap(&rk.Comms.RailCollect, "rail-collect")
-		eg.Go(func() error {
-			var err error
-			rs[g], err = hier.NewReducer(ctx, rk, hier.WithFlatThreshold(64<<10))
-			return err
-		})
-	}
-	require.NoError(t, eg.Wait())
-	t.Cleanup(func() { require.NoError(t, hier.CloseAll(rs)) })
 
 	const count = 1 << 19 // 2 MiB of float32: probes the links, then calibrates
 	rng := rand.New(rand.NewPCG(4, 5))
 	in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, len(rs), count)
 	bufs := make([]fairgo.Tensor, len(rs))
 	for g := range rs {
+		var err error
 		bufs[g], err = c.Device(g).AllocTensor(count, fairgo.Float32)
 		require.NoError(t, err)
 		require.NoError(t, c.Device(g).Upload(bufs[g].Ptr, in[g]))
 	}
+	var eg errgroup.Group
 	for g, r := range rs {
 		eg.Go(func() error { return r.AllReduce(ctx, bufs[g], fairgo.Sum).Wait(ctx) })
 	}
