@@ -66,13 +66,14 @@ func (s *inflightSet) remove(w *Work) {
 //
 // It is not locked to an OS thread (every device call makes the device's
 // context current for itself). A locked goroutine runs on its own thread
-// only, which the OS must wake and schedule, where an unlocked one runs
-// on the thread of the caller that readied it: on the 2-core build host,
-// the engine's park and a caller that polls and then blocks as StreamWait
-// does, a call made after the engine parked waited 37–50 µs at the median
-// and 260–610 µs at the 90th percentile for a locked engine, 1.8–2.5 and
-// 3.5–5.2 µs for an unlocked one (bench/NOTES.md item 41). Its GPU idles
-// meanwhile, on every call made one at a time.
+// only, which the OS must wake and schedule, where an unlocked one can run
+// on the thread of the caller that readied it: on the 2-core build host
+// (BenchmarkEngineOverhead, null device, one call at a time, no check), a
+// call and its StreamWait took 22–42 µs through a locked engine against
+// 4.5–8.5 µs unlocked, and 149–188 µs against 25–37 µs when the engine had
+// parked between calls (idle=1ms), which a GPU call of a millisecond made
+// one at a time always lets it do (bench/NOTES.md item 41). The GPU idles
+// meanwhile.
 func (r *Reducer) engine(ready chan<- error) {
 	defer close(r.done)
 	var err error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -120,9 +121,12 @@ func nullRank(m, d int) backend.Rank {
 // BenchmarkEngineOverhead is the engine's own host time per call: an
 // AllReduce of 64 KiB of float32 and its StreamWait on the null device,
 // batch calls back to back, then a Wait on the last. "batch=1" is one call
-// at a time. With the check, the checker and its batches are included;
-// without it, only the data path. enqueue-ns/op is the call and its
-// StreamWait (T6); ns/op also holds the waits.
+// at a time; "idle=1ms" leaves the engine 1 ms between calls, long enough
+// to park (a GPU call of a millisecond made one at a time does that), so
+// that enqueue-ns/op holds the engine's wake-up. With the check, the
+// checker and its batches are included; without it, only the data path.
+// enqueue-ns/op is the call and its StreamWait (T6); ns/op also holds the
+// waits.
 func BenchmarkEngineOverhead(b *testing.B) {
 	for _, tc := range []struct {
 		name string
@@ -137,19 +141,25 @@ func BenchmarkEngineOverhead(b *testing.B) {
 			hier.WithAlgorithm(hier.RailRSAG)}},
 	} {
 		for _, check := range []bool{true, false} {
-			for _, batch := range []int{1, 32} {
-				name := fmt.Sprintf("%s/check=%v/batch=%d", tc.name, check, batch)
+			for _, p := range []struct {
+				batch int
+				idle  time.Duration
+			}{{1, 0}, {32, 0}, {1, time.Millisecond}} {
+				name := fmt.Sprintf("%s/check=%v/batch=%d", tc.name, check, p.batch)
+				if p.idle > 0 {
+					name += "/idle=" + p.idle.String()
+				}
 				b.Run(name, func(b *testing.B) {
 					opts := append([]hier.Option{hier.WithCheck(check), hier.WithLogger(slog.New(slog.DiscardHandler))},
 						tc.opts...)
-					benchNullEnqueue(b, nullRank(tc.m, tc.d), opts, batch)
+					benchNullEnqueue(b, nullRank(tc.m, tc.d), opts, p.batch, p.idle)
 				})
 			}
 		}
 	}
 }
 
-func benchNullEnqueue(b *testing.B, rk backend.Rank, opts []hier.Option, batch int) {
+func benchNullEnqueue(b *testing.B, rk backend.Rank, opts []hier.Option, batch int, idle time.Duration) {
 	ctx := context.Background()
 	r, err := hier.NewReducer(ctx, rk, opts...)
 	require.NoError(b, err)
@@ -163,6 +173,9 @@ func benchNullEnqueue(b *testing.B, rk backend.Rank, opts []hier.Option, batch i
 	b.SetBytes(t.Bytes)
 	for b.Loop() {
 		for range batch {
+			for wait := time.Now(); time.Since(wait) < idle; { // the last call runs on the GPU
+				runtime.Gosched()
+			}
 			start := time.Now()
 			w := r.AllReduce(ctx, t, fairgo.Sum, hier.After(s))
 			if err := w.StreamWait(ctx, s); err != nil {
