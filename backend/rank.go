@@ -52,6 +52,11 @@ type Rank struct {
 	// Closers run after the communicators and the device are closed, when
 	// OwnsResources is set (setup code hands over the store it opened).
 	Closers []func() error
+	// Variants, when set, makes copies of the world communicator with one
+	// NCCL algorithm each (Auto's flat-ring and flat-tree candidates).
+	// Nil: those candidates are not offered. Communicators it made belong
+	// to whoever asked for them, not to the Rank.
+	Variants Variants
 }
 
 // Release closes the rank's distinct communicators, then its device, then
