@@ -101,3 +101,17 @@ type Comm interface {
 	// Close destroys the communicator.
 	Close() error
 }
+
+// HostMapper is a Device whose AllocHost memory device work reads and
+// writes in place: a communicator call may take DevicePointer(b) as its
+// send or receive buffer, with no copy to or from device memory. On a GPU
+// that is page-locked memory under unified addressing, which the device
+// reaches over PCIe (slow for bulk data, cheap for a few hundred bytes that
+// would otherwise cost two copies and their driver calls).
+type HostMapper interface {
+	// DevicePointer is the device address of b, memory from AllocHost. It
+	// fails with an error wrapping fairgo.ErrInvalidArgument for memory
+	// that is not, and with one wrapping errors.ErrUnsupported where the
+	// device cannot address host memory.
+	DevicePointer(b []byte) (uintptr, error)
+}

@@ -64,11 +64,12 @@ static const char* fg_t_error_string(void** t, fg_CUresult r) {
 	return fg_r;
 
 static fg_CUresult fg_device_count(int* n) { return FG(DeviceGetCount)(n); }
-static fg_CUresult fg_device_info(int ordinal, fg_CUdevice* dev, char* name, int len, int* sms, int* pitch) {
+static fg_CUresult fg_device_info(int ordinal, fg_CUdevice* dev, char* name, int len, int* sms, int* pitch, int* uva) {
 	fg_CUresult r = FG(DeviceGet)(dev, ordinal);
 	if (r == FG_CUDA_SUCCESS) r = FG(DeviceGetName)(name, len, *dev);
 	if (r == FG_CUDA_SUCCESS) r = FG(DeviceGetAttribute)(sms, FG_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, *dev);
 	if (r == FG_CUDA_SUCCESS) r = FG(DeviceGetAttribute)(pitch, FG_CU_DEVICE_ATTRIBUTE_MAX_PITCH, *dev);
+	if (r == FG_CUDA_SUCCESS) r = FG(DeviceGetAttribute)(uva, FG_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, *dev);
 	return r;
 }
 static fg_CUresult fg_primary_retain(fg_CUdevice dev, fg_CUcontext* ctx) {
@@ -389,17 +390,18 @@ type deviceInfo struct {
 	name     string
 	sms      int
 	maxPitch int64
+	uva      bool // unified addressing: page-locked host memory has one address on the host and the device
 }
 
 func getDeviceInfo(ordinal int) (deviceInfo, error) {
 	var dev C.fg_CUdevice
 	var name [256]C.char
-	var sms, pitch C.int
+	var sms, pitch, uva C.int
 	err := check(
 		"cuDeviceGet/cuDeviceGetName/cuDeviceGetAttribute",
-		C.fg_device_info(C.int(ordinal), &dev, &name[0], C.int(len(name)), &sms, &pitch),
+		C.fg_device_info(C.int(ordinal), &dev, &name[0], C.int(len(name)), &sms, &pitch, &uva),
 	)
-	return deviceInfo{dev: dev, name: C.GoString(&name[0]), sms: int(sms), maxPitch: int64(pitch)}, err
+	return deviceInfo{dev: dev, name: C.GoString(&name[0]), sms: int(sms), maxPitch: int64(pitch), uva: uva != 0}, err
 }
 
 func primaryRetain(dev cDevice) (cContext, error) {

@@ -38,7 +38,8 @@ type Device struct {
 	name     string
 	sms      int
 	maxPitch int64
-	priority int // the highest stream priority
+	uva      bool // page-locked host memory is addressed alike by the host and the device (DevicePointer)
+	priority int  // the highest stream priority
 	kernels  *kernels
 
 	closed atomic.Bool
@@ -90,7 +91,7 @@ func openDevice(ordinal int, ownCtx bool) (*Device, error) {
 		return nil, fmt.Errorf("cuda: device %d: %w", ordinal, err)
 	}
 	d := &Device{
-		ordinal: ordinal, dev: info.dev, ctx: ctx, ownCtx: ownCtx, name: info.name, sms: info.sms, maxPitch: info.maxPitch,
+		ordinal: ordinal, dev: info.dev, ctx: ctx, ownCtx: ownCtx, name: info.name, sms: info.sms, maxPitch: info.maxPitch, uva: info.uva,
 		owned: map[any]struct{}{}, allocs: map[uintptr]int64{}, modules: map[*Module]struct{}{},
 	}
 	fail := func(err error) (*Device, error) {

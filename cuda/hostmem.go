@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"unsafe"
 
@@ -135,4 +137,18 @@ func (d *Device) MemInfo() (free, total int64, err error) {
 		return 0, 0, err
 	}
 	return memInfo(d.ctx)
+}
+
+// DevicePointer is the device address of b, page-locked memory from
+// AllocHost: under unified addressing (every 64-bit Linux GPU since CUDA
+// 4.0) the driver maps such memory into the device's address space at the
+// host address, so kernels, NCCL's among them, read and write it in place.
+func (d *Device) DevicePointer(b []byte) (uintptr, error) {
+	if !d.uva {
+		return 0, fmt.Errorf("cuda: %s has no unified addressing: %w", d.name, errors.ErrUnsupported)
+	}
+	if len(b) == 0 || !d.host.owns(b) {
+		return 0, &fairgo.ArgError{Arg: "host buffer", Value: len(b), Reason: "not memory from AllocHost"}
+	}
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b))), nil
 }

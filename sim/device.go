@@ -225,7 +225,10 @@ func (d *Device) AllocHost(bytes int) ([]byte, error) {
 }
 
 // FreeHost releases memory from AllocHost.
-func (d *Device) FreeHost([]byte) error { return nil }
+func (d *Device) FreeHost(b []byte) error {
+	d.mem.unmapHost(b)
+	return nil
+}
 
 // CopyFromHostAsync enqueues a copy of src to dst on s; src is read when
 // the stream runs the copy, as on a GPU.

@@ -31,8 +31,9 @@ type memory struct {
 	mu     sync.RWMutex
 	allocs []*allocation // sorted by base
 	next   uintptr
-	used   int64 // bytes reserved, aligned
-	limit  int64 // 0 = unlimited
+	used   int64             // bytes reserved, aligned
+	limit  int64             // 0 = unlimited
+	mapped map[*byte]uintptr // host memory mapped into the address space (DevicePointer), by its first byte
 }
 
 func alignUp(n int64) int64 { return (n + allocAlign - 1) &^ (allocAlign - 1) }
