@@ -237,16 +237,23 @@ func (p point) time(m string) float64 {
 func (p point) vsFlat(v string) float64 { return p.ratio(v, p.time(bench.Flat)) }
 
 // vsBest is time(best)/time(v), best the fastest of the baselines
-// measured (flat, flat-ring, naive): fairgo against the best a user gets
+// measured (bench.Baselines): fairgo against the best a user gets
 // without it. Records from before flat-ring have flat and naive only.
 func (p point) vsBest(v string) float64 {
-	best := math.NaN()
+	_, best := p.best()
+	return p.ratio(v, best)
+}
+
+// best is the fastest baseline measured at the point and its time; "" and
+// NaN without one.
+func (p point) best() (string, float64) {
+	name, best := "", math.NaN()
 	for _, b := range bench.Baselines {
 		if t := p.time(b); !math.IsNaN(t) && (math.IsNaN(best) || t < best) {
-			best = t
+			name, best = b, t
 		}
 	}
-	return p.ratio(v, best)
+	return name, best
 }
 
 // vsIdeal is busbw(v)/ideal busbw.

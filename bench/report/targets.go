@@ -22,26 +22,55 @@ import (
 )
 
 // Target is one of the project's targets (issue 11's T1–T8 on NVLink,
-// issue 18's U1–U7 on the one-GPU testbed), measured on a run's records.
+// issue 18's U1–U7 on the one-GPU testbed, and S1–S8 across node counts),
+// measured on a run's records.
 type Target struct {
 	ID   string `json:"id"`
 	What string `json:"what"`
 	// Measured is the worst case over the target's points in the first
-	// run (nil: no point measured), and Where says where it occurred.
+	// run (nil: no point measured), and Where says where it occurred: the
+	// layout, size and, for the S targets, the testbed.
 	Measured *float64 `json:"measured"`
 	Where    string   `json:"where,omitempty"`
 	Target   string   `json:"target"` // e.g. "≥ 0.97"
 	Pass     bool     `json:"pass"`
-	Points   int      `json:"points"`            // points compared in the first run
-	Missing  []string `json:"missing,omitempty"` // what the target needs and the records lack
+	// Status is StatusPass, StatusFail, StatusIncomplete (no point fails,
+	// but a part the target needs has no record) or StatusNotMeasured (no
+	// point at all): a target without records never reads as passed.
+	Status  string   `json:"status"`
+	Points  int      `json:"points"`            // points compared in the first run
+	Missing []string `json:"missing,omitempty"` // what the target needs and the records lack
 	// Runs is the worst case of every run, by run label.
 	Runs    map[string]*float64 `json:"runs,omitempty"`
 	Command []string            `json:"command"` // the commands that measured the points
 }
 
+// The states of a target.
+const (
+	StatusPass        = "pass"
+	StatusFail        = "fail"
+	StatusIncomplete  = "incomplete"
+	StatusNotMeasured = "not measured"
+)
+
+// The sets of targets Targets computes (TargetOptions.Sets): T1–T8 on
+// NVLink, U1–U7 on one GPU, and S1–S8 across node counts with T6 (the
+// enqueue time belongs to both T and S).
+const (
+	SetT = "T"
+	SetU = "U"
+	SetS = "S"
+)
+
+// TargetSets are every set, in the order their targets are listed.
+var TargetSets = []string{SetS, SetT, SetU}
+
 // TargetOptions steer Targets.
 type TargetOptions struct {
-	Variant    string   // the fairgo variant the targets are about; "" is bench.DefaultVariant
+	Variant string // the fairgo variant the targets are about; "" is bench.DefaultVariant
+	// Sets are the sets of targets to compute (SetS, SetT, SetU); nil:
+	// every set.
+	Sets       []string
 	Enqueue    *Enqueue // T6's input; nil: not measured
 	IncludeSim bool     // count sim records (tests); their times are not GPU times
 	// Intra and Net replace T7's fitted links when their bandwidth is set.
@@ -63,10 +92,15 @@ const (
 )
 
 // sample is one ratio a target compares: its key matches the same point in
-// another run (T8).
+// another run (T8). ok says whether the point alone meets the target, and
+// margin is the value over the threshold it is held to (the worst sample
+// has the smallest: a target's parts may have thresholds of their own).
 type sample struct {
 	key, where string
+	setup      string // the testbed, where the target names it
 	value      float64
+	ok         bool
+	margin     float64
 	command    string
 }
 
@@ -76,14 +110,29 @@ type requirement struct {
 	name  string
 	keep  func(bench.Record) bool
 	ratio func(p point, v string) float64
+	// threshold is this part's, where it differs from the target's (0:
+	// the target's).
+	threshold float64
+	// slack, if set, lets a point that misses the threshold pass anyway
+	// (S1: at most 5 µs per call slower than the best).
+	slack func(p point, v string) bool
+	// detail, if set, adds to where the point is (the times compared).
+	detail func(p point, v string) string
 }
 
 // targetDef defines a target over one run's records.
 type targetDef struct {
 	id, what, target string
-	atLeast          bool // the worst case is the smallest (else the largest)
+	set              string // SetT, SetU or SetS
+	atLeast          bool   // the worst case is the smallest (else the largest)
 	threshold        float64
 	parts            []requirement
+	// some: a part is met when its best point meets it (S5: a gain at
+	// some size), so each part gives one sample, its best point.
+	some bool
+	// testbed: where says the testbed of the point (layouts of several
+	// testbeds meet in one target).
+	testbed bool
 }
 
 func sweepOn(m, d int, testbed bool, dtypes []string, lo, hi int64, iters func(int) bool) func(bench.Record) bool {
@@ -194,7 +243,7 @@ func (l oneGPULayout) smallest() int64 {
 func layoutParts(ls []oneGPULayout, lo, hi int64, ratio func(point, string) float64) []requirement {
 	var out []requirement
 	for _, l := range ls {
-		out = append(out, requirement{l.String(), l.sweeps(lo, hi, anyIters), ratio})
+		out = append(out, requirement{name: l.String(), keep: l.sweeps(lo, hi, anyIters), ratio: ratio})
 	}
 	return out
 }
@@ -207,7 +256,11 @@ func u5Parts() []requirement {
 		for _, it := range callPatterns {
 			out = append(
 				out,
-				requirement{l.String() + ", " + it.name, l.sweeps(l.smallest(), 256*mib, it.ok), vsNoCheck},
+				requirement{
+					name:  l.String() + ", " + it.name,
+					keep:  l.sweeps(l.smallest(), 256*mib, it.ok),
+					ratio: vsNoCheck,
+				},
 			)
 		}
 	}
@@ -219,7 +272,10 @@ func u5Parts() []requirement {
 func u6Parts() []requirement {
 	var out []requirement
 	for _, l := range append(slices.Clone(sharedLayouts), singleLayouts...) {
-		out = append(out, requirement{l.String(), l.sweeps(l.smallest(), 256*mib, anyIters), vsFastestFairgo})
+		out = append(
+			out,
+			requirement{name: l.String(), keep: l.sweeps(l.smallest(), 256*mib, anyIters), ratio: vsFastestFairgo},
+		)
 	}
 	return out
 }
@@ -229,13 +285,13 @@ func u6Parts() []requirement {
 func u7Parts() []requirement {
 	var out []requirement
 	for _, l := range sharedLayouts[:2] {
-		out = append(out, requirement{l.String() + ", 64×25M", func(r bench.Record) bool {
+		out = append(out, requirement{name: l.String() + ", 64×25M", keep: func(r bench.Record) bool {
 			return r.Kind == bench.KindOverlap && r.Machines == l.m && r.Devices == l.d &&
 				r.Testbed.NICGbit == l.gbit &&
 				r.Testbed.Intra == harness.IntraLoopback &&
 				r.Buckets == 64 &&
 				r.Bytes == 25*mib
-		}, vsBest})
+		}, ratio: vsBest})
 	}
 	return out
 }
@@ -303,8 +359,11 @@ func targetDefs() []targetDef {
 	var t1 []requirement
 	for _, dt := range []string{"float32", "bfloat16"} {
 		for _, it := range callPatterns {
-			t1 = append(t1, requirement{fmt.Sprintf("1×2 in one process, %s, %s", dt, it.name),
-				sweepOn(1, 2, false, []string{dt}, 64*kib, gib, it.ok), vsFlat})
+			t1 = append(t1, requirement{
+				name:  fmt.Sprintf("1×2 in one process, %s, %s", dt, it.name),
+				keep:  sweepOn(1, 2, false, []string{dt}, 64*kib, gib, it.ok),
+				ratio: vsFlat,
+			})
 		}
 	}
 	overlap := func(r bench.Record) bool {
@@ -325,31 +384,43 @@ func targetDefs() []targetDef {
 		},
 		{id: "T2", what: "2 × 1 in one process (NVLink) and 2 × 1 on the testbed: fairgo/flat at every size 1M–1G",
 			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
-				{"2×1 in one process", sweepOn(2, 1, false, f32, mib, gib, anyIters), vsFlat},
-				{"2×1 on the testbed", sweepOn(2, 1, true, f32, mib, gib, anyIters), vsFlat}}},
+				{name: "2×1 in one process", keep: sweepOn(2, 1, false, f32, mib, gib, anyIters), ratio: vsFlat},
+				{name: "2×1 on the testbed", keep: sweepOn(2, 1, true, f32, mib, gib, anyIters), ratio: vsFlat}}},
 		{id: "T3", what: "testbed 2 × 2 and 4 × 2: fairgo / max(flat, flat ring, naive) at every size 1M–1G",
 			target: "≥ 0.97", atLeast: true, threshold: 0.97, parts: []requirement{
-				{"2×2 on the testbed", notLoopback(sweepOn(2, 2, true, f32, mib, gib, anyIters)), vsBest},
-				{"4×2 on the testbed", notLoopback(sweepOn(4, 2, true, f32, mib, gib, anyIters)), vsBest}}},
+				{name: "2×2 on the testbed", keep: notLoopback(sweepOn(2, 2, true, f32, mib, gib, anyIters)), ratio: vsBest},
+				{name: "4×2 on the testbed", keep: notLoopback(sweepOn(4, 2, true, f32, mib, gib, anyIters)), ratio: vsBest}}},
 		{id: "T4", what: "testbed 2 × 1, 2 × 2, 4 × 2: fairgo busbw / NIC-bound ideal busbw at 64M–1G",
 			target: "≥ 0.90", atLeast: true, threshold: 0.90, parts: []requirement{
-				{"2×1 on the testbed", sweepOn(2, 1, true, f32, 64*mib, gib, anyIters), vsIdeal},
-				{"2×2 on the testbed", notLoopback(sweepOn(2, 2, true, f32, 64*mib, gib, anyIters)), vsIdeal},
-				{"4×2 on the testbed", notLoopback(sweepOn(4, 2, true, f32, 64*mib, gib, anyIters)), vsIdeal}}},
+				{name: "2×1 on the testbed", keep: sweepOn(2, 1, true, f32, 64*mib, gib, anyIters), ratio: vsIdeal},
+				{name: "2×2 on the testbed", keep: notLoopback(sweepOn(2, 2, true, f32, 64*mib, gib, anyIters)), ratio: vsIdeal},
+				{name: "4×2 on the testbed", keep: notLoopback(sweepOn(4, 2, true, f32, 64*mib, gib, anyIters)), ratio: vsIdeal}}},
 		{
 			id:        "T5",
 			what:      "testbed 2 × 2, 64 buckets × 25 MiB back to back: time(min(flat, flat ring, naive)) / time(fairgo)",
 			target:    "≥ 1.0",
 			atLeast:   true,
 			threshold: 1.0,
-			parts:     []requirement{{"2×2 on the testbed, 64×25M", overlap, vsBest}},
+			parts:     []requirement{{name: "2×2 on the testbed, 64×25M", keep: overlap, ratio: vsBest}},
 		},
 	}
 }
 
-// allDefs are every target's definitions: issue 11's (T1–T5, on NVLink) and
-// issue 18's (U1–U7, on one GPU).
-func allDefs() []targetDef { return append(targetDefs(), issue18Defs()...) }
+// allDefs are every target's definitions: issue 11's (T1–T5, on NVLink),
+// issue 18's (U1–U7, on one GPU) and those across node counts (S1–S8).
+func allDefs() []targetDef {
+	var out []targetDef
+	for _, set := range []struct {
+		name string
+		defs []targetDef
+	}{{SetT, targetDefs()}, {SetU, issue18Defs()}, {SetS, nodeDefs()}} {
+		for _, d := range set.defs {
+			d.set = set.name
+			out = append(out, d)
+		}
+	}
+	return out
+}
 
 // runsOf groups records by run label, runs in the order they first appear.
 func runsOf(recs []bench.Record) ([]string, map[string][]bench.Record) {
@@ -373,29 +444,62 @@ func (d targetDef) samples(recs []bench.Record, o TargetOptions) ([]sample, []st
 		order, ps := points(recs, func(r bench.Record) bool {
 			return r.Invalid == "" && (o.IncludeSim || !r.SimTimings) && req.keep(r)
 		})
-		n := 0
+		var got []sample
 		for _, k := range order {
 			p := ps[k]
 			x := req.ratio(p, o.Variant)
 			if math.IsNaN(x) {
 				continue
 			}
-			n++
-			where := fmt.Sprintf("%s, %s %s", req.name, k.dtype, sizeName(k))
-			if k.iters > 1 {
-				where += fmt.Sprintf(", %d back to back", k.iters)
-			}
-			out = append(
-				out,
-				sample{key: fmt.Sprintf("%s|%s|%d|%d|%d", req.name, k.dtype, k.iters, k.buckets, k.bytes), where: where,
-					value: x, command: commandOf(p[o.Variant])},
-			)
+			got = append(got, d.sample(req, k, p, x, o.Variant))
 		}
-		if n == 0 {
+		switch {
+		case len(got) == 0:
 			missing = append(missing, req.name)
+		case d.some:
+			best := slices.MaxFunc(got, func(a, b sample) int { return cmp.Compare(a.margin, b.margin) })
+			best.where += fmt.Sprintf(" (the best of %d points)", len(got))
+			out = append(out, best)
+		default:
+			out = append(out, got...)
 		}
 	}
 	return out, missing
+}
+
+// sample is the sample of ratio x at point p (key k) of requirement req.
+func (d targetDef) sample(req requirement, k pointKey, p point, x float64, v string) sample {
+	where := fmt.Sprintf("%s, %s %s", req.name, k.dtype, sizeName(k))
+	if k.iters > 1 {
+		where += fmt.Sprintf(", %d back to back", k.iters)
+	}
+	if req.detail != nil {
+		if s := req.detail(p, v); s != "" {
+			where += " (" + s + ")"
+		}
+	}
+	th := d.threshold
+	if req.threshold != 0 {
+		th = req.threshold
+	}
+	margin := x / th
+	if !d.atLeast {
+		margin = th / x
+	}
+	ok := margin >= 1 || (req.slack != nil && req.slack(p, v))
+	setup := ""
+	if d.testbed {
+		setup = testbedOf(p[v])
+	}
+	return sample{
+		key:     fmt.Sprintf("%s|%s|%d|%d|%d", req.name, k.dtype, k.iters, k.buckets, k.bytes),
+		where:   where,
+		setup:   setup,
+		value:   x,
+		ok:      ok,
+		margin:  margin,
+		command: commandOf(p[v]),
+	}
 }
 
 func sizeName(k pointKey) string {
@@ -405,41 +509,70 @@ func sizeName(k pointKey) string {
 	return bench.FormatSize(k.bytes)
 }
 
-// worst is the sample farthest on the failing side.
+// worst is the sample farthest on the failing side: among the points that
+// miss the target, if any, the one of the smallest margin.
 func (d targetDef) worst(ss []sample) (sample, bool) {
 	if len(ss) == 0 {
 		return sample{}, false
 	}
 	return slices.MinFunc(ss, func(a, b sample) int {
-		if d.atLeast {
-			return cmp.Compare(a.value, b.value)
+		if a.ok != b.ok {
+			if a.ok {
+				return 1
+			}
+			return -1
 		}
-		return cmp.Compare(b.value, a.value)
+		return cmp.Compare(a.margin, b.margin)
 	}), true
 }
 
-func (d targetDef) passes(x float64) bool {
-	if d.atLeast {
-		return x >= d.threshold
+// status is a target's state: measured by some points or none, the worst
+// of them meeting it (ok) or not, with parts missing or not.
+func status(measured, ok bool, missing []string) string {
+	switch {
+	case !measured:
+		return StatusNotMeasured
+	case !ok:
+		return StatusFail
+	case len(missing) > 0:
+		return StatusIncomplete
 	}
-	return x <= d.threshold
+	return StatusPass
 }
 
-// Targets computes the targets from the records of one or more runs
-// (grouped by run label, in the order they first appear): T1–T5, U1–U7 and
-// T7 on the first run, T6 from o.Enqueue, T8 comparing every ratio of
-// T1–T5 and U1–U7 in the second run with the first. A target whose records
-// are absent says so in Missing.
+// inSets reports whether the target id belongs to one of sets (nil: every
+// set).
+func inSets(id string, sets []string) bool {
+	if sets == nil {
+		return true
+	}
+	if id == "T6" && slices.Contains(sets, SetS) {
+		return true
+	}
+	return slices.Contains(sets, id[:1])
+}
+
+// Targets computes the targets of o.Sets from the records of one or more
+// runs (grouped by run label, in the order they first appear): T1–T5,
+// U1–U7, S1–S8 and T7 on the first run, T6 from o.Enqueue, T8 comparing
+// every ratio of T1–T5 and U1–U7 in the second run with the first. A
+// target whose records are absent says so in Missing, and one without any
+// point is not measured (Status), never passed.
 func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 	if o.Variant == "" {
 		o.Variant = bench.DefaultVariant
+	}
+	for _, s := range o.Sets {
+		if !slices.Contains(TargetSets, s) {
+			return nil, fmt.Errorf("report: targets: no set %q (%s)", s, strings.Join(TargetSets, ", "))
+		}
 	}
 	runs, byRun := runsOf(recs)
 	if len(runs) == 0 {
 		return nil, errors.New("report: targets: no records")
 	}
 	var out []Target
-	first := map[string]sample{} // T1–T5 samples of the first run, by key, for T8
+	first := map[string]sample{} // T1–T5 and U1–U7 samples of the first run, by key, for T8
 	second := map[string]sample{}
 	for _, d := range allDefs() {
 		t := Target{ID: d.id, What: d.what, Target: d.target, Runs: map[string]*float64{}}
@@ -450,10 +583,11 @@ func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 				t.Runs[run] = ptr(w.value)
 			}
 			for _, s := range ss {
-				switch i {
-				case 0:
+				switch {
+				case d.set == SetS:
+				case i == 0:
 					first[d.id+"|"+s.key] = s
-				case 1:
+				case i == 1:
 					second[d.id+"|"+s.key] = s
 				}
 			}
@@ -464,12 +598,22 @@ func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 			t.Command = commands(ss)
 			if ok {
 				t.Measured, t.Where = ptr(w.value), runName(run)+w.where
-				t.Pass = len(missing) == 0 && d.passes(w.value)
+				if w.setup != "" {
+					t.Where += "; " + w.setup
+				}
+				t.Pass = len(missing) == 0 && w.ok
 			}
+			t.Status = status(ok, w.ok, missing)
 		}
 		out = append(out, t)
 	}
 	out = append(out, enqueueTarget(o.Enqueue), modelTarget(runs, byRun, o), repeatTarget(runs, first, second))
+	out = slices.DeleteFunc(out, func(t Target) bool { return !inSets(t.ID, o.Sets) })
+	for i := range out {
+		if out[i].Status == "" { // T6, T7, T8: one figure each
+			out[i].Status = status(out[i].Measured != nil, out[i].Pass, nil)
+		}
+	}
 	slices.SortStableFunc(out, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
@@ -625,12 +769,13 @@ func repeatTarget(runs []string, first, second map[string]sample) Target {
 	return t
 }
 
-// PrintTargets prints the targets as a table.
+// PrintTargets prints the targets as a table; a target without a point
+// reads "not measured".
 func PrintTargets(w io.Writer, ts []Target) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "id\tmeasured\ttarget\tpass\tpoints\twhere (worst case)\t")
+	fmt.Fprintln(tw, "id\tmeasured\ttarget\tpass\tstatus\tpoints\twhere (worst case)\t")
 	for _, t := range ts {
-		m := "-"
+		m := StatusNotMeasured
 		if t.Measured != nil {
 			m = strconv.FormatFloat(*t.Measured, 'f', 3, 64)
 		}
@@ -642,7 +787,7 @@ func PrintTargets(w io.Writer, ts []Target) error {
 		if len(t.Missing) > 0 {
 			where = strings.TrimSpace(where + " [missing: " + strings.Join(t.Missing, "; ") + "]")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t\n", t.ID, m, t.Target, pass, t.Points, where)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", t.ID, m, t.Target, pass, t.Status, t.Points, where)
 	}
 	return tw.Flush()
 }

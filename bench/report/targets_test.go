@@ -125,7 +125,7 @@ func byID(t *testing.T, ts []Target) map[string]Target {
 	for _, x := range ts {
 		out[x.ID] = x
 	}
-	require.Len(t, out, 15, "T1–T8 and U1–U7")
+	require.Len(t, out, 22, "T1–T8, U1–U7 and S1–S8 (no S7)")
 	return out
 }
 
@@ -213,7 +213,7 @@ func TestTargetsFindTheWorstPoint(t *testing.T) {
 	require.NoError(t, WriteTargetsJSON(&js, ts))
 	var back []map[string]any
 	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
-	require.Len(t, back, 15)
+	require.Len(t, back, 22)
 	for _, o := range back {
 		for _, k := range []string{"id", "measured", "target", "pass", "command"} {
 			require.Contains(t, o, k)

@@ -72,7 +72,8 @@ func setupTargets(fs *flag.FlagSet) func(context.Context, env) error {
 		}
 		fmt.Fprintf(
 			e.stdout,
-			"# issue 11's targets over %d records (T1–T5, T7 on the first run; T8 the second against the first)\n",
+			"# targets (sets %s) over %d records: worst points of the first run; T8 the second against the first\n",
+			t.sets,
 			len(recs),
 		)
 		if err := report.PrintTargets(e.stdout, ts); err != nil {

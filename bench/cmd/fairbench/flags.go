@@ -504,11 +504,38 @@ func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
 // targetFlags: the targets' inputs and output.
 type targetFlags struct {
 	linkFlags
-	out, variant, enqueue, enqueueBench string
+	out, variant, enqueue, enqueueBench, sets string
+}
+
+// targetSets checks a comma-separated list of target sets (-set).
+func targetSets(list string) error {
+	n := 0
+	for _, s := range strings.Split(list, ",") {
+		switch s = strings.TrimSpace(s); {
+		case s == "":
+		case s == "all" || slices.Contains(report.TargetSets, s):
+			n++
+		default:
+			return fmt.Errorf("%q is not one of %s, all", s, strings.Join(report.TargetSets, ", "))
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no set (%s, all)", strings.Join(report.TargetSets, ", "))
+	}
+	return nil
 }
 
 func (t *targetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.out, "out", "", "write the targets as JSON to this file (e.g. bench/results/targets.json)")
+	cli.Choice(
+		fs,
+		&t.sets,
+		"set",
+		"all",
+		"the `sets` of targets, comma-separated: S (S1–S8 across node counts, and T6), "+
+			"T (T1–T8 on NVLink), U (U1–U7 on one GPU), or all",
+		targetSets,
+	)
 	fs.StringVar(&t.variant, "variant", bench.DefaultVariant, "the fairgo variant the targets are about")
 	fs.StringVar(
 		&t.enqueue,
@@ -527,6 +554,15 @@ func (t *targetFlags) register(fs *flag.FlagSet) {
 
 func (t *targetFlags) options(includeSim bool) (report.TargetOptions, error) {
 	o := report.TargetOptions{Variant: t.variant, IncludeSim: includeSim}
+	var sets []string
+	for _, s := range strings.Split(t.sets, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			sets = append(sets, s)
+		}
+	}
+	if !slices.Contains(sets, "all") {
+		o.Sets = sets // nil: every set
+	}
 	o.Intra, o.Net = t.links()
 	if t.enqueue != "" {
 		e, err := report.ParseEnqueue(t.enqueue, t.enqueueBench)

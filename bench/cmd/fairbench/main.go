@@ -75,7 +75,7 @@ func commands() []command {
 		{"report", "a digest of records, with -csv and -plot their CSV and plots", setupReport},
 		{
 			"targets",
-			"the targets (issue 11's T1–T8, issue 18's U1–U7) from the records of one or more runs (grouped by -run label)",
+			"the targets (T1–T8, U1–U7, S1–S8; -set) from the records of one or more runs (grouped by -run label)",
 			setupTargets,
 		},
 	}

@@ -179,9 +179,25 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	require.NoError(t, err)
 	var ts []map[string]any
 	require.NoError(t, json.Unmarshal(blob, &ts))
-	require.Len(t, ts, 15)
-	require.Equal(t, "T6", ts[5]["id"])
-	require.Equal(t, true, ts[5]["pass"])
+	require.Len(t, ts, 22, "every set: S1–S8 (no S7), T1–T8, U1–U7")
+	require.Equal(t, "T6", ts[12]["id"])
+	require.Equal(t, true, ts[12]["pass"])
+	// The S set: S1–S8 and T6, each S target not measured on these records.
+	out = runCmd(t, "targets", "-in", in, "-include-sim", "-enqueue", "6.5", "-set", "S", "-out", tj)
+	require.Contains(t, out, "not measured")
+	blob, err = os.ReadFile(tj)
+	require.NoError(t, err)
+	ts = nil
+	require.NoError(t, json.Unmarshal(blob, &ts))
+	var ids []string
+	for _, x := range ts {
+		ids = append(ids, x["id"].(string))
+		if x["id"] != "T6" {
+			require.Equal(t, "not measured", x["status"], x["id"])
+			require.Equal(t, false, x["pass"], x["id"])
+		}
+	}
+	require.Equal(t, []string{"S1", "S2", "S3", "S4", "S5", "S6", "S8", "T6"}, ids)
 }
 
 func TestHelp(t *testing.T) {
@@ -237,6 +253,7 @@ func TestHelp(t *testing.T) {
 			"nvlink-alpha-us",
 			"nvlink-gbps",
 			"out",
+			"set",
 			"variant",
 		},
 		"model": {
@@ -413,6 +430,7 @@ func TestCLIRules(t *testing.T) {
 		usage("machine list", a("scale -machines-list 1,0"), `-machines-list 1,0: "0" is not a positive integer`),
 		usage("no records", a("model"), `-in "": needs records`),
 		usage("no records for targets", a("targets -in ,"), `-in ",": needs records`),
+		usage("an unknown target set", a("targets -in x.jsonl -set S,V"), `"V" is not one of S, T, U, all`),
 		usage("model sizes as given", a("model -in x.jsonl -model-sizes 1M,2Q"), "-model-sizes 1M,2Q: not an integer"),
 		usage(
 			"model machines",
