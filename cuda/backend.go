@@ -29,7 +29,10 @@ var _ backend.Backend = Backend{}
 // with NoSplit, each intra and rail communicator comes from a unique id of
 // its own, created by its first member and exchanged through the store.
 // One-rank communicators are left nil. Two ranks may share a GPU when they
-// are on different (emulated) machines: their NCCL_HOSTID differ.
+// are on different (emulated) machines: their NCCL_HOSTID differ. Where
+// the intra and rail communicators come from ncclCommSplit, each rank also
+// gets Variants, which make copies of its world communicator with one NCCL
+// allreduce algorithm each, on demand.
 //
 // Without a CUDA driver or a GPU, Connect returns Load's *LoadError, which
 // matches fairgo.ErrNoDevice.
@@ -121,6 +124,11 @@ func connect(
 		return c.fail(err)
 	}
 	split := !noSplit && lib.Supports("ncclCommSplit")
+	for i := range c.out {
+		if w, ok := c.out[i].Comms.World.(*Comm); ok && split {
+			c.out[i].Variants = &Variants{world: w}
+		}
+	}
 	g := c.out[0].Grid
 	log.Debug("fairgo: cuda communicators", "world", layout.WorldSize(),
 		"grid", fmt.Sprintf("%dx%d", g.Machines, g.Devices), "split", split, "nccl", lib.String())

@@ -268,8 +268,15 @@ func (d *Device) Group(fn func() error) error {
 // original's making behaves differently: a flat ring baseline is the world
 // communicator duplicated under NCCL_ALGO=Ring. It needs ncclCommSplit
 // (NCCL 2.18 or newer). On error nothing is left: the copies made are
-// aborted.
+// aborted. DuplicateAlgo sets NCCL_ALGO for the copies itself.
 func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error) {
+	return duplicate(ctx, comms, name, "")
+}
+
+// duplicate is Duplicate with NCCL_ALGO=algoEnv held (algoWindow) around
+// each rank's split, from before it starts until it has returned, even
+// when ctx ends first; "" leaves the environment alone.
+func duplicate(ctx context.Context, comms []*Comm, name, algoEnv string) ([]*Comm, error) {
 	if len(comms) == 0 {
 		return nil, &fairgo.ArgError{Arg: "communicators to duplicate", Value: 0, Reason: "none"}
 	}
@@ -287,8 +294,20 @@ func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error)
 			lib,
 		)
 	}
-	raw, err := eachRank(ctx, name+" (split of "+comms[0].name+")", devs, func(i int) (*nccl.Comm, error) {
-		c, err := comms[i].c.Split(0, comms[i].rank, nil)
+	what := name + " (split of " + comms[0].name + ")"
+	if algoEnv != "" {
+		what += " under NCCL_ALGO=" + algoEnv
+	}
+	raw, err := eachRank(ctx, what, devs, func(i int) (c *nccl.Comm, err error) {
+		split := func() error {
+			c, err = comms[i].c.Split(0, comms[i].rank, nil)
+			return err
+		}
+		if algoEnv == "" {
+			err = split()
+		} else {
+			err = algoWindow.within(ctx, algoEnv, split)
+		}
 		if err == nil && c == nil {
 			err = fmt.Errorf(
 				"ncclCommSplit(color 0, key %d) of %s returned no communicator",
@@ -331,8 +350,9 @@ func Duplicate(ctx context.Context, comms []*Comm, name string) ([]*Comm, error)
 // six NCCL communicators of every rank, the way Backend makes them (a world
 // communicator, then ncclCommSplit, or unique ids without it), with the
 // grid declared instead of discovered. One-rank intra or rail communicators
-// are left nil, as hier allows. The caller keeps the devices; CloseRanks
-// destroys the communicators.
+// are left nil, as hier allows. Each rank gets Variants where NCCL has
+// ncclCommSplit. The caller keeps the devices; CloseRanks destroys the
+// communicators (not those Variants made: their callers close them).
 func NewLocalRanks(devs []*Device, machines, perMachine int) ([]backend.Rank, error) {
 	if machines < 1 || perMachine < 1 || len(devs) != machines*perMachine {
 		return nil, &fairgo.ArgError{

@@ -104,7 +104,7 @@ func commRanks(t testing.TB, m, d int) []backend.Rank {
 		openJob(t)
 		g := job.Rank.Grid
 		require.Equal(t, [2]int{m, d}, [2]int{g.Machines, g.Devices}, "the launcher's grid (use commGrids)")
-		return []backend.Rank{{Grid: g, Device: job.Rank.Device, Comms: job.Rank.Comms}}
+		return []backend.Rank{{Grid: g, Device: job.Rank.Device, Comms: job.Rank.Comms, Variants: job.Rank.Variants}}
 	}
 	return localRanks(t, m, d)
 }
@@ -137,7 +137,7 @@ func freshCommRanks(t testing.TB, m, d int) []backend.Rank {
 	})
 	g := rks[0].Grid
 	require.Equal(t, [2]int{m, d}, [2]int{g.Machines, g.Devices}, "the launcher's grid (use commGrids)")
-	return []backend.Rank{{Grid: g, Device: rks[0].Device, Comms: rks[0].Comms}}
+	return []backend.Rank{{Grid: g, Device: rks[0].Device, Comms: rks[0].Comms, Variants: rks[0].Variants}}
 }
 
 func localRanks(t testing.TB, m, d int) []backend.Rank {
