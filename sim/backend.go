@@ -38,8 +38,8 @@ type Backend struct {
 }
 
 // NewBackend returns a Backend whose clusters use cfg's Seed, Jitter,
-// StallTimeout and MemoryLimit; its Machines, Devices and RankOrder are
-// ignored.
+// StallTimeout, MemoryLimit, AlgoDelay and WorldDelay; its Machines,
+// Devices and RankOrder are ignored.
 func NewBackend(cfg Config) *Backend {
 	return &Backend{cfg: cfg}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -43,6 +44,17 @@ type Config struct {
 	RankOrder []int
 	// MemoryLimit is each device's memory in bytes; 0 means unlimited.
 	MemoryLimit int64
+	// AlgoDelay slows the world communicators that the ranks' Variants
+	// make for an algorithm (backend.AlgoRing or backend.AlgoTree; the
+	// simulated allreduce is the same for both): each all-reduce on them
+	// waits this long on its stream before it meets its peers, so that
+	// tests can make a choice between NCCL's algorithms (hier's Auto)
+	// come out as they please. Algorithms not in the map: no delay.
+	AlgoDelay map[backend.NCCLAlgo]time.Duration
+	// WorldDelay is the same for the all-reduces of the world
+	// communicator of Comms (hier's flat allreduce, and the few of its
+	// own bookkeeping that ride on it).
+	WorldDelay time.Duration
 }
 
 func (cfg Config) validate() error {
@@ -66,6 +78,17 @@ func (cfg Config) validate() error {
 		return bad("StallTimeout", cfg.StallTimeout, "must not be negative")
 	case cfg.MemoryLimit < 0:
 		return bad("MemoryLimit", cfg.MemoryLimit, "must not be negative")
+	case cfg.WorldDelay < 0:
+		return bad("WorldDelay", cfg.WorldDelay, "must not be negative")
+	}
+	for a, d := range cfg.AlgoDelay {
+		if checkAlgo(a) != nil {
+			why := fmt.Sprintf("key %q: not %q or %q", a, backend.AlgoRing, backend.AlgoTree)
+			return bad("AlgoDelay", cfg.AlgoDelay, why)
+		}
+		if d < 0 {
+			return bad("AlgoDelay", cfg.AlgoDelay, fmt.Sprintf("the delay of %q must not be negative", a))
+		}
 	}
 	if cfg.RankOrder != nil {
 		n := cfg.Machines * cfg.Devices
@@ -96,9 +119,11 @@ type Cluster struct {
 	comms   []backend.Comms // by global rank
 	groups  []*group
 	board   *rendezvous.MemoryStore // the Board of its ranks
+	done    chan struct{}           // closed by Close: World's waits end
 
-	mu     sync.Mutex
-	closed bool
+	mu       sync.Mutex
+	closed   bool
+	variants variantSets // the world communicators of the ranks' Variants
 }
 
 // NewCluster builds a cluster. Invalid configurations give a
@@ -120,11 +145,14 @@ func NewCluster(cfg Config) (*Cluster, error) {
 	} else {
 		cfg.RankOrder = append([]int(nil), cfg.RankOrder...)
 	}
+	cfg.AlgoDelay = maps.Clone(cfg.AlgoDelay)
 	c := &Cluster{
-		cfg:     cfg,
-		devices: make([]*Device, n),
-		comms:   make([]backend.Comms, n),
-		board:   rendezvous.NewMemoryStore(),
+		cfg:      cfg,
+		devices:  make([]*Device, n),
+		comms:    make([]backend.Comms, n),
+		board:    rendezvous.NewMemoryStore(),
+		done:     make(chan struct{}),
+		variants: newVariantSets(n),
 	}
 	global := make([]int, n) // grid rank -> global rank
 	for g, r := range cfg.RankOrder {
@@ -132,7 +160,7 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		c.devices[g] = newDevice(c, g, hier.Grid{Machines: M, Devices: D, Machine: r / D, Local: r % D})
 	}
 	// newComm builds a communicator over global ranks and hands each its handle.
-	newComm := func(name string, ranks []int, set func(hc *backend.Comms, cm *Comm)) {
+	newComm := func(name string, ranks []int, set func(hc *backend.Comms, cm *Comm)) *group {
 		members := make([]*Device, len(ranks))
 		for i, g := range ranks {
 			members[i] = c.devices[g]
@@ -142,12 +170,13 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		for i, g := range ranks {
 			set(&c.comms[g], &Comm{g: gr, rank: i, dev: c.devices[g]})
 		}
+		return gr
 	}
 	world := make([]int, n)
 	for g := range world {
 		world[g] = g
 	}
-	newComm("world", world, func(hc *backend.Comms, cm *Comm) { hc.World = cm })
+	newComm("world", world, func(hc *backend.Comms, cm *Comm) { hc.World = cm }).delay = cfg.WorldDelay
 	if n > 1 {
 		newComm("check", world, func(hc *backend.Comms, cm *Comm) { hc.Check = cm })
 	}
@@ -184,12 +213,7 @@ func (c *Cluster) NewWorld(name string) ([]*Comm, error) {
 	if c.closed {
 		return nil, fmt.Errorf("sim: cluster: %w", fairgo.ErrClosed)
 	}
-	gr := newGroup(name, c.devices, c.cfg.StallTimeout)
-	c.groups = append(c.groups, gr)
-	out := make([]*Comm, len(c.devices))
-	for g, d := range c.devices {
-		out[g] = &Comm{g: gr, rank: g, dev: d}
-	}
+	_, out := c.newWorldLocked(name, 0)
 	return out, nil
 }
 
@@ -197,6 +221,7 @@ func (c *Cluster) NewWorld(name string) ([]*Comm, error) {
 func (c *Cluster) Config() Config {
 	cfg := c.cfg
 	cfg.RankOrder = append([]int(nil), cfg.RankOrder...)
+	cfg.AlgoDelay = maps.Clone(cfg.AlgoDelay)
 	return cfg
 }
 
@@ -221,15 +246,17 @@ func (c *Cluster) Comms(global int) backend.Comms {
 }
 
 // Rank returns what hier.NewReducer needs for a global rank: its grid
-// place, device and communicators. The cluster keeps ownership
-// (OwnsResources is false). Outside [0, Size()) it is the zero Rank, which
-// hier rejects.
+// place, device, communicators and Variants (whose World makes the rank's
+// member of a world communicator of its own, see Variants). The cluster
+// keeps ownership (OwnsResources is false). Outside [0, Size()) it is the
+// zero Rank, which hier rejects.
 func (c *Cluster) Rank(global int) backend.Rank {
 	d := c.Device(global)
 	if d == nil {
 		return backend.Rank{}
 	}
-	return backend.Rank{Grid: d.grid, Device: d, Comms: c.comms[global], Board: c.board}
+	return backend.Rank{Grid: d.grid, Device: d, Comms: c.comms[global], Board: c.board,
+		Variants: &Variants{c: c, rank: global}}
 }
 
 // Reducers builds a hier.Reducer for every rank, concurrently (they
@@ -292,11 +319,14 @@ func (c *Cluster) checkOpen() error {
 }
 
 // Close fails every communicator's pending calls with an error wrapping
-// fairgo.ErrClosed, stops every device's streams (their goroutines have
-// exited when Close returns) and releases device memory. Closing twice is a
-// no-op.
+// fairgo.ErrClosed, ends the waits of Variants' World with it, stops every
+// device's streams (their goroutines have exited when Close returns) and
+// releases device memory. Closing twice is a no-op.
 func (c *Cluster) Close() error {
-	groups, first := closeOnce(&c.mu, &c.closed, func() []*group { return c.groups })
+	groups, first := closeOnce(&c.mu, &c.closed, func() []*group {
+		close(c.done)
+		return c.groups
+	})
 	if !first {
 		return nil
 	}

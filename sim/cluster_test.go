@@ -30,6 +30,11 @@ func TestConfigValidation(t *testing.T) {
 		{"short order", Config{Machines: 2, Devices: 1, RankOrder: []int{0}}, "RankOrder"},
 		{"repeated order", Config{Machines: 2, Devices: 1, RankOrder: []int{1, 1}}, "RankOrder"},
 		{"order out of range", Config{Machines: 2, Devices: 1, RankOrder: []int{0, 2}}, "RankOrder"},
+		{"negative world delay", Config{Machines: 1, Devices: 1, WorldDelay: -1}, "WorldDelay"},
+		{"negative algo delay", Config{Machines: 1, Devices: 1,
+			AlgoDelay: map[backend.NCCLAlgo]time.Duration{backend.AlgoRing: -1}}, "AlgoDelay"},
+		{"unknown algo", Config{Machines: 1, Devices: 1,
+			AlgoDelay: map[backend.NCCLAlgo]time.Duration{"nvls": 1}}, "AlgoDelay"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewCluster(tc.cfg)

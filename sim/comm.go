@@ -75,6 +75,7 @@ type group struct {
 	name    string
 	members []*Device // by communicator rank
 	stall   time.Duration
+	delay   time.Duration // before each all-reduce (Config.WorldDelay, AlgoDelay)
 
 	mu       sync.Mutex
 	meetings map[uint64]*meeting
@@ -125,12 +126,23 @@ func (g *group) failure() error {
 }
 
 // run is a collective as its stream executes it: wait for this handle's
-// previous call (NCCL runs a communicator's calls in order), then meet the
-// other ranks.
+// previous call (NCCL runs a communicator's calls in order), wait out the
+// communicator's delay, then meet the other ranks.
 func (g *group) run(ctx context.Context, seq uint64, c *call, prev <-chan struct{}) error {
 	if prev != nil {
 		select {
 		case <-prev:
+		case <-g.failed:
+			return g.failure()
+		case <-ctx.Done():
+			return c.dev.closedErr()
+		}
+	}
+	if g.delay > 0 && c.kind == kAllReduce {
+		t := time.NewTimer(g.delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
 		case <-g.failed:
 			return g.failure()
 		case <-ctx.Done():
