@@ -55,12 +55,12 @@ func OpenCUDALocal(s Spec) (*Testbed, error) {
 		return nil, t.closeOnError(err)
 	}
 	t.onClose(func() error { return cuda.CloseRanks(hrs) })
-	t.newRing = func(ctx context.Context) ([]backend.Comm, error) {
+	t.newAlgo = func(ctx context.Context, algo backend.NCCLAlgo) ([]backend.Comm, error) {
 		worlds := make([]*cuda.Comm, len(hrs))
 		for i, hr := range hrs {
 			worlds[i] = hr.Comms.World.(*cuda.Comm)
 		}
-		return ringWorld(ctx, worlds)
+		return algoWorld(ctx, worlds, algo)
 	}
 	for g, hr := range hrs {
 		if err := t.addCUDARank(hr, g); err != nil {
@@ -108,13 +108,13 @@ func OpenCUDAProcess(ctx context.Context) (*Testbed, error) {
 	// The Reducers built over it get no Board: notes one of them left in
 	// the store would abort the next.
 	t.onClose(rks[0].Release)
-	hr := backend.Rank{Grid: rks[0].Grid, Device: rks[0].Device, Comms: rks[0].Comms}
-	t.newRing = func(ctx context.Context) ([]backend.Comm, error) {
+	hr := backend.Rank{Grid: rks[0].Grid, Device: rks[0].Device, Comms: rks[0].Comms, Variants: rks[0].Variants}
+	t.newAlgo = func(ctx context.Context, algo backend.NCCLAlgo) ([]backend.Comm, error) {
 		world, ok := hr.Comms.World.(*cuda.Comm)
 		if !ok {
 			return nil, fmt.Errorf("testbed: the world communicator is a %T, not a *cuda.Comm", hr.Comms.World)
 		}
-		return ringWorld(ctx, []*cuda.Comm{world})
+		return algoWorld(ctx, []*cuda.Comm{world}, algo)
 	}
 	if err := t.addCUDARank(hr, hr.Comms.World.Rank()); err != nil {
 		return nil, t.closeOnError(err)
@@ -132,15 +132,12 @@ func OpenCUDAProcess(ctx context.Context) (*Testbed, error) {
 	return t, nil
 }
 
-// ringWorld duplicates the world communicators of this process's ranks
-// while NCCL_ALGO=Ring is set, so that NCCL initialises the copies with its
-// ring algorithm only (cuda.Duplicate; every process makes the same call).
-func ringWorld(ctx context.Context, worlds []*cuda.Comm) ([]backend.Comm, error) {
-	var dups []*cuda.Comm
-	err := withEnv("NCCL_ALGO", FlatRingAlgo, func() (err error) {
-		dups, err = cuda.Duplicate(ctx, worlds, "flat-ring")
-		return err
-	})
+// algoWorld duplicates the world communicators of this process's ranks
+// while NCCL_ALGO restricts the allreduce to algo, so that NCCL initialises
+// the copies with that algorithm only (cuda.DuplicateAlgo; every process
+// makes the same call).
+func algoWorld(ctx context.Context, worlds []*cuda.Comm, algo backend.NCCLAlgo) ([]backend.Comm, error) {
+	dups, err := cuda.DuplicateAlgo(ctx, worlds, algo, "flat-"+string(algo))
 	if err != nil {
 		return nil, err
 	}

@@ -1,10 +1,10 @@
 // Package harness opens the ranks a program drives — every rank of a
 // simulated cluster, several GPUs in one process, or one GPU per process
 // under a launcher — as one Testbed, with a device, a stream and a timer per
-// rank, and on demand a world communicator on which NCCL runs its ring only
-// (RingWorld). Info describes it, as the launcher told (FAIRGO_TESTBED_*:
-// emulated machines, NICs, MPS, the intra-machine link) and as the ranks
-// sit on GPUs and NCCL hosts. The benchmark harness, the examples and tests
+// rank, and on demand world communicators on which NCCL runs its allreduce
+// with one algorithm only (AlgoWorld). Info describes it, as the launcher
+// told (FAIRGO_TESTBED_*: emulated machines, NICs, MPS, the intra-machine
+// link) and as the ranks sit on GPUs and NCCL hosts. The benchmark harness, the examples and tests
 // share it, and each opens its cluster by calling the opener it wants:
 // there is no registry.
 package harness
@@ -129,9 +129,10 @@ type Testbed struct {
 	closers  []func() error // run last to first after the ranks are released
 	closed   bool
 
-	ringMu  sync.Mutex
-	ring    []backend.Comm                                // RingWorld's, once made
-	newRing func(context.Context) ([]backend.Comm, error) // the opener's way to make them; nil: none
+	algoMu sync.Mutex
+	algos  map[backend.NCCLAlgo][]backend.Comm // AlgoWorld's, once made
+	// newAlgo is the opener's way to make AlgoWorld's; nil: none.
+	newAlgo func(context.Context, backend.NCCLAlgo) ([]backend.Comm, error)
 }
 
 // Info describes the testbed.
@@ -208,27 +209,26 @@ func (t *Testbed) ReducersOf(ctx context.Context, opts func(i int) []hier.Option
 	return rs, nil
 }
 
-// FlatRingAlgo is the NCCL_ALGO under which RingWorld's communicators are
-// initialised.
-const FlatRingAlgo = "Ring"
-
-// RingWorld returns, for each of Ranks, a world communicator of its own on
-// which NCCL runs its ring algorithm only: NCCL reads NCCL_ALGO when it
-// initialises a communicator, and this one is the world communicator
-// duplicated (ncclCommSplit) while NCCL_ALGO=Ring is set in the process
-// environment, which is restored afterwards. On the simulated cluster it is
-// a world communicator of its own (the sim has one algorithm). The first
-// call makes them, and every process of the job must make it (NCCL's
-// initialisation is collective); later calls return the same. Close
-// destroys them.
-func (t *Testbed) RingWorld(ctx context.Context) ([]backend.Comm, error) {
-	t.ringMu.Lock()
-	defer t.ringMu.Unlock()
-	if t.ring != nil {
-		return t.ring, nil
+// AlgoWorld returns, for each of Ranks, a world communicator of its own on
+// which NCCL runs its allreduce with algo only (backend.AlgoRing or
+// backend.AlgoTree; another is an *fairgo.ArgError): NCCL reads NCCL_ALGO
+// when it initialises a communicator, and this one is the world
+// communicator duplicated (ncclCommSplit) while NCCL_ALGO=allreduce:<algo>
+// is set in the process environment, which is restored afterwards
+// (cuda.DuplicateAlgo, whose window keeps concurrent splits of the process
+// apart). On the simulated cluster it is a world communicator of its own
+// (sim.Cluster.NewAlgoWorld: the sim has one algorithm). The first call
+// for an algorithm makes them, and every process of the job must make it
+// (NCCL's initialisation is collective); later calls return the same.
+// Close destroys them.
+func (t *Testbed) AlgoWorld(ctx context.Context, algo backend.NCCLAlgo) ([]backend.Comm, error) {
+	t.algoMu.Lock()
+	defer t.algoMu.Unlock()
+	if comms := t.algos[algo]; comms != nil {
+		return comms, nil
 	}
-	if t.newRing == nil {
-		return nil, errors.New("testbed: this testbed cannot make a ring world communicator")
+	if t.newAlgo == nil {
+		return nil, fmt.Errorf("testbed: this testbed cannot make a flat-%s world communicator", algo)
 	}
 	t.mu.Lock()
 	closed := t.closed
@@ -236,9 +236,9 @@ func (t *Testbed) RingWorld(ctx context.Context) ([]backend.Comm, error) {
 	if closed {
 		return nil, fmt.Errorf("testbed: %w", fairgo.ErrClosed)
 	}
-	comms, err := t.newRing(ctx)
+	comms, err := t.newAlgo(ctx, algo)
 	if err != nil {
-		return nil, fmt.Errorf("testbed: the flat ring's world communicator: %w", err)
+		return nil, fmt.Errorf("testbed: the flat-%s world communicator: %w", algo, err)
 	}
 	closeComms := func() error {
 		var errs []error
@@ -253,8 +253,17 @@ func (t *Testbed) RingWorld(ctx context.Context) ([]backend.Comm, error) {
 		return nil, errors.Join(fmt.Errorf("testbed: %w", fairgo.ErrClosed), closeComms())
 	}
 	t.onClose(closeComms)
-	t.ring = comms
+	if t.algos == nil {
+		t.algos = map[backend.NCCLAlgo][]backend.Comm{}
+	}
+	t.algos[algo] = comms
 	return comms, nil
+}
+
+// RingWorld is AlgoWorld(ctx, backend.AlgoRing): the flat ring baseline's
+// communicators.
+func (t *Testbed) RingWorld(ctx context.Context) ([]backend.Comm, error) {
+	return t.AlgoWorld(ctx, backend.AlgoRing)
 }
 
 // Close closes the Reducers made by Reducers, releases every rank's

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
@@ -240,68 +240,59 @@ func TestIntraLink(t *testing.T) {
 	require.Empty(t, Emulation{NVLinkGbit: 20}.IntraLink(), "not told")
 }
 
-// withEnv sets a variable for fn only, and restores it however fn ends.
-func TestWithEnv(t *testing.T) {
-	const name = "FAIRGO_TESTBED_TEST_WITHENV"
-	for _, tc := range []struct {
-		name   string
-		before *string
-		fnErr  error
-	}{
-		{"unset before", nil, nil},
-		{"set before", ptr("Tree"), nil},
-		{"empty before", ptr(""), nil},
-		{"fn fails", ptr("Tree"), errors.New("boom")},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.before != nil {
-				t.Setenv(name, *tc.before)
-			} else {
-				t.Setenv(name, "x") // restored by the test's cleanup
-				require.NoError(t, os.Unsetenv(name))
-			}
-			var during string
-			err := withEnv(name, "Ring", func() error {
-				during = os.Getenv(name)
-				return tc.fnErr
-			})
-			require.ErrorIs(t, err, tc.fnErr)
-			if tc.fnErr == nil {
-				require.NoError(t, err)
-			}
-			require.Equal(t, "Ring", during)
-			v, ok := os.LookupEnv(name)
-			require.Equal(t, tc.before != nil, ok)
-			if tc.before != nil {
-				require.Equal(t, *tc.before, v)
-			}
-		})
-	}
-}
-
-func ptr[T any](v T) *T { return &v }
-
-// On the simulated cluster RingWorld is a world communicator of its own per
-// rank: made once, right sums, closed with the testbed.
-func TestRingWorldSim(t *testing.T) {
+// On the simulated cluster AlgoWorld is a world communicator of its own
+// per rank and algorithm: made once, right sums, closed with the testbed;
+// RingWorld is the ring's.
+func TestAlgoWorldSim(t *testing.T) {
 	ctx := context.Background()
 	tb, err := OpenSim(Spec{Machines: 2, Devices: 2})
 	require.NoError(t, err)
+	made := map[backend.NCCLAlgo][]backend.Comm{}
+	for _, algo := range []backend.NCCLAlgo{backend.AlgoRing, backend.AlgoTree} {
+		comms, err := tb.AlgoWorld(ctx, algo)
+		require.NoError(t, err)
+		require.Len(t, comms, 4)
+		require.Equal(t, "flat-"+string(algo), comms[0].Name())
+		again, err := tb.AlgoWorld(ctx, algo)
+		require.NoError(t, err)
+		require.Equal(t, comms, again, "made once")
+		made[algo] = comms
+		testFlatSum(t, tb, comms)
+	}
+	require.NotEqual(t, made[backend.AlgoRing][0], made[backend.AlgoTree][0], "one per algorithm")
 	ring, err := tb.RingWorld(ctx)
 	require.NoError(t, err)
-	require.Len(t, ring, 4)
-	again, err := tb.RingWorld(ctx)
+	require.Equal(t, made[backend.AlgoRing], ring)
+	_, err = tb.AlgoWorld(ctx, "nvls")
+	var ae *fairgo.ArgError
+	require.ErrorAs(t, err, &ae)
+
+	require.NoError(t, tb.Close())
+	require.ErrorIs(t, ring[0].Err(), fairgo.ErrClosed)
+	_, err = tb.RingWorld(ctx)
+	require.NoError(t, err, "made before Close: the same handles")
+	tb2, err := OpenSim(Spec{Machines: 1, Devices: 2})
 	require.NoError(t, err)
-	require.Equal(t, ring, again, "made once")
-	ts := make([]fairgo.Tensor, 4)
+	require.NoError(t, tb2.Close())
+	_, err = tb2.AlgoWorld(ctx, backend.AlgoTree)
+	require.ErrorIs(t, err, fairgo.ErrClosed)
+}
+
+// testFlatSum sums over comms, one per rank of tb, and checks the result.
+func testFlatSum(t *testing.T, tb *Testbed, comms []backend.Comm) {
+	t.Helper()
+	ctx := context.Background()
+	n := len(comms)
+	ts := make([]fairgo.Tensor, n)
 	require.NoError(t, tb.ForRanks(func(i int, r *Rank) error {
-		if ring[i].Rank() != r.WorldRank || ring[i].Size() != 4 || ring[i] == r.Hier.Comms.World {
+		if comms[i].Rank() != r.WorldRank || comms[i].Size() != n || comms[i] == r.Hier.Comms.World {
 			return fmt.Errorf(
-				"ring communicator %v: rank %d of %d, want %d of 4, and not the world communicator",
-				ring[i],
-				ring[i].Rank(),
-				ring[i].Size(),
+				"communicator %v: rank %d of %d, want %d of %d, and not the world communicator",
+				comms[i],
+				comms[i].Rank(),
+				comms[i].Size(),
 				r.WorldRank,
+				n,
 			)
 		}
 		x, err := r.Alloc(3, fairgo.Float32)
@@ -318,31 +309,23 @@ func TestRingWorldSim(t *testing.T) {
 		ts[i] = x
 		_, err = r.Time(
 			ctx,
-			func() error { return ring[i].AllReduce(x.Ptr, x.Ptr, 3, fairgo.Float32, fairgo.Sum, r.Stream) },
+			func() error { return comms[i].AllReduce(x.Ptr, x.Ptr, 3, fairgo.Float32, fairgo.Sum, r.Stream) },
 		)
 		return err
 	}))
+	tri := float64(n * (n - 1) / 2)
 	require.NoError(t, tb.ForRanks(func(i int, r *Rank) error {
 		out, err := r.Download(ts[i])
 		if err != nil {
 			return err
 		}
 		for j := range 3 {
-			if got, want := elem.Get(fairgo.Float32, out, j), float64(6*(j+1)); got != want {
+			if got, want := elem.Get(fairgo.Float32, out, j), tri*float64(j+1); got != want {
 				return fmt.Errorf("element %d = %g, want %g", j, got, want)
 			}
 		}
 		return nil
 	}))
-	require.NoError(t, tb.Close())
-	require.ErrorIs(t, ring[0].Err(), fairgo.ErrClosed)
-	_, err = tb.RingWorld(ctx)
-	require.NoError(t, err, "made before Close: the same handles")
-	tb2, err := OpenSim(Spec{Machines: 1, Devices: 2})
-	require.NoError(t, err)
-	require.NoError(t, tb2.Close())
-	_, err = tb2.RingWorld(ctx)
-	require.ErrorIs(t, err, fairgo.ErrClosed)
 }
 
 func TestInvalid(t *testing.T) {

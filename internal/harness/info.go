@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -324,26 +323,6 @@ func ncclHost() string {
 		return id
 	}
 	return hostname()
-}
-
-// withEnv runs fn with the environment variable name set to value and
-// restores it afterwards (unset when it was unset), whatever fn returns.
-// The process environment is shared: nothing else may read or change name
-// meanwhile. With cgo, C code (NCCL) sees the change.
-func withEnv(name, value string, fn func() error) error {
-	old, had := os.LookupEnv(name)
-	if err := os.Setenv(name, value); err != nil {
-		return fmt.Errorf("testbed: set %s: %w", name, err)
-	}
-	err := fn()
-	restore := os.Unsetenv(name)
-	if had {
-		restore = os.Setenv(name, old)
-	}
-	if restore != nil {
-		restore = fmt.Errorf("testbed: restore %s: %w", name, restore)
-	}
-	return errors.Join(err, restore)
 }
 
 // UnderLauncher reports whether this process is one worker of a job of

@@ -23,8 +23,8 @@ func OpenSim(s Spec) (*Testbed, error) {
 			Placement: Placement{RanksPerGPU: 1}},
 	}
 	t.onClose(c.Close)
-	t.newRing = func(context.Context) ([]backend.Comm, error) {
-		cs, err := c.NewWorld("flat-ring")
+	t.newAlgo = func(_ context.Context, algo backend.NCCLAlgo) ([]backend.Comm, error) {
+		cs, err := c.NewAlgoWorld(algo)
 		if err != nil {
 			return nil, err
 		}
