@@ -501,6 +501,7 @@ func TestConnect(t *testing.T) {
 		require.Equal(t, grids[p], rk.Grid, "process %d", p)
 		require.False(t, rk.OwnsResources, "the caller owns Connect's ranks")
 		require.NotNil(t, rk.Board, "the job's store is the board")
+		require.NotNil(t, rk.Variants, "the backend's Variants pass through")
 		require.Equal(t, p, rk.Comms.World.Rank())
 	}
 	for round := range 2 { // two Reducers in turn over the same ranks
