@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/fairgo/fairgo/bench"
 	"github.com/fairgo/fairgo/bench/report"
@@ -91,5 +92,31 @@ func setupTargets(fs *flag.FlagSet) func(context.Context, env) error {
 		}
 		fmt.Fprintf(e.stdout, "# targets written to %s\n", t.out)
 		return nil
+	})
+}
+
+func setupNodes(fs *flag.FlagSet) func(context.Context, env) error {
+	var n nodesFlags
+	n.register(fs)
+	var o report.NodesOptions
+	return setupAnalysis(fs, func(includeSim bool) (err error) {
+		o, err = n.options(includeSim)
+		return err
+	}, func(e env, recs []bench.Record, _ bool) error {
+		curves, notes, err := report.NodeCurves(recs, o)
+		if err != nil {
+			return err
+		}
+		if err := report.NodesReport(e.stdout, curves, notes); err != nil {
+			return err
+		}
+		if n.plot == "" {
+			return nil
+		}
+		files, err := report.NodesPlot(n.plot, curves, report.NodesTitle(o.NICGbit))
+		if len(files) > 0 {
+			fmt.Fprintf(e.stdout, "# plot: %s\n", strings.Join(files, ", "))
+		}
+		return err
 	})
 }

@@ -574,6 +574,31 @@ func (t *targetFlags) options(includeSim bool) (report.TargetOptions, error) {
 	return o, nil
 }
 
+// nodesFlags: the nodes report's testbed, variant, given links and plot.
+type nodesFlags struct {
+	linkFlags
+	gbit          float64
+	variant, plot string
+}
+
+func (n *nodesFlags) register(fs *flag.FlagSet) {
+	fs.Float64Var(&n.gbit, "nic-gbit", report.DefaultNodesGbit,
+		"the testbed's NIC rate in Gbit/s whose layouts are compared")
+	fs.StringVar(&n.variant, "variant", bench.DefaultVariant, "the fairgo variant compared with the best baseline")
+	fs.StringVar(&n.plot, "plot", "", "write the plot ("+report.NodesPlotName+".png and .svg) into this folder")
+	n.linkFlags.register(fs) // the testbed's model
+}
+
+// options are the nodes report's options; its errors are usage errors.
+func (n *nodesFlags) options(includeSim bool) (report.NodesOptions, error) {
+	o := report.NodesOptions{Variant: n.variant, NICGbit: n.gbit, IncludeSim: includeSim}
+	o.Intra, o.Net = n.links()
+	if n.gbit <= 0 {
+		return o, cli.Usagef("-nic-gbit %g: must be positive", n.gbit)
+	}
+	return o, nil
+}
+
 // spec is the testbed spec of a single-process grid.
 func spec(b backendFlags, t timingFlags, m, d int) harness.Spec {
 	return harness.Spec{Machines: m, Devices: d, Seed: int64(t.seed), Jitter: b.jitter}

@@ -6,7 +6,8 @@
 //	fairbench sweep -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
 //	fairbench sweep -backend cuda -machines 1 -devices 2 -b 64K -e 1G -n 1 -check   (GPUs, one process)
 //	fairrun --emulate-machines 2 --nic-gbit 10 --nproc-per-node 4 -- fairbench sweep -backend cuda -b 1M -e 1G
-//	fairbench targets -in r1.jsonl,r2.jsonl -out bench/results/targets.json
+//	fairbench targets -in r1.jsonl,r2.jsonl -set S -out bench/results/targets.json
+//	fairbench nodes -in r1.jsonl -plot plots
 //
 // "fairbench help" lists the commands, "fairbench help COMMAND" (or
 // "fairbench COMMAND -h") a command's flags, on stdout. A flag means the
@@ -73,6 +74,11 @@ func commands() []command {
 			setupModel,
 		},
 		{"report", "a digest of records, with -csv and -plot their CSV and plots", setupReport},
+		{
+			"nodes",
+			"fairgo/best by size for each layout across node counts, measured and modelled, and 64 × 8 at real links",
+			setupNodes,
+		},
 		{
 			"targets",
 			"the targets (T1–T8, U1–U7, S1–S8; -set) from the records of one or more runs (grouped by -run label)",

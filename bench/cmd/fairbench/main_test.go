@@ -205,7 +205,8 @@ func TestHelp(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		require.Zero(t, run(context.Background(), args, &stdout, &stderr), "%v", args)
 		require.Empty(t, stderr.String())
-		for _, c := range []string{"sweep", "overlap", "scale", "links", "model", "report", "targets", "help"} {
+		for _, c := range []string{"sweep", "overlap", "scale", "links", "model", "report", "nodes", "targets",
+			"help"} {
 			require.Contains(t, stdout.String(), "  "+c+" ", "%v lists %s", args, c)
 		}
 	}
@@ -254,6 +255,17 @@ func TestHelp(t *testing.T) {
 			"nvlink-gbps",
 			"out",
 			"set",
+			"variant",
+		},
+		"nodes": {
+			"in",
+			"include-sim",
+			"net-alpha-us",
+			"net-gbps",
+			"nic-gbit",
+			"nvlink-alpha-us",
+			"nvlink-gbps",
+			"plot",
 			"variant",
 		},
 		"model": {
@@ -312,7 +324,7 @@ func runFairbench(args []string, stdout, stderr io.Writer) int {
 // message on stderr with status 2, sizes as given, choices listed, no
 // extra arguments; a failure status 1.
 func TestCLIRules(t *testing.T) {
-	commands := "sweep, overlap, scale, links, model, report, targets, help"
+	commands := "sweep, overlap, scale, links, model, report, nodes, targets, help"
 	dtypes := "float16, bfloat16, float32, float64, int8, uint8, int32, uint32, int64, uint64"
 	usage := func(name string, args []string, stderr ...string) clitest.Case {
 		return clitest.Case{Name: name, Args: args, Code: cli.ExitUsage, Stderr: stderr}
@@ -431,6 +443,8 @@ func TestCLIRules(t *testing.T) {
 		usage("no records", a("model"), `-in "": needs records`),
 		usage("no records for targets", a("targets -in ,"), `-in ",": needs records`),
 		usage("an unknown target set", a("targets -in x.jsonl -set S,V"), `"V" is not one of S, T, U, all`),
+		usage("no records for nodes", a("nodes -plot p"), `-in "": needs records`),
+		usage("a NIC rate of nodes", a("nodes -in x.jsonl -nic-gbit 0"), `-nic-gbit 0: must be positive`),
 		usage("model sizes as given", a("model -in x.jsonl -model-sizes 1M,2Q"), "-model-sizes 1M,2Q: not an integer"),
 		usage(
 			"model machines",
@@ -496,4 +510,39 @@ func TestWorkerArgs(t *testing.T) {
 	m2.register(fs2)
 	require.NoError(t, fs2.Parse(m.args(fs)))
 	require.Equal(t, m.variants, m2.variants)
+}
+
+// The nodes report: a curve per layout of the testbed's records, and the
+// real cluster's prediction, drawn into -plot.
+func TestNodes(t *testing.T) {
+	dir := t.TempDir()
+	var recs []bench.Record
+	for _, m := range []int{2, 4} {
+		for _, s := range []int64{1 << 20, 4 << 20} {
+			for alg, us := range map[string]float64{"flat": 1000, "flat-ring": 900, "naive": 1100, "fairgo": 1000} {
+				r := bench.Record{Kind: bench.KindSweep, Run: "r1", Backend: "cuda", Machines: m, Devices: 1,
+					Processes: m, DType: "float32", Op: "sum", Algorithm: alg, Bytes: s, Iters: 1, TimeUS: us * float64(s>>20)}
+				r.Testbed.NICGbit, r.Testbed.Machines, r.Testbed.MPS = 10, m, true
+				if alg == "fairgo" {
+					r.Fairgo = &bench.FairgoSetup{Algorithm: "auto", Chosen: "flat"}
+				}
+				recs = append(recs, r)
+			}
+		}
+	}
+	in := filepath.Join(dir, "nodes.jsonl")
+	f, err := os.Create(in)
+	require.NoError(t, err)
+	require.NoError(t, bench.WriteJSONL(f, recs))
+	require.NoError(t, f.Close())
+	out := runCmd(t, "nodes", "-in", in, "-plot", filepath.Join(dir, "plots"), "-nvlink-gbps", "300")
+	for _, want := range []string{"2×1 measured", "2×1 model", "4×1 measured", "4×1 model", "64×8 model, real links",
+		"flat-ring", "0.90", "# plot: "} {
+		require.Contains(t, out, want)
+	}
+	for _, ext := range []string{".png", ".svg"} {
+		st, err := os.Stat(filepath.Join(dir, "plots", "nodes_fairgo_vs_best"+ext))
+		require.NoError(t, err)
+		require.Positive(t, st.Size())
+	}
 }
