@@ -23,10 +23,13 @@ var _ backend.Variants = (*Variants)(nil)
 //
 // What a copy costs: one ncclCommSplit to make (a collective
 // initialisation that returns once every rank of the world has joined,
-// as the world communicator's own making does), and while it lives memory
-// of the order of the world communicator's own: NCCL allocates its
+// as the world communicator's own making does), and while it lives device
+// memory of the order of the world communicator's own: NCCL allocates its
 // buffers per peer and per channel for each communicator, and a copy
-// shares none with its parent. Close (ncclCommDestroy) frees them.
+// shares none with its parent. With NCCL 2.28, a copy of a world of two
+// H100s of one host took about 47 ms and 197 MiB on each GPU (NVLink, 24
+// channels), and between two machines emulated on them (sockets) about
+// 12 ms and 17 MiB. Close (ncclCommDestroy) frees them.
 //
 // World may be called from several goroutines, and several ranks of one
 // process may call it at once (each rank from its own goroutine, as hier's

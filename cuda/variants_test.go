@@ -227,6 +227,9 @@ func TestVariants(t *testing.T) {
 	algos := []backend.NCCLAlgo{backend.AlgoTree, backend.AlgoRing}
 	made := make([][]backend.Comm, len(ranks)) // by rank, then algo
 	errs := make([]error, len(ranks))
+	free0, _, err := rankDevices(ranks)[0].MemInfo()
+	require.NoError(t, err)
+	start := time.Now()
 	var wg sync.WaitGroup
 	for i, rk := range ranks {
 		require.NotNil(t, rk.Variants, "rank %d", i)
@@ -244,6 +247,11 @@ func TestVariants(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	took := time.Since(start)
+	if free1, _, err := rankDevices(ranks)[0].MemInfo(); err == nil {
+		t.Logf("%d copies of the %d-rank world communicator per rank in %v; %.1f MiB of device memory each on rank 0",
+			len(algos), ranks[0].Comms.World.Size(), took, float64(free0-free1)/float64(len(algos))/(1<<20))
+	}
 	defer func() {
 		for i, cs := range made {
 			for _, c := range cs {
@@ -277,6 +285,21 @@ func TestVariants(t *testing.T) {
 		return nil
 	}
 	testCollectives(t, ranks, rankStreams(t, ranks), tree, collectiveCount())
-	_, err := ranks[0].Variants.World(ctx, "nvls")
+	_, err = ranks[0].Variants.World(ctx, "nvls")
 	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+
+	// DuplicateAlgo splits all of this process's ranks at once (the
+	// harness's baselines).
+	worlds := make([]*Comm, len(ranks))
+	for i, rk := range ranks {
+		worlds[i] = rk.Comms.World.(*Comm)
+	}
+	dups, err := DuplicateAlgo(ctx, worlds, backend.AlgoRing, "flat-ring-all")
+	require.NoError(t, err)
+	for i, c := range dups {
+		require.Equal(t, [2]int{worlds[i].Size(), worlds[i].Rank()}, [2]int{c.Size(), c.Rank()})
+		require.NoError(t, c.Close())
+	}
+	v, ok = os.LookupEnv("NCCL_ALGO")
+	require.Equal(t, [2]any{had, before}, [2]any{ok, v}, "NCCL_ALGO after DuplicateAlgo")
 }
