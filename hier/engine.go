@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -213,7 +214,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	var last streams.Stream
 	fingerprinted := r.fingerprintable(q)
 	if fingerprinted {
-		last, err = first, r.fps.enqueue(q, first, true)
+		last, err = r.fps.enqueue(q, r.flatComm(q), first, func() (streams.Stream, error) { return r.dispatch(q, first) })
 	} else {
 		last, err = r.dispatch(q, first)
 	}
@@ -266,7 +267,7 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	if r.brokenCause() != nil {
 		return // the peers' calls fail with the abort too
 	}
-	err := r.fps.enqueue(q, first, false)
+	_, err := r.fps.enqueue(q, r.flatComm(q), first, nil)
 	var ev streams.Event
 	if err == nil {
 		if ev, err = r.events.get(); err == nil {
@@ -283,6 +284,12 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	}
 	q.work.markEnqueued(ev, first)
 	r.watch.ch <- pending{req: q, ev: ev}
+}
+
+// flatComm is the communicator of all ranks that carries a fingerprintable
+// call (fingerprintable: its route is one collective of all ranks).
+func (r *Reducer) flatComm(q *request) backend.Comm {
+	return r.rank.Comms.World
 }
 
 // checkLater hands the call to the checker, when there are peers.

@@ -121,8 +121,8 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 }
 
 // checkModes are the two forms of the cross-rank check: a collective of its
-// own, and the fingerprint a small flat call carries in its data (on with
-// the watchdog; hier/fingerprint.go). used asserts the form was taken.
+// own, and the fingerprint a small flat call carries in its own launch (on
+// with the watchdog; hier/fingerprint.go). used asserts the form was taken.
 var checkModes = []struct {
 	name string
 	opts []hier.Option
@@ -168,9 +168,9 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 	}
 }
 
-// Fingerprints by default: with the watchdog, in worlds of
-// FingerprintMinRanks ranks or more; never without the watchdog, nor in
-// smaller worlds unless asked.
+// Fingerprints by default: with the watchdog, in every world of
+// FingerprintMinRanks ranks or more; never without the watchdog, nor when
+// WithFingerprintMax(0) turns them off.
 func TestFingerprintsByDefault(t *testing.T) {
 	for _, c := range []struct {
 		m, d     int
@@ -180,7 +180,9 @@ func TestFingerprintsByDefault(t *testing.T) {
 		{2, 4, []hier.Option{hier.WithTimeout(time.Minute)}, true},
 		{8, 1, []hier.Option{hier.WithTimeout(time.Minute)}, true},
 		{8, 1, nil, false},
-		{2, 2, []hier.Option{hier.WithTimeout(time.Minute)}, false},
+		{2, 2, []hier.Option{hier.WithTimeout(time.Minute)}, true},
+		{2, 1, []hier.Option{hier.WithTimeout(time.Minute)}, true},
+		{1, 1, []hier.Option{hier.WithTimeout(time.Minute)}, false},
 		{2, 2, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(1 << 20)}, true},
 		{2, 4, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0)}, false},
 	} {

@@ -1,0 +1,86 @@
+package hier_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+)
+
+// On NCCL, a small flat call carries its check in its own launch, the
+// check's words in page-locked host memory that NCCL reads and writes in
+// place. A call that differs between ranks never completes without an
+// error on any rank: an operator or element type of the same size leaves
+// the launch's steps aligned and fails with the ranks' range on every
+// rank; a count that differs misaligns them, and ends in the mismatch or
+// in the watchdog's timeout, never in nil.
+func TestGPUFingerprintFindsMismatches(t *testing.T) {
+	for _, g := range gpuGrids(t, [2]int{1, 2}, [2]int{2, 2}, [2]int{1, 4}) {
+		if g[0]*g[1] == 1 {
+			t.Log("one rank: nothing to mismatch (the launcher form runs these cases on one GPU)")
+			continue
+		}
+		for _, tc := range []struct {
+			name    string
+			count   func(rank, n int) int
+			op      func(rank int) fairgo.Op
+			aligned bool // the launch's steps stay aligned: a *MismatchError with the range
+		}{
+			{"operator", func(_, n int) int { return n }, func(r int) fairgo.Op {
+				if r == 0 {
+					return fairgo.Max
+				}
+				return fairgo.Sum
+			}, true},
+			{"count+1", func(r, n int) int {
+				if r == 0 {
+					return n + 1
+				}
+				return n
+			}, func(int) fairgo.Op { return fairgo.Sum }, false},
+			{"count*2", func(r, n int) int {
+				if r == 0 {
+					return 2 * n
+				}
+				return n
+			}, func(int) fairgo.Op { return fairgo.Sum }, false},
+		} {
+			t.Run(fmt.Sprintf("%dx%d/%s", g[0], g[1], tc.name), func(t *testing.T) {
+				w := freshGPUWorld(t, g[0], g[1], hier.WithTimeout(5*time.Second))
+				const n = 16 << 10 // 64 KiB of float32: flat, fingerprinted
+				in := make([][]byte, w.size())
+				for r := range in {
+					in[r] = make([]byte, 4*tc.count(w.rank(r), n))
+				}
+				ts := w.upload(t, fairgo.Float32, in)
+				var works []*hier.Work
+				for r, red := range w.reducers {
+					works = append(works, red.AllReduce(context.Background(), ts[r], tc.op(w.rank(r))))
+				}
+				for r, wk := range works {
+					err := wk.Wait(context.Background())
+					t.Logf("rank %d: %v", w.rank(r), err)
+					require.Error(t, err, "rank %d", w.rank(r))
+					if tc.aligned {
+						var me *hier.MismatchError
+						require.ErrorAs(t, err, &me, "rank %d", w.rank(r))
+						require.Equal(t, "operator", me.Field)
+						require.NotEmpty(t, me.Low)
+						continue
+					}
+					require.True(t, errors.Is(err, fairgo.ErrMismatch) || errors.Is(err, fairgo.ErrTimeout),
+						"rank %d: %v", w.rank(r), err)
+				}
+				for _, red := range w.reducers {
+					require.Positive(t, hier.FingerprintedCalls(red))
+				}
+			})
+		}
+	}
+}
