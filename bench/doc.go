@@ -1,5 +1,6 @@
 // Package bench measures allreduce methods on a testbed: flat NCCL on the
-// world communicator (NCCL's choice of algorithm, and its ring alone), the
+// world communicator (NCCL's choice of algorithm, its ring alone and its
+// tree alone), the
 // naive hierarchy a user writes by hand, and fairgo's Reducer in named
 // variants, alternating in the same processes on the same buffers, and
 // returns one Record per method and point. Package
@@ -11,12 +12,17 @@
 //
 //   - flat: one NCCL allreduce on the world communicator;
 //   - flat-ring: one NCCL allreduce on a world communicator of its own that
-//     NCCL initialised under NCCL_ALGO=Ring (testbed.RingWorld), so the
-//     ring whatever NCCL would choose;
+//     NCCL initialised under NCCL_ALGO=allreduce:ring (Testbed.AlgoWorld),
+//     so the ring whatever NCCL would choose;
+//   - flat-tree: the same with NCCL's tree (NCCL_ALGO=allreduce:tree);
 //   - naive: NCCL reduce-scatter inside the machine, allreduce on the rail,
 //     all-gather inside the machine, all on one stream;
 //   - fairgo variants: hier.Reducer.AllReduce with the options of a Variant
 //     (ParseVariant: "rsag=algo:rail-rsag,slice:64M"), each a column.
+//
+// fairgo's "best" is the fastest baseline measured at the point: NCCL as it
+// chooses, its ring, its tree, and the hierarchy by hand, whichever wins
+// there.
 //
 // # Measurement
 //

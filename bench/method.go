@@ -22,10 +22,16 @@ const (
 	// choice of algorithm.
 	Flat = "flat"
 	// FlatRing is one NCCL allreduce on a world communicator of its own
-	// that NCCL initialised with NCCL_ALGO=Ring (harness.RingWorld): the
-	// ring, whatever NCCL would choose. On the simulated cluster it is the
-	// sim's allreduce on a communicator of its own.
+	// that NCCL initialised with NCCL_ALGO=allreduce:ring
+	// (harness.AlgoWorld with backend.AlgoRing): the ring, whatever NCCL
+	// would choose. On the simulated cluster it is the sim's allreduce on
+	// a communicator of its own.
 	FlatRing = "flat-ring"
+	// FlatTree is FlatRing with NCCL's tree (NCCL_ALGO=allreduce:tree,
+	// backend.AlgoTree): where NCCL's own choice misses the tree (or the
+	// ring), the best baseline still has it, so fairgo is measured against
+	// the fastest allreduce NCCL can run.
+	FlatTree = "flat-tree"
 	// Naive is the hierarchy written by hand on one stream: NCCL
 	// reduce-scatter inside the machine, allreduce on the rail, all-gather
 	// inside the machine.
@@ -34,11 +40,16 @@ const (
 	DefaultVariant = "fairgo"
 	// DefaultMethods is what a run measures unless told: every baseline and
 	// fairgo.
-	DefaultMethods = Flat + "," + FlatRing + "," + Naive + "," + DefaultVariant
+	DefaultMethods = Flat + "," + FlatRing + "," + FlatTree + "," + Naive + "," + DefaultVariant
 )
 
-// Baselines are the baselines' names, in the order runs measure them.
-var Baselines = []string{Flat, FlatRing, Naive}
+// Baselines are the baselines' names, in the order runs measure them. The
+// best baseline at a point is the fastest of those measured.
+var Baselines = []string{Flat, FlatRing, FlatTree, Naive}
+
+// flatAlgos are the baselines that run on a world communicator of one NCCL
+// algorithm, with that algorithm.
+var flatAlgos = map[string]backend.NCCLAlgo{FlatRing: backend.AlgoRing, FlatTree: backend.AlgoTree}
 
 // IsBaseline reports whether name is one of Baselines.
 func IsBaseline(name string) bool { return slices.Contains(Baselines, name) }
@@ -298,7 +309,7 @@ func parseChoice(val, yes, no string) (bool, error) {
 }
 
 // Method is one way to allreduce that a run measures: a baseline (Flat,
-// FlatRing, Naive) or a fairgo Variant.
+// FlatRing, FlatTree, Naive) or a fairgo Variant.
 type Method struct {
 	Name    string
 	Variant *Variant // nil for the baselines
@@ -306,7 +317,7 @@ type Method struct {
 
 // Methods lists the baselines asked for, in the order of Baselines, and
 // every variant (when fairgo is asked for). list is a comma-separated list
-// of flat, flat-ring, naive and fairgo (DefaultMethods has them all); no
+// of flat, flat-ring, flat-tree, naive and fairgo (DefaultMethods has them all); no
 // variant means one with the defaults. A variant may not take a baseline's
 // name.
 func Methods(list string, variants []Variant) ([]Method, error) {
@@ -367,12 +378,14 @@ func Methods(list string, variants []Variant) ([]Method, error) {
 
 // caller enqueues calls of the methods for one rank on its stream.
 type caller struct {
-	idx   int // index among the testbed's local ranks
-	rank  *harness.Rank
-	reds  map[string]*hier.Reducer // by variant name
-	ring  backend.Comm             // FlatRing's world communicator (harness.RingWorld); nil when not measured
-	op    fairgo.Op
-	works []*hier.Work // fairgo calls whose completion is still to be checked
+	idx  int // index among the testbed's local ranks
+	rank *harness.Rank
+	reds map[string]*hier.Reducer // by variant name
+	// worlds are the world communicators of FlatRing and FlatTree
+	// (harness.AlgoWorld), by method name; only those measured.
+	worlds map[string]backend.Comm
+	op     fairgo.Op
+	works  []*hier.Work // fairgo calls whose completion is still to be checked
 }
 
 // call enqueues one allreduce of t with m on the rank's stream. t.Bytes
@@ -389,11 +402,12 @@ func (c *caller) call(ctx context.Context, m Method, t fairgo.Tensor) error {
 		return w.StreamWait(ctx, s)
 	case m.Name == Flat:
 		return cm.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, c.op, s)
-	case m.Name == FlatRing:
-		if c.ring == nil {
-			return fmt.Errorf("bench: %s: no ring world communicator", m.Name)
+	case flatAlgos[m.Name] != "":
+		w := c.worlds[m.Name]
+		if w == nil {
+			return fmt.Errorf("bench: %s: no %s world communicator", m.Name, flatAlgos[m.Name])
 		}
-		return c.ring.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, c.op, s)
+		return w.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, c.op, s)
 	case m.Name == Naive:
 		g := hr.Grid
 		D := int64(g.Devices)

@@ -39,7 +39,7 @@ type Record struct {
 
 	DType     string `json:"dtype"`
 	Op        string `json:"op"`
-	Algorithm string `json:"algorithm"` // flat, flat-ring, naive, or the fairgo variant's name
+	Algorithm string `json:"algorithm"` // flat, flat-ring, flat-tree, naive, or a fairgo variant
 	Bytes     int64  `json:"bytes"`     // per call (sweep, link) or per bucket (overlap)
 	Count     int64  `json:"count"`
 	Buckets   int    `json:"buckets,omitempty"`
@@ -78,7 +78,8 @@ type Setup struct {
 	harness.Placement
 	// FlatTopologyUnaware: flat NCCL did not know the machines (every rank
 	// its own NCCL host while machines hold several ranks), so flat and
-	// flat-ring ran a ring over all ranks (harness.Info.FlatTopologyUnaware).
+	// flat-ring ran a ring over all ranks, flat-tree a tree of every rank
+	// (harness.Info.FlatTopologyUnaware).
 	FlatTopologyUnaware bool `json:"flat_topology_unaware,omitempty"`
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/harness"
 	"github.com/fairgo/fairgo/internal/refdata"
@@ -161,16 +162,23 @@ func newRun(ctx context.Context, tb *harness.Testbed, cfg Config) (*run, error) 
 	r.bufs = make([]fairgo.Tensor, len(r.ranks))
 	r.callers = make([]*caller, len(r.ranks))
 	for i, rk := range r.ranks {
-		r.callers[i] = &caller{idx: i, rank: rk, reds: map[string]*hier.Reducer{}, op: cfg.Op}
+		r.callers[i] = &caller{idx: i, rank: rk, reds: map[string]*hier.Reducer{},
+			worlds: map[string]backend.Comm{}, op: cfg.Op}
 	}
-	// The flat ring's communicators; the testbed closes them.
-	if slices.ContainsFunc(cfg.Methods, func(m Method) bool { return m.Name == FlatRing }) {
-		ring, err := tb.RingWorld(ctx)
+	// The world communicators of one NCCL algorithm, in the methods' order
+	// (the same in every process: making them is collective); the testbed
+	// closes them.
+	for _, m := range cfg.Methods {
+		algo, ok := flatAlgos[m.Name]
+		if !ok {
+			continue
+		}
+		comms, err := tb.AlgoWorld(ctx, algo)
 		if err != nil {
-			return nil, fmt.Errorf("bench: %s: %w", FlatRing, err)
+			return nil, fmt.Errorf("bench: %s: %w", m.Name, err)
 		}
 		for i := range r.callers {
-			r.callers[i].ring = ring[i]
+			r.callers[i].worlds[m.Name] = comms[i]
 		}
 	}
 	// A Reducer per variant and rank; the testbed closes them.

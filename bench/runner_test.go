@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/internal/harness"
@@ -87,7 +88,7 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 		recs, err := Sweep(context.Background(), tb, cfg)
 		require.NoError(t, err, "%d×%d %v %v", c.m, c.d, c.dt, c.op)
 		require.NotEmpty(t, recs)
-		require.Zero(t, len(recs)%4)
+		require.Zero(t, len(recs)%5)
 		for _, r := range recs {
 			require.Zero(t, r.Wrong, "%d×%d %v %v %s %d elements", c.m, c.d, c.dt, c.op, r.Algorithm, r.Count)
 			require.Positive(t, r.TimeUS)
@@ -108,11 +109,11 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 		}
 		require.Len(t, obs.headers, 1)
 		require.Len(t, obs.headers[0].Fairgo, 1)
-		require.Len(t, obs.points, len(recs)/4)
+		require.Len(t, obs.points, len(recs)/5)
 		require.Equal(
 			t,
-			[]string{Flat, FlatRing, Naive, DefaultVariant},
-			[]string{recs[0].Algorithm, recs[1].Algorithm, recs[2].Algorithm, recs[3].Algorithm},
+			[]string{Flat, FlatRing, FlatTree, Naive, DefaultVariant},
+			[]string{recs[0].Algorithm, recs[1].Algorithm, recs[2].Algorithm, recs[3].Algorithm, recs[4].Algorithm},
 		)
 	}
 }
@@ -259,24 +260,44 @@ func TestRecordsOfRanksSharingAGPU(t *testing.T) {
 	require.Empty(t, old[0].Testbed.IntraLine())
 }
 
-// flat-ring runs on the testbed's ring world communicator, made only when
-// asked for.
-func TestFlatRingUsesItsOwnCommunicator(t *testing.T) {
+// flat-ring and flat-tree each run on the testbed's world communicator of
+// their algorithm, made only when asked for.
+func TestFlatAlgorithmsUseTheirOwnCommunicators(t *testing.T) {
+	ctx := context.Background()
 	tb := openSimT(t, 2, 2, 0)
-	r, err := newRun(context.Background(), tb, Config{Iters: 1, Reps: 1, Methods: methods(t, "flat,naive")})
+	r, err := newRun(ctx, tb, Config{Iters: 1, Reps: 1, Methods: methods(t, "flat,naive")})
 	require.NoError(t, err)
 	for _, c := range r.callers {
-		require.Nil(t, c.ring, "no flat-ring asked for")
+		require.Empty(t, c.worlds, "no flat-ring or flat-tree asked for")
 	}
-	r, err = newRun(context.Background(), tb, Config{Iters: 1, Reps: 1, Methods: methods(t, "flat-ring")})
+	r, err = newRun(ctx, tb, Config{Iters: 1, Reps: 1, Methods: methods(t, "flat-tree,flat-ring")})
 	require.NoError(t, err)
-	ring, err := tb.RingWorld(context.Background())
-	require.NoError(t, err)
-	for i, c := range r.callers {
-		require.Same(t, ring[i], c.ring)
-		require.NotSame(t, c.rank.Hier.Comms.World, c.ring)
-		require.Equal(t, "flat-ring", c.ring.Name())
+	for name, algo := range map[string]backend.NCCLAlgo{FlatRing: backend.AlgoRing, FlatTree: backend.AlgoTree} {
+		world, err := tb.AlgoWorld(ctx, algo)
+		require.NoError(t, err)
+		for i, c := range r.callers {
+			require.Same(t, world[i], c.worlds[name])
+			require.NotSame(t, c.rank.Hier.Comms.World, c.worlds[name])
+			require.Equal(t, name, c.worlds[name].Name())
+		}
 	}
+	require.NotSame(t, r.callers[0].worlds[FlatRing], r.callers[0].worlds[FlatTree])
+}
+
+// flat-tree is measured on the sim, checked like every method, and is one
+// of the baselines.
+func TestFlatTreeIsMeasured(t *testing.T) {
+	tb := openSimT(t, 3, 2, 20*time.Microsecond)
+	recs, err := Sweep(context.Background(), tb, Config{Sizes: []int64{4 << 10, 100003}, Iters: 1, Reps: 2,
+		Check: true, Methods: methods(t, "flat-tree,fairgo")})
+	require.NoError(t, err)
+	require.Len(t, recs, 4)
+	for i, r := range recs {
+		require.Equal(t, []string{FlatTree, DefaultVariant}[i%2], r.Algorithm)
+		require.Zero(t, r.Wrong)
+		require.Positive(t, r.TimeUS)
+	}
+	require.True(t, IsBaseline(FlatTree))
 }
 
 // TestCountWrong: identical outputs are checked once, and a corrupted one
@@ -413,7 +434,7 @@ func TestParseVariant(t *testing.T) {
 	// An error names the key and its value, and lists the choices.
 	for in, want := range map[string]string{
 		"x=algo:ring": `invalid -fairgo "x=algo:ring": algo ring: unknown (auto, flat, rail-a2a, ` +
-			`rail-rsag, rail-allreduce)`,
+			`rail-rsag, rail-allreduce`, // and hier's further ones
 		"x=slice:1Q":          `slice 1Q: not an integer with an optional K, M, G or T suffix`,
 		"x=parallelism:two":   `parallelism two: not an integer`,
 		"x=parallelism:2000":  `parallelism 2000: more than 1024 slices in flight`,
@@ -439,13 +460,14 @@ func TestMethods(t *testing.T) {
 		return out
 	}
 	require.Equal(t, []string{"flat", "naive", "fairgo"}, names(methods(t, "fairgo,naive,flat")))
-	require.Equal(t, []string{"flat", "flat-ring", "naive", "fairgo"}, names(methods(t, DefaultMethods)))
+	require.Equal(t, []string{"flat", "flat-ring", "flat-tree", "naive", "fairgo"}, names(methods(t, DefaultMethods)))
 	require.Equal(
 		t,
-		[]string{"flat", "flat-ring", "naive", "fairgo"},
-		names(methods(t, "naive,fairgo,flat-ring,flat,naive")),
+		[]string{"flat", "flat-ring", "flat-tree", "naive", "fairgo"},
+		names(methods(t, "naive,fairgo,flat-tree,flat-ring,flat,naive")),
 	)
 	require.Equal(t, []string{"flat-ring", "naive"}, names(methods(t, "naive,flat-ring")))
+	require.Equal(t, []string{"flat-tree", "naive"}, names(methods(t, "naive,flat-tree")))
 	require.Equal(t, []string{"flat", "a", "b"}, names(methods(t, "flat,fairgo", "a=slice:1M", "b")))
 	require.Equal(t, []string{"naive"}, names(methods(t, "naive", "a=slice:1M")))
 	for _, bad := range []struct {
@@ -456,6 +478,8 @@ func TestMethods(t *testing.T) {
 		{"", nil},
 		{"fairgo", []string{"a", "a=slice:1M"}},
 		{"fairgo", []string{"flat-ring=slice:1M"}},
+		{"fairgo", []string{"flat-tree=slice:1M"}},
+		{"tree", nil},
 		{"fairgo", []string{"n=routes:a", "a"}}, // the routes' variant comes later
 		{"fairgo", []string{"a", "n=routes:b"}}, // no such variant
 	} {

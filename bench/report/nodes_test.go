@@ -22,7 +22,7 @@ var nodesLayouts = []model.Grid{{M: 2, D: 1}, {M: 4, D: 1}, {M: 8, D: 1}, {M: 16
 // nodesRun makes the records of the nodes sweeps as truth times them, at
 // 10 Gbit/s, 64K–64M, with the NVLink pair's 1 × 2 flat sweep in one
 // process: flat is NCCL's best of ring and tree, flat-ring the ring, naive
-// the hierarchy, fairgo flat on M × 1 and rail-rsag (16 MiB slices) on
+// flat-tree the tree, the hierarchy, fairgo flat on M × 1 and rail-rsag (16 MiB slices) on
 // 2 × 2. adjust may change a method's time (µs) at a point.
 func nodesRun(
 	run string,
@@ -50,7 +50,7 @@ func nodesRun(
 					model.Fairgo{Rail: hier.RailRSAG, Slice: 16 << 20, Parallelism: 4, FlatThreshold: -1})
 			}
 			for alg, t := range map[string]float64{bench.Flat: truth.Flat(g, n), bench.FlatRing: truth.Ring(g, n),
-				bench.Naive: truth.Naive(g, n), bench.DefaultVariant: fairgo} {
+				bench.FlatTree: truth.Tree(g, n), bench.Naive: truth.Naive(g, n), bench.DefaultVariant: fairgo} {
 				us := t * 1e6
 				if adjust != nil {
 					us = adjust(g, alg, s, us)
@@ -150,8 +150,8 @@ func TestNodeCurves(t *testing.T) {
 }
 
 // The ratio is against the fastest baseline at each point, whichever it
-// is: the measured curve of 2 × 2 at 1M takes flat-ring where it is the
-// fastest, and naive where that is.
+// is: the measured curve of 2 × 2 takes flat-ring at 1M, naive at 4M and
+// flat-tree at 16M, where each is the fastest.
 func TestNodeCurvesTakeTheFastestBaseline(t *testing.T) {
 	recs := nodesRun("r1", []model.Grid{{M: 2, D: 2}}, func(_ model.Grid, alg string, s int64, us float64) float64 {
 		switch {
@@ -167,6 +167,12 @@ func TestNodeCurvesTakeTheFastestBaseline(t *testing.T) {
 			return 80
 		case s == 4<<20:
 			return 400
+		case s == 16<<20 && alg == bench.DefaultVariant:
+			return 100
+		case s == 16<<20 && alg == bench.FlatTree:
+			return 70
+		case s == 16<<20:
+			return 400
 		}
 		return us
 	})
@@ -180,6 +186,8 @@ func TestNodeCurvesTakeTheFastestBaseline(t *testing.T) {
 	require.InDelta(t, 0.5, pts[1<<20].Ratio, 1e-12)
 	require.Equal(t, bench.Naive, pts[4<<20].Best)
 	require.InDelta(t, 0.8, pts[4<<20].Ratio, 1e-12)
+	require.Equal(t, bench.FlatTree, pts[16<<20].Best)
+	require.InDelta(t, 0.7, pts[16<<20].Ratio, 1e-12)
 }
 
 // Without the NVLink pair the model of the testbed cannot be fitted: the

@@ -40,7 +40,8 @@ func nodeRecords(run string, l nodeLayout, sizes []int64, us func(alg string, by
 	tb, procs := l.setup()
 	var recs []bench.Record
 	for _, s := range sizes {
-		for _, alg := range []string{bench.Flat, bench.FlatRing, bench.Naive, bench.DefaultVariant, NoCheckVariant} {
+		for _, alg := range []string{bench.Flat, bench.FlatRing, bench.FlatTree, bench.Naive, bench.DefaultVariant,
+			NoCheckVariant} {
 			t := us(alg, s)
 			if t <= 0 {
 				continue
@@ -245,6 +246,31 @@ func TestNodeTargetsMiss(t *testing.T) {
 	require.False(t, got["S1"].Pass, "10 µs slower at 0.952")
 	require.Equal(t, StatusFail, got["S1"].Status)
 	require.Contains(t, got["S1"].Where, "fairgo 210.0 µs, best flat 200.0 µs")
+}
+
+// Every best of the S targets is the fastest baseline, flat-tree
+// included: S2 and S5 take flat-tree's time where it is the fastest, and
+// S2 fails there.
+func TestNodeTargetsBestIncludesFlatTree(t *testing.T) {
+	var recs []bench.Record
+	for _, l := range []nodeLayout{{m: 2, d: 2, gbit: 10}, {m: 4, d: 1, gbit: 10}, {m: 8, d: 1, gbit: 10},
+		{m: 16, d: 1, gbit: 10}} {
+		recs = append(recs, nodeRecords("r1", l, pow4(64<<10, 1<<20), func(alg string, s int64) float64 {
+			switch {
+			case alg == bench.FlatTree && s == 256<<10:
+				return 500 // the fastest baseline here: fairgo at 0.5 of it
+			case alg == bench.FlatTree:
+				return 0 // not measured
+			}
+			return flatTimes(1000, 1.3)(alg, s)
+		})...)
+	}
+	got := sTargets(t, recs, TargetOptions{})
+	require.InDelta(t, 500/(1000/1.3), *got["S2"].Measured, 1e-9)
+	require.False(t, got["S2"].Pass)
+	require.Contains(t, got["S2"].Where, "best flat-tree 500.0 µs")
+	require.InDelta(t, 1.3, *got["S5"].Measured, 1e-9, "the best size is one where flat-tree was not the best")
+	require.InDelta(t, 500/(1000/1.3), *got["S3"].Measured, 1e-9)
 }
 
 // A target without records is not measured, never passed, and says so in

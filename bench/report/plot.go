@@ -243,7 +243,7 @@ func groupBy(recs []bench.Record, key func(bench.Record) (string, bool)) map[str
 }
 
 // methodsOf lists the methods of recs: the baselines measured (flat,
-// flat-ring, naive), then the variants in the order they appear.
+// flat-ring, flat-tree, naive), then the variants in the order they appear.
 func methodsOf(recs []bench.Record) []string {
 	var out []string
 	for _, m := range bench.Baselines {

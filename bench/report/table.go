@@ -17,7 +17,8 @@ import (
 // Table prints a run as an nccl-tests-like table: a commented header, then
 // one line per point with time, ±%, algbw, busbw and #wrong for each
 // method, the NIC-bound ideal busbw, and for each fairgo variant its ratios
-// to flat, to the best baseline (flat, flat-ring, naive) and to the ideal.
+// to flat, to the best baseline (flat, flat-ring, flat-tree, naive) and to
+// the ideal.
 // It implements bench.Observer.
 type Table struct {
 	w        io.Writer
@@ -111,7 +112,7 @@ func (t *Table) Start(h bench.Header) {
 	t.printf("# busbw = algbw·2(n−1)/n; ideal: the NIC-bound busbw (one NIC of rate B per machine: " +
 		"t = 2(M−1)/M·S/B)\n")
 	t.printf(
-		"# v/flat = time(flat)/time(v); v/best = time(min(flat, flat-ring, naive))/time(v); " +
+		"# v/flat = time(flat)/time(v); v/best = time(min(flat, flat-ring, flat-tree, naive))/time(v); " +
 			"v/ideal = busbw(v)/ideal: above 1, v is faster\n",
 	)
 	t.printf("#\n")
@@ -238,7 +239,8 @@ func (p point) vsFlat(v string) float64 { return p.ratio(v, p.time(bench.Flat)) 
 
 // vsBest is time(best)/time(v), best the fastest of the baselines
 // measured (bench.Baselines): fairgo against the best a user gets
-// without it. Records from before flat-ring have flat and naive only.
+// without it. Records from before flat-ring and flat-tree have flat and
+// naive only, and those from before flat-tree flat-ring too.
 func (p point) vsBest(v string) float64 {
 	_, best := p.best()
 	return p.ratio(v, best)

@@ -211,8 +211,8 @@ func TestTableSaysTheIntraMachineLink(t *testing.T) {
 	}
 }
 
-// best is the fastest of flat, flat-ring and naive; records of before
-// flat-ring have the other two.
+// best is the fastest of flat, flat-ring, flat-tree and naive; records of
+// before flat-ring have flat and naive.
 func TestBestIsTheFastestBaseline(t *testing.T) {
 	p := point{}
 	for _, r := range sampleRecords() { // flat 200, naive 300, fairgo 100
@@ -228,6 +228,17 @@ func TestBestIsTheFastestBaseline(t *testing.T) {
 	delete(p, bench.Naive)
 	require.InDelta(t, 1.5, p.vsBest("fairgo"), 1e-12, "flat-ring alone")
 	require.True(t, math.IsNaN(point{"fairgo": p["fairgo"]}.vsBest("fairgo")), "no baseline")
+	// flat-tree where it is the fastest: the best is its time, whatever the
+	// others are.
+	p[bench.Flat] = bench.Record{Algorithm: bench.Flat, TimeUS: 200}
+	p[bench.Naive] = bench.Record{Algorithm: bench.Naive, TimeUS: 120}
+	p[bench.FlatTree] = bench.Record{Algorithm: bench.FlatTree, TimeUS: 90}
+	require.InDelta(t, 0.9, p.vsBest("fairgo"), 1e-12, "flat-tree the fastest")
+	name, best := p.best()
+	require.Equal(t, bench.FlatTree, name)
+	require.Equal(t, 90.0, best)
+	p[bench.FlatTree] = bench.Record{Algorithm: bench.FlatTree, TimeUS: 400}
+	require.InDelta(t, 1.2, p.vsBest("fairgo"), 1e-12, "flat-tree the slowest: naive")
 }
 
 // The committed records still load and report: those from before flat-ring

@@ -337,7 +337,8 @@ func (m *methodFlags) register(fs *flag.FlagSet) {
 		"algos",
 		bench.DefaultMethods,
 		"`methods` to measure, comma-separated: flat (NCCL's choice), "+
-			"flat-ring (NCCL_ALGO=Ring on a world communicator of its own), naive, fairgo (every -fairgo variant)",
+			"flat-ring and flat-tree (NCCL_ALGO=allreduce:ring, allreduce:tree, each on a world communicator of its own), "+
+			"naive, fairgo (every -fairgo variant)",
 		methodNames,
 	)
 	fs.Var(

@@ -1,7 +1,7 @@
 // Command fairbench times fairgo's two-level allreduce against the flat NCCL
-// allreduce (NCCL's choice, and its ring alone), and the naive hand-written
-// hierarchy, and turns the records into tables, plots, the cost model's
-// report and issue 11's targets:
+// allreduce (NCCL's choice, its ring alone and its tree alone), and the
+// naive hand-written hierarchy, and turns the records into tables, plots,
+// the cost model's report, the report across node counts and the targets:
 //
 //	fairbench sweep -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
 //	fairbench sweep -backend cuda -machines 1 -devices 2 -b 64K -e 1G -n 1 -check   (GPUs, one process)
@@ -58,7 +58,7 @@ func commands() []command {
 	return []command{
 		{
 			"sweep",
-			"time flat, flat-ring, naive and every fairgo variant over a range of sizes, one call after another",
+			"time flat, flat-ring, flat-tree, naive and every fairgo variant over a range of sizes, one call after another",
 			setupSweep,
 		},
 		{"overlap", "time K buckets of B bytes enqueued back to back (T5: 64 × 25M), for every method", setupOverlap},

@@ -80,18 +80,18 @@ func TestAcceptanceSweep(t *testing.T) {
 	require.Contains(t, out, "testbed: not emulated")
 	rs := rows(out)
 	require.Len(t, rs, 7, "1K 4K 16K 64K 256K 1M 4M\n%s", out)
-	require.Contains(t, out, "v/best = time(min(flat, flat-ring, naive))/time(v)")
+	require.Contains(t, out, "v/best = time(min(flat, flat-ring, flat-tree, naive))/time(v)")
 	for _, r := range rs {
-		// size count type op, time ±% algbw busbw #wrong × 4, ideal, 3 ratios
-		require.Len(t, r, 4+4*5+1+3, "%v", r)
-		for _, col := range []int{8, 13, 18, 23} { // #wrong of flat, flat-ring, naive, fairgo
+		// size count type op, time ±% algbw busbw #wrong × 5, ideal, 3 ratios
+		require.Len(t, r, 4+5*5+1+3, "%v", r)
+		for _, col := range []int{8, 13, 18, 23, 28} { // #wrong of flat, flat-ring, flat-tree, naive, fairgo
 			require.Equal(t, "0", r[col], "size %s\n%s", r[0], out)
 		}
 	}
 	recs, err := bench.ReadJSONLFiles([]string{js})
 	require.NoError(t, err)
-	require.Len(t, recs, 28)
-	for i, m := range []string{"flat", "flat-ring", "naive", "fairgo"} {
+	require.Len(t, recs, 35)
+	for i, m := range []string{"flat", "flat-ring", "flat-tree", "naive", "fairgo"} {
 		require.Equal(t, m, recs[i].Algorithm, "the default methods, in order")
 	}
 	for _, r := range recs {
@@ -143,8 +143,8 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	rs := rows(out)
 	require.Len(t, rs, 1, out)
 	require.Equal(t, "4×64K", rs[0][0])
-	require.Len(t, rs[0], 4+5*5+1+2*3)
-	for _, col := range []int{8, 13, 18, 23, 28} {
+	require.Len(t, rs[0], 4+6*5+1+2*3)
+	for _, col := range []int{8, 13, 18, 23, 28, 33} {
 		require.Equal(t, "0", rs[0][col], out)
 	}
 	require.Contains(t, out, "fairgo variant p2: parallelism:2,algo:rail-rsag,slice:16K: algorithm rail-rsag")
@@ -400,13 +400,13 @@ func TestCLIRules(t *testing.T) {
 		usage(
 			"algos lists the methods",
 			a("sweep -algos flat,ring"),
-			`"ring" is not one of flat, flat-ring, naive, fairgo`,
+			`"ring" is not one of flat, flat-ring, flat-tree, naive, fairgo`,
 		),
-		usage("empty algos", a("sweep -algos ,"), `no method (flat, flat-ring, naive, fairgo)`),
+		usage("empty algos", a("sweep -algos ,"), `no method (flat, flat-ring, flat-tree, naive, fairgo)`),
 		usage(
 			"fairgo algo lists the algorithms",
 			a("sweep -fairgo x=algo:ring"),
-			`algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)`,
+			`algo ring: unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce`, // and hier's further ones
 		),
 		usage("fairgo slice as given", a("sweep -fairgo x=slice:1Q"), `slice 1Q: not an integer`),
 		usage(
@@ -419,6 +419,11 @@ func TestCLIRules(t *testing.T) {
 			"fairgo baseline name with a spec",
 			a("sweep -fairgo flat-ring=slice:1M"),
 			`-fairgo flat-ring: a baseline's name`,
+		),
+		usage(
+			"a variant of flat-tree's name",
+			a("sweep -fairgo flat-tree=slice:1M"),
+			`-fairgo flat-tree: a baseline's name`,
 		),
 		usage("fairgo parallelism", a("sweep -fairgo x=parallelism:0"), `parallelism 0: must be at least 1`),
 		usage("fairgo twice", a("sweep -fairgo a -fairgo a"), `-fairgo a: two variants of one name`),
@@ -544,5 +549,20 @@ func TestNodes(t *testing.T) {
 		st, err := os.Stat(filepath.Join(dir, "plots", "nodes_fairgo_vs_best"+ext))
 		require.NoError(t, err)
 		require.Positive(t, st.Size())
+	}
+}
+
+// -algos takes flat-tree: measured on the sim, checked, in the table.
+func TestFlatTreeSweep(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "tree.jsonl")
+	out := runCmd(t, "sweep", "-backend", "sim", "-machines", "3", "-devices", "2", "-algos", "fairgo,flat-tree",
+		"-b", "4K", "-e", "64K", "-f", "4", "-w", "0", "-reps", "1", "-check", "-json", js)
+	require.Contains(t, out, "- flat-tree -")
+	recs, err := bench.ReadJSONLFiles([]string{js})
+	require.NoError(t, err)
+	require.Len(t, recs, 6)
+	for i, r := range recs {
+		require.Equal(t, []string{"flat-tree", "fairgo"}[i%2], r.Algorithm)
+		require.Zero(t, r.Wrong)
 	}
 }
