@@ -50,8 +50,11 @@ const (
 	fpBytes   = 8 * fpWords
 	fpSlotLen = 256 // each slot starts on its own 256 bytes
 	// fpSlots is how many fingerprinted calls may be undecided at once; the
-	// next waits for the oldest to be decided.
-	fpSlots = 64
+	// next waits for the oldest to be decided. The watcher decides a call
+	// only after its completion event, polled, so the slots must outlast a
+	// burst of calls enqueued faster than the watcher completes them
+	// (256 KiB of page-locked memory).
+	fpSlots = 1024
 	// DefaultFingerprintMax is the largest flat allreduce, in bytes, that
 	// carries its check in its own launch when the watchdog is armed
 	// (WithFingerprintMax). A rank that refused such a call still runs its
