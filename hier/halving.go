@@ -1,0 +1,192 @@
+package hier
+
+import "github.com/fairgo/fairgo"
+
+// Halving-doubling (Rabenseifner's allreduce) over the world
+// communicator, for small calls on many ranks. With P = 2^k ranks, the
+// reduce-scatter takes k steps: at step s every rank exchanges half of
+// the span it still holds with the partner whose rank differs in bit
+// P>>(s+1), and adds the half it keeps to the partner's copy of it; the
+// all-gather retraces the steps, each rank sending the span it owns and
+// receiving its partner's. That is 2·log2(P) latencies where NCCL's ring
+// pays 2(P−1), for the same 2(P−1)/P of the call on each rank's link.
+//
+// A world that is not a power of two folds first: with P the largest
+// power of two not above the world size W, rank P+i (an extra rank)
+// hands its whole buffer to rank i, which adds it to its own, sits out
+// the 2·log2(P) steps, and gets the result back from rank i at the end:
+// two more steps, the whole call each.
+//
+// Spans are halved as they come: the lower half of n elements has
+// floor(n/2), the upper ceil(n/2), so nothing is padded and a count below
+// the world size leaves some spans empty (an empty exchange still takes
+// part in the step, with nothing to send).
+//
+// The schedule here is pure arithmetic; executor.halvingDoubling
+// (halving_run.go) enqueues it.
+
+// span is the elements [lo, lo+n) of a call.
+type span struct{ lo, n int64 }
+
+func (s span) end() int64 { return s.lo + s.n }
+
+// hdStep is one step of the schedule of one rank: send the elements of
+// send to peer and receive the elements of recv from it (peer −1: the
+// rank sits this step out, with nothing to send or receive). reduce: the
+// received elements go to the scratch buffer and are added to recv's
+// elements of the rank's buffer; otherwise they land in place.
+type hdStep struct {
+	peer       int
+	send, recv span
+	reduce     bool
+}
+
+// hdSchedule is what one rank does in a halving-doubling allreduce of
+// count elements.
+type hdSchedule struct {
+	steps []hdStep
+	// owned is the span this rank holds fully reduced after steps
+	// [0, reduced): the place to divide an average once, before the
+	// all-gather spreads it. Empty on an extra rank.
+	owned   span
+	reduced int
+}
+
+// hdPow is the largest power of two not above w (w ≥ 1).
+func hdPow(w int) int {
+	p := 1
+	for p <= w/2 {
+		p *= 2
+	}
+	return p
+}
+
+// hdLog2 is log2 of a power of two.
+func hdLog2(p int) int {
+	k := 0
+	for 1<<k < p {
+		k++
+	}
+	return k
+}
+
+// hdPartner is the partner of rank r (< p, a power of two) at halving
+// step s: the rank that differs in bit p>>(s+1). It is an involution
+// without fixed points.
+func hdPartner(p, r, s int) int { return r ^ (p >> (s + 1)) }
+
+// hdHalves splits sp at halving step s between rank r and its partner: r
+// keeps the lower half (floor) when its bit p>>(s+1) is clear, the upper
+// (ceil) when it is set, and gives the other.
+func hdHalves(sp span, p, r, s int) (keep, give span) {
+	lower := span{sp.lo, sp.n / 2}
+	upper := span{sp.lo + sp.n/2, sp.n - sp.n/2}
+	if r&(p>>(s+1)) != 0 {
+		return upper, lower
+	}
+	return lower, upper
+}
+
+// hdHeld is the span rank r (< p) holds before halving step s (s = 0: the
+// whole call; s = log2(p): the span it owns once reduced).
+func hdHeld(count int64, p, r, s int) span {
+	sp := span{0, count}
+	for i := range s {
+		sp, _ = hdHalves(sp, p, r, i)
+	}
+	return sp
+}
+
+// hdPlan is the schedule of rank r of a world of w ranks for count
+// elements. Every rank's schedule has the same number of steps, so that
+// the steps of all ranks pair up in order.
+func hdPlan(w, r int, count int64) hdSchedule {
+	p := hdPow(w)
+	k := hdLog2(p)
+	extra := w - p
+	all := span{0, count}
+	idle := hdStep{peer: -1}
+	var sc hdSchedule
+	if extra > 0 { // fold: rank p+i hands its buffer to rank i
+		switch {
+		case r >= p:
+			sc.steps = append(sc.steps, hdStep{peer: r - p, send: all})
+		case r < extra:
+			sc.steps = append(sc.steps, hdStep{peer: r + p, recv: all, reduce: true})
+		default:
+			sc.steps = append(sc.steps, idle)
+		}
+	}
+	core := r < p
+	for s := range k { // reduce-scatter
+		if !core {
+			sc.steps = append(sc.steps, idle)
+			continue
+		}
+		keep, give := hdHalves(hdHeld(count, p, r, s), p, r, s)
+		sc.steps = append(sc.steps, hdStep{peer: hdPartner(p, r, s), send: give, recv: keep, reduce: true})
+	}
+	sc.reduced = len(sc.steps)
+	if core {
+		sc.owned = hdHeld(count, p, r, k)
+	}
+	for s := k - 1; s >= 0; s-- { // all-gather, the steps retraced
+		if !core {
+			sc.steps = append(sc.steps, idle)
+			continue
+		}
+		mine, theirs := hdHalves(hdHeld(count, p, r, s), p, r, s)
+		sc.steps = append(sc.steps, hdStep{peer: hdPartner(p, r, s), send: mine, recv: theirs})
+	}
+	if extra > 0 { // unfold: rank i gives rank p+i the result
+		switch {
+		case r >= p:
+			sc.steps = append(sc.steps, hdStep{peer: r - p, recv: all})
+		case r < extra:
+			sc.steps = append(sc.steps, hdStep{peer: r + p, send: all})
+		default:
+			sc.steps = append(sc.steps, idle)
+		}
+	}
+	return sc
+}
+
+// scratch is the elements a rank receives into its scratch buffer at
+// once: the largest span it reduces.
+func (sc hdSchedule) scratch() int64 {
+	var n int64
+	for _, st := range sc.steps {
+		if st.reduce {
+			n = max(n, st.recv.n)
+		}
+	}
+	return n
+}
+
+// Where halving-doubling is among Auto's candidates. Below hdMinRanks it
+// saves no step: on 2 ranks it is NCCL's ring (two exchanges), on 3 the
+// fold makes it four, as many as the ring. Above hdMaxBytes the
+// bandwidth term dominates: halving-doubling moves as much as the ring
+// only on a power of two (the fold adds the whole call twice), its steps
+// do not overlap one another as NCCL's pipelined chunks do, and NCCL's
+// point-to-point operations use fewer channels than its collectives; it
+// cannot win there, and every candidate lengthens the calibration.
+const (
+	hdMinRanks = 4
+	hdMaxBytes = 4 << 20 // classes timed at this size or less
+	// hdMaxChunkBytes bounds one run of the schedule, and so the scratch
+	// buffer: a larger call (WithAlgorithm(HalvingDoubling)) runs in
+	// pieces of this size, one after the other.
+	hdMaxChunkBytes = 16 << 20
+)
+
+// hdOps are the step operator and the divisor of the result (0: none) for
+// op on a world of w ranks: every step applies op, except that Avg sums
+// and divides the owned span once, by w (truncating for integers), before
+// the all-gather.
+func hdOps(op fairgo.Op, w int) (step fairgo.Op, divisor int) {
+	if op == fairgo.Avg {
+		return fairgo.Sum, w
+	}
+	return op, 0
+}
