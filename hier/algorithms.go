@@ -2,8 +2,10 @@ package hier
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -11,17 +13,21 @@ import (
 // Algorithm is how an allreduce crosses the grid.
 type Algorithm int
 
-// The algorithms.
+// The algorithms. Their values are part of the C ABI (fairgo_algorithm_t):
+// new ones are appended.
 const (
 	// Auto picks, for each size class, whichever of the others measured
-	// fastest on this job's links (a calibration at the first call that
-	// can use the network), the same choice on every rank.
+	// fastest on this job's links (a calibration at the first call of the
+	// class), the same choice on every rank.
 	Auto Algorithm = iota
-	// Flat is one NCCL allreduce on the world communicator.
+	// Flat is one NCCL allreduce on the world communicator, with NCCL's
+	// own choice of its algorithm.
 	Flat
 	// RailAllToAll is fairring's two-level pipeline: reduce-scatter inside
 	// the machine, an all-to-all on the rail, a reduction kernel, an
-	// all-to-all back, an all-gather inside the machine.
+	// all-to-all back, an all-gather inside the machine. With one device
+	// per machine it is the all-to-all, the kernel and the all-to-all
+	// back alone: a reduce-scatter and an all-gather of one step each.
 	RailAllToAll
 	// RailRSAG is the same pipeline with the rail phase done by NCCL:
 	// reduce-scatter then all-gather on the rail communicators.
@@ -33,18 +39,44 @@ const (
 	// not pay (the NVLink stages too short to hide, or too costly to
 	// repeat), it is the fastest hierarchy.
 	RailAllReduce
+	// FlatRing is one NCCL allreduce over all ranks on a world
+	// communicator of its own on which NCCL runs its ring only. It needs
+	// the backend's world variants (backend.Rank.Variants): making the
+	// communicator costs one ncclCommSplit of the world, once, at the
+	// first call that uses it (with Auto, the calibration of the first
+	// size class; with WithAlgorithm, the first call above the flat
+	// threshold), and it holds NCCL buffers of the order of the world
+	// communicator's for as long as it is kept.
+	FlatRing
+	// FlatTree is FlatRing with NCCL's tree: its latency grows with the
+	// logarithm of the ranks, where NCCL's own choice may still take the
+	// ring at small sizes across machines. Same costs as FlatRing.
+	FlatTree
+	// HalvingDoubling is fairgo's allreduce for small calls on many
+	// ranks: Rabenseifner's recursive halving reduce-scatter and recursive
+	// doubling all-gather over the world communicator, each step a
+	// pairwise exchange and the add kernel, 2·log2(W) steps where NCCL's
+	// ring takes 2(W−1) (two more where W is not a power of two). It
+	// allocates a scratch buffer of up to half the call (the whole call
+	// on a rank that takes a fold) on first use, kept until Close.
+	HalvingDoubling
 	numAlgorithms
 )
 
-var algorithmNames = [...]string{"auto", "flat", "rail-a2a", "rail-rsag", "rail-allreduce"}
+var algorithmNames = [...]string{
+	"auto", "flat", "rail-a2a", "rail-rsag", "rail-allreduce", "flat-ring", "flat-tree", "halving-doubling",
+}
 
 // algorithms are the implementations, by Algorithm (Auto has none: it
 // chooses one of the others).
 var algorithms = [numAlgorithms]algorithm{
-	Flat:          flatAllReduce{},
-	RailAllToAll:  pipelined{railAllToAll{}},
-	RailRSAG:      pipelined{railRSAG{}},
-	RailAllReduce: pipelined{railAllReduce{}},
+	Flat:            flatAllReduce{},
+	RailAllToAll:    pipelined{railAllToAll{}},
+	RailRSAG:        pipelined{railRSAG{}},
+	RailAllReduce:   pipelined{railAllReduce{}},
+	FlatRing:        flatAllReduce{variant: backend.AlgoRing},
+	FlatTree:        flatAllReduce{variant: backend.AlgoTree},
+	HalvingDoubling: halvingDoubling{},
 }
 
 func (a Algorithm) String() string {
@@ -58,7 +90,8 @@ func (a Algorithm) String() string {
 func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
 
 // ParseAlgorithm reads an algorithm's name ("auto", "flat", "rail-a2a",
-// "rail-rsag", "rail-allreduce").
+// "rail-rsag", "rail-allreduce", "flat-ring", "flat-tree",
+// "halving-doubling").
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a, n := range algorithmNames {
 		if n == s {
@@ -68,7 +101,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return 0, &fairgo.ArgError{
 		Arg:    "algorithm",
 		Value:  s,
-		Reason: "unknown (auto, flat, rail-a2a, rail-rsag, rail-allreduce)",
+		Reason: "unknown (" + strings.Join(algorithmNames[:], ", ") + ")",
 	}
 }
 
@@ -78,6 +111,21 @@ func (a Algorithm) impl() algorithm {
 		return nil
 	}
 	return algorithms[a]
+}
+
+// hierarchical reports whether a runs in two levels (machines and rails):
+// on one machine it is one flat allreduce.
+func (a Algorithm) hierarchical() bool {
+	return a == RailAllToAll || a == RailRSAG || a == RailAllReduce
+}
+
+// variant is the NCCL algorithm of a world variant (FlatRing, FlatTree),
+// "" for the others.
+func (a Algorithm) variant() backend.NCCLAlgo {
+	if f, ok := a.impl().(flatAllReduce); ok {
+		return f.variant
+	}
+	return ""
 }
 
 // algorithm is one way to run an allreduce: it enqueues the whole call on
@@ -92,20 +140,38 @@ type algorithm interface {
 	// stagedReceive reports whether a slice's rail exchange receives into
 	// a staging slot on grid g (its slice then fits one).
 	stagedReceive(g Grid) bool
+	// single reports whether the algorithm is one NCCL allreduce on a
+	// communicator of all ranks, on the call's first stream
+	// (executor.singleComm).
+	single() bool
 }
 
-// flatAllReduce is one NCCL allreduce on the world communicator, on first.
-type flatAllReduce struct{}
+// flatAllReduce is one NCCL allreduce over all ranks, on first: on the
+// world communicator (Flat), or on the world variant that runs NCCL's
+// ring or tree only (FlatRing, FlatTree), which the router made when it
+// planned the call (plan.comm). Either way on executor.singleComm's.
+type flatAllReduce struct {
+	variant backend.NCCLAlgo // "": the world communicator, NCCL's own choice
+}
 
 func (flatAllReduce) allReduce(
-	x *executor, t fairgo.Tensor, op fairgo.Op, _ plan, first streams.Stream,
+	x *executor, t fairgo.Tensor, op fairgo.Op, p plan, first streams.Stream,
 ) (streams.Stream, error) {
-	return first, x.comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, op, first)
+	c := x.singleComm(p)
+	if c == nil {
+		if p.commErr != nil {
+			return nil, p.commErr
+		}
+		return nil, fmt.Errorf("hier: no world communicator for %v", p.route)
+	}
+	return first, c.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, op, first)
 }
 
 func (flatAllReduce) whole() bool { return true }
 
 func (flatAllReduce) stagedReceive(Grid) bool { return false }
+
+func (flatAllReduce) single() bool { return true }
 
 // pipelined runs its rail step inside the five-stage pipeline, slice by
 // slice (executor.pipeline).
@@ -120,6 +186,8 @@ func (a pipelined) allReduce(
 func (a pipelined) whole() bool { return a.rail.whole() }
 
 func (a pipelined) stagedReceive(g Grid) bool { return a.rail.stagedReceive(g) }
+
+func (pipelined) single() bool { return false }
 
 // railStep is the middle of the pipeline, stages 2 to 4 of one slice
 // (collect, add, diffuse): what one rail algorithm does between the

@@ -66,7 +66,7 @@ func drawCase(t *rapid.T) allReduceCase {
 		),
 		hier.WithAlgorithm(
 			rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG,
-				hier.RailAllReduce, hier.Flat, hier.Auto}).
+				hier.RailAllReduce, hier.Flat, hier.Auto, hier.FlatRing, hier.FlatTree, hier.HalvingDoubling}).
 				Draw(t, "algorithm"),
 		),
 		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),

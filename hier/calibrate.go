@@ -22,12 +22,63 @@ type calibrator struct {
 	hdr *exchange // the exchange buffer of the slowest rank's times, once needed
 }
 
-// release frees the exchange buffer.
+// release closes the router's world variants and frees the exchange
+// buffer.
 func (c *calibrator) release() error {
+	err := c.r.router.closeWorlds(c.r.brokenCause() != nil)
 	if c.hdr == nil {
-		return nil
+		return err
 	}
-	return c.hdr.release(c.r.rank.Device)
+	return errors.Join(err, c.hdr.release(c.r.rank.Device))
+}
+
+func (c *calibrator) hasVariants() bool { return c.r.rank.Variants != nil }
+
+// world makes the world variant of algo (backend.Variants.World, bounded
+// by the watchdog's timeout), then agrees with every rank through the
+// world communicator that each made one: all ranks keep theirs, or all
+// close them and fail alike, so that no rank times a candidate the
+// others dropped.
+func (c *calibrator) world(algo backend.NCCLAlgo) (backend.Comm, error) {
+	r := c.r
+	a := FlatRing
+	if algo == backend.AlgoTree {
+		a = FlatTree
+	}
+	if r.rank.Variants == nil {
+		return nil, errNoVariants(a)
+	}
+	ctx, cancel := worldContext(r.cfg.timeout)
+	comm, err := r.rank.Variants.World(ctx, algo)
+	cancel()
+	world := r.rank.Comms.World
+	if err == nil && (comm == nil || comm.Size() != world.Size() || comm.Rank() != world.Rank()) {
+		err = fmt.Errorf("the backend's %s world is not rank %d of %d", algo, world.Rank(), world.Size())
+	}
+	closeIt := func() error {
+		if comm == nil {
+			return nil
+		}
+		return comm.Close()
+	}
+	hdr, herr := c.header()
+	if herr != nil {
+		return nil, errors.Join(herr, err, closeIt())
+	}
+	ok := int64(1)
+	if err != nil {
+		ok = 0
+	}
+	agreed, aerr := c.worldMax(hdr, []int64{-ok}, r.exec.first())
+	switch {
+	case aerr != nil:
+		return nil, errors.Join(aerr, err, closeIt())
+	case err != nil:
+		return nil, errors.Join(err, closeIt())
+	case agreed[0] != -1:
+		return nil, errors.Join(fmt.Errorf("another rank could not make its %s world", algo), closeIt())
+	}
+	return comm, nil
 }
 
 // timeRoutes runs each candidate on scratch buffers of size bytes and

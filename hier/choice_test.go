@@ -91,7 +91,8 @@ func TestChoicesReportTheFixedAlgorithm(t *testing.T) {
 	require.Equal(t, hier.RailRSAG, w.reducers[0].AlgorithmFor(1<<20))
 	one := newWorld(t, sim.Config{Machines: 1, Devices: 4})
 	require.Equal(t, hier.Flat, one.reducers[0].AlgorithmFor(1<<30))
-	for _, s := range []string{"auto", "flat", "rail-a2a", "rail-rsag"} {
+	for _, s := range []string{"auto", "flat", "rail-a2a", "rail-rsag", "rail-allreduce", "flat-ring", "flat-tree",
+		"halving-doubling"} {
 		a, err := hier.ParseAlgorithm(s)
 		require.NoError(t, err)
 		require.Equal(t, s, a.String())
@@ -194,33 +195,12 @@ func withoutCosts(cs []hier.Choice) []hier.Choice {
 	for i, c := range cs {
 		if c.Calibration != nil {
 			cal := *c.Calibration
-			cal.Cost = 0
+			cal.Cost, cal.Setup = 0, 0
 			c.Calibration = &cal
 		}
 		out[i] = c
 	}
 	return out
-}
-
-// With one device per machine the hierarchy is one NCCL allreduce over the
-// machines: Auto is flat there at every size, measures nothing, and
-// enqueues inline where it may.
-func TestAutoIsFlatWithOneDevicePerMachine(t *testing.T) {
-	w := newWorld(t, sim.Config{Machines: 3, Devices: 1, Seed: 5}, hier.WithInlineEnqueue(true))
-	rng := rand.New(rand.NewPCG(9, 9))
-	for _, count := range []int{1000, 300000} {
-		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), count)
-		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
-		require.NoError(t, err)
-		require.NoError(
-			t,
-			reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out),
-		)
-	}
-	for _, r := range w.reducers {
-		require.Equal(t, []hier.Choice{{MinBytes: 0, Algorithm: hier.Flat, Measured: true}}, r.Choices())
-		require.Equal(t, hier.Flat, r.AlgorithmFor(1<<30))
-	}
 }
 
 // FlatNever keeps every call hierarchical, also where Auto would otherwise
@@ -324,7 +304,7 @@ func TestRoutesOfRefusesWhatCannotShare(t *testing.T) {
 	}{
 		{"another rank", w.reducers[1], []hier.Option{thr}, "another grid"},
 		{"another job", other.reducers[0], []hier.Option{thr}, "another world communicator"},
-		{"another flat threshold", w.reducers[0], nil, "flat threshold"},
+		{"another flat threshold", w.reducers[0], []hier.Option{hier.WithFlatThreshold(128 << 10)}, "flat threshold"},
 		{"a fixed algorithm here", w.reducers[0], []hier.Option{thr, hier.WithAlgorithm(hier.Flat)}, "Auto"},
 		{"a fixed algorithm there", fixed, []hier.Option{thr}, "Auto"},
 	} {

@@ -22,8 +22,11 @@ const (
 	DefaultStagingBytes  = 256 << 20 // staging ring budget (D = 1 allreduce, ReduceScatter, AllGather)
 	DefaultPaddingBytes  = 1 << 20   // padding ring budget
 	DefaultParallelism   = 4         // slices in flight at least
-	DefaultFlatThreshold = 256 << 10 // below this many bytes: one flat allreduce on the world communicator
-	DefaultSpin          = 200 * time.Microsecond
+	DefaultFlatThreshold = 256 << 10 // with a fixed algorithm: below this many bytes, one flat allreduce
+	// DefaultAutoFlatThreshold is Auto's: below it one flat allreduce,
+	// from it the size classes Auto measures.
+	DefaultAutoFlatThreshold = minClassBytes
+	DefaultSpin              = 200 * time.Microsecond
 )
 
 // FlatNever, given to WithFlatThreshold, makes every call hierarchical.
@@ -82,12 +85,20 @@ func WithPaddingMemory(bytes int64) Option { return func(c *config) { c.paddingB
 func WithParallelism(n int) Option { return func(c *config) { c.parallelism = n } }
 
 // WithFlatThreshold sets the size in bytes below which a call is one flat
-// allreduce on the world communicator. Zero means DefaultFlatThreshold;
-// FlatNever makes every call hierarchical.
+// allreduce on the world communicator, without measuring; with Auto the
+// size classes start there. Zero means fairgo's choice:
+// DefaultAutoFlatThreshold with Auto (which measures flat, its variants
+// and the others from there), DefaultFlatThreshold with a fixed
+// algorithm. FlatNever makes every call hierarchical: Auto then chooses
+// among the two-level routes only.
 func WithFlatThreshold(bytes int64) Option { return func(c *config) { c.flatThreshold = bytes } }
 
 // WithAlgorithm fixes the algorithm of every allreduce that is not below
 // the flat threshold (Auto, the default, measures and chooses per size).
+// FlatRing and FlatTree need a backend that makes world variants
+// (backend.Rank.Variants): without one NewReducer fails with an
+// *fairgo.ArgError. The hierarchical forms (RailAllToAll, RailRSAG,
+// RailAllReduce) are one flat allreduce on one machine.
 func WithAlgorithm(a Algorithm) Option { return func(c *config) { c.algorithm = a } }
 
 // WithInlineEnqueue lets a flat allreduce (one machine, below the flat
@@ -231,6 +242,9 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	}
 	if c.flatThreshold == 0 {
 		c.flatThreshold = DefaultFlatThreshold
+		if c.algorithm == Auto {
+			c.flatThreshold = DefaultAutoFlatThreshold
+		}
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()
@@ -251,6 +265,16 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	}
 	c.layout = layout
 	return c, nil
+}
+
+// checkRank reports, as an *fairgo.ArgError, options that rank rk cannot
+// follow: a fixed world variant (FlatRing, FlatTree) on a backend that
+// makes none. NewReducer's check of the options against its rank.
+func (c *config) checkRank(rk backend.Rank) error {
+	if c.algorithm.variant() != "" && rk.Variants == nil {
+		return errNoVariants(c.algorithm)
+	}
+	return nil
 }
 
 // sharedRoutes is the route table WithRoutesOf names for a Reducer of grid

@@ -23,12 +23,33 @@ type executor struct {
 	chain    *streams.Chain
 	stagingR *staging.Ring // made at first use
 	paddingR *padding.Ring // made at first use
+	hd       hdState       // HalvingDoubling's scratch, made at first use
 	skipWait streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped; -1: none
 }
 
-// release frees the chain's streams and the slot rings.
+// release frees the chain's streams, the slot rings and the
+// halving-doubling scratch.
 func (ex *executor) release() error {
-	return errors.Join(ex.chain.Release(), ex.stagingR.Close(), ex.paddingR.Close())
+	return errors.Join(ex.chain.Release(), ex.stagingR.Close(), ex.paddingR.Close(), ex.hd.release(ex.dev))
+}
+
+// singleComm is the communicator of all ranks that carries an allreduce
+// by plan p as ONE allreduce on the call's first stream, nil for a plan
+// that is not one collective: the world communicator for Flat, the world
+// variant the router attached to the plan for FlatRing and FlatTree (nil
+// where it could not be made: p.commErr says why). flatAllReduce enqueues
+// its allreduce on exactly this communicator, so that a caller may put
+// more of the call's work (the cross-rank check) in the same NCCL group
+// on it. Plans of router.route have their communicator attached.
+func (ex *executor) singleComm(p plan) backend.Comm {
+	impl := p.algo.impl()
+	switch {
+	case impl == nil || !impl.single():
+		return nil
+	case p.algo == Flat:
+		return ex.comms.World
+	}
+	return p.comm
 }
 
 // first is the stream a call's first work goes on.

@@ -1,20 +1,34 @@
 package hier
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 )
 
 // Size classes and calibration. With Auto, an allreduce at or above the
 // flat threshold belongs to a size class: [base·2^k, base·2^(k+1)), base the
-// flat threshold (at least minClassBytes), the last class open-ended. The
-// first call of a class measures every candidate route at the class's
-// size on this job's own links, takes the slowest rank's time of each, and
-// uses the fastest from then on: every rank measures the same calls and
-// sees the same maxima, so every rank chooses alike.
+// flat threshold given with WithFlatThreshold, or minClassBytes (the
+// default threshold of Auto), the last class open-ended. The first call of
+// a class measures every candidate route at the class's size on this
+// job's own links, takes the slowest rank's time of each, and uses the
+// fastest from then on: every rank measures the same calls and sees the
+// same maxima, so every rank chooses alike. A class with one candidate
+// only (one machine without world variants, above halving-doubling's
+// sizes) takes it without measuring.
 const (
+	// minClassBytes is the smallest class, and Auto's flat threshold
+	// unless WithFlatThreshold gives one: below it every candidate is a
+	// few latencies, which a calibration cannot tell apart from its noise
+	// on a shared network for what it would cost.
 	minClassBytes       = 64 << 10
 	maxCalibrationBytes = 64 << 20 // the last class: calls of this size and more share its choice
 	calibrationRounds   = 3        // timed samples per candidate, after one warm-up call of each
@@ -45,15 +59,25 @@ func (rt route) String() string {
 	return rt.algo.String()
 }
 
-// plan is how one allreduce runs: its route, and the slice its tensor is
-// cut into (bytes; the whole call when the route takes it in one piece).
+// plan is how one allreduce runs: its route, the slice its tensor is cut
+// into (bytes; the whole call when the route takes it in one piece), and
+// for a world variant (FlatRing, FlatTree) its communicator, or why there
+// is none.
 type plan struct {
 	route
-	slice int64
+	slice   int64
+	comm    backend.Comm // the world variant's communicator (router.attach); nil for the other routes
+	commErr error        // why a world variant's plan has no communicator
 }
 
-// guess is the route of a class not measured yet.
-var guess = route{algo: RailAllToAll}
+// guess is the route of a class not measured yet, or whose calibration
+// failed: flat on one machine, else fairring's rail.
+func (rt *router) guess() route {
+	if rt.grid.Machines == 1 {
+		return route{algo: Flat}
+	}
+	return route{algo: RailAllToAll}
+}
 
 // router decides the route of every allreduce: flat below the threshold
 // or on one machine, the fixed algorithm of WithAlgorithm, or Auto's
@@ -67,6 +91,24 @@ type router struct {
 	measure measurer
 
 	table *routeTable // this Reducer's, or the one it shares (WithRoutesOf)
+	top   int64       // test hook (export_router_test.go): the last class's bound; 0: maxCalibrationBytes
+
+	// worlds are the world variants this Reducer made (FlatRing,
+	// FlatTree), by NCCL algorithm: made at the first plan that needs
+	// one, on the goroutine that enqueues (the engine, or an inline
+	// caller holding the queue), so at the same place in every rank's
+	// call order; closed once every size class is measured and none
+	// chose it, or at Close. worldsMu guards the map's entries for the
+	// readers on other goroutines (Choices, an abort).
+	worldsMu sync.Mutex
+	worlds   map[backend.NCCLAlgo]*worldVariant
+}
+
+// worldVariant is one world variant's communicator, or why it could not
+// be made (then it is no candidate, and a plan that needs it fails).
+type worldVariant struct {
+	comm backend.Comm
+	err  error
 }
 
 // routeTable is what Auto has learnt: the route measured per size class,
@@ -100,7 +142,13 @@ type measurer interface {
 	timeRoutes(size int64, cands []plan) (times []int64, samples []int, err error)
 	// probeLinks measures the intra-machine link and the rail.
 	probeLinks() (linkModel, error)
-	// release frees what the measurements allocated.
+	// hasVariants reports whether the backend makes world variants.
+	hasVariants() bool
+	// world makes the world variant on which NCCL runs algo only, once
+	// every rank has (a collective: every rank asks at the same place).
+	world(algo backend.NCCLAlgo) (backend.Comm, error)
+	// release frees what the measurements allocated, and closes the
+	// router's world variants.
 	release() error
 }
 
@@ -108,31 +156,49 @@ func newRouter(g Grid, cfg *config, m measurer, table *routeTable) *router {
 	if table == nil {
 		table = newRouteTable()
 	}
-	return &router{grid: g, cfg: cfg, logger: cfg.logger, measure: m, table: table}
+	return &router{grid: g, cfg: cfg, logger: cfg.logger, measure: m, table: table,
+		worlds: map[backend.NCCLAlgo]*worldVariant{}}
 }
 
 // decide is the route of an allreduce of bytes where it does not depend
 // on a measurement (ok); otherwise class is the size class whose measured
 // route it takes (Auto), or -1 below the smallest class (the guess).
+//
+// Flat: one rank, below the flat threshold, a hierarchical algorithm on
+// one machine. A fixed algorithm is followed. Auto measures every class
+// with more than one candidate, whatever the grid: with one device per
+// machine or on one machine too, where NCCL's ring, its tree and
+// halving-doubling still differ (on 8 machines of one GPU, NCCL's own
+// choice took 1.7–2.3× its tree's time at 64–256 KiB, and the tree
+// 1.5–1.7× the default's at 1–4 MiB). The answer depends on the grid, the
+// options and which world variants exist, never on timings, so every
+// rank gives it alike.
 func (rt *router) decide(bytes int64) (r route, class int, ok bool) {
 	g, cfg := rt.grid, rt.cfg
-	flatThreshold := cfg.flatThreshold != FlatNever
+	flat := route{algo: Flat}
 	switch {
-	case g.Size() == 1 || g.Machines == 1:
-		return route{algo: Flat}, 0, true
-	case flatThreshold && bytes < cfg.flatThreshold:
-		return route{algo: Flat}, 0, true
+	case g.Size() == 1:
+		return flat, 0, true
+	case cfg.flatThreshold != FlatNever && bytes < cfg.flatThreshold:
+		return flat, 0, true
 	case cfg.algorithm != Auto:
+		if g.Machines == 1 && cfg.algorithm.hierarchical() {
+			return flat, 0, true
+		}
 		return route{algo: cfg.algorithm, serial: rt.serialRail()}, 0, true
-	case g.Devices == 1 && flatThreshold:
-		// With one device per machine the hierarchy is one NCCL allreduce
-		// over the machines, which is flat: Auto is flat there, without
-		// calibrating.
-		return route{algo: Flat}, 0, true
 	}
 	class, ok = rt.classOf(bytes)
 	if !ok {
-		return guess, -1, false
+		if g.Machines == 1 {
+			return flat, 0, true
+		}
+		return rt.guess(), -1, false
+	}
+	switch rs := rt.candidateRoutes(rt.classSize(class)); len(rs) {
+	case 0:
+		return flat, 0, true
+	case 1:
+		return rs[0], 0, true
 	}
 	return route{}, class, false
 }
@@ -149,7 +215,7 @@ func (rt *router) classOf(bytes int64) (class int, ok bool) {
 	if bytes < base {
 		return 0, false
 	}
-	bytes = min(bytes, max(maxCalibrationBytes, base))
+	bytes = min(bytes, max(rt.topClass(), base))
 	class = int(math.Log2(float64(bytes) / float64(base)))
 	lo := base << class
 	for lo > bytes { // floating-point edge
@@ -170,6 +236,28 @@ func (rt *router) classBase() int64 {
 	return minClassBytes
 }
 
+// classSize is the size a class is timed at: 1.5 times its smallest, a
+// multiple of 64 bytes, at most the last class's bound.
+func (rt *router) classSize(class int) int64 {
+	lo := rt.classBase() << class
+	return min(lo+lo/2, rt.topClass()) / 64 * 64
+}
+
+// numClasses is the number of size classes.
+func (rt *router) numClasses() int {
+	c, _ := rt.classOf(max(rt.topClass(), rt.classBase()))
+	return c + 1
+}
+
+// topClass is where the last, open-ended class starts:
+// maxCalibrationBytes, or less where a test says so.
+func (rt *router) topClass() int64 {
+	if rt.top > 0 {
+		return rt.top
+	}
+	return maxCalibrationBytes
+}
+
 // known is decide with Auto's measurements so far: ok is false only for
 // a size class not measured yet (class), which route calibrates.
 func (rt *router) known(bytes int64) (r route, class int, ok bool) {
@@ -183,15 +271,35 @@ func (rt *router) known(bytes int64) (r route, class int, ok bool) {
 	return r, class, ok
 }
 
-// isFlat reports whether an allreduce of bytes is flat without a
-// measurement still to make (the inline path's question).
+// isFlat reports whether an allreduce of bytes is ONE allreduce on a
+// communicator of all ranks, on the call's first stream (Flat, FlatRing,
+// FlatTree: executor.singleComm gives the communicator of route's plan),
+// known without anything collective still to do first: no calibration of
+// its class, and for a world variant the communicator made already (the
+// call that makes it, a collective that blocks until every rank joins,
+// goes through the engine). It is the question of the inline path and of
+// the check that rides in the call's own collective. Any goroutine may
+// ask; the answer changes only as calls execute, so that every rank gives
+// it alike for the same call.
 func (rt *router) isFlat(bytes int64) bool {
 	r, _, ok := rt.known(bytes)
-	return ok && r.algo == Flat
+	impl := r.algo.impl()
+	if !ok || impl == nil || !impl.single() {
+		return false
+	}
+	if v := r.algo.variant(); v != "" {
+		rt.worldsMu.Lock()
+		defer rt.worldsMu.Unlock()
+		w := rt.worlds[v]
+		return w != nil && w.comm != nil
+	}
+	return true
 }
 
 // route is the plan of an allreduce of bytes, measuring its size class
-// first when Auto has not yet (engine goroutine only).
+// first when Auto has not yet (engine goroutine only), with its world
+// variant attached (made now if it is the first plan to need it; on an
+// inline caller's goroutine only for a route known already).
 func (rt *router) route(bytes int64) plan {
 	r, class, ok := rt.known(bytes)
 	if !ok {
@@ -203,11 +311,13 @@ func (rt *router) route(bytes int64) plan {
 			rt.table.calibrations[class] = cal
 		}
 		rt.table.mu.Unlock()
+		rt.closeUnchosen()
 	}
 	if _, _, fixed := rt.decide(bytes); !fixed {
 		r = rt.uncut(r, bytes, rt.linkModel)
 	}
-	return rt.planFor(r, bytes)
+	p, _ := rt.attach(rt.planFor(r, bytes))
+	return p
 }
 
 // uncut is Auto's route r for an allreduce of bytes: r, except that where
@@ -290,65 +400,131 @@ func (rt *router) linkModel() *linkModel {
 	return &m
 }
 
-// candidates are the routes Auto chooses from at size bytes, in the order
-// that breaks ties (fastest within calibrationTie of each other): the
-// hierarchy in one piece, flat, the rail's NCCL form in the links' slices
-// (only where they cut the call). Where the link model predicts the slices
-// faster than one piece by more than the tie, they come first instead: a
+// candidateRoutes are the routes Auto chooses from at size bytes, in the
+// order that breaks ties (fastest within calibrationTie of each other):
+//
+//   - the hierarchy in one piece (D > 1, or FlatNever): one call at a
+//     time it ties with flat where flat is close, and back to back it
+//     keeps its lead where flat's ring over every rank falls behind (4 × 2
+//     at 1 MiB on the one-GPU testbed: 0.86 of naive with flat chosen);
+//   - flat, NCCL's own choice, then its ring and its tree alone (where
+//     the backend makes world variants): a tie goes to the default, which
+//     needs no communicator of its own;
+//   - halving-doubling, from hdMinRanks ranks up to hdMaxBytes;
+//   - the rail all-to-all where D = 1: a reduce-scatter and an
+//     all-gather of one step each over the machines;
+//   - the rail's NCCL form in the links' slices (D > 1; candidates keeps
+//     it only where the slices cut the call).
+//
+// FlatNever leaves out the routes over the world communicator (flat, its
+// variants, halving-doubling). With D > 1 fairring's all-to-all form is not
+// among them: on every testbed measured it lost to NCCL's reduce-scatter
+// and all-gather on the rail or tied within noise (bench/NOTES.md), and
+// each candidate costs calibration time; WithAlgorithm(RailAllToAll) still
+// selects it. The list depends on the grid, the options and which world
+// variants exist, so every rank gives it alike.
+func (rt *router) candidateRoutes(bytes int64) []route {
+	g := rt.grid
+	flatOK := rt.cfg.flatThreshold != FlatNever
+	multi := g.Machines > 1
+	var rs []route
+	if multi && (g.Devices > 1 || !flatOK) {
+		rs = append(rs, route{algo: RailAllReduce})
+	}
+	if flatOK {
+		rs = append(rs, route{algo: Flat})
+		for _, a := range []Algorithm{FlatRing, FlatTree} {
+			if rt.variantOK(a) {
+				rs = append(rs, route{algo: a})
+			}
+		}
+		if g.Size() >= hdMinRanks && bytes <= hdMaxBytes {
+			rs = append(rs, route{algo: HalvingDoubling})
+		}
+	}
+	if multi && g.Devices == 1 {
+		rs = append(rs, route{algo: RailAllToAll, serial: rt.serialRail()})
+	}
+	if multi && g.Devices > 1 {
+		rs = append(rs, route{algo: RailRSAG, serial: rt.serialRail()})
+	}
+	return rs
+}
+
+// candidates are the plans of candidateRoutes at size bytes, without their
+// world variants (calibrate attaches them): the rail's NCCL form only where
+// the links' slices cut the call. Where the link model predicts its slices
+// faster than one piece by more than the tie, it comes first instead: a
 // difference inside the calibration's noise is then decided by the model,
 // not by the noise (on the one-GPU testbed the sliced route led by 2–9% at
 // 64–256 MiB, and ties to the one piece chose it in 2 of 6 calibrations,
-// bench/NOTES.md item 21). The hierarchy in one piece comes first:
-// one call at a time it ties with flat where flat is close, and back to
-// back it keeps its lead where flat's ring over every rank falls behind
-// (4 × 2 at 1 MiB on the one-GPU testbed: 0.86 of naive with flat chosen).
-// fairring's all-to-all form (RailAllToAll) is not among them: on every
-// testbed measured it lost to NCCL's reduce-scatter and all-gather on the
-// rail or tied within noise (bench/NOTES.md), and each candidate costs
-// calibration time; WithAlgorithm(RailAllToAll) still selects it.
+// bench/NOTES.md item 21).
 func (rt *router) candidates(bytes int64) []plan {
 	var cs []plan
-	if rt.grid.Devices > 1 || rt.cfg.flatThreshold == FlatNever { // FlatNever: hierarchical, also with D = 1
-		cs = append(cs, rt.planFor(route{algo: RailAllReduce}, bytes))
-	}
-	if rt.cfg.flatThreshold != FlatNever {
-		cs = append(cs, rt.planFor(route{algo: Flat}, bytes))
-	}
-	sliced := rt.planFor(route{algo: RailRSAG, serial: rt.serialRail()}, bytes)
-	if rt.grid.Devices > 1 && sliced.slice < bytes {
-		if links := rt.table.probedLinks(); links != nil && links.slicesPay(rt.grid, bytes, sliced.slice) {
-			return append([]plan{sliced}, cs...)
+	for _, r := range rt.candidateRoutes(bytes) {
+		p := rt.planFor(r, bytes)
+		if r.algo == RailRSAG {
+			if p.slice >= bytes {
+				continue
+			}
+			if links := rt.table.probedLinks(); links != nil && links.slicesPay(rt.grid, bytes, p.slice) {
+				cs = append([]plan{p}, cs...)
+				continue
+			}
 		}
-		cs = append(cs, sliced)
+		cs = append(cs, p)
 	}
 	return cs
 }
 
 // calibrate measures the candidates at the size of a class and returns the
 // fastest. Failures are consistent across ranks (they agree on whether to
-// measure first); a class that cannot be measured gets the guess.
+// measure first); a class that cannot be measured gets the guess. The
+// links are probed first where a candidate's slices come from them; a
+// world variant is made at the first calibration that has it as a
+// candidate (its cost is the Calibration's Setup), and a variant that
+// could not be made is no candidate.
 func (rt *router) calibrate(class int) (route, *Calibration) {
 	lo := rt.classBase() << class
-	size := min(lo+lo/2, maxCalibrationBytes) // inside the class
-	size = size / 64 * 64
+	size := rt.classSize(class)
 	start := time.Now()
-	if !rt.cfg.sliceSet {
+	routes := rt.candidateRoutes(size)
+	sliced := slices.ContainsFunc(routes, func(r route) bool { return !r.algo.impl().whole() })
+	if !rt.cfg.sliceSet && sliced && size >= probeMinBytes {
 		rt.linkModel() // before the timing: the sliced candidates take its slices
 	}
-	cands := rt.candidates(size)
+	var cands []plan
+	var setup time.Duration
+	for _, p := range rt.candidates(size) {
+		p, made := rt.attach(p)
+		setup += made
+		if p.commErr == nil {
+			cands = append(cands, p)
+		}
+	}
+	switch len(cands) {
+	case 0:
+		return rt.guess(), nil
+	case 1:
+		return cands[0].route, nil
+	}
 	times, samples, err := rt.measure.timeRoutes(size, cands)
 	if err != nil {
 		rt.logger.Warn("fairgo: could not calibrate a size class; guessing",
-			"class_bytes", lo, "guess", guess, "err", err)
-		return guess, nil
+			"class_bytes", lo, "guess", rt.guess(), "err", err)
+		return rt.guess(), nil
 	}
 	best := fastest(times)
-	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Samples: map[string]int{}, Cost: time.Since(start)}
+	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Samples: map[string]int{},
+		Setup: setup, Cost: time.Since(start)}
 	attrs := []any{
 		"class_bytes", lo,
 		"measured_bytes", size,
 		"choice", cands[best].String(),
 		"cost", cal.Cost.Round(time.Millisecond),
+	}
+	if setup > 0 {
+		attrs = append(attrs, "setup", setup.Round(time.Millisecond))
 	}
 	for i, p := range cands {
 		cal.Times[p.String()] = time.Duration(times[i])
@@ -357,6 +533,138 @@ func (rt *router) calibrate(class int) (route, *Calibration) {
 	}
 	rt.logger.Info("fairgo: calibrated size class", attrs...)
 	return cands[best].route, cal
+}
+
+// variantOK reports whether a world variant (FlatRing, FlatTree) can be a
+// candidate: the backend makes them, and making this one has not failed.
+func (rt *router) variantOK(a Algorithm) bool {
+	if rt.measure == nil || !rt.measure.hasVariants() {
+		return false
+	}
+	rt.worldsMu.Lock()
+	defer rt.worldsMu.Unlock()
+	w := rt.worlds[a.variant()]
+	return w == nil || w.err == nil
+}
+
+// attach gives p its world variant where its route is one (FlatRing,
+// FlatTree), making it if none is open, and returns how long making it
+// took (0 when it was open already or is not needed). Where it could not
+// be made, p.commErr says why: a candidate is then dropped, a call by a
+// fixed algorithm fails with that error (an *fairgo.ArgError without
+// backend.Rank.Variants).
+func (rt *router) attach(p plan) (plan, time.Duration) {
+	v := p.algo.variant()
+	if v == "" {
+		return p, 0
+	}
+	rt.worldsMu.Lock()
+	w := rt.worlds[v]
+	rt.worldsMu.Unlock()
+	if w != nil {
+		p.comm, p.commErr = w.comm, w.err
+		return p, 0
+	}
+	start := time.Now()
+	comm, err := rt.measure.world(v)
+	took := time.Since(start)
+	if err != nil {
+		err = fmt.Errorf("hier: the world communicator of %v: %w", p.algo, err)
+		rt.logger.Warn("fairgo: could not make a world variant; it is no candidate", "algorithm", p.algo.String(),
+			"err", err)
+	} else {
+		rt.logger.Info("fairgo: made a world variant", "algorithm", p.algo.String(),
+			"setup", took.Round(time.Microsecond))
+	}
+	rt.worldsMu.Lock()
+	rt.worlds[v] = &worldVariant{comm: comm, err: err}
+	rt.worldsMu.Unlock()
+	p.comm, p.commErr = comm, err
+	return p, took
+}
+
+// closeUnchosen closes the world variants no size class chose, once every
+// class is measured (or needs no measurement): no call will use them, and
+// each holds NCCL buffers of the order of the world communicator's. A
+// route table shared with another Reducer (WithRoutesOf) counts the
+// classes either measured. Every rank closes alike, at the same call.
+func (rt *router) closeUnchosen() {
+	used := map[backend.NCCLAlgo]bool{}
+	rt.table.mu.Lock()
+	for c := range rt.numClasses() {
+		if r, ok := rt.table.measured[c]; ok {
+			used[r.algo.variant()] = true
+		} else if _, _, fixed := rt.decide(rt.classBase() << c); !fixed {
+			rt.table.mu.Unlock()
+			return // a class still to measure may choose one
+		}
+	}
+	rt.table.mu.Unlock()
+	var errs []error
+	rt.worldsMu.Lock()
+	for v, w := range rt.worlds {
+		if w.comm != nil && !used[v] {
+			errs = append(errs, w.comm.Close())
+			delete(rt.worlds, v) // a later plan (a route set by hand) makes it again
+			rt.logger.Info("fairgo: closed a world variant no size class chose", "nccl_algorithm", string(v))
+		}
+	}
+	rt.worldsMu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		rt.logger.Warn("fairgo: closing a world variant failed", "err", err)
+	}
+}
+
+// closeWorlds closes the open world variants (the Reducer's release),
+// aborting them first when the Reducer broke: work of theirs may still
+// wait for a peer, which a close would wait for too.
+func (rt *router) closeWorlds(broken bool) error {
+	rt.worldsMu.Lock()
+	defer rt.worldsMu.Unlock()
+	var errs []error
+	for v, w := range rt.worlds {
+		if w.comm != nil {
+			if broken {
+				errs = append(errs, w.comm.Abort())
+			}
+			errs = append(errs, w.comm.Close())
+		}
+		delete(rt.worlds, v)
+	}
+	return errors.Join(errs...)
+}
+
+// worldComms are the world variants open now, for the Reducer's abort
+// and its watch of communicator errors (any goroutine).
+func (rt *router) worldComms() []backend.Comm {
+	rt.worldsMu.Lock()
+	defer rt.worldsMu.Unlock()
+	var out []backend.Comm
+	for _, a := range []Algorithm{FlatRing, FlatTree} {
+		if w := rt.worlds[a.variant()]; w != nil && w.comm != nil {
+			out = append(out, w.comm)
+		}
+	}
+	return out
+}
+
+// errNoVariants is why a world variant cannot be made on a rank whose
+// backend makes none.
+func errNoVariants(a Algorithm) error {
+	return &fairgo.ArgError{
+		Arg:    "WithAlgorithm",
+		Value:  a,
+		Reason: "needs a backend that makes world communicators with one NCCL algorithm (backend.Rank.Variants is nil)",
+	}
+}
+
+// worldContext bounds the making of a world variant by the watchdog's
+// timeout, when there is one.
+func worldContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout > 0 {
+		return context.WithTimeout(context.Background(), timeout)
+	}
+	return context.WithCancel(context.Background())
 }
 
 // calibrationTie is how much slower than the fastest a candidate may be
@@ -392,8 +700,13 @@ type Calibration struct {
 	// each candidate ran: fewer than the rounds for one that the first
 	// round put more than twice behind the fastest.
 	Samples map[string]int
-	// Cost is the wall time the calibration took on this rank: what the
-	// first call of the class waited beyond its own work.
+	// Setup is the part of Cost spent making world variants (FlatRing,
+	// FlatTree; one ncclCommSplit each), at the first calibration that
+	// had them as candidates; 0 for the others.
+	Setup time.Duration
+	// Cost is the wall time the calibration took on this rank, Setup and
+	// any link probe included: what the first call of the class waited
+	// beyond its own work.
 	Cost time.Duration
 }
 
@@ -433,7 +746,7 @@ func (rt *router) choices() []Choice {
 		if !ok && class >= 0 {
 			r, c.Measured = rt.table.measured[class]
 			if !c.Measured {
-				r = guess
+				r = rt.guess()
 			}
 			c.Calibration = rt.table.calibrations[class]
 		}
@@ -452,7 +765,7 @@ func (rt *router) choices() []Choice {
 		if lo > rt.cfg.flatThreshold || rt.cfg.flatThreshold == FlatNever {
 			add(lo)
 		}
-		if lo >= maxCalibrationBytes {
+		if lo >= rt.topClass() {
 			return out
 		}
 	}

@@ -1,6 +1,7 @@
 package hier
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"testing"
@@ -8,27 +9,63 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/staging"
 )
 
 // fixedMeasurer answers the router's measurements without a device: the
-// candidates' times it was given (by algorithm), and no link model.
+// candidates' times it was given (by algorithm), and no link model. With
+// variants, its world variants are stubs that count their closes.
 type fixedMeasurer struct {
-	times map[Algorithm]int64
-	timed int        // how many calibrations it ran
-	links *linkModel // what the probe measures; nil: it fails
+	times    map[Algorithm]int64
+	timed    int        // how many calibrations it ran
+	links    *linkModel // what the probe measures; nil: it fails
+	variants bool
+	made     []*stubComm // the world variants it made, in order
+	cands    [][]Algorithm
 }
 
 func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, []int, error) {
 	m.timed++
 	out := make([]int64, len(cands))
 	samples := make([]int, len(cands))
+	var algos []Algorithm
 	for i, p := range cands {
 		out[i] = m.times[p.algo]
+		if out[i] == 0 {
+			out[i] = 1000
+		}
 		samples[i] = calibrationRounds
+		algos = append(algos, p.algo)
+		if p.algo.variant() != "" && p.comm == nil {
+			return nil, nil, errors.New("a world variant's candidate without its communicator")
+		}
 	}
+	m.cands = append(m.cands, algos)
 	return out, samples, nil
 }
+
+func (m *fixedMeasurer) hasVariants() bool { return m.variants }
+
+func (m *fixedMeasurer) world(algo backend.NCCLAlgo) (backend.Comm, error) {
+	if !m.variants {
+		return nil, errNoVariants(FlatRing)
+	}
+	c := &stubComm{name: string(algo)}
+	m.made = append(m.made, c)
+	return c, nil
+}
+
+// stubComm is a communicator that only counts its closes.
+type stubComm struct {
+	backend.Comm
+	name   string
+	closed int
+}
+
+func (c *stubComm) Close() error { c.closed++; return nil }
+func (c *stubComm) Abort() error { return nil }
 
 func (m *fixedMeasurer) probeLinks() (linkModel, error) {
 	if m.links != nil {
@@ -60,11 +97,10 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 			serialSet:  rapid.Bool().Draw(t, "serial set"),
 			sliceSet:   true,
 		}
-		m := &fixedMeasurer{times: map[Algorithm]int64{
-			Flat:          rapid.Int64Range(1, 100).Draw(t, "flat time"),
-			RailAllReduce: rapid.Int64Range(1, 100).Draw(t, "one-piece time"),
-			RailRSAG:      rapid.Int64Range(1, 100).Draw(t, "sliced time"),
-		}}
+		m := &fixedMeasurer{times: map[Algorithm]int64{}, variants: rapid.Bool().Draw(t, "variants")}
+		for a := Flat; a < numAlgorithms; a++ {
+			m.times[a] = rapid.Int64Range(1, 100).Draw(t, a.String()+" time")
+		}
 		rt := testRouter(g, cfg, m)
 		sizes := rapid.SliceOfN(rapid.Int64Range(1, 1<<30), 1, 20).Draw(t, "sizes")
 		for _, b := range sizes {
@@ -72,8 +108,21 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 			c := rt.choiceFor(b)
 			require.Equal(t, p.algo, c.Algorithm, "%d bytes: plan %v, choice %v", b, p, c)
 			require.Equal(t, p.route.String(), c.String(), "%d bytes", b)
-			require.Equal(t, p.algo == Flat, rt.isFlat(b), "%d bytes", b)
+			require.Equal(t, p.algo.impl().single() && (p.algo.variant() == "" || p.comm != nil), rt.isFlat(b),
+				"%d bytes", b)
 			require.NotEqual(t, Auto, p.algo)
+			if g.Machines == 1 {
+				require.False(t, p.algo.hierarchical(), "one machine: %v", p)
+			}
+			if p.algo.variant() != "" {
+				if m.variants {
+					require.NotNil(t, p.comm, "%v: its world variant", p)
+				} else {
+					require.Equal(t, cfg.algorithm, p.algo, "Auto takes no variant without Variants")
+					var ae *fairgo.ArgError
+					require.ErrorAs(t, p.commErr, &ae)
+				}
+			}
 			if p.algo.impl().whole() {
 				require.Equal(t, b, p.slice, "an algorithm that takes the call in one piece")
 			} else {
@@ -141,8 +190,10 @@ func TestRouteCalibratesEachClassOnce(t *testing.T) {
 	c := pick(rt.choices(), 300<<10)
 	require.True(t, c.Measured)
 	require.NotNil(t, c.Calibration)
-	// The sliced rail is a candidate only where its slice cuts the call.
-	require.Equal(t, map[string]int64{"flat": 50, "rail-allreduce": 10}, nanos(c.Calibration.Times))
+	// The sliced rail is a candidate only where its slice cuts the call;
+	// halving-doubling up to hdMaxBytes.
+	require.Equal(t, map[string]int64{"flat": 50, "rail-allreduce": 10, "halving-doubling": 1000},
+		nanos(c.Calibration.Times))
 	big := pick(rt.choices(), maxCalibrationBytes)
 	require.Equal(t, map[string]int64{"flat": 50, "rail-allreduce": 10, "rail-rsag-serial": 30},
 		nanos(big.Calibration.Times))
@@ -168,4 +219,191 @@ func TestCalibrationBurst(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, calibrationBurst(tc.size), "%d bytes", tc.size)
 	}
+}
+
+// Auto's candidates per grid, in their tie-breaking order: world variants
+// only where the backend makes them, halving-doubling from 4 ranks up to
+// 4 MiB, the rail all-to-all with one device per machine, the hierarchy's
+// forms across machines, nothing over the world communicator with
+// FlatNever.
+func TestCandidatesPerGrid(t *testing.T) {
+	const small, large = 96 << 10, 6 << 20
+	for _, tc := range []struct {
+		name     string
+		g        Grid
+		variants bool
+		flat     int64
+		bytes    int64
+		want     []Algorithm
+	}{
+		{"one machine of two", Grid{Machines: 1, Devices: 2}, false, 0, small, []Algorithm{Flat}},
+		{"one machine of two, variants", Grid{Machines: 1, Devices: 2}, true, 0, small,
+			[]Algorithm{Flat, FlatRing, FlatTree}},
+		{"one machine of four", Grid{Machines: 1, Devices: 4}, false, 0, small, []Algorithm{Flat, HalvingDoubling}},
+		{"one machine of four, large", Grid{Machines: 1, Devices: 4}, false, 0, large, []Algorithm{Flat}},
+		{"2 x 1", Grid{Machines: 2, Devices: 1}, false, 0, small, []Algorithm{Flat, RailAllToAll}},
+		{"8 x 1, variants", Grid{Machines: 8, Devices: 1}, true, 0, small,
+			[]Algorithm{Flat, FlatRing, FlatTree, HalvingDoubling, RailAllToAll}},
+		{"8 x 1, variants, large", Grid{Machines: 8, Devices: 1}, true, 0, large,
+			[]Algorithm{Flat, FlatRing, FlatTree, RailAllToAll}},
+		{"4 x 1, FlatNever", Grid{Machines: 4, Devices: 1}, true, FlatNever, small,
+			[]Algorithm{RailAllReduce, RailAllToAll}},
+		{"2 x 2, variants", Grid{Machines: 2, Devices: 2}, true, 0, large,
+			[]Algorithm{RailAllReduce, Flat, FlatRing, FlatTree, RailRSAG}},
+		{"2 x 4, FlatNever", Grid{Machines: 2, Devices: 4}, true, FlatNever, small, []Algorithm{RailAllReduce, RailRSAG}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := testRouter(tc.g, config{flatThreshold: tc.flat}, &fixedMeasurer{variants: tc.variants})
+			var got []Algorithm
+			for _, r := range rt.candidateRoutes(tc.bytes) {
+				got = append(got, r.algo)
+			}
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// Auto measures every size class with more than one candidate, with one
+// device per machine and on one machine too; calls below the smallest
+// class, below a flat threshold the user gave, and classes with flat as
+// their only candidate are flat without measuring.
+func TestDecideMeasuresWhereThereIsAChoice(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		g        Grid
+		variants bool
+		flat     int64 // WithFlatThreshold; 0: none given
+		measured []int64
+		flatAt   []int64
+	}{
+		{"8 x 1", Grid{Machines: 8, Devices: 1}, false, 0,
+			[]int64{64 << 10, 256 << 10, 1 << 20, 64 << 20, 1 << 30}, []int64{1, 64<<10 - 1}},
+		{"4 x 1, a threshold given", Grid{Machines: 4, Devices: 1}, true, 1 << 20,
+			[]int64{1 << 20, 8 << 20}, []int64{64 << 10, 1<<20 - 1}},
+		{"one machine of four", Grid{Machines: 1, Devices: 4}, false, 0,
+			[]int64{64 << 10, 4<<20 - 1}, []int64{64<<10 - 1, 4 << 20, 1 << 30}},
+		{"one machine of two, variants", Grid{Machines: 1, Devices: 2}, true, 0,
+			[]int64{64 << 10, 1 << 30}, []int64{1000}},
+		{"one machine of two", Grid{Machines: 1, Devices: 2}, false, 0, nil, []int64{64 << 10, 1 << 30}},
+		{"one rank", Grid{Machines: 1, Devices: 1}, true, 0, nil, []int64{64 << 10, 1 << 30}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var opts []Option
+			if tc.flat != 0 {
+				opts = append(opts, WithFlatThreshold(tc.flat))
+			}
+			cfg, err := buildConfig(tc.g, opts)
+			require.NoError(t, err)
+			rt := testRouter(tc.g, cfg, &fixedMeasurer{variants: tc.variants})
+			for _, b := range tc.measured {
+				_, class, fixed := rt.decide(b)
+				require.False(t, fixed, "%d bytes", b)
+				require.GreaterOrEqual(t, class, 0, "%d bytes", b)
+			}
+			for _, b := range tc.flatAt {
+				r, _, fixed := rt.decide(b)
+				require.True(t, fixed, "%d bytes", b)
+				require.Equal(t, Flat, r.algo, "%d bytes", b)
+			}
+		})
+	}
+}
+
+// A world variant is made once, at the first calibration that has it as
+// a candidate; once every size class is measured, the variants no class
+// chose are closed, the chosen one is kept for its calls and closed with
+// the Reducer.
+func TestWorldVariantsLiveWhileAClassUsesThem(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fastest Algorithm
+		kept    []string
+	}{
+		{"flat fastest", Flat, nil},
+		{"tree fastest", FlatTree, []string{"tree"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &fixedMeasurer{variants: true, times: map[Algorithm]int64{tc.fastest: 1}}
+			cfg, err := buildConfig(Grid{Machines: 1, Devices: 2}, []Option{WithFlatThreshold(16 << 20)})
+			require.NoError(t, err)
+			rt := testRouter(Grid{Machines: 1, Devices: 2}, cfg, m)
+			require.Equal(t, 3, rt.numClasses(), "16, 32 and 64 MiB")
+			rt.route(20 << 20)
+			require.Len(t, m.made, 2, "both variants, at the first calibration")
+			require.Len(t, rt.worldComms(), 2)
+			rt.route(40 << 20)
+			for _, c := range m.made {
+				require.Zero(t, c.closed, "%s: a class is still to measure", c.name)
+			}
+			p := rt.route(1 << 30)
+			require.Equal(t, tc.fastest, p.algo)
+			require.Len(t, m.made, 2, "made once")
+			var kept []string
+			for _, c := range m.made {
+				if c.closed == 0 {
+					kept = append(kept, c.name)
+				} else {
+					require.Equal(t, 1, c.closed, "%s closed once", c.name)
+				}
+			}
+			require.Equal(t, tc.kept, kept)
+			require.Len(t, rt.worldComms(), len(tc.kept))
+			if tc.fastest == FlatTree {
+				require.Same(t, m.made[1], p.comm.(*stubComm), "the call runs on the kept variant")
+			}
+			require.NoError(t, rt.closeWorlds(false))
+			for _, c := range m.made {
+				require.Equal(t, 1, c.closed, "%s: closed once in all", c.name)
+			}
+			require.Empty(t, rt.worldComms())
+		})
+	}
+}
+
+// A fixed world variant without a backend that makes one fails with an
+// *fairgo.ArgError: the options' check against the rank, and any plan of
+// it.
+func TestFixedWorldVariantNeedsVariants(t *testing.T) {
+	g := Grid{Machines: 2, Devices: 1}
+	for _, a := range []Algorithm{FlatRing, FlatTree} {
+		cfg, err := buildConfig(g, []Option{WithAlgorithm(a)})
+		require.NoError(t, err)
+		var ae *fairgo.ArgError
+		require.ErrorAs(t, cfg.checkRank(backend.Rank{Grid: g}), &ae)
+		require.Equal(t, "WithAlgorithm", ae.Arg)
+		require.NoError(t, cfg.checkRank(backend.Rank{Grid: g, Variants: noVariants{}}))
+		rt := testRouter(g, cfg, &fixedMeasurer{})
+		p := rt.route(1 << 20)
+		require.Equal(t, a, p.algo)
+		require.Nil(t, p.comm)
+		require.ErrorAs(t, p.commErr, &ae)
+	}
+	cfg, err := buildConfig(g, []Option{WithAlgorithm(HalvingDoubling)})
+	require.NoError(t, err)
+	require.NoError(t, cfg.checkRank(backend.Rank{Grid: g}), "halving-doubling needs the world communicator only")
+}
+
+type noVariants struct{}
+
+func (noVariants) World(context.Context, backend.NCCLAlgo) (backend.Comm, error) {
+	return nil, errors.New("none")
+}
+
+// A fixed world variant is flat for the inline path and the check in the
+// call's own collective only once its communicator is made: the call that
+// makes it (a collective) goes through the engine.
+func TestFixedWorldVariantIsFlatOnceMade(t *testing.T) {
+	g := Grid{Machines: 4, Devices: 1}
+	cfg, err := buildConfig(g, []Option{WithAlgorithm(FlatTree)})
+	require.NoError(t, err)
+	m := &fixedMeasurer{variants: true}
+	rt := testRouter(g, cfg, m)
+	require.True(t, rt.isFlat(100), "below the threshold: flat")
+	require.False(t, rt.isFlat(1<<20), "its communicator is still to make")
+	p := rt.route(1 << 20)
+	require.Equal(t, FlatTree, p.algo)
+	require.Len(t, m.made, 1)
+	require.True(t, rt.isFlat(1<<20))
+	require.True(t, rt.isFlat(1<<30))
+	require.Len(t, m.made, 1, "made once")
 }
