@@ -15,10 +15,45 @@
 //	4 diffuse         rail           shard [d][m] goes back to every machine
 //	5 all-gather      intra-machine  every device gets the whole slice
 //
-// M = 1 is one flat allreduce; D = 1 skips stages 1 and 5 and receives into
-// a ring of staging slots; M = D = 1 is a no-op. Calls smaller than the flat
+// M = 1 has no pipeline; D = 1 skips stages 1 and 5 and receives into a
+// ring of staging slots; M = D = 1 is a no-op. Calls smaller than the flat
 // threshold are one flat allreduce on the world communicator. Elements that
 // do not fill the grid ride in a padding slot through the same calls.
+//
+// # Algorithms, and how Auto chooses
+//
+// An allreduce follows one of these (Algorithm, WithAlgorithm):
+//
+//	flat              one NCCL allreduce on the world communicator, NCCL's choice of algorithm
+//	flat-ring         the same on a world communicator where NCCL runs its ring only
+//	flat-tree         the same with NCCL's tree only
+//	halving-doubling  fairgo's own: recursive halving reduce-scatter, recursive doubling
+//	                  all-gather over the world, 2·log2(W) pairwise steps (+2 where W is
+//	                  not a power of two)
+//	rail-allreduce    the hierarchy in one piece: intra reduce-scatter, rail allreduce,
+//	                  intra all-gather
+//	rail-rsag         the pipeline above, the rail done by NCCL's reduce-scatter and all-gather
+//	rail-a2a          the pipeline above with fairring's all-to-all rail
+//
+// flat-ring and flat-tree need a backend that makes world variants
+// (backend.Rank.Variants); each costs one ncclCommSplit of the world when
+// first used and NCCL buffers of the order of the world communicator's
+// while kept.
+//
+// Auto, the default, is flat below the flat threshold (64 KiB unless
+// WithFlatThreshold says otherwise). From there calls fall into size
+// classes, powers of two up to 64 MiB; the first call of a class times the
+// candidates at 1.5 times the class's smallest size on the job's own links,
+// every rank takes the slowest rank's time of each, and all ranks choose
+// alike. The candidates: flat, flat-ring and flat-tree (where the backend
+// makes world variants), halving-doubling (from 4 ranks, classes up to
+// 4 MiB), rail-allreduce (D > 1), rail-a2a (D = 1) and rail-rsag in the
+// links' slices (D > 1, where they cut the call), whatever the grid: one
+// device per machine and one machine included. A class with one candidate
+// takes it without measuring. World variants are made at the first
+// calibration that has them as candidates and closed once every class is
+// measured and none chose them. Choices and ChoiceFor report what each
+// class measured and what it cost (Calibration).
 //
 // # Calls and their order
 //
