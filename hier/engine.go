@@ -287,9 +287,11 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 }
 
 // flatComm is the communicator of all ranks that carries a fingerprintable
-// call (fingerprintable: its route is one collective of all ranks).
+// call, whose route is one collective of all ranks known without a
+// calibration (fingerprintable): the world communicator, or the world
+// variant of NCCL's ring or tree that Auto chose for its size class.
 func (r *Reducer) flatComm(q *request) backend.Comm {
-	return r.rank.Comms.World
+	return r.exec.singleComm(r.router.route(q.a.ByteLen()))
 }
 
 // checkLater hands the call to the checker, when there are peers.

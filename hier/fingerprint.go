@@ -185,6 +185,9 @@ func (f *fingerprints) release() error {
 // last work is on.
 func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stream,
 	data func() (streams.Stream, error)) (streams.Stream, error) {
+	if comm == nil { // its route's world variant could not be made: the call fails as its data would
+		return nil, fmt.Errorf("hier: %v: no communicator of all ranks for its route", q)
+	}
 	sl := &f.slots[f.slot]
 	<-sl.free // the slot's last call is decided
 	f.slot = (f.slot + 1) % fpSlots
