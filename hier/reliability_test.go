@@ -671,3 +671,37 @@ func TestEnqueueFailureIsTyped(t *testing.T) {
 		})
 	}
 }
+
+// A flat call on a world variant (NCCL's tree only) carries its check on
+// that communicator: an operator that differs fails on every rank with the
+// field named, and matched calls give the reference's results.
+func TestFingerprintOnAWorldVariant(t *testing.T) {
+	cfg := sim.Config{Machines: 4, Devices: 1, Seed: 5, StallTimeout: time.Minute}
+	w := newWorld(t, cfg, hier.WithAlgorithm(hier.FlatTree), hier.WithTimeout(time.Minute))
+	const n = 128 << 10 // 512 KiB: above the flat threshold, where the algorithm applies
+	in := reftest.RandomInputs(rand.New(rand.NewPCG(5, 6)), fairgo.Float32, fairgo.Sum, w.size(), n)
+	out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+	require.NoError(t, err)
+	require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+	for _, r := range w.reducers { // the first call made the variant: its check went apart
+		require.Zero(t, hier.FingerprintedCalls(r))
+		require.Equal(t, hier.FlatTree, r.AlgorithmFor(4*n))
+	}
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*n), make([]byte, 4*n), make([]byte, 4*n), make([]byte, 4*n)})
+	var works []*hier.Work
+	for g, r := range w.reducers {
+		op := fairgo.Sum
+		if g == 1 {
+			op = fairgo.Max
+		}
+		works = append(works, r.AllReduce(context.Background(), ts[g], op))
+	}
+	for g, wk := range works {
+		var me *hier.MismatchError
+		require.ErrorAs(t, wk.Wait(context.Background()), &me, "rank %d", g)
+		require.Equal(t, "operator", me.Field)
+	}
+	for _, r := range w.reducers {
+		require.Equal(t, uint64(1), hier.FingerprintedCalls(r))
+	}
+}
