@@ -83,11 +83,31 @@
 #                       10 Gbit/s, 256K–256M, and 20 back to back up to 16M;
 #                       ~3 min), overlap (64 × 25 MiB on 2×2 and 2×4 at 2.5
 #                       Gbit/s; ~3 min) or enqueue (T6 on 2×1; ~20 s). Every
-#                       sweep measures flat, flat-ring, naive, fairgo, fairgo
-#                       without the check on fairgo's routes (nocheck:
-#                       check:off,routes:fairgo, for U5) and the routes Auto
-#                       chooses among (U6)
-#   analyse             targets, model and digest of the records under $OUT/json
+#                       sweep measures flat, flat-ring, flat-tree, naive,
+#                       fairgo, fairgo without the check on fairgo's routes
+#                       (nocheck: check:off,routes:fairgo, for U5 and S6) and
+#                       the routes Auto chooses among (U6)
+#   nodes               fairgo across node counts over real NVLink, on a host
+#                       of 4 GPUs with NICs of 10 Gbit/s: the NVLink pair
+#                       (fairbench links, for the model), 1x4 (one rank per
+#                       process, no emulated network: S1), then 2x1 4x1 2x2
+#                       8x1 16x1 on the testbed (8x1 and 16x1 put 2 and 4
+#                       ranks on each GPU, under MPS), 64K-64M, 5
+#                       repetitions of flat, flat-ring, flat-tree, naive and
+#                       fairgo (and the VARIANTS, e.g. "fairgo
+#                       nocheck=check:off,routes:fairgo" for S6), each
+#                       repetition of a small size repeated to REP_BYTES;
+#                       then fairbench nodes: nodes.txt and
+#                       plots/nodes_fairgo_vs_best.png and .svg (fairgo/best
+#                       per layout, measured and modelled, and 64x8 at real
+#                       link speeds). 4.5 min on 4 × H100 (16x1 1.5 min, 8x1
+#                       70 s, 4x1 40 s, 2x2 30 s, 2x1 25 s, 1x4 and the
+#                       NVLink pair 10 s each); every step's limit together
+#                       (~9.5 min) stays under one device command's 10
+#                       minutes (NODES_LAYOUTS to choose layouts)
+#   analyse             targets (TARGET_SETS), model and digest of the
+#                       records under $OUT/json, and the nodes report where
+#                       the nodes section left records
 #
 # Settings (environment): OUT (default ./out), BIN (./bin), NIC_GBIT (10;
 # on one GPU the issue's testbed is 2.5, a ~10:1 ratio to the loopback that
@@ -101,7 +121,9 @@
 # point below it is a mean of many calls, not one), VARIANTS (further
 # fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
 # (T6: µs, or a file of `go test -bench` output; default enqueue.txt when
-# the enqueue section made it), ENQUEUE_BENCH (the benchmarks T6 takes the
+# the enqueue section made it), TARGET_SETS (the targets analyse computes:
+# S, T, U, comma-separated, or all; default all), NODES_LAYOUTS (the nodes
+# section's layouts; default "1x4 2x1 4x1 2x2 8x1 16x1"), ENQUEUE_BENCH (the benchmarks T6 takes the
 # worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
 # to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
 # on a host of one GPU), NVLINK_SIZES, NET_SIZES, RAPID_CHECKS (hier's
@@ -118,7 +140,8 @@
 # them packed again in logs.tgz),
 # json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
 # test), enqueue.txt (the enqueue benchmark), and from targets/analyse
-# targets.json, targets.txt, model.txt, digest.txt, results.csv. The last
+# targets.json, targets.txt, model.txt, digest.txt, results.csv; from
+# nodes (and analyse after it) nodes.txt and plots/. The last
 # thing printed is the targets table (when made) and a table of the steps.
 # Exit status 0 when every step passed (a target missed is not a failed step).
 set -uo pipefail
@@ -138,6 +161,8 @@ RUNS=${RUNS:-r1 r2}
 VARIANTS=${VARIANTS:-}
 ENQUEUE=${ENQUEUE:-}
 ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
+TARGET_SETS=${TARGET_SETS:-all}
+NODES_LAYOUTS=${NODES_LAYOUTS:-1x4 2x1 4x1 2x2 8x1 16x1}
 MODEL_LINKS=${MODEL_LINKS:-}
 RAPID_CHECKS=${RAPID_CHECKS:-25}
 LAUNCHED_RAPID_CHECKS=${LAUNCHED_RAPID_CHECKS:-10}
@@ -503,6 +528,49 @@ section_onegpu() {
   done
 }
 
+# The nodes section's NIC rate and sizes: fairbench nodes and the S targets
+# compare the layouts at this rate.
+NODES_GBIT=10
+NODES_SIZES="-b 64K -e 64M -f 4"
+
+# nodes_limit M D: seconds one nodes sweep may take: 1.4 to 6 times what it
+# took on 4 × H100 (16x1 93 s of 152, 8x1 68 of 96), so that every limit of
+# the section together (571 s) stays under the device's 10 minutes.
+nodes_limit() { echo $((40 + 7 * $1 * $2)); }
+
+section_nodes() {
+  need fairrun fairbench || return
+  local l m d fr
+  # shellcheck disable=SC2086
+  bench nodes-nvlink 45 "$BIN/fairbench" links -backend cuda -link nvlink $NODES_SIZES -w 1 -n 1 -reps 3
+  for l in $NODES_LAYOUTS; do
+    m=${l%x*} d=${l#*x}
+    fr=()
+    # shellcheck disable=SC2207
+    [ "$m" -gt 1 ] && fr=($(NIC_GBIT=$NODES_GBIT fairrun_flags "$m" "$d"))
+    # shellcheck disable=SC2086,SC2046
+    bench "nodes-$l" "$(nodes_limit "$m" "$d")" "$BIN/fairrun" "${fr[@]}" --nproc-per-node $((m * d)) -- \
+      "$BIN/fairbench" sweep -backend cuda $NODES_SIZES -n 1 -reps 5 -rep-bytes "$REP_BYTES" "${CHECK[@]}" \
+      -algos flat,flat-ring,flat-tree,naive,fairgo -label "nodes-$l" $(variant_flags)
+  done
+  nodes_report
+}
+
+# nodes_report: fairbench nodes over the nodes section's records (every
+# run's; the report takes the first), into nodes.txt and plots/.
+nodes_report() {
+  local files
+  files=$(ls "$OUT"/json/*-nodes-*.jsonl 2>/dev/null | paste -sd, -)
+  [ -n "$files" ] || return 0
+  # shellcheck disable=SC2086
+  step nodes-report 20 "$BIN/fairbench" nodes -in "$files" -nic-gbit "$NODES_GBIT" -plot "$OUT/plots" $MODEL_LINKS
+  tail -n +2 "$OUT/logs/nodes-report.log" >"$OUT/nodes.txt"
+  local n
+  n=$(grep -c ' measured ' "$OUT/nodes.txt")
+  note "$([ "$rc" -eq 0 ] && [ -s "$OUT/plots/nodes_fairgo_vs_best.png" ] && echo PASS || echo FAIL)" nodes-report "$secs" \
+    "rc=$rc $n measured points; nodes.txt, plots/nodes_fairgo_vs_best.png"
+}
+
 section_overlap() {
   need fairrun fairbench || return
   # shellcheck disable=SC2046
@@ -702,11 +770,12 @@ section_analyse() {
   [ -z "$e" ] && [ -s "$OUT/enqueue.txt" ] && e=$OUT/enqueue.txt
   [ -n "$e" ] && enq=(-enqueue "$e" -enqueue-bench "$ENQUEUE_BENCH")
   # shellcheck disable=SC2086
-  step targets 60 "$BIN/fairbench" targets -in "$files" -out "$OUT/targets.json" "${enq[@]}" $MODEL_LINKS
+  step targets 60 "$BIN/fairbench" targets -in "$files" -set "$TARGET_SETS" -out "$OUT/targets.json" "${enq[@]}" $MODEL_LINKS
   tail -n +2 "$OUT/logs/targets.log" >"$OUT/targets.txt"
-  local passed
-  passed=$(grep -cE '^T[0-9] .* yes ' "$OUT/targets.txt")
-  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" targets "$secs" "rc=$rc targets met: $passed of 8 (targets.json)"
+  local passed all
+  passed=$(grep -cE '^[STU][0-9] .* yes ' "$OUT/targets.txt")
+  all=$(grep -cE '^[STU][0-9] ' "$OUT/targets.txt")
+  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" targets "$secs" "rc=$rc targets met: $passed of $all (targets.json)"
   local first
   first=$(ls "$OUT"/json/"${RUNS%% *}"-*.jsonl 2>/dev/null | paste -sd, -)
   # shellcheck disable=SC2086
@@ -716,6 +785,7 @@ section_analyse() {
   step digest 60 "$BIN/fairbench" report -in "$files" -csv "$OUT/results.csv"
   tail -n +2 "$OUT/logs/digest.log" >"$OUT/digest.txt"
   note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" digest "$secs" "rc=$rc digest.txt, results.csv"
+  nodes_report
 }
 
 section_targets() {
@@ -782,6 +852,7 @@ while [ $# -gt 0 ]; do
     section_testbed "${layouts[@]}"
     ;;
   overlap) section_overlap ;;
+  nodes) section_nodes ;;
   links) section_links ;;
   enqueue) section_enqueue ;;
   enqueue-job) section_enqueue_job ;;

@@ -269,8 +269,9 @@ const NodesPlotName = "nodes_fairgo_vs_best"
 // NodesPlot draws the curves into dir as NodesPlotName.png and .svg, and
 // returns the files: fairgo/best against size, each layout's measured
 // curve solid with its points, the model's prediction for it dashed in the
-// same colour, the real cluster's prediction thick and black, and 1 (a tie
-// with the best) dotted.
+// same colour, the real cluster's prediction thick and black beneath them,
+// and 1 (a tie with the best) dotted. Where the model's fairgo is flat (one
+// GPU per machine: hier has nothing to choose) its curve lies on 1.
 func NodesPlot(dir string, curves []Curve, title string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("report: plots: %w", err)
@@ -290,6 +291,7 @@ func NodesPlot(dir string, curves []Curve, title string) ([]string, error) {
 	}
 	lo, hi := math.Inf(1), math.Inf(-1)   // sizes
 	ylo, yhi := math.Inf(1), math.Inf(-1) // ratios
+	var under, over []plot.Plotter        // the real cluster's curve goes under the layouts'
 	for _, c := range curves {
 		var xys plotter.XYs
 		for _, pt := range c.Points {
@@ -312,14 +314,14 @@ func NodesPlot(dir string, curves []Curve, title string) ([]string, error) {
 		switch {
 		case c.Real:
 			line.Color, line.Width, line.Dashes = color.Black, vg.Points(2.5), []vg.Length{vg.Points(6), vg.Points(3)}
-			p.Add(line)
+			under = append(under, line)
 			p.Legend.Add(c.Name, line)
 		case c.Model:
 			line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-			p.Add(line)
+			over = append(over, line)
 			p.Legend.Add(c.Name, line)
 		default:
-			p.Add(line, pts)
+			over = append(over, line, pts)
 			p.Legend.Add(c.Name, line, pts)
 		}
 	}
@@ -329,8 +331,10 @@ func NodesPlot(dir string, curves []Curve, title string) ([]string, error) {
 			return nil, fmt.Errorf("report: nodes plot: %w", err)
 		}
 		one.Color, one.Dashes = color.Gray{Y: 128}, []vg.Length{vg.Points(1), vg.Points(2)}
-		p.Add(one)
+		under = append([]plot.Plotter{one}, under...)
 	}
+	p.Add(under...)
+	p.Add(over...)
 	p.Legend.Top, p.Legend.Left = true, false
 	if ylo <= yhi {
 		// The legend takes the top of the plot: the curves keep below it.
