@@ -1,7 +1,9 @@
 // Package report turns benchmark records (package bench) into what people
 // read: nccl-tests-like tables, a digest, CSV, plots, the cost model's
-// errors and predictions, and the targets T1–T8. It measures
-// nothing; bench does.
+// errors and predictions, fairgo against the best baseline across node
+// counts (NodeCurves, NodesPlot), and the targets (T1–T8, U1–U7, S1–S8).
+// Every "best" is the fastest baseline measured at a point
+// (bench.Baselines). It measures nothing; bench does.
 package report
 
 import (
