@@ -15,7 +15,9 @@ import (
 // The cross-rank check. Every call's shape (kind, element type, operator,
 // root, counts, and whether this rank accepted it) is compared across
 // ranks by an allreduce with Max of the shape and its negation on the check
-// communicator, on a stream of its own: the data never waits for it, and a
+// communicator, on a stream of its own (in page-locked host memory that the
+// collective reduces in place, where the device maps it: no copy each way):
+// the data never waits for it, and a
 // Work completes only once both its data and its check are done. A
 // mismatch ends the Work with a *MismatchError on every rank alike (they
 // all see the same maxima) and aborts the communicators, since mismatched
@@ -195,8 +197,9 @@ type checker struct {
 	r       *Reducer
 	comm    backend.Comm
 	stream  streams.Stream
-	dev     uintptr // checkSlots checks on the device
+	dev     uintptr // checkSlots checks on the device, unless mapped
 	host    []byte  // their twins in host memory the device copies without blocking
+	mapped  bool    // the device reduces host in place (backend.HostMapper): dev is unused
 	slots   [checkSlots]checkSlot
 	next    int              // the slot of the next call
 	queue   chan queuedCheck // enqueued checks, in call order, for the goroutine
@@ -227,15 +230,27 @@ func (r *Reducer) startChecker() error {
 	if c.stream, err = r.rank.Device.NewStream(); err != nil {
 		return fmt.Errorf("hier: the check stream: %w", err)
 	}
-	if c.dev, err = r.rank.Device.Alloc(int64(checkSlots * slotBytes)); err != nil {
-		return errors.Join(fmt.Errorf("hier: the check buffer: %w", err), c.release())
-	}
 	if c.host, err = r.rank.Device.AllocHost(checkSlots * slotBytes); err != nil {
 		return errors.Join(fmt.Errorf("hier: the check buffer's host memory: %w", err), c.release())
 	}
+	// Where the device reaches page-locked memory in place, the check's
+	// collective reduces the host slots themselves: no copy each way.
+	base := uintptr(0)
+	if m, ok := r.rank.Device.(backend.HostMapper); ok {
+		if base, err = m.DevicePointer(c.host); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+			return errors.Join(fmt.Errorf("hier: mapping the check buffer's host memory: %w", err), c.release())
+		}
+		c.mapped = base != 0
+	}
+	if !c.mapped {
+		if c.dev, err = r.rank.Device.Alloc(int64(checkSlots * slotBytes)); err != nil {
+			return errors.Join(fmt.Errorf("hier: the check buffer: %w", err), c.release())
+		}
+		base = c.dev
+	}
 	for i := range c.slots {
 		sl := &c.slots[i]
-		sl.dev = c.dev + uintptr(i*slotBytes)
+		sl.dev = base + uintptr(i*slotBytes)
 		sl.host = image(c.host[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes])
 		sl.free = make(chan struct{}, 1)
 		sl.free <- struct{}{}
@@ -262,11 +277,14 @@ func (c *checker) submit(q *request) {
 	c.next = (c.next + 1) % checkSlots
 	clear(sl.host)
 	sl.host.put(q)
-	err := c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
+	var err error
+	if !c.mapped {
+		err = c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
+	}
 	if err == nil {
 		err = c.comm.AllReduce(sl.dev, sl.dev, int64(imageWords), fairgo.Int64, fairgo.Max, c.stream)
 	}
-	if err == nil {
+	if err == nil && !c.mapped {
 		err = c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
 	}
 	if err == nil {

@@ -214,7 +214,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	var last streams.Stream
 	fingerprinted := r.fingerprintable(q)
 	if fingerprinted {
-		last, err = r.fps.enqueue(q, r.flatComm(q), first, func() (streams.Stream, error) { return r.dispatch(q, first) })
+		last, err = first, r.fps.enqueue(q, r.flatComm(q), first, true)
 	} else {
 		last, err = r.dispatch(q, first)
 	}
@@ -267,7 +267,7 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	if r.brokenCause() != nil {
 		return // the peers' calls fail with the abort too
 	}
-	_, err := r.fps.enqueue(q, r.flatComm(q), first, nil)
+	err := r.fps.enqueue(q, r.flatComm(q), first, false)
 	var ev streams.Event
 	if err == nil {
 		if ev, err = r.events.get(); err == nil {

@@ -1,7 +1,6 @@
 package hier
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -10,158 +9,256 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-// Fingerprints: the cross-rank check of a flat call carried in the data's
-// own NCCL launch. The separate check (check.go) is a second launch on a
-// communicator of its own, with a copy to the device, a copy back and an
-// event: on one machine it cost a flat call about 36 µs of host time
-// beside NCCL's own 19, and on eight machines it ran beside the data
-// across the same NICs and proxies. A fingerprinted call instead puts two
-// small allreduces in the same NCCL group as its data, on the same
-// communicator and stream, ahead of it:
+// Fingerprints: the check of a small flat allreduce carried in its own
+// collective. The separate check (check.go) is a second collective on a
+// communicator of its own; on a flat call of a few hundred microseconds it
+// ran beside the data across the same NICs and NCCL proxies and cost 15–25%
+// of a one-at-a-time call on 8 machines (bench/NOTES.md item 32). A
+// fingerprinted call instead reduces, with its own operator and element
+// type, a staging copy of its data followed by fpElems elements that encode
+// the call's number and shape: each bit b as the pair (b, 1−b), 1 and 0 in
+// the call's type. Every operator keeps a pair whose bit all ranks share at
+// (nonzero, 0) or (0, nonzero), and turns a pair whose bit differs into
+// (nonzero, nonzero) (sum, float avg, max) or (0, 0) (min, prod, integer
+// avg): every rank sees the same reduced pairs, so all of them find a
+// difference, and none can mistake it for a match.
 //
-//   - the image: the call's number and shape and their negations, reduced
-//     with Max, which gives every rank the lowest and highest value of each
-//     field (the separate check's image, check.go);
-//   - the sums: two independent 64-bit hashes of each field, reduced with
-//     Sum, which a match leaves at exactly W times this rank's own.
-//
-// Both live in page-locked host memory that NCCL reads and writes in place
-// (backend.HostMapper): no copy, no event of their own; the watcher reads
-// them once the call's completion event has fired. Where the device cannot
-// map host memory, they go through device memory with a copy each way.
-//
-// Why the sums: ranks that disagree on the count (or on the bytes of the
-// element type) give NCCL different sizes inside one launch, so its steps
-// no longer line up: the launch may hang (the watchdog then ends it with a
-// *TimeoutError, and fingerprints are used only with the watchdog armed) or
-// finish with another task's bytes in the check. Max over foreign bytes
-// can look like a match (negative floats read as integers are below any
-// field); a Sum of hashes equals W times this rank's only if every term is
-// this rank's hash, up to a 2^-128 collision. Any other difference of
-// shape (operator, element type of the same size, kind, call number,
-// acceptance) leaves NCCL's steps aligned and the image names the field and
-// the ranks' range, as the separate check does.
+// What this cannot catch the way the separate check does: ranks that
+// disagree on the count or the element type give the data collective itself
+// different sizes, which NCCL may never finish. So fingerprints are used
+// only when the watchdog is armed (WithTimeout), which turns such a call
+// into a *TimeoutError; a mismatch of kind, operator, call number or
+// acceptance is a *MismatchError, as with the separate check, but without
+// the other ranks' values (the reduced bits do not say which rank had
+// which).
 
 const (
-	// sumWords are the sums' words: two hashes of each entry word (the
-	// call number, then each field of checkFields).
-	sumWords  = 2 * entryWords
-	fpWords   = imageWords + sumWords
-	fpBytes   = 8 * fpWords
-	fpSlotLen = 256 // each slot starts on its own 256 bytes
+	fpHashBits  = 64                                  // a hash of the call's number and shape
+	fpFieldBits = 8                                   // then a hash of each field, to name the one that differs
+	fpBits      = fpHashBits + entryWords*fpFieldBits // 128
+	fpElems     = 2 * fpBits                          // each bit as a pair
+	fpMaxElem   = 8                                   // the widest element type, bytes
+	fpHostBytes = fpElems * fpMaxElem
 	// fpSlots is how many fingerprinted calls may be undecided at once; the
-	// next waits for the oldest to be decided. The watcher decides a call
-	// only after its completion event, polled, so the slots must outlast a
-	// burst of calls enqueued faster than the watcher completes them
-	// (256 KiB of page-locked memory).
-	fpSlots = 1024
+	// next waits for the oldest to be decided.
+	fpSlots = 64
+	// fpStages is how many staging buffers calls use in turn.
+	fpStages = 2
 	// DefaultFingerprintMax is the largest flat allreduce, in bytes, that
-	// carries its check in its own launch when the watchdog is armed
-	// (WithFingerprintMax). A rank that refused such a call still runs its
-	// collective, on a scratch buffer of this size.
+	// carries its check in its data when the watchdog is armed, in worlds of
+	// FingerprintMinRanks ranks or more (WithFingerprintMax).
 	DefaultFingerprintMax = 4 << 20
 	// FingerprintMinRanks is the smallest world whose calls carry their
 	// check by default.
-	FingerprintMinRanks = 2
+	FingerprintMinRanks = 8
 )
 
-// sums is the Sum part of a fingerprint: two hashes of each entry word.
-type sums [sumWords]int64
+// fingerprint is the bits a call encodes: the hash of its number and shape,
+// then each field's hash (field 0 the call number, then checkFields).
+type fingerprint [fpBits]bool
 
-func sumsOf(q *request) sums {
+func fingerprintOf(q *request) fingerprint {
 	sh := shapeOf(q)
 	var vals [entryWords]int64
 	vals[0] = int64(q.seq)
 	copy(vals[1:], sh[:])
-	var s sums
-	for w, v := range vals {
-		s[2*w] = int64(mix(uint64(w)<<1, uint64(v)))
-		s[2*w+1] = int64(mix(uint64(w)<<1|1, uint64(v)))
+	var fp fingerprint
+	all := uint64(fnvOffset)
+	for _, v := range vals {
+		all = fnvWord(all, v)
 	}
-	return s
+	for i := range fpHashBits {
+		fp[i] = all>>i&1 == 1
+	}
+	for f, v := range vals {
+		fh := fnvWord(fnvWord(fnvOffset, int64(f)), v)
+		for j := range fpFieldBits {
+			fp[fpHashBits+f*fpFieldBits+j] = fh>>j&1 == 1
+		}
+	}
+	return fp
 }
 
-// mix is a 64-bit hash of (key, v): splitmix64's finaliser over both.
-func mix(key, v uint64) uint64 {
-	z := v + 0x9e3779b97f4a7c15*(key+1)
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return z ^ z>>31
+// FNV-1a, 64 bits, over a word's little-endian bytes.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnvWord(h uint64, v int64) uint64 {
+	for i := range 8 {
+		h ^= uint64(v) >> (8 * i) & 0xff
+		h *= fnvPrime
+	}
+	return h
 }
 
-// fingerprints is a Reducer's slots for fingerprinted calls and the
-// scratch a refused call reduces. The executing goroutine (engine or
-// inline caller) enqueues; the watcher decides and frees the slot.
+// oneOf is the element 1 of dt, little-endian, in b.
+func oneOf(dt fairgo.DType, b *[fpMaxElem]byte) []byte {
+	var v uint64 = 1
+	switch dt {
+	case fairgo.Float16:
+		v = 0x3c00
+	case fairgo.BFloat16:
+		v = 0x3f80
+	case fairgo.Float32:
+		v = 0x3f800000
+	case fairgo.Float64:
+		v = 0x3ff0000000000000
+	}
+	for i := range b {
+		b[i] = byte(v >> (8 * i))
+	}
+	return b[:dt.Size()]
+}
+
+// isZero reports whether element i of b (elements of dt) is zero; a
+// floating-point -0 is zero, a NaN is not.
+func isZero(dt fairgo.DType, b []byte, i int) bool {
+	es := dt.Size()
+	e := b[i*es : (i+1)*es]
+	last := e[es-1]
+	if dt.IsFloat() {
+		last &= 0x7f // the sign bit
+	}
+	if last != 0 {
+		return false
+	}
+	for _, x := range e[:es-1] {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// encode writes fp into b as fpElems elements of dt.
+func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
+	var buf [fpMaxElem]byte
+	one := oneOf(dt, &buf)
+	es := len(one)
+	clear(b[:fpElems*es])
+	for i, bit := range fp {
+		at := 2 * i
+		if !bit {
+			at++
+		}
+		copy(b[at*es:], one)
+	}
+}
+
+// decide reads the reduced fingerprint in b (elements of dt) for call q,
+// whose own fingerprint is fp: nil when every rank had fp, else the
+// mismatch, naming the first field whose hash differs ("shape" when only the
+// whole hash does).
+func (fp *fingerprint) decide(q *request, dt fairgo.DType, b []byte) error {
+	bad, field := false, -1
+	for i, bit := range fp {
+		x, y := !isZero(dt, b, 2*i), !isZero(dt, b, 2*i+1)
+		if x == bit && y == !bit {
+			continue
+		}
+		bad = true
+		if i >= fpHashBits {
+			field = (i - fpHashBits) / fpFieldBits
+			break
+		}
+	}
+	if !bad {
+		return nil
+	}
+	e := &MismatchError{Seq: q.seq, Call: q.String(), Field: "shape", This: q.String()}
+	switch {
+	case field == 0:
+		e.Field, e.This = "call number", fmt.Sprint(q.seq)
+	case field > 0:
+		sh := shapeOf(q)
+		e.Field, e.This = checkFields[field-1], fieldValue(field-1, sh[field-1])
+	}
+	return e
+}
+
+// fingerprints is a Reducer's staging buffers and host slots for
+// fingerprinted calls. The executing goroutine (engine or inline caller)
+// enqueues; the watcher decides and frees the slot.
 type fingerprints struct {
-	r       *Reducer
-	max     int64 // the largest fingerprinted call, bytes
-	host    []byte
-	mapped  uintptr // host's device address; 0: the slots go through dev
-	dev     uintptr // device twins of the slots when host is not mapped
-	scratch uintptr // max bytes: a refused call's stand-in buffer
-	slots   [fpSlots]fpSlot
-	slot    int // the slot of the next call
+	r      *Reducer
+	max    int64 // the largest fingerprinted call, bytes
+	dev    uintptr
+	stages [fpStages]fpStage
+	next   int // the stage of the next call
+	host   []byte
+	slots  [fpSlots]fpSlot
+	slot   int // the slot of the next call
 }
 
-// fpSlot is one call's fingerprint: written before the call, read back
-// reduced.
+// fpStage is one staging buffer: the call's data, then its fingerprint.
+type fpStage struct {
+	ptr  uintptr
+	ev   streams.Event  // recorded after the buffer's last use
+	last streams.Stream // the stream of that use; nil before the first
+}
+
+// fpSlot is one call's fingerprint in host memory the device copies without
+// blocking: written before the call, read back reduced.
 type fpSlot struct {
 	host []byte
-	ptr  uintptr       // where NCCL reduces it: host's device address, or its device twin
 	free chan struct{} // holds a token while the slot is free
 }
 
 // fpCall is a fingerprinted call in flight.
 type fpCall struct {
 	slot *fpSlot
-	own  sums
-	w    int64 // the world size
+	fp   fingerprint
+	dt   fairgo.DType
 }
 
-// fingerprintable reports whether q's check travels in its own launch: an
-// allreduce of at most the limit that runs as one collective of all ranks,
-// with peers, the check on and the watchdog armed. It depends only on the
-// call's shape and the route table, so every rank that agrees on the
-// shape answers alike; a rank that refused the call answers from the shape
-// it was given.
+// fingerprintable reports whether q's check travels in its data: a flat
+// allreduce of at most the limit, with peers, the check on and the watchdog
+// armed. It depends only on the call's shape and the route table, so every
+// rank that agrees on the shape answers alike; a rank that rejected the call
+// answers from the shape it was given.
 func (r *Reducer) fingerprintable(q *request) bool {
 	if r.fps == nil || r.hooks.skipCheck || q.kind != kindAllReduce || q.a.Count <= 0 ||
 		!q.a.DType.Valid() || !q.op.Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
 		return false
 	}
-	return r.router.isFlat(q.a.ByteLen())
+	return fingerprintFits(q.a.DType, r.rank.Grid.Size()) && r.router.isFlat(q.a.ByteLen())
 }
 
-// newFingerprints allocates the slots and the scratch.
+// fingerprintFits reports whether a sum of ranks ones is exact in dt, which
+// a fingerprint needs of its integer Avg (a wrapped sum divides to 0).
+func fingerprintFits(dt fairgo.DType, ranks int) bool {
+	switch dt {
+	case fairgo.Int8:
+		return ranks <= 127
+	case fairgo.Uint8:
+		return ranks <= 255
+	}
+	return true
+}
+
+// newFingerprints allocates the staging buffers and slots.
 func (r *Reducer) newFingerprints() (*fingerprints, error) {
 	f := &fingerprints{r: r, max: r.cfg.fingerprintMax}
 	dev := r.rank.Device
+	stageBytes := f.max + int64(fpHostBytes)
 	var err error
-	if f.host, err = dev.AllocHost(fpSlots * fpSlotLen); err != nil {
-		return nil, fmt.Errorf("hier: the fingerprints' host memory: %w", err)
+	if f.dev, err = dev.Alloc(fpStages * stageBytes); err != nil {
+		return nil, fmt.Errorf("hier: the fingerprint staging: %w", err)
 	}
-	if m, ok := dev.(backend.HostMapper); ok {
-		f.mapped, err = m.DevicePointer(f.host)
-		if err != nil && !errors.Is(err, errors.ErrUnsupported) {
-			return nil, errors.Join(fmt.Errorf("hier: mapping the fingerprints' host memory: %w", err), f.release())
+	if f.host, err = dev.AllocHost(fpSlots * fpHostBytes); err != nil {
+		return nil, errors.Join(fmt.Errorf("hier: the fingerprints' host memory: %w", err), f.release())
+	}
+	for i := range f.stages {
+		f.stages[i].ptr = f.dev + uintptr(int64(i)*stageBytes)
+		if f.stages[i].ev, err = dev.NewEvent(); err != nil {
+			return nil, errors.Join(fmt.Errorf("hier: the fingerprint events: %w", err), f.release())
 		}
-	}
-	if f.mapped == 0 {
-		if f.dev, err = dev.Alloc(fpSlots * fpSlotLen); err != nil {
-			return nil, errors.Join(fmt.Errorf("hier: the fingerprints' device memory: %w", err), f.release())
-		}
-	}
-	if f.scratch, err = dev.Alloc(f.max); err != nil {
-		return nil, errors.Join(fmt.Errorf("hier: the fingerprint scratch: %w", err), f.release())
 	}
 	for i := range f.slots {
 		sl := &f.slots[i]
-		sl.host = f.host[i*fpSlotLen : i*fpSlotLen+fpBytes : i*fpSlotLen+fpBytes]
-		if f.mapped != 0 {
-			sl.ptr = f.mapped + uintptr(i*fpSlotLen)
-		} else {
-			sl.ptr = f.dev + uintptr(i*fpSlotLen)
-		}
+		sl.host = f.host[i*fpHostBytes : (i+1)*fpHostBytes : (i+1)*fpHostBytes]
 		sl.free = make(chan struct{}, 1)
 		sl.free <- struct{}{}
 	}
@@ -169,96 +266,77 @@ func (r *Reducer) newFingerprints() (*fingerprints, error) {
 }
 
 func (f *fingerprints) release() error {
-	dev := f.r.rank.Device
 	var errs []error
-	if f.scratch != 0 {
-		errs = append(errs, dev.Free(f.scratch))
+	for i := range f.stages {
+		errs = append(errs, streams.Release(f.stages[i].ev))
 	}
-	return errors.Join(append(errs, freeMemory(dev, f.dev, f.host))...)
+	return errors.Join(append(errs, freeMemory(f.r.rank.Device, f.dev, f.host))...)
 }
 
-// enqueue enqueues q with its fingerprint on first: the two check
-// reductions and then data (the call's own dispatch when withData, else an
-// allreduce of the scratch in q's shape: a refused call still meets its
-// peers' collective) in one group on comm. It sets q.fp; the watcher
-// decides once first has passed the call. It returns the stream the call's
-// last work is on.
-func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stream,
-	data func() (streams.Stream, error)) (streams.Stream, error) {
+// enqueue enqueues q's fingerprinted allreduce on first, on comm (the
+// communicator of all ranks its route runs on): the data into a
+// staging buffer (withData; a rejected call reduces whatever the buffer
+// holds, its peers failing anyway), the fingerprint after it, the allreduce
+// of both, the data back and the reduced fingerprint to host memory. It
+// sets q.fp; the watcher decides once first has passed the call.
+func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stream, withData bool) error {
 	if comm == nil { // its route's world variant could not be made: the call fails as its data would
-		return nil, fmt.Errorf("hier: %v: no communicator of all ranks for its route", q)
+		return fmt.Errorf("hier: %v: no communicator of all ranks for its route", q)
 	}
 	sl := &f.slots[f.slot]
 	<-sl.free // the slot's last call is decided
 	f.slot = (f.slot + 1) % fpSlots
-	call := &fpCall{slot: sl, own: sumsOf(q), w: int64(comm.Size())}
-	img := image(sl.host[:8*imageWords])
-	img.put(q)
-	for i, v := range call.own {
-		binary.LittleEndian.PutUint64(sl.host[8*(imageWords+i):], uint64(v))
-	}
-	last, err := f.enqueueOn(q, sl, comm, first, data)
-	if err != nil {
+	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: q.a.DType}
+	if err := f.enqueueOn(q, call, comm, first, withData); err != nil {
 		sl.free <- struct{}{}
-		return nil, err
+		return err
 	}
 	q.fp = call
 	f.r.hooks.fingerprinted.Add(1)
-	return last, nil
-}
-
-func (f *fingerprints) enqueueOn(q *request, sl *fpSlot, comm backend.Comm, first streams.Stream,
-	data func() (streams.Stream, error)) (last streams.Stream, err error) {
-	dev := f.r.rank.Device
-	if f.mapped == 0 {
-		if err := dev.CopyFromHostAsync(sl.ptr, sl.host, first); err != nil {
-			return nil, err
-		}
-	}
-	err = dev.Group(func() error {
-		if err := comm.AllReduce(sl.ptr, sl.ptr, int64(imageWords), fairgo.Int64, fairgo.Max, first); err != nil {
-			return err
-		}
-		sumsAt := sl.ptr + uintptr(8*imageWords)
-		if err := comm.AllReduce(sumsAt, sumsAt, int64(sumWords), fairgo.Int64, fairgo.Sum, first); err != nil {
-			return err
-		}
-		if data == nil {
-			last = first
-			return comm.AllReduce(f.scratch, f.scratch, q.a.Count, q.a.DType, q.op, first)
-		}
-		var err error
-		last, err = data()
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	if last != first {
-		return nil, fmt.Errorf("hier: a fingerprinted call ended on another stream than its first")
-	}
-	if f.mapped == 0 {
-		if err := dev.CopyToHostAsync(sl.host, sl.ptr, first); err != nil {
-			return nil, err
-		}
-	}
-	return last, nil
-}
-
-// decide reads the reduced fingerprint of q, its device work complete:
-// the image's verdict, naming the field and the ranks' range, else the
-// sums', which catch a launch whose steps did not line up.
-func (c *fpCall) decide(q *request) error {
-	if err := image(c.slot.host[:8*imageWords]).decide(q); err != nil {
-		return err
-	}
-	for i, v := range c.own {
-		got := int64(binary.LittleEndian.Uint64(c.slot.host[8*(imageWords+i):]))
-		if got != c.w*v {
-			return &MismatchError{Seq: q.seq, Call: q.String(), Field: "shape", This: q.String()}
-		}
-	}
 	return nil
+}
+
+func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, first streams.Stream, withData bool) error {
+	dev, t := f.r.rank.Device, q.a
+	st := &f.stages[f.next]
+	f.next = (f.next + 1) % fpStages
+	if st.last != nil && st.last != first {
+		if err := first.WaitEvent(st.ev); err != nil {
+			return err
+		}
+	}
+	n := t.ByteLen()
+	tail := call.slot.host[:fpElems*t.DType.Size()]
+	call.fp.encode(t.DType, tail)
+	if withData {
+		if err := dev.CopyAsync(st.ptr, t.Ptr, n, first); err != nil {
+			return err
+		}
+	}
+	if err := dev.CopyFromHostAsync(st.ptr+uintptr(n), tail, first); err != nil {
+		return err
+	}
+	if err := comm.AllReduce(st.ptr, st.ptr, t.Count+int64(fpElems), t.DType, q.op, first); err != nil {
+		return err
+	}
+	if withData {
+		if err := dev.CopyAsync(t.Ptr, st.ptr, n, first); err != nil {
+			return err
+		}
+	}
+	if err := dev.CopyToHostAsync(tail, st.ptr+uintptr(n), first); err != nil {
+		return err
+	}
+	if err := st.ev.Record(first); err != nil {
+		return err
+	}
+	st.last = first
+	return nil
+}
+
+// decide reads the reduced fingerprint of q, its device work complete.
+func (c *fpCall) decide(q *request) error {
+	return c.fp.decide(q, c.dt, c.slot.host[:fpElems*c.dt.Size()])
 }
 
 // free gives back the call's slot (the watcher, once the call is done).

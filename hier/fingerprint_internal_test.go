@@ -1,143 +1,151 @@
 package hier
 
 import (
-	"encoding/binary"
 	"errors"
+	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/internal/elem"
 )
 
-// drawRequest is a request of a random allreduce shape; the fields drawn
-// from small ranges, so that ranks often agree.
-func drawRequest(t *rapid.T, label string) *request {
-	q := &request{
-		kind: kindAllReduce,
-		a:    fairgo.Tensor{Count: rapid.Int64Range(1, 3).Draw(t, label+" count"), DType: rapid.SampledFrom([]fairgo.DType{fairgo.Float32, fairgo.Int32}).Draw(t, label+" dtype")},
-		op:   rapid.SampledFrom([]fairgo.Op{fairgo.Sum, fairgo.Max}).Draw(t, label+" op"),
-		seq:  rapid.Uint64Range(1, 2).Draw(t, label+" seq"),
+// reduceFingerprints reduces the ranks' encoded fingerprints as NCCL would:
+// a chain of combines (float Avg premultiplied by 1/W, integer Avg a
+// truncated sum), or the add stage's ReduceShards when shards is set.
+func reduceFingerprints(t *rapid.T, dt fairgo.DType, op fairgo.Op, in [][]byte, shards bool) []byte {
+	w := len(in)
+	if shards {
+		out := make([]byte, len(in[0]))
+		require.NoError(t, elem.ReduceShards(dt, op, out, in, w))
+		return out
 	}
-	if rapid.IntRange(0, 3).Draw(t, label+" refused") == 0 {
-		q.rejected = errors.New("refused")
+	ins := make([][]byte, w)
+	for g := range in {
+		ins[g] = slices.Clone(in[g])
+		if op == fairgo.Avg && dt.IsFloat() {
+			require.NoError(t, elem.PreMulInverse(dt, ins[g], w))
+		}
 	}
-	return q
+	cop := op
+	if op == fairgo.Avg {
+		cop = fairgo.Sum
+	}
+	acc := ins[0]
+	for _, x := range ins[1:] {
+		require.NoError(t, elem.Combine(dt, cop, acc, x))
+	}
+	if op == fairgo.Avg && !dt.IsFloat() {
+		require.NoError(t, elem.Scale(dt, acc, w))
+	}
+	return acc
 }
 
-// fpReduce fills every rank's slot as NCCL leaves it after the image's Max
-// and the sums' Sum over the ranks' slots.
-func fpReduce(slots [][]byte) {
-	for w := range imageWords {
-		hi := int64(binary.LittleEndian.Uint64(slots[0][8*w:]))
-		for _, s := range slots[1:] {
-			hi = max(hi, int64(binary.LittleEndian.Uint64(s[8*w:])))
-		}
-		for _, s := range slots {
-			binary.LittleEndian.PutUint64(s[8*w:], uint64(hi))
-		}
-	}
-	for w := imageWords; w < fpWords; w++ {
-		var sum uint64
-		for _, s := range slots {
-			sum += binary.LittleEndian.Uint64(s[8*w:])
-		}
-		for _, s := range slots {
-			binary.LittleEndian.PutUint64(s[8*w:], sum)
-		}
-	}
-}
-
-// fpEncode writes q's fingerprint into a slot, as enqueue does.
-func fpEncode(q *request) ([]byte, *fpCall) {
-	b := make([]byte, fpBytes)
-	image(b[:8*imageWords]).put(q)
-	own := sumsOf(q)
-	for i, v := range own {
-		binary.LittleEndian.PutUint64(b[8*(imageWords+i):], uint64(v))
-	}
-	return b, &fpCall{slot: &fpSlot{host: b}, own: own}
-}
-
-// Every rank decides a match exactly when every rank made the same call: a
-// difference in any field is found by all ranks and never taken for a
-// match.
+// Every rank decides a match exactly when every rank encoded the same call,
+// for every element type and operator: a difference in any field is found
+// by all ranks, never taken for a match, and named when its field's hash
+// differs.
 func TestFingerprintFindsEveryDifference(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		w := rapid.IntRange(2, 9).Draw(t, "ranks")
-		qs := make([]*request, w)
-		slots := make([][]byte, w)
-		calls := make([]*fpCall, w)
-		same := true
-		for g := range w {
-			qs[g] = drawRequest(t, "rank")
-			slots[g], calls[g] = fpEncode(qs[g])
-			calls[g].w = int64(w)
-			same = same && shapeOf(qs[g]) == shapeOf(qs[0]) && qs[g].seq == qs[0].seq
+		w := rapid.IntRange(2, 12).Draw(t, "ranks")
+		if rapid.Bool().Draw(t, "many ranks") {
+			w = rapid.SampledFrom([]int{127, 255}).Draw(t, "ranks")
 		}
-		fpReduce(slots)
-		for g := range w {
-			err := calls[g].decide(qs[g])
-			if same {
+		dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dtype")
+		if !fingerprintFits(dt, w) {
+			w = 127
+		}
+		require.True(t, fingerprintFits(dt, w))
+		op := rapid.SampledFrom(fairgo.Ops).Draw(t, "op")
+		base := request{kind: kindAllReduce, op: op, seq: rapid.Uint64Range(1, 1<<40).Draw(t, "seq"),
+			a: fairgo.Tensor{DType: dt, Count: rapid.Int64Range(1, 1<<20).Draw(t, "count")}}
+		qs := make([]request, w)
+		for g := range qs {
+			qs[g] = base
+		}
+		field := rapid.SampledFrom([]string{"", "call number", "operator", "count", "acceptance"}).Draw(t, "differs")
+		odd := rapid.IntRange(0, w-1).Draw(t, "odd rank")
+		q := &qs[odd]
+		switch field {
+		case "call number":
+			q.seq += rapid.Uint64Range(1, 100).Draw(t, "seq delta")
+		case "operator":
+			q.op = fairgo.Ops[(int(q.op)-1+rapid.IntRange(1, len(fairgo.Ops)-1).Draw(t, "op delta"))%len(fairgo.Ops)]
+		case "count":
+			q.a.Count += rapid.Int64Range(1, 100).Draw(t, "count delta")
+		case "acceptance":
+			q.rejected = errors.New("refused")
+		}
+		in := make([][]byte, w)
+		fps := make([]fingerprint, w)
+		for g := range qs {
+			fps[g] = fingerprintOf(&qs[g])
+			in[g] = make([]byte, fpElems*dt.Size())
+			fps[g].encode(dt, in[g])
+		}
+		out := reduceFingerprints(t, dt, op, in, rapid.Bool().Draw(t, "add stage"))
+		for g := range qs {
+			err := fps[g].decide(&qs[g], dt, out)
+			if field == "" {
 				require.NoError(t, err, "rank %d", g)
 				continue
 			}
+			require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d missed the %s", g, field)
 			var me *MismatchError
-			require.ErrorAs(t, err, &me, "rank %d", g)
-			require.ErrorIs(t, err, fairgo.ErrMismatch)
-			require.NotEmpty(t, me.Low+me.High, "an aligned difference is named with the ranks' range")
+			require.ErrorAs(t, err, &me)
+			require.Contains(t, []string{field, "shape"}, me.Field, "rank %d", g) // "shape": the field's 8-bit hash collided
+			require.Empty(t, me.Low+me.High)
 		}
 	})
 }
 
-// A launch whose steps did not line up leaves foreign bytes in the check
-// (another task's data): the sums never pass them for a match, not even
-// bytes the image's Max would take (everything negative, or this rank's own
-// image with any other words).
-func TestFingerprintRefusesForeignBytes(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		w := rapid.IntRange(2, 9).Draw(t, "ranks")
-		q := drawRequest(t, "call")
-		mine, call := fpEncode(q)
-		call.w = int64(w)
-		slots := [][]byte{mine}
-		for range w - 1 {
-			foreign := make([]byte, fpBytes)
-			switch rapid.IntRange(0, 2).Draw(t, "foreign") {
-			case 0: // negative words: below every field, a match to Max
-				for i := range fpWords {
-					binary.LittleEndian.PutUint64(foreign[8*i:], uint64(-rapid.Int64Range(1, 1<<62).Draw(t, "negative")))
-				}
-			case 1: // this rank's image, any sums
-				copy(foreign, mine[:8*imageWords])
-				for i := imageWords; i < fpWords; i++ {
-					binary.LittleEndian.PutUint64(foreign[8*i:], rapid.Uint64().Draw(t, "sum word"))
-				}
-			default: // zeros
-			}
-			slots = append(slots, foreign)
-		}
-		fpReduce(slots)
-		require.ErrorIs(t, call.decide(q), fairgo.ErrMismatch)
-	})
+// A call's fingerprint names the field that differs, and its hash covers
+// every field.
+func TestFingerprintNamesTheField(t *testing.T) {
+	base := request{kind: kindAllReduce, op: fairgo.Sum, seq: 9, a: fairgo.Tensor{DType: fairgo.Float32, Count: 1000}}
+	other := base
+	other.a.Count = 1001
+	fa, fb := fingerprintOf(&base), fingerprintOf(&other)
+	require.NotEqual(t, fa, fb)
+	in := [][]byte{make([]byte, fpElems*4), make([]byte, fpElems*4)}
+	fa.encode(fairgo.Float32, in[0])
+	fb.encode(fairgo.Float32, in[1])
+	out := slices.Clone(in[0])
+	require.NoError(t, elem.Combine(fairgo.Float32, fairgo.Sum, out, in[1]))
+	err := fa.decide(&base, fairgo.Float32, out)
+	var me *MismatchError
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, "count", me.Field)
+	require.Equal(t, "1000", me.This)
+	require.Contains(t, err.Error(), "fingerprint")
+	// Garbage (a collective whose sizes differed) is never a match.
+	junk := make([]byte, fpElems*4)
+	for i := range fpElems {
+		elem.Set(fairgo.Float32, junk, i, 0.5)
+	}
+	require.ErrorIs(t, fa.decide(&base, fairgo.Float32, junk), fairgo.ErrMismatch)
 }
 
-// The sums' words differ for every field, so a difference in any one
-// changes them.
-func TestSumsCoverEveryField(t *testing.T) {
-	q := &request{kind: kindAllReduce, a: fairgo.Tensor{Count: 10, DType: fairgo.Float32}, op: fairgo.Sum, seq: 3}
-	base := sumsOf(q)
-	for _, change := range []func(*request){
-		func(q *request) { q.seq++ },
-		func(q *request) { q.kind = kindBroadcast },
-		func(q *request) { q.a.DType = fairgo.Int32 },
-		func(q *request) { q.op = fairgo.Max },
-		func(q *request) { q.a.Count++ },
-		func(q *request) { q.rejected = errors.New("refused") },
-	} {
-		c := *q
-		change(&c)
-		require.NotEqual(t, base, sumsOf(&c))
+// The fingerprint's 1 and its zero test agree with the element codecs for
+// every type: 1, 0, -0 (zero), NaN (not zero), and arbitrary values.
+func TestFingerprintElements(t *testing.T) {
+	for _, dt := range fairgo.DTypes {
+		var buf [fpMaxElem]byte
+		want := make([]byte, dt.Size())
+		elem.Set(dt, want, 0, 1)
+		require.Equal(t, want, oneOf(dt, &buf), "%s", dt)
+		vals := []float64{0, 1, -1, 3, 0.5}
+		if dt.IsFloat() {
+			vals = append(vals, math.Copysign(0, -1), math.NaN(), math.Inf(1))
+		}
+		for _, v := range vals {
+			b := make([]byte, 2*dt.Size())
+			elem.Set(dt, b, 1, v)
+			require.Equal(t, elem.Get(dt, b, 1) == 0, isZero(dt, b, 1), "%s %v", dt, v)
+			require.True(t, isZero(dt, b, 0))
+		}
 	}
 }
