@@ -531,7 +531,7 @@ section_onegpu() {
 # The nodes section's NIC rate and sizes: fairbench nodes and the S targets
 # compare the layouts at this rate.
 NODES_GBIT=10
-NODES_SIZES="-b 64K -e 64M -f 4"
+NODES_SIZES=${NODES_SIZES:-"-b 64K -e 64M -f 4"}
 
 # nodes_limit M D: seconds one nodes sweep may take: 1.4 to 6 times what it
 # took on 4 × H100 (16x1 93 s of 152, 8x1 68 of 96), so that every limit of
