@@ -58,7 +58,8 @@ const (
 	// pairwise exchange and the add kernel, 2·log2(W) steps where NCCL's
 	// ring takes 2(W−1) (two more where W is not a power of two). It
 	// allocates a scratch buffer of up to half the call (the whole call
-	// on a rank that takes a fold) on first use, kept until Close.
+	// on a rank that takes a fold; larger calls than 16 MiB run in pieces
+	// of 16 MiB) on first use, kept until Close.
 	HalvingDoubling
 	numAlgorithms
 )

@@ -95,11 +95,11 @@ type router struct {
 
 	// worlds are the world variants this Reducer made (FlatRing,
 	// FlatTree), by NCCL algorithm: made at the first plan that needs
-	// one, on the goroutine that enqueues (the engine, or an inline
-	// caller holding the queue), so at the same place in every rank's
-	// call order; closed once every size class is measured and none
-	// chose it, or at Close. worldsMu guards the map's entries for the
-	// readers on other goroutines (Choices, an abort).
+	// one, on the engine goroutine (a call whose variant is still to make
+	// is never enqueued inline: isFlat), so at the same place in every
+	// rank's call order; closed once every size class is measured and
+	// none chose it, or at Close. worldsMu guards the map for the readers
+	// on other goroutines (Choices, isFlat, an abort).
 	worldsMu sync.Mutex
 	worlds   map[backend.NCCLAlgo]*worldVariant
 }
@@ -297,9 +297,9 @@ func (rt *router) isFlat(bytes int64) bool {
 }
 
 // route is the plan of an allreduce of bytes, measuring its size class
-// first when Auto has not yet (engine goroutine only), with its world
-// variant attached (made now if it is the first plan to need it; on an
-// inline caller's goroutine only for a route known already).
+// first when Auto has not yet, with its world variant attached (made now
+// if it is the first plan to need it). Both happen on the engine
+// goroutine only: an inline caller's call is flat and known (isFlat).
 func (rt *router) route(bytes int64) plan {
 	r, class, ok := rt.known(bytes)
 	if !ok {
