@@ -94,8 +94,9 @@ func (ex *executor) hdChunkBytes() int64 {
 }
 
 // hdExchange enqueues one step: an AllToAllv on the world communicator
-// with counts for the step's peer only (every rank takes part in every
-// step, so that the steps pair up in order on any backend).
+// with counts for the step's peer only, inside one device group (every
+// rank takes part in every step, so that the steps pair up in order on
+// any backend).
 func (ex *executor) hdExchange(world backend.Comm, w int, base, scratch uintptr, st hdStep, dt fairgo.DType,
 	s streams.Stream) error {
 	sendCounts, sendDispls := make([]int64, w), make([]int64, w)
@@ -108,7 +109,12 @@ func (ex *executor) hdExchange(world backend.Comm, w int, base, scratch uintptr,
 			recv, recvDispls[st.peer] = scratch, 0
 		}
 	}
-	return world.AllToAllv(base, sendCounts, sendDispls, recv, recvCounts, recvDispls, dt, s)
+	// One group: the send and the receive of a step must be posted
+	// together, or two partners that each send first wait on each other
+	// (NCCL's backend groups an AllToAllv itself; groups nest).
+	return ex.dev.Group(func() error {
+		return world.AllToAllv(base, sendCounts, sendDispls, recv, recvCounts, recvDispls, dt, s)
+	})
 }
 
 // hdScratch is a scratch buffer of at least bytes for a call on first:
