@@ -631,8 +631,13 @@ func brokenErr(q *request, cause error) error {
 	return fmt.Errorf("hier: %v: the Reducer is broken: %w (%w)", q, fairgo.ErrClosed, cause)
 }
 
-// commList is the distinct non-nil communicators.
-func (r *Reducer) commList() []backend.Comm { return r.rank.Comms.Distinct() }
+// commList is the distinct non-nil communicators, with the world variants
+// the router made (FlatRing, FlatTree): an abort must end their work too,
+// or a call hung on one (ranks that disagreed on its count) blocks every
+// later free of device memory.
+func (r *Reducer) commList() []backend.Comm {
+	return append(r.rank.Comms.Distinct(), r.router.worldComms()...)
+}
 
 // closeGrace is how long Close lets running device work finish before it
 // aborts the communicators.

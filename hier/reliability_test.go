@@ -685,6 +685,9 @@ func TestFingerprintOnAWorldVariant(t *testing.T) {
 	for _, r := range w.reducers { // the first call made the variant: its check went apart
 		require.Zero(t, hier.FingerprintedCalls(r))
 		require.Equal(t, hier.FlatTree, r.AlgorithmFor(4*n))
+		// An abort ends the variant's work too: on NCCL a call hung on it
+		// (counts that differ) would otherwise block every later free.
+		require.Contains(t, hier.AbortedComms(r), "flat-tree")
 	}
 	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*n), make([]byte, 4*n), make([]byte, 4*n), make([]byte, 4*n)})
 	var works []*hier.Work
