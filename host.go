@@ -15,7 +15,8 @@ type HostCopier interface {
 }
 
 // Element is a Go type with a fairgo element type. 16-bit floats have none:
-// move their bits as []byte with the device's Upload and Download.
+// Upload16 and Download16 move their bits as uint16, and Float32sToBFloat16,
+// Float32sToFloat16 and their inverses convert them.
 type Element interface {
 	float32 | float64 | int8 | uint8 | int32 | uint32 | int64 | uint64
 }
