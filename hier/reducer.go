@@ -509,8 +509,9 @@ func notify(ch chan struct{}) {
 	}
 }
 
-// Close stops the Reducer. Calls not yet enqueued on the device fail with
-// fairgo.ErrClosed; device work still running gets a short grace period and
+// Close stops the Reducer. The checks of calls this rank refused still run
+// (the peers run theirs: a call refused on every rank costs Close nothing);
+// other calls not yet enqueued on the device fail with fairgo.ErrClosed; device work still running gets a short grace period and
 // is then aborted, failing with an error that wraps fairgo.ErrClosed. Close
 // frees the engine's device memory, and the device and communicators when the
 // Rank said so. A second Close returns fairgo.ErrClosed.
@@ -522,8 +523,20 @@ func (r *Reducer) Close() error {
 		return fairgo.ErrClosed
 	}
 	c.closed = true
-	queued := c.items
-	c.items = nil
+	// The calls this rank refused at the head of the queue keep their place:
+	// their Works failed at the call, so a trainer that waited on every Work
+	// closes with their checks still queued, while a peer's engine may
+	// already have enqueued the same checks; dropping them left the peers'
+	// checks waiting for this rank until Close's grace ran out and aborted
+	// the communicators (4 s). The engine runs them before it exits. From
+	// the first call this rank accepted on, calls fail with ErrClosed:
+	// checks after a dropped call would meet the wrong calls on the peers.
+	keep := 0
+	for keep < len(c.items) && c.items[keep].rejected != nil {
+		keep++
+	}
+	queued := c.items[keep:]
+	c.items = c.items[:keep:keep]
 	c.mu.Unlock()
 	for _, q := range queued {
 		q.work.finish(fmt.Errorf("hier: %v: %w", q, fairgo.ErrClosed))

@@ -710,3 +710,53 @@ func TestFingerprintOnAWorldVariant(t *testing.T) {
 		require.Equal(t, uint64(1), hier.FingerprintedCalls(r))
 	}
 }
+
+// Calls that every rank refuses fail at the call, before their checks run:
+// a trainer that waited on every Work and closes right after must not find
+// Close waiting for checks that a peer's Close dropped (it used to wait out
+// its grace, 4 s, and abort the communicators in about one run of three).
+// Each case repeats enough times that a stall of one run in three goes
+// unseen with a probability under 1%.
+func TestCloseIsPromptAfterRefusedCalls(t *testing.T) {
+	const runs = 12
+	ctx := context.Background()
+	for _, mode := range checkModes {
+		for _, tc := range []struct {
+			name string
+			call func(r *hier.Reducer, t fairgo.Tensor) *hier.Work
+			is   error
+		}{
+			{"unknown dtype", func(r *hier.Reducer, t fairgo.Tensor) *hier.Work {
+				t.DType = fairgo.DType(99)
+				return r.AllReduce(ctx, t, fairgo.Sum)
+			}, fairgo.ErrUnknownDType},
+			{"broadcast root out of range", func(r *hier.Reducer, t fairgo.Tensor) *hier.Work {
+				return r.Broadcast(ctx, t, 4)
+			}, fairgo.ErrInvalidArgument},
+			{"all-gather receive too small", func(r *hier.Reducer, t fairgo.Tensor) *hier.Work {
+				return r.AllGather(ctx, t, t)
+			}, fairgo.ErrInvalidArgument},
+		} {
+			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
+				var slowest time.Duration
+				for range runs {
+					w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 7}, mode.opts...)
+					ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+					for g, r := range w.reducers {
+						require.ErrorIs(t, tc.call(r, ts[g]).Wait(ctx), tc.is)
+					}
+					start := time.Now()
+					require.NoError(t, hier.CloseAll(w.reducers))
+					slowest = max(slowest, time.Since(start))
+					for g, r := range w.reducers {
+						require.NoError(t, r.Err(), "rank %d: Close aborted the communicators", g)
+					}
+				}
+				t.Logf("slowest CloseAll of %d: %v", runs, slowest)
+				// 100 ms on an idle host; the bound leaves room for a loaded CI
+				// machine under the race detector, far below the 4 s stall.
+				require.Less(t, slowest, time.Second)
+			})
+		}
+	}
+}
