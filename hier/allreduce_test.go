@@ -510,6 +510,12 @@ func badCalls(t *testing.T, r *hier.Reducer, good, other fairgo.Tensor) {
 			r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr + 32, Bytes: 64, Count: 16, DType: fairgo.Float32}, fairgo.Sum),
 			fairgo.ErrInvalidArgument, ""},
 		{"cancelled context", r.AllReduce(cancelled, good, fairgo.Sum), context.Canceled, ""},
+		// A slice outside its tensor (16 elements) is refused by name, not
+		// found later by the memory it strays into.
+		{"slice past the end", r.AllReduce(ctx, good.Slice(10, 10), fairgo.Sum), fairgo.ErrInvalidArgument, "slice"},
+		{"slice before the start", r.Broadcast(ctx, good.Slice(-1, 4), 0), fairgo.ErrInvalidArgument, "slice"},
+		{"all-gather of a slice past the end", r.AllGather(ctx, good.Slice(15, 4), good), fairgo.ErrInvalidArgument,
+			"slice"},
 		{"reduce-scatter counts", r.ReduceScatter(ctx, good, good, fairgo.Sum), fairgo.ErrInvalidArgument, "recv count"},
 		{"all-gather counts", r.AllGather(ctx, good, good), fairgo.ErrInvalidArgument, "recv count"},
 		{"broadcast root", r.Broadcast(ctx, good, 4), fairgo.ErrInvalidArgument, "root"},

@@ -1,0 +1,67 @@
+package fairgo_test
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+)
+
+// A slice inside its tensor's memory is a tensor of its own; one outside
+// never becomes a tensor that any call accepts: Validate (which every
+// collective and the host copies run) refuses it with an *ArgError that
+// names the bounds, and it holds no memory before or after its parent's.
+func TestSliceBounds(t *testing.T) {
+	dev := simDevice(t)
+	two, err := fairgo.Upload(dev, []float32{1, 2}) // 8 bytes
+	require.NoError(t, err)
+	roomy := two
+	roomy.Count = 1 // owns 8 bytes, holds 1 element: slices may reach its Bytes
+	for _, tc := range []struct {
+		name      string
+		t         fairgo.Tensor
+		from, n   int64
+		ok        bool
+		wantValue string
+	}{
+		{"whole", two, 0, 2, true, ""},
+		{"second element", two, 1, 1, true, ""},
+		{"empty at the end", two, 2, 0, true, ""},
+		{"within Bytes past Count", roomy, 1, 1, true, ""},
+		{"past the end", two, 5, 10, false, "[5, 15)"},
+		{"one too long", two, 1, 2, false, "[1, 3)"},
+		{"before the start", two, -1, 1, false, "[-1, 0)"},
+		{"negative length", two, 1, -1, false, "[1, 0)"},
+		{"from past the end", two, 3, 0, false, "[3, 3)"},
+		{"overflowing end", two, 1, math.MaxInt64, false, "[1, 1+9223372036854775807)"},
+		{"huge from", two, math.MaxInt64 / 2, 1, false, "[4611686018427387903, 4611686018427387904)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.t.Slice(tc.from, tc.n)
+			err := s.Validate()
+			if tc.ok {
+				require.NoError(t, err)
+				require.Equal(t, tc.t.Ptr+uintptr(4*tc.from), s.Ptr)
+				require.Equal(t, 4*tc.n, s.Bytes)
+				return
+			}
+			require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+			var ae *fairgo.ArgError
+			require.True(t, errors.As(err, &ae))
+			require.Equal(t, "slice", ae.Arg)
+			require.Equal(t, tc.wantValue, ae.Value)
+			require.Contains(t, err.Error(), "outside the tensor's elements [0, 2) (8 bytes of float32)")
+			require.Equal(t, tc.t.Ptr, s.Ptr, "an invalid slice points at its parent, nowhere else")
+			require.Zero(t, s.Bytes)
+			// Every use of the tensor refuses it, a slice of it too.
+			_, err = fairgo.Download[float32](dev, s)
+			require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+			require.ErrorIs(t, fairgo.Write(dev, s, []float32{}), fairgo.ErrInvalidArgument)
+			require.ErrorIs(t, s.Slice(0, 0).Validate(), fairgo.ErrInvalidArgument)
+			require.Contains(t, s.Slice(0, 0).Validate().Error(), "invalid slice")
+		})
+	}
+}
