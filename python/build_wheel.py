@@ -102,6 +102,16 @@ def platform_tag(lib: bytes) -> str:
     return f"manylinux_2_{max(glibc or 17, 17)}_{machine}"
 
 
+def package_version() -> str:
+    """The __version__ of fairgo_torch/_version.py: fairgo's version, the
+    wheel's. Read as text, so that building needs no import of the package."""
+    text = (HERE / PACKAGE / "_version.py").read_text()
+    m = re.search(r'^__version__ = "([^"]+)"$', text, re.M)
+    if m is None:
+        raise ValueError(f"{PACKAGE}/_version.py defines no __version__")
+    return m[1]
+
+
 def record_line(name: str, data: bytes):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return [name, f"sha256={digest}", str(len(data))]
@@ -109,7 +119,11 @@ def record_line(name: str, data: bytes):
 
 def build(lib: Path, out: Path) -> Path:
     meta = pyproject(HERE / "pyproject.toml")
-    name, version = meta["name"], meta["version"]
+    name, version = meta["name"], package_version()
+    if meta["version"] != version:
+        raise ValueError(
+            f"pyproject.toml's version {meta['version']} is not {PACKAGE}/_version.py's {version} (fairgo.Version)"
+        )
     dist = re.sub(r"[-_.]+", "_", name).lower()
     lib_bytes = lib.read_bytes()
     tag = f"py3-none-{platform_tag(lib_bytes)}"

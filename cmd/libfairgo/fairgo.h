@@ -47,6 +47,10 @@
 extern "C" {
 #endif
 
+/* fairgo's version (semantic: fairgo.Version of the Go module, the
+ * fairgo_torch wheel's); fairgo_version() returns the library's. */
+#define FAIRGO_VERSION "0.1.0"
+
 /* The version of this ABI; fairgo_abi_version() returns the library's. */
 #define FAIRGO_ABI_VERSION 2 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE */
 
@@ -163,6 +167,10 @@ typedef struct fairgo_comm_info {
 /* The ABI version of the loaded library (returns the value, not a result
  * code); compare with FAIRGO_ABI_VERSION. */
 int fairgo_abi_version(void);
+
+/* The fairgo version of the loaded library, e.g. "0.1.0" (static storage);
+ * compare with FAIRGO_VERSION. Libraries before 0.1.0 lack it. */
+const char* fairgo_version(void);
 
 /* The name of a result code, e.g. "FAIRGO_ERR_TIMEOUT" (static storage;
  * "FAIRGO_UNKNOWN_RESULT" for other values). */

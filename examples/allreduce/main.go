@@ -90,7 +90,7 @@ func help(w io.Writer) {
 allreduce runs fairgo allreduces over a cluster (the simulated one, or GPUs
 with -backend cuda) and checks every rank's result against a float64
 reference. It prints "ok" and the largest error; it exits 1 on a mismatch or
-a failure, 2 on a bad command line.
+a failure, 2 on a bad command line. -version prints fairgo's version.
 
 flags:
 `)

@@ -154,7 +154,7 @@ own shard, gradients averaged in buckets with AllReduce while the backward
 pass goes on. It prints each epoch's loss and the time per step split into
 compute and exposed communication, and checks at the end that the replicas
 are identical. It exits 1 when they are not or on a failure, 2 on a bad
-command line.
+command line. -version prints fairgo's version.
 
 flags:
 `)

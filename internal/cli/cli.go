@@ -2,6 +2,8 @@
 // (fairrun, fairbench and its subcommands, the example programs):
 //
 //   - -h, -help and --help print the usage on stdout and exit 0;
+//   - -version and --version print the command's name and fairgo.Version
+//     on stdout and exit 0;
 //   - a bad flag, value or argument prints one message on stderr and exits
 //     2, a failure prints one message and exits 1;
 //   - a message has one prefix, the command's name;
@@ -63,15 +65,34 @@ func Usagef(format string, a ...any) error {
 // -help and --help (where fs defines no such flag) give flag.ErrHelp; a
 // flag fs does not define, or a value its flag refuses, a usage error
 // with the flag package's message.
+//
+// -version and --version (where fs defines no such flag) give ErrVersion,
+// so that every command answers it alike, before any check of its own.
 func ParseFlags(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
+	var version *bool
+	if fs.Lookup("version") == nil {
+		version = fs.Bool("version", false, "print the version and exit")
+	}
 	err := fs.Parse(args)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
+	switch {
+	case err == nil && version != nil && *version:
+		return ErrVersion
+	case err == nil || errors.Is(err, flag.ErrHelp):
 		return err
 	}
 	return Usage(err)
 }
+
+// ErrVersion is returned by ParseFlags for -version and --version:
+// Program.Status prints the command's name and fairgo.Version on stdout
+// and exits 0.
+var ErrVersion = errors.New("version requested")
+
+// VersionLine is what --version prints: the command's name and
+// fairgo.Version, e.g. "fairrun 0.1.0".
+func VersionLine(name string) string { return name + " " + fairgo.Version }
 
 // Parse is ParseFlags for a command that takes no arguments: one after the
 // flags is a usage error.
@@ -114,6 +135,7 @@ type Program struct {
 
 // Status turns a command's outcome into output and an exit status: nil is
 // 0 with nothing printed; flag.ErrHelp prints the help on stdout and is 0;
+// ErrVersion prints VersionLine on stdout and is 0;
 // a usage error (ErrUsage) prints Message and the hint on stderr and is 2;
 // any other error prints Message on stderr and is 1.
 func (p Program) Status(err error, stdout, stderr io.Writer) int {
@@ -124,6 +146,9 @@ func (p Program) Status(err error, stdout, stderr io.Writer) int {
 		if p.Help != nil {
 			p.Help(stdout)
 		}
+		return ExitOK
+	case errors.Is(err, ErrVersion):
+		fmt.Fprintln(stdout, VersionLine(p.Name))
 		return ExitOK
 	}
 	fmt.Fprintln(stderr, Message(p.Name, err))

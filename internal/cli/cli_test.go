@@ -36,6 +36,9 @@ func TestParse(t *testing.T) {
 		{name: "-h", args: []string{"-h"}, err: "help"},
 		{name: "--help after a flag", args: []string{"-check", "--help"}, err: "help"},
 		{name: "-help", args: []string{"-help"}, err: "help"},
+		{name: "--version", args: []string{"--version"}, err: "version"},
+		{name: "-version after a flag", args: []string{"-check", "-version"}, err: "version"},
+		{name: "-version=false", args: []string{"-version=false"}, mode: "fast"},
 		{name: "unknown flag", args: []string{"-bogus"}, err: "flag provided but not defined: -bogus"},
 		{name: "choice lists the choices", args: []string{"-mode", "medium"},
 			err: `invalid value "medium" for flag -mode: not one of fast, slow`},
@@ -58,6 +61,9 @@ func TestParse(t *testing.T) {
 				require.Equal(t, tc.check, *check)
 			case "help":
 				require.ErrorIs(t, err, flag.ErrHelp)
+				require.NotErrorIs(t, err, ErrUsage)
+			case "version":
+				require.ErrorIs(t, err, ErrVersion)
 				require.NotErrorIs(t, err, ErrUsage)
 			default:
 				require.ErrorIs(t, err, ErrUsage)
@@ -90,6 +96,7 @@ func TestStatus(t *testing.T) {
 		{name: "usage with the prefix already", err: Usage(errors.New("tool: tool: bad")), code: ExitUsage,
 			stderr: "tool: bad\nrun \"tool -h\" for usage\n"},
 		{name: "failure", err: errors.New("disk full"), code: ExitFailure, stderr: "tool: disk full\n"},
+		{name: "version", err: ErrVersion, code: ExitOK, stdout: "tool " + fairgo.Version + "\n"},
 		{name: "failure with the prefix", err: fmt.Errorf("tool: open x: %w", errors.New("gone")),
 			code: ExitFailure, stderr: "tool: open x: gone\n"},
 	} {

@@ -47,6 +47,7 @@ from ._lib import (
     candidate_paths,
     load,
 )
+from ._version import __version__
 
 __all__ = [
     "init", "init_env", "init_rank", "init_torch", "default_comm", "shutdown", "allreduce_hook",

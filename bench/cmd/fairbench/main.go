@@ -101,7 +101,8 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "  %-8s %s\n\n", "help", "this list; help COMMAND: the command's flags")
+	fmt.Fprintf(w, "  %-8s %s\n", "help", "this list; help COMMAND: the command's flags")
+	fmt.Fprintf(w, "  %-8s %s\n\n", "version", "fairgo's version (also --version)")
 	fmt.Fprintf(
 		w,
 		"a flag means the same in every command that takes it; fairbench COMMAND -h lists the command's flags\n",
@@ -164,6 +165,11 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (*co
 		return nil, cli.Usagef("no command (%s)", commandNames())
 	}
 	switch name := args[0]; name {
+	case "-version", "--version", "version":
+		if err := cli.NoArgs(args[1:]); err != nil {
+			return nil, err
+		}
+		return nil, cli.ErrVersion
 	case "-h", "-help", "--help", "help":
 		// help [COMMAND], -h [COMMAND]
 		if len(args) == 1 {

@@ -20,6 +20,8 @@
 
 int main(void) {
 	CHECK(fairgo_abi_version() == FAIRGO_ABI_VERSION);
+	CHECK(strcmp(fairgo_version(), FAIRGO_VERSION) == 0);
+	CHECK(fairgo_version() == fairgo_version()); /* static storage, not a copy per call */
 	CHECK(strcmp(fairgo_result_string(FAIRGO_ERR_TIMEOUT), "FAIRGO_ERR_TIMEOUT") == 0);
 	CHECK(strcmp(fairgo_last_error(), "") == 0);
 

@@ -187,7 +187,7 @@ standalone by default, as torchrun's --standalone makes it: the store on
 > 1, --master-addr or --master-port. --nproc-per-node takes torchrun's
 gpu (one worker per visible GPU: CUDA_VISIBLE_DEVICES, else nvidia-smi -L),
 auto (gpu when a GPU is visible, else cpu) and cpu (one worker per CPU).
--h or --help prints this on stdout; a bad command line, also one found
+-h or --help prints this on stdout, --version fairgo's version; a bad command line, also one found
 from this node's GPUs before anything runs (gpu without a GPU,
 --nvlink-gbit where the ranks of each machine have GPUs of their own),
 gives one message on stderr and exit status 2.
@@ -434,7 +434,8 @@ func withUnderscores(fs *flag.FlagSet) {
 // ParseArgs reads fairrun's command line (without the program name). Flags
 // come first, in hyphen or underscore spelling; the worker program and its
 // arguments follow "--" (or the first argument that is not a flag). -h,
-// -help and --help give ErrHelp. A UsageError echoes the value as given.
+// -help and --help give ErrHelp, -version and --version cli.ErrVersion. A
+// UsageError echoes the value as given.
 func ParseArgs(args []string) (Config, error) {
 	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
 	fs := newFlagSet(&c)
@@ -468,6 +469,9 @@ func parseArgs(fs *flag.FlagSet, args []string, c *Config, given map[string]stri
 	if err := cli.ParseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ErrHelp
+		}
+		if errors.Is(err, cli.ErrVersion) {
+			return err
 		}
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
