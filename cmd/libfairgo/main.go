@@ -47,7 +47,10 @@ import (
 // build's backend file.
 var table = capi.NewTable(backendConfig())
 
-func main() {}
+// main runs only when the package is built as a program (go build,
+// go install ./cmd/...), never in the shared library: it says what this
+// is and how to build the library, and exits 2, as a bad command line.
+func main() { os.Exit(runAsProgram(os.Stderr)) }
 
 // result runs fn guarded and turns its error into a result code, setting
 // the calling thread's error text (not for FAIRGO_NOT_READY).

@@ -52,7 +52,7 @@ func binaries(t *testing.T) (worker, fairrun string) {
 		}
 		workerBin, fairrunBin = filepath.Join(dir, "gridworker"), filepath.Join(dir, "fairrun")
 		for bin, pkg := range map[string]string{
-			workerBin:  "github.com/fairgo/fairgo/cmd/fairrun/internal/gridworker",
+			workerBin:  "github.com/fairgo/fairgo/internal/gridworker",
 			fairrunBin: "github.com/fairgo/fairgo/cmd/fairrun",
 		} {
 			out, err := exec.Command(goBin, "build", "-o", bin, pkg).CombinedOutput()
