@@ -174,7 +174,8 @@ func (r *Reducer) FlatThreshold() int64 { return r.cfg.flatThreshold }
 // AllReduce on every rank first, then Wait: a Wait on one rank before the
 // others have made the call blocks until its context or the WithTimeout
 // watchdog ends it (a simulated cluster reports a stall after its
-// StallTimeout, 30 s by default). A call that differs between ranks fails
+// StallTimeout, 30 s by default, as an error that matches fairgo.ErrTimeout
+// and says which ranks never made the call). A call that differs between ranks fails
 // with fairgo.ErrMismatch on every rank; invalid arguments complete the
 // Work with an *fairgo.ArgError before anything is enqueued.
 func (r *Reducer) AllReduce(ctx context.Context, t fairgo.Tensor, op fairgo.Op, opts ...CallOption) *Work {

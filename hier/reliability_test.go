@@ -760,3 +760,18 @@ func TestCloseIsPromptAfterRefusedCalls(t *testing.T) {
 		}
 	}
 }
+
+// The most common first mistake in a program that drives several ranks:
+// waiting on rank 0's call before rank 1 has made its own. The simulated
+// cluster reports the stall as a timeout (fairgo.ErrTimeout, like the
+// watchdog's) and names the cause.
+func TestWaitBeforeEveryRankCalledIsATimeout(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 4, StallTimeout: 200 * time.Millisecond})
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
+	ctx := context.Background()
+	err := w.reducers[0].AllReduce(ctx, ts[0], fairgo.Sum).Wait(ctx) // rank 1 has not called yet
+	require.ErrorIs(t, err, fairgo.ErrTimeout)
+	require.ErrorIs(t, err, sim.ErrStall)
+	require.ErrorContains(t, err, "ranks [1] never made the call")
+	require.ErrorContains(t, err, "every rank must make a collective before any rank waits on one")
+}

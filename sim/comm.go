@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -77,6 +78,11 @@ type group struct {
 	stall   time.Duration
 	delay   time.Duration // before each all-reduce (Config.WorldDelay, AlgoDelay)
 
+	// enqueued counts each rank's calls enqueued on the communicator (by
+	// communicator rank): a missing rank whose count has not passed a
+	// stalled call's number never made the call.
+	enqueued []atomic.Uint64
+
 	mu       sync.Mutex
 	meetings map[uint64]*meeting
 	err      error         // sticky failure (mismatch, stall, illegal address, abort, close)
@@ -97,6 +103,7 @@ func newGroup(name string, members []*Device, stall time.Duration) *group {
 		name:     name,
 		members:  members,
 		stall:    stall,
+		enqueued: make([]atomic.Uint64, len(members)),
 		meetings: map[uint64]*meeting{},
 		failed:   make(chan struct{}),
 	}
@@ -212,6 +219,9 @@ func (g *group) stallError(m *meeting) *StallError {
 	for r, c := range m.calls {
 		if c == nil {
 			e.Missing = append(e.Missing, r)
+			if g.enqueued[r].Load() <= m.seq {
+				e.NotCalled = append(e.NotCalled, r)
+			}
 		} else {
 			e.Arrived = append(e.Arrived, r)
 			e.Calls = append(e.Calls, c.String())
@@ -505,6 +515,7 @@ func (c *Comm) enqueue(st streams.Stream, cl *call) error {
 	}
 	c.seq++
 	c.tail = mine
+	g.enqueued[c.rank].Store(c.seq)
 	return nil
 }
 

@@ -543,10 +543,13 @@ func TestStallWhenARankNeverEnqueues(t *testing.T) {
 		var se *StallError
 		require.ErrorAs(t, err, &se)
 		require.ErrorIs(t, err, ErrStall)
+		require.ErrorIs(t, err, fairgo.ErrTimeout, "a rank that did not come is a timeout")
 		require.Equal(t, []int{0, 1}, se.Arrived)
 		require.Equal(t, []int{2}, se.Missing)
+		require.Equal(t, []int{2}, se.NotCalled)
 		require.Contains(t, err.Error(), "world seq 0: ranks [2] did not arrive within 100ms")
 		require.Contains(t, err.Error(), "rank 0 (all-reduce sum of 2 float32)")
+		require.Contains(t, err.Error(), "ranks [2] never made the call: every rank must make a collective before any rank waits on one")
 	}
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.ErrorIs(t, w.comms[2].Err(), ErrStall)
@@ -574,7 +577,11 @@ func TestOrderInversionStalls(t *testing.T) {
 	for _, s := range ss {
 		err := syncStream(t, s)
 		require.ErrorIs(t, err, ErrStall)
+		require.ErrorIs(t, err, fairgo.ErrTimeout)
 		require.ErrorContains(t, err, "seq 0")
+		// Every rank made its calls: the hint about waiting before calling
+		// would mislead here.
+		require.NotContains(t, err.Error(), "never made the call")
 	}
 }
 

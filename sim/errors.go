@@ -15,8 +15,10 @@ var (
 	// the same sequence number.
 	ErrMismatch = fmt.Errorf("sim: mismatched collectives: %w", fairgo.ErrMismatch)
 	// ErrStall: a collective did not gather all its ranks within
-	// Config.StallTimeout (on NCCL it would hang).
-	ErrStall = errors.New("sim: collective stalled")
+	// Config.StallTimeout (on NCCL it would hang). It wraps
+	// fairgo.ErrTimeout, as the watchdog's error does: a rank that did not
+	// come is a timeout, whichever side noticed it.
+	ErrStall = fmt.Errorf("sim: collective stalled: %w", fairgo.ErrTimeout)
 	// ErrIllegalAddress: a stream operation accessed memory outside the
 	// allocations of its device (cudaErrorIllegalAddress on a GPU).
 	ErrIllegalAddress = errors.New("sim: illegal address")
@@ -53,6 +55,11 @@ type StallError struct {
 	Arrived []int    // communicator ranks whose streams reached the call
 	Calls   []string // what each arrived rank enqueued, parallel to Arrived
 	Missing []int    // communicator ranks that never reached it
+	// NotCalled is the missing ranks that never enqueued the call at all:
+	// their program did not make it (a skipped call, or one never reached
+	// because the goroutine that would make it is blocked, often in a Wait
+	// on another rank's call).
+	NotCalled []int
 }
 
 func (e *StallError) Error() string {
@@ -60,11 +67,17 @@ func (e *StallError) Error() string {
 	for i, r := range e.Arrived {
 		parts[i] = fmt.Sprintf("rank %d (%s)", r, e.Calls[i])
 	}
-	return fmt.Sprintf("sim: collective stalled: %s seq %d: ranks %v did not arrive within %v; arrived: %s",
+	s := fmt.Sprintf("sim: collective stalled: %s seq %d: ranks %v did not arrive within %v; arrived: %s",
 		e.Comm, e.Seq, e.Missing, e.Timeout, strings.Join(parts, ", "))
+	if len(e.NotCalled) > 0 {
+		s += fmt.Sprintf("; ranks %v never made the call: every rank must make a collective before any rank "+
+			"waits on one (the usual cause: a program that drives several ranks waited on one rank's Work before "+
+			"making the call on the others)", e.NotCalled)
+	}
+	return s
 }
 
-// Unwrap returns ErrStall.
+// Unwrap returns ErrStall (which wraps fairgo.ErrTimeout).
 func (e *StallError) Unwrap() error { return ErrStall }
 
 // IllegalAddressError reports a stream operation that accessed memory
