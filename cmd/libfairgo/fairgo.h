@@ -102,7 +102,10 @@ typedef enum fairgo_algorithm {
   FAIRGO_ALGORITHM_FLAT = 1,     /* one NCCL allreduce over all ranks */
   FAIRGO_ALGORITHM_RAIL_A2A = 2, /* fairring's pipeline: all-to-all on the rail and a reduction kernel */
   FAIRGO_ALGORITHM_RAIL_RSAG = 3, /* the same pipeline with NCCL's reduce-scatter and all-gather on the rail */
-  FAIRGO_ALGORITHM_RAIL_ALLREDUCE = 4 /* the hierarchy in one piece: intra reduce-scatter, rail allreduce, intra all-gather */
+  FAIRGO_ALGORITHM_RAIL_ALLREDUCE = 4, /* the hierarchy in one piece: intra reduce-scatter, rail allreduce, intra all-gather */
+  FAIRGO_ALGORITHM_FLAT_RING = 5,      /* one NCCL allreduce on a world communicator where NCCL runs its ring only */
+  FAIRGO_ALGORITHM_FLAT_TREE = 6,      /* the same with NCCL's tree only */
+  FAIRGO_ALGORITHM_HALVING_DOUBLING = 7 /* recursive halving then doubling over all ranks, for small calls on many */
 } fairgo_algorithm_t;
 
 typedef int64_t fairgo_comm_t;  /* a communicator: this process's rank of the job */
@@ -127,7 +130,8 @@ typedef int64_t fairgo_store_t; /* a rendezvous store served by this process */
  *   FAIRGO_DEVICE                device                 device
  *
  * In the environment, algorithms are named auto, flat, rail-a2a,
- * rail-rsag and rail-allreduce; sizes are bytes with an optional K, M or
+ * rail-rsag, rail-allreduce, flat-ring, flat-tree and halving-doubling;
+ * sizes are bytes with an optional K, M or
  * G (binary) suffix; timeouts are seconds or Go durations ("90s", "10m").
  * fairgo_init judges the values (a bad one gives
  * FAIRGO_ERR_INVALID_ARGUMENT naming the field), with the same rules as
