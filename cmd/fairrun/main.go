@@ -2,9 +2,10 @@
 // torchrun does, and can split one host into several emulated machines with
 // NICs of their own, to benchmark multi-machine layouts on one box.
 //
-//	fairrun --nproc-per-node N|gpu|auto|cpu [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+//	fairrun [--nproc-per-node N|gpu|auto|cpu] [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+//	        [--nnodes K --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID]
 //	        [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
-//	        [--shuffle-ranks SEED] [--grace D] -- prog args...
+//	        [--max-restarts N] [--shuffle-ranks SEED] [--grace D] -- prog args...
 //
 // "fairrun --help" documents every flag, on stdout; a bad command line
 // gives one message on stderr and exit status 2. Every flag also takes
@@ -14,7 +15,18 @@
 // auto (gpu when a GPU is visible, else cpu) and cpu (one worker per CPU);
 // and --standalone is torchrun's: one node with a store of its own on
 // a free port, which a single node gets anyway (refused with --nnodes > 1,
-// --master-addr or --master-port). Node rank 0 hosts the rendezvous
+// --master-addr or --master-port). --nproc-per-node is 1 when left out.
+// torchrun's multi-node form is taken for a fixed number of nodes:
+// --rdzv-endpoint HOST:PORT (with --rdzv-backend c10d or static, and
+// --rdzv-id, which the workers get as TORCHELASTIC_RUN_ID) is --master-addr
+// HOST --master-port PORT, and HOST's node is node rank 0 unless
+// --node-rank says otherwise; every other node needs --node-rank, since
+// fairrun hands out no node ranks, and an elastic --nnodes MIN:MAX is
+// refused. --max-restarts N starts the whole group again after a worker
+// fails, up to N times, with a fresh store (TORCHELASTIC_RESTART_COUNT
+// counts the attempts before); --no-python is accepted and changes nothing,
+// as fairrun runs any program as given. Errors name flags as typed
+// (--bogus). Node rank 0 hosts the rendezvous
 // store, bound to --master-addr (or --store-bind), never every interface
 // unless asked, and serving only clients that present the job's token,
 // FAIRGO_STORE_TOKEN: random per job, or taken from the environment (which

@@ -33,12 +33,12 @@ func TestCLIRules(t *testing.T) {
 		{Name: "help among flags", Args: []string{"--nproc_per_node", "2", "--help"}, Code: cli.ExitOK, Stdout: help},
 		{Name: "unknown flag", Args: []string{"--bogus", "--", "p"}, Code: cli.ExitUsage,
 			Stderr: []string{
-				"flag provided but not defined: -bogus",
+				"flag provided but not defined: --bogus",
 				"usage: fairrun",
 				`run "fairrun --help" for every flag`,
 			}},
 		{Name: "bad number", Args: []string{"--nproc_per_node", "two", "--", "p"}, Code: cli.ExitUsage,
-			Stderr: []string{`invalid value "two" for flag -nproc_per_node`}},
+			Stderr: []string{`invalid value "two" for flag --nproc_per_node`}},
 		{
 			Name:   "no program",
 			Args:   []string{"--nproc-per-node", "2"},
@@ -52,8 +52,8 @@ func TestCLIRules(t *testing.T) {
 			Stderr: []string{"no worker program"},
 		},
 		{
-			Name:   "no nproc",
-			Args:   []string{"--", "p"},
+			Name:   "no workers",
+			Args:   []string{"--nproc-per-node", "0", "--", "p"},
 			Code:   cli.ExitUsage,
 			Stderr: []string{"--nproc-per-node 0: must be at least 1"},
 		},
@@ -61,7 +61,7 @@ func TestCLIRules(t *testing.T) {
 			Name:   "mps lists its modes",
 			Args:   []string{"--nproc-per-node", "2", "--mps", "yes", "--", "p"},
 			Code:   cli.ExitUsage,
-			Stderr: []string{`invalid value "yes" for flag -mps: "yes" is not auto, on or off`},
+			Stderr: []string{`invalid value "yes" for flag --mps: "yes" is not auto, on or off`},
 		},
 		{
 			Name: "latency as given",
@@ -106,9 +106,9 @@ func TestCLIRules(t *testing.T) {
 		},
 		{
 			Name:   "a flag of torchrun fairrun lacks",
-			Args:   []string{"--rdzv_backend", "c10d", "--nproc_per_node", "2", "--", "p"},
+			Args:   []string{"--log_dir", "logs", "--nproc_per_node", "2", "--", "p"},
 			Code:   cli.ExitUsage,
-			Stderr: []string{"flag provided but not defined: -rdzv_backend"},
+			Stderr: []string{"flag provided but not defined: --log_dir"},
 		},
 	})
 }
@@ -144,7 +144,7 @@ func TestNodeDependentUsage(t *testing.T) {
 			Stderr: []string{"fairrun: --emulate-machines 3: does not divide --nproc-per-node=2"},
 		},
 		{Name: "not a count", Args: []string{"--nproc-per-node", "gpus", "--", "p"}, Code: cli.ExitUsage,
-			Stderr: []string{`invalid value "gpus" for flag -nproc-per-node: not a number, gpu, auto or cpu`}},
+			Stderr: []string{`invalid value "gpus" for flag --nproc-per-node: not a number, gpu, auto or cpu`}},
 	})
 	t.Setenv("CUDA_VISIBLE_DEVICES", "")
 	clitest.Check(t, "fairrun", runFairrun, []clitest.Case{

@@ -21,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -82,7 +83,38 @@ func ParseFlags(fs *flag.FlagSet, args []string) error {
 	case err == nil || errors.Is(err, flag.ErrHelp):
 		return err
 	}
-	return Usage(err)
+	return Usage(asTyped(err, args))
+}
+
+// flagInError finds the flag the flag package's errors name ("flag
+// provided but not defined: -x", "invalid value "v" for flag -x: ...",
+// "flag needs an argument: -x", "invalid boolean value "v" for -x: ..."),
+// which it always writes with one dash.
+var flagInError = regexp.MustCompile(`(: | for flag | for )-([^\s:=]+)(:|$)`)
+
+// asTyped makes err, an error of the flag package, name its flag with the
+// dashes the user typed in args ("--bogus", not "-bogus"): the rules echo
+// what was written. It wraps err.
+func asTyped(err error, args []string) error {
+	msg := err.Error()
+	m := flagInError.FindStringSubmatchIndex(msg)
+	if m == nil {
+		return err
+	}
+	name := msg[m[4]:m[5]]
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		typed, _, _ := strings.Cut(a, "=")
+		if typed == "--"+name {
+			return &reasonError{text: msg[:m[4]-1] + "--" + msg[m[4]:], err: err}
+		}
+		if typed == "-"+name {
+			break
+		}
+	}
+	return err
 }
 
 // ErrVersion is returned by ParseFlags for -version and --version:

@@ -29,6 +29,16 @@ const (
 	DefaultGrace      = 5 * time.Second
 	DefaultMasterAddr = "127.0.0.1"
 	DefaultMasterPort = 29500 // with --nnodes > 1; a single node picks a free port
+	// DefaultRdzvPort is the port of an --rdzv-endpoint given without one,
+	// as torchrun's.
+	DefaultRdzvPort = 29400
+)
+
+// Rendezvous backends --rdzv-backend accepts: torchrun's names for a job of
+// a fixed number of nodes, which fairrun's store on node rank 0 serves.
+const (
+	RdzvC10d   = "c10d"
+	RdzvStatic = "static"
 )
 
 // Limits of the emulated NICs.
@@ -64,7 +74,7 @@ type Config struct {
 	NProcPerNode int
 	// --nproc-per-node gpu, auto or cpu (torchrun's): Resolve counts the workers on this node; "": NProcPerNode as given
 	NProcFrom string
-	// nodes in the job
+	// nodes in the job (--nnodes K, or K:K; a range MIN:MAX is refused: no elastic jobs)
 	NNodes int
 	// this node's index in [0, NNodes)
 	NodeRank int
@@ -111,6 +121,19 @@ type Config struct {
 	NVLinkGbit float64
 	MPS        MPSMode // "": MPSAuto
 
+	// MaxRestarts is how many times the whole group is started again after
+	// a worker fails, as torchrun's --max-restarts: every worker is
+	// stopped, and the store made afresh, before the next attempt.
+	MaxRestarts int
+	// torchrun's rendezvous flags, for a fixed number of nodes:
+	// RdzvEndpoint "HOST[:PORT]" stands for --master-addr HOST
+	// --master-port PORT (DefaultRdzvPort when left out), RdzvBackend is
+	// c10d or static, RdzvID the job's name (TORCHELASTIC_RUN_ID).
+	RdzvBackend, RdzvEndpoint, RdzvID string
+	// NoPython is torchrun's --no-python, which fairrun needs not: it runs
+	// any program as given, never "python prog".
+	NoPython bool
+
 	Program string   // the worker program
 	Args    []string // its arguments
 
@@ -148,14 +171,15 @@ func (e *UsageError) Error() string {
 func (e *UsageError) Unwrap() error { return ErrUsage }
 
 // Synopsis is the short form printed after command-line errors.
-const Synopsis = `usage: fairrun --nproc-per-node N|gpu|auto|cpu [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+const Synopsis = `usage: fairrun [--nproc-per-node N|gpu|auto|cpu] [--standalone | --nnodes K --node-rank I --master-addr A --master-port P --store-bind H]
+               [--nnodes K --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID]
                [--emulate-machines M [--gpus G] [--nic-gbit B [--nic-latency D] [--nvlink-gbit G]] [--mps auto|on|off]]
-               [--shuffle-ranks SEED] [--grace D] -- prog args...
+               [--max-restarts N] [--shuffle-ranks SEED] [--grace D] -- prog args...
 run "fairrun --help" for every flag`
 
 const usageHead = `usage: fairrun [flags] -- prog args...
 
-fairrun starts --nproc-per-node copies of prog on this node with the
+fairrun starts --nproc-per-node copies of prog (1 by default) on this node with the
 torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), FAIRGO_STORE_ADDR and FAIRGO_STORE_TOKEN, hosts
 the rendezvous store on node rank 0 (it serves only clients with the token:
@@ -187,6 +211,14 @@ standalone by default, as torchrun's --standalone makes it: the store on
 > 1, --master-addr or --master-port. --nproc-per-node takes torchrun's
 gpu (one worker per visible GPU: CUDA_VISIBLE_DEVICES, else nvidia-smi -L),
 auto (gpu when a GPU is visible, else cpu) and cpu (one worker per CPU).
+torchrun's multi-node form works for a fixed number of nodes: --nnodes K
+--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID is --master-addr
+HOST --master-port PORT, and the node whose address HOST is takes node rank
+0 unless --node-rank says otherwise (the others need --node-rank); an
+elastic range --nnodes MIN:MAX is refused. --max-restarts N starts the whole
+group again, up to N times, after a worker fails (TORCHELASTIC_RESTART_COUNT
+tells the workers which attempt they are); --no-python is accepted and
+changes nothing, as fairrun runs any program as given.
 -h or --help prints this on stdout, --version fairgo's version; a bad command line, also one found
 from this node's GPUs before anything runs (gpu without a GPU,
 --nvlink-gbit where the ranks of each machine have GPUs of their own),
@@ -212,10 +244,14 @@ func declareJobFlags(fs *flag.FlagSet, c *Config) {
 	fs.Var(
 		nprocValue{c},
 		"nproc-per-node",
-		"`N` workers to start on this node (required): a number, or as torchrun: gpu (one per visible GPU), "+
+		"`N` workers to start on this node: a number, or as torchrun: gpu (one per visible GPU), "+
 			"auto (gpu when there is a GPU, else cpu), cpu (one per CPU)",
 	)
-	fs.IntVar(&c.NNodes, "nnodes", 1, "`K` nodes in the job; run one fairrun per node")
+	fs.Var(
+		nnodesValue{c},
+		"nnodes",
+		"`K` nodes in the job (or K:K; an elastic range MIN:MAX is not supported); run one fairrun per node",
+	)
 	fs.IntVar(&c.NodeRank, "node-rank", 0, "this node's index `I` in [0, nnodes); node 0 hosts the store")
 	fs.StringVar(
 		&c.MasterAddr,
@@ -246,6 +282,37 @@ func declareJobFlags(fs *flag.FlagSet, c *Config) {
 		"store-bind",
 		"",
 		"`host` or IP the store listens on (default: --master-addr; never every interface unless given 0.0.0.0 or ::)",
+	)
+	declareRdzvFlags(fs, c)
+}
+
+// declareRdzvFlags declares torchrun's rendezvous flags, which name
+// fairrun's store for a fixed number of nodes.
+func declareRdzvFlags(fs *flag.FlagSet, c *Config) {
+	cli.Choice(
+		fs,
+		&c.RdzvBackend,
+		"rdzv-backend",
+		"",
+		"torchrun's rendezvous `backend`: c10d or static, both served by fairrun's store on node rank 0 "+
+			"(a fixed number of nodes)",
+		cli.OneOf(RdzvC10d, RdzvStatic),
+	)
+	fs.StringVar(
+		&c.RdzvEndpoint,
+		"rdzv-endpoint",
+		"",
+		fmt.Sprintf(
+			"torchrun's `HOST:PORT` of the rendezvous: --master-addr HOST --master-port PORT (port %d when left "+
+				"out); the node whose address HOST is gets node rank 0 without --node-rank",
+			DefaultRdzvPort,
+		),
+	)
+	fs.StringVar(
+		&c.RdzvID,
+		"rdzv-id",
+		"",
+		"torchrun's job `id`, the same on every node; the workers get it as TORCHELASTIC_RUN_ID",
 	)
 }
 
@@ -346,6 +413,19 @@ func declareWorkerFlags(fs *flag.FlagSet, c *Config) {
 		},
 	)
 	fs.DurationVar(&c.Grace, "grace", DefaultGrace, "`duration` between SIGTERM and SIGKILL when the job is stopped")
+	fs.IntVar(
+		&c.MaxRestarts,
+		"max-restarts",
+		0,
+		"start the whole group again after a worker fails, up to `N` times, as torchrun does "+
+			"(the workers see TORCHELASTIC_RESTART_COUNT)",
+	)
+	fs.BoolVar(
+		&c.NoPython,
+		"no-python",
+		false,
+		"torchrun's flag to run prog without python: what fairrun always does (accepted, changes nothing)",
+	)
 	fs.Func(
 		"shuffle-ranks",
 		"permute the global ranks over this node's workers with this `seed`, to test that nothing depends on rank order",
@@ -395,11 +475,51 @@ func (v nprocValue) Set(s string) error {
 	return nil
 }
 
+// nnodesValue is --nnodes: K, or torchrun's K:K. A range MIN:MAX with
+// MIN < MAX asks for an elastic job, which fairrun does not run.
+type nnodesValue struct{ c *Config }
+
+func (v nnodesValue) String() string {
+	if v.c == nil {
+		return "0"
+	}
+	return strconv.Itoa(v.c.NNodes)
+}
+
+func (v nnodesValue) Set(s string) error {
+	lo, hi, ranged := strings.Cut(s, ":")
+	n, err := strconv.Atoi(lo)
+	if err != nil {
+		return fmt.Errorf("not a number of nodes K (or K:K)")
+	}
+	if ranged {
+		m, err := strconv.Atoi(hi)
+		if err != nil {
+			return fmt.Errorf("not a number of nodes K (or K:K)")
+		}
+		if m != n {
+			return fmt.Errorf(
+				"elastic ranges MIN:MAX are not supported: fairrun runs a fixed number of nodes (--nnodes %d, or %d:%d)",
+				m, m, m,
+			)
+		}
+	}
+	v.c.NNodes = n
+	return nil
+}
+
+// defaults is the configuration before the command line.
+func defaults() Config {
+	return Config{
+		NProcPerNode: 1, NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto,
+	}
+}
+
 // Usage is fairrun's whole help text: what it does and every flag.
 func Usage() string {
 	var b strings.Builder
 	b.WriteString(usageHead)
-	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
+	c := defaults()
 	newFlagSet(&c).VisitAll(func(f *flag.Flag) {
 		arg, usage := flag.UnquoteUsage(f)
 		if arg != "" {
@@ -437,7 +557,7 @@ func withUnderscores(fs *flag.FlagSet) {
 // -help and --help give ErrHelp, -version and --version cli.ErrVersion. A
 // UsageError echoes the value as given.
 func ParseArgs(args []string) (Config, error) {
-	c := Config{NNodes: 1, MasterAddr: DefaultMasterAddr, MasterPort: -1, Grace: DefaultGrace, MPS: MPSAuto}
+	c := defaults()
 	fs := newFlagSet(&c)
 	given := cli.Given(fs) // the text of every flag set, by its hyphenated name
 	withUnderscores(fs)
@@ -487,6 +607,9 @@ func parseArgs(fs *flag.FlagSet, args []string, c *Config, given map[string]stri
 		return fmt.Errorf("%w: no worker program", ErrUsage)
 	}
 	c.Program, c.Args = rest[0], rest[1:]
+	if err := c.takeRdzv(set, given); err != nil {
+		return err
+	}
 	if c.MasterPort < 0 {
 		c.MasterPort = 0
 		if c.NNodes > 1 {
@@ -526,6 +649,47 @@ func parseArgs(fs *flag.FlagSet, args []string, c *Config, given map[string]stri
 		}
 	}
 	return c.Validate()
+}
+
+// takeRdzv maps torchrun's rendezvous flags onto fairrun's: the endpoint's
+// host and port become the store's (--master-addr, --master-port), which
+// they may not contradict. set tells whether a flag was given, given its
+// text.
+func (c *Config) takeRdzv(set func(string) bool, given map[string]string) error {
+	if c.Standalone && set("rdzv-endpoint") {
+		return usageError("rdzv-endpoint", given["rdzv-endpoint"], notStandalone)
+	}
+	if !set("rdzv-endpoint") {
+		if set("rdzv-backend") && c.NNodes > 1 && !set("master-addr") {
+			return usageError(
+				"rdzv-backend",
+				c.RdzvBackend,
+				"needs --rdzv-endpoint HOST:PORT with --nnodes > 1 (the host of node rank 0)",
+			)
+		}
+		return nil
+	}
+	for _, f := range []string{"master-addr", "master-port"} {
+		if set(f) {
+			return usageError(f, given[f], "not allowed with --rdzv-endpoint, which gives the store's host and port")
+		}
+	}
+	ep := c.RdzvEndpoint
+	host, port := ep, strconv.Itoa(DefaultRdzvPort)
+	if h, p, err := net.SplitHostPort(ep); err == nil {
+		host, port = h, p
+	} else if strings.Count(ep, ":") == 1 { // "host:" or ":port" and the like
+		return usageError("rdzv-endpoint", ep, "not HOST:PORT")
+	}
+	p, err := strconv.Atoi(port)
+	switch {
+	case host == "":
+		return usageError("rdzv-endpoint", ep, "no host: give HOST:PORT, the address of node rank 0")
+	case err != nil || p < 1 || p > 65534:
+		return usageError("rdzv-endpoint", ep, "the port is not a number in [1, 65534]")
+	}
+	c.MasterAddr, c.MasterPort = strings.Trim(host, "[]"), p
+	return nil
 }
 
 // notStandalone is the reason of the flags --standalone refuses.
@@ -604,6 +768,8 @@ func (c Config) checkMachines() error {
 		return bad("gpus", c.GPUs, "negative")
 	case c.Grace < 0:
 		return bad("grace", c.Grace, "negative")
+	case c.MaxRestarts < 0:
+		return bad("max-restarts", c.MaxRestarts, "negative")
 	}
 	return nil
 }

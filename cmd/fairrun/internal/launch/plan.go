@@ -37,6 +37,9 @@ type Extras struct {
 	// MASTER_ADDR is then the address of the machine of global rank 0,
 	// where a trainer's own store listens.
 	MachineAddrs []string
+	// Restart is the number of times the group was started before this
+	// one (--max-restarts), as TORCHELASTIC_RESTART_COUNT.
+	Restart int
 }
 
 // MPSEnv is where a private MPS daemon's clients find it.
@@ -234,6 +237,13 @@ func (p *planner) setTorchrun(env *env, w Worker, slot int) {
 		env.set(EnvStoreToken, p.x.StoreToken)
 	}
 	env.setDefault("NCCL_NVLS_ENABLE", "0") // NVLink multicast stays off unless asked for
+	// torchrun's restart variables, which trainers read to resume from a
+	// checkpoint after a restart.
+	env.set("TORCHELASTIC_RESTART_COUNT", strconv.Itoa(p.x.Restart))
+	env.set("TORCHELASTIC_MAX_RESTARTS", strconv.Itoa(p.c.MaxRestarts))
+	if p.c.RdzvID != "" {
+		env.set("TORCHELASTIC_RUN_ID", p.c.RdzvID)
+	}
 }
 
 // emulate puts the worker of slot on its emulated machine: the machine

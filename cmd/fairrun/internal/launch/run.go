@@ -85,13 +85,37 @@ const (
 // daemon. Both are removed before Run returns,
 // whatever happened; when ctx ends during setup, what was built is removed
 // and Run returns 128 + N.
+//
+// With MaxRestarts, a worker's failure (an *ExitError, not a signal to
+// fairrun nor a failure to start) stops the group as always, and Run then
+// builds everything again and starts the group anew, up to MaxRestarts
+// times: the store too, so that no worker reads what the failed attempt
+// wrote. The workers' TORCHELASTIC_RESTART_COUNT counts the attempts
+// before theirs; the result is the last attempt's.
 func Run(ctx context.Context, c Config) (code int, err error) {
 	if !c.resolved {
 		if c, err = Resolve(c); err != nil {
 			return ExitUsage, err
 		}
 	}
+	for restart := 0; ; restart++ {
+		code, err = runOnce(ctx, c, restart)
+		var ee *ExitError
+		if code == 0 || restart >= c.MaxRestarts || ctx.Err() != nil || !errors.As(err, &ee) {
+			return code, err
+		}
+		c.logger().Warn(
+			"fairrun: a worker failed; starting the group again",
+			"err", err, "restart", restart+1, "max_restarts", c.MaxRestarts,
+		)
+	}
+}
+
+// runOnce is one attempt of Run: it builds the setup, starts the workers
+// (restart is the count of attempts before) and removes the setup.
+func runOnce(ctx context.Context, c Config, restart int) (code int, err error) {
 	s := newSetup(ctx, c)
+	s.x.Restart = restart
 	defer func() {
 		if terr := s.tearDown(); terr != nil {
 			err = errors.Join(err, terr)
@@ -362,7 +386,9 @@ func (s *setup) startMPSDaemon() error {
 // GPUs emulated machines are spread over (GPUList), and whether
 // --nvlink-gbit applies (it shapes the loopback that ranks sharing a GPU
 // talk over, so it is refused when the ranks of each machine have GPUs of
-// their own). It looks at c.Env (else the process's environment) and may
+// their own), and with --rdzv-endpoint and no --node-rank whether this node
+// is the endpoint's host (node rank 0; any other node needs --node-rank,
+// since fairrun's rendezvous hands out no node ranks). It looks at c.Env (else the process's environment) and may
 // run nvidia-smi -L; it starts nothing. Every error is a *UsageError that
 // names the flag and echoes its value as given. Run resolves a
 // configuration that is not resolved yet.
@@ -394,6 +420,9 @@ func Resolve(c Config) (Config, error) {
 		}
 		defer log.Info("fairrun: --nproc-per-node "+c.NProcFrom, "workers", c.NProcPerNode, "gpus", gpus, "from", where)
 	}
+	if err := c.rdzvNodeRank(); err != nil {
+		return c, asGiven(err, c.given)
+	}
 	if c.EmulateMachines > 0 {
 		c.gpus = GPUList(c, base, log)
 	}
@@ -410,6 +439,57 @@ func Resolve(c Config) (Config, error) {
 	}
 	c.resolved = true
 	return c, nil
+}
+
+// rdzvNodeRank gives a job of several nodes started with torchrun's
+// --rdzv-endpoint and no --node-rank its node rank: 0 on the endpoint's
+// host, where the store is served. On another node it is a usage error:
+// torchrun's rendezvous hands node ranks out as nodes join, fairrun's
+// store does not, and guessing would start two nodes as the same rank.
+func (c *Config) rdzvNodeRank() error {
+	if c.RdzvEndpoint == "" || c.NNodes == 1 {
+		return nil
+	}
+	if _, ok := c.given["node-rank"]; ok {
+		return nil
+	}
+	if isLocalHost(c.MasterAddr) {
+		c.NodeRank = 0
+		return nil
+	}
+	return &UsageError{Flag: "rdzv-endpoint", Value: c.RdzvEndpoint, Reason: fmt.Sprintf(
+		"%s is not this node, so it is not node rank 0: give this node's --node-rank in [1, %d) "+
+			"(fairrun runs a fixed set of nodes and hands out no node ranks)",
+		c.MasterAddr, c.NNodes,
+	)}
+}
+
+// isLocalHost reports whether host (a name or an IP) is an address of
+// this machine: a loopback address, or one of its interfaces'.
+func isLocalHost(host string) bool {
+	ips := []net.IP{net.ParseIP(host)}
+	if ips[0] == nil {
+		addrs, err := net.LookupIP(host)
+		if err != nil {
+			return false
+		}
+		ips = addrs
+	}
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		ifaddrs = nil
+	}
+	for _, ip := range ips {
+		if ip.IsLoopback() {
+			return true
+		}
+		for _, a := range ifaddrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // freePort asks the kernel for a port that is free on host now (the
