@@ -2,6 +2,7 @@ package hier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,6 +22,10 @@ const (
 	boardAsk      = "fairgo-board/progress-wanted"
 	boardTimeout  = "fairgo-board/timeout"
 	boardProgress = "fairgo-board/progress/"
+	// boardRefused + "<call>/<world rank>" is why that rank refused that
+	// call, posted before its check: a peer that accepted the call reads it
+	// when the check names the rank.
+	boardRefused = "fairgo-board/refused/"
 	// progressWait bounds how long the rank that timed out gathers the
 	// others' progress before it reports.
 	progressWait = time.Second
@@ -158,4 +163,44 @@ func (bl *bulletin) report(e *TimeoutError) string {
 	defer cancelNote()
 	_ = bl.b.Set(note, boardTimeout, []byte(strconv.Itoa(e.Rank)+"\n"+e.Detail))
 	return "progress: " + strings.Join(reports, "; ")
+}
+
+// postRefusal leaves on the Board why this rank refused q, before q's
+// check is enqueued: by the time a peer's check names this rank, the reason
+// is there to read. It runs on the executing goroutine, which a refused
+// call does not otherwise keep busy; a Board that does not answer within
+// progressWait only costs the peers the reason.
+func (r *Reducer) postRefusal(q *request) {
+	if r.board == nil || q.rejected == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.board.ctx, progressWait)
+	defer cancel()
+	_ = r.board.b.Set(ctx, refusalKey(q.seq, r.WorldRank()), []byte(q.rejected.Error()))
+}
+
+func refusalKey(seq uint64, rank int) string {
+	return boardRefused + strconv.FormatUint(seq, 10) + "/" + strconv.Itoa(rank)
+}
+
+// explainRefusal completes a mismatch that names a refusing rank with the
+// reason that rank left on the Board. Without a Board the error says that
+// the reason is in that rank's own error.
+func (r *Reducer) explainRefusal(q *request, err error) {
+	var mm *MismatchError
+	if !errors.As(err, &mm) || mm.Refusal == nil || mm.Refusal.Rank < 0 {
+		return
+	}
+	if mm.Refusal.Rank == r.WorldRank() && q.rejected != nil {
+		mm.Refusal.Reason = q.rejected.Error()
+		return
+	}
+	if r.board == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.board.ctx, progressWait)
+	defer cancel()
+	if v, gerr := r.board.b.Get(ctx, refusalKey(q.seq, mm.Refusal.Rank)); gerr == nil {
+		mm.Refusal.Reason = string(v)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -44,8 +45,13 @@ var checkFields = [...]string{"kind", "element type", "operator", "root", "count
 
 const (
 	nFields    = len(checkFields)
-	entryWords = 1 + nFields    // the call's number, then its shape
-	imageWords = 2 * entryWords // the entry, then its negation
+	entryWords = 1 + nFields // the call's number, then its shape
+	// refuserWord follows the entry and its negation: W − the world rank of
+	// a rank that refused the call, 0 on a rank that accepted it; its
+	// maximum names the lowest refusing rank. It is not compared: every
+	// rank's differs when several refuse.
+	refuserWord = 2 * entryWords
+	imageWords  = refuserWord + 1
 	// checkSlots is how many checks may be in flight: the call after that
 	// many undecided ones waits for the oldest to be decided.
 	checkSlots = 64
@@ -97,20 +103,44 @@ func (b image) set(neg bool, w int, v int64) {
 	binary.LittleEndian.PutUint64(b[b.word(neg, w):], uint64(v))
 }
 
-// put writes call q's entry and its negation.
-func (b image) put(q *request) {
+// put writes call q's entry and its negation, and whether this rank (world
+// rank rank of size) refused it.
+func (b image) put(q *request, rank, size int) {
 	sh := shapeOf(q)
 	vals := append([]int64{int64(q.seq)}, sh[:]...)
 	for w, v := range vals {
 		b.set(false, w, v)
 		b.set(true, w, -v)
 	}
+	var refuser int64
+	if q.rejected != nil {
+		refuser = int64(size - rank)
+	}
+	binary.LittleEndian.PutUint64(b[8*refuserWord:], uint64(refuser))
 }
 
-// decide reads a reduced image for call q: nil, or the mismatch. The
-// ranks' call numbers differ only when one made a check out of turn, which
-// the check's order rules out; it is reported all the same.
-func (b image) decide(q *request) error {
+// decide reads a reduced image for call q in a world of size ranks: nil,
+// or the mismatch. The ranks' call numbers differ only when one made a
+// check out of turn, which the check's order rules out; it is reported all
+// the same. Where some ranks refused the call and others accepted it, the
+// mismatch names the lowest refusing rank (its Refusal, without the
+// reason: the checker reads that from the Board).
+func (b image) decide(q *request, size int) error {
+	err := b.compare(q)
+	var mm *MismatchError
+	if errors.As(err, &mm) && mm.Field != "call number" {
+		acc := 1 + slices.Index(checkFields[:], "acceptance")
+		refuser := int64(binary.LittleEndian.Uint64(b[8*refuserWord:]))
+		if b.get(false, acc) != -b.get(true, acc) && refuser > 0 && refuser <= int64(size) {
+			mm.Refusal = &Refusal{Rank: size - int(refuser)}
+		}
+	}
+	return err
+}
+
+// compare reads the entry of a reduced image: nil, or the first field the
+// ranks disagree on.
+func (b image) compare(q *request) error {
 	seqHi, seqLo := b.get(false, 0), -b.get(true, 0)
 	if seqHi != int64(q.seq) || seqLo != int64(q.seq) {
 		return &MismatchError{Seq: q.seq, Call: q.String(), Field: "call number",
@@ -157,9 +187,39 @@ type MismatchError struct {
 	Field     string // the first field that differs: "count", "operator", ...
 	This      string // this rank's value
 	Low, High string // the lowest and highest value among the ranks; both empty when a fingerprint found it (WithFingerprintMax)
+	// Refusal, when some ranks refused the call (an invalid argument, a
+	// context already done) and others accepted it, is the rank that
+	// refused it and why: the error then reads as that refusal.
+	Refusal *Refusal
+}
+
+// Refusal is a rank that refused a call its peers accepted.
+type Refusal struct {
+	// Rank is the lowest world rank that refused the call; -1 when a
+	// fingerprint (WithFingerprintMax) saw several refuse and cannot tell
+	// their numbers apart.
+	Rank int
+	// Reason is the refusing rank's own error, as it left it on the Board;
+	// "" without a Board, or when the Board did not answer in time.
+	Reason string
 }
 
 func (e *MismatchError) Error() string {
+	if f := e.Refusal; f != nil {
+		who := fmt.Sprintf("rank %d", f.Rank)
+		if f.Rank < 0 {
+			who = "several ranks"
+		}
+		reason := f.Reason
+		switch {
+		case reason != "":
+		case f.Rank < 0:
+			reason = "each refusing rank's own error says why (no Board carried the reasons here)"
+		default:
+			reason = "that rank's own error says why (no Board carried the reason here)"
+		}
+		return fmt.Sprintf("hier: %s refused call %d (%s): %s", who, e.Seq, e.Call, reason)
+	}
 	if e.Low == "" && e.High == "" {
 		return fmt.Sprintf(
 			"hier: call %d (%s) mismatched across ranks: they disagree on the %s: this rank has %s (found by the call's fingerprint, which does not carry the other ranks' values)",
@@ -276,7 +336,7 @@ func (c *checker) submit(q *request) {
 	<-sl.free // the slot's last check is decided, or failed
 	c.next = (c.next + 1) % checkSlots
 	clear(sl.host)
-	sl.host.put(q)
+	sl.host.put(q, c.r.WorldRank(), c.r.rank.Grid.Size())
 	var err error
 	if !c.mapped {
 		err = c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
@@ -342,6 +402,7 @@ func (c *checker) run() {
 		q, sl := qc.q, qc.slot
 		err := c.verdict(q, sl)
 		if errors.Is(err, fairgo.ErrMismatch) {
+			c.r.explainRefusal(q, err)
 			c.r.abort(err)
 		}
 		q.check.finish(err)
@@ -354,7 +415,7 @@ func (c *checker) verdict(q *request, sl *checkSlot) error {
 	if err := c.await(sl.ev); err != nil {
 		return fmt.Errorf("hier: the call's check did not complete: %w", err)
 	}
-	return judge(sl.host.decide(q), c.r.brokenCause())
+	return judge(sl.host.decide(q, c.r.rank.Grid.Size()), c.r.brokenCause())
 }
 
 // judge is a check's outcome from what its slot decided and the Reducer's

@@ -260,6 +260,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 // accepted it run theirs), else on the checker. The Work has failed
 // already; a mismatch aborts, as on the peers.
 func (r *Reducer) checkRejected(q *request, first streams.Stream) {
+	r.postRefusal(q)
 	if !r.fingerprintable(q) {
 		r.checkLater(q)
 		return

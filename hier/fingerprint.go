@@ -36,8 +36,11 @@ const (
 	fpHashBits  = 64                                  // a hash of the call's number and shape
 	fpFieldBits = 8                                   // then a hash of each field, to name the one that differs
 	fpBits      = fpHashBits + entryWords*fpFieldBits // 128
-	fpElems     = 2 * fpBits                          // each bit as a pair
-	fpMaxElem   = 8                                   // the widest element type, bytes
+	// fpRankBits is the world rank of a rank that refused the call, bit by
+	// bit after the fingerprint (refuserOf): enough for 2^20 ranks.
+	fpRankBits  = 20
+	fpElems     = 2 * (fpBits + fpRankBits) // each bit as a pair
+	fpMaxElem   = 8                         // the widest element type, bytes
 	fpHostBytes = fpElems * fpMaxElem
 	// fpSlots is how many fingerprinted calls may be undecided at once; the
 	// next waits for the oldest to be decided.
@@ -147,6 +150,58 @@ func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
 	}
 }
 
+// markedByAll reports whether op reduces ranks' pair elements as an AND
+// (min, prod, integer avg: an element stays nonzero only where every rank
+// has it nonzero) rather than an OR (sum, max, float avg).
+func markedByAll(dt fairgo.DType, op fairgo.Op) bool {
+	return op == fairgo.Min || op == fairgo.Prod || op == fairgo.Avg && !dt.IsFloat()
+}
+
+// encodeRefuser writes after the fingerprint the world rank of this rank
+// when it refused the call (rank < 0: it accepted), each bit b as a pair
+// whose element b marks it. A mark is a 1 where op reduces as an OR and a 0
+// where it reduces as an AND, so that a rank that accepted the call, whose
+// pairs are all unmarked, leaves the refusing ranks' marks as they are.
+func encodeRefuser(dt fairgo.DType, op fairgo.Op, rank int, b []byte) {
+	var buf [fpMaxElem]byte
+	one := oneOf(dt, &buf)
+	es := len(one)
+	and := markedByAll(dt, op)
+	for i := range fpRankBits {
+		for half := range 2 {
+			at := 2*(fpBits+i) + half
+			marked := rank >= 0 && (rank>>i&1 == 1) == (half == 0)
+			e := b[at*es : (at+1)*es]
+			if marked != and { // an OR's mark or an AND's unmarked element: 1
+				copy(e, one)
+			} else {
+				clear(e)
+			}
+		}
+	}
+}
+
+// refuserOf reads the rank encodeRefuser's pairs name in a reduced b: ok
+// false when no rank refused; rank -1 when several with different numbers
+// did (a pair with both elements marked).
+func refuserOf(dt fairgo.DType, op fairgo.Op, b []byte) (rank int, ok bool) {
+	and := markedByAll(dt, op)
+	marked := func(at int) bool { return isZero(dt, b, at) == and }
+	for i := range fpRankBits {
+		one, zero := marked(2*(fpBits+i)), marked(2*(fpBits+i)+1)
+		switch {
+		case one && zero:
+			return -1, true
+		case one:
+			rank |= 1 << i
+			ok = true
+		case zero:
+			ok = true
+		}
+	}
+	return rank, ok
+}
+
 // decide reads the reduced fingerprint in b (elements of dt) for call q,
 // whose own fingerprint is fp: nil when every rank had fp, else the
 // mismatch, naming the first field whose hash differs ("shape" when only the
@@ -211,6 +266,8 @@ type fpCall struct {
 	slot *fpSlot
 	fp   fingerprint
 	dt   fairgo.DType
+	op   fairgo.Op
+	size int // the world's ranks
 }
 
 // fingerprintable reports whether q's check travels in its data: a flat
@@ -286,7 +343,7 @@ func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stre
 	sl := &f.slots[f.slot]
 	<-sl.free // the slot's last call is decided
 	f.slot = (f.slot + 1) % fpSlots
-	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: q.a.DType}
+	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: q.a.DType, op: q.op, size: f.r.rank.Grid.Size()}
 	if err := f.enqueueOn(q, call, comm, first, withData); err != nil {
 		sl.free <- struct{}{}
 		return err
@@ -308,6 +365,11 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 	n := t.ByteLen()
 	tail := call.slot.host[:fpElems*t.DType.Size()]
 	call.fp.encode(t.DType, tail)
+	refuser := -1
+	if q.rejected != nil {
+		refuser = f.r.WorldRank()
+	}
+	encodeRefuser(t.DType, q.op, refuser, tail)
 	if withData {
 		if err := dev.CopyAsync(st.ptr, t.Ptr, n, first); err != nil {
 			return err
@@ -334,9 +396,20 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 	return nil
 }
 
-// decide reads the reduced fingerprint of q, its device work complete.
+// decide reads the reduced fingerprint of q, its device work complete. A
+// mismatch names the rank that refused the call where one did and this
+// rank accepted it or the ranks disagree on the acceptance.
 func (c *fpCall) decide(q *request) error {
-	return c.fp.decide(q, c.dt, c.slot.host[:fpElems*c.dt.Size()])
+	b := c.slot.host[:fpElems*c.dt.Size()]
+	err := c.fp.decide(q, c.dt, b)
+	var mm *MismatchError
+	if !errors.As(err, &mm) || mm.Field == "call number" || q.rejected != nil && mm.Field != "acceptance" {
+		return err
+	}
+	if rank, ok := refuserOf(c.dt, c.op, b); ok && rank < c.size {
+		mm.Refusal = &Refusal{Rank: rank}
+	}
+	return err
 }
 
 // free gives back the call's slot (the watcher, once the call is done).

@@ -149,3 +149,43 @@ func TestFingerprintElements(t *testing.T) {
 		}
 	}
 }
+
+// The refusing rank's number rides after the fingerprint: every rank reads
+// the rank when one refused, "several" (-1) when ranks with different
+// numbers did, and nothing when all accepted, for every element type and
+// operator.
+func TestFingerprintNamesTheRefusingRank(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dtype")
+		w := rapid.IntRange(2, 64).Draw(t, "ranks")
+		if !fingerprintFits(dt, w) {
+			t.Skip("the sum of the ranks' ones is not exact in", dt)
+		}
+		op := rapid.SampledFrom(fairgo.Ops).Draw(t, "op")
+		refusers := rapid.SliceOfNDistinct(rapid.IntRange(0, w-1), 0, 3, rapid.ID[int]).Draw(t, "refusers")
+		base := request{kind: kindAllReduce, op: op, seq: 3, a: fairgo.Tensor{DType: dt, Count: 100}}
+		fp := fingerprintOf(&base)
+		in := make([][]byte, w)
+		for g := range in {
+			in[g] = make([]byte, fpElems*dt.Size())
+			fp.encode(dt, in[g])
+			rank := -1
+			if slices.Contains(refusers, g) {
+				rank = g
+			}
+			encodeRefuser(dt, op, rank, in[g])
+		}
+		out := reduceFingerprints(t, dt, op, in, rapid.Bool().Draw(t, "add stage"))
+		rank, ok := refuserOf(dt, op, out)
+		switch len(refusers) {
+		case 0:
+			require.False(t, ok)
+		case 1:
+			require.True(t, ok)
+			require.Equal(t, refusers[0], rank)
+		default:
+			require.True(t, ok)
+			require.Equal(t, -1, rank)
+		}
+	})
+}

@@ -142,30 +142,110 @@ var checkModes = []struct {
 	}},
 }
 
-// A call that one rank refuses (here: its context was already done) while
-// the others accept it fails everywhere at once, instead of leaving the
-// others waiting for data that never comes.
+// A call that one rank refuses (here: its context was already done, or an
+// unknown operator) while the others accept it fails everywhere at once,
+// instead of leaving the others waiting for data that never comes. The
+// peers' error names the rank that refused, the call and, where a Board
+// carries it, the reason; without a Board it says where the reason is.
 func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 	for _, mode := range checkModes {
-		t.Run(mode.name, func(t *testing.T) {
-			w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 4, StallTimeout: time.Minute}, mode.opts...)
-			ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
-			done, cancel := context.WithCancel(context.Background())
-			cancel()
-			start := time.Now()
-			w0 := w.reducers[0].AllReduce(done, ts[0], fairgo.Sum)
-			w1 := w.reducers[1].AllReduce(context.Background(), ts[1], fairgo.Sum)
-			require.ErrorIs(t, w0.Wait(context.Background()), context.Canceled)
-			err := w1.Wait(context.Background())
-			require.ErrorIs(t, err, fairgo.ErrMismatch)
-			require.Contains(t, err.Error(), "acceptance")
-			require.Less(t, time.Since(start), 10*time.Second)
-			mode.used(t, w)
-			if mode.name == "fingerprint" { // the refusing rank ran the fingerprinted collective too
-				require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[0]))
-			}
-		})
+		for _, tc := range []struct {
+			name    string
+			refuser int
+			board   bool
+			op      fairgo.Op // the refusing rank's operator
+			reason  string    // in the peers' error
+			is      error     // the refusing rank's own error
+		}{
+			{"rank 0, cancelled, board", 0, true, fairgo.Sum, ": context canceled", context.Canceled},
+			{"rank 2, cancelled, board", 2, true, fairgo.Sum, ": context canceled", context.Canceled},
+			{"rank 1, unknown op, board", 1, true, fairgo.Op(42), ": fairgo: invalid op Op(42): unknown reduction operator",
+				fairgo.ErrUnknownOp},
+			{"rank 2, cancelled, no board", 2, false, fairgo.Sum,
+				": that rank's own error says why (no Board carried the reason here)", context.Canceled},
+		} {
+			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
+				if mode.name == "fingerprint" && tc.op != fairgo.Sum {
+					t.Skip("an unknown operator makes no fingerprinted collective on the refusing rank")
+				}
+				cfg := sim.Config{Machines: 2, Devices: 2, Seed: 4, StallTimeout: time.Minute}
+				var w *world
+				if tc.board {
+					w = newWorld(t, cfg, mode.opts...)
+				} else {
+					w = worldWithoutBoard(t, cfg, mode.opts...)
+				}
+				ts := w.upload(t, fairgo.Float32, [][]byte{
+					make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)})
+				done, cancel := context.WithCancel(context.Background())
+				cancel()
+				start := time.Now()
+				works := make([]*hier.Work, len(w.reducers))
+				for g, r := range w.reducers {
+					ctx, op := context.Background(), fairgo.Sum
+					if g == tc.refuser {
+						ctx, op = done, tc.op
+						if tc.op != fairgo.Sum {
+							ctx = context.Background()
+						}
+					}
+					works[g] = r.AllReduce(ctx, ts[g], op)
+				}
+				for g, wk := range works {
+					err := wk.Wait(context.Background())
+					if g == tc.refuser {
+						require.ErrorIs(t, err, tc.is)
+						continue
+					}
+					require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+					require.ErrorContains(t, err,
+						fmt.Sprintf("rank %d refused call 1 (allreduce of 1024 float32)%s", tc.refuser, tc.reason), "rank %d", g)
+					var me *hier.MismatchError
+					require.ErrorAs(t, err, &me)
+					require.NotNil(t, me.Refusal)
+					require.Equal(t, tc.refuser, me.Refusal.Rank)
+				}
+				require.Less(t, time.Since(start), 10*time.Second)
+				for g, r := range w.reducers { // every Reducer breaks: Close it and build a new one
+					// The refusing rank's Work failed before its check ran.
+					require.Eventually(t, func() bool { return errors.Is(r.Err(), fairgo.ErrMismatch) },
+						5*time.Second, time.Millisecond, "rank %d", g)
+				}
+				mode.used(t, w)
+				if mode.name == "fingerprint" { // the refusing rank ran the fingerprinted collective too
+					require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[tc.refuser]))
+				}
+			})
+		}
 	}
+}
+
+// worldWithoutBoard is newWorld whose Reducers have no Board.
+func worldWithoutBoard(t *testing.T, cfg sim.Config, opts ...hier.Option) *world {
+	t.Helper()
+	c, err := sim.NewCluster(cfg)
+	require.NoError(t, err)
+	rs := make([]*hier.Reducer, c.Size())
+	errs := make([]error, c.Size())
+	var wg sync.WaitGroup
+	for g := range rs {
+		wg.Add(1)
+		go func() { // they rendezvous with each other
+			defer wg.Done()
+			rk := c.Rank(g)
+			rk.Board = nil
+			rs[g], errs[g] = hier.NewReducer(context.Background(), rk, opts...)
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	devs := make([]testDevice, c.Size())
+	for g := range devs {
+		devs[g] = c.Device(g)
+	}
+	w := &world{cluster: c, devs: devs, reducers: rs, m: cfg.Machines, d: cfg.Devices, closeFn: func() { _ = c.Close() }}
+	t.Cleanup(w.close)
+	return w
 }
 
 // Fingerprints by default: with the watchdog, in worlds of

@@ -160,6 +160,7 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			}
 			if fc := p.req.fp; fc != nil { // no separate check: the data carried it
 				if err := fc.decide(p.req); err != nil {
+					r.explainRefusal(p.req, err)
 					r.abort(err)
 					return err
 				}
