@@ -8,6 +8,10 @@
 //
 //	go run ./examples/allreduce -machines 3 -devices 5 -count 1000003 -dtype bfloat16 -op avg
 //
+// Under a launcher (fairrun, torchrun) -backend cuda runs one rank per
+// process; the simulated backend cannot span processes, so each process
+// runs a simulated cluster of its own, and says so first on stderr.
+//
 // It prints "ok" and the largest error, and exits 1 on a mismatch or a
 // failure, 2 on a bad command line (one message on stderr); -h prints the
 // flags on stdout.
@@ -110,6 +114,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = f.check(given)
 	}
 	if err == nil {
+		// Under a launcher the simulated backend still holds every rank in
+		// this process: say so, or two workers look like one job.
+		note := harness.SimUnderLauncher(f.backend, harness.Spec{Machines: f.machines, Devices: f.devices})
+		if note != "" {
+			fmt.Fprintln(stderr, "allreduce: "+note)
+		}
 		err = reduce(f, stdout)
 	}
 	return cli.Program{Name: "allreduce", Help: help}.Status(err, stdout, stderr)

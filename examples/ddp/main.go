@@ -410,6 +410,9 @@ func demo(ctx context.Context, o options, out io.Writer) (*summary, error) {
 	fmt.Fprintf(out, "ddp: %d×%d ranks (%s), MLP %v: %d parameters, gradients in %s\n",
 		grid.Machines, grid.Devices, o.backend, cfg.Sizes, nparams, dt)
 
+	if note := harness.SimUnderLauncher(o.backend, harness.Spec{Machines: o.machines, Devices: o.devices}); note != "" {
+		fmt.Fprintln(out, "ddp: "+note) // every process's own cluster has a rank 0: each says it
+	}
 	if o.backend == "sim" {
 		fmt.Fprintf(
 			out,

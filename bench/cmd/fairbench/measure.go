@@ -91,6 +91,9 @@ func (m *measurement) single(
 	ctx, cancel := context.WithTimeout(ctx, m.timing.timeout)
 	defer cancel()
 	machines, devices := g.grid(m.backend.backend)
+	if note := harness.SimUnderLauncher(m.backend.backend, harness.Spec{Machines: machines, Devices: devices}); note != "" {
+		fmt.Fprintln(e.stderr, "fairbench: "+note)
+	}
 	tb, err := harness.Open(ctx, m.backend.backend, spec(m.backend, m.timing, machines, devices))
 	if err != nil {
 		return err
