@@ -5,7 +5,7 @@
 // variants, alternating in the same processes on the same buffers, and
 // returns one Record per method and point. Package
 // bench/report turns records into tables, CSV, plots, the cost-model report
-// and the targets; command fairbench (bench/cmd/fairbench) drives
+// and the performance targets; command fairbench (bench/cmd/fairbench) drives
 // both.
 //
 // # Methods

@@ -21,9 +21,9 @@ import (
 	"github.com/fairgo/fairgo/internal/harness"
 )
 
-// Target is one of the project's targets (issue 11's T1–T8 on NVLink,
-// issue 18's U1–U7 on the one-GPU testbed, and S1–S8 across node counts),
-// measured on a run's records.
+// Target is one of fairgo's performance targets (T1–T8 on NVLink, U1–U7
+// on the one-GPU testbed, S1–S8 across node counts), measured on a run's
+// records.
 type Target struct {
 	ID   string `json:"id"`
 	What string `json:"what"`
@@ -156,7 +156,7 @@ func anyIters(int) bool { return true }
 // alone, not two calibrations' difference).
 const NoCheckVariant = "nocheck"
 
-// oneGPU keeps the sweeps of issue 18's one-GPU testbed: M × D emulated
+// oneGPU keeps the sweeps of the one-GPU testbed: M × D emulated
 // machines with NICs of gbit Gbit/s, the intra-machine link loopback
 // wherever a machine has several ranks.
 func oneGPU(m, d int, gbit float64, lo, hi int64, iters func(int) bool) func(bench.Record) bool {
@@ -196,14 +196,14 @@ func vsNaive(p point, v string) float64 { return p.ratio(v, p.time(bench.Naive))
 func vsBest(p point, v string) float64  { return p.vsBest(v) }
 func vsIdeal(p point, v string) float64 { return p.vsIdeal(v) }
 
-// oneGPULayout is a layout of issue 18's one-GPU testbed: m machines of d
+// oneGPULayout is a layout of the one-GPU testbed: m machines of d
 // ranks with NICs of gbit Gbit/s.
 type oneGPULayout struct {
 	m, d int
 	gbit float64
 }
 
-// Issue 18's layouts: several ranks per machine at 2.5 Gbit/s, one per
+// The one-GPU testbed's layouts: several ranks per machine at 2.5 Gbit/s, one per
 // machine at 10 Gbit/s.
 var (
 	sharedLayouts = []oneGPULayout{{2, 2, 2.5}, {2, 4, 2.5}, {4, 2, 2.5}}
@@ -296,10 +296,10 @@ func u7Parts() []requirement {
 	return out
 }
 
-// issue18Defs are issue 18's targets on the one-GPU testbed: several ranks
+// oneGPUDefs are the U targets, on the one-GPU testbed: several ranks
 // per machine at 2.5 Gbit/s (2 × 2, 2 × 4, 4 × 2), one per machine at 10
 // Gbit/s (2 × 1, 4 × 1, 8 × 1).
-func issue18Defs() []targetDef {
+func oneGPUDefs() []targetDef {
 	return []targetDef{
 		{id: "U1", what: "one GPU, 2 × 2, 2 × 4, 4 × 2 at 2.5 Gbit/s: fairgo/naive at 64M–256M",
 			target: "≥ 1.05", atLeast: true, threshold: 1.05, parts: layoutParts(sharedLayouts, 64*mib, 256*mib, vsNaive)},
@@ -407,14 +407,14 @@ func targetDefs() []targetDef {
 	}
 }
 
-// allDefs are every target's definitions: issue 11's (T1–T5, on NVLink),
-// issue 18's (U1–U7, on one GPU) and those across node counts (S1–S8).
+// allDefs are every target's definitions: T1–T8 (on NVLink), U1–U7 (on
+// one GPU) and those across node counts (S1–S8).
 func allDefs() []targetDef {
 	var out []targetDef
 	for _, set := range []struct {
 		name string
 		defs []targetDef
-	}{{SetT, targetDefs()}, {SetU, issue18Defs()}, {SetS, nodeDefs()}} {
+	}{{SetT, targetDefs()}, {SetU, oneGPUDefs()}, {SetS, nodeDefs()}} {
 		for _, d := range set.defs {
 			d.set = set.name
 			out = append(out, d)

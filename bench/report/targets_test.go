@@ -330,7 +330,7 @@ func TestTargetsModelWithAGivenNVLink(t *testing.T) {
 	require.Equal(t, 3*6, t7.Points, "the 2 × 1 testbed points of every method")
 }
 
-// oneGPURun makes the records of issue 18's one-GPU testbed for a layout:
+// oneGPURun makes the records of the one-GPU testbed for a layout:
 // the baselines, fairgo, fairgo without the check and a forced route,
 // at the times given (µs, by method, per size).
 func oneGPURun(

@@ -50,7 +50,8 @@ func runCmd(t *testing.T, args ...string) string {
 	return stdout.String()
 }
 
-// TestAcceptanceSweep is issue 5's CI command:
+// TestAcceptanceSweep is the sweep the README and doc/commands.md give as
+// the check without a GPU:
 //
 //	go run ./bench/cmd/fairbench sweep -backend sim -machines 2 -devices 4 -b 1K -e 4M -f 4 -check
 func TestAcceptanceSweep(t *testing.T) {
