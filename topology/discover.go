@@ -24,7 +24,8 @@ const diagnoseTimeout = 2 * time.Second
 
 // IncompleteError: the context ended before every rank joined. It lists
 // the ranks that never reported and what the others reported, and unwraps
-// to both ErrIncomplete and the context's error.
+// to ErrIncomplete, fairgo.ErrTimeout (a rank that did not come in time,
+// as the watchdog's and the simulator's stalls) and the context's error.
 type IncompleteError struct {
 	WorldSize int
 	Missing   []int           // ranks that did not report (nil when unknown)
@@ -41,8 +42,8 @@ func (e *IncompleteError) Error() string {
 		ErrIncomplete, e.WorldSize-len(e.Missing), e.WorldSize, e.Err, missing, reportLines(e.Machines))
 }
 
-// Unwrap returns ErrIncomplete and the context's error.
-func (e *IncompleteError) Unwrap() []error { return []error{ErrIncomplete, e.Err} }
+// Unwrap returns ErrIncomplete, fairgo.ErrTimeout and the context's error.
+func (e *IncompleteError) Unwrap() []error { return []error{ErrIncomplete, fairgo.ErrTimeout, e.Err} }
 
 // Self describes this process as a Member.
 type Self struct {

@@ -403,6 +403,7 @@ func TestDiscoverErrors(t *testing.T) {
 			err := errs[m.Rank]
 			require.ErrorIs(t, err, ErrIncomplete)
 			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorIs(t, err, fairgo.ErrTimeout, "a rank that did not come is a timeout")
 			var ie *IncompleteError
 			require.ErrorAs(t, err, &ie)
 			require.Equal(t, []int{2}, ie.Missing)
