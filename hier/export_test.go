@@ -1,6 +1,10 @@
 package hier
 
-import "github.com/fairgo/fairgo/streams"
+import (
+	"time"
+
+	"github.com/fairgo/fairgo/streams"
+)
 
 // SkipStageWait drops the wait of stage s on its predecessor's hand-off in
 // r's pipeline. It exists only in test builds, so that a test can prove the
@@ -46,3 +50,6 @@ const (
 	ProbeLarge = probeLarge
 	ProbeRuns  = probeRuns
 )
+
+// WatchdogTimeout is the watchdog's time r runs with (0: off).
+func WatchdogTimeout(r *Reducer) time.Duration { return r.cfg.timeout }

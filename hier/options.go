@@ -27,6 +27,10 @@ const (
 	// from it the size classes Auto measures.
 	DefaultAutoFlatThreshold = minClassBytes
 	DefaultSpin              = 200 * time.Microsecond
+	// DefaultTimeout is the watchdog's time when WithTimeout is not given:
+	// PyTorch's NCCL process group aborts a collective after 10 minutes by
+	// default, and a trainer whose peer hangs should end, not wait forever.
+	DefaultTimeout = 10 * time.Minute
 )
 
 // FlatNever, given to WithFlatThreshold, makes every call hierarchical.
@@ -44,6 +48,7 @@ type config struct {
 	parallelism    int
 	flatThreshold  int64
 	timeout        time.Duration
+	timeoutSet     bool // WithTimeout was given (0 included: no watchdog)
 	algorithm      Algorithm
 	inline         bool
 	spin           time.Duration
@@ -160,11 +165,17 @@ func WithFingerprintMax(bytes int64) Option {
 // over the same communicators, their calls must not be in flight at once.
 func WithRoutesOf(src *Reducer) Option { return func(c *config) { c.routesOf = src } }
 
-// WithTimeout arms a watchdog: work not complete this long after it was
-// enqueued aborts the communicators and fails with fairgo.ErrTimeout, so a
-// dead peer cannot hang the trainer. Zero disables the watchdog (callers
-// still bound every wait with their context).
-func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+// WithTimeout sets the watchdog: work not complete this long after it
+// could start (every earlier call done) aborts the communicators and fails
+// with fairgo.ErrTimeout on every rank, so a dead or stuck peer cannot hang
+// the trainer. Without this option the watchdog is armed at DefaultTimeout
+// (10 minutes, as PyTorch's NCCL process group); zero turns it off (callers
+// then bound every wait with their context). The watchdog also makes small
+// flat calls in worlds of FingerprintMinRanks ranks or more carry their
+// check in their data (WithFingerprintMax).
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) { c.timeout, c.timeoutSet = d, true }
+}
 
 // WithSpin sets how long the engine goroutine polls for the next call before
 // it parks, and how long Work.StreamWait polls for the enqueue before it
@@ -217,6 +228,9 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 		return c, bad("WithFingerprintMax", c.fingerprintMax, "above 1 GiB the copies cost more than a separate check")
 	case c.spin < 0 || c.spin > time.Second:
 		return c, bad("WithSpin", c.spin, "must be between 0 and 1s")
+	}
+	if !c.timeoutSet {
+		c.timeout = DefaultTimeout
 	}
 	if !c.fingerprintSet && g.Size() >= FingerprintMinRanks {
 		c.fingerprintMax = DefaultFingerprintMax

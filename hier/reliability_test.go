@@ -248,9 +248,9 @@ func worldWithoutBoard(t *testing.T, cfg sim.Config, opts ...hier.Option) *world
 	return w
 }
 
-// Fingerprints by default: with the watchdog, in worlds of
-// FingerprintMinRanks ranks or more; never without the watchdog, nor in
-// smaller worlds unless asked.
+// Fingerprints by default: with the watchdog (armed unless WithTimeout(0)),
+// in worlds of FingerprintMinRanks ranks or more; never without the
+// watchdog, nor in smaller worlds unless asked.
 func TestFingerprintsByDefault(t *testing.T) {
 	for _, c := range []struct {
 		m, d     int
@@ -259,7 +259,8 @@ func TestFingerprintsByDefault(t *testing.T) {
 	}{
 		{2, 4, []hier.Option{hier.WithTimeout(time.Minute)}, true},
 		{8, 1, []hier.Option{hier.WithTimeout(time.Minute)}, true},
-		{8, 1, nil, false},
+		{8, 1, nil, true}, // the default watchdog (DefaultTimeout) is armed
+		{8, 1, []hier.Option{hier.WithTimeout(0)}, false},
 		{2, 2, []hier.Option{hier.WithTimeout(time.Minute)}, false},
 		{2, 2, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(1 << 20)}, true},
 		{2, 4, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0)}, false},
@@ -854,4 +855,30 @@ func TestWaitBeforeEveryRankCalledIsATimeout(t *testing.T) {
 	require.ErrorIs(t, err, sim.ErrStall)
 	require.ErrorContains(t, err, "ranks [1] never made the call")
 	require.ErrorContains(t, err, "every rank must make a collective before any rank waits on one")
+}
+
+// The watchdog is armed by default, at DefaultTimeout (10 minutes, as
+// PyTorch's NCCL process group): a Go trainer whose peer hangs ends with
+// fairgo.ErrTimeout instead of waiting forever. WithTimeout(0) turns it off.
+func TestWatchdogByDefault(t *testing.T) {
+	require.Equal(t, 10*time.Minute, hier.DefaultTimeout)
+	for _, tc := range []struct {
+		name string
+		opts []hier.Option
+		want time.Duration
+	}{
+		{"not given", nil, hier.DefaultTimeout},
+		{"off", []hier.Option{hier.WithTimeout(0)}, 0},
+		{"set", []hier.Option{hier.WithTimeout(time.Minute)}, time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: 1, Devices: 2}, tc.opts...)
+			for _, r := range w.reducers {
+				require.Equal(t, tc.want, hier.WatchdogTimeout(r))
+			}
+		})
+	}
+	var ae *fairgo.ArgError
+	require.ErrorAs(t, hier.ValidateOptions(hier.WithTimeout(-time.Second)), &ae)
+	require.Equal(t, "WithTimeout", ae.Arg)
 }
