@@ -200,6 +200,7 @@ _P = ctypes.POINTER
 # name: (restype, argtypes)
 PROTOTYPES: Dict[str, Tuple[object, List[object]]] = {
     "fairgo_abi_version": (ctypes.c_int, []),
+    "fairgo_version": (ctypes.c_char_p, []),
     "fairgo_result_string": (ctypes.c_char_p, [ctypes.c_int]),
     "fairgo_last_error": (ctypes.c_char_p, []),
     "fairgo_config_init": (None, [_P(Config)]),

@@ -253,6 +253,8 @@ class TestSimLibrary(unittest.TestCase):
 
     def test_version_and_names(self):
         self.assertEqual(self.lib.dll.fairgo_abi_version(), _lib.ABI_VERSION)
+        # One version for the library and the package (a Go test ties both to fairgo.Version).
+        self.assertEqual(self.lib.dll.fairgo_version().decode(), fairgo_torch.__version__)
         for code, name in _lib.RESULT_NAMES.items():
             self.assertEqual(self.lib.dll.fairgo_result_string(code).decode(), name)
         self.assertEqual(self.lib.dll.fairgo_result_string(12345).decode(), "FAIRGO_UNKNOWN_RESULT")
