@@ -123,7 +123,10 @@ type Config struct {
 
 	// MaxRestarts is how many times the whole group is started again after
 	// a worker fails, as torchrun's --max-restarts: every worker is
-	// stopped, and the store made afresh, before the next attempt.
+	// stopped, and the store made afresh, before the next attempt. Each
+	// node restarts its own workers: in a job of several nodes the others'
+	// workers fail in turn (their peers are gone, and fairgo's watchdog
+	// ends what waits on them), so every node starts again.
 	MaxRestarts int
 	// torchrun's rendezvous flags, for a fixed number of nodes:
 	// RdzvEndpoint "HOST[:PORT]" stands for --master-addr HOST
@@ -685,8 +688,10 @@ func (c *Config) takeRdzv(set func(string) bool, given map[string]string) error 
 	switch {
 	case host == "":
 		return usageError("rdzv-endpoint", ep, "no host: give HOST:PORT, the address of node rank 0")
-	case err != nil || p < 1 || p > 65534:
-		return usageError("rdzv-endpoint", ep, "the port is not a number in [1, 65534]")
+	case err != nil || p < 0 || p > 65534:
+		return usageError("rdzv-endpoint", ep, "the port is not a number in [0, 65534]")
+	case p == 0 && c.NNodes > 1: // torchrun's standalone localhost:0 is one node's free port
+		return usageError("rdzv-endpoint", ep, "port 0 (a free port) is for one node: several nodes need a fixed port")
 	}
 	c.MasterAddr, c.MasterPort = strings.Trim(host, "[]"), p
 	return nil
