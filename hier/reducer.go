@@ -404,15 +404,17 @@ func (r *Reducer) reject(q *request, err error) *Work {
 }
 
 // submit queues a validated request for the engine goroutine. A context
-// already done, or nil, rejects the call; once a call is queued its device
-// work is enqueued whatever happens to ctx later, so that the ranks stay in
-// step.
+// already done, or nil, rejects the call with the context's cause (its
+// error unless cancelled with a cause: context.WithCancelCause lets a
+// caller refuse a call in its place in the call order with a reason of its
+// own, which the peers then read); once a call is queued its device work is
+// enqueued whatever happens to ctx later, so that the ranks stay in step.
 func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Work {
 	if ctx == nil {
 		return r.reject(q, errNilContext)
 	}
-	if err := ctx.Err(); err != nil {
-		return r.reject(q, err)
+	if ctx.Err() != nil {
+		return r.reject(q, context.Cause(ctx))
 	}
 	var cc callConfig
 	for _, o := range opts {

@@ -243,7 +243,13 @@ int fairgo_comm_close(fairgo_comm_t comm);
  * *work receives a handle to observe the outcome (fairgo_work_test,
  * fairgo_work_wait); free it with fairgo_work_free. Errors found before
  * anything is enqueued (bad arguments, a closed or aborted communicator)
- * are returned here and no handle is made. data must stay allocated until
+ * are returned here and no handle is made. A call refused for a bad
+ * argument (dtype, op, count, data, stream) still takes its place in the
+ * call order: where the other ranks made a valid call, theirs fail at once
+ * with FAIRGO_ERR_MISMATCH, whose text names this rank, the call and the
+ * reason ("rank 1 refused call 3 (...): ..."), and every rank's
+ * communicator is then broken (close it and make a new one). A call every
+ * rank refuses alike breaks nothing. data must stay allocated until
  * the work has completed or the stream has passed this point. */
 int fairgo_allreduce(fairgo_comm_t comm, void* data, int64_t count, fairgo_dtype_t dtype, fairgo_op_t op,
                      void* stream, fairgo_work_t* work);

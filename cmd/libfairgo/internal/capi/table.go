@@ -250,20 +250,20 @@ func (t *Table) AllReduce(
 		bytes = count * size
 	}
 	tensor := fairgo.Tensor{Ptr: ptr, Bytes: bytes, Count: count, DType: dt}
-	if err := tensor.Validate(); err != nil {
-		return 0, err
-	}
-	if !op.Valid() {
-		return 0, &fairgo.ArgError{
-			Arg:    "op",
-			Value:  int(op),
-			Reason: "unknown reduction operator",
-			Err:    fairgo.ErrUnknownOp,
-		}
-	}
 	s, err := t.cfg.Backend.ForeignStream(c.r.Device(), stream)
-	if err != nil {
-		return 0, fmt.Errorf("fairgo: allreduce: stream %#x: %w", stream, err)
+	if err != nil || tensor.Validate() != nil || !op.Valid() {
+		// The Reducer refuses the call itself, in its place in the call
+		// order: the peers that accepted theirs then fail at once with a
+		// *hier.MismatchError naming this rank and its reason, instead of
+		// waiting for a call that never comes. A bad stream rides in as the
+		// cause of a cancelled context (the tensor and op are judged first).
+		ctx := context.Background()
+		if err != nil {
+			refused, cancel := context.WithCancelCause(ctx)
+			cancel(fmt.Errorf("fairgo: allreduce: stream %#x: %w", stream, err))
+			ctx = refused
+		}
+		return 0, c.r.AllReduce(ctx, tensor, op).Wait(context.Background())
 	}
 	w := c.r.AllReduce(context.Background(), tensor, op, hier.After(s))
 	limit := c.opts.OpTimeout

@@ -616,3 +616,75 @@ func TestConcurrentCalls(t *testing.T) {
 	})
 	require.NoError(t, errors.Join(errs...))
 }
+
+// A call one rank refuses through the C ABI (a bad argument or stream)
+// takes its place in the call order: that rank gets InvalidArgument, its
+// peers Mismatch at once with an error that names the rank, the call and
+// the reason (the job's store is the Reducers' Board), instead of waiting
+// for a call that never comes.
+func TestRefusedOnOneRank(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		dt     fairgo.DType
+		op     fairgo.Op
+		stream bool // an unknown stream on the refusing rank
+		reason string
+	}{
+		{"unknown dtype", 99, fairgo.Sum, false, "unknown element type"},
+		{"unknown op", fairgo.Float32, 42, false, "unknown reduction operator"},
+		{"unknown stream", fairgo.Float32, fairgo.Sum, true, "stream 0xdead"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, sim.Config{Seed: 3, StallTimeout: time.Minute})
+			ids := f.initRanks([]string{"a", "b"}, capi.DefaultOptions())
+			start := time.Now()
+			errs := spawn(2, func(p int) error {
+				dev := f.device(ids[p])
+				handle, _ := f.b.register(t, dev)
+				buf := alloc(t, dev, 256, fairgo.Float32)
+				if p == 1 { // the refusing rank
+					stream := handle
+					if c.stream {
+						stream = 0xdead
+					}
+					_, err := f.tbl.AllReduce(ids[p], buf.Ptr, 256, c.dt, c.op, stream)
+					return err
+				}
+				wid, err := f.tbl.AllReduce(ids[p], buf.Ptr, 256, fairgo.Float32, fairgo.Sum, handle)
+				if err != nil { // the failure may come before the call returns
+					return err
+				}
+				return f.tbl.Wait(wid, 20*time.Second)
+			})
+			require.Less(t, time.Since(start), 10*time.Second)
+			require.Equal(t, capi.InvalidArgument, code(errs[1]), "%v", errs[1])
+			require.Contains(t, errs[1].Error(), c.reason)
+			require.Equal(t, capi.Mismatch, code(errs[0]), "%v", errs[0])
+			require.ErrorContains(t, errs[0], "rank 1 refused call 1 (allreduce of 256 float32)")
+			require.ErrorContains(t, errs[0], c.reason)
+		})
+	}
+}
+
+// Calls every rank refuses leave nothing for Close to wait on: closing
+// right after returns at once, every time.
+func TestCloseAfterCallsEveryRankRefused(t *testing.T) {
+	for run := range 10 {
+		f := newFixture(t, sim.Config{Seed: int64(run)})
+		ids := f.initRanks([]string{"a", "b"}, capi.DefaultOptions())
+		errs := spawn(2, func(p int) error {
+			dev := f.device(ids[p])
+			handle, _ := f.b.register(t, dev)
+			buf := alloc(t, dev, 16, fairgo.Float32)
+			_, err := f.tbl.AllReduce(ids[p], buf.Ptr, 16, 99, fairgo.Sum, handle)
+			return err
+		})
+		for p, err := range errs {
+			require.Equal(t, capi.InvalidArgument, code(err), "rank %d: %v", p, err)
+		}
+		start := time.Now()
+		errs = spawn(2, func(p int) error { return f.tbl.Close(ids[p]) })
+		require.NoError(t, errors.Join(errs...))
+		require.Less(t, time.Since(start), time.Second, "run %d", run)
+	}
+}
