@@ -158,6 +158,24 @@ class Comm:
                 self._pending.popleft()
                 w.free()
 
+    def _refuse(self, reason: Exception, bad_op: bool = False) -> None:
+        """Refuses a call this process judged invalid before the library
+        could: the library is given a call it refuses too (no operator when
+        bad_op, else no element type), so that the call still takes its
+        place in the call order and the other ranks' calls fail at once with
+        a MismatchError naming this rank and the library's reason, instead
+        of waiting for a call that never comes. Raises InvalidArgumentError
+        with this process's reason."""
+        handle = ctypes.c_int64(0)
+        dtype, op = (_lib.FLOAT32, 0) if bad_op else (0, _lib.SUM)
+        try:
+            self._lib.call("fairgo_allreduce", self.handle, ctypes.c_void_p(None), 0, dtype, op, ctypes.c_void_p(None),
+                           ctypes.byref(handle))
+        except _lib.FairgoError as e:
+            if e.code != _lib.ERR_INVALID_ARGUMENT:
+                raise  # a closed or broken communicator says so
+        raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, str(reason)) from reason
+
     def allreduce(self, ptr: int, count: int, dtype: int, op, stream: int = 0, track: bool = False) -> Optional[Work]:
         """The raw call: count elements of fairgo dtype at device address ptr,
         ordered after the cudaStream_t stream (0: the legacy default stream),
@@ -165,9 +183,13 @@ class Comm:
         track=True (the communicator then frees it and raises its error from
         a later call or synchronize)."""
         self._reap()
+        try:
+            op_number = _dtypes.fairgo_op(op)
+        except ValueError as e:  # an unknown name: refused in its place in the call order
+            self._refuse(e, bad_op=True)
         handle = ctypes.c_int64(0)
         self._lib.call("fairgo_allreduce", self.handle, ctypes.c_void_p(ptr or None), count, dtype,
-                       _dtypes.fairgo_op(op), ctypes.c_void_p(stream or None), ctypes.byref(handle))
+                       op_number, ctypes.c_void_p(stream or None), ctypes.byref(handle))
         w = Work(self._lib, handle.value)
         if track:
             with self._lock:
@@ -181,22 +203,31 @@ class Comm:
         torch.distributed.ReduceOp). stream (a torch.cuda.Stream or a raw
         handle; default: torch.cuda.current_stream()) orders the call after
         its work so far and waits for the result. Returns at once; with
-        track=False the Work is returned for the caller to test/wait/free."""
+        track=False the Work is returned for the caller to test/wait/free.
+        A tensor or stream it refuses still takes the call's place in the call
+        order (the other ranks' calls fail with a MismatchError naming this
+        rank), as a call the library refuses does."""
         import torch
 
         if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: allreduce_ needs a CUDA tensor, got {type(tensor).__name__}"
-                                            + (f" on {tensor.device}" if isinstance(tensor, torch.Tensor) else ""))
+            self._refuse(ValueError(f"fairgo: allreduce_ needs a CUDA tensor, got {type(tensor).__name__}"
+                                    + (f" on {tensor.device}" if isinstance(tensor, torch.Tensor) else "")))
         if self.device >= 0 and tensor.device.index != self.device:
-            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: tensor on {tensor.device}, communicator on cuda:{self.device}")
+            self._refuse(ValueError(f"fairgo: tensor on {tensor.device}, communicator on cuda:{self.device}"))
         if not tensor.is_contiguous():
-            raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, "fairgo: allreduce_ needs a contiguous tensor")
-        dt = _dtypes.fairgo_dtype(tensor.dtype)
+            self._refuse(ValueError("fairgo: allreduce_ needs a contiguous tensor"))
+        try:
+            dt = _dtypes.fairgo_dtype(tensor.dtype)
+        except TypeError as e:  # refused in its place in the call order, raised as before
+            try:
+                self._refuse(e)
+            except _lib.InvalidArgumentError:
+                raise e from None
         if stream is None:
             stream = torch.cuda.current_stream(tensor.device)
         if isinstance(stream, torch.cuda.Stream):
             if stream.device != tensor.device:
-                raise _lib.InvalidArgumentError(_lib.ERR_INVALID_ARGUMENT, f"fairgo: stream of {stream.device}, tensor on {tensor.device}")
+                self._refuse(ValueError(f"fairgo: stream of {stream.device}, tensor on {tensor.device}"))
             stream = stream.cuda_stream
         return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, int(stream), track=track)
 

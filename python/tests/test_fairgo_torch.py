@@ -568,6 +568,52 @@ class TestSimJob(unittest.TestCase):
             self.assertIn("mismatch", str(err))
             self.assertEqual(err.code, _lib.ERR_MISMATCH)
 
+    def test_refused_on_one_rank(self):
+        """A call one rank refuses (the library's judgement or this
+        package's) fails on its peer at once with a MismatchError naming the
+        rank, the call and, through the job's store, the reason."""
+        for name, refuse, reason in [
+            ("unknown dtype", lambda c, p: c.allreduce(p, 8, 99, "sum", 0), "unknown element type"),
+            ("unknown op number", lambda c, p: c.allreduce(p, 8, _lib.FLOAT32, 99, 0), "unknown reduction operator"),
+            ("unknown op name", lambda c, p: c.allreduce(p, 8, _lib.FLOAT32, "median", 0), "unknown reduction operator"),
+            ("unknown stream", lambda c, p: c.allreduce(p, 8, _lib.FLOAT32, "sum", 0x1234), "stream 0x1234"),
+        ]:
+            with self.subTest(name):
+                a, b = self.job()
+                pa, pb = self.buffer(a, [1.0] * 8), self.buffer(b, [1.0] * 8)
+                start = time.monotonic()
+                w, err = self.call(a, pa, "sum")
+                with self.assertRaises(fairgo_torch.InvalidArgumentError) as cm:
+                    refuse(b, pb)
+                self.assertEqual(cm.exception.code, _lib.ERR_INVALID_ARGUMENT)
+                if err is None:
+                    with self.assertRaises(fairgo_torch.MismatchError) as mm:
+                        w.wait(20)
+                    err = mm.exception
+                self.assertIsInstance(err, fairgo_torch.MismatchError)
+                self.assertIn("rank 1 refused call 1 (allreduce of 8", str(err))
+                self.assertIn(reason, str(err))
+                self.assertLess(time.monotonic() - start, 10)
+                a.close()
+                b.close()
+
+    def test_close_after_calls_every_rank_refused(self):
+        """Calls every rank refused leave Close nothing to wait for."""
+        slowest = 0.0
+        for _ in range(8):
+            comms = self.job()
+            for c in comms:
+                with self.assertRaises(fairgo_torch.InvalidArgumentError):
+                    c.allreduce(self.buffer(c, [1.0] * 4), 4, 99, "sum", 0)
+            start = time.monotonic()
+            threads = [threading.Thread(target=c.close) for c in comms]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            slowest = max(slowest, time.monotonic() - start)
+        self.assertLess(slowest, 1.0)
+
     def call(self, comm, ptr, op, **kw):
         try:
             return comm.allreduce(ptr, 8, _lib.FLOAT32, op, 0, **kw), None
