@@ -88,11 +88,12 @@ libfairgo-sim:
 	$(GO) build -tags fairgo_sim,fairgo_nonvml -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
 	rm -f lib/libfairgo_sim.h
 
-# A C and a C++ caller of fairgo.h, run against libfairgo_sim.so.
+# A C and a C++ caller of fairgo.h, run against libfairgo_sim.so (two ranks
+# on threads of their own among its cases).
 capi-test: libfairgo-sim
-	gcc -std=c99 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,-rpath,'$$ORIGIN'
+	gcc -std=c99 -Wall -Wextra -Werror -pthread -Icmd/libfairgo -o lib/abi_smoke cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,-rpath,'$$ORIGIN'
 	lib/abi_smoke
-	g++ -x c++ -std=c++17 -Wall -Wextra -Werror -Icmd/libfairgo -o lib/abi_smoke_cpp cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,-rpath,'$$ORIGIN'
+	g++ -x c++ -std=c++17 -Wall -Wextra -Werror -pthread -Icmd/libfairgo -o lib/abi_smoke_cpp cmd/libfairgo/testdata/abi_smoke.c -Llib -lfairgo_sim -Wl,-rpath,'$$ORIGIN'
 	lib/abi_smoke_cpp
 
 # The Python package's unit tests that need neither PyTorch nor a GPU (the
