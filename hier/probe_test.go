@@ -24,7 +24,7 @@ import (
 // before Auto times a route, and the call's result is right.
 func TestLinkProbeOpensEachLinkWithItsLargeSize(t *testing.T) {
 	c, rs, logs := recordingReducers(t, sim.Config{Machines: 2, Devices: 2, Seed: 4}, hier.WithFlatThreshold(64<<10))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a probe and a calibration on a loaded host
 	defer cancel()
 
 	const count = 1 << 19 // 2 MiB of float32: probes the links, then calibrates
