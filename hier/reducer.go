@@ -113,6 +113,11 @@ func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer,
 	if err != nil {
 		return nil, err
 	}
+	if rk.Grid.Size() > 1 { // a world of one rank never needs a world variant
+		if err := cfg.checkRank(rk); err != nil {
+			return nil, err
+		}
+	}
 	table, err := cfg.sharedRoutes(rk.Grid, rk.Comms.World)
 	if err != nil {
 		return nil, err
