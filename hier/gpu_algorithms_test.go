@@ -1,7 +1,6 @@
 package hier_test
 
 import (
-	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
 )
 
@@ -28,12 +26,7 @@ func variantWorld(t testing.TB, m, d int, opts ...hier.Option) (w *world, varian
 			rk.Variants = job.Rank.Variants
 		}
 		variants = rk.Variants != nil
-		r, err := hier.NewReducer(context.Background(), rk, opts...)
-		require.NoError(t, err)
-		w.reducers = append(w.reducers, r)
-		w.devs = append(w.devs, rk.Device.(*cuda.Device))
-		w.global = append(w.global, worldRankOf(rk))
-		w.flat = append(w.flat, rk.Comms.World)
+		w.addReducer(t, rk, opts...)
 	}
 	t.Cleanup(w.close)
 	return w, variants

@@ -242,15 +242,21 @@ func gpuWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 	rs := gpuRanks(t, m, d)
 	w := &world{m: m, d: d, closeFn: func() {}, worldSize: m * d}
 	for _, rk := range rs {
-		r, err := hier.NewReducer(context.Background(), rk, opts...)
-		require.NoError(t, err)
-		w.reducers = append(w.reducers, r)
-		w.devs = append(w.devs, rk.Device.(*cuda.Device))
-		w.global = append(w.global, worldRankOf(rk))
-		w.flat = append(w.flat, rk.Comms.World)
+		w.addReducer(t, rk, opts...)
 	}
 	t.Cleanup(w.close)
 	return w
+}
+
+// addReducer builds rank rk's Reducer with opts and adds it to w.
+func (w *world) addReducer(t testing.TB, rk backend.Rank, opts ...hier.Option) {
+	t.Helper()
+	r, err := hier.NewReducer(context.Background(), rk, opts...)
+	require.NoError(t, err)
+	w.reducers = append(w.reducers, r)
+	w.devs = append(w.devs, rk.Device.(*cuda.Device))
+	w.global = append(w.global, worldRankOf(rk))
+	w.flat = append(w.flat, rk.Comms.World)
 }
 
 // freshGPUWorld is gpuWorld over communicators of its own, destroyed at the
