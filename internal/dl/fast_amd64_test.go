@@ -1,0 +1,5 @@
+//go:build !fairgo_dl_generic
+
+package dl
+
+const fastPath = true
