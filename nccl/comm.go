@@ -153,7 +153,7 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 	if r != Success && !(r == InProgress && c.nonblocking) {
 		return nil, c.lib.err("ncclCommSplit", r, c.h)
 	}
-	if h == nil {
+	if h == 0 {
 		if color == NoColor {
 			return nil, nil
 		}
@@ -180,7 +180,7 @@ func (c *Comm) Destroy() error {
 		return nil
 	}
 	r := cCommDestroy(c.lib.table, c.h)
-	err := c.lib.err("ncclCommDestroy", r, nil)
+	err := c.lib.err("ncclCommDestroy", r, 0)
 	_ = c.lib.release()
 	return err
 }
@@ -193,7 +193,7 @@ func (c *Comm) Abort() error {
 		return nil
 	}
 	r := cCommAbort(c.lib.table, c.h)
-	err := c.lib.err("ncclCommAbort", r, nil)
+	err := c.lib.err("ncclCommAbort", r, 0)
 	_ = c.lib.release()
 	return err
 }

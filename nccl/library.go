@@ -1,5 +1,6 @@
-// Package nccl is a cgo binding to NVIDIA's NCCL that loads libnccl with
-// dlopen at run time, so that it builds with neither NCCL nor CUDA installed.
+// Package nccl is a binding to NVIDIA's NCCL that loads libnccl with dlopen
+// at run time and calls it without cgo, so that it builds with neither NCCL,
+// CUDA nor a C compiler installed.
 // Device pointers and CUDA streams (cudaStream_t = CUstream) cross it as
 // uintptr, and failures are typed errors that match the package's sentinels.
 package nccl
@@ -10,7 +11,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/fairgo/fairgo"
 )
@@ -44,8 +44,8 @@ type dso struct {
 	path     string // what was passed to dlopen
 	file     string // the file it resolved to, when known
 	version  int
-	handle   unsafe.Pointer
-	table    *unsafe.Pointer
+	handle   uintptr
+	table    *symTable
 	missing  map[sym]string
 	unloaded atomic.Bool
 }
@@ -87,12 +87,11 @@ func Load() (*Library, error) {
 
 func open(path string) (*dso, error) {
 	h, text := dlopen(path)
-	if h == nil {
+	if h == 0 {
 		return nil, &DLError{Text: text}
 	}
 	table, missing := resolve(h)
 	fail := func(err error) (*dso, error) {
-		freeTable(table)
 		dlclose(h)
 		return nil, err
 	}
@@ -145,7 +144,6 @@ func (l *dso) release() error {
 	global.refs--
 	if global.refs == 0 {
 		l.unloaded.Store(true)
-		freeTable(l.table)
 		dlclose(l.handle)
 		global.lib = nil
 	}
@@ -220,7 +218,7 @@ func (l *Library) GetUniqueId() (UniqueID, error) {
 		return UniqueID{}, err
 	}
 	id, r := cGetUniqueId(l.table)
-	return id, l.err("ncclGetUniqueId", r, nil)
+	return id, l.err("ncclGetUniqueId", r, 0)
 }
 
 // GetErrorString calls ncclGetErrorString.
@@ -237,7 +235,7 @@ func (l *Library) GroupStart() error {
 	if err := l.check(symGroupStart); err != nil {
 		return err
 	}
-	return l.err("ncclGroupStart", cGroupStart(l.table), nil)
+	return l.err("ncclGroupStart", cGroupStart(l.table), 0)
 }
 
 // GroupEnd calls ncclGroupEnd. With non-blocking communicators it may fail
@@ -246,7 +244,7 @@ func (l *Library) GroupEnd() error {
 	if err := l.check(symGroupEnd); err != nil {
 		return err
 	}
-	return l.err("ncclGroupEnd", cGroupEnd(l.table), nil)
+	return l.err("ncclGroupEnd", cGroupEnd(l.table), 0)
 }
 
 // CommInitRank calls ncclCommInitRank: a blocking communicator on the CUDA
@@ -261,9 +259,9 @@ func (l *Library) CommInitRank(nranks int, id UniqueID, rank int) (*Comm, error)
 	}
 	c, r := cCommInitRank(l.table, nranks, &id, rank)
 	if r != Success {
-		return nil, l.err("ncclCommInitRank", r, nil)
+		return nil, l.err("ncclCommInitRank", r, 0)
 	}
-	if c == nil {
+	if c == 0 {
 		return nil, fmt.Errorf(
 			"nccl: ncclCommInitRank returned no communicator (called between GroupStart and GroupEnd? creating "+
 				"communicators inside a group is not supported): %w",
@@ -298,7 +296,7 @@ func (l *Library) CommInitRankConfig(
 	if r != Success && r != InProgress {
 		return nil, l.err("ncclCommInitRankConfig", r, c)
 	}
-	if c == nil {
+	if c == 0 {
 		return nil, &Error{Code: InternalError, Op: "ncclCommInitRankConfig", Text: "no communicator returned"}
 	}
 	comm := l.dso.newComm(c, true)
