@@ -65,13 +65,29 @@ gpu-bin: libfairgo wheel
 	$(GO) test -c $(STRIP) -o bin/ddpgpu.test ./examples/ddp/internal/gpu
 	$(GO) build $(STRIP) -o bin/ $$($(GO) list ./cmd/... ./examples/... ./bench/cmd/... | grep -Ev '/cmd/libfairgo$$|/internal/|/examples/minimal$$')
 
+# libfairgo.so for glibc 2.28 and older whatever glibc builds it, so that
+# its wheel is manylinux_2_28 or older (RHEL 8, Ubuntu 20.04): every C file
+# of the build, runtime/cgo's and package net's included, gets
+# cmd/libfairgo/glibc_compat.h, which binds the pthread, dl and resolver
+# functions to their pre-2.34 symbol versions, and the libraries those
+# versions live in before glibc 2.34 are linked even where nothing of
+# theirs is used (on glibc 2.34 and newer they are empty). The header's
+# checksum is among the flags because go's build cache does not see files
+# that -include names. On a host without glibc, a plain build.
+# python/tests/test_wheel.py checks the result (make python-test).
+GLIBC_COMPAT_H := $(CURDIR)/cmd/libfairgo/glibc_compat.h
+ifneq ($(shell ldd --version 2>&1 | grep -ciE 'glibc|gnu libc'),0)
+GLIBC_COMPAT := CGO_CFLAGS="$${CGO_CFLAGS:--O2 -g} -include $(GLIBC_COMPAT_H) -DFAIRGO_GLIBC_COMPAT=$(firstword $(shell cksum < $(GLIBC_COMPAT_H)))" \
+	CGO_LDFLAGS="$${CGO_LDFLAGS:--O2 -g} -Wl,--push-state,--no-as-needed -l:libpthread.so.0 -l:libdl.so.2 -l:libresolv.so.2 -Wl,--pop-state"
+endif
+
 # libfairgo.so, fairgo's C ABI (cmd/libfairgo/fairgo.h), for the PyTorch DDP
 # comm hook (python/fairgo_torch) and other languages: lib/libfairgo.so and
 # lib/fairgo.h. It loads anywhere; running collectives needs a GPU driver
 # and NCCL (see the README).
 libfairgo:
 	mkdir -p lib
-	$(GO) build -tags fairgo_nonvml -ldflags="-s -w" -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
+	$(GLIBC_COMPAT) $(GO) build -tags fairgo_nonvml -ldflags="-s -w" -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
 	rm -f lib/libfairgo.h # cgo's generated header; fairgo.h is the documented one
 	cp cmd/libfairgo/fairgo.h lib/fairgo.h
 
@@ -85,7 +101,7 @@ wheel: libfairgo
 # callers of the library on a host without a GPU.
 libfairgo-sim:
 	mkdir -p lib
-	$(GO) build -tags fairgo_sim,fairgo_nonvml -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
+	$(GLIBC_COMPAT) $(GO) build -tags fairgo_sim,fairgo_nonvml -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
 	rm -f lib/libfairgo_sim.h
 
 # A C and a C++ caller of fairgo.h, run against libfairgo_sim.so (two ranks
