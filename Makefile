@@ -69,11 +69,12 @@ gpu-bin: libfairgo wheel
 # its wheel is manylinux_2_28 or older (RHEL 8, Ubuntu 20.04): every C file
 # of the build, runtime/cgo's and package net's included, gets
 # cmd/libfairgo/glibc_compat.h, which binds the pthread, dl and resolver
-# functions to their pre-2.34 symbol versions, and the libraries those
-# versions live in before glibc 2.34 are linked even where nothing of
-# theirs is used (on glibc 2.34 and newer they are empty). The header's
-# checksum is among the flags because go's build cache does not see files
-# that -include names. On a host without glibc, a plain build.
+# functions to their pre-2.34 symbol versions (Go code's own references to
+# dlopen and co.: cmd/libfairgo/glibc_compat_linux_amd64.S), and the
+# libraries those versions live in before glibc 2.34 are linked even where
+# nothing of theirs is used (on glibc 2.34 and newer they are empty). The
+# header's checksum is among the flags because go's build cache does not
+# see files that -include names. On a host without glibc, a plain build.
 # python/tests/test_wheel.py checks the result (make python-test).
 GLIBC_COMPAT_H := $(CURDIR)/cmd/libfairgo/glibc_compat.h
 ifneq ($(shell ldd --version 2>&1 | grep -ciE 'glibc|gnu libc'),0)

@@ -126,6 +126,30 @@ class TestCompatHeader(unittest.TestCase):
         self.assertLessEqual({"libpthread.so.0", "libdl.so.2", "libresolv.so.2", "libc.so.6"},
                              set(build_wheel.elf_needed(data)))
 
+    def test_dl_stubs_bind_unversioned_references(self):
+        """A reference without the header (as from a Go object: purego's
+        //go:linkname dlopen dlopen) binds to glibc_compat_linux_amd64.S's
+        hidden stubs, which take the GLIBC_2.2.5 versions; the stubs work."""
+        stubs = COMPAT_H.with_name("glibc_compat_linux_amd64.S")
+        d = Path(self.tmp.name)
+        (d / "dl.c").write_text(
+            "#include <dlfcn.h>\n"
+            "int dl(void) { void* h = dlopen(\"libm.so.6\", RTLD_NOW); if (!h) { dlerror(); return 0; }"
+            " int ok = dlsym(h, \"cos\") != 0; dlclose(h); return ok; }\n")
+        out = d / "dl.so"
+        r = subprocess.run(["gcc", "-shared", "-fPIC", "-DFAIRGO_GLIBC_COMPAT=1", "-o", str(out), str(d / "dl.c"), str(stubs),
+                            "-Wl,--no-as-needed", "-l:libdl.so.2"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        data = out.read_bytes()
+        if build_wheel.elf_glibc_needs(data)[0] != "x86_64":
+            self.skipTest("the stubs are for x86_64")
+        imports = build_wheel.elf_versioned_imports(data)
+        for sym in ("dlopen", "dlsym", "dlerror", "dlclose"):
+            self.assertEqual(imports[sym][0], "GLIBC_2.2.5", sym)
+        import ctypes
+
+        self.assertEqual(ctypes.CDLL(str(out)).dl(), 1)
+
     def test_compat_build_runs(self):
         """The old versions are the same functions: the probe, loaded with
         ctypes, starts a thread and loads libm."""
