@@ -283,7 +283,7 @@ func (d *Device) CheckRange(ptr uintptr, bytes int64) error {
 	if a.ordinal != d.ordinal {
 		return bad(fmt.Sprintf("memory of GPU %d, not of GPU %d", a.ordinal, d.ordinal))
 	}
-	if a.ctx != nil && a.ctx != d.ctx {
+	if a.ctx != 0 && a.ctx != d.ctx {
 		return bad(fmt.Sprintf("memory of another CUDA context of GPU %d than %v's", a.ordinal, d))
 	}
 	if ptr < a.start || uint64(ptr-a.start)+uint64(bytes) > uint64(a.size) {

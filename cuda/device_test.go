@@ -52,7 +52,7 @@ func TestBind(t *testing.T) {
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		if err := ctxSet(nil); err != nil {
+		if err := ctxSet(0); err != nil {
 			done <- err
 			return
 		}
@@ -66,7 +66,7 @@ func TestBind(t *testing.T) {
 			err = errors.New("primary context not current after Bind")
 		}
 		release()
-		if cur, _ := ctxGet(); err == nil && cur != nil {
+		if cur, _ := ctxGet(); err == nil && cur != 0 {
 			err = errors.New("release did not restore the previous (no) context")
 		}
 		done <- err
@@ -157,7 +157,7 @@ func TestOwnContext(t *testing.T) {
 		if err == nil && cur != d.ctx {
 			err = errors.New("openOwnContext changed the thread's current context")
 		}
-		done <- errors.Join(err, o2.Close(), ctxSet(nil))
+		done <- errors.Join(err, o2.Close(), ctxSet(0))
 	}()
 	require.NoError(t, <-done)
 	require.NoError(t, o.Close())

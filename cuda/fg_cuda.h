@@ -1,7 +1,11 @@
 /*
- * fg_cuda.h: the few CUDA driver API declarations package cuda uses, so that
- * it builds without cuda.h. The driver (libcuda.so.1) is loaded with dlopen
- * at run time and every function below is resolved by its exported name.
+ * fg_cuda.h: the few CUDA driver API declarations package cuda uses. The
+ * package has no C code: it loads the driver (libcuda.so.1) with dlopen at
+ * run time, resolves every function below by its exported name and calls
+ * it from Go (calls.go). This header is the C statement of what calls.go
+ * assumes, for the tests: TestGoMatchesHeader checks calls.go against it
+ * (symbol order and names, constants, the copy struct's layout) and
+ * TestDeclarationsMatchCUDAHeader checks it against a real cuda.h.
  *
  * FG_CU_SYMBOLS lists the functions: X(id, exported symbol, the name cuda.h
  * declares it under, return type, parameters). The exported symbol is what
@@ -11,8 +15,7 @@
  * against a real cuda.h, when one is installed, and checks every constant,
  * the struct layout, each prototype and each mapping.
  *
- * Declarations only: the table of resolved pointers lives in the one cgo
- * preamble of cgo.go.
+ * Declarations only.
  */
 #ifndef FG_CUDA_H
 #define FG_CUDA_H

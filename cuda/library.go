@@ -5,7 +5,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"unsafe"
 )
 
 // EnvLibrary names the environment variable that, when set, is the only path
@@ -32,7 +31,7 @@ type Driver struct {
 	path    string // what was passed to dlopen
 	file    string // the file it resolved to, when known
 	version int
-	handle  unsafe.Pointer
+	handle  uintptr
 	table   table
 }
 
@@ -103,7 +102,7 @@ func open(paths []string) (*Driver, error) {
 	lerr := &LoadError{}
 	for _, p := range paths {
 		h, text := dlopen(p)
-		if h == nil {
+		if h == 0 {
 			lerr.Attempts = append(
 				lerr.Attempts,
 				LoadAttempt{Path: p, Err: &DLError{Text: text, NotFound: notFound(p, text)}},
@@ -123,7 +122,7 @@ func open(paths []string) (*Driver, error) {
 // initialise resolves the functions of a loaded library, checks its version
 // and calls cuInit. On error the library is closed again and the attempt
 // says why.
-func initialise(path string, h unsafe.Pointer) (*Driver, LoadAttempt) {
+func initialise(path string, h uintptr) (*Driver, LoadAttempt) {
 	t, missing, text := resolve(h)
 	a := LoadAttempt{Path: path, File: origin(t)}
 	fail := func(err error) (*Driver, LoadAttempt) {
