@@ -1,4 +1,4 @@
-//go:build !fairgo_sim
+//go:build cgo && !fairgo_sim
 
 package main
 

@@ -1,3 +1,5 @@
+//go:build cgo
+
 // Command libfairgo is fairgo's C ABI, built as a shared library:
 //
 //	make libfairgo   # go build -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
