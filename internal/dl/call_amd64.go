@@ -25,6 +25,9 @@ type frame struct {
 	nvals uintptr     // Launch: how many; a[9] becomes an array of their addresses
 }
 
+// The trampoline copies exactly this many bytes.
+const _ = uint(unsafe.Sizeof(frame{})-136) + uint(136-unsafe.Sizeof(frame{}))
+
 // trampolineABI0 is the address of the trampoline of call_amd64.s, a
 // function of the C calling convention that takes a *frame.
 var trampolineABI0 uintptr

@@ -29,19 +29,26 @@ DATA ·trampolineABI0(SB)/8, $fairgo_dl_trampoline(SB)
 TEXT fairgo_dl_trampoline(SB), NOSPLIT, $704
 	MOVQ BX, SAVEDBX(SP)
 
-	// Copy the frame (17 words).
-	MOVQ DI, SI
+	// Copy the frame (136 bytes: 8 times 16 and 8).
 	LEAQ FRAME(SP), BX // the copy, in a register that C functions preserve
-	MOVQ BX, DI
-	MOVQ $(frame__size/8), CX
-
-copy:
-	MOVQ 0(SI), AX
-	MOVQ AX, 0(DI)
-	ADDQ $8, SI
-	ADDQ $8, DI
-	DECQ CX
-	JNZ  copy
+	MOVOU 0(DI), X0
+	MOVOU 16(DI), X1
+	MOVOU 32(DI), X2
+	MOVOU 48(DI), X3
+	MOVOU 64(DI), X4
+	MOVOU 80(DI), X5
+	MOVOU 96(DI), X6
+	MOVOU 112(DI), X7
+	MOVQ  128(DI), AX
+	MOVOU X0, 0(BX)
+	MOVOU X1, 16(BX)
+	MOVOU X2, 32(BX)
+	MOVOU X3, 48(BX)
+	MOVOU X4, 64(BX)
+	MOVOU X5, 80(BX)
+	MOVOU X6, 96(BX)
+	MOVOU X7, 112(BX)
+	MOVQ  AX, 128(BX)
 
 	// Launch: a[9] = the addresses of the nvals slots at vals.
 	MOVQ frame_nvals(BX), CX
