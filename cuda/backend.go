@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/logging"
 	"github.com/fairgo/fairgo/nccl"
 )
 
@@ -89,7 +90,7 @@ func (b Backend) Connect(ctx context.Context, store backend.Store, job backend.J
 	}
 	log := job.Logger
 	if log == nil {
-		log = slog.Default()
+		log = logging.Default()
 	}
 	ranks, err := connect(ctx, store, job.Places, job.Ranks, devs, b.NoSplit, log)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/logging"
 	"github.com/fairgo/fairgo/staging"
 )
 
@@ -185,7 +186,11 @@ func WithTimeout(d time.Duration) Option {
 func WithSpin(d time.Duration) Option { return func(c *config) { c.spin, c.spinSet = d, true } }
 
 // WithLogger sets the logger for the engine's rare events (aborts,
-// timeouts, layout decisions). Nil means slog.Default().
+// timeouts, layout decisions), used as given. Nil means logging.Default():
+// slog.Default()'s handler behind the level FAIRGO_LOG_LEVEL sets (debug,
+// info, warn, error), warnings and errors only without it. Facts about the
+// whole job (the links measured, each size class's choice) are logged at
+// info by rank 0 and at debug by the others.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // ValidateOptions reports the first invalid option by name, as NewReducer
@@ -261,7 +266,7 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 		}
 	}
 	if c.logger == nil {
-		c.logger = slog.Default()
+		c.logger = logging.Default()
 	}
 	layout, err := staging.Plan(staging.Params{
 		Machines: g.Machines, Devices: g.Devices,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/logging"
 )
 
 // Size classes and calibration. With Auto, an allreduce at or above the
@@ -150,6 +151,13 @@ type measurer interface {
 	// release frees what the measurements allocated, and closes the
 	// router's world variants.
 	release() error
+}
+
+// fact logs a fact about the whole job, which every rank finds alike: at
+// info on rank 0, at debug on the others (logging.FactLevel), so that a
+// job says it once. Warnings stay on every rank.
+func (rt *router) fact(msg string, args ...any) {
+	rt.logger.Log(context.Background(), logging.FactLevel(rt.grid.Rank()), msg, args...)
 }
 
 func newRouter(g Grid, cfg *config, m measurer, table *routeTable) *router {
@@ -396,7 +404,7 @@ func (rt *router) linkModel() *linkModel {
 	t.mu.Lock()
 	t.links = &m
 	t.mu.Unlock()
-	rt.logger.Info("fairgo: measured the links", "grid", rt.grid.String(), "links", m.String())
+	rt.fact("fairgo: measured the links", "grid", rt.grid.String(), "links", m.String())
 	return &m
 }
 
@@ -531,7 +539,7 @@ func (rt *router) calibrate(class int) (route, *Calibration) {
 		cal.Samples[p.String()] = samples[i]
 		attrs = append(attrs, p.String()+"_us", float64(times[i])/1e3)
 	}
-	rt.logger.Info("fairgo: calibrated size class", attrs...)
+	rt.fact("fairgo: calibrated size class", attrs...)
 	return cands[best].route, cal
 }
 
@@ -573,7 +581,7 @@ func (rt *router) attach(p plan) (plan, time.Duration) {
 		rt.logger.Warn("fairgo: could not make a world variant; it is no candidate", "algorithm", p.algo.String(),
 			"err", err)
 	} else {
-		rt.logger.Info("fairgo: made a world variant", "algorithm", p.algo.String(),
+		rt.fact("fairgo: made a world variant", "algorithm", p.algo.String(),
 			"setup", took.Round(time.Microsecond))
 	}
 	rt.worldsMu.Lock()
@@ -606,7 +614,7 @@ func (rt *router) closeUnchosen() {
 		if w.comm != nil && !used[v] {
 			errs = append(errs, w.comm.Close())
 			delete(rt.worlds, v) // a later plan (a route set by hand) makes it again
-			rt.logger.Info("fairgo: closed a world variant no size class chose", "nccl_algorithm", string(v))
+			rt.fact("fairgo: closed a world variant no size class chose", "nccl_algorithm", string(v))
 		}
 	}
 	rt.worldsMu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/logging"
 )
 
 // Client is a Store served by a Server over one TCP connection. Requests
@@ -62,7 +63,7 @@ const handshakeTimeout = 10 * time.Second
 // DefaultRetryInterval.
 func WithRetryInterval(d time.Duration) DialOption { return func(c *dialConfig) { c.retry = d } }
 
-// WithClientLogger sets the client's logger. Nil means slog.Default().
+// WithClientLogger sets the client's logger. Nil means logging.Default().
 func WithClientLogger(l *slog.Logger) DialOption { return func(c *dialConfig) { c.log = l } }
 
 // WithDialToken sends token in the Hello, for a server started WithToken
@@ -98,7 +99,7 @@ func newDialConfig(opts []DialOption, c10d bool) (dialConfig, error) {
 		cfg.retry = DefaultRetryInterval
 	}
 	if cfg.log == nil {
-		cfg.log = slog.Default()
+		cfg.log = logging.Default()
 	}
 	return cfg, nil
 }

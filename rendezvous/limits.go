@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/logging"
 )
 
 // The Server's limits when no option sets them. They hold a job of a few
@@ -43,7 +44,7 @@ type serverConfig struct {
 }
 
 // WithServerLogger sets the server's logger (connections, malformed frames).
-// Nil means slog.Default().
+// Nil means logging.Default().
 func WithServerLogger(l *slog.Logger) ServerOption { return func(c *serverConfig) { c.log = l } }
 
 // WithToken makes the server require token in every client's Hello (see
@@ -189,7 +190,7 @@ func newServerConfig(opts []ServerOption) (serverConfig, error) {
 		)
 	}
 	if c.log == nil {
-		c.log = slog.Default()
+		c.log = logging.Default()
 	}
 	return c, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/logging"
 )
 
 // ErrUnreachable is wrapped by the error of a rank that could not reach its
@@ -68,7 +69,7 @@ type openConfig struct {
 }
 
 // WithOpenLogger sets the logger of Open and of the store it hosts or
-// dials. Nil means slog.Default().
+// dials. Nil means logging.Default().
 func WithOpenLogger(l *slog.Logger) OpenOption { return func(c *openConfig) { c.log = l } }
 
 // WithDialOptions adds options for dialling the store (WithRetryInterval,
@@ -241,7 +242,7 @@ func newOpenConfig(opts []OpenOption) openConfig {
 		}
 	}
 	if cfg.log == nil {
-		cfg.log = slog.Default()
+		cfg.log = logging.Default()
 	}
 	return cfg
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"sync"
 	"time"
@@ -261,24 +260,21 @@ func (c *Cluster) Rank(global int) backend.Rank {
 
 // Reducers builds a hier.Reducer for every rank, concurrently (they
 // rendezvous with each other). If any fails, the ones built are closed and
-// the first error is returned. The cluster is one process, which logs once:
-// only rank 0's Reducer logs below slog.LevelWarn to slog.Default() (the
-// calibration's choices are the same on every rank); hier.WithLogger in
-// opts sets every rank's logger instead.
+// the first error is returned. The cluster is one process, which logs as a
+// job of processes does: each Reducer logs to hier.WithLogger's logger in
+// opts, or to logging.Default() (warnings and errors, unless
+// FAIRGO_LOG_LEVEL says otherwise), and a fact about the whole job (the
+// links, a size class's choice) at info on rank 0 only, at debug on the
+// others.
 func (c *Cluster) Reducers(ctx context.Context, opts ...hier.Option) ([]*hier.Reducer, error) {
 	if err := c.checkOpen(); err != nil {
 		return nil, err
 	}
 	rs := make([]*hier.Reducer, c.Size())
-	quiet := slog.New(warnings{slog.Default().Handler()})
 	eg, ctx := errgroup.WithContext(ctx)
 	for g := range rs {
 		eg.Go(func() error {
-			ropts := opts
-			if g > 0 {
-				ropts = append([]hier.Option{hier.WithLogger(quiet)}, opts...)
-			}
-			r, err := hier.NewReducer(ctx, c.Rank(g), ropts...)
+			r, err := hier.NewReducer(ctx, c.Rank(g), opts...)
 			if err != nil {
 				return fmt.Errorf("sim: building the reducer of rank %d: %w", g, err)
 			}
@@ -297,17 +293,6 @@ func (c *Cluster) Reducers(ctx context.Context, opts ...hier.Option) ([]*hier.Re
 	}
 	return rs, nil
 }
-
-// warnings passes on a handler's warnings and errors only.
-type warnings struct{ slog.Handler }
-
-func (h warnings) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
-}
-
-func (h warnings) WithAttrs(as []slog.Attr) slog.Handler { return warnings{h.Handler.WithAttrs(as)} }
-
-func (h warnings) WithGroup(name string) slog.Handler { return warnings{h.Handler.WithGroup(name)} }
 
 func (c *Cluster) checkOpen() error {
 	c.mu.Lock()

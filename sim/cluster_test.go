@@ -13,6 +13,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/logging"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -204,15 +205,45 @@ func (r *records) Handle(_ context.Context, rec slog.Record) error {
 func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r *records) WithGroup(string) slog.Handler      { return r }
 
-// TestClusterLogsOnce: a cluster of 8 ranks in one process logs its
-// calibration once, not once per rank, and still every rank's warnings.
+// TestClusterLogsOnce: a cluster of 4 ranks in one process, each logging
+// to logging.Default(), logs the facts about the whole job (here the
+// calibration of a size class) once, from rank 0 at info, and at debug on
+// the other ranks, where FAIRGO_LOG_LEVEL=debug shows them.
 func TestClusterLogsOnce(t *testing.T) {
+	t.Setenv(logging.EnvLevel, "debug")
 	rec := &records{got: map[string]int{}}
 	prev := slog.Default()
 	slog.SetDefault(slog.New(rec))
 	t.Cleanup(func() { slog.SetDefault(prev) })
+	calibrateOne(t)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, 1, rec.got["INFO fairgo: calibrated size class"], "%v", rec.got)
+	require.Equal(t, 3, rec.got["DEBUG fairgo: calibrated size class"], "%v", rec.got)
+}
 
-	c, err := NewCluster(Config{Machines: 2, Devices: 4})
+// TestClusterLogsWarnings: without FAIRGO_LOG_LEVEL a rank's facts are
+// dropped, and every rank's warnings pass.
+func TestClusterLogsWarnings(t *testing.T) {
+	t.Setenv(logging.EnvLevel, "")
+	rec := &records{got: map[string]int{}}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(rec))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	for rank := range 4 {
+		logging.Default().With("rank", rank).Warn("fairgo: aborting communicators")
+		logging.Default().Log(context.Background(), logging.FactLevel(rank), "fact")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, map[string]int{"WARN fairgo: aborting communicators": 4}, rec.got)
+}
+
+// calibrateOne runs one allreduce above the flat threshold on every rank of
+// a 2 × 2 cluster, which calibrates one size class.
+func calibrateOne(t *testing.T) {
+	t.Helper()
+	c, err := NewCluster(Config{Machines: 2, Devices: 2})
 	require.NoError(t, err)
 	defer c.Close()
 	ctx := context.Background()
@@ -228,17 +259,4 @@ func TestClusterLogsOnce(t *testing.T) {
 	for _, w := range works {
 		require.NoError(t, w.Wait(ctx))
 	}
-	rec.mu.Lock()
-	require.Equal(t, 1, rec.got["INFO fairgo: calibrated size class"], "%v", rec.got)
-	rec.mu.Unlock()
-
-	h := warnings{rec}
-	require.False(t, h.Enabled(ctx, slog.LevelInfo))
-	require.True(t, h.Enabled(ctx, slog.LevelWarn))
-	slog.New(h).With("rank", 3).Warn("fairgo: aborting communicators")
-	slog.New(h).Info("dropped")
-	rec.mu.Lock()
-	require.Equal(t, 1, rec.got["WARN fairgo: aborting communicators"])
-	require.Zero(t, rec.got["INFO dropped"])
-	rec.mu.Unlock()
 }

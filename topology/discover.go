@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/logging"
 	"github.com/fairgo/fairgo/rendezvous"
 )
 
@@ -56,7 +57,7 @@ type Self struct {
 	NVML NVML
 	// NoNVML skips NVML even when it is available.
 	NoNVML bool
-	Logger *slog.Logger // nil: slog.Default()
+	Logger *slog.Logger // nil: logging.Default() (FAIRGO_LOG_LEVEL, warn without it)
 }
 
 // Describe returns this process's Member (Rank and WorldSize left for
@@ -64,7 +65,7 @@ type Self struct {
 func (s Self) Describe() (Member, error) {
 	log := s.Logger
 	if log == nil {
-		log = slog.Default()
+		log = logging.Default()
 	}
 	id, err := MachineIdentity(s.Host)
 	if err != nil {

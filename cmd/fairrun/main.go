@@ -36,7 +36,10 @@
 // GROUP_RANK, NCCL_NVLS_ENABLE=0 unless the environment sets it, and the
 // testbed description FAIRGO_TESTBED_MACHINES, _NIC_GBIT, _NIC_LATENCY,
 // _NETNS, _MPS, _NVLINK_GBIT and, with --emulate-machines, _INTRA. Every
-// output line is prefixed with the worker's rank ("[3] ...").
+// output line is prefixed with the worker's rank ("[3] ..."). The rest of
+// the environment passes through, FAIRGO_LOG_LEVEL included (the workers'
+// fairgo logs warnings and errors only without it); fairrun's own messages
+// are at info, or at the level FAIRGO_LOG_LEVEL names.
 //
 // Every worker runs in its own process group, and fairrun is a child
 // subreaper, so it adopts the processes a worker leaves behind. A worker's

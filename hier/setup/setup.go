@@ -18,6 +18,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/logging"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/topology"
 )
@@ -64,7 +65,9 @@ func WithSelf(s topology.Self) Option { return func(c *config) { c.self = &s } }
 func WithStorePrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
 // WithLogger sets the logger of the setup and, unless WithReducer sets
-// another, of the Reducers. Nil means slog.Default().
+// another, of the Reducers, used as given. Nil means logging.FromEnv over
+// the WithEnv lookup: slog.Default()'s handler behind the level
+// FAIRGO_LOG_LEVEL sets, warnings and errors only without it.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithReducer passes options to every Reducer built (hier.WithSliceSize,
@@ -269,13 +272,13 @@ func newBuilder(b Backend, devices []int, opts []Option) (*builder, error) {
 			o(&s.cfg)
 		}
 	}
-	s.log = s.cfg.logger
-	if s.log == nil {
-		s.log = slog.Default()
-	}
 	s.env = s.cfg.env
 	if s.env == nil {
 		s.env = os.LookupEnv
+	}
+	s.log = s.cfg.logger
+	if s.log == nil {
+		s.log = logging.FromEnv(s.env)
 	}
 	if b == nil {
 		return nil, &Error{Step: "options", Err: &fairgo.ArgError{Arg: "backend", Value: nil, Reason: "missing"}}
@@ -312,7 +315,7 @@ func newBuilder(b Backend, devices []int, opts []Option) (*builder, error) {
 // logger; inline enqueueing for the one rank of a process), so that the
 // caller's WithReducer options win.
 func (s *builder) reducerOptions() []hier.Option {
-	opts := []hier.Option{hier.WithLogger(s.cfg.logger), hier.WithInlineEnqueue(len(s.devices) == 1)}
+	opts := []hier.Option{hier.WithLogger(s.log), hier.WithInlineEnqueue(len(s.devices) == 1)}
 	return append(opts, s.cfg.reducer...)
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/fairgo/fairgo/cmd/fairrun/internal/netbed"
 	"github.com/fairgo/fairgo/internal/cli"
+	"github.com/fairgo/fairgo/logging"
 )
 
 // Defaults of the command line.
@@ -143,7 +144,7 @@ type Config struct {
 	Env    []string     // the workers' base environment; nil: os.Environ()
 	Stdout io.Writer    // where prefixed worker stdout goes; nil: os.Stdout
 	Stderr io.Writer    // where prefixed worker stderr and fairrun's messages go; nil: os.Stderr
-	Logger *slog.Logger // nil: a text logger on Stderr
+	Logger *slog.Logger // nil: a text logger on Stderr, at info or the level FAIRGO_LOG_LEVEL names
 
 	prober netbed.Prober // checks --nic-gbit's needs; the zero value checks this host (tests replace it)
 
@@ -854,9 +855,13 @@ func (c Config) stderr() io.Writer {
 	return c.Stderr
 }
 
+// logger is c.Logger, or fairrun's own: a text logger on Stderr at info
+// (fairrun's lines are about the whole job, once), or at the level
+// FAIRGO_LOG_LEVEL names, which the workers get too.
 func (c Config) logger() *slog.Logger {
 	if c.Logger != nil {
 		return c.Logger
 	}
-	return slog.New(slog.NewTextHandler(c.stderr(), nil))
+	h := slog.NewTextHandler(c.stderr(), &slog.HandlerOptions{Level: slog.LevelDebug})
+	return logging.New(h, os.LookupEnv, slog.LevelInfo)
 }
