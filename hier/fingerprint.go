@@ -25,12 +25,15 @@ import (
 //
 // What this cannot catch the way the separate check does: ranks that
 // disagree on the count or the element type give the data collective itself
-// different sizes, which NCCL may never finish. So fingerprints are used
-// only when the watchdog is armed (WithTimeout), which turns such a call
-// into a *TimeoutError; a mismatch of kind, operator, call number or
-// acceptance is a *MismatchError, as with the separate check, but without
-// the other ranks' values (the reduced bits do not say which rank had
-// which).
+// different sizes. The rank with more elements waits for data that never
+// comes (the watchdog's *TimeoutError), but the rank with fewer can finish,
+// having reduced a peer's data where that peer's fingerprint should be:
+// zeros there leave its own fingerprint standing, a false match over wrong
+// data. So fingerprints are never on by default
+// (WithFingerprintMax), and only with the watchdog armed; a mismatch of
+// kind, operator, call number or acceptance is a *MismatchError, as with
+// the separate check, but without the other ranks' values (the reduced
+// bits do not say which rank had which).
 
 const (
 	fpHashBits  = 64                                  // a hash of the call's number and shape
@@ -47,13 +50,9 @@ const (
 	fpSlots = 64
 	// fpStages is how many staging buffers calls use in turn.
 	fpStages = 2
-	// DefaultFingerprintMax is the largest flat allreduce, in bytes, that
-	// carries its check in its data when the watchdog is armed, in worlds of
-	// FingerprintMinRanks ranks or more (WithFingerprintMax).
+	// DefaultFingerprintMax is a WithFingerprintMax for jobs that choose
+	// fingerprints (off by default): flat allreduces up to 4 MiB.
 	DefaultFingerprintMax = 4 << 20
-	// FingerprintMinRanks is the smallest world whose calls carry their
-	// check by default.
-	FingerprintMinRanks = 8
 )
 
 // fingerprint is the bits a call encodes: the hash of its number and shape,

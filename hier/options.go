@@ -139,18 +139,21 @@ func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 
 // WithFingerprintMax sets the largest flat allreduce, in bytes, whose
 // cross-rank check travels inside its own collective instead of a second
-// one; 0 turns it off. Without it, worlds of FingerprintMinRanks ranks or
-// more use DefaultFingerprintMax and smaller ones the separate check: the
-// fingerprint costs a call a constant ~45 µs (its copies), the separate
-// check a ring of its own that grows with the ranks (bench/NOTES.md item
-// 32: on 2 and 4 machines the separate check was as cheap or cheaper, on 8
-// the fingerprint saved ~100 µs a call). It applies only with the
-// watchdog armed (WithTimeout): ranks that disagree on such a call's count or
-// element type make its collective itself disagree, which ends in the
-// watchdog's *TimeoutError rather than a *MismatchError; a difference of
-// operator, kind, call order or acceptance is a *MismatchError naming the
-// field, without the other ranks' values. It costs two device copies of the
-// call and 2 × (this bytes + 2 KiB) of device memory per Reducer.
+// one; 0 (the default) turns it off. The fingerprint costs a call a
+// constant ~45 µs (its copies), the separate check a ring of its own that
+// grows with the ranks (on 8 machines the fingerprint saved ~100 µs a
+// call). It applies only with the watchdog armed (WithTimeout). A
+// difference of operator, kind, call order or acceptance is a
+// *MismatchError naming the field, without the other ranks' values. It is
+// off by default because it cannot vouch for the count: ranks that
+// disagree on a fingerprinted call's count or element type make its
+// collective itself disagree, and while the rank with more elements hangs
+// (until the watchdog's *TimeoutError), the rank with fewer can finish
+// reading a peer's data where the peer's fingerprint should be, see a
+// match, and return nil with wrong data. Set it only where every rank's
+// counts are equal by construction (fixed buckets). It costs two device
+// copies of the call and 2 × (this bytes + 2 KiB) of device memory per
+// Reducer.
 func WithFingerprintMax(bytes int64) Option {
 	return func(c *config) { c.fingerprintMax, c.fingerprintSet = bytes, true }
 }
@@ -171,9 +174,7 @@ func WithRoutesOf(src *Reducer) Option { return func(c *config) { c.routesOf = s
 // with fairgo.ErrTimeout on every rank, so a dead or stuck peer cannot hang
 // the trainer. Without this option the watchdog is armed at DefaultTimeout
 // (10 minutes, as PyTorch's NCCL process group); zero turns it off (callers
-// then bound every wait with their context). The watchdog also makes small
-// flat calls in worlds of FingerprintMinRanks ranks or more carry their
-// check in their data (WithFingerprintMax).
+// then bound every wait with their context).
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) { c.timeout, c.timeoutSet = d, true }
 }
@@ -236,9 +237,6 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	}
 	if !c.timeoutSet {
 		c.timeout = DefaultTimeout
-	}
-	if !c.fingerprintSet && g.Size() >= FingerprintMinRanks {
-		c.fingerprintMax = DefaultFingerprintMax
 	}
 	if !c.spinSet {
 		c.spin = DefaultSpin

@@ -248,20 +248,20 @@ func worldWithoutBoard(t *testing.T, cfg sim.Config, opts ...hier.Option) *world
 	return w
 }
 
-// Fingerprints by default: with the watchdog (armed unless WithTimeout(0)),
-// in worlds of FingerprintMinRanks ranks or more; never without the
-// watchdog, nor in smaller worlds unless asked.
-func TestFingerprintsByDefault(t *testing.T) {
+// Fingerprints only when asked (WithFingerprintMax), and only with the
+// watchdog (armed unless WithTimeout(0)): a fingerprint cannot vouch for
+// the count, so no world size gets them by default.
+func TestFingerprintsOnlyWhenAsked(t *testing.T) {
 	for _, c := range []struct {
 		m, d     int
 		opts     []hier.Option
 		expected bool
 	}{
-		{2, 4, []hier.Option{hier.WithTimeout(time.Minute)}, true},
-		{8, 1, []hier.Option{hier.WithTimeout(time.Minute)}, true},
-		{8, 1, nil, true}, // the default watchdog (DefaultTimeout) is armed
-		{8, 1, []hier.Option{hier.WithTimeout(0)}, false},
-		{2, 2, []hier.Option{hier.WithTimeout(time.Minute)}, false},
+		{2, 4, []hier.Option{hier.WithTimeout(time.Minute)}, false},
+		{8, 1, []hier.Option{hier.WithTimeout(time.Minute)}, false},
+		{8, 1, nil, false},
+		{8, 1, []hier.Option{hier.WithFingerprintMax(1 << 20)}, true}, // the default watchdog (DefaultTimeout) is armed
+		{8, 1, []hier.Option{hier.WithTimeout(0), hier.WithFingerprintMax(1 << 20)}, false},
 		{2, 2, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(1 << 20)}, true},
 		{2, 4, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0)}, false},
 	} {
