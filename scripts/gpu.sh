@@ -123,7 +123,9 @@
 # (T6: µs, or a file of `go test -bench` output; default enqueue.txt when
 # the enqueue section made it), TARGET_SETS (the targets analyse computes:
 # S, T, U, comma-separated, or all; default all), NODES_LAYOUTS (the nodes
-# section's layouts; default "1x4 2x1 4x1 2x2 8x1 16x1"), ENQUEUE_BENCH (the benchmarks T6 takes the
+# section's layouts; default "1x4 2x1 4x1 2x2 8x1 16x1"), NODES_ITERS (the nodes
+# section's calls back to back per timed unit, e.g. "1 20": 1 is the report's,
+# others are records b2bN-MxD beside it; default 1), ENQUEUE_BENCH (the benchmarks T6 takes the
 # worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
 # to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
 # on a host of one GPU), NVLINK_SIZES, NET_SIZES, RAPID_CHECKS (hier's
@@ -163,6 +165,7 @@ ENQUEUE=${ENQUEUE:-}
 ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
 TARGET_SETS=${TARGET_SETS:-all}
 NODES_LAYOUTS=${NODES_LAYOUTS:-1x4 2x1 4x1 2x2 8x1 16x1}
+NODES_ITERS=${NODES_ITERS:-1}
 MODEL_LINKS=${MODEL_LINKS:-}
 RAPID_CHECKS=${RAPID_CHECKS:-25}
 LAUNCHED_RAPID_CHECKS=${LAUNCHED_RAPID_CHECKS:-10}
@@ -540,7 +543,7 @@ nodes_limit() { echo $((40 + 7 * $1 * $2)); }
 
 section_nodes() {
   need fairrun fairbench || return
-  local l m d fr
+  local l m d fr n name
   # shellcheck disable=SC2086
   bench nodes-nvlink 45 "$BIN/fairbench" links -backend cuda -link nvlink $NODES_SIZES -w 1 -n 1 -reps 3
   for l in $NODES_LAYOUTS; do
@@ -548,10 +551,16 @@ section_nodes() {
     fr=()
     # shellcheck disable=SC2207
     [ "$m" -gt 1 ] && fr=($(NIC_GBIT=$NODES_GBIT fairrun_flags "$m" "$d"))
-    # shellcheck disable=SC2086,SC2046
-    bench "nodes-$l" "$(nodes_limit "$m" "$d")" "$BIN/fairrun" "${fr[@]}" --nproc-per-node $((m * d)) -- \
-      "$BIN/fairbench" sweep -backend cuda $NODES_SIZES -n 1 -reps 5 -rep-bytes "$REP_BYTES" "${CHECK[@]}" \
-      -algos flat,flat-ring,flat-tree,naive,fairgo -label "nodes-$l" $(variant_flags)
+    for n in $NODES_ITERS; do
+      # One call at a time is the report's; n calls back to back are
+      # records of their own (b2bN-MxD), beside it.
+      name="nodes-$l"
+      [ "$n" -eq 1 ] || name="b2b$n-$l"
+      # shellcheck disable=SC2086,SC2046
+      bench "$name" "$(nodes_limit "$m" "$d")" "$BIN/fairrun" "${fr[@]}" --nproc-per-node $((m * d)) -- \
+        "$BIN/fairbench" sweep -backend cuda $NODES_SIZES -n "$n" -reps 5 -rep-bytes "$REP_BYTES" "${CHECK[@]}" \
+        -algos flat,flat-ring,flat-tree,naive,fairgo -label "$name" $(variant_flags)
+    done
   done
   nodes_report
 }
