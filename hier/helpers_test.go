@@ -72,10 +72,11 @@ func tryWorld(cfg sim.Config, opts ...hier.Option) (*world, error) {
 	}, nil
 }
 
+// close closes the world's Reducers together (CloseAll): one rank's Close
+// can wait in NCCL's destroy of a world variant for its peers' (a GPU world
+// closed one Reducer after another stalled in TestGPUNoLeaks).
 func (w *world) close() {
-	for _, r := range w.reducers {
-		_ = r.Close()
-	}
+	_ = hier.CloseAll(w.reducers)
 	w.freeAllocs()
 	w.closeFn()
 }

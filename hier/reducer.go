@@ -522,7 +522,11 @@ func notify(ch chan struct{}) {
 // other calls not yet enqueued on the device fail with fairgo.ErrClosed; device work still running gets a short grace period and
 // is then aborted, failing with an error that wraps fairgo.ErrClosed. Close
 // frees the engine's device memory, and the device and communicators when the
-// Rank said so. A second Close returns fairgo.ErrClosed.
+// Rank said so. A second Close returns fairgo.ErrClosed. Closing destroys
+// the world variants' communicators, which NCCL may do together with the
+// peers: a process that drives several ranks closes them with CloseAll, not
+// one after the other (one rank's Close could wait for a peer's that has
+// not begun, until its grace period aborts it).
 func (r *Reducer) Close() error {
 	c := &r.calls
 	c.mu.Lock()
@@ -710,7 +714,8 @@ func (p *eventPool) release() error {
 }
 
 // CloseAll closes Reducers concurrently and joins their errors (a Reducer
-// already closed is not an error).
+// already closed is not an error). A process that drives several ranks
+// closes them with it (see Close).
 func CloseAll(rs []*Reducer) error {
 	errs := make([]error, len(rs))
 	var wg sync.WaitGroup

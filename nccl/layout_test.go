@@ -94,7 +94,24 @@ func TestConfigLayout(t *testing.T) {
 	if err := os.WriteFile(c, []byte(src.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(cc, "-std=c11", "-c", "-o", filepath.Join(dir, "layout.o"), c).CombinedOutput(); err != nil {
+	// nccl.h includes CUDA's runtime headers, which a host with NCCL's
+	// package but not CUDA's toolkit lacks (the GPU machines): stand-ins
+	// after the system's include directories, used only where CUDA's own
+	// are missing, declare the one type nccl.h needs from them.
+	stubs := filepath.Join(dir, "stubs")
+	for name, body := range map[string]string{
+		"cuda_runtime.h": "typedef struct CUstream_st *cudaStream_t;\n",
+		"cuda_fp16.h":    "",
+		"cuda_bf16.h":    "",
+	} {
+		if err := os.MkdirAll(stubs, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command(cc, "-std=c11", "-idirafter", stubs, "-c", "-o", filepath.Join(dir, "layout.o"), c).CombinedOutput(); err != nil {
 		t.Fatalf("ncclConfig differs from the C layout: %v\n%s", err, out)
 	}
 }
