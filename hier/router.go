@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -610,8 +611,8 @@ func (rt *router) closeUnchosen() {
 	rt.table.mu.Unlock()
 	var errs []error
 	rt.worldsMu.Lock()
-	for v, w := range rt.worlds {
-		if w.comm != nil && !used[v] {
+	for _, v := range rt.worldOrder() {
+		if w := rt.worlds[v]; w.comm != nil && !used[v] {
 			errs = append(errs, w.comm.Close())
 			delete(rt.worlds, v) // a later plan (a route set by hand) makes it again
 			rt.fact("fairgo: closed a world variant no size class chose", "nccl_algorithm", string(v))
@@ -630,8 +631,8 @@ func (rt *router) closeWorlds(broken bool) error {
 	rt.worldsMu.Lock()
 	defer rt.worldsMu.Unlock()
 	var errs []error
-	for v, w := range rt.worlds {
-		if w.comm != nil {
+	for _, v := range rt.worldOrder() {
+		if w := rt.worlds[v]; w.comm != nil {
 			if broken {
 				errs = append(errs, w.comm.Abort())
 			}
@@ -640,6 +641,14 @@ func (rt *router) closeWorlds(broken bool) error {
 		delete(rt.worlds, v)
 	}
 	return errors.Join(errs...)
+}
+
+// worldOrder is the world variants' keys in one order on every rank
+// (rt.worldsMu held): NCCL's destroy of a communicator finalizes with its
+// peers, so ranks that destroyed two variants in the orders of their maps
+// waited on each other, one in each, until the close's grace ran out.
+func (rt *router) worldOrder() []backend.NCCLAlgo {
+	return slices.Sorted(maps.Keys(rt.worlds))
 }
 
 // worldComms are the world variants open now, for the Reducer's abort

@@ -407,3 +407,30 @@ func TestFixedWorldVariantIsFlatOnceMade(t *testing.T) {
 	require.True(t, rt.isFlat(1<<30))
 	require.Len(t, m.made, 1, "made once")
 }
+
+// closeLog is a world variant's communicator that records when it is
+// closed.
+type closeLog struct {
+	backend.Comm
+	name string
+	log  *[]string
+}
+
+func (c closeLog) Close() error { *c.log = append(*c.log, c.name); return nil }
+func (c closeLog) Abort() error { return nil }
+
+// Every rank closes its world variants in one order: NCCL's destroy
+// finalizes with the peers, so two ranks that closed the ring and the tree
+// in opposite orders (the orders of their maps) waited on each other.
+func TestWorldVariantsCloseInOneOrder(t *testing.T) {
+	for range 50 {
+		var log []string
+		rt := testRouter(Grid{Machines: 2, Devices: 1}, config{}, &fixedMeasurer{})
+		for _, v := range []backend.NCCLAlgo{backend.AlgoTree, backend.AlgoRing} {
+			rt.worlds[v] = &worldVariant{comm: closeLog{name: string(v), log: &log}}
+		}
+		require.NoError(t, rt.closeWorlds(false))
+		require.Equal(t, []string{string(backend.AlgoRing), string(backend.AlgoTree)}, log)
+		require.Empty(t, rt.worlds)
+	}
+}

@@ -100,7 +100,7 @@ func TestConfigLayout(t *testing.T) {
 	// are missing, declare the one type nccl.h needs from them.
 	stubs := filepath.Join(dir, "stubs")
 	for name, body := range map[string]string{
-		"cuda_runtime.h": "typedef struct CUstream_st *cudaStream_t;\n",
+		"cuda_runtime.h": "#include <stddef.h>\ntypedef struct CUstream_st *cudaStream_t;\n",
 		"cuda_fp16.h":    "",
 		"cuda_bf16.h":    "",
 	} {
