@@ -16,8 +16,18 @@ import (
 	"github.com/fairgo/fairgo/internal/elem"
 )
 
+// The element loops of RandomInputs, ComputeReference and CheckResults run
+// without the race detector's instrumentation (go:norace): they work on
+// buffers the calling test owns alone (inputs before they are uploaded,
+// results after they are downloaded), and instrumented they were most of
+// the time of the large-count tests under -race. getFloat and setFloat are
+// elem.Get and elem.Set for the floating-point types, here so that the
+// loops call nothing instrumented per element.
+
 // RandomInputs draws one input per rank, in ranges that keep the reduction
 // of op finite in dt.
+//
+//go:norace
 func RandomInputs(rng *rand.Rand, dt fairgo.DType, op fairgo.Op, ranks int, count int) [][]byte {
 	out := make([][]byte, ranks)
 	es := dt.Size()
@@ -32,7 +42,7 @@ func RandomInputs(rng *rand.Rand, dt fairgo.DType, op fairgo.Op, ranks int, coun
 						v = -v
 					}
 				}
-				elem.Set(dt, b, i, v)
+				setFloat(dt, b, i, v)
 			}
 		} else {
 			for i := range b {
@@ -52,6 +62,7 @@ type Reference struct {
 	tol  []float64
 }
 
+//go:norace
 func bitsOf(dt fairgo.DType, b []byte, i int) uint64 {
 	switch dt.Size() {
 	case 1:
@@ -64,6 +75,7 @@ func bitsOf(dt fairgo.DType, b []byte, i int) uint64 {
 	return binary.LittleEndian.Uint64(b[8*i:])
 }
 
+//go:norace
 func mask(dt fairgo.DType) uint64 {
 	if dt.Size() == 8 {
 		return math.MaxUint64
@@ -72,6 +84,8 @@ func mask(dt fairgo.DType) uint64 {
 }
 
 // signed sign-extends a dt-wide value.
+//
+//go:norace
 func signed(dt fairgo.DType, v uint64) int64 {
 	shift := 64 - 8*dt.Size()
 	return int64(v<<shift) >> shift
@@ -82,6 +96,8 @@ func signed(dt fairgo.DType, v uint64) int64 {
 // tolerance of (ranks + 2) unit roundoffs of the sum of magnitudes (of the
 // product's magnitude for Prod), enough for any order of rounded partial
 // results through a two-level or ring reduction.
+//
+//go:norace
 func ComputeReference(dt fairgo.DType, op fairgo.Op, inputs [][]byte) Reference {
 	ranks := len(inputs)
 	n := len(inputs[0]) / dt.Size()
@@ -126,9 +142,9 @@ func ComputeReference(dt fairgo.DType, op fairgo.Op, inputs [][]byte) Reference 
 	ref.val = make([]float64, n)
 	ref.tol = make([]float64, n)
 	for i := 0; i < n; i++ {
-		acc, mag := elem.Get(dt, inputs[0], i), math.Abs(elem.Get(dt, inputs[0], i))
+		acc, mag := getFloat(dt, inputs[0], i), math.Abs(getFloat(dt, inputs[0], i))
 		for g := 1; g < ranks; g++ {
-			x := elem.Get(dt, inputs[g], i)
+			x := getFloat(dt, inputs[g], i)
 			switch op {
 			case fairgo.Sum, fairgo.Avg:
 				acc += x
@@ -157,6 +173,8 @@ func ComputeReference(dt fairgo.DType, op fairgo.Op, inputs [][]byte) Reference 
 
 // CheckResults returns an error describing the first rank that differs from
 // rank 0 bit for bit, or the first element of rank 0 off the reference.
+//
+//go:norace
 func CheckResults(dt fairgo.DType, ref Reference, outputs [][]byte) error {
 	for g := 1; g < len(outputs); g++ {
 		for i := range outputs[0] {
@@ -175,12 +193,47 @@ func CheckResults(dt fairgo.DType, ref Reference, outputs [][]byte) error {
 		return nil
 	}
 	for i, want := range ref.val {
-		got := elem.Get(dt, out, i)
+		got := getFloat(dt, out, i)
 		if math.IsNaN(got) || math.Abs(got-want) > ref.tol[i] {
 			return fmt.Errorf("element %d: got %v, want %v ± %v", i, got, want, ref.tol[i])
 		}
 	}
 	return nil
+}
+
+// getFloat is elem.Get for the floating-point types.
+//
+//go:norace
+func getFloat(dt fairgo.DType, b []byte, i int) float64 {
+	switch dt {
+	case fairgo.Float16:
+		return float64(elem.Float16ToFloat32(binary.LittleEndian.Uint16(b[2*i:])))
+	case fairgo.BFloat16:
+		return float64(elem.BFloat16ToFloat32(binary.LittleEndian.Uint16(b[2*i:])))
+	case fairgo.Float32:
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
+	case fairgo.Float64:
+		return math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	return elem.Get(dt, b, i)
+}
+
+// setFloat is elem.Set for the floating-point types.
+//
+//go:norace
+func setFloat(dt fairgo.DType, b []byte, i int, v float64) {
+	switch dt {
+	case fairgo.Float16:
+		binary.LittleEndian.PutUint16(b[2*i:], elem.Float64ToFloat16(v))
+	case fairgo.BFloat16:
+		binary.LittleEndian.PutUint16(b[2*i:], elem.Float64ToBFloat16(v))
+	case fairgo.Float32:
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(v)))
+	case fairgo.Float64:
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	default:
+		elem.Set(dt, b, i, v)
+	}
 }
 
 // waitAllLimit bounds WaitAll. The first call of a size class may run
