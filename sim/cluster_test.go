@@ -252,7 +252,9 @@ func calibrateOne(t *testing.T) {
 	defer hier.CloseAll(rs)
 	works := make([]*hier.Work, len(rs))
 	for g, r := range rs {
-		tn, err := c.Device(g).AllocTensor(1<<20, fairgo.Float32) // above the flat threshold: calibrates one class
+		// 128 KiB, above Auto's flat threshold (64 KiB): calibrates one class,
+		// the smallest, which under -race takes a fraction of a larger one's time
+		tn, err := c.Device(g).AllocTensor(32<<10, fairgo.Float32)
 		require.NoError(t, err)
 		works[g] = r.AllReduce(ctx, tn, fairgo.Sum)
 	}
