@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"github.com/fairgo/fairgo/logging"
 	"sync"
 
 	"github.com/fairgo/fairgo"
@@ -378,7 +378,7 @@ func NewLocalRanks(devs []*Device, machines, perMachine int) ([]backend.Rank, er
 		ranks[r] = r
 		places[r] = fairgo.Grid{Machines: machines, Devices: perMachine, Machine: r / perMachine, Local: r % perMachine}
 	}
-	return connect(context.Background(), rendezvous.NewMemoryStore(), places, ranks, devs, false, slog.Default())
+	return connect(context.Background(), rendezvous.NewMemoryStore(), places, ranks, devs, false, logging.Default())
 }
 
 // CloseRanks destroys the communicators of ranks made by NewLocalRanks (the
