@@ -8,7 +8,7 @@ PTX_OUT   := cuda/kernels/reduce.ptx
 TRAIN_SRC := examples/ddp/internal/gpu/train.cu
 TRAIN_OUT := examples/ddp/internal/gpu/train.ptx
 
-.PHONY: test vet fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean libfairgo libfairgo-sim capi-test python-test wheel
+.PHONY: test vet fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean cgo-check libfairgo libfairgo-sim capi-test python-test wheel
 
 test:
 	$(GO) vet ./...
@@ -86,11 +86,16 @@ endif
 # comm hook (python/fairgo_torch) and other languages: lib/libfairgo.so and
 # lib/fairgo.h. It loads anywhere; running collectives needs a GPU driver
 # and NCCL (see the README).
-libfairgo:
+libfairgo: cgo-check
 	mkdir -p lib
-	$(GLIBC_COMPAT) $(GO) build -tags fairgo_nonvml -ldflags="-s -w" -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
+	CGO_ENABLED=1 $(GLIBC_COMPAT) $(GO) build -tags fairgo_nonvml -ldflags="-s -w" -buildmode=c-shared -o lib/libfairgo.so ./cmd/libfairgo
 	rm -f lib/libfairgo.h # cgo's generated header; fairgo.h is the documented one
 	cp cmd/libfairgo/fairgo.h lib/fairgo.h
+
+# A C ABI is cgo's: libfairgo and the tests that load it need a C compiler
+# whatever CGO_ENABLED says for the rest of the build.
+cgo-check:
+	@command -v $${CC:-cc} >/dev/null 2>&1 || { echo "make: libfairgo.so (the C ABI, the wheel) needs cgo and a C compiler ($${CC:-cc} not found); the Go packages and programs build without one (CGO_ENABLED=0 go build ./...)" >&2; exit 1; }
 
 # The fairgo_torch wheel with lib/libfairgo.so inside, into dist/
 # (python/build_wheel.py: no pip, setuptools or network needed).
@@ -100,9 +105,9 @@ wheel: libfairgo
 
 # The same ABI on the simulated cluster (one rank, no GPU), for testing
 # callers of the library on a host without a GPU.
-libfairgo-sim:
+libfairgo-sim: cgo-check
 	mkdir -p lib
-	$(GLIBC_COMPAT) $(GO) build -tags fairgo_sim,fairgo_nonvml -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
+	CGO_ENABLED=1 $(GLIBC_COMPAT) $(GO) build -tags fairgo_sim,fairgo_nonvml -buildmode=c-shared -o lib/libfairgo_sim.so ./cmd/libfairgo
 	rm -f lib/libfairgo_sim.h
 
 # A C and a C++ caller of fairgo.h, run against libfairgo_sim.so (two ranks
