@@ -332,10 +332,21 @@ func (x exchange) reduce() error {
 	if c0.kind == kReduceScatter {
 		total = count * int64(n)
 	}
+	var frees []func()
+	defer func() {
+		for _, free := range frees {
+			free()
+		}
+	}()
+	scratch := func(bytes int64) []byte {
+		b, free := newScratch(bytes)
+		frees = append(frees, free)
+		return b
+	}
 	inputs := make([][]byte, n)
 	for r, c := range x.m.calls {
-		b, err := x.read(c, c.send, total)
-		if err != nil {
+		b := scratch(total * size)
+		if err := c.dev.mem.readInto(x.what, c.send, b); err != nil {
 			return err
 		}
 		inputs[r] = b
@@ -348,9 +359,9 @@ func (x exchange) reduce() error {
 		}
 	}
 	if c0.kind == kReduceScatter {
+		block := scratch(count * size)
 		for b, c := range x.m.calls {
-			block, err := ringReduce(inputs, int64(b)*count*size, count*size, b, dt, c0.op)
-			if err != nil {
+			if err := ringReduce(block, inputs, int64(b)*count*size, b, dt, c0.op); err != nil {
 				return err
 			}
 			if err := x.write(c, c.recv, block); err != nil {
@@ -361,14 +372,12 @@ func (x exchange) reduce() error {
 	}
 	// All-reduce: a ring reduce-scatter over n chunks, then every rank
 	// receives the same bytes.
-	result := make([]byte, 0, total*size)
+	result := scratch(total * size)
 	for b := range n {
 		lo, hi := total*int64(b)/int64(n), total*int64(b+1)/int64(n)
-		chunk, err := ringReduce(inputs, lo*size, (hi-lo)*size, b, dt, c0.op)
-		if err != nil {
+		if err := ringReduce(result[lo*size:hi*size], inputs, lo*size, b, dt, c0.op); err != nil {
 			return err
 		}
-		result = append(result, chunk...)
 	}
 	return x.writeAll(result)
 }
@@ -377,13 +386,13 @@ func (x exchange) reduce() error {
 // rank's receive buffer.
 func (x exchange) allGather() error {
 	count := x.m.calls[0].count
-	all := make([]byte, 0, int64(x.n)*count*x.size)
-	for _, c := range x.m.calls {
-		b, err := x.read(c, c.send, count)
-		if err != nil {
+	block := count * x.size
+	all, free := newScratch(int64(x.n) * block)
+	defer free()
+	for i, c := range x.m.calls {
+		if err := c.dev.mem.readInto(x.what, c.send, all[int64(i)*block:int64(i+1)*block]); err != nil {
 			return err
 		}
-		all = append(all, b...)
 	}
 	return x.writeAll(all)
 }
@@ -412,25 +421,25 @@ func (x exchange) allToAll() error {
 	return nil
 }
 
-// ringReduce reduces bytes [off, off+length) of every input the way a ring
-// does for the chunk owned by rank owner: starting at rank owner+1, each hop
-// combines the next rank's data, rounded in the element type, ending at the
-// owner. Integer Avg divides the wrapped sum at the end (float Avg inputs
-// were pre-multiplied by 1/n).
-func ringReduce(inputs [][]byte, off, length int64, owner int, dt fairgo.DType, op fairgo.Op) ([]byte, error) {
-	n := len(inputs)
-	acc := slices.Clone(inputs[(owner+1)%n][off : off+length])
+// ringReduce reduces bytes [off, off+len(acc)) of every input into acc the
+// way a ring does for the chunk owned by rank owner: starting at rank
+// owner+1, each hop combines the next rank's data, rounded in the element
+// type, ending at the owner. Integer Avg divides the wrapped sum at the end
+// (float Avg inputs were pre-multiplied by 1/n).
+func ringReduce(acc []byte, inputs [][]byte, off int64, owner int, dt fairgo.DType, op fairgo.Op) error {
+	n, length := len(inputs), int64(len(acc))
+	copy(acc, inputs[(owner+1)%n][off:off+length])
 	for j := 2; j <= n; j++ {
 		if err := elem.Combine(dt, op, acc, inputs[(owner+j)%n][off:off+length]); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if op == fairgo.Avg && !dt.IsFloat() {
 		if err := elem.Scale(dt, acc, n); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return acc, nil
+	return nil
 }
 
 // Comm is one rank's handle on a simulated NCCL communicator. Calls are

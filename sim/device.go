@@ -156,11 +156,9 @@ func (d *Device) Download(dst []byte, src uintptr) error {
 	if err := d.mem.checkRange(src, int64(len(dst))); err != nil {
 		return fmt.Errorf("sim: download from %s: %w", d, err)
 	}
-	b, err := d.mem.read("download", src, int64(len(dst)))
-	if err != nil {
+	if err := d.mem.readInto("download", src, dst); err != nil {
 		return fmt.Errorf("sim: download: %w: %w", fairgo.ErrInvalidArgument, err)
 	}
-	copy(dst, b)
 	return nil
 }
 
@@ -256,12 +254,7 @@ func (d *Device) CopyToHostAsync(dst []byte, src uintptr, st streams.Stream) err
 		return fmt.Errorf("sim: copy to the host from %s: %w", d, err)
 	}
 	return s.enqueue(op{name: "copy to host", run: func(context.Context) error {
-		b, err := d.mem.read("copy to host", src, int64(len(dst)))
-		if err != nil {
-			return err
-		}
-		copy(dst, b)
-		return nil
+		return d.mem.readInto("copy to host", src, dst)
 	}})
 }
 
@@ -297,8 +290,9 @@ func (d *Device) CopyAsync(dst, src uintptr, bytes int64, st streams.Stream) err
 		return nil
 	}
 	return s.enqueue(op{name: "copy", run: func(context.Context) error {
-		data, err := d.mem.read("copy", src, bytes)
-		if err != nil {
+		data, free := newScratch(bytes)
+		defer free()
+		if err := d.mem.readInto("copy", src, data); err != nil {
 			return err
 		}
 		return d.mem.write("copy", dst, data)
@@ -384,14 +378,22 @@ func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fa
 	}
 	return s.enqueue(op{name: "reduce", run: func(context.Context) error {
 		srcs := make([][]byte, n)
+		var frees []func()
+		defer func() {
+			for _, free := range frees {
+				free()
+			}
+		}()
 		for k := range srcs {
-			b, err := d.mem.read("reduce", src+uintptr(int64(k)*stride*size), bytes)
-			if err != nil {
+			b, free := newScratch(bytes)
+			frees = append(frees, free)
+			if err := d.mem.readInto("reduce", src+uintptr(int64(k)*stride*size), b); err != nil {
 				return err
 			}
 			srcs[k] = b
 		}
-		out := make([]byte, bytes)
+		out, free := newScratch(bytes)
+		frees = append(frees, free)
 		if err := elem.ReduceShards(dt, rop, out, srcs, divisor); err != nil {
 			return fmt.Errorf("sim: reduce on %s: %w", d, err)
 		}

@@ -23,6 +23,19 @@ type allocation struct {
 	mu    sync.Mutex
 	data  []byte
 	freed bool
+	// release gives data back (newScratch's function; nil for host memory
+	// mapped by DevicePointer, which its owner frees).
+	release func()
+}
+
+// drop marks a freed and gives its memory back. The caller holds a.mu, so
+// no copy is under way.
+func (a *allocation) drop() {
+	a.freed, a.data = true, nil
+	if a.release != nil {
+		a.release()
+		a.release = nil
+	}
 }
 
 // memory is a device's address space.
@@ -64,7 +77,8 @@ func (m *memory) alloc(bytes int64) (uintptr, error) {
 	}
 	m.next = addr + uintptr(reserved) + allocGap
 	m.used += reserved
-	m.allocs = append(m.allocs, &allocation{base: addr, size: bytes, data: make([]byte, bytes)})
+	data, release := newScratch(bytes)
+	m.allocs = append(m.allocs, &allocation{base: addr, size: bytes, data: data, release: release})
 	return addr, nil
 }
 
@@ -87,7 +101,7 @@ func (m *memory) free(ptr uintptr) error {
 	m.used -= alignUp(max(a.size, 1))
 	m.mu.Unlock()
 	a.mu.Lock()
-	a.freed, a.data = true, nil
+	a.drop()
 	a.mu.Unlock()
 	return nil
 }
@@ -149,13 +163,35 @@ func (m *memory) read(op string, ptr uintptr, bytes int64) ([]byte, error) {
 		return nil, m.illegal(op, ptr, bytes, why)
 	}
 	out := make([]byte, bytes)
+	if err := m.copyOut(op, ptr, a, off, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// readInto copies [ptr, ptr+len(dst)) into dst, or fails as read does.
+func (m *memory) readInto(op string, ptr uintptr, dst []byte) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	bytes := int64(len(dst))
+	a, off, why := m.lookup(ptr, bytes)
+	if why != "" {
+		return m.illegal(op, ptr, bytes, why)
+	}
+	return m.copyOut(op, ptr, a, off, dst)
+}
+
+// copyOut copies len(dst) bytes at offset off of a into dst.
+func (m *memory) copyOut(op string, ptr uintptr, a *allocation, off int64, dst []byte) error {
+	bytes := int64(len(dst))
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.freed {
-		return nil, m.illegal(op, ptr, bytes, "the allocation was freed")
+		return m.illegal(op, ptr, bytes, "the allocation was freed")
 	}
-	copy(out, a.data[off:off+bytes])
-	return out, nil
+	copy(dst, a.data[off:off+bytes])
+	return nil
 }
 
 // write copies data to ptr, or fails as an illegal address of op.
@@ -195,7 +231,7 @@ func (m *memory) release() {
 	m.mu.Unlock()
 	for _, a := range allocs {
 		a.mu.Lock()
-		a.freed, a.data = true, nil
+		a.drop()
 		a.mu.Unlock()
 	}
 }
