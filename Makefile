@@ -10,9 +10,12 @@ TRAIN_OUT := examples/ddp/internal/gpu/train.ptx
 
 .PHONY: test vet fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean cgo-check libfairgo libfairgo-sim capi-test python-test wheel
 
+# go test -race through internal/testprogress, which prints each package as
+# it ends and each top-level test that took 2 s or more; hier, the longest,
+# is listed first so that it starts first.
 test:
 	$(GO) vet ./...
-	$(GO) test -race -timeout 45m ./...
+	$(GO) run ./internal/testprogress $(GO) -race -timeout 45m ./hier ./...
 
 vet:
 	$(GO) vet ./...
