@@ -174,7 +174,9 @@ func checkHalvingDoubling(t require.TestingT, w int, count int64) {
 				o := plans[r].owned
 				for i := o.lo; i < o.end(); i++ {
 					for j := range w {
-						require.Equal(t, 1, state[r][i][j], "rank %d owns element %d: rank %d's part", r, i, j)
+						if state[r][i][j] != 1 { // require only on failure: it costs a lot per element
+							require.Equal(t, 1, state[r][i][j], "rank %d owns element %d: rank %d's part", r, i, j)
+						}
 					}
 				}
 			}
@@ -184,7 +186,9 @@ func checkHalvingDoubling(t require.TestingT, w int, count int64) {
 		require.Equal(t, plans[0].reduced, plans[r].reduced)
 		for i := range count {
 			for j := range w {
-				require.Equal(t, 1, state[r][i][j], "rank %d, element %d: rank %d's part", r, i, j)
+				if state[r][i][j] != 1 {
+					require.Equal(t, 1, state[r][i][j], "rank %d, element %d: rank %d's part", r, i, j)
+				}
 			}
 		}
 	}
