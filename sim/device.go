@@ -321,16 +321,15 @@ func (d *Device) Copy2DAsync(dst uintptr, dstPitch int64, src uintptr, srcPitch 
 		}
 	}
 	return s.enqueue(op{name: "2D copy", run: func(context.Context) error {
-		rows := make([][]byte, height)
+		rows, free := newScratch(height * width) // every row read before any is written
+		defer free()
 		for i := range height {
-			row, err := d.mem.read("2D copy", src+uintptr(i*srcPitch), width)
-			if err != nil {
+			if err := d.mem.readInto("2D copy", src+uintptr(i*srcPitch), rows[i*width:(i+1)*width]); err != nil {
 				return err
 			}
-			rows[i] = row
 		}
-		for i, row := range rows {
-			if err := d.mem.write("2D copy", dst+uintptr(int64(i)*dstPitch), row); err != nil {
+		for i := range height {
+			if err := d.mem.write("2D copy", dst+uintptr(i*dstPitch), rows[i*width:(i+1)*width]); err != nil {
 				return err
 			}
 		}

@@ -31,7 +31,8 @@ type Stream struct {
 	dev    *Device
 	id     int
 	jitter time.Duration
-	rng    *rand.Rand // used only by the stream's goroutine
+	rng    *rand.Rand  // used only by the stream's goroutine
+	timer  *time.Timer // delay's, reused from operation to operation; the stream's goroutine's alone
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -188,11 +189,15 @@ func (s *Stream) delay(ctx context.Context) {
 	if d <= 0 {
 		return
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
+	if s.timer == nil {
+		s.timer = time.NewTimer(d)
+	} else {
+		s.timer.Reset(d) // since Go 1.23 no value of an earlier run is left to receive
+	}
 	select {
-	case <-t.C:
+	case <-s.timer.C:
 	case <-ctx.Done():
+		s.timer.Stop()
 	}
 }
 
