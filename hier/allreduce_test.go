@@ -103,6 +103,7 @@ func (c allReduceCase) run(t testing.TB, hook func(*hier.Reducer)) error {
 }
 
 func TestAllReduceProperty(t *testing.T) {
+	t.Parallel() // its own simulated worlds; CPU-bound, it overlaps the other parallel tests
 	rapid.Check(t, func(rt *rapid.T) {
 		c := drawCase(rt)
 		require.NoError(rt, c.run(t, nil))
@@ -111,6 +112,7 @@ func TestAllReduceProperty(t *testing.T) {
 
 // Counts of several million elements, including primes and M·D ± 1.
 func TestAllReduceLarge(t *testing.T) {
+	t.Parallel() // its own simulated worlds; CPU-bound, it overlaps the other parallel tests
 	if testing.Short() {
 		t.Skip("large counts")
 	}

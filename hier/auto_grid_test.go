@@ -204,6 +204,7 @@ func TestAutoChoosesHalvingDoublingWhereItIsFastest(t *testing.T) {
 // ones and a few thousand; halving-doubling also on a buffer that is not
 // aligned to its elements and in pieces (a call larger than its chunk).
 func TestNewAlgorithmsMatchTheReference(t *testing.T) {
+	t.Parallel() // its own simulated worlds; CPU-bound, it overlaps the other parallel tests
 	type gridCase struct{ m, d int }
 	grids := []gridCase{{2, 1}, {3, 1}, {4, 1}, {5, 1}, {2, 3}, {7, 1}, {8, 1}, {3, 3}}
 	for _, algo := range []hier.Algorithm{hier.HalvingDoubling, hier.FlatRing, hier.FlatTree, hier.RailAllToAll} {

@@ -163,6 +163,7 @@ func TestInlineEnqueueKeepsCallOrder(t *testing.T) {
 // padding included, on several grids, with the integer average's single
 // division over the whole row.
 func TestRailAllReduceInOnePiece(t *testing.T) {
+	t.Parallel() // its own simulated worlds; CPU-bound, it overlaps the other parallel tests
 	for _, tc := range []struct {
 		m, d, count int
 		dt          fairgo.DType

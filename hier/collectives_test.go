@@ -143,10 +143,12 @@ func (bc blockCase) runAllGather(t testing.TB) error {
 }
 
 func TestReduceScatterProperty(t *testing.T) {
+	t.Parallel() // its own simulated worlds; CPU-bound, it overlaps the other parallel tests
 	rapid.Check(t, func(rt *rapid.T) { require.NoError(rt, drawBlockCase(rt).runReduceScatter(t)) })
 }
 
 func TestAllGatherProperty(t *testing.T) {
+	t.Parallel() // its own simulated worlds; CPU-bound, it overlaps the other parallel tests
 	rapid.Check(t, func(rt *rapid.T) { require.NoError(rt, drawBlockCase(rt).runAllGather(t)) })
 }
 
