@@ -132,9 +132,13 @@ func TestRdzvNodeRank(t *testing.T) {
 // up to --max-restarts times, each attempt told its count; without
 // restarts left the failure's code is fairrun's.
 func TestRunMaxRestarts(t *testing.T) {
-	// Every worker prints its attempt; rank 1 fails the first two.
+	// Every worker prints its attempt; rank 1 fails the first two, once rank
+	// 0 has printed its line (a marker file in $MARKS): on a loaded host the
+	// group was torn down before rank 0's shell got to its echo.
 	script := `echo "attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS id $TORCHELASTIC_RUN_ID"; ` +
-		`[ "$RANK" != 1 ] || [ "$TORCHELASTIC_RESTART_COUNT" -ge 2 ] || exit 3`
+		`[ "$RANK" != 0 ] || : > "$MARKS/$TORCHELASTIC_RESTART_COUNT"; ` +
+		`[ "$RANK" != 1 ] || [ "$TORCHELASTIC_RESTART_COUNT" -ge 2 ] || { i=0; ` +
+		`while [ ! -e "$MARKS/$TORCHELASTIC_RESTART_COUNT" ] && [ $i -lt 2000 ]; do sleep 0.01; i=$((i+1)); done; exit 3; }`
 	for _, tc := range []struct {
 		restarts, code, attempts int
 	}{
@@ -143,6 +147,7 @@ func TestRunMaxRestarts(t *testing.T) {
 		{restarts: 0, code: 3, attempts: 1},
 	} {
 		var so, se syncBuffer
+		t.Setenv("MARKS", t.TempDir())
 		c, err := ParseArgs([]string{
 			"--nproc-per-node", "2", "--max-restarts", itoa(tc.restarts), "--rdzv-id", "j1", "--grace", "1s",
 			"--", "sh", "-c", script,
