@@ -68,26 +68,33 @@ def elf_glibc_needs(data: bytes):
     """The ELF machine of a shared object and the newest GLIBC_2.N it
     references (from SHT_GNU_verneed), as (machine, N); N is None when it
     references no versioned glibc symbol."""
-    sections = _sections(data)
+    sections = _sections(data)  # refuses what is not an ELF file first
     machine, = struct.unpack_from("<H", data, 0x12)
     newest = None
+    for _, name, _ in _needed_versions(data, sections):
+        v = glibc_version(name)
+        if v is not None:
+            newest = max(newest or 0, v[1])
+    return MACHINES.get(machine), newest
+
+
+def _needed_versions(data: bytes, sections):
+    """The versions a shared object needs (SHT_GNU_verneed), as
+    (vna_other index, version name, file) in table order."""
     for sh_type, off, _, link, count, _ in sections:
         if sh_type != SHT_GNU_VERNEED:
             continue
         strtab = sections[link][1]
         for _ in range(count):
-            _, vn_cnt, _, vn_aux, vn_next = struct.unpack_from("<HHIII", data, off)
+            _, vn_cnt, vn_file, vn_aux, vn_next = struct.unpack_from("<HHIII", data, off)
             aux = off + vn_aux
             for _ in range(vn_cnt):
-                _, _, _, vna_name, vna_next = struct.unpack_from("<IHHII", data, aux)
-                v = glibc_version(_cstring(data, strtab + vna_name))
-                if v is not None:
-                    newest = max(newest or 0, v[1])
+                _, _, vna_other, vna_name, vna_next = struct.unpack_from("<IHHII", data, aux)
+                yield vna_other, _cstring(data, strtab + vna_name), _cstring(data, strtab + vn_file)
                 aux += vna_next
             if vn_next == 0:
                 break
             off += vn_next
-    return MACHINES.get(machine), newest
 
 
 def _sections(data: bytes):
@@ -136,21 +143,8 @@ def elf_versioned_imports(data: bytes):
     undefined pthread_create@GLIBC_2.34 (what `objdump -T` lists as
     *UND* with a version); the newest glibc one of a symbol taken twice."""
     sections = _sections(data)
-    versions = {}  # the vna_other index of each needed version: (name, file)
-    for sh_type, off, _, link, count, _ in sections:
-        if sh_type != SHT_GNU_VERNEED:
-            continue
-        strtab = sections[link][1]
-        for _ in range(count):
-            _, vn_cnt, vn_file, vn_aux, vn_next = struct.unpack_from("<HHIII", data, off)
-            aux = off + vn_aux
-            for _ in range(vn_cnt):
-                _, _, vna_other, vna_name, vna_next = struct.unpack_from("<IHHII", data, aux)
-                versions[vna_other] = (_cstring(data, strtab + vna_name), _cstring(data, strtab + vn_file))
-                aux += vna_next
-            if vn_next == 0:
-                break
-            off += vn_next
+    # the vna_other index of each needed version: (name, file)
+    versions = {other: (name, file) for other, name, file in _needed_versions(data, sections)}
     versym = next((off for sh_type, off, *_ in sections if sh_type == SHT_GNU_VERSYM), None)
     out = {}
     for sh_type, off, size, link, _, entsize in sections:
