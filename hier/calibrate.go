@@ -81,20 +81,32 @@ func (c *calibrator) world(algo backend.NCCLAlgo) (backend.Comm, error) {
 	return comm, nil
 }
 
+// timings is what a calibration measured of its candidates, each the
+// slowest rank's best: the time per call in bursts back to back, and the
+// time of one call alone where the class is timed so too (nil where not).
+// samples counts each candidate's timed bursts.
+type timings struct {
+	burst, single []int64
+	samples       []int
+}
+
 // timeRoutes runs each candidate on scratch buffers of size bytes and
-// returns, for each, the slowest rank's best time per call in nanoseconds,
-// and how many timed samples it ran (prune stops timing a candidate far
-// behind after the first round).
+// returns their timings (prune stops timing a candidate far behind after
+// the first round).
 //
 // A sample is a burst of calls back to back (calibrationBurst: up to 4,
 // each on a buffer of its own, then one wait), the way a trainer's
 // gradient buckets arrive: a pipelined route overlaps one call's network
 // stage with the next call's intra-machine stages, which a single call
 // cannot show. Measured one call at a time on the one-GPU testbed, the
-// 16 MiB class on 2 × 4 chose the rail allreduce in one piece (100–105 ms
-// against 104–113 for the sliced rail at 24 MiB), which then took 3.4–3.5 s
-// for 32 buckets of 25 MiB back to back against 2.8 s for the sliced rail
-// (bench/NOTES.md item 35).
+// 16 MiB class on 2 × 4 chose the rail allreduce in one piece, which then
+// lost to the sliced rail back to back (bench/NOTES.md item 35). The
+// other way round, at 256 KiB on 2 × 1 the bursts chose flat NCCL, which
+// one call at a time took 1.6 times its tree's time (item 47). So where a
+// burst has several calls, every round also times one call alone, and
+// choose weighs both. Larger classes (from calibrationAloneBytes) time
+// bursts only: their calls are a trainer's buckets, which come back to
+// back, and a call alone there costs the calibration most.
 //
 // The best, not the median: the noise of a shared network is one-sided (a
 // TCP retransmission timeout adds 200 ms to a call, nothing makes one
@@ -105,22 +117,23 @@ func (c *calibrator) world(algo backend.NCCLAlgo) (backend.Comm, error) {
 // would be timed otherwise); then calibrationRounds rounds of every
 // candidate, the order rotated from round to round so that none always
 // follows the same one.
-func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, []int, error) {
+func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 	r := c.r
 	first := r.exec.first()
 	hdr, err := c.header()
 	if err != nil {
-		return nil, nil, err
+		return timings{}, err
 	}
 	burst := calibrationBurst(size)
+	alone := burst > 1 && size < calibrationAloneBytes // time single calls too
 	scratch, err := c.agreedScratch(hdr, size*int64(burst), first)
 	if err != nil {
-		return nil, nil, err
+		return timings{}, err
 	}
 	defer r.rank.Device.Free(scratch)
 	ev, err := r.events.get()
 	if err != nil {
-		return nil, nil, err
+		return timings{}, err
 	}
 	defer r.events.put(ev)
 	run := func(a plan, calls int) (int64, error) {
@@ -147,10 +160,11 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, []int, error
 	}
 	for _, a := range cands { // warm-up: one call connects what the route uses
 		if _, err := run(a, 1); err != nil {
-			return nil, nil, err
+			return timings{}, err
 		}
 	}
-	samples := make([][]int64, len(cands))
+	bursts := make([][]int64, len(cands))
+	singles := make([][]int64, len(cands))
 	timed := make([]int, len(cands)) // the candidates still timed
 	for i := range timed {
 		timed[i] = i
@@ -160,46 +174,74 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) ([]int64, []int, error
 			i := timed[(j+round)%len(timed)]
 			d, err := run(cands[i], burst)
 			if err != nil {
-				return nil, nil, err
+				return timings{}, err
 			}
-			samples[i] = append(samples[i], d)
+			bursts[i] = append(bursts[i], d)
+			if !alone {
+				continue
+			}
+			if d, err = run(cands[i], 1); err != nil {
+				return timings{}, err
+			}
+			singles[i] = append(singles[i], d)
 		}
 		if round == 0 && len(timed) > 1 {
-			if timed, err = c.prune(hdr, samples, first); err != nil {
-				return nil, nil, err
+			if timed, err = c.prune(hdr, bursts, singles, first); err != nil {
+				return timings{}, err
 			}
 		}
 	}
-	bests := make([]int64, len(cands))
-	counts := make([]int, len(cands))
+	t := timings{samples: make([]int, len(cands))}
+	bests := make([]int64, 0, 2*len(cands))
 	for i := range cands {
-		bests[i] = slices.Min(samples[i])
-		counts[i] = len(samples[i])
+		bests = append(bests, slices.Min(bursts[i]))
+		t.samples[i] = len(bursts[i])
 	}
-	times, err := c.worldMax(hdr, bests, first)
-	return times, counts, err
+	if alone {
+		for i := range cands {
+			bests = append(bests, slices.Min(singles[i]))
+		}
+	}
+	agreed, err := c.worldMax(hdr, bests, first)
+	if err != nil {
+		return timings{}, err
+	}
+	t.burst = agreed[:len(cands)]
+	if alone {
+		t.single = agreed[len(cands):]
+	}
+	return t, nil
 }
 
 // prune returns the candidates worth more rounds after the first: those
 // whose first sample, the slowest rank's, is within calibrationPrune times
-// the fastest one's. A candidate slower than that wins the rounds left
+// the fastest one's, in bursts or one call at a time (singles, empty where
+// a burst is one call). A candidate slower than that wins the rounds left
 // only if noise doubled its first sample, and timing it again lengthens
-// the first call of the class (on the sim cluster with 11 KiB slices, the sliced rail took 13×
-// flat's time and 85% of the calibration). Every rank keeps the same
-// candidates: the decision is on times all ranks agreed on.
-func (c *calibrator) prune(hdr *exchange, samples [][]int64, s streams.Stream) ([]int, error) {
-	firsts := make([]int64, len(samples))
-	for i, sm := range samples {
-		firsts[i] = sm[0]
+// the first call of the class (on the sim cluster with 11 KiB slices, the
+// sliced rail took 13× flat's time and 85% of the calibration). Every rank
+// keeps the same candidates: the decision is on times all ranks agreed on.
+func (c *calibrator) prune(hdr *exchange, bursts, singles [][]int64, s streams.Stream) ([]int, error) {
+	firsts := make([]int64, 0, 2*len(bursts))
+	for _, sm := range bursts {
+		firsts = append(firsts, sm[0])
+	}
+	for _, sm := range singles {
+		if len(sm) > 0 {
+			firsts = append(firsts, sm[0])
+		}
 	}
 	agreed, err := c.worldMax(hdr, firsts, s)
 	if err != nil {
 		return nil, err
 	}
-	fastest := slices.Min(agreed)
+	n := len(bursts)
+	within := func(ts []int64, i int) bool {
+		return len(ts) > i && float64(ts[i]) <= calibrationPrune*float64(slices.Min(ts))
+	}
 	var keep []int
-	for i, t := range agreed {
-		if float64(t) <= calibrationPrune*float64(fastest) {
+	for i := range n {
+		if within(agreed[:n], i) || within(agreed[n:], i) {
 			keep = append(keep, i)
 		}
 	}
@@ -257,7 +299,7 @@ func (c *calibrator) header() (*exchange, error) {
 	if c.hdr != nil {
 		return c.hdr, nil
 	}
-	const n = 8 * 8
+	const n = 8 * exchangeWords
 	d := c.r.rank.Device
 	dev, err := d.Alloc(n)
 	if err != nil {
@@ -281,11 +323,19 @@ func (x *exchange) release(d backend.Device) error {
 	return errors.Join(d.Free(x.dev), d.FreeHost(x.host))
 }
 
+// exchangeWords is how many values worldMax exchanges at most: two per
+// candidate of a calibration.
+const exchangeWords = 32
+
 // worldMax returns the element-wise maximum over all ranks of vals (at most
-// 8 values), through the world communicator on s, waiting for it.
+// exchangeWords values), through the world communicator on s, waiting for
+// it.
 func (c *calibrator) worldMax(x *exchange, vals []int64, s streams.Stream) ([]int64, error) {
 	r := c.r
 	n := len(vals)
+	if n > exchangeWords {
+		return nil, fmt.Errorf("hier: %d values to exchange, more than the %d the exchange holds", n, exchangeWords)
+	}
 	for i, v := range vals {
 		binary.LittleEndian.PutUint64(x.host[8*i:], uint64(v))
 	}

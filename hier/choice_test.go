@@ -30,7 +30,7 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 		require.False(t, c.Measured, "nothing measured yet: %+v", c)
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, count := range []int{20000, 70000, 300000, 20001} { // 80 KB, 280 KB, 1.2 MB: three classes
+	for _, count := range []int{20000, 70000, 300000, 20001, 1<<20 + 5} { // 80 KB, 280 KB, 1.2 MB, 4.2 MB: four classes
 		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, 4, count)
 		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
 		require.NoError(t, err)
@@ -46,17 +46,28 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 			measured++
 		}
 	}
-	require.Equal(t, 3, measured, "one measured class per size: %+v", first)
-	// Each sample of a candidate is a burst of calls back to back.
+	require.Equal(t, 4, measured, "one measured class per size: %+v", first)
+	// Each sample of a candidate is a burst of calls back to back, and
+	// one call alone beside it (classes below 4 MiB).
 	var calls uint64
 	for _, c := range first {
 		if c.Calibration != nil {
 			burst := hier.CalibrationBurst(c.Calibration.Bytes)
 			require.Equal(t, 4, burst, "%d bytes: a burst moves 64 MiB, at most 4 calls", c.Calibration.Bytes)
 			require.Len(t, c.Calibration.Samples, len(c.Calibration.Times))
+			alone := c.Calibration.Bytes < 4<<20
+			if alone {
+				require.Len(t, c.Calibration.OneAtATime, len(c.Calibration.Times))
+			} else {
+				require.Nil(t, c.Calibration.OneAtATime, "%d bytes: bursts only", c.Calibration.Bytes)
+			}
 			for route, n := range c.Calibration.Samples {
 				require.True(t, n == 1 || n == hier.CalibrationRounds, "%s: %d samples", route, n)
 				calls += uint64(1 + n*burst) // a warm-up call, then the bursts
+				if alone {
+					require.Positive(t, c.Calibration.OneAtATime[route], route)
+					calls += uint64(n) // and a call alone beside each burst
+				}
 			}
 		}
 	}
@@ -65,7 +76,7 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 	}
 	for g, r := range w.reducers[1:] {
 		require.Equal(t, withoutCosts(first), withoutCosts(r.Choices()), "rank %d", g+1)
-		for _, b := range []int64{1000, 80000, 280000, 1200000, 1 << 30} {
+		for _, b := range []int64{1000, 80000, 280000, 1200000, 4200000, 1 << 30} {
 			require.Equal(t, w.reducers[0].AlgorithmFor(b), r.AlgorithmFor(b), "rank %d, %d bytes", g+1, b)
 		}
 	}

@@ -107,6 +107,30 @@ func TestFastestBreaksTiesTowardTheEarlier(t *testing.T) {
 	}
 }
 
+// Where a class was timed one call at a time too, the candidate whose
+// worse ratio to the fastest of either mode is the smallest wins; with
+// bursts only, the fastest burst.
+func TestChooseWeighsBothModes(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		burst, single []int64
+		want          int
+	}{
+		{"bursts only", []int64{300, 200}, nil, 1},
+		{"one mode decides when the other ties", []int64{200, 200}, []int64{300, 200}, 1},
+		// Flat NCCL and its tree at 256 KiB on 2 × 1: the bursts favour
+		// flat a little, one call at a time the tree by 1.6×.
+		{"a small loss in bursts for a large gain alone", []int64{180, 195}, []int64{313, 196}, 1},
+		{"a large loss in bursts for a small gain alone", []int64{100, 200}, []int64{110, 100}, 0},
+		{"each mode's fastest: the one that loses less in the other", []int64{90, 100, 120}, []int64{50, 70, 40}, 0},
+		{"ties on the worse ratio go to the earlier", []int64{100, 102}, []int64{102, 100}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, choose(timings{burst: tc.burst, single: tc.single}))
+		})
+	}
+}
+
 // The model decides between slices and one piece only beyond the tie.
 func TestSlicesPay(t *testing.T) {
 	testbed := linkModel{intra: link{alpha: 300e-6, bw: 2.8e9}, rail: link{alpha: 2e-3, bw: 0.3125e9 / 4}}

@@ -41,6 +41,9 @@ const (
 	// back (calibrationBurst), of at most calibrationMaxBurst calls.
 	calibrationBurstBytes = 64 << 20
 	calibrationMaxBurst   = 4
+	// Classes below this size are timed one call at a time as well as in
+	// bursts (calibrator.timeRoutes).
+	calibrationAloneBytes = 4 << 20
 )
 
 // route is what an allreduce of some size follows: an algorithm, and for
@@ -139,9 +142,10 @@ func (t *routeTable) probedLinks() *linkModel {
 // measurer runs the measurements the router decides from; the Reducer
 // implements it (calibrate.go, links.go) on its engine goroutine.
 type measurer interface {
-	// timeRoutes times each candidate on an allreduce of size bytes and
-	// returns, for each, the slowest rank's best time in nanoseconds.
-	timeRoutes(size int64, cands []plan) (times []int64, samples []int, err error)
+	// timeRoutes times each candidate on an allreduce of size bytes:
+	// for each, the slowest rank's best time in nanoseconds, in bursts and
+	// one call at a time (timings).
+	timeRoutes(size int64, cands []plan) (timings, error)
 	// probeLinks measures the intra-machine link and the rail.
 	probeLinks() (linkModel, error)
 	// hasVariants reports whether the backend makes world variants.
@@ -517,15 +521,18 @@ func (rt *router) calibrate(class int) (route, *Calibration) {
 	case 1:
 		return cands[0].route, nil
 	}
-	times, samples, err := rt.measure.timeRoutes(size, cands)
+	t, err := rt.measure.timeRoutes(size, cands)
 	if err != nil {
 		rt.logger.Warn("fairgo: could not calibrate a size class; guessing",
 			"class_bytes", lo, "guess", rt.guess(), "err", err)
 		return rt.guess(), nil
 	}
-	best := fastest(times)
+	best := choose(t)
 	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Samples: map[string]int{},
 		Setup: setup, Cost: time.Since(start)}
+	if t.single != nil {
+		cal.OneAtATime = map[string]time.Duration{}
+	}
 	attrs := []any{
 		"class_bytes", lo,
 		"measured_bytes", size,
@@ -536,9 +543,13 @@ func (rt *router) calibrate(class int) (route, *Calibration) {
 		attrs = append(attrs, "setup", setup.Round(time.Millisecond))
 	}
 	for i, p := range cands {
-		cal.Times[p.String()] = time.Duration(times[i])
-		cal.Samples[p.String()] = samples[i]
-		attrs = append(attrs, p.String()+"_us", float64(times[i])/1e3)
+		cal.Times[p.String()] = time.Duration(t.burst[i])
+		cal.Samples[p.String()] = t.samples[i]
+		attrs = append(attrs, p.String()+"_us", float64(t.burst[i])/1e3)
+		if t.single != nil {
+			cal.OneAtATime[p.String()] = time.Duration(t.single[i])
+			attrs = append(attrs, p.String()+"_one_us", float64(t.single[i])/1e3)
+		}
 	}
 	rt.fact("fairgo: calibrated size class", attrs...)
 	return cands[best].route, cal
@@ -706,6 +717,23 @@ func fastest(times []int64) int {
 	return best
 }
 
+// choose is the candidate a calibration takes: the fastest in bursts
+// where that is all it timed; else the one whose worse ratio to the
+// fastest, in bursts or one call at a time, is the smallest, so that
+// neither a trainer's buckets back to back nor a lone call pays much for
+// the other's choice. Ties go to the earlier candidate (fastest).
+func choose(t timings) int {
+	if t.single == nil {
+		return fastest(t.burst)
+	}
+	fb, fs := max(slices.Min(t.burst), 1), max(slices.Min(t.single), 1)
+	worse := make([]int64, len(t.burst))
+	for i := range worse {
+		worse[i] = int64(1e6 * max(float64(t.burst[i])/float64(fb), float64(t.single[i])/float64(fs)))
+	}
+	return fastest(worse)
+}
+
 // Calibration is what Auto measured for one size class.
 type Calibration struct {
 	// Bytes is the size the candidates were timed at.
@@ -713,9 +741,15 @@ type Calibration struct {
 	// Times is each candidate route's time (hier.Choice names): the
 	// slowest rank's best of the timed runs.
 	Times map[string]time.Duration
+	// OneAtATime is each candidate's time for one call alone, the slowest
+	// rank's best; nil for classes of 4 MiB and more, timed in bursts
+	// only.
+	// Auto takes the candidate whose worse ratio to the fastest, in
+	// Times or here, is the smallest.
+	OneAtATime map[string]time.Duration
 	// Samples is how many timed samples (bursts of calls back to back)
 	// each candidate ran: fewer than the rounds for one that the first
-	// round put more than twice behind the fastest.
+	// round put more than twice behind the fastest in both modes.
 	Samples map[string]int
 	// Setup is the part of Cost spent making world variants (FlatRing,
 	// FlatTree; one ncclCommSplit each), at the first calibration that

@@ -26,7 +26,7 @@ type fixedMeasurer struct {
 	cands    [][]Algorithm
 }
 
-func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, []int, error) {
+func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) (timings, error) {
 	m.timed++
 	out := make([]int64, len(cands))
 	samples := make([]int, len(cands))
@@ -39,11 +39,11 @@ func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) ([]int64, []int, error
 		samples[i] = calibrationRounds
 		algos = append(algos, p.algo)
 		if p.algo.variant() != "" && p.comm == nil {
-			return nil, nil, errors.New("a world variant's candidate without its communicator")
+			return timings{}, errors.New("a world variant's candidate without its communicator")
 		}
 	}
 	m.cands = append(m.cands, algos)
-	return out, samples, nil
+	return timings{burst: out, samples: samples}, nil
 }
 
 func (m *fixedMeasurer) hasVariants() bool { return m.variants }
