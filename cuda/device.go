@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
@@ -565,16 +564,9 @@ func (d *Device) untrack(o any) {
 	d.mu.Unlock()
 }
 
-// queryGap is the least time between two queries of one wait while it
-// spins. An event query takes the driver's locks that the thread
-// enqueueing the next call needs: a watcher that queried after every
-// yield slowed NCCL's enqueue of a 64 KiB allreduce from 7.4 µs to 11.7
-// (bench/NOTES.md item 47). A wait sees completion up to a gap late.
-const queryGap = 3 * time.Microsecond
-
 // waitCtx is the context-aware wait shared by events and streams.
 func waitCtx(ctx context.Context, query func() (bool, error)) error {
-	b := poll.Backoff{Gap: queryGap}
+	var b poll.Backoff
 	for {
 		done, err := query()
 		if err != nil {

@@ -27,12 +27,6 @@ const (
 // Backoff is for one goroutine.
 type Backoff struct {
 	Max time.Duration // the longest nap; 0: DefaultMax
-	// Gap is the least time between two polls while the loop spins: it
-	// yields until Gap has passed since Wait was called. 0 polls after
-	// every yield. A poll that enters a driver another thread is calling
-	// (an event query while the caller enqueues) slows that thread, so a
-	// loop that polls a driver spaces its polls.
-	Gap time.Duration
 
 	start time.Time
 	nap   time.Duration
@@ -40,13 +34,9 @@ type Backoff struct {
 
 // Wait pauses before the next poll.
 func (b *Backoff) Wait() {
-	now := time.Now()
-	if d := b.next(now); d > 0 {
+	if d := b.next(time.Now()); d > 0 {
 		nap(d)
-		return
-	}
-	runtime.Gosched()
-	for b.Gap > 0 && time.Since(now) < b.Gap {
+	} else {
 		runtime.Gosched()
 	}
 }

@@ -37,22 +37,6 @@ func TestNaps(t *testing.T) {
 	}
 }
 
-// TestGapSpacesPolls: while spinning, Wait returns no sooner than Gap after
-// it was called, so a loop polls at most once a Gap.
-func TestGapSpacesPolls(t *testing.T) {
-	const gap = 20 * time.Microsecond
-	b := Backoff{Gap: gap}
-	start := time.Now()
-	polls := 0
-	for time.Since(start) < Spin {
-		before := time.Now()
-		b.Wait()
-		require.GreaterOrEqual(t, time.Since(before), gap, "a spinning Wait returned before its gap")
-		polls++
-	}
-	require.LessOrEqual(t, polls, int(Spin/gap)+1)
-}
-
 // TestNoticesSoon: a condition that turns true while the loop naps is seen
 // within about a nap, not the near millisecond that time.Sleep of a few
 // microseconds can take.
