@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -24,16 +26,24 @@ import (
 // all see the same maxima) and aborts the communicators, since mismatched
 // collectives may never finish.
 //
-// A call's check is enqueued right after its data, by the goroutine that
-// enqueued the data, so every rank submits the check communicator's
-// operations at the same place among the data communicators' ones. NCCL
+// Every rank submits a call's check after the call's data and before the
+// next call's device work, so that the check communicator's operations sit
+// at the same place among the data communicators' ones on every rank. NCCL
 // asks for that of communicators used at once ("operations submitted in the
 // same order across ranks"): a check sent at a time of the rank's own
 // choosing (a batch when a call's data is done, or after a delay) met a
 // data operation in one order on one rank and in the other on another, and
 // on a shared GPU that hung now and then (bench/NOTES.md items 27 and 30).
-// The check's host side (its slot of host memory, the wait for its event
-// and the verdict) runs on the checker's goroutine, in call order.
+//
+// The submission itself (an NCCL launch, the larger part of a checked
+// call's host time) runs on the checker's launcher goroutine: the
+// executing goroutine hands the call over once its data is enqueued and
+// returns, and the next execution waits until every check handed over is
+// enqueued before it enqueues anything (checker.launchedAll). A call made
+// one at a time thus returns to its caller without the check's launch,
+// which runs while the data does. The check's host side after that (the
+// wait for its event and the verdict) runs on the checker's goroutine, in
+// call order.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call
@@ -250,20 +260,28 @@ func (t *ticket) finish(err error) {
 	close(t.done)
 }
 
-// checker runs the checks of one Reducer: submit enqueues a call's check
-// on the executing goroutine, in call order; the checker's goroutine waits
-// for each check's event and decides the call, in the same order.
+// checker runs the checks of one Reducer: submit hands a call's check to
+// the launcher goroutine, which enqueues it; the checker's goroutine waits
+// for each check's event and decides the call. Both go in call order.
 type checker struct {
-	r       *Reducer
-	comm    backend.Comm
-	stream  streams.Stream
-	dev     uintptr // checkSlots checks on the device, unless mapped
-	host    []byte  // their twins in host memory the device copies without blocking
-	mapped  bool    // the device reduces host in place (backend.HostMapper): dev is unused
-	slots   [checkSlots]checkSlot
-	next    int              // the slot of the next call
-	queue   chan queuedCheck // enqueued checks, in call order, for the goroutine
-	stopped chan struct{}    // closed when the goroutine has exited
+	r      *Reducer
+	comm   backend.Comm
+	stream streams.Stream
+	dev    uintptr // checkSlots checks on the device, unless mapped
+	host   []byte  // their twins in host memory the device copies without blocking
+	mapped bool    // the device reduces host in place (backend.HostMapper): dev is unused
+	slots  [checkSlots]checkSlot
+	next   int // the slot of the next call; the launcher's
+	// launch carries submitted calls to the launcher. submitted counts
+	// them (the executing goroutine's), launched those whose check the
+	// launcher has enqueued or failed; launchDone wakes a launchedAll
+	// that parked.
+	launch     chan *request
+	submitted  uint64
+	launched   atomic.Uint64
+	launchDone chan struct{}
+	queue      chan queuedCheck // enqueued checks, in call order, for the goroutine
+	stopped    chan struct{}    // closed when the goroutine has exited
 }
 
 // queuedCheck is a call whose check is enqueued in slot.
@@ -284,7 +302,7 @@ type checkSlot struct {
 // goroutine; the engine goroutine calls it.
 func (r *Reducer) startChecker() error {
 	c := &checker{r: r, comm: r.rank.Comms.Check, queue: make(chan queuedCheck, checkSlots),
-		stopped: make(chan struct{})}
+		launch: make(chan *request, checkSlots), launchDone: make(chan struct{}, 1), stopped: make(chan struct{})}
 	const slotBytes = 8 * imageWords
 	var err error
 	if c.stream, err = r.rank.Device.NewStream(); err != nil {
@@ -319,15 +337,56 @@ func (r *Reducer) startChecker() error {
 		}
 	}
 	r.checker = c
+	go c.launcher()
 	go c.run()
 	return nil
 }
 
-// submit enqueues call q's check after its data: on the goroutine that
-// enqueued the data, before the next call's. It waits for a free slot when
-// checkSlots checks are undecided.
+// submit hands call q's check to the launcher, once q's data is enqueued;
+// the executing goroutine calls it, and launchedAll before it enqueues the
+// next call's device work.
 func (c *checker) submit(q *request) {
 	q.check = &ticket{done: make(chan struct{})}
+	c.submitted++
+	c.launch <- q // never blocks: launchedAll lets at most one check wait here
+}
+
+// launchedAll waits until every check submitted so far is enqueued (or
+// failed), polling for the Reducer's spin first, or until the Reducer
+// breaks (its calls then fail before they enqueue anything). The
+// executing goroutine calls it before any device work of a call.
+func (c *checker) launchedAll() {
+	want := c.submitted
+	if c.launched.Load() >= want {
+		return
+	}
+	deadline := time.Now().Add(c.r.cfg.spin)
+	for c.launched.Load() < want && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	for c.launched.Load() < want && c.r.brokenCause() == nil {
+		select {
+		case <-c.launchDone:
+		case <-time.After(watchPoll):
+		}
+	}
+}
+
+// launcher enqueues the submitted checks in call order until stop, then
+// hands the checker's goroutine the end of the queue.
+func (c *checker) launcher() {
+	defer close(c.queue)
+	for q := range c.launch {
+		c.enqueue(q)
+		c.launched.Add(1)
+		notify(c.launchDone)
+	}
+}
+
+// enqueue enqueues call q's check on the check stream and queues it for
+// the checker's goroutine. It waits for a free slot when checkSlots checks
+// are undecided.
+func (c *checker) enqueue(q *request) {
 	if cause := c.r.brokenCause(); cause != nil {
 		q.check.finish(fmt.Errorf("hier: the call's check did not run: %w", cause))
 		return
@@ -364,7 +423,7 @@ func (c *checker) submit(q *request) {
 // the watcher has finished, once no call can be submitted: checks still
 // undecided then (the Reducer broke) fail with its cause.
 func (c *checker) stop() error {
-	close(c.queue)
+	close(c.launch)
 	<-c.stopped
 	return c.release()
 }

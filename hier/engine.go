@@ -184,6 +184,9 @@ func (r *Reducer) park() {
 // hands its completion event and its check to the watcher and the checker.
 // It runs on the engine goroutine, or on the caller's while it holds busy.
 func (r *Reducer) execute(q *request, first streams.Stream) {
+	if r.checker != nil {
+		r.checker.launchedAll() // the last call's check goes before this call's work
+	}
 	if q.rejected != nil { // refused at the call: only its check runs
 		r.checkRejected(q, first)
 		return
