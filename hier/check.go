@@ -5,8 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,14 +36,16 @@ import (
 // on a shared GPU that hung now and then (bench/NOTES.md items 27 and 30).
 //
 // The submission itself (an NCCL launch, the larger part of a checked
-// call's host time) runs on the checker's launcher goroutine: the
-// executing goroutine hands the call over once its data is enqueued and
-// returns, and the next execution waits until every check handed over is
-// enqueued before it enqueues anything (checker.launchedAll). A call made
-// one at a time thus returns to its caller without the check's launch,
-// which runs while the data does. The check's host side after that (the
-// wait for its event and the verdict) runs on the checker's goroutine, in
-// call order.
+// call's host time) is left to whichever comes first: the checker's
+// launcher goroutine, woken when the call's data is enqueued, or the next
+// execution, which claims a check still waiting before it enqueues any
+// device work (checker.launchedAll). A call made one at a time thus
+// returns to its caller without the check's launch, which runs while the
+// data does; calls back to back launch each check on the executing
+// goroutine, as if there were no launcher. One mutex orders the two, so
+// that a check is always enqueued whole before the next call's work. The
+// check's host side after that (the wait for its event and the verdict)
+// runs on the checker's goroutine, in call order.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call
@@ -271,17 +273,16 @@ type checker struct {
 	host   []byte  // their twins in host memory the device copies without blocking
 	mapped bool    // the device reduces host in place (backend.HostMapper): dev is unused
 	slots  [checkSlots]checkSlot
-	next   int // the slot of the next call; the launcher's
-	// launch carries submitted calls to the launcher. submitted counts
-	// them (the executing goroutine's), launched those whose check the
-	// launcher has enqueued or failed; launchDone wakes a launchedAll
-	// that parked.
-	launch     chan *request
-	submitted  uint64
-	launched   atomic.Uint64
-	launchDone chan struct{}
-	queue      chan queuedCheck // enqueued checks, in call order, for the goroutine
-	stopped    chan struct{}    // closed when the goroutine has exited
+	next   int // the slot of the next call
+	// launching is held while a check is enqueued, by the launcher or
+	// the executing goroutine; the check waiting to be enqueued (at most
+	// one: the last call's) is claimed under it.
+	launching sync.Mutex
+	waiting   atomic.Pointer[request]
+	wake      chan struct{}    // tells the launcher a check waits
+	quit      chan struct{}    // closed by stop
+	queue     chan queuedCheck // enqueued checks, in call order, for the goroutine
+	stopped   chan struct{}    // closed when the goroutine has exited
 }
 
 // queuedCheck is a call whose check is enqueued in slot.
@@ -302,7 +303,7 @@ type checkSlot struct {
 // goroutine; the engine goroutine calls it.
 func (r *Reducer) startChecker() error {
 	c := &checker{r: r, comm: r.rank.Comms.Check, queue: make(chan queuedCheck, checkSlots),
-		launch: make(chan *request, checkSlots), launchDone: make(chan struct{}, 1), stopped: make(chan struct{})}
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{})}
 	const slotBytes = 8 * imageWords
 	var err error
 	if c.stream, err = r.rank.Device.NewStream(); err != nil {
@@ -342,44 +343,45 @@ func (r *Reducer) startChecker() error {
 	return nil
 }
 
-// submit hands call q's check to the launcher, once q's data is enqueued;
-// the executing goroutine calls it, and launchedAll before it enqueues the
-// next call's device work.
+// submit leaves call q's check to be enqueued, once q's data is: by the
+// launcher, or by the next execution (launchedAll), whichever claims it
+// first. The executing goroutine calls it.
 func (c *checker) submit(q *request) {
 	q.check = &ticket{done: make(chan struct{})}
-	c.submitted++
-	c.launch <- q // never blocks: launchedAll lets at most one check wait here
+	c.waiting.Store(q) // launchedAll before this call's work left none waiting
+	notify(c.wake)
 }
 
-// launchedAll waits until every check submitted so far is enqueued (or
-// failed), polling for the Reducer's spin first, or until the Reducer
-// breaks (its calls then fail before they enqueue anything). The
-// executing goroutine calls it before any device work of a call.
+// launchedAll enqueues the check still waiting, if any, or waits for the
+// launcher to finish enqueueing it: after it, every check submitted so far
+// is enqueued (or failed). The executing goroutine calls it before any
+// device work of a call.
 func (c *checker) launchedAll() {
-	want := c.submitted
-	if c.launched.Load() >= want {
-		return
-	}
-	deadline := time.Now().Add(c.r.cfg.spin)
-	for c.launched.Load() < want && time.Now().Before(deadline) {
-		runtime.Gosched()
-	}
-	for c.launched.Load() < want && c.r.brokenCause() == nil {
-		select {
-		case <-c.launchDone:
-		case <-time.After(watchPoll):
-		}
+	c.launching.Lock()
+	c.claim()
+	c.launching.Unlock()
+}
+
+// claim enqueues the waiting check, if any; launching is held.
+func (c *checker) claim() {
+	if q := c.waiting.Swap(nil); q != nil {
+		c.enqueue(q)
 	}
 }
 
-// launcher enqueues the submitted checks in call order until stop, then
-// hands the checker's goroutine the end of the queue.
+// launcher enqueues the checks it is woken for until stop, then the last
+// one if still waiting, and hands the checker's goroutine the end of the
+// queue.
 func (c *checker) launcher() {
 	defer close(c.queue)
-	for q := range c.launch {
-		c.enqueue(q)
-		c.launched.Add(1)
-		notify(c.launchDone)
+	for {
+		select {
+		case <-c.wake:
+		case <-c.quit:
+			c.launchedAll()
+			return
+		}
+		c.launchedAll()
 	}
 }
 
@@ -423,7 +425,7 @@ func (c *checker) enqueue(q *request) {
 // the watcher has finished, once no call can be submitted: checks still
 // undecided then (the Reducer broke) fail with its cause.
 func (c *checker) stop() error {
-	close(c.launch)
+	close(c.quit)
 	<-c.stopped
 	return c.release()
 }
