@@ -1,6 +1,8 @@
 package backend
 
 import (
+	"time"
+
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/streams"
 )
@@ -114,4 +116,18 @@ type HostMapper interface {
 	// that is not, and with one wrapping errors.ErrUnsupported where the
 	// device cannot address host memory.
 	DevicePointer(b []byte) (uintptr, error)
+}
+
+// EventTimer is a Device that times work between two events by its own
+// clock (CUDA's timing events): the time from the moment its stream
+// reached start to the moment a stream reached end, whenever the host
+// looks. A measurement that waited for the work from the host would add
+// the host's delay in seeing it end, which a wait that naps makes as large
+// as a small call.
+type EventTimer interface {
+	// NewTimingEvent creates an event that Elapsed can read.
+	NewTimingEvent() (streams.Event, error)
+	// Elapsed is the time between two completed timing events of the
+	// device, start recorded before end.
+	Elapsed(start, end streams.Event) (time.Duration, error)
 }

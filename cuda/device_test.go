@@ -367,6 +367,24 @@ func TestTimeRegion(t *testing.T) {
 	if _, err := Elapsed(e, e); !isInvalid(err) {
 		t.Errorf("Elapsed on events without timing: %v", err)
 	}
+	// The same through backend.EventTimer, as the calibration times.
+	var timer backend.EventTimer = d
+	start, err := timer.NewTimingEvent()
+	require.NoError(t, err)
+	defer streams.Release(start)
+	end, err := timer.NewTimingEvent()
+	require.NoError(t, err)
+	defer streams.Release(end)
+	require.NoError(t, start.Record(s))
+	require.NoError(t, d.DelayAsync(50*time.Millisecond, s))
+	require.NoError(t, end.Record(s))
+	require.NoError(t, end.Wait(context.Background()))
+	time.Sleep(20 * time.Millisecond) // looked at late: not counted
+	el, err = timer.Elapsed(start, end)
+	require.NoError(t, err)
+	require.True(t, el >= 45*time.Millisecond && el < 65*time.Millisecond, "a 50 ms delay measured %v", el)
+	_, err = timer.Elapsed(start, e)
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument, "an event without timing")
 }
 
 // TestCrossDevice: an event of one device recorded on another's stream

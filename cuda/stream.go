@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -222,6 +223,28 @@ func (e *Event) Close() error {
 func (e *Event) destroy() error {
 	e.closed.Store(true)
 	return eventDestroy(e.d.ctx, e.h)
+}
+
+// NewTimingEvent creates an event with timing, for backend.EventTimer.
+func (d *Device) NewTimingEvent() (streams.Event, error) {
+	e, err := d.CreateEvent(true)
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+var _ backend.EventTimer = (*Device)(nil)
+
+// Elapsed is Elapsed of two timing events of d (backend.EventTimer).
+func (d *Device) Elapsed(start, end streams.Event) (time.Duration, error) {
+	s, ok1 := start.(*Event)
+	e, ok2 := end.(*Event)
+	if !ok1 || !ok2 || s.d != d || e.d != d {
+		return 0, &fairgo.ArgError{Arg: "event", Value: fmt.Sprintf("%T, %T", start, end),
+			Reason: fmt.Sprintf("not timing events of %v", d)}
+	}
+	return Elapsed(s, e)
 }
 
 // Elapsed is the GPU time between two recorded timing events (start

@@ -175,6 +175,29 @@ func TestAutoChoosesTheFastestOnEveryGrid(t *testing.T) {
 	}
 }
 
+// hostClockDevice is a device without timing events: the calibration
+// times its candidates by the host's clock.
+type hostClockDevice struct{ backend.Device }
+
+// A device without timing events (backend.EventTimer) is calibrated by the
+// host's clock, and Auto still finds the fastest candidate.
+func TestAutoTimesByTheHostClockWithoutTimingEvents(t *testing.T) {
+	cfg, slow := treeFastest(sim.Config{Machines: 4, Devices: 1, Seed: 13}, 30*time.Millisecond)
+	w := customWorld(t, cfg, func(g int, rk *backend.Rank) {
+		slow(g, rk)
+		_, timed := rk.Device.(backend.EventTimer)
+		require.True(t, timed, "the simulator has timing events")
+		rk.Device = hostClockDevice{rk.Device}
+	})
+	reduceAll(t, w, rand.New(rand.NewPCG(4, 1)), fairgo.Float32, fairgo.Sum, 20<<10)
+	requireSameChoices(t, w)
+	c := w.reducers[0].ChoiceFor(80 << 10)
+	require.Equal(t, hier.FlatTree, c.Algorithm, "%+v", c.Calibration)
+	for name, d := range c.Calibration.Times {
+		require.Positive(t, d, name)
+	}
+}
+
 // Where NCCL's allreduces and the rail's all-to-all are all slow, Auto
 // chooses halving-doubling on 8 machines of one device. Its six steps are
 // six meetings of every rank on the simulator, which under the race

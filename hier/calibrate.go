@@ -131,32 +131,31 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 		return timings{}, err
 	}
 	defer r.rank.Device.Free(scratch)
-	ev, err := r.events.get()
+	watch, err := r.newStopwatch()
 	if err != nil {
 		return timings{}, err
 	}
-	defer r.events.put(ev)
+	defer watch.release()
 	run := func(a plan, calls int) (int64, error) {
-		start := time.Now()
+		err := watch.start(first)
 		var last streams.Stream
-		var err error
 		for k := range calls {
-			t := fairgo.Tensor{Ptr: scratch + uintptr(int64(k)*size), Bytes: size, Count: size / 4, DType: fairgo.Float32}
-			if last, err = r.exec.allReduce(t, fairgo.Sum, a, first); err != nil {
+			if err != nil {
 				break
 			}
-			r.hooks.calibrationCalls.Add(1)
+			t := fairgo.Tensor{Ptr: scratch + uintptr(int64(k)*size), Bytes: size, Count: size / 4, DType: fairgo.Float32}
+			if last, err = r.exec.allReduce(t, fairgo.Sum, a, first); err == nil {
+				r.hooks.calibrationCalls.Add(1)
+			}
 		}
+		var took time.Duration
 		if err == nil {
-			err = ev.Record(last)
-		}
-		if err == nil {
-			err = r.waitEvent(ev, fmt.Sprintf("the calibration's %v of %d × %d bytes", a, calls, size))
+			took, err = watch.stop(last, fmt.Sprintf("the calibration's %v of %d × %d bytes", a, calls, size))
 		}
 		if err != nil {
 			return 0, fmt.Errorf("timing %v at %d bytes: %w", a, size, err)
 		}
-		return time.Since(start).Nanoseconds() / int64(calls), nil
+		return took.Nanoseconds() / int64(calls), nil
 	}
 	for _, a := range cands { // warm-up: one call connects what the route uses
 		if _, err := run(a, 1); err != nil {
@@ -366,6 +365,72 @@ func (c *calibrator) worldMax(x *exchange, vals []int64, s streams.Stream) ([]in
 		out[i] = int64(binary.LittleEndian.Uint64(host[8*i:]))
 	}
 	return out, nil
+}
+
+// stopwatch times a measurement's work, from start (recorded on the
+// stream the work begins on) to stop (recorded where it ends): by the
+// device's clock where the device has timing events
+// (backend.EventTimer), else by the host's until it sees the end. The
+// host sees a small call's end up to a nap of its wait late (item 56 of
+// bench/NOTES.md): tens of µs of noise on calls Auto tells apart by as
+// much.
+type stopwatch struct {
+	r          *Reducer
+	timer      backend.EventTimer // nil: the host's clock
+	begin, end streams.Event
+	hostStart  time.Time
+}
+
+// newStopwatch makes a stopwatch; release frees it.
+func (r *Reducer) newStopwatch() (*stopwatch, error) {
+	w := &stopwatch{r: r}
+	t, ok := r.rank.Device.(backend.EventTimer)
+	if !ok {
+		var err error
+		w.end, err = r.events.get()
+		return w, err
+	}
+	var err error
+	if w.begin, err = t.NewTimingEvent(); err != nil {
+		return nil, err
+	}
+	if w.end, err = t.NewTimingEvent(); err != nil {
+		return nil, errors.Join(err, streams.Release(w.begin))
+	}
+	w.timer = t
+	return w, nil
+}
+
+// start begins a measurement of the work enqueued next on s.
+func (w *stopwatch) start(s streams.Stream) error {
+	w.hostStart = time.Now()
+	if w.timer == nil {
+		return nil
+	}
+	return w.begin.Record(s)
+}
+
+// stop ends the measurement after the work enqueued so far on s, waits
+// for it (what names it for the watchdog) and returns its time.
+func (w *stopwatch) stop(s streams.Stream, what string) (time.Duration, error) {
+	if err := w.end.Record(s); err != nil {
+		return 0, err
+	}
+	if err := w.r.waitEvent(w.end, what); err != nil {
+		return 0, err
+	}
+	if w.timer == nil {
+		return time.Since(w.hostStart), nil
+	}
+	return w.timer.Elapsed(w.begin, w.end)
+}
+
+func (w *stopwatch) release() error {
+	if w.timer == nil {
+		w.r.events.put(w.end)
+		return nil
+	}
+	return errors.Join(streams.Release(w.begin), streams.Release(w.end))
 }
 
 // drain waits for the work on the engine's streams.

@@ -137,21 +137,21 @@ func (c *calibrator) probeLinks() (linkModel, error) {
 		return linkModel{}, fmt.Errorf("the link probe: %w", err)
 	}
 	defer r.rank.Device.Free(scratch)
-	ev, err := r.events.get()
+	watch, err := r.newStopwatch()
 	if err != nil {
 		return linkModel{}, err
 	}
-	defer r.events.put(ev)
+	defer watch.release()
 	timeOne := func(cm backend.Comm, bytes int64) (int64, error) {
-		start := time.Now()
-		err := cm.AllReduce(scratch, scratch, bytes/4, fairgo.Float32, fairgo.Sum, first)
+		err := watch.start(first)
 		if err == nil {
-			err = ev.Record(first)
+			err = cm.AllReduce(scratch, scratch, bytes/4, fairgo.Float32, fairgo.Sum, first)
 		}
+		var took time.Duration
 		if err == nil {
-			err = r.waitEvent(ev, fmt.Sprintf("the link probe's allreduce of %d bytes on %s", bytes, cm.Name()))
+			took, err = watch.stop(first, fmt.Sprintf("the link probe's allreduce of %d bytes on %s", bytes, cm.Name()))
 		}
-		return time.Since(start).Nanoseconds(), err
+		return took.Nanoseconds(), err
 	}
 	// timeOn returns the best time of probeRuns allreduces of each size on
 	// cm, the sizes alternating, after one untimed of the large size: it

@@ -104,6 +104,40 @@ func (d *Device) NewEvent() (streams.Event, error) {
 	return &Event{dev: d}, nil
 }
 
+// NewTimingEvent creates an event whose completion time Elapsed reads
+// (backend.EventTimer).
+func (d *Device) NewTimingEvent() (streams.Event, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	return &Event{dev: d, timing: true}, nil
+}
+
+var _ backend.EventTimer = (*Device)(nil)
+
+// Elapsed is the wall time between the moments the streams reached two
+// completed timing events of d, start recorded before end.
+func (d *Device) Elapsed(start, end streams.Event) (time.Duration, error) {
+	s, ok1 := start.(*Event)
+	e, ok2 := end.(*Event)
+	if !ok1 || !ok2 || !s.timing || !e.timing || s.dev != d || e.dev != d {
+		return 0, &fairgo.ArgError{Arg: "event", Value: fmt.Sprintf("%T, %T", start, end),
+			Reason: fmt.Sprintf("not timing events of %v", d)}
+	}
+	rs, re := s.latest(), e.latest()
+	for _, r := range []*record{rs, re} {
+		if r == nil {
+			return 0, &fairgo.ArgError{Arg: "event", Value: "never recorded", Reason: "Elapsed needs recorded events"}
+		}
+		select {
+		case <-r.done:
+		default:
+			return 0, &fairgo.ArgError{Arg: "event", Value: "not complete", Reason: "Elapsed needs completed events"}
+		}
+	}
+	return re.at.Sub(rs.at), nil
+}
+
 // Alloc allocates bytes of zeroed device memory (CUDA leaves it undefined).
 // A zero-byte allocation gets an address of its own.
 func (d *Device) Alloc(bytes int64) (uintptr, error) {

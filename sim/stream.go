@@ -206,10 +206,12 @@ func (s *Stream) delay(ctx context.Context) {
 type record struct {
 	done chan struct{}
 	err  error
+	at   time.Time // when the stream reached it
 }
 
 func (r *record) complete(err error) {
 	r.err = err
+	r.at = time.Now()
 	close(r.done)
 }
 
@@ -218,9 +220,10 @@ func (r *record) complete(err error) {
 // enqueued earlier keeps the capture it saw. An event never recorded is
 // complete.
 type Event struct {
-	dev *Device
-	mu  sync.Mutex
-	rec *record
+	dev    *Device
+	timing bool // made by NewTimingEvent: Elapsed reads it
+	mu     sync.Mutex
+	rec    *record
 }
 
 var _ streams.Event = (*Event)(nil)

@@ -47,6 +47,40 @@ func TestEventNeverRecordedIsComplete(t *testing.T) {
 	require.NoError(t, syncStream(t, s))
 }
 
+// Timing events read the time between the moments their streams reached
+// them, the work between included, whenever the host asks; plain events
+// and events not yet complete are refused.
+func TestTimingEventsMeasureTheStream(t *testing.T) {
+	c := newCluster(t, Config{Machines: 1, Devices: 1})
+	d := c.Device(0)
+	s := mkStream(t, d)
+	start, err := d.NewTimingEvent()
+	require.NoError(t, err)
+	end, err := d.NewTimingEvent()
+	require.NoError(t, err)
+	_, err = d.Elapsed(start, end)
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument, "never recorded")
+	require.NoError(t, start.Record(s))
+	open := gate(t, s)
+	require.NoError(t, end.Record(s))
+	_, err = d.Elapsed(start, end)
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument, "end not reached")
+	const held = 20 * time.Millisecond
+	time.Sleep(held)
+	open()
+	require.NoError(t, syncStream(t, s))
+	time.Sleep(10 * held) // the host looks late: not counted
+	got, err := d.Elapsed(start, end)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, got, held)
+	require.Less(t, got, 8*held)
+	plain := newEvent(t, d)
+	require.NoError(t, plain.Record(s))
+	require.NoError(t, syncStream(t, s))
+	_, err = d.Elapsed(start, plain)
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument, "a plain event")
+}
+
 func TestWaitCapturesRecordAtCallTime(t *testing.T) {
 	c := newCluster(t, Config{Machines: 1, Devices: 1})
 	d := c.Device(0)
