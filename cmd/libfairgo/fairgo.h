@@ -52,7 +52,8 @@ extern "C" {
 #define FAIRGO_VERSION "0.1.0"
 
 /* The version of this ABI; fairgo_abi_version() returns the library's. */
-#define FAIRGO_ABI_VERSION 2 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE */
+#define FAIRGO_ABI_VERSION 3 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE;
+                                3: fairgo_comm_algorithm */
 
 /* Result codes. FAIRGO_OK and FAIRGO_NOT_READY are not errors. */
 typedef enum fairgo_result {
@@ -218,6 +219,14 @@ int fairgo_init_rank(int rank, int world_size, int local_rank, int local_world_s
 
 /* Describes a communicator. */
 int fairgo_comm_info(fairgo_comm_t comm, fairgo_comm_info_t* info);
+
+/* The algorithm an allreduce of `bytes` bytes takes on this communicator:
+ * *algorithm gets a fairgo_algorithm_t other than AUTO; *settled 1 where
+ * the settings, a rule (the flat threshold, one rank) or Auto's measurement
+ * of the call's size class gave it, 0 where it is Auto's guess for a size
+ * class no call has reached yet, which that class's first call may change.
+ * The same on every rank. Either pointer may be NULL. */
+int fairgo_comm_algorithm(fairgo_comm_t comm, int64_t bytes, int32_t* algorithm, int32_t* settled);
 
 /* Closes a communicator and releases its GPU resources and NCCL
  * communicators. Calls not yet enqueued fail with FAIRGO_ERR_CLOSED; device

@@ -278,6 +278,26 @@ func fairgo_comm_info(comm C.fairgo_comm_t, info *C.fairgo_comm_info_t) C.int {
 	})
 }
 
+//export fairgo_comm_algorithm
+func fairgo_comm_algorithm(comm C.fairgo_comm_t, bytes C.int64_t, algorithm, settled *C.int32_t) C.int {
+	return result(func() error {
+		a, final, err := table.Algorithm(int64(comm), int64(bytes))
+		if err != nil {
+			return err
+		}
+		if algorithm != nil {
+			*algorithm = C.int32_t(a)
+		}
+		if settled != nil {
+			*settled = 0
+			if final {
+				*settled = 1
+			}
+		}
+		return nil
+	})
+}
+
 //export fairgo_comm_close
 func fairgo_comm_close(comm C.fairgo_comm_t) C.int {
 	return result(func() error { return table.Close(int64(comm)) })

@@ -94,9 +94,16 @@ def main(argv=None):
     model = torchvision.models.resnet18(num_classes=args.classes).to(dev)
     ddp = DDP(model, device_ids=[device], bucket_cap_mb=args.bucket_cap_mb)
     comm = None
+    bucket_bytes = set()  # the sizes of the buckets fairgo's hook reduced
     if args.hook == "fairgo":
         comm = fairgo_torch.init(op_timeout=args.op_timeout or None)
-        ddp.register_comm_hook(comm, fairgo_torch.allreduce_hook)
+
+        def hook(state, bucket):
+            buf = bucket.buffer()
+            bucket_bytes.add(buf.numel() * buf.element_size())
+            return fairgo_torch.allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(comm, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=1e-4)
     gen = torch.Generator(device=dev)
 
@@ -164,7 +171,11 @@ def main(argv=None):
         comm.synchronize(60)  # raises if any of fairgo's work failed
     by_rank = [None] * world
     dist.all_gather_object(by_rank, losses)
+    # The algorithm fairgo took for each bucket size (the same on every rank).
+    routes = {n: comm.algorithm_for(n)[0] for n in sorted(bucket_bytes)} if comm is not None else None
     if rank == 0:
+        if routes:
+            print("fairgo routes: " + ", ".join(f"{n} bytes {a}" for n, a in routes.items()), flush=True)
         print(f"images/s {images_per_s:.1f} ({timed} steps after {args.warmup} warm-up, "
               f"{1000 * seconds / max(timed, 1):.1f} ms/step, {world} ranks)", flush=True)
         if args.losses_out:
@@ -175,6 +186,7 @@ def main(argv=None):
                 "nccl_algo": os.environ.get("NCCL_ALGO"), "nccl_proto": os.environ.get("NCCL_PROTO"),
                 "layout": str(comm) if comm else None,
                 "images_per_s": images_per_s, "ms_per_step": 1000 * seconds / max(timed, 1),
+                "routes": routes,
                 "losses": losses, "losses_by_rank": by_rank, "grad_check": grad_check,
             }
             args.losses_out.write_text(json.dumps(out, indent=1) + "\n")

@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from . import _dtypes, _lib
 
@@ -142,6 +142,17 @@ class Comm:
         if not self._handle:
             raise _lib.BadHandleError(_lib.ERR_BAD_HANDLE, "fairgo: communicator closed")
         return self._handle
+
+    def algorithm_for(self, nbytes: int) -> Tuple[str, bool]:
+        """The algorithm an allreduce of nbytes bytes takes ("flat",
+        "flat-tree", ...), and whether it is settled: True where the
+        settings, a rule or fairgo's measurement of that size gave it, False
+        where it is a guess for a size no call has reached yet, which the
+        first such call may change. The same on every rank."""
+        algo, settled = ctypes.c_int32(), ctypes.c_int32()
+        self._lib.call("fairgo_comm_algorithm", self.handle, int(nbytes), ctypes.byref(algo), ctypes.byref(settled))
+        names = {v: k for k, v in _lib.ALGORITHMS.items()}
+        return names.get(algo.value, str(algo.value)), bool(settled.value)
 
     def _reap(self) -> None:
         """Frees the completed works at the front; raises the first failure."""

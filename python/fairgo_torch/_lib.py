@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIB_NAME = "libfairgo.so"
 ENV_LIB = "FAIRGO_LIB"
 
@@ -215,6 +215,7 @@ PROTOTYPES: Dict[str, Tuple[object, List[object]]] = {
         [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, _P(Config), _P(_c_handle)],
     ),
     "fairgo_comm_info": (ctypes.c_int, [_c_handle, _P(CommInfo)]),
+    "fairgo_comm_algorithm": (ctypes.c_int, [_c_handle, ctypes.c_int64, _P(ctypes.c_int32), _P(ctypes.c_int32)]),
     "fairgo_comm_close": (ctypes.c_int, [_c_handle]),
     "fairgo_allreduce": (
         ctypes.c_int,

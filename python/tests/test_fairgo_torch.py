@@ -279,6 +279,18 @@ class TestSimLibrary(unittest.TestCase):
             c.allreduce(0, 0, _lib.FLOAT32, "sum", 0)
         c.close()  # idempotent in Python
 
+    def test_algorithm_for(self):
+        # One rank: every size is one flat call, by rule (nothing to measure).
+        c = self.comm()
+        for nbytes in (0, 1000, 64 << 20):
+            self.assertEqual(c.algorithm_for(nbytes), ("flat", True), nbytes)
+        with self.assertRaises(fairgo_torch.InvalidArgumentError) as cm:
+            c.algorithm_for(-1)
+        self.assertIn("bytes", str(cm.exception))
+        c.close()
+        with self.assertRaises(fairgo_torch.BadHandleError):
+            c.algorithm_for(1000)
+
     def test_errors(self):
         c = self.comm()
         cases = [

@@ -172,6 +172,12 @@ int main(void) {
 	fairgo_comm_info_t info;
 	CHECK(fairgo_comm_info(comm, &info) == FAIRGO_OK);
 	CHECK(info.rank == 0 && info.world_size == 1 && info.machines == 1 && info.devices == 1);
+	int32_t algorithm = -1, settled = -1;
+	CHECK(fairgo_comm_algorithm(comm, 1 << 20, &algorithm, &settled) == FAIRGO_OK);
+	CHECK(algorithm == FAIRGO_ALGORITHM_FLAT && settled == 1); /* one rank: one flat call, by rule */
+	CHECK(fairgo_comm_algorithm(comm, 1 << 20, NULL, NULL) == FAIRGO_OK);
+	CHECK(fairgo_comm_algorithm(comm, -1, &algorithm, &settled) == FAIRGO_ERR_INVALID_ARGUMENT);
+	CHECK(fairgo_comm_algorithm(987654, 0, &algorithm, &settled) == FAIRGO_ERR_BAD_HANDLE);
 
 	fairgo_work_t work = 0;
 	CHECK(fairgo_allreduce(comm, NULL, 0, FAIRGO_BFLOAT16, FAIRGO_AVG, NULL, &work) == FAIRGO_OK);

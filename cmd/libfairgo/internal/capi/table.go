@@ -226,6 +226,23 @@ func (t *Table) Info(id int64) (Info, error) {
 	return info, nil
 }
 
+// Algorithm is the algorithm an allreduce of bytes bytes takes on the
+// communicator id (fairgo_comm_algorithm), and whether it is settled (by
+// the settings, a rule or Auto's measurement; hier.Choice.Measured): false
+// only for Auto's guess for a size class no call has reached yet, which
+// the class's first call may change.
+func (t *Table) Algorithm(id, bytes int64) (hier.Algorithm, bool, error) {
+	c, err := t.comm(id)
+	if err != nil {
+		return 0, false, err
+	}
+	if bytes < 0 {
+		return 0, false, &fairgo.ArgError{Arg: "bytes", Value: fmt.Sprint(bytes), Reason: "must not be negative"}
+	}
+	ch := c.r.ChoiceFor(bytes)
+	return ch.Algorithm, ch.Measured, nil
+}
+
 // AllReduce reduces count elements of dt at the device address ptr in place
 // across all ranks with op. The device work is ordered after the work
 // enqueued on the caller's stream so far, and the caller's stream is made to

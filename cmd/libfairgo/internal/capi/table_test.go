@@ -104,6 +104,60 @@ func TestAllReduce(t *testing.T) {
 	}
 }
 
+// TestAlgorithm: fairgo_comm_algorithm's answer is the same on every rank:
+// flat by rule below the flat threshold, Auto's guess (not settled) for a
+// size class no call has reached, and what Auto measured once a call has;
+// bad input fails typed.
+func TestAlgorithm(t *testing.T) {
+	f := newFixture(t, sim.Config{Seed: 3})
+	machines := []string{"a", "a", "b", "b"}
+	ids := f.initRanks(machines, capi.DefaultOptions())
+	const small, big = 1 << 10, 300 << 10
+	for _, id := range ids {
+		a, settled, err := f.tbl.Algorithm(id, small)
+		require.NoError(t, err)
+		require.Equal(t, hier.Flat, a)
+		require.True(t, settled, "below the flat threshold by rule")
+		_, settled, err = f.tbl.Algorithm(id, big)
+		require.NoError(t, err)
+		require.False(t, settled, "no call of that size yet")
+	}
+	count := int64(big / 4)
+	errs := spawn(len(ids), func(p int) error {
+		dev := f.device(ids[p])
+		handle, caller := f.b.register(t, dev)
+		buf := alloc(t, dev, count, fairgo.Float32)
+		wid, err := f.tbl.AllReduce(ids[p], buf.Ptr, count, fairgo.Float32, fairgo.Sum, handle)
+		if err != nil {
+			return err
+		}
+		if err := caller.Synchronize(ctxFor(t, 30*time.Second)); err != nil {
+			return err
+		}
+		if err := f.tbl.Wait(wid, 10*time.Second); err != nil {
+			return err
+		}
+		return f.tbl.FreeWork(wid)
+	})
+	require.NoError(t, errors.Join(errs...))
+	first, settled, err := f.tbl.Algorithm(ids[0], big)
+	require.NoError(t, err)
+	require.True(t, settled, "measured by the call")
+	r, err := f.tbl.Reducer(ids[0])
+	require.NoError(t, err)
+	require.Equal(t, r.AlgorithmFor(big), first)
+	for _, id := range ids[1:] {
+		a, settled, err := f.tbl.Algorithm(id, big)
+		require.NoError(t, err)
+		require.True(t, settled)
+		require.Equal(t, first, a, "every rank alike")
+	}
+	_, _, err = f.tbl.Algorithm(ids[0], -1)
+	require.ErrorIs(t, err, fairgo.ErrInvalidArgument)
+	_, _, err = f.tbl.Algorithm(12345, small)
+	require.ErrorIs(t, err, capi.ErrBadHandle, "a handle that is no communicator")
+}
+
 // TestInitFromEnv: Init reads the launch environment (torchrun's
 // variables) and finds the grid; an explicit device is accepted.
 func TestInitFromEnv(t *testing.T) {
