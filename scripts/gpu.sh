@@ -754,7 +754,7 @@ section_hook() {
     step "resnet-$l-compare" 30 python3 examples/ddp_torch/compare_losses.py "$OUT/resnet-$l-default.json" "$OUT/resnet-$l-fairgo.json" \
       --envelope "$OUT/resnet-$l-ring.json" "$OUT/resnet-$l-tree.json"
     verdict=$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)
-    note "$verdict" "resnet-$l" "$secs" "$(grep -E 'worst step|step-0 gradients|images/s|^(agree|DIFFER)$' "$OUT/logs/resnet-$l-compare.log" | sed -E 's/ \([^)]*\.json\)//' | paste -sd';' -)"
+    note "$verdict" "resnet-$l" "$secs" "$(grep -E 'worst step|step-0 gradients|images/s|^(agree|DIFFER)$' "$OUT/logs/resnet-$l-compare.log" | sed -E 's/ \([^)]*\.json\)//' | paste -sd';' -);$(grep -m1 -oE 'fairgo routes: .*' "$OUT/logs/resnet-$l-fairgo.log")"
     # fairgo's hook with its algorithm fixed (FAIRGO_ALGORITHM), for where
     # its speed comes from: images/s only.
     for run in $HOOK_ALGORITHMS; do
@@ -762,7 +762,7 @@ section_hook() {
         "${launch[@]}" examples/ddp_torch/train_resnet.py --hook fairgo --steps 50 --batch-size 32 \
         --losses-out "$OUT/resnet-$l-fairgo-$run.json"
       note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" "resnet-$l-fairgo-$run" "$secs" \
-        "rc=$rc FAIRGO_ALGORITHM=$run: $(grep -m1 -oE 'images/s [0-9.]+' "$OUT/logs/resnet-$l-fairgo-$run.log")"
+        "rc=$rc FAIRGO_ALGORITHM=$run: $(grep -m1 -oE 'images/s [0-9.]+' "$OUT/logs/resnet-$l-fairgo-$run.log"); $(grep -m1 -oE 'fairgo routes: .*' "$OUT/logs/resnet-$l-fairgo-$run.log")"
     done
   done
 }
