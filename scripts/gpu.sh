@@ -134,7 +134,10 @@
 # each test this many times, its time limits grown alike: a flake hunt, e.g.
 # TEST_COUNT=5 scripts/gpu.sh tests-launched 2x2), HOOK_ALGORITHMS (hook: one
 # more ResNet-18 run of fairgo's hook per algorithm listed, FAIRGO_ALGORITHM
-# fixed, images/s only; e.g. "flat rail-rsag"), STALL_DUMP_SECONDS (a test
+# fixed, images/s only; e.g. "flat rail-rsag"), HOOK_LIB and HOOK_PYTHON
+# (hook: the libfairgo.so and the fairgo_torch directory under test,
+# default lib/libfairgo.so and python: another build's for a comparison;
+# the package checks the library's ABI version), STALL_DUMP_SECONDS (a test
 # binary whose log is silent this long gets SIGQUIT for its stacks; 45, under
 # the tests' one-minute timeouts).
 #
@@ -174,6 +177,8 @@ SOAK_SECONDS=${SOAK_SECONDS:-600}
 STALL_DUMP_SECONDS=${STALL_DUMP_SECONDS:-45}
 TEST_COUNT=${TEST_COUNT:-1}
 HOOK_ALGORITHMS=${HOOK_ALGORITHMS:-}
+HOOK_LIB=${HOOK_LIB:-lib/libfairgo.so}
+HOOK_PYTHON=${HOOK_PYTHON:-python}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
 mkdir -p "$OUT/logs" "$OUT/json"
@@ -725,7 +730,10 @@ section_launchers() {
 
 section_hook() {
   need fairrun || return
-  [ -f lib/libfairgo.so ] || { note FAIL hook 0 "missing lib/libfairgo.so: run make gpu-bin on the build machine"; return; }
+  [ -f "$HOOK_LIB" ] || { note FAIL hook 0 "missing $HOOK_LIB: run make gpu-bin on the build machine"; return; }
+  local lib py
+  lib=$(cd "$(dirname "$HOOK_LIB")" && pwd)/$(basename "$HOOK_LIB")
+  py=$(cd "$HOOK_PYTHON" && pwd)
   local l m d n launch run hook envs verdict
   for l in "$@"; do
     m=${l%x*} d=${l#*x} n=$((m * d))
@@ -735,7 +743,7 @@ section_hook() {
       # shellcheck disable=SC2207
       launch=("$BIN/fairrun" $(fairrun_flags "$m" "$d") --nproc-per-node "$n" -- python3)
     fi
-    step "smoke-$l" 180 env FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python" "${launch[@]}" python/tests/gpu_smoke.py
+    step "smoke-$l" 180 env FAIRGO_LIB="$lib" PYTHONPATH="$py" "${launch[@]}" python/tests/gpu_smoke.py
     local ok
     ok=$(grep -c 'gpu_smoke: ok' "$OUT/logs/smoke-$l.log")
     note "$({ [ "$rc" -eq 0 ] && [ "$ok" -eq "$n" ]; } && echo PASS || echo FAIL)" "smoke-$l" "$secs" "rc=$rc ok=$ok/$n"
@@ -744,7 +752,7 @@ section_hook() {
     # envelope fairgo's drift is judged against.
     for run in default fairgo ring tree; do
       hook=default
-      envs=(FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python")
+      envs=(FAIRGO_LIB="$lib" PYTHONPATH="$py")
       # The allreduce only (NCCL ≥ 2.24's per-collective syntax): NCCL has
       # no Tree all-gather, which DDP's setup calls.
       case $run in fairgo) hook=fairgo ;; ring) envs+=(NCCL_ALGO=allreduce:ring) ;; tree) envs+=(NCCL_ALGO=allreduce:tree) ;; esac
@@ -758,7 +766,7 @@ section_hook() {
     # fairgo's hook with its algorithm fixed (FAIRGO_ALGORITHM), for where
     # its speed comes from: images/s only.
     for run in $HOOK_ALGORITHMS; do
-      step "resnet-$l-fairgo-$run" 300 env FAIRGO_LIB="$PWD/lib/libfairgo.so" PYTHONPATH="$PWD/python" FAIRGO_ALGORITHM="$run" \
+      step "resnet-$l-fairgo-$run" 300 env FAIRGO_LIB="$lib" PYTHONPATH="$py" FAIRGO_ALGORITHM="$run" \
         "${launch[@]}" examples/ddp_torch/train_resnet.py --hook fairgo --steps 50 --batch-size 32 \
         --losses-out "$OUT/resnet-$l-fairgo-$run.json"
       note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" "resnet-$l-fairgo-$run" "$secs" \

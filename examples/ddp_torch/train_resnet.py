@@ -172,7 +172,9 @@ def main(argv=None):
     by_rank = [None] * world
     dist.all_gather_object(by_rank, losses)
     # The algorithm fairgo took for each bucket size (the same on every rank).
-    routes = {n: comm.algorithm_for(n)[0] for n in sorted(bucket_bytes)} if comm is not None else None
+    routes = None
+    if comm is not None and hasattr(comm, "algorithm_for"):  # a fairgo_torch older than C ABI 3 has none
+        routes = {n: comm.algorithm_for(n)[0] for n in sorted(bucket_bytes)}
     if rank == 0:
         if routes:
             print("fairgo routes: " + ", ".join(f"{n} bytes {a}" for n, a in routes.items()), flush=True)
