@@ -262,9 +262,10 @@ func (t *ticket) finish(err error) {
 	close(t.done)
 }
 
-// checker runs the checks of one Reducer: submit hands a call's check to
-// the launcher goroutine, which enqueues it; the checker's goroutine waits
-// for each check's event and decides the call. Both go in call order.
+// checker runs the checks of one Reducer: submit leaves a call's check to
+// the launcher goroutine or the next execution, whichever enqueues it
+// first; the checker's goroutine waits for each check's event and decides
+// the call. Both go in call order.
 type checker struct {
 	r      *Reducer
 	comm   backend.Comm
@@ -358,12 +359,7 @@ func (c *checker) submit(q *request) {
 // device work of a call.
 func (c *checker) launchedAll() {
 	c.launching.Lock()
-	c.claim()
-	c.launching.Unlock()
-}
-
-// claim enqueues the waiting check, if any; launching is held.
-func (c *checker) claim() {
+	defer c.launching.Unlock()
 	if q := c.waiting.Swap(nil); q != nil {
 		c.enqueue(q)
 	}
