@@ -109,7 +109,7 @@ func TestRankOrderGivesGridCoordinates(t *testing.T) {
 func itoa(i int) string { return string(rune('0' + i)) }
 
 func TestCloseLeaksNoGoroutines(t *testing.T) {
-	base := runtime.NumGoroutine()
+	base := quietGoroutines()
 	c, err := NewCluster(Config{Machines: 2, Devices: 2, Jitter: time.Millisecond, StallTimeout: time.Minute})
 	require.NoError(t, err)
 	var events []*Event

@@ -79,6 +79,22 @@ func syncStream(t tb, s *Stream) error {
 }
 
 // settleGoroutines waits until the goroutine count drops to at most base.
+// quietGoroutines is the goroutine count once it has held still for 20 ms
+// (at most a second): the base a leak check compares with, without the
+// goroutines of earlier tests that are still ending.
+func quietGoroutines() int {
+	n := runtime.NumGoroutine()
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		m := runtime.NumGoroutine()
+		if m == n {
+			return n
+		}
+		n = m
+	}
+	return n
+}
+
 func settleGoroutines(t testing.TB, base int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
