@@ -10,7 +10,8 @@ Every rank checks: allreduce_ against a reference for several dtypes, ops
 and sizes (and against torch.distributed's NCCL allreduce); that a call
 returns while the GPU is still busy with earlier work on the stream and
 that the stream's later work sees the result (ordering without host
-blocking); the DDP hook's future, and that the hook leaves the current
+blocking); the algorithm a reached size takes, alike on every rank; the DDP
+hook's future, and that the hook leaves the current
 stream free while a bucket waits for a late rank; the error paths; close. Prints
 "gpu_smoke: ok" per rank, or raises.
 """
@@ -89,6 +90,19 @@ def check_allreduce(comm, device):
                 raise AssertionError(f"allreduce {dtype} {op} n={n}: element {bad}: got {got[bad].item()}, want {want[bad].item()}")
     comm.synchronize(60)
     log("allreduce: dtypes, ops and sizes match the reference")
+
+    # The algorithm of a size a call has reached is settled, and every rank
+    # names the same one (a package older than C ABI 3 cannot tell).
+    if hasattr(comm, "algorithm_for"):
+        nbytes = 3_000_001 * 4
+        name, settled = comm.algorithm_for(nbytes)
+        if name not in fairgo_torch._lib.ALGORITHMS or name == "auto" or not settled:
+            raise AssertionError(f"algorithm_for({nbytes}) = {name!r}, settled {settled}")
+        names = [None] * WORLD
+        dist.all_gather_object(names, name)
+        if len(set(names)) != 1:
+            raise AssertionError(f"algorithm_for({nbytes}) differs between ranks: {names}")
+        log(f"allreduce: {nbytes} bytes take {name} on every rank")
 
     # Against torch.distributed's own NCCL allreduce.
     x = torch.randn(1 << 20, device=device, generator=torch.Generator(device=device).manual_seed(RANK))
