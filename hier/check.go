@@ -63,7 +63,12 @@ const (
 	// maximum names the lowest refusing rank. It is not compared: every
 	// rank's differs when several refuse.
 	refuserWord = 2 * entryWords
-	imageWords  = refuserWord + 1
+	// tokenWord and mappedWord carry the agreement on a one-machine job's
+	// shared memory (hostcheck.go) in the checks of two calls; 0 in the
+	// others. Neither is compared.
+	tokenWord  = refuserWord + 1
+	failedWord = refuserWord + 2
+	imageWords = refuserWord + 3
 	// checkSlots is how many checks may be in flight: the call after that
 	// many undecided ones waits for the oldest to be decided.
 	checkSlots = 64
@@ -284,6 +289,9 @@ type checker struct {
 	quit      chan struct{}    // closed by stop
 	queue     chan queuedCheck // enqueued checks, in call order, for the goroutine
 	stopped   chan struct{}    // closed when the goroutine has exited
+	// agreement, on one machine, agrees on the shared memory that checks
+	// the calls after the first ones (hostcheck.go); nil elsewhere.
+	agreement *hostAgreement
 }
 
 // queuedCheck is a call whose check is enqueued in slot.
@@ -338,10 +346,28 @@ func (r *Reducer) startChecker() error {
 			return errors.Join(fmt.Errorf("hier: the check events: %w", err), c.release())
 		}
 	}
+	if r.hostCheckable() {
+		c.agreement = r.newHostAgreement()
+	}
 	r.checker = c
 	go c.launcher()
 	go c.run()
 	return nil
+}
+
+// carriesAgreement reports whether call q's collective check carries the
+// agreement on shared memory: it must then run (no fingerprint instead).
+func (c *checker) carriesAgreement(q *request) bool {
+	return c != nil && c.agreement != nil && (q.seq == hostTokenCall || q.seq == hostAgreeCall)
+}
+
+// agreementDue is c's agreement on shared memory when call q is the one to
+// take its outcome at; nil otherwise (and for a nil c).
+func (c *checker) agreementDue(q *request) *hostAgreement {
+	if c == nil || c.agreement == nil || c.agreement.taken || q.seq < hostFirstCall || c.r.hooks.skipCheck {
+		return nil
+	}
+	return c.agreement
 }
 
 // submit leaves call q's check to be enqueued, once q's data is: by the
@@ -394,6 +420,9 @@ func (c *checker) enqueue(q *request) {
 	c.next = (c.next + 1) % checkSlots
 	clear(sl.host)
 	sl.host.put(q, c.r.WorldRank(), c.r.rank.Grid.Size())
+	if c.agreement != nil {
+		c.agreement.offer(q.seq, sl.host)
+	}
 	var err error
 	if !c.mapped {
 		err = c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
@@ -427,7 +456,7 @@ func (c *checker) stop() error {
 }
 
 func (c *checker) release() error {
-	errs := []error{streams.Release(c.stream)}
+	errs := []error{streams.Release(c.stream), c.agreement.release()}
 	for i := range c.slots {
 		errs = append(errs, streams.Release(c.slots[i].ev))
 	}
@@ -461,6 +490,9 @@ func (c *checker) run() {
 		if errors.Is(err, fairgo.ErrMismatch) {
 			c.r.explainRefusal(q, err)
 			c.r.abort(err)
+		}
+		if c.agreement != nil && err == nil {
+			c.agreement.learn(q.seq, sl.host) // before the slot is free: see hostcheck.go
 		}
 		q.check.finish(err)
 		sl.free <- struct{}{}

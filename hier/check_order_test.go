@@ -134,7 +134,7 @@ func TestCheckKeepsItsPlaceAmongTheData(t *testing.T) {
 	want := logs[0].get()
 	checks := 0
 	for _, op := range want {
-		if op == "check allreduce 17" { // the image: 2 × 8 words of the shape, then the refusing rank
+		if op == "check allreduce 19" { // the image: 2 × 8 words of the shape, the refusing rank, the agreement's two
 			checks++
 		}
 	}

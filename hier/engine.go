@@ -84,17 +84,10 @@ func (r *Reducer) engine(ready chan<- error) {
 		return
 	}
 	if r.rank.Comms.Check != nil && !r.cfg.checkOff {
-		if err := r.startChecker(); err != nil {
+		if err := r.startCollectiveCheck(); err != nil {
 			close(r.watch.ch)
 			ready <- errors.Join(err, r.exec.release())
 			return
-		}
-		if r.cfg.timeout > 0 && r.cfg.fingerprintMax > 0 {
-			if r.fps, err = r.newFingerprints(); err != nil {
-				close(r.watch.ch)
-				ready <- errors.Join(err, r.checker.stop(), r.exec.release())
-				return
-			}
 		}
 	}
 	ready <- nil
@@ -118,6 +111,9 @@ func (r *Reducer) engine(ready chan<- error) {
 	var errs []error
 	if r.checker != nil {
 		errs = append(errs, r.checker.stop())
+	}
+	if r.host != nil {
+		errs = append(errs, r.host.close())
 	}
 	if r.fps != nil {
 		errs = append(errs, r.fps.release())
@@ -179,11 +175,31 @@ func (r *Reducer) park() {
 	<-r.calls.wake
 }
 
+// startCollectiveCheck starts the checker, and the fingerprints where the
+// options ask for them.
+func (r *Reducer) startCollectiveCheck() error {
+	if err := r.startChecker(); err != nil {
+		return err
+	}
+	if r.cfg.timeout > 0 && r.cfg.fingerprintMax > 0 {
+		var err error
+		if r.fps, err = r.newFingerprints(); err != nil {
+			err = errors.Join(err, r.checker.stop())
+			r.checker = nil
+			return err
+		}
+	}
+	return nil
+}
+
 // execute enqueues one request's device work, starting on first (the
 // engine's first stage, or the caller's stream for an inline call), and
 // hands its completion event and its check to the watcher and the checker.
 // It runs on the engine goroutine, or on the caller's while it holds busy.
 func (r *Reducer) execute(q *request, first streams.Stream) {
+	if a := r.checker.agreementDue(q); a != nil {
+		r.host = a.take() // from this call on, every rank alike
+	}
 	if r.checker != nil {
 		r.checker.launchedAll() // the last call's check goes before this call's work
 	}
@@ -208,6 +224,10 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 			r.checkRejected(q, first)
 			return
 		}
+	}
+	if err := r.postCheck(q); err != nil { // before the data: see hostcheck.go
+		r.abortAfterEnqueueError(q, err)
+		return
 	}
 	waited, err := r.waitOverlaps(q, first)
 	if err != nil {
@@ -249,7 +269,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	if !fingerprinted {
 		r.checkLater(q)
 	}
-	if ev == nil && q.check == nil { // nothing on the device, no peer to hear from
+	if ev == nil && q.check == nil && !q.posted { // nothing on the device, no peer to hear from
 		q.work.finish(nil)
 		r.events.put(q.after)
 		r.watch.completed.Store(q.seq)
@@ -264,6 +284,14 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 // already; a mismatch aborts, as on the peers.
 func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	r.postRefusal(q)
+	if r.host != nil {
+		if err := r.postCheck(q); err != nil {
+			r.abort(fmt.Errorf("%w: hier: %v: posting the check of a refused call: %w", fairgo.ErrAborted, q, err))
+			return
+		}
+		r.watch.ch <- pending{req: q} // the watcher decides it in call order; the Work has its error
+		return
+	}
 	if !r.fingerprintable(q) {
 		r.checkLater(q)
 		return
@@ -298,9 +326,23 @@ func (r *Reducer) flatComm(q *request) backend.Comm {
 	return r.exec.singleComm(r.router.route(q.a.ByteLen()))
 }
 
-// checkLater hands the call to the checker, when there are peers.
+// postCheck posts the call's image in the shared memory of a one-machine
+// job (hostcheck.go); without it, nothing.
+func (r *Reducer) postCheck(q *request) error {
+	if r.host == nil || r.hooks.skipCheck {
+		return nil
+	}
+	err := r.host.post(q, r.brokenCause)
+	if err == nil {
+		q.posted = true
+	}
+	return err
+}
+
+// checkLater hands the call to the checker, when there are peers and no
+// shared memory checks the call.
 func (r *Reducer) checkLater(q *request) {
-	if r.checker != nil && !r.hooks.skipCheck {
+	if r.checker != nil && r.host == nil && !r.hooks.skipCheck {
 		r.checker.submit(q)
 	}
 }

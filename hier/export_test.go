@@ -27,6 +27,16 @@ func CalibrationBurst(size int64) int { return calibrationBurst(size) }
 // CalibrationRounds is the timed samples of a candidate that is not pruned.
 const CalibrationRounds = calibrationRounds
 
+// SharedMemoryCheck reports whether r's calls are checked through shared
+// memory (a one-machine job) rather than by a collective. It is settled at
+// call SharedMemoryFirstCall; ask after that call's Work completed.
+func SharedMemoryCheck(r *Reducer) bool { return r.host != nil }
+
+// SharedMemoryFirstCall is the first call a one-machine job may check
+// through shared memory: the collective checks of the ones before carry
+// the ranks' agreement on it.
+const SharedMemoryFirstCall = hostFirstCall
+
 // SkipCheck turns off r's cross-rank check, so that a benchmark can measure
 // what the check costs. Every rank of the world must do it before its first
 // call.

@@ -275,7 +275,8 @@ type fpCall struct {
 // rank that agrees on the shape answers alike; a rank that rejected the call
 // answers from the shape it was given.
 func (r *Reducer) fingerprintable(q *request) bool {
-	if r.fps == nil || r.hooks.skipCheck || q.kind != kindAllReduce || q.a.Count <= 0 ||
+	if r.fps == nil || r.host != nil || r.hooks.skipCheck || r.checker.carriesAgreement(q) ||
+		q.kind != kindAllReduce || q.a.Count <= 0 ||
 		!q.a.DType.Valid() || !q.op.Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
 	"time"
 
@@ -42,26 +43,30 @@ const FlatNever = -1
 type Option func(*config)
 
 type config struct {
-	sliceBytes     int64
-	sliceSet       bool // WithSliceSize gave a size: no slice from the link model
-	stagingBytes   int64
-	paddingBytes   int64
-	parallelism    int
-	flatThreshold  int64
-	timeout        time.Duration
-	timeoutSet     bool // WithTimeout was given (0 included: no watchdog)
-	algorithm      Algorithm
-	inline         bool
-	spin           time.Duration
-	spinSet        bool
-	serialRail     bool
-	serialSet      bool
-	checkOff       bool
-	fingerprintMax int64
-	fingerprintSet bool
-	routesOf       *Reducer // WithRoutesOf: whose route table this Reducer shares
-	logger         *slog.Logger
-	layout         staging.Layout // the slice and slots the options and the grid resolve to
+	sliceBytes    int64
+	sliceSet      bool // WithSliceSize gave a size: no slice from the link model
+	stagingBytes  int64
+	paddingBytes  int64
+	parallelism   int
+	flatThreshold int64
+	timeout       time.Duration
+	timeoutSet    bool // WithTimeout was given (0 included: no watchdog)
+	algorithm     Algorithm
+	inline        bool
+	spin          time.Duration
+	spinSet       bool
+	serialRail    bool
+	serialSet     bool
+	checkOff      bool
+	// sharedMemoryDir is where a one-machine job's check maps its memory;
+	// "" checks through the collective.
+	sharedMemoryDir string
+	sharedMemorySet bool
+	fingerprintMax  int64
+	fingerprintSet  bool
+	routesOf        *Reducer // WithRoutesOf: whose route table this Reducer shares
+	logger          *slog.Logger
+	layout          staging.Layout // the slice and slots the options and the grid resolve to
 }
 
 // WithSliceSize sets the slice size in bytes: a tensor larger than this is
@@ -136,6 +141,19 @@ func WithSerialRail(on bool) Option {
 // of hanging or returning wrong data. Off, such calls are undefined
 // behaviour, as with NCCL itself.
 func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
+
+// WithSharedMemoryDir sets where the ranks of a job on one machine (a grid
+// of one machine) make the memory through which they compare their calls
+// (the check, WithCheck): a file that every rank maps, unlinked once they
+// all have. A call then costs the check a few stores and loads, where a
+// job across machines runs it as a second collective. Default
+// DefaultSharedMemoryDir; when the ranks cannot all map the file there (no
+// such file system, ranks on several hosts), they check through the
+// collective. "" always checks through the collective. A directory that is
+// given must exist.
+func WithSharedMemoryDir(dir string) Option {
+	return func(c *config) { c.sharedMemoryDir, c.sharedMemorySet = dir, true }
+}
 
 // WithFingerprintMax sets the largest flat allreduce, in bytes, whose
 // cross-rank check travels inside its own collective instead of a second
@@ -234,6 +252,14 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 		return c, bad("WithFingerprintMax", c.fingerprintMax, "above 1 GiB the copies cost more than a separate check")
 	case c.spin < 0 || c.spin > time.Second:
 		return c, bad("WithSpin", c.spin, "must be between 0 and 1s")
+	}
+	if c.sharedMemorySet && c.sharedMemoryDir != "" {
+		if st, err := os.Stat(c.sharedMemoryDir); err != nil || !st.IsDir() {
+			return c, bad("WithSharedMemoryDir", c.sharedMemoryDir, "not a directory (\"\" checks through the collective)")
+		}
+	}
+	if !c.sharedMemorySet {
+		c.sharedMemoryDir = DefaultSharedMemoryDir
 	}
 	if !c.timeoutSet {
 		c.timeout = DefaultTimeout

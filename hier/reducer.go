@@ -51,6 +51,7 @@ type request struct {
 	seq        uint64  // the call's number in this Reducer's call order, from 1
 	rejected   error   // set when this rank refused the call: only its check runs
 	check      *ticket // the outcome of the cross-rank check; nil without peers or when fp carries it
+	posted     bool    // the call's check is in the shared memory of a one-machine job (hostcheck.go)
 	fp         *fpCall // the fingerprint the call's data carries (fingerprint.go); nil otherwise
 }
 
@@ -76,7 +77,8 @@ type Reducer struct {
 	flight   inflightSet // the memory of calls whose device work may still run
 	router   *router
 	exec     *executor     // the engine goroutine's (or an inline caller's while it holds calls.busy)
-	checker  *checker      // nil without peers
+	checker  *checker      // the collective check; nil without peers or with host
+	host     *hostCheck    // the check through shared memory (one machine); nil otherwise
 	fps      *fingerprints // nil unless small flat calls carry their check (WithFingerprintMax)
 	board    *bulletin     // nil without a Board
 	watch    watcher       // completes Works in call order

@@ -26,20 +26,25 @@ import (
 // Work fails with a MismatchError; none returns nil.
 func TestCountsDifferingInTheTailFail(t *testing.T) {
 	for _, tc := range []struct {
-		counts []int
-		algo   hier.Algorithm
+		counts   []int
+		algo     hier.Algorithm
+		machines int
 	}{
-		{[]int{1002, 1001, 1001, 1001}, hier.RailAllToAll},
-		{[]int{1048577, 1048578, 1048578, 1048578}, hier.RailRSAG},
-		{[]int{1001, 1001, 1001, 1002}, hier.Flat},
+		{[]int{1002, 1001, 1001, 1001}, hier.RailAllToAll, 2},
+		{[]int{1048577, 1048578, 1048578, 1048578}, hier.RailRSAG, 2},
+		{[]int{1001, 1001, 1001, 1002}, hier.Flat, 2},
+		{[]int{1001, 1001, 1001, 1002}, hier.Flat, 1}, // the shared memory's check
 	} {
-		t.Run(tc.algo.String(), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
 			w := newWorld(
 				t,
-				sim.Config{Machines: 2, Devices: 2, Seed: 3},
+				sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 3},
 				hier.WithFlatThreshold(hier.FlatNever),
 				hier.WithAlgorithm(tc.algo),
 			)
+			if tc.machines == 1 {
+				warmUp(t, w, beforeSharedMemory)
+			}
 			data := make([][]byte, 4)
 			for g := range data {
 				data[g] = make([]byte, 4*tc.counts[g])
@@ -57,6 +62,7 @@ func TestCountsDifferingInTheTailFail(t *testing.T) {
 				require.Equal(t, "count", me.Field)
 				require.Contains(t, err.Error(), "count")
 				require.ErrorIs(t, w.reducers[g].Err(), fairgo.ErrMismatch)
+				require.Equal(t, tc.machines == 1, hier.SharedMemoryCheck(w.reducers[g]))
 			}
 		})
 	}
@@ -94,7 +100,8 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 	} {
 		for _, mode := range checkModes {
 			t.Run(tc.name+"/"+mode.name, func(t *testing.T) {
-				w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 4, StallTimeout: 20 * time.Second}, mode.opts...)
+				w := newWorld(t, sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 4, StallTimeout: 20 * time.Second}, mode.opts...)
+				warmUp(t, w, mode.warm)
 				ts := w.upload(
 					t,
 					fairgo.Float32,
@@ -124,21 +131,31 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 // own, and the fingerprint a small flat call carries in its data (on with
 // the watchdog; hier/fingerprint.go). used asserts the form was taken.
 var checkModes = []struct {
-	name string
-	opts []hier.Option
-	used func(t *testing.T, w *world)
+	name     string
+	machines int // the sim's grid: machines × (4 / machines)
+	warm     int // calls to make before the test's (warmUp)
+	opts     []hier.Option
+	used     func(t *testing.T, w *world)
 }{
-	{"separate", nil, func(t *testing.T, w *world) {
+	{"separate", 2, 0, nil, func(t *testing.T, w *world) {
 		for _, r := range w.reducers {
 			require.Zero(t, hier.FingerprintedCalls(r))
+			require.False(t, hier.SharedMemoryCheck(r))
 		}
 	}},
-	{"fingerprint", []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)}, func(t *testing.T, w *world) {
+	{"fingerprint", 2, 0, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)}, func(t *testing.T, w *world) {
 		n := uint64(0)
 		for _, r := range w.reducers {
 			n += hier.FingerprintedCalls(r)
 		}
 		require.Positive(t, n)
+	}},
+	// One machine, past the agreement: the ranks compare their calls in
+	// shared memory, even where fingerprints are asked for.
+	{"shared memory", 1, beforeSharedMemory, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)}, func(t *testing.T, w *world) {
+		for _, r := range w.reducers {
+			require.True(t, hier.SharedMemoryCheck(r))
+		}
 	}},
 }
 
@@ -168,12 +185,17 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 				if mode.name == "fingerprint" && tc.op != fairgo.Sum {
 					t.Skip("an unknown operator makes no fingerprinted collective on the refusing rank")
 				}
-				cfg := sim.Config{Machines: 2, Devices: 2, Seed: 4, StallTimeout: time.Minute}
+				cfg := sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 4, StallTimeout: time.Minute}
 				var w *world
 				if tc.board {
 					w = newWorld(t, cfg, mode.opts...)
 				} else {
 					w = worldWithoutBoard(t, cfg, mode.opts...)
+				}
+				warmUp(t, w, mode.warm)
+				fingerprinted := make([]uint64, len(w.reducers))
+				for g, r := range w.reducers {
+					fingerprinted[g] = hier.FingerprintedCalls(r)
 				}
 				ts := w.upload(t, fairgo.Float32, [][]byte{
 					make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)})
@@ -199,7 +221,7 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 					}
 					require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
 					require.ErrorContains(t, err,
-						fmt.Sprintf("rank %d refused call 1 (allreduce of 1024 float32)%s", tc.refuser, tc.reason), "rank %d", g)
+						fmt.Sprintf("rank %d refused call %d (allreduce of 1024 float32)%s", tc.refuser, 1+mode.warm, tc.reason), "rank %d", g)
 					var me *hier.MismatchError
 					require.ErrorAs(t, err, &me)
 					require.NotNil(t, me.Refusal)
@@ -213,7 +235,7 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 				}
 				mode.used(t, w)
 				if mode.name == "fingerprint" { // the refusing rank ran the fingerprinted collective too
-					require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[tc.refuser]))
+					require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[tc.refuser])-fingerprinted[tc.refuser])
 				}
 			})
 		}

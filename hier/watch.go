@@ -13,8 +13,8 @@ import (
 )
 
 // pending is a call the watcher waits for: its completion event (nil when
-// it put nothing on the device) and its check (req.check, nil without
-// peers).
+// it put nothing on the device) and its check (req.check, or the shared
+// memory's when req.posted; neither without peers).
 type pending struct {
 	req *request
 	ev  streams.Event
@@ -108,7 +108,7 @@ func (r *Reducer) await(p pending, start time.Time) error {
 		abortedAt time.Time
 		dataDone  = p.ev == nil
 		dataErr   error
-		checkDone = p.req.check == nil
+		checkDone = p.req.check == nil && !p.req.posted
 		checkErr  error
 		checkC    <-chan struct{}
 		timedOut  bool
@@ -116,7 +116,7 @@ func (r *Reducer) await(p pending, start time.Time) error {
 	)
 	poll.Stop()
 	defer poll.Stop()
-	if !checkDone {
+	if p.req.check != nil {
 		checkC = p.req.check.done
 	}
 	for {
@@ -126,7 +126,15 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			cancel()
 			dataDone, dataErr = p.ev.Query()
 		}
-		if !checkDone {
+		if !checkDone && p.req.posted {
+			// Posted before the data: once the data is done, the peers'
+			// images are there, or about to be.
+			wait := time.Duration(0)
+			if dataDone {
+				wait = watchPoll
+			}
+			checkDone, checkErr = r.awaitHostCheck(p.req, wait)
+		} else if !checkDone {
 			if dataDone { // only the check is left: wait for it a poll at a time
 				poll.Reset(watchPoll)
 				select {

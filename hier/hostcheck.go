@@ -1,0 +1,395 @@
+package hier
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/internal/poll"
+	"github.com/fairgo/fairgo/internal/shm"
+)
+
+// The check through shared memory. When every rank runs on one machine, the
+// ranks compare their calls in a region of host memory they all map (a file
+// under /dev/shm), not through a collective: each rank posts a call's image
+// (check.go's, the same words) in a slot of its own before it enqueues the
+// call's data, and the watcher that completes the call reads every rank's
+// image for it, takes the element-wise maximum the check's allreduce would
+// have taken, and decides as the collective check does. Every rank reads
+// the same images, so every rank reaches the same verdict; a mismatch
+// aborts, as it does there. A call costs a few stores and loads instead of
+// an NCCL launch, and no device work.
+//
+// Because a rank posts before it enqueues its data, a call whose data has
+// completed on one rank has been posted by every rank (the collective could
+// not finish without their launches): its verdict is there to read when
+// the data ends. Posts need no order among the communicators' operations,
+// the constraint that ties the collective check to the data (check.go).
+//
+// Slots are reused: each rank has hostSlots of them and a cursor, the last
+// call it decided. A rank posts call n only once every rank's cursor has
+// reached n − hostSlots, so no rank overwrites an image another has yet to
+// read.
+//
+// The ranks agree on the region without waiting for each other outside
+// their calls (a process may drive several ranks from one goroutine, and a
+// call's enqueue never waits for a peer): the first calls are checked by the
+// collective, whose images carry the agreement. World rank 0 makes the
+// region under a random name when its checker starts and offers the name's
+// token in the check of call hostTokenCall; every rank maps the region when
+// it learns that check's verdict, and says in the check of call
+// hostAgreeCall whether it could. Every rank knows that verdict before it
+// executes call hostFirstCall (hostSlots calls later: a slot frees only
+// once its check is decided), and from that call on, all of them check
+// through the region, or none (ranks on several hosts that declared one
+// machine, a host without /dev/shm). World rank 0 unlinks the file once
+// every rank has mapped it or given up, so a job that dies leaves nothing
+// behind.
+
+const (
+	hostSlots = checkSlots
+	// The calls whose collective checks carry the agreement, and the first
+	// call checked through the region. Each is hostSlots after the last,
+	// so that its executing rank holds the last one's verdict.
+	hostTokenCall = 1
+	hostAgreeCall = hostTokenCall + hostSlots
+	hostFirstCall = hostAgreeCall + hostSlots
+	// hostSlotWords is a slot: the call's number, written last, then its
+	// image.
+	hostSlotWords = 1 + imageWords
+	// hostCursorWords keeps a rank's cursor (and its presence mark, written
+	// once) alone on its cache line: the rank writes it once a call, every
+	// peer polls it.
+	hostCursorWords = 8
+	hostRankWords   = hostCursorWords + hostSlots*hostSlotWords
+	// hostHeaderWords holds the region's token and world size, which a
+	// rank that maps it compares with what it was told.
+	hostHeaderWords = 8
+	// hostTokenBits keeps the token a positive int64, so that the check's
+	// maximum carries world rank 0's token over the others' zeros.
+	hostTokenBits = 62
+)
+
+// DefaultSharedMemoryDir is where the check's region is made: Linux's
+// shared-memory file system.
+const DefaultSharedMemoryDir = "/dev/shm"
+
+// hostCheck is one rank's view of the shared region.
+type hostCheck struct {
+	region *shm.Region
+	words  []uint64
+	rank   int   // world rank
+	size   int   // world size
+	posted image // the image being posted (the executing goroutine's)
+	merged image // the maximum of the ranks' images (the watcher's)
+}
+
+func hostWords(size int) int { return hostHeaderWords + size*hostRankWords }
+
+// hostCheckable reports whether the Reducer may check through shared
+// memory: its ranks are on one machine, and the option leaves it on.
+func (r *Reducer) hostCheckable() bool {
+	return r.rank.Grid.Machines == 1 && r.cfg.sharedMemoryDir != ""
+}
+
+// hostAgreement is one rank's part in agreeing on the region: the
+// checker's goroutine learns the verdicts that carry it, and the executing
+// goroutine takes the outcome at call hostFirstCall.
+type hostAgreement struct {
+	r       *Reducer
+	dir     string
+	token   int64         // world rank 0's token: its own, or learnt
+	region  *shm.Region   // mapped; nil when it could not be
+	failed  int64         // 1 until this rank has mapped the region
+	outcome *hostCheck    // from hostFirstCall on; nil: the collective goes on
+	learnt  chan struct{} // closed once call hostTokenCall's verdict is learnt
+	settled chan struct{} // closed once call hostAgreeCall's verdict is learnt
+	taken   bool          // the executing goroutine took the outcome (or gave up on it)
+}
+
+// newHostAgreement starts this rank's part: world rank 0 makes the region.
+func (r *Reducer) newHostAgreement() *hostAgreement {
+	// failed until this rank has mapped the region
+	a := &hostAgreement{r: r, dir: r.cfg.sharedMemoryDir, learnt: make(chan struct{}), settled: make(chan struct{}), failed: 1}
+	if r.WorldRank() != 0 {
+		return a
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return a
+	}
+	token := int64(binary.LittleEndian.Uint64(b[:])>>(64-hostTokenBits)) | 1 // never 0
+	region, err := shm.Create(hostRegionPath(a.dir, token), hostWords(r.rank.Grid.Size()))
+	if err != nil {
+		r.cfg.logger.Debug("fairgo: the check's shared memory", "err", err)
+		return a
+	}
+	w := region.Words()
+	atomic.StoreUint64(&w[1], uint64(r.rank.Grid.Size()))
+	atomic.StoreUint64(&w[0], uint64(token))
+	a.token, a.region, a.failed = token, region, 0
+	a.markPresence()
+	return a
+}
+
+// offer writes this rank's part of the agreement into the image of call
+// seq's collective check. The checker's enqueue calls it.
+func (a *hostAgreement) offer(seq uint64, img image) {
+	switch seq {
+	case hostTokenCall:
+		binary.LittleEndian.PutUint64(img[8*tokenWord:], uint64(a.token)) // 0 on every rank but world rank 0
+	case hostAgreeCall:
+		// Fingerprinted calls take no slot of the checker's, so the slot
+		// order alone does not put call hostTokenCall's verdict first.
+		a.await(a.learnt)
+		binary.LittleEndian.PutUint64(img[8*failedWord:], uint64(a.failed))
+	}
+}
+
+// await waits for ch to close, or for the Reducer to break.
+func (a *hostAgreement) await(ch chan struct{}) bool {
+	var pace poll.Backoff
+	pace.Max = time.Millisecond
+	for {
+		select {
+		case <-ch:
+			return true
+		default:
+		}
+		if a.r.brokenCause() != nil {
+			return false
+		}
+		pace.Wait()
+	}
+}
+
+// learn reads the agreement from call seq's decided check. The checker's
+// goroutine calls it in call order, before it frees the call's slot, so
+// that the check of the call hostSlots later, which waits for that slot,
+// offers what this learnt.
+func (a *hostAgreement) learn(seq uint64, img image) {
+	r := a.r
+	switch seq {
+	case hostTokenCall:
+		defer close(a.learnt)
+		token := int64(binary.LittleEndian.Uint64(img[8*tokenWord:]))
+		if r.WorldRank() == 0 || token <= 0 {
+			return
+		}
+		size := r.rank.Grid.Size()
+		region, err := shm.Open(hostRegionPath(a.dir, token), hostWords(size))
+		if err == nil && (atomic.LoadUint64(&region.Words()[0]) != uint64(token) ||
+			atomic.LoadUint64(&region.Words()[1]) != uint64(size)) {
+			err = errors.Join(errors.New("another job's region"), region.Close())
+		}
+		if err != nil {
+			r.cfg.logger.Debug("fairgo: the check's shared memory", "rank", r.WorldRank(), "err", err)
+			return
+		}
+		a.token, a.region, a.failed = token, region, 0
+		a.markPresence()
+	case hostAgreeCall:
+		anyFailed := int64(binary.LittleEndian.Uint64(img[8*failedWord:]))
+		if r.WorldRank() == 0 && a.region != nil {
+			_ = a.region.Remove() // every rank has mapped it, or given up
+		}
+		if anyFailed == 0 && a.region != nil {
+			a.outcome = &hostCheck{region: a.region, words: a.region.Words(), rank: r.WorldRank(),
+				size: r.rank.Grid.Size(), posted: make(image, 8*imageWords), merged: make(image, 8*imageWords)}
+		} else if a.region != nil {
+			_ = a.region.Close()
+		}
+		a.region = nil
+		close(a.settled)
+	}
+}
+
+// markPresence marks in the region that this rank mapped it, before it
+// offers so in the check of call hostAgreeCall.
+func (a *hostAgreement) markPresence() {
+	at := hostHeaderWords + a.r.WorldRank()*hostRankWords + 1
+	atomic.StoreUint64(&a.region.Words()[at], uint64(a.token))
+}
+
+// take is the agreement's outcome, for calls from hostFirstCall on: the
+// region to check through, or nil. The executing goroutine calls it at
+// that call, waiting for call hostAgreeCall's verdict; it gives up (nil)
+// when the Reducer breaks. The presence marks were all written before
+// that verdict: a rank missing from them is one the communicator only
+// pretends to reach (a test double), and every rank of a real job sees
+// them all.
+func (a *hostAgreement) take() *hostCheck {
+	a.taken = true
+	if !a.await(a.settled) || a.outcome == nil {
+		return nil
+	}
+	h := a.outcome
+	for k := range h.size {
+		if atomic.LoadUint64(h.presence(k)) != uint64(a.token) {
+			return nil // kept for release
+		}
+	}
+	a.outcome = nil
+	return h
+}
+
+// release unmaps what the agreement holds and did not hand over, and
+// unlinks the file where world rank 0 made it and the agreement never
+// ended. The checker's release calls it, once its goroutine has exited.
+func (a *hostAgreement) release() error {
+	if a == nil {
+		return nil
+	}
+	var errs []error
+	if a.region != nil {
+		errs = append(errs, closeRegion(a.region, a.r.WorldRank() == 0 && !isClosed(a.settled)))
+	}
+	if a.outcome != nil {
+		errs = append(errs, a.outcome.close())
+	}
+	return errors.Join(errs...)
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func hostRegionPath(dir string, token int64) string {
+	return filepath.Join(dir, fmt.Sprintf("fairgo-check-%d-%016x", os.Getpid(), token))
+}
+
+// closeRegion unmaps region, if any, and unlinks its file when remove.
+func closeRegion(region *shm.Region, remove bool) error {
+	if region == nil {
+		return nil
+	}
+	var err error
+	if remove {
+		err = region.Remove()
+	}
+	return errors.Join(err, region.Close())
+}
+
+func (h *hostCheck) close() error { return h.region.Close() }
+
+// cursor is rank's last decided call.
+func (h *hostCheck) cursor(rank int) *uint64 {
+	return &h.words[hostHeaderWords+rank*hostRankWords]
+}
+
+// presence is where rank marked, with the region's token, that it mapped
+// the region (markPresence): the word after its cursor.
+func (h *hostCheck) presence(rank int) *uint64 {
+	return &h.words[hostHeaderWords+rank*hostRankWords+1]
+}
+
+// slot is rank's slot for call seq.
+func (h *hostCheck) slot(rank int, seq uint64) []uint64 {
+	at := hostHeaderWords + rank*hostRankWords + hostCursorWords + int(seq%hostSlots)*hostSlotWords
+	return h.words[at : at+hostSlotWords : at+hostSlotWords]
+}
+
+// reusable reports whether every rank has decided the call that last held
+// call seq's slots.
+func (h *hostCheck) reusable(seq uint64) bool {
+	if seq < hostFirstCall+hostSlots { // the slot's first use
+		return true
+	}
+	for k := range h.size {
+		if atomic.LoadUint64(h.cursor(k)) < seq-hostSlots {
+			return false
+		}
+	}
+	return true
+}
+
+// post writes call q's image in this rank's slot, once the slot may be
+// reused; stopped, polled while it waits, ends the wait with its error.
+// The executing goroutine calls it, before it enqueues q's data.
+func (h *hostCheck) post(q *request, stopped func() error) error {
+	var pace poll.Backoff
+	pace.Max = time.Millisecond
+	for !h.reusable(q.seq) {
+		if err := stopped(); err != nil {
+			return fmt.Errorf("hier: waiting to post the check of %v: %w", q, err)
+		}
+		pace.Wait()
+	}
+	clear(h.posted)
+	h.posted.put(q, h.rank, h.size)
+	s := h.slot(h.rank, q.seq)
+	for w := range imageWords {
+		atomic.StoreUint64(&s[1+w], binary.LittleEndian.Uint64(h.posted[8*w:]))
+	}
+	atomic.StoreUint64(&s[0], q.seq) // publishes the image
+	return nil
+}
+
+// decide reads every rank's image of call q: ok false when some rank has
+// not posted it yet; else the verdict (nil, or the *MismatchError), after
+// which this rank's cursor moves to q. The watcher calls it, in call
+// order.
+func (h *hostCheck) decide(q *request) (ok bool, err error) {
+	for k := range h.size {
+		if atomic.LoadUint64(&h.slot(k, q.seq)[0]) != q.seq {
+			return false, nil
+		}
+	}
+	for w := range imageWords {
+		var m int64
+		for k := range h.size {
+			v := int64(atomic.LoadUint64(&h.slot(k, q.seq)[1+w]))
+			if k == 0 || v > m {
+				m = v
+			}
+		}
+		binary.LittleEndian.PutUint64(h.merged[8*w:], uint64(m))
+	}
+	err = h.merged.decide(q, h.size)
+	atomic.StoreUint64(h.cursor(h.rank), q.seq)
+	return true, err
+}
+
+// awaitHostCheck decides call q's shared check, polling for up to wait
+// for the ranks that have not posted it; ok false when they still have
+// not. A mismatch aborts the Reducer, as the collective check's does; once
+// the Reducer is broken, a check some rank has not posted fails with the
+// cause at once.
+func (r *Reducer) awaitHostCheck(q *request, wait time.Duration) (ok bool, err error) {
+	var pace poll.Backoff
+	pace.Max = time.Millisecond
+	var deadline time.Time
+	for {
+		ok, err = r.host.decide(q)
+		if ok || wait <= 0 || r.brokenCause() != nil {
+			break
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(wait)
+		} else if now.After(deadline) {
+			break
+		}
+		pace.Wait()
+	}
+	if errors.Is(err, fairgo.ErrMismatch) {
+		r.explainRefusal(q, err)
+		r.abort(err)
+	}
+	if cause := r.brokenCause(); !ok && cause != nil {
+		// A rank that broke posts no more: no device work to wait for.
+		return true, fmt.Errorf("hier: the call's check did not complete: %w", cause)
+	}
+	return ok, err
+}

@@ -1,0 +1,288 @@
+package hier_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/sim"
+)
+
+// worldWithOptions builds a simulated cluster whose rank g's Reducer takes
+// optsOf(g), each built on a goroutine of its own.
+func worldWithOptions(t *testing.T, cfg sim.Config, optsOf func(g int) []hier.Option) *world {
+	t.Helper()
+	c, err := sim.NewCluster(cfg)
+	require.NoError(t, err)
+	rs := make([]*hier.Reducer, c.Size())
+	errs := make([]error, c.Size())
+	var wg sync.WaitGroup
+	for g := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs[g], errs[g] = hier.NewReducer(context.Background(), c.Rank(g), optsOf(g)...)
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	devs := make([]testDevice, c.Size())
+	for g := range devs {
+		devs[g] = c.Device(g)
+	}
+	w := &world{cluster: c, devs: devs, reducers: rs, m: cfg.Machines, d: cfg.Devices, closeFn: func() { _ = c.Close() }}
+	t.Cleanup(w.close)
+	return w
+}
+
+// warmUp makes n allreduces of one float32 on every rank of w and waits
+// for them: the calls whose checks carry the agreement on shared memory
+// when n is hier.SharedMemoryFirstCall − 1.
+func warmUp(t require.TestingT, w *world, n int) {
+	works := make([]*hier.Work, 0, n*len(w.reducers))
+	ts := make([]fairgo.Tensor, len(w.reducers))
+	for g := range ts {
+		var err error
+		ts[g], err = w.alloc(g, 1, fairgo.Float32)
+		require.NoError(t, err)
+	}
+	for range n {
+		for g, r := range w.reducers {
+			works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+		}
+	}
+	for i, wk := range works {
+		require.NoError(t, wk.Wait(context.Background()), "warm-up call %d", i/len(w.reducers)+1)
+	}
+}
+
+const beforeSharedMemory = hier.SharedMemoryFirstCall - 1
+
+// sumOnEveryRank allreduces one float32 per rank, rank g holding g+1, and
+// requires every rank to end with the sum.
+func sumOnEveryRank(t *testing.T, w *world) {
+	t.Helper()
+	data := make([][]byte, len(w.reducers))
+	want := float32(0)
+	for g := range data {
+		data[g] = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(g+1)))
+		want += float32(g + 1)
+	}
+	ts := w.upload(t, fairgo.Float32, data)
+	works := make([]*hier.Work, len(ts))
+	for g, r := range w.reducers {
+		works[g] = r.AllReduce(context.Background(), ts[g], fairgo.Sum)
+	}
+	for g, wk := range works {
+		require.NoError(t, wk.Wait(context.Background()), "rank %d", g)
+	}
+	for g, b := range w.download(t, ts) {
+		require.Equal(t, want, math.Float32frombits(binary.LittleEndian.Uint32(b)), "rank %d", g)
+	}
+}
+
+// The ranks of one machine check through shared memory, whose file is gone
+// once they have all mapped it; ranks on several machines, or told to
+// (WithSharedMemoryDir("")), check through the collective.
+func TestSharedMemoryCheckOnlyOnOneMachine(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		machines int
+		dir      bool // a directory of the test's own; false: ""
+		shared   bool
+	}{
+		{"1×3", 1, true, true},
+		{"2×2", 2, true, false},
+		{"1×3, off", 1, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := ""
+			if tc.dir {
+				dir = t.TempDir()
+			}
+			cfg := sim.Config{Machines: tc.machines, Devices: 3, Seed: 1, StallTimeout: time.Minute}
+			if tc.machines == 2 {
+				cfg.Devices = 2
+			}
+			w := newWorld(t, cfg, hier.WithSharedMemoryDir(dir))
+			sumOnEveryRank(t, w)
+			for g, r := range w.reducers {
+				require.False(t, hier.SharedMemoryCheck(r), "rank %d: before the agreement", g)
+			}
+			warmUp(t, w, beforeSharedMemory-1)
+			sumOnEveryRank(t, w)
+			for g, r := range w.reducers {
+				require.Equal(t, tc.shared, hier.SharedMemoryCheck(r), "rank %d", g)
+			}
+			if tc.dir {
+				left, err := os.ReadDir(dir)
+				require.NoError(t, err)
+				require.Empty(t, left, "the region's file outlived the agreement")
+			}
+		})
+	}
+}
+
+// A rank that cannot map the region (here: it was told another directory,
+// as a rank on another host would not find the file) makes every rank
+// check through the collective, which still finds a mismatch.
+func TestSharedMemoryCheckFallsBackWhenARankCannotMapIt(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir()}
+	w := worldWithOptions(t, sim.Config{Machines: 1, Devices: 3, Seed: 2, StallTimeout: time.Minute},
+		func(g int) []hier.Option { return []hier.Option{hier.WithSharedMemoryDir(dirs[min(g, 1)])} })
+	warmUp(t, w, beforeSharedMemory)
+	sumOnEveryRank(t, w)
+	for g, r := range w.reducers {
+		require.False(t, hier.SharedMemoryCheck(r), "rank %d", g)
+	}
+	for _, dir := range dirs {
+		left, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Empty(t, left)
+	}
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	works := make([]*hier.Work, len(ts))
+	for g, r := range w.reducers {
+		op := fairgo.Sum
+		if g == 2 {
+			op = fairgo.Max
+		}
+		works[g] = r.AllReduce(context.Background(), ts[g], op)
+	}
+	for g, wk := range works {
+		require.ErrorIs(t, wk.Wait(context.Background()), fairgo.ErrMismatch, "rank %d", g)
+	}
+}
+
+func TestSharedMemoryDirMustExist(t *testing.T) {
+	err := hier.ValidateOptions(hier.WithSharedMemoryDir(t.TempDir() + "/missing"))
+	var ae *fairgo.ArgError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "WithSharedMemoryDir", ae.Arg)
+	require.NoError(t, hier.ValidateOptions(hier.WithSharedMemoryDir("")))
+	require.NoError(t, hier.ValidateOptions(hier.WithSharedMemoryDir(t.TempDir())))
+}
+
+// The property: on one machine, past the agreement, a run of calls (allreduces of random
+// sizes and operators, broadcasts from random roots), in which one rank
+// may deviate at one call (another operator, another root, a refusal),
+// ends alike whether the ranks check through shared memory or through the
+// collective: every call before the deviation returns nil, the deviating
+// call fails on every rank with the same mismatch (call, field, range of
+// values), and no call after it returns nil. Runs longer than the shared
+// memory's slots reuse them.
+func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		devices := rapid.IntRange(2, 4).Draw(rt, "devices")
+		n := rapid.IntRange(1, 150).Draw(rt, "calls")
+		at := rapid.IntRange(-1, n-1).Draw(rt, "deviation") // -1: none
+		deviant := rapid.IntRange(0, devices-1).Draw(rt, "deviant")
+		how := rapid.SampledFrom([]string{"operator", "root", "refusal"}).Draw(rt, "how")
+		type call struct {
+			count int64
+			op    fairgo.Op
+			root  int // -1: an allreduce
+		}
+		calls := make([]call, n)
+		for i := range calls {
+			calls[i] = call{
+				count: int64(rapid.IntRange(1, 64).Draw(rt, "count")),
+				op:    rapid.SampledFrom([]fairgo.Op{fairgo.Sum, fairgo.Max, fairgo.Min}).Draw(rt, "op"),
+				root:  rapid.IntRange(-1, devices-1).Draw(rt, "root"),
+			}
+		}
+		if at >= 0 && how == "operator" {
+			calls[at].root = -1 // an allreduce, whose operator can differ
+		}
+		if at >= 0 && how == "root" {
+			calls[at].root = max(calls[at].root, 0) // a broadcast
+		}
+		// outcome runs the calls, and returns each rank's errors.
+		outcome := func(dir string) [][]error {
+			w, err := tryWorld(sim.Config{Machines: 1, Devices: devices, Seed: 7, StallTimeout: time.Minute},
+				hier.WithSharedMemoryDir(dir), hier.WithTimeout(time.Minute))
+			require.NoError(rt, err)
+			defer w.close()
+			warmUp(rt, w, beforeSharedMemory)
+			bufs := make([]fairgo.Tensor, devices)
+			for g := range bufs {
+				bufs[g], err = w.alloc(g, 64, fairgo.Float32)
+				require.NoError(rt, err)
+			}
+			cancelled, cancel := context.WithCancel(context.Background())
+			cancel()
+			works := make([][]*hier.Work, devices)
+			for i, c := range calls {
+				for g, r := range w.reducers {
+					ctx, op, root := context.Background(), c.op, c.root
+					if i == at && g == deviant {
+						switch how {
+						case "operator":
+							op = fairgo.Prod
+						case "root":
+							root = (root + 1) % devices
+						case "refusal":
+							ctx = cancelled
+						}
+					}
+					tn := bufs[g]
+					tn.Count, tn.Bytes = c.count, 4*c.count
+					if root < 0 {
+						works[g] = append(works[g], r.AllReduce(ctx, tn, op))
+					} else {
+						works[g] = append(works[g], r.Broadcast(ctx, tn, root))
+					}
+				}
+			}
+			errs := make([][]error, devices)
+			for g := range works {
+				for _, wk := range works[g] {
+					errs[g] = append(errs[g], wk.Wait(context.Background()))
+				}
+			}
+			for g, r := range w.reducers {
+				require.Equal(rt, dir != "", hier.SharedMemoryCheck(r), "rank %d", g)
+			}
+			return errs
+		}
+		shared, collective := outcome(t.TempDir()), outcome("")
+		for g := range devices {
+			for i := range n {
+				s, c := shared[g][i], collective[g][i]
+				switch {
+				case at < 0 || i < at:
+					// The shared memory's verdicts come in call order: an
+					// earlier call is complete before a later one aborts.
+					// The collective's may come first, and a call the
+					// watcher had yet to complete then reports the abort
+					// (the mismatch, or a peer's reaction to it).
+					require.NoError(rt, s, "rank %d, call %d, shared memory", g, i+1)
+					if c != nil && !errors.Is(c, fairgo.ErrAborted) {
+						require.ErrorIs(rt, c, fairgo.ErrMismatch, "rank %d, call %d, collective", g, i+1)
+					}
+				case i > at:
+					require.Error(rt, s, "rank %d, call %d after the mismatch, shared memory", g, i+1)
+					require.Error(rt, c, "rank %d, call %d after the mismatch, collective", g, i+1)
+				case g == deviant && how == "refusal":
+					require.ErrorIs(rt, s, context.Canceled)
+					require.ErrorIs(rt, c, context.Canceled)
+				default:
+					var sm, cm *hier.MismatchError
+					require.ErrorAs(rt, s, &sm, "rank %d, call %d, shared memory", g, i+1)
+					require.ErrorAs(rt, c, &cm, "rank %d, call %d, collective", g, i+1)
+					require.Equal(rt, *cm, *sm, "rank %d, call %d: the shared memory's mismatch against the collective's", g, i+1)
+				}
+			}
+		}
+	})
+}
