@@ -63,6 +63,49 @@ func TestGPUMismatchedCounts(t *testing.T) {
 	}
 }
 
+// On one machine, past the calls that carry the agreement, the ranks check
+// through shared memory (one process per GPU under a launcher, or all in
+// one): results are right, and an operator that differs on the last rank
+// fails on every rank with ErrMismatch.
+func TestGPUSharedMemoryCheck(t *testing.T) {
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}) {
+		if tc.m != 1 || tc.d < 2 {
+			t.Logf("%s: the check through shared memory needs several ranks on one machine", tc)
+			continue
+		}
+		t.Run(tc.String(), func(t *testing.T) {
+			w := freshGPUWorld(t, tc.m, tc.d, hier.WithTimeout(30*time.Second))
+			warmUp(t, w, beforeSharedMemory)
+			sumOnEveryRank(t, w)
+			for g, r := range w.reducers {
+				require.True(t, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
+			}
+			ts := make([]fairgo.Tensor, len(w.reducers))
+			for g := range ts {
+				var err error
+				ts[g], err = w.alloc(g, 256, fairgo.Float32)
+				require.NoError(t, err)
+			}
+			var works []*hier.Work
+			for g, r := range w.reducers {
+				op := fairgo.Sum
+				if w.rank(g) == w.size()-1 {
+					op = fairgo.Max
+				}
+				works = append(works, r.AllReduce(context.Background(), ts[g], op))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
+				var mm *hier.MismatchError
+				require.ErrorAs(t, err, &mm)
+				require.Equal(t, "operator", mm.Field)
+				t.Logf("rank %d: %v", w.rank(g), err)
+			}
+		})
+	}
+}
+
 // float16 and bfloat16 Avg of values near the maximum, and Sum whose total
 // fits, come out finite and right on every algorithm.
 func TestGPUSixteenBitNearTheMaximum(t *testing.T) {

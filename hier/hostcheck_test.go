@@ -68,15 +68,15 @@ func warmUp(t require.TestingT, w *world, n int) {
 
 const beforeSharedMemory = hier.SharedMemoryFirstCall - 1
 
-// sumOnEveryRank allreduces one float32 per rank, rank g holding g+1, and
-// requires every rank to end with the sum.
+// sumOnEveryRank allreduces one float32 per rank, world rank k holding
+// k+1, and requires every local rank to end with the sum.
 func sumOnEveryRank(t *testing.T, w *world) {
 	t.Helper()
-	data := make([][]byte, len(w.reducers))
+	data := make([][]byte, w.size())
 	want := float32(0)
-	for g := range data {
-		data[g] = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(g+1)))
-		want += float32(g + 1)
+	for k := range data {
+		data[k] = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(k+1)))
+		want += float32(k + 1)
 	}
 	ts := w.upload(t, fairgo.Float32, data)
 	works := make([]*hier.Work, len(ts))
@@ -84,10 +84,10 @@ func sumOnEveryRank(t *testing.T, w *world) {
 		works[g] = r.AllReduce(context.Background(), ts[g], fairgo.Sum)
 	}
 	for g, wk := range works {
-		require.NoError(t, wk.Wait(context.Background()), "rank %d", g)
+		require.NoError(t, wk.Wait(context.Background()), "rank %d", w.rank(g))
 	}
 	for g, b := range w.download(t, ts) {
-		require.Equal(t, want, math.Float32frombits(binary.LittleEndian.Uint32(b)), "rank %d", g)
+		require.Equal(t, want, math.Float32frombits(binary.LittleEndian.Uint32(b)), "rank %d", w.rank(g))
 	}
 }
 
