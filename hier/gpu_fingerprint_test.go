@@ -57,7 +57,10 @@ func TestGPUFingerprintFindsMismatches(t *testing.T) {
 			t.Run(fmt.Sprintf("%dx%d/%s", g[0], g[1], tc.name), func(t *testing.T) {
 				opts := []hier.Option{hier.WithTimeout(5 * time.Second)}
 				if tc.fp {
-					opts = append(opts, hier.WithFingerprintMax(hier.DefaultFingerprintMax))
+					// The collective check: on one machine the first call's
+					// carries the agreement on shared memory, never a
+					// fingerprint.
+					opts = append(opts, hier.WithFingerprintMax(hier.DefaultFingerprintMax), hier.WithSharedMemoryDir(""))
 				}
 				w := freshGPUWorld(t, g[0], g[1], opts...)
 				const n = 4 << 10 // 16 KiB of float32: below Auto's first measured class, so flat and fingerprinted

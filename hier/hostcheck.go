@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync/atomic"
 	"time"
@@ -265,8 +264,10 @@ func isClosed(ch chan struct{}) bool {
 	}
 }
 
+// hostRegionPath is the region's file: named by the token alone, which
+// every rank learns (62 random bits: jobs on one host do not collide).
 func hostRegionPath(dir string, token int64) string {
-	return filepath.Join(dir, fmt.Sprintf("fairgo-check-%d-%016x", os.Getpid(), token))
+	return filepath.Join(dir, fmt.Sprintf("fairgo-check-%016x", token))
 }
 
 // closeRegion unmaps region, if any, and unlinks its file when remove.
