@@ -64,9 +64,9 @@ func TestGPUFingerprintFindsMismatches(t *testing.T) {
 				}
 				w := freshGPUWorld(t, g[0], g[1], opts...)
 				const n = 4 << 10 // 16 KiB of float32: below Auto's first measured class, so flat and fingerprinted
-				in := make([][]byte, w.size())
-				for r := range in {
-					in[r] = make([]byte, 4*tc.count(w.rank(r), n))
+				in := make([][]byte, w.size()) // by world rank: under a launcher, more than the local ranks
+				for k := range in {
+					in[k] = make([]byte, 4*tc.count(k, n))
 				}
 				ts := w.upload(t, fairgo.Float32, in)
 				var works []*hier.Work
