@@ -330,11 +330,6 @@ const exchangeWords = 32
 // exchangeWords values), through the world communicator on s, waiting for
 // it.
 func (c *calibrator) worldMax(x *exchange, vals []int64, s streams.Stream) ([]int64, error) {
-	return c.allMax(c.r.rank.Comms.World, x, vals, s)
-}
-
-// allMax is worldMax through comm, a communicator of all ranks.
-func (c *calibrator) allMax(comm backend.Comm, x *exchange, vals []int64, s streams.Stream) ([]int64, error) {
 	r := c.r
 	n := len(vals)
 	if n > exchangeWords {
@@ -351,7 +346,7 @@ func (c *calibrator) allMax(comm backend.Comm, x *exchange, vals []int64, s stre
 	defer r.events.put(ev)
 	err = r.rank.Device.CopyFromHostAsync(x.dev, host, s)
 	if err == nil {
-		err = comm.AllReduce(x.dev, x.dev, int64(n), fairgo.Int64, fairgo.Max, s)
+		err = r.rank.Comms.World.AllReduce(x.dev, x.dev, int64(n), fairgo.Int64, fairgo.Max, s)
 	}
 	if err == nil {
 		err = r.rank.Device.CopyToHostAsync(host, x.dev, s)
