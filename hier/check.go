@@ -17,7 +17,8 @@ import (
 
 // The cross-rank check. Every call's shape (kind, element type, operator,
 // root, counts, and whether this rank accepted it) is compared across
-// ranks by an allreduce with Max of the shape and its negation on the check
+// ranks (on one machine, from call hostFirstCall, through shared memory:
+// hostcheck.go) by an allreduce with Max of the shape and its negation on the check
 // communicator, on a stream of its own (in page-locked host memory that the
 // collective reduces in place, where the device maps it: no copy each way):
 // the data never waits for it, and a

@@ -63,7 +63,7 @@ func TestGPUFingerprintFindsMismatches(t *testing.T) {
 					opts = append(opts, hier.WithFingerprintMax(hier.DefaultFingerprintMax), hier.WithSharedMemoryDir(""))
 				}
 				w := freshGPUWorld(t, g[0], g[1], opts...)
-				const n = 4 << 10 // 16 KiB of float32: below Auto's first measured class, so flat and fingerprinted
+				const n = 4 << 10              // 16 KiB of float32: below Auto's first measured class, so flat and fingerprinted
 				in := make([][]byte, w.size()) // by world rank: under a launcher, more than the local ranks
 				for k := range in {
 					in[k] = make([]byte, 4*tc.count(k, n))

@@ -139,7 +139,9 @@ func WithSerialRail(on bool) Option {
 // type, operator, root) across ranks beside the data, so that calls that
 // differ between ranks fail with fairgo.ErrMismatch on every rank instead
 // of hanging or returning wrong data. Off, such calls are undefined
-// behaviour, as with NCCL itself.
+// behaviour, as with NCCL itself. Across machines it is a second, small
+// collective per call; on one machine, from the 129th call, a few stores
+// and loads in shared memory (WithSharedMemoryDir).
 func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 
 // WithSharedMemoryDir sets where the ranks of a job on one machine (a grid
@@ -171,7 +173,9 @@ func WithSharedMemoryDir(dir string) Option {
 // match, and return nil with wrong data. Set it only where every rank's
 // counts are equal by construction (fixed buckets). It costs two device
 // copies of the call and 2 × (this bytes + 2 KiB) of device memory per
-// Reducer.
+// Reducer. On one machine, calls 1 and 65 (whose collective checks carry
+// the agreement on shared memory) and every call from the 129th on, which
+// shared memory checks, carry no fingerprint.
 func WithFingerprintMax(bytes int64) Option {
 	return func(c *config) { c.fingerprintMax, c.fingerprintSet = bytes, true }
 }
