@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,36 +13,10 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/sim"
 )
-
-// worldWithOptions builds a simulated cluster whose rank g's Reducer takes
-// optsOf(g), each built on a goroutine of its own.
-func worldWithOptions(t *testing.T, cfg sim.Config, optsOf func(g int) []hier.Option) *world {
-	t.Helper()
-	c, err := sim.NewCluster(cfg)
-	require.NoError(t, err)
-	rs := make([]*hier.Reducer, c.Size())
-	errs := make([]error, c.Size())
-	var wg sync.WaitGroup
-	for g := range rs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rs[g], errs[g] = hier.NewReducer(context.Background(), c.Rank(g), optsOf(g)...)
-		}()
-	}
-	wg.Wait()
-	require.NoError(t, errors.Join(errs...))
-	devs := make([]testDevice, c.Size())
-	for g := range devs {
-		devs[g] = c.Device(g)
-	}
-	w := &world{cluster: c, devs: devs, reducers: rs, m: cfg.Machines, d: cfg.Devices, closeFn: func() { _ = c.Close() }}
-	t.Cleanup(w.close)
-	return w
-}
 
 // warmUp makes n allreduces of one float32 on every rank of w and waits
 // for them: the calls whose checks carry the agreement on shared memory
@@ -138,8 +111,10 @@ func TestSharedMemoryCheckOnlyOnOneMachine(t *testing.T) {
 // check through the collective, which still finds a mismatch.
 func TestSharedMemoryCheckFallsBackWhenARankCannotMapIt(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
-	w := worldWithOptions(t, sim.Config{Machines: 1, Devices: 3, Seed: 2, StallTimeout: time.Minute},
-		func(g int) []hier.Option { return []hier.Option{hier.WithSharedMemoryDir(dirs[min(g, 1)])} })
+	w := worldOf(t, sim.Config{Machines: 1, Devices: 3, Seed: 2, StallTimeout: time.Minute},
+		func(g int, _ *backend.Rank) []hier.Option {
+			return []hier.Option{hier.WithSharedMemoryDir(dirs[min(g, 1)])}
+		})
 	warmUp(t, w, beforeSharedMemory)
 	sumOnEveryRank(t, w)
 	for g, r := range w.reducers {

@@ -245,6 +245,17 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 // worldWithoutBoard is newWorld whose Reducers have no Board.
 func worldWithoutBoard(t *testing.T, cfg sim.Config, opts ...hier.Option) *world {
 	t.Helper()
+	return worldOf(t, cfg, func(_ int, rk *backend.Rank) []hier.Option {
+		rk.Board = nil
+		return opts
+	})
+}
+
+// worldOf builds a simulated cluster whose rank g's Reducer is built from
+// its rank as edit leaves it, with the options edit returns, each on a
+// goroutine of its own (they rendezvous with each other).
+func worldOf(t *testing.T, cfg sim.Config, edit func(g int, rk *backend.Rank) []hier.Option) *world {
+	t.Helper()
 	c, err := sim.NewCluster(cfg)
 	require.NoError(t, err)
 	rs := make([]*hier.Reducer, c.Size())
@@ -252,10 +263,10 @@ func worldWithoutBoard(t *testing.T, cfg sim.Config, opts ...hier.Option) *world
 	var wg sync.WaitGroup
 	for g := range rs {
 		wg.Add(1)
-		go func() { // they rendezvous with each other
+		go func() {
 			defer wg.Done()
 			rk := c.Rank(g)
-			rk.Board = nil
+			opts := edit(g, &rk)
 			rs[g], errs[g] = hier.NewReducer(context.Background(), rk, opts...)
 		}()
 	}
