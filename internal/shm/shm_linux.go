@@ -20,8 +20,11 @@ func mapFile(path string, words int, create bool) (*Region, error) {
 	defer f.Close() // the mapping holds the file
 	size := int64(words) * 8
 	if create {
-		if err := f.Truncate(size); err != nil {
-			return nil, errors.Join(fmt.Errorf("shm: sizing %s: %w", path, err), os.Remove(path))
+		// Allocated now, not at the first store: a full tmpfs then fails
+		// here with ENOSPC rather than killing the process with SIGBUS at
+		// a store into the mapping.
+		if err := syscall.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+			return nil, errors.Join(fmt.Errorf("shm: allocating %s: %w", path, err), os.Remove(path))
 		}
 	} else {
 		st, err := f.Stat()

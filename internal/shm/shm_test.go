@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,6 +34,10 @@ func TestTwoMappingsShareTheirWords(t *testing.T) {
 	defer b.Close()
 	require.Len(t, a.Words(), 16)
 	require.Equal(t, make([]uint64, 16), a.Words(), "a new region is zero")
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(path, &st))
+	require.Equal(t, int64(16*8), st.Size)
+	require.GreaterOrEqual(t, st.Blocks*512, st.Size, "the file's blocks are allocated at its creation")
 
 	// A writer publishes words 1..15 by storing word 0 last; a reader on the
 	// other mapping that sees word 0 sees them.
