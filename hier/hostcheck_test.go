@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -260,4 +261,52 @@ func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Each rank driven by a goroutine of its own with inline enqueue (as
+// setup.New runs them): calls on the caller's goroutine and on the engine's
+// post to shared memory in turn, and every result is right.
+func TestSharedMemoryCheckWithInlineCalls(t *testing.T) {
+	const ranks, calls = 3, 2 * hier.SharedMemoryFirstCall
+	w := newWorld(t, sim.Config{Machines: 1, Devices: ranks, Seed: 5, StallTimeout: time.Minute},
+		hier.WithInlineEnqueue(true), hier.WithTimeout(time.Minute))
+	data := make([][]byte, ranks)
+	for g := range data {
+		for range 16 {
+			data[g] = binary.LittleEndian.AppendUint32(data[g], math.Float32bits(float32(g+1)))
+		}
+	}
+	ts := w.upload(t, fairgo.Float32, data)
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for g, r := range w.reducers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				tn := ts[g]
+				if i%3 == 2 { // now and then a size of its own: a class Auto measures on the engine
+					tn.Count, tn.Bytes = 8, 32
+				}
+				wk := r.AllReduce(context.Background(), tn, fairgo.Max)
+				if i%7 == 0 { // one at a time now and then, back to back otherwise
+					if errs[g] = wk.Wait(context.Background()); errs[g] != nil {
+						return
+					}
+				}
+			}
+			errs[g] = r.AllReduce(context.Background(), ts[g], fairgo.Max).Wait(context.Background())
+		}()
+	}
+	wg.Wait()
+	for g, err := range errs {
+		require.NoError(t, err, "rank %d", g)
+		require.True(t, hier.SharedMemoryCheck(w.reducers[g]), "rank %d", g)
+		require.Positive(t, hier.InlineCalls(w.reducers[g]), "rank %d", g)
+	}
+	for g, b := range w.download(t, ts) {
+		for i := range 16 {
+			require.Equal(t, float32(ranks), math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])), "rank %d, element %d", g, i)
+		}
+	}
 }
