@@ -51,6 +51,7 @@ func SetRoute(r *Reducer, a Algorithm) {
 	defer rt.table.mu.Unlock()
 	for class := range 64 {
 		rt.table.measured[class] = route{algo: a, serial: rt.serialRail()}
+		rt.settled[class].Store(nil)
 	}
 }
 

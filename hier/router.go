@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -107,7 +108,19 @@ type router struct {
 	// on other goroutines (Choices, isFlat, an abort).
 	worldsMu sync.Mutex
 	worlds   map[backend.NCCLAlgo]*worldVariant
+
+	// settled is, per size class, the route known once read from the
+	// table: the calls of a measured class skip decide's candidates (a
+	// slice, two locks) and the table's lock. A measured route never
+	// changes, and its class keeps more than one candidate (the variants
+	// its calibration made are kept or closed, never marked failed), so
+	// decide would answer the same.
+	settled [maxClasses]atomic.Pointer[route]
 }
+
+// maxClasses bounds the size classes settled keeps; numClasses is well
+// below it for any flat threshold.
+const maxClasses = 64
 
 // worldVariant is one world variant's communicator, or why it could not
 // be made (then it is no candidate, and a plan that needs it fails).
@@ -274,6 +287,9 @@ func (rt *router) topClass() int64 {
 // known is decide with Auto's measurements so far: ok is false only for
 // a size class not measured yet (class), which route calibrates.
 func (rt *router) known(bytes int64) (r route, class int, ok bool) {
+	if p, class := rt.settledRoute(bytes); p != nil {
+		return *p, class, true
+	}
 	r, class, ok = rt.decide(bytes)
 	if ok || class < 0 {
 		return r, class, true
@@ -281,7 +297,26 @@ func (rt *router) known(bytes int64) (r route, class int, ok bool) {
 	rt.table.mu.Lock()
 	defer rt.table.mu.Unlock()
 	r, ok = rt.table.measured[class]
+	if ok && class < maxClasses {
+		settled := r
+		rt.settled[class].Store(&settled)
+	}
 	return r, class, ok
+}
+
+// settledRoute is the route of an allreduce of bytes where decide would
+// look it up in the table and known has read it there before; nil
+// otherwise.
+func (rt *router) settledRoute(bytes int64) (*route, int) {
+	g, cfg := rt.grid, rt.cfg
+	if g.Size() == 1 || cfg.algorithm != Auto || cfg.flatThreshold != FlatNever && bytes < cfg.flatThreshold {
+		return nil, 0
+	}
+	class, ok := rt.classOf(bytes)
+	if !ok || class >= maxClasses {
+		return nil, 0
+	}
+	return rt.settled[class].Load(), class
 }
 
 // isFlat reports whether an allreduce of bytes is ONE allreduce on a

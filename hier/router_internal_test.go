@@ -105,6 +105,10 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 		sizes := rapid.SliceOfN(rapid.Int64Range(1, 1<<30), 1, 20).Draw(t, "sizes")
 		for _, b := range sizes {
 			p := rt.route(b) // calibrates the class where Auto must
+			for range 2 {    // read from the table, then settled
+				again := rt.route(b)
+				require.Equal(t, p.route, again.route, "%d bytes: the route known again", b)
+			}
 			c := rt.choiceFor(b)
 			require.Equal(t, p.algo, c.Algorithm, "%d bytes: plan %v, choice %v", b, p, c)
 			require.Equal(t, p.route.String(), c.String(), "%d bytes", b)
