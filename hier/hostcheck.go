@@ -43,19 +43,20 @@ import (
 // region under a random name when its checker starts and offers the name's
 // token in the check of call hostTokenCall; every rank maps the region when
 // it learns that check's verdict, and says in the check of call
-// hostAgreeCall whether it could. Every rank knows that verdict before it
-// executes call hostFirstCall (hostSlots calls later: a slot frees only
-// once its check is decided), and from that call on, all of them check
-// through the region, or none (ranks on several hosts that declared one
-// machine, a host without /dev/shm). World rank 0 unlinks the file once
-// every rank has mapped it or given up, so a job that dies leaves nothing
-// behind.
+// hostAgreeCall whether it could; from call hostFirstCall on, all of them
+// check through the region, or none (ranks on several hosts that declared
+// one machine, a host without /dev/shm, a full tmpfs). A rank that offers
+// or executes before the verdict it needs has arrived waits for it (offer,
+// take); hostSlots calls apart, it rarely has to, since a rank runs at most
+// that many checks ahead of its verdicts. World rank 0 unlinks the file
+// once every rank has mapped it or given up (or at Close): a job that dies
+// within its first hostAgreeCall calls may leave a file of a few KiB in
+// the directory, none later.
 
 const (
 	hostSlots = checkSlots
 	// The calls whose collective checks carry the agreement, and the first
-	// call checked through the region. Each is hostSlots after the last,
-	// so that its executing rank holds the last one's verdict.
+	// call checked through the region, each hostSlots after the last.
 	hostTokenCall = 1
 	hostAgreeCall = hostTokenCall + hostSlots
 	hostFirstCall = hostAgreeCall + hostSlots
