@@ -293,6 +293,7 @@ type checker struct {
 	// agreement, on one machine, agrees on the shared memory that checks
 	// the calls after the first ones (hostcheck.go); nil elsewhere.
 	agreement *hostAgreement
+	abortedAt time.Time // when await first saw the Reducer broken (the goroutine's)
 }
 
 // queuedCheck is a call whose check is enqueued in slot.
@@ -523,9 +524,10 @@ func judge(decided, cause error) error {
 }
 
 // await waits for a check's event; after an abort it gives the device work
-// abortGrace to end.
+// abortGrace to end, counted from the abort for every check: the checks
+// still queued then fail together, not a grace each.
 func (c *checker) await(ev streams.Event) error {
-	var abortedAt time.Time
+	abortedAt := &c.abortedAt
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
 		_ = ev.Wait(ctx)
@@ -535,8 +537,8 @@ func (c *checker) await(ev streams.Event) error {
 		}
 		if cause := c.r.brokenCause(); cause != nil {
 			if abortedAt.IsZero() {
-				abortedAt = time.Now()
-			} else if time.Since(abortedAt) > abortGrace {
+				*abortedAt = time.Now()
+			} else if time.Since(*abortedAt) > abortGrace {
 				return fmt.Errorf("hier: a check did not end within %v of the abort: %w", abortGrace, cause)
 			}
 		}
