@@ -35,7 +35,7 @@
 #                       NCCL host of its own, its intra-machine link loopback
 #                       TCP standing in for NVLink, NVLINK_GBIT shaping it;
 #                       flat NCCL is then topology-unaware): on one GPU the
-#                       issue's testbed is NIC_GBIT=2.5 scripts/gpu.sh
+#                       targets' testbed is NIC_GBIT=2.5 scripts/gpu.sh
 #                       testbed 2x2 2x4 4x2 (slower: the step's limit grows
 #                       as NIC_GBIT falls)
 #   overlap             T5: 64 × 25 MiB back to back on the testbed's 2×2 (~40 s)
@@ -44,7 +44,7 @@
 #                       single-slice AllReduce) into enqueue.txt (~1 min)
 #   enqueue-job         T6 for one rank per process: BenchmarkGPUEnqueueJob on
 #                       the testbed's 2×1 into enqueue-job.txt (~30 s)
-#   fault MxD ...       the fault runs (issues 12 and 20): M×D workers under
+#   fault MxD ...       the fault runs: M×D workers under
 #                       fairrun (on the testbed when M > 1; 2x2 and 4x2 share
 #                       one GPU) run 16 MiB allreduces, and the last rank, after
 #                       4 s, per FAULT_MODES (default "kill cut stall"): kill:
@@ -77,7 +77,7 @@
 #   targets             T1–T8: every bench section above twice (runs r1, r2; r1
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
-#   onegpu PART ...     issue 18's targets on one GPU (run RUN): PART is shared
+#   onegpu PART ...     the U targets on one GPU (and S4, S8) (run RUN): PART is shared
 #                       (2×2, 2×4, 4×2 at 2.5 Gbit/s, 1M–256M, and 20 back to
 #                       back at 1M–16M; ~5 min), single (2×1, 4×1, 8×1 at
 #                       10 Gbit/s, 256K–256M, and 20 back to back up to 16M;
@@ -106,11 +106,12 @@
 #                       (~9.5 min) stays under one device command's 10
 #                       minutes (NODES_LAYOUTS to choose layouts)
 #   analyse             targets (TARGET_SETS), model and digest of the
-#                       records under $OUT/json, and the nodes report where
-#                       the nodes section left records
+#                       records under $OUT/json (S7 from the hook section's
+#                       $OUT/resnet-*.json), and the nodes report where the
+#                       nodes section left records
 #
 # Settings (environment): OUT (default ./out), BIN (./bin), NIC_GBIT (10;
-# on one GPU the issue's testbed is 2.5, a ~10:1 ratio to the loopback that
+# on one GPU the targets' testbed is 2.5, a ~10:1 ratio to the loopback that
 # stands in for NVLink), NVLINK_GBIT (shapes each machine's loopback with
 # --nvlink-gbit where ranks of a machine share GPUs; default not shaped),
 # NIC_LATENCY (e.g. 50us; default none), NIC_QUEUE and NIC_RTO_MIN
@@ -125,7 +126,8 @@
 # S, T, U, comma-separated, or all; default all), NODES_LAYOUTS (the nodes
 # section's layouts; default "1x4 2x1 4x1 2x2 8x1 16x1"), NODES_ITERS (the nodes
 # section's calls back to back per timed unit, e.g. "1 20": 1 is the report's,
-# others are records b2bN-MxD beside it; default 1), ENQUEUE_BENCH (the benchmarks T6 takes the
+# others are records b2bN-MxD beside it, at NODES_B2B_SIZES, default
+# "-b 64K -e 16M -f 4"; default 1), ENQUEUE_BENCH (the benchmarks T6 takes the
 # worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
 # to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
 # on a host of one GPU), NVLINK_SIZES, NET_SIZES, RAPID_CHECKS (hier's
@@ -482,7 +484,7 @@ section_testbed() {
   done
 }
 
-# onegpu_sweep LAYOUT GBIT SIZES VARIANTS ITERS: one sweep of issue 18's
+# onegpu_sweep LAYOUT GBIT SIZES VARIANTS ITERS: one sweep of the U targets'
 # testbed; the first run checks results.
 onegpu_sweep() {
   local l=$1 gbit=$2 sizes=$3 variants=$4 iters=$5 m d
@@ -540,6 +542,9 @@ section_onegpu() {
 # compare the layouts at this rate.
 NODES_GBIT=10
 NODES_SIZES=${NODES_SIZES:-"-b 64K -e 64M -f 4"}
+# Calls back to back stop at 16M: 20 calls of 64M over a 10 Gbit/s NIC take
+# a second per method and repetition, which no step's limit holds.
+NODES_B2B_SIZES=${NODES_B2B_SIZES:-"-b 64K -e 16M -f 4"}
 
 # nodes_limit M D: seconds one nodes sweep may take: 1.4 to 6 times what it
 # took on 4 × H100 (16x1 93 s of 152, 8x1 68 of 96), so that every limit of
@@ -548,7 +553,7 @@ nodes_limit() { echo $((40 + 7 * $1 * $2)); }
 
 section_nodes() {
   need fairrun fairbench || return
-  local l m d fr n name
+  local l m d fr n name sizes
   # shellcheck disable=SC2086
   bench nodes-nvlink 45 "$BIN/fairbench" links -backend cuda -link nvlink $NODES_SIZES -w 1 -n 1 -reps 3
   for l in $NODES_LAYOUTS; do
@@ -559,11 +564,11 @@ section_nodes() {
     for n in $NODES_ITERS; do
       # One call at a time is the report's; n calls back to back are
       # records of their own (b2bN-MxD), beside it.
-      name="nodes-$l"
-      [ "$n" -eq 1 ] || name="b2b$n-$l"
+      name="nodes-$l" sizes=$NODES_SIZES
+      [ "$n" -eq 1 ] || name="b2b$n-$l" sizes=$NODES_B2B_SIZES
       # shellcheck disable=SC2086,SC2046
       bench "$name" "$(nodes_limit "$m" "$d")" "$BIN/fairrun" "${fr[@]}" --nproc-per-node $((m * d)) -- \
-        "$BIN/fairbench" sweep -backend cuda $NODES_SIZES -n "$n" -reps 5 -rep-bytes "$REP_BYTES" "${CHECK[@]}" \
+        "$BIN/fairbench" sweep -backend cuda $sizes -n "$n" -reps 5 -rep-bytes "$REP_BYTES" "${CHECK[@]}" \
         -algos flat,flat-ring,flat-tree,naive,fairgo -label "$name" $(variant_flags)
     done
   done
@@ -786,6 +791,8 @@ section_analyse() {
   local enq=() e=$ENQUEUE
   [ -z "$e" ] && [ -s "$OUT/enqueue.txt" ] && e=$OUT/enqueue.txt
   [ -n "$e" ] && enq=(-enqueue "$e" -enqueue-bench "$ENQUEUE_BENCH")
+  # S7: the hook section's training runs.
+  ls "$OUT"/resnet-*.json >/dev/null 2>&1 && enq+=(-hook "$OUT/resnet-*.json")
   # shellcheck disable=SC2086
   step targets 60 "$BIN/fairbench" targets -in "$files" -set "$TARGET_SETS" -out "$OUT/targets.json" "${enq[@]}" $MODEL_LINKS
   tail -n +2 "$OUT/logs/targets.log" >"$OUT/targets.txt"

@@ -125,13 +125,14 @@ func byID(t *testing.T, ts []Target) map[string]Target {
 	for _, x := range ts {
 		out[x.ID] = x
 	}
-	require.Len(t, out, 22, "T1–T8, U1–U7 and S1–S8 (no S7)")
+	require.Len(t, out, 23, "T1–T8, U1–U7 and S1–S8")
 	return out
 }
 
 func TestTargetsOfAModelledRun(t *testing.T) {
 	recs := append(synthRun("r1", same), synthRun("r2", same)...)
-	ts, err := Targets(recs, TargetOptions{Enqueue: &Enqueue{Micros: 7.5, Where: "BenchmarkEnqueue"}})
+	ts, err := Targets(recs, TargetOptions{Enqueue: &Enqueue{Micros: 7.5, Where: "BenchmarkEnqueue", SliceMicros: 15,
+		SliceWhere: "BenchmarkEnqueue/rail"}})
 	require.NoError(t, err)
 	got := byID(t, ts)
 	// T1: fairgo is flat on one machine here: 1.00 at every one of 2 types
@@ -145,7 +146,8 @@ func TestTargetsOfAModelledRun(t *testing.T) {
 	require.Equal(t, 1, got["T5"].Points)
 	require.Empty(t, got["T4"].Missing)
 	require.True(t, got["T6"].Pass)
-	require.Equal(t, 7.5, *got["T6"].Measured)
+	require.Equal(t, 7.5, *got["T6"].Measured, "flat and slice at the same margin: the flat figure")
+	require.Equal(t, 2, got["T6"].Points)
 	// The model fitted to the run's own links predicts its points.
 	require.Less(t, *got["T7"].Measured, 0.01, got["T7"].Where)
 	require.True(t, got["T7"].Pass)
@@ -213,7 +215,7 @@ func TestTargetsFindTheWorstPoint(t *testing.T) {
 	require.NoError(t, WriteTargetsJSON(&js, ts))
 	var back []map[string]any
 	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
-	require.Len(t, back, 22)
+	require.Len(t, back, 23)
 	for _, o := range back {
 		for _, k := range []string{"id", "measured", "target", "pass", "command"} {
 			require.Contains(t, o, k)
@@ -280,6 +282,48 @@ PASS
 	require.Error(t, err)
 	_, err = ParseEnqueue("-3", "Enqueue")
 	require.Error(t, err)
+}
+
+// T6 reads hier's BenchmarkGPUEnqueue: the check-on benchmarks only, a rail
+// route's as the hierarchical slice's, and holds each to its own bound.
+func TestEnqueueTargetFlatAndSlice(t *testing.T) {
+	text := filepath.Join(t.TempDir(), "enqueue.txt")
+	require.NoError(t, os.WriteFile(text, []byte(`
+BenchmarkGPUEnqueue/1x2/flat/inline/check=true-64   2000  25749 ns/op  10180.75 MB/s  9100 enqueue-ns/op
+BenchmarkGPUEnqueue/1x2/flat/inline/check=false-64  2000  23378 ns/op  11213.16 MB/s  45000 enqueue-ns/op
+BenchmarkGPUEnqueue/1x2/flat/engine/check=true-64   2000  41828 ns/op  6267.15 MB/s   9800 enqueue-ns/op
+BenchmarkGPUEnqueue/2x1/rail-a2a/check=true-64      2000  114296 ns/op 2293.56 MB/s   21955 enqueue-ns/op
+BenchmarkGPUEnqueue/2x1/rail-rsag/check=true-64     2000  86392 ns/op  3034.36 MB/s   17676 enqueue-ns/op
+BenchmarkGPUEnqueue/2x1/rail-rsag/check=false-64    2000  68438 ns/op  3830.38 MB/s   99000 enqueue-ns/op
+`), 0o644))
+	e, err := ParseEnqueue(text, "^BenchmarkGPUEnqueue/")
+	require.NoError(t, err)
+	require.InDelta(t, 9.8, e.Micros, 1e-9, "the slower flat benchmark with the check; check=false ignored")
+	require.Equal(t, "BenchmarkGPUEnqueue/1x2/flat/engine/check=true-64", e.Where)
+	require.InDelta(t, 21.955, e.SliceMicros, 1e-9)
+	require.Contains(t, e.SliceWhere, "rail-a2a")
+
+	tg := enqueueTarget(e)
+	require.False(t, tg.Pass, "the slice misses 20 µs")
+	require.InDelta(t, 21.955, *tg.Measured, 1e-9, "the worse margin is the slice's")
+	require.Contains(t, tg.Where, "flat 9.8 µs")
+	require.Contains(t, tg.Where, "one hierarchical slice 22.0 µs")
+
+	e.SliceMicros = 19
+	tg = enqueueTarget(e)
+	require.True(t, tg.Pass)
+	require.InDelta(t, 9.8, *tg.Measured, 1e-9)
+
+	tg = enqueueTarget(&Enqueue{Micros: 8, Where: "given"})
+	require.False(t, tg.Pass, "no slice measured")
+	require.Equal(t, StatusIncomplete, tg.Status)
+	require.NotEmpty(t, tg.Missing)
+
+	only := filepath.Join(t.TempDir(), "rail.txt")
+	require.NoError(t, os.WriteFile(only, []byte(
+		"BenchmarkGPUEnqueue/2x1/rail-a2a/check=true-64  2000  114296 ns/op  21955 enqueue-ns/op\n"), 0o644))
+	_, err = ParseEnqueue(only, "Enqueue")
+	require.Error(t, err, "no flat benchmark")
 }
 
 func TestModelReport(t *testing.T) {

@@ -186,6 +186,7 @@ def main(argv=None):
                 "batch_size": args.batch_size, "image_size": args.image_size, "seed": args.seed,
                 "deterministic": args.deterministic, "torch": torch.__version__,
                 "nccl_algo": os.environ.get("NCCL_ALGO"), "nccl_proto": os.environ.get("NCCL_PROTO"),
+                "fairgo_algorithm": os.environ.get("FAIRGO_ALGORITHM"),
                 "layout": str(comm) if comm else None,
                 "images_per_s": images_per_s, "ms_per_step": 1000 * seconds / max(timed, 1),
                 "routes": routes,

@@ -62,7 +62,7 @@ func setupReport(fs *flag.FlagSet) func(context.Context, env) error {
 func setupTargets(fs *flag.FlagSet) func(context.Context, env) error {
 	var t targetFlags
 	t.register(fs)
-	return setupAnalysis(fs, nil, func(e env, recs []bench.Record, includeSim bool) error {
+	return setupAnalysis(fs, func(bool) error { return t.check() }, func(e env, recs []bench.Record, includeSim bool) error {
 		o, err := t.options(includeSim)
 		if err != nil {
 			return err

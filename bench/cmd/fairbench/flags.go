@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -505,7 +506,8 @@ func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
 // targetFlags: the targets' inputs and output.
 type targetFlags struct {
 	linkFlags
-	out, variant, enqueue, enqueueBench, sets string
+	out, variant, enqueue, enqueueBench, sets, hook string
+	hookFiles                                       []string // -hook expanded (check)
 }
 
 // targetSets checks a comma-separated list of target sets (-set).
@@ -550,6 +552,13 @@ func (t *targetFlags) register(fs *flag.FlagSet) {
 		"Enqueue",
 		"T6: the benchmarks of the -enqueue file to read (a regular expression)",
 	)
+	fs.StringVar(
+		&t.hook,
+		"hook",
+		"",
+		"S7: the training runs' `files` (examples/ddp_torch's --losses-out, e.g. resnet-2x2-tree.json), "+
+			"comma-separated, each a file or a glob",
+	)
 	t.linkFlags.register(fs) // T7's model
 }
 
@@ -572,7 +581,40 @@ func (t *targetFlags) options(includeSim bool) (report.TargetOptions, error) {
 		}
 		o.Enqueue = e
 	}
+	if len(t.hookFiles) > 0 {
+		var err error
+		if o.Hooks, err = report.ParseHookRuns(t.hookFiles); err != nil {
+			return o, err
+		}
+	}
 	return o, nil
+}
+
+// check expands -hook before any record is read: a pattern that names no
+// file is a usage error.
+func (t *targetFlags) check() (err error) {
+	t.hookFiles, err = hookFiles(t.hook)
+	return err
+}
+
+// hookFiles expands -hook: comma-separated files or globs, each of which
+// must name at least one file.
+func hookFiles(list string) ([]string, error) {
+	var out []string
+	for _, p := range strings.Split(list, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		m, err := filepath.Glob(p)
+		if err != nil {
+			return nil, cli.Usagef("-hook %s: %v", p, err)
+		}
+		if len(m) == 0 {
+			return nil, cli.Usagef("-hook %s: no such file", p)
+		}
+		out = append(out, m...)
+	}
+	return out, nil
 }
 
 // nodesFlags: the nodes report's testbed, variant, given links and plot.

@@ -180,11 +180,20 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	require.NoError(t, err)
 	var ts []map[string]any
 	require.NoError(t, json.Unmarshal(blob, &ts))
-	require.Len(t, ts, 22, "every set: S1–S8 (no S7), T1–T8, U1–U7")
-	require.Equal(t, "T6", ts[12]["id"])
-	require.Equal(t, true, ts[12]["pass"])
-	// The S set: S1–S8 and T6, each S target not measured on these records.
-	out = runCmd(t, "targets", "-in", in, "-include-sim", "-enqueue", "6.5", "-set", "S", "-out", tj)
+	require.Len(t, ts, 23, "every set: S1–S8, T1–T8, U1–U7")
+	require.Equal(t, "T6", ts[13]["id"])
+	require.Equal(t, false, ts[13]["pass"], "a flat call's figure alone: the hierarchical slice's is missing")
+	require.Equal(t, "incomplete", ts[13]["status"])
+	// The S set: S1–S8 and T6, each S target not measured on these records
+	// but S7, from the training runs' files.
+	for name, f := range map[string]string{
+		"resnet-1x4-default.json": `{"hook": "default", "world_size": 4, "images_per_s": 100, "nccl_algo": null}`,
+		"resnet-1x4-fairgo.json":  `{"hook": "fairgo", "world_size": 4, "images_per_s": 99, "nccl_algo": null}`,
+	} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(f), 0o644))
+	}
+	out = runCmd(t, "targets", "-in", in, "-include-sim", "-enqueue", "6.5", "-set", "S", "-out", tj,
+		"-hook", filepath.Join(dir, "resnet-*.json"))
 	require.Contains(t, out, "not measured")
 	blob, err = os.ReadFile(tj)
 	require.NoError(t, err)
@@ -193,12 +202,15 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 	var ids []string
 	for _, x := range ts {
 		ids = append(ids, x["id"].(string))
-		if x["id"] != "T6" {
+		if x["id"] == "S7" {
+			require.Equal(t, "incomplete", x["status"], "1 × 4 at 0.99, 2 × 2 not run")
+			require.InDelta(t, 0.99, x["measured"], 1e-9)
+		} else if x["id"] != "T6" {
 			require.Equal(t, "not measured", x["status"], x["id"])
 			require.Equal(t, false, x["pass"], x["id"])
 		}
 	}
-	require.Equal(t, []string{"S1", "S2", "S3", "S4", "S5", "S6", "S8", "T6"}, ids)
+	require.Equal(t, []string{"S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "T6"}, ids)
 }
 
 func TestHelp(t *testing.T) {
@@ -248,6 +260,7 @@ func TestHelp(t *testing.T) {
 		"targets": {
 			"enqueue",
 			"enqueue-bench",
+			"hook",
 			"in",
 			"include-sim",
 			"net-alpha-us",
@@ -449,6 +462,8 @@ func TestCLIRules(t *testing.T) {
 		usage("no records", a("model"), `-in "": needs records`),
 		usage("no records for targets", a("targets -in ,"), `-in ",": needs records`),
 		usage("an unknown target set", a("targets -in x.jsonl -set S,V"), `"V" is not one of S, T, U, all`),
+		usage("no training runs", a("targets -in x.jsonl -hook /nonexistent/resnet-*.json"),
+			"-hook /nonexistent/resnet-*.json: no such file"),
 		usage("no records for nodes", a("nodes -plot p"), `-in "": needs records`),
 		usage("a NIC rate of nodes", a("nodes -in x.jsonl -nic-gbit 0"), `-nic-gbit 0: must be positive`),
 		usage("model sizes as given", a("model -in x.jsonl -model-sizes 1M,2Q"), "-model-sizes 1M,2Q: not an integer"),

@@ -1,0 +1,75 @@
+package report
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// writeRun writes a training run's file as examples/ddp_torch's
+// train_resnet.py --losses-out does.
+func writeRun(t *testing.T, dir, name string, fields map[string]any) string {
+	t.Helper()
+	b, err := json.Marshal(fields)
+	require.NoError(t, err)
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(p, b, 0o644))
+	return p
+}
+
+// S7 compares fairgo's hook with the fastest of DDP's own allreduce per
+// layout, takes the worse layout, and leaves out runs with a fixed
+// algorithm.
+func TestHookTarget(t *testing.T) {
+	dir := t.TempDir()
+	ddp := func(layout, algo string, ips float64) string {
+		f := map[string]any{"hook": "default", "world_size": 4, "images_per_s": ips, "nccl_algo": nil}
+		name := "resnet-" + layout + "-default.json"
+		if algo != "" {
+			f["nccl_algo"] = "allreduce:" + algo
+			name = "resnet-" + layout + "-" + algo + ".json"
+		}
+		return writeRun(t, dir, name, f)
+	}
+	fairgo := func(name string, ips float64, fixed any) string {
+		return writeRun(t, dir, name, map[string]any{"hook": "fairgo", "world_size": 4, "images_per_s": ips,
+			"nccl_algo": nil, "fairgo_algorithm": fixed})
+	}
+	files := []string{
+		ddp("1x4", "", 8000), ddp("1x4", "ring", 7200), ddp("1x4", "tree", 7100),
+		fairgo("resnet-1x4-fairgo.json", 7900, nil),
+		fairgo("resnet-1x4-fairgo-flat.json", 9000, nil), // fixed by hand: named so in the file
+		ddp("2x2", "", 2000), ddp("2x2", "ring", 1800), ddp("2x2", "tree", 2500),
+		fairgo("resnet-2x2-fairgo.json", 2400, nil),
+		fairgo("other-2x2-run.json", 9999, "rail-rsag"), // fixed by hand: named so in the JSON
+	}
+	runs, err := ParseHookRuns(files)
+	require.NoError(t, err)
+	require.Len(t, runs, 8)
+	tg := hookTarget(runs)
+	require.InDelta(t, 0.96, *tg.Measured, 1e-9, "2 × 2: 2400 against the tree's 2500")
+	require.False(t, tg.Pass)
+	require.Equal(t, 2, tg.Points)
+	require.Contains(t, tg.Where, "2×2: fairgo 2400.0 images/s, best DDP tree 2500.0")
+
+	runs[7].ImagesPerS = 2480 // 2 × 2's fairgo: 0.992; 1 × 4: 0.9875
+	tg = hookTarget(runs)
+	require.True(t, tg.Pass)
+	require.InDelta(t, 7900.0/8000, *tg.Measured, 1e-9)
+
+	tg = hookTarget(runs[:4])
+	require.False(t, tg.Pass, "2 × 2 not measured")
+	require.Equal(t, StatusIncomplete, tg.Status)
+	require.Equal(t, []string{"2×2: fairgo's hook and DDP's allreduce"}, tg.Missing)
+
+	require.Nil(t, hookTarget(nil).Measured)
+
+	bad := writeRun(t, dir, "resnet-1x4-x.json", map[string]any{"hook": "default"})
+	_, err = ParseHookRuns([]string{bad})
+	require.ErrorContains(t, err, "not a training run's file")
+	_, err = ParseHookRuns([]string{filepath.Join(dir, "absent.json")})
+	require.Error(t, err)
+}
