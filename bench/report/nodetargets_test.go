@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -59,6 +60,17 @@ func nodeRecords(run string, l nodeLayout, sizes []int64, us func(alg string, by
 		}
 	}
 	return recs
+}
+
+// twoRuns is recs as run r1 and again, alike, as run r2: an S target is
+// met only when a second run reproduces it.
+func twoRuns(recs []bench.Record) []bench.Record {
+	out := slices.Clone(recs)
+	for _, r := range recs {
+		r.Run = "r2"
+		out = append(out, r)
+	}
+	return out
 }
 
 // pow4 are the sizes lo, 4·lo, … up to hi.
@@ -183,7 +195,7 @@ func TestNodeTargets(t *testing.T) {
 		}
 	}
 
-	got := sTargets(t, recs, TargetOptions{Enqueue: &Enqueue{Micros: 12, Where: "BenchmarkGPUEnqueueJob"}})
+	got := sTargets(t, twoRuns(recs), TargetOptions{Enqueue: &Enqueue{Micros: 12, Where: "BenchmarkGPUEnqueueJob"}})
 	s1 := got["S1"]
 	require.InDelta(t, 57.0/60, *s1.Measured, 1e-9, "the lowest ratio, passed by the slack")
 	require.True(t, s1.Pass, s1.Where)
@@ -248,7 +260,7 @@ func TestNodeTargetsMiss(t *testing.T) {
 	for _, l := range []nodeLayout{{m: 8, d: 1, gbit: 10}, {m: 16, d: 1, gbit: 10}} {
 		recs = append(recs, nodeRecords("r1", l, pow4(64<<10, 1<<20), flatTimes(1000, 1.1))...)
 	}
-	got := sTargets(t, recs, TargetOptions{})
+	got := sTargets(t, twoRuns(recs), TargetOptions{})
 	require.True(t, got["S1"].Pass, "6 µs slower, but at 0.971")
 	require.InDelta(t, 200.0/206, *got["S1"].Measured, 1e-9)
 	require.False(t, got["S5"].Pass)
@@ -256,7 +268,7 @@ func TestNodeTargetsMiss(t *testing.T) {
 	require.InDelta(t, 1.1, *got["S5"].Measured, 1e-9)
 
 	recs = nodeRecords("r1", nodeLayout{m: 1, d: 4}, []int64{1 << 20}, flatTimes(200, 200.0/210))
-	got = sTargets(t, recs, TargetOptions{})
+	got = sTargets(t, twoRuns(recs), TargetOptions{})
 	require.False(t, got["S1"].Pass, "10 µs slower at 0.952")
 	require.Equal(t, StatusFail, got["S1"].Status)
 	require.Contains(t, got["S1"].Where, "fairgo 210.0 µs, best flat 200.0 µs")
@@ -299,7 +311,7 @@ func TestNodeTargetsNotMeasured(t *testing.T) {
 	}
 	require.Equal(t, StatusIncomplete, got["S2"].Status, "2 × 2 passes, 4 × 1 has no record")
 	require.False(t, got["S2"].Pass)
-	require.Equal(t, []string{"4×1 at 10 Gbit/s"}, got["S2"].Missing)
+	require.Equal(t, []string{"4×1 at 10 Gbit/s", "a second run within ±10% of the first"}, got["S2"].Missing)
 	var tab bytes.Buffer
 	ts := []Target{got["S1"], got["S2"]}
 	require.NoError(t, PrintTargets(&tab, ts))
@@ -309,4 +321,35 @@ func TestNodeTargetsNotMeasured(t *testing.T) {
 
 	_, err := Targets(recs, TargetOptions{Sets: []string{"X"}})
 	require.Error(t, err)
+}
+
+// An S target met in one run is incomplete until a second run reproduces
+// it, and fails where the second run is more than 10% off at a point.
+func TestNodeTargetsNeedASecondRun(t *testing.T) {
+	l := nodeLayout{m: 2, d: 2, gbit: 10}
+	first := nodeRecords("r1", l, pow4(1<<20, 4<<20), flatTimes(100, 1))
+	got := sTargets(t, first, TargetOptions{})
+	require.InDelta(t, 1, *got["S2"].Measured, 1e-9)
+	require.False(t, got["S2"].Pass)
+	require.Nil(t, got["S2"].Repeat)
+	require.Contains(t, got["S2"].Missing, "a second run within ±10% of the first")
+
+	got = sTargets(t, twoRuns(first), TargetOptions{})
+	require.InDelta(t, 0, *got["S6"].Repeat, 1e-12)
+	require.Equal(t, []string{"4×1 at 10 Gbit/s"}, got["S2"].Missing, "reproduced: only the layout is missing")
+
+	second := nodeRecords("r2", l, pow4(1<<20, 4<<20), func(alg string, s int64) float64 {
+		if alg == bench.DefaultVariant && s == 4<<20 {
+			return 100 / 0.85 // 0.85 where the first run had 1.00
+		}
+		return flatTimes(100, 1)(alg, s)
+	})
+	got = sTargets(t, append(slices.Clone(first), second...), TargetOptions{})
+	s2 := got["S2"]
+	require.InDelta(t, 0.15, *s2.Repeat, 1e-9)
+	require.Equal(t, StatusFail, s2.Status)
+	require.False(t, s2.Pass)
+	require.Contains(t, s2.RepeatWhere, "2×2 at 10 Gbit/s, float32 4M")
+	require.Contains(t, s2.RepeatWhere, "1.000 in run r1, 0.850 in run r2")
+	require.InDelta(t, 1, *s2.Measured, 1e-9, "the first run's worst point")
 }

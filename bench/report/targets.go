@@ -41,8 +41,14 @@ type Target struct {
 	Points  int      `json:"points"`            // points compared in the first run
 	Missing []string `json:"missing,omitempty"` // what the target needs and the records lack
 	// Runs is the worst case of every run, by run label.
-	Runs    map[string]*float64 `json:"runs,omitempty"`
-	Command []string            `json:"command"` // the commands that measured the points
+	Runs map[string]*float64 `json:"runs,omitempty"`
+	// Repeat, for the S targets, is the largest |second/first − 1| over the
+	// points measured in both of the first two runs, and RepeatWhere that
+	// point; nil without a second run. An S target is met only when a
+	// second run reproduces every point within repeatTolerance.
+	Repeat      *float64 `json:"repeat,omitempty"`
+	RepeatWhere string   `json:"repeat_where,omitempty"`
+	Command     []string `json:"command"` // the commands that measured the points
 }
 
 // The states of a target.
@@ -568,8 +574,10 @@ func inSets(id string, sets []string) bool {
 
 // Targets computes the targets of o.Sets from the records of one or more
 // runs (grouped by run label, in the order they first appear): T1–T5,
-// U1–U7, S1–S8 and T7 on the first run, T6 from o.Enqueue, T8 comparing
-// every ratio of T1–T5 and U1–U7 in the second run with the first. A
+// U1–U7, S1–S8 and T7 on the first run, T6 from o.Enqueue, S7 from
+// o.Hooks, T8 comparing every ratio of T1–T5 and U1–U7 in the second run
+// with the first; an S target measured by records is met only where the
+// second run reproduces each of its points within ±10% (Repeat). A
 // target whose records are absent says so in Missing, and one without any
 // point is not measured (Status), never passed.
 func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
@@ -590,6 +598,7 @@ func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 	second := map[string]sample{}
 	for _, d := range allDefs() {
 		t := Target{ID: d.id, What: d.what, Target: d.target, Runs: map[string]*float64{}}
+		var pair [2]map[string]sample // the S target's samples of the first two runs, by key
 		for i, run := range runs {
 			ss, missing := d.samples(byRun[run], o)
 			w, ok := d.worst(ss)
@@ -599,6 +608,12 @@ func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 			for _, s := range ss {
 				switch {
 				case d.set == SetS:
+					if i < 2 {
+						if pair[i] == nil {
+							pair[i] = map[string]sample{}
+						}
+						pair[i][s.key] = s
+					}
 				case i == 0:
 					first[d.id+"|"+s.key] = s
 				case i == 1:
@@ -619,6 +634,9 @@ func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 			}
 			t.Status = status(ok, w.ok, missing)
 		}
+		if d.set == SetS && t.Measured != nil {
+			t.reproduce(runs, pair)
+		}
 		out = append(out, t)
 	}
 	out = append(
@@ -636,6 +654,51 @@ func Targets(recs []bench.Record, o TargetOptions) ([]Target, error) {
 	}
 	slices.SortStableFunc(out, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
+}
+
+// repeatTolerance is how far a second run's ratio may be from the first's
+// at the same point for an S target to be met.
+const repeatTolerance = 0.10
+
+// reproduce holds an S target measured in the first run to its second
+// (pair: the two runs' samples by key): without a second run, or with a
+// point off by more than repeatTolerance, it is not met.
+func (t *Target) reproduce(runs []string, pair [2]map[string]sample) {
+	if len(runs) < 2 {
+		t.Missing = append(t.Missing, fmt.Sprintf("a second run within ±%.0f%% of the first", 100*repeatTolerance))
+		t.Pass = false
+		if t.Status == StatusPass {
+			t.Status = StatusIncomplete
+		}
+		return
+	}
+	var worst float64
+	n := 0
+	for _, k := range slices.Sorted(maps.Keys(pair[0])) {
+		a := pair[0][k]
+		b, ok := pair[1][k]
+		if !ok || a.value <= 0 {
+			continue
+		}
+		n++
+		if dev := math.Abs(b.value/a.value - 1); n == 1 || dev > worst {
+			worst = dev
+			t.RepeatWhere = fmt.Sprintf("%s: %.3f in run %s, %.3f in run %s", a.where, a.value, runs[0], b.value, runs[1])
+		}
+	}
+	if n == 0 {
+		t.Missing = append(t.Missing, "no point measured in both runs")
+		t.Pass = false
+		if t.Status == StatusPass {
+			t.Status = StatusIncomplete
+		}
+		return
+	}
+	t.Repeat = ptr(worst)
+	if worst > repeatTolerance {
+		t.Pass = false
+		t.Status = StatusFail
+	}
 }
 
 func ptr(x float64) *float64 { return &x }
@@ -825,6 +888,9 @@ func PrintTargets(w io.Writer, ts []Target) error {
 			pass = "yes"
 		}
 		where := strings.ReplaceAll(t.Where, "\n", "; ")
+		if t.Repeat != nil {
+			where += fmt.Sprintf(" [second run: off by %.1f%% at most, at %s]", 100**t.Repeat, t.RepeatWhere)
+		}
 		if len(t.Missing) > 0 {
 			where = strings.TrimSpace(where + " [missing: " + strings.Join(t.Missing, "; ") + "]")
 		}
