@@ -220,7 +220,8 @@ func (rt *router) decide(bytes int64) (r route, class int, ok bool) {
 		}
 		return rt.guess(), -1, false
 	}
-	switch rs := rt.candidateRoutes(rt.classSize(class)); len(rs) {
+	var buf [maxCandidates]route // decide runs on every call: no allocation
+	switch rs := rt.appendCandidateRoutes(buf[:0], rt.classSize(class)); len(rs) {
 	case 0:
 		return flat, 0, true
 	case 1:
@@ -471,11 +472,16 @@ func (rt *router) linkModel() *linkModel {
 // each candidate costs calibration time; WithAlgorithm(RailAllToAll) still
 // selects it. The list depends on the grid, the options and which world
 // variants exist, so every rank gives it alike.
-func (rt *router) candidateRoutes(bytes int64) []route {
+func (rt *router) candidateRoutes(bytes int64) []route { return rt.appendCandidateRoutes(nil, bytes) }
+
+// maxCandidates bounds how many routes appendCandidateRoutes appends.
+const maxCandidates = 8
+
+// appendCandidateRoutes appends candidateRoutes(bytes) to rs.
+func (rt *router) appendCandidateRoutes(rs []route, bytes int64) []route {
 	g := rt.grid
 	flatOK := rt.cfg.flatThreshold != FlatNever
 	multi := g.Machines > 1
-	var rs []route
 	if multi && (g.Devices > 1 || !flatOK) {
 		rs = append(rs, route{algo: RailAllReduce})
 	}

@@ -32,6 +32,19 @@ type watcher struct {
 	done      chan struct{} // closed when the watcher has exited
 	enqueued  atomic.Uint64 // the last call whose device work was enqueued
 	completed atomic.Uint64 // the last call whose Work completed
+	// poll paces a wait for a check whose data is done; made at the first
+	// such wait and reused, on the watcher goroutine only.
+	poll *time.Timer
+}
+
+// pollTimer is the watcher's poll timer, started for one watchPoll.
+func (w *watcher) pollTimer() *time.Timer {
+	if w.poll == nil {
+		w.poll = time.NewTimer(watchPoll)
+	} else {
+		w.poll.Reset(watchPoll)
+	}
+	return w.poll
 }
 
 // watchCalls completes Works in call order as their device work and their
@@ -112,19 +125,20 @@ func (r *Reducer) await(p pending, start time.Time) error {
 		checkErr  error
 		checkC    <-chan struct{}
 		timedOut  bool
-		poll      = time.NewTimer(watchPoll)
 	)
-	poll.Stop()
-	defer poll.Stop()
 	if p.req.check != nil {
 		checkC = p.req.check.done
 	}
 	for {
 		if !dataDone {
-			ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
-			_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
-			cancel()
-			dataDone, dataErr = p.ev.Query()
+			// A call the watcher reaches late is often complete already:
+			// asked first, it costs no timer.
+			if dataDone, dataErr = p.ev.Query(); !dataDone {
+				ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
+				_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
+				cancel()
+				dataDone, dataErr = p.ev.Query()
+			}
 		}
 		if !checkDone && p.req.posted {
 			// Posted before the data: once the data is done, the peers'
@@ -136,7 +150,7 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			checkDone, checkErr = r.awaitHostCheck(p.req, wait)
 		} else if !checkDone {
 			if dataDone { // only the check is left: wait for it a poll at a time
-				poll.Reset(watchPoll)
+				poll := r.watch.pollTimer()
 				select {
 				case <-checkC:
 					checkDone, checkErr = true, p.req.check.err
