@@ -335,3 +335,31 @@ func TestDriverCallsPerCall(t *testing.T) {
 		})
 	}
 }
+
+// A flat call enqueued inline allocates its request, its Work (with two
+// channels) and little else: the router's decision, the watcher's wait and
+// its timer allocate nothing per call (bench/NOTES.md item 64 counted 15
+// before).
+func TestInlineCallAllocations(t *testing.T) {
+	ctx := context.Background()
+	rk := nullRank(1, 2)
+	r, err := hier.NewReducer(ctx, rk, hier.WithCheck(false), hier.WithInlineEnqueue(true),
+		hier.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	ptr, err := rk.Device.Alloc(64 << 10)
+	require.NoError(t, err)
+	tn := fairgo.Tensor{Ptr: ptr, Bytes: 64 << 10, Count: 16 << 10, DType: fairgo.Float32}
+	s := nullStream{}
+	call := func() {
+		w := r.AllReduce(ctx, tn, fairgo.Sum, hier.After(s))
+		if err := w.StreamWait(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call() // settles the route
+	require.LessOrEqual(t, testing.AllocsPerRun(200, call), 6.0, "allocations per call")
+}
