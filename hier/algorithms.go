@@ -61,23 +61,33 @@ const (
 	// on a rank that takes a fold; larger calls than 16 MiB run in pieces
 	// of 16 MiB) on first use, kept until Close.
 	HalvingDoubling
+	// RecursiveDoubling is fairgo's allreduce for the smallest calls on
+	// many ranks: log2(W) pairwise exchanges of the whole call over the
+	// world communicator, each followed by the add kernel (two more where
+	// W is not a power of two), half the steps of HalvingDoubling at up
+	// to log2(W)/2 times its bytes. Its scratch buffer holds the whole
+	// call (up to 16 MiB; larger calls run in pieces). Only by
+	// WithAlgorithm: Auto does not time it.
+	RecursiveDoubling
 	numAlgorithms
 )
 
 var algorithmNames = [...]string{
 	"auto", "flat", "rail-a2a", "rail-rsag", "rail-allreduce", "flat-ring", "flat-tree", "halving-doubling",
+	"recursive-doubling",
 }
 
 // algorithms are the implementations, by Algorithm (Auto has none: it
 // chooses one of the others).
 var algorithms = [numAlgorithms]algorithm{
-	Flat:            flatAllReduce{},
-	RailAllToAll:    pipelined{railAllToAll{}},
-	RailRSAG:        pipelined{railRSAG{}},
-	RailAllReduce:   pipelined{railAllReduce{}},
-	FlatRing:        flatAllReduce{variant: backend.AlgoRing},
-	FlatTree:        flatAllReduce{variant: backend.AlgoTree},
-	HalvingDoubling: halvingDoubling{},
+	Flat:              flatAllReduce{},
+	RailAllToAll:      pipelined{railAllToAll{}},
+	RailRSAG:          pipelined{railRSAG{}},
+	RailAllReduce:     pipelined{railAllReduce{}},
+	FlatRing:          flatAllReduce{variant: backend.AlgoRing},
+	FlatTree:          flatAllReduce{variant: backend.AlgoTree},
+	HalvingDoubling:   halvingDoubling{},
+	RecursiveDoubling: recursiveDoubling{},
 }
 
 func (a Algorithm) String() string {
@@ -92,7 +102,7 @@ func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
 
 // ParseAlgorithm reads an algorithm's name ("auto", "flat", "rail-a2a",
 // "rail-rsag", "rail-allreduce", "flat-ring", "flat-tree",
-// "halving-doubling").
+// "halving-doubling", "recursive-doubling").
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a, n := range algorithmNames {
 		if n == s {

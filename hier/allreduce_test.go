@@ -66,7 +66,8 @@ func drawCase(t *rapid.T) allReduceCase {
 		),
 		hier.WithAlgorithm(
 			rapid.SampledFrom([]hier.Algorithm{hier.RailAllToAll, hier.RailRSAG, hier.RailAllToAll, hier.RailRSAG,
-				hier.RailAllReduce, hier.Flat, hier.Auto, hier.FlatRing, hier.FlatTree, hier.HalvingDoubling}).
+				hier.RailAllReduce, hier.Flat, hier.Auto, hier.FlatRing, hier.FlatTree, hier.HalvingDoubling,
+				hier.RecursiveDoubling}).
 				Draw(t, "algorithm"),
 		),
 		hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
@@ -128,6 +129,7 @@ func TestAllReduceLarge(t *testing.T) {
 		{8, 1, 2000003, fairgo.Float16, fairgo.Sum, hier.RailAllToAll},
 		{1, 8, 3 << 20, fairgo.Int32, fairgo.Max, hier.FlatTree},
 		{5, 1, 1<<20 + 7, fairgo.BFloat16, fairgo.Avg, hier.HalvingDoubling},
+		{6, 1, 1<<20 + 3, fairgo.Float32, fairgo.Avg, hier.RecursiveDoubling},
 		{2, 4, 1<<21 - 1, fairgo.Float64, fairgo.Prod, hier.RailRSAG},
 		{4, 3, 12*100000 + 11, fairgo.Uint8, fairgo.Sum, hier.RailAllToAll},
 		{3, 2, 600001, fairgo.Int64, fairgo.Avg, hier.RailRSAG},

@@ -1,6 +1,7 @@
 package hier_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -224,15 +225,18 @@ func TestAutoChoosesHalvingDoublingWhereItIsFastest(t *testing.T) {
 // Every new algorithm matches the reference for every element type and
 // operator, on worlds of 2 to 9 ranks (powers of two or not, one device
 // per machine or several), for counts of 0, 1, fewer than the ranks, odd
-// ones and a few thousand; halving-doubling also on a buffer that is not
-// aligned to its elements and in pieces (a call larger than its chunk).
+// ones and a few thousand; halving-doubling and recursive doubling also on
+// a buffer that is not aligned to its elements and in pieces (a call
+// larger than its chunk).
 func TestNewAlgorithmsMatchTheReference(t *testing.T) {
 	t.Parallel() // its own simulated worlds; CPU-bound, it overlaps the other parallel tests
 	type gridCase struct{ m, d int }
 	grids := []gridCase{{2, 1}, {3, 1}, {4, 1}, {5, 1}, {2, 3}, {7, 1}, {8, 1}, {3, 3}}
-	for _, algo := range []hier.Algorithm{hier.HalvingDoubling, hier.FlatRing, hier.FlatTree, hier.RailAllToAll} {
+	for _, algo := range []hier.Algorithm{hier.HalvingDoubling, hier.RecursiveDoubling, hier.FlatRing, hier.FlatTree,
+		hier.RailAllToAll} {
 		for _, g := range grids {
-			if algo != hier.HalvingDoubling && g.m*g.d%3 != 2 && g.m*g.d != 9 {
+			pairwise := algo == hier.HalvingDoubling || algo == hier.RecursiveDoubling
+			if !pairwise && g.m*g.d%3 != 2 && g.m*g.d != 9 {
 				continue // NCCL's own collectives on other communicators: a few worlds suffice
 			}
 			if algo == hier.RailAllToAll && g.d != 1 {
@@ -485,5 +489,29 @@ func TestAutoMeasuresWithOneDevicePerMachine(t *testing.T) {
 		}
 		require.NotContains(t, c.Calibration.Times, "halving-doubling", "3 ranks: no step to save")
 		require.False(t, r.ChoiceFor(100000).Measured, "a class no call reached")
+	}
+}
+
+// Recursive doubling leaves the same bits on every rank: partners add the
+// same two operands at every step (floating point included, 16-bit types
+// summed in float32 and rounded alike), and an extra rank of a world that
+// is not a power of two gets its partner's copy.
+func TestRecursiveDoublingGivesEveryRankTheSameBits(t *testing.T) {
+	for _, m := range []int{5, 8} {
+		w := newWorld(t, sim.Config{Machines: m, Devices: 1, Seed: 3},
+			hier.WithAlgorithm(hier.RecursiveDoubling), hier.WithFlatThreshold(1))
+		rng := rand.New(rand.NewPCG(uint64(m), 9))
+		for _, dt := range []fairgo.DType{fairgo.Float32, fairgo.BFloat16, fairgo.Float16, fairgo.Float64} {
+			for _, op := range []fairgo.Op{fairgo.Sum, fairgo.Avg} {
+				in := reftest.RandomInputs(rng, dt, op, w.size(), 4099)
+				out, err := w.allReduce(t, dt, op, in)
+				require.NoError(t, err)
+				require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out))
+				for r := range out {
+					require.True(t, bytes.Equal(out[0], out[r]), "%d×1 %v %v: rank %d's bits differ from rank 0's",
+						m, dt, op, r)
+				}
+			}
+		}
 	}
 }

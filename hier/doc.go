@@ -30,6 +30,8 @@
 //	halving-doubling  fairgo's own: recursive halving reduce-scatter, recursive doubling
 //	                  all-gather over the world, 2·log2(W) pairwise steps (+2 where W is
 //	                  not a power of two)
+//	recursive-doubling  fairgo's own: log2(W) pairwise exchanges of the whole call
+//	                  (+2 where W is not a power of two); only by WithAlgorithm
 //	rail-allreduce    the hierarchy in one piece: intra reduce-scatter, rail allreduce,
 //	                  intra all-gather
 //	rail-rsag         the pipeline above, the rail done by NCCL's reduce-scatter and all-gather

@@ -38,11 +38,11 @@ func variantWorld(t testing.TB, m, d int, opts ...hier.Option) (w *world, varian
 // scratch buffer; NCCL's ring and tree on world variants of their own).
 func TestGPUNewAlgorithms(t *testing.T) {
 	for _, g := range gpuGrids(t, [2]int{2, 1}, [2]int{1, 2}) {
-		for _, algo := range []hier.Algorithm{hier.HalvingDoubling, hier.FlatRing, hier.FlatTree} {
+		for _, algo := range []hier.Algorithm{hier.HalvingDoubling, hier.RecursiveDoubling, hier.FlatRing, hier.FlatTree} {
 			t.Run(fmt.Sprintf("%dx%d/%v", g[0], g[1], algo), func(t *testing.T) {
 				w, variants := variantWorld(t, g[0], g[1], hier.WithAlgorithm(algo), hier.WithFlatThreshold(1),
 					hier.WithTimeout(2*time.Minute))
-				if algo != hier.HalvingDoubling && !variants {
+				if (algo == hier.FlatRing || algo == hier.FlatTree) && !variants {
 					t.Skip("the backend makes no world variants here")
 				}
 				n := w.size()

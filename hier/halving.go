@@ -101,52 +101,81 @@ func hdHeld(count int64, p, r, s int) span {
 // elements. Every rank's schedule has the same number of steps, so that
 // the steps of all ranks pair up in order.
 func hdPlan(w, r int, count int64) hdSchedule {
+	return folded(w, r, count, func(sc *hdSchedule, p int) {
+		k := hdLog2(p)
+		for s := range k { // reduce-scatter
+			keep, give := hdHalves(hdHeld(count, p, r, s), p, r, s)
+			sc.steps = append(sc.steps, hdStep{peer: hdPartner(p, r, s), send: give, recv: keep, reduce: true})
+		}
+		sc.reduced = len(sc.steps)
+		sc.owned = hdHeld(count, p, r, k)
+		for s := k - 1; s >= 0; s-- { // all-gather, the steps retraced
+			mine, theirs := hdHalves(hdHeld(count, p, r, s), p, r, s)
+			sc.steps = append(sc.steps, hdStep{peer: hdPartner(p, r, s), send: mine, recv: theirs})
+		}
+	})
+}
+
+// rdPlan is the schedule of rank r of a world of w ranks for count
+// elements in recursive doubling: the fold of hdPlan, then log2(P) steps
+// in each of which a rank of the power of two exchanges its whole buffer
+// with the partner whose rank differs in bit 2^s and adds what it
+// receives, then the unfold. Half the steps of halving-doubling (each
+// a latency), every one of them moving the whole call: for calls small
+// enough that a step's latency outweighs its bytes. Partners add the same
+// two operands, so every rank ends with the same bits.
+func rdPlan(w, r int, count int64) hdSchedule {
+	all := span{0, count}
+	return folded(w, r, count, func(sc *hdSchedule, p int) {
+		for s := range hdLog2(p) {
+			sc.steps = append(sc.steps, hdStep{peer: r ^ (1 << s), send: all, recv: all, reduce: true})
+		}
+		sc.reduced = len(sc.steps)
+		sc.owned = all
+	})
+}
+
+// folded is the schedule of rank r of a world of w ranks for count
+// elements around core, the steps of the ranks of the power of two P ≤ w:
+// where w is not a power of two, rank P+i first hands its buffer to rank
+// i, which adds it to its own, and gets the result back from rank i at
+// the end. core appends the steps of a rank r < P and sets reduced and
+// owned; a rank from P on sits as many steps out, so that every rank's
+// schedule has the same number of steps and the steps pair up in order.
+func folded(w, r int, count int64, core func(sc *hdSchedule, p int)) hdSchedule {
 	p := hdPow(w)
-	k := hdLog2(p)
 	extra := w - p
 	all := span{0, count}
 	idle := hdStep{peer: -1}
+	fold := func(inward bool) hdStep {
+		switch {
+		case r >= p && inward:
+			return hdStep{peer: r - p, send: all}
+		case r >= p:
+			return hdStep{peer: r - p, recv: all}
+		case r < extra && inward:
+			return hdStep{peer: r + p, recv: all, reduce: true}
+		case r < extra:
+			return hdStep{peer: r + p, send: all}
+		}
+		return idle
+	}
 	var sc hdSchedule
-	if extra > 0 { // fold: rank p+i hands its buffer to rank i
-		switch {
-		case r >= p:
-			sc.steps = append(sc.steps, hdStep{peer: r - p, send: all})
-		case r < extra:
-			sc.steps = append(sc.steps, hdStep{peer: r + p, recv: all, reduce: true})
-		default:
+	if extra > 0 {
+		sc.steps = append(sc.steps, fold(true))
+	}
+	if r < p {
+		core(&sc, p)
+	} else {
+		var ref hdSchedule // rank 0's steps, for their number
+		core(&ref, p)
+		for range len(ref.steps) {
 			sc.steps = append(sc.steps, idle)
 		}
+		sc.reduced = len(sc.steps) - (len(ref.steps) - ref.reduced)
 	}
-	core := r < p
-	for s := range k { // reduce-scatter
-		if !core {
-			sc.steps = append(sc.steps, idle)
-			continue
-		}
-		keep, give := hdHalves(hdHeld(count, p, r, s), p, r, s)
-		sc.steps = append(sc.steps, hdStep{peer: hdPartner(p, r, s), send: give, recv: keep, reduce: true})
-	}
-	sc.reduced = len(sc.steps)
-	if core {
-		sc.owned = hdHeld(count, p, r, k)
-	}
-	for s := k - 1; s >= 0; s-- { // all-gather, the steps retraced
-		if !core {
-			sc.steps = append(sc.steps, idle)
-			continue
-		}
-		mine, theirs := hdHalves(hdHeld(count, p, r, s), p, r, s)
-		sc.steps = append(sc.steps, hdStep{peer: hdPartner(p, r, s), send: mine, recv: theirs})
-	}
-	if extra > 0 { // unfold: rank i gives rank p+i the result
-		switch {
-		case r >= p:
-			sc.steps = append(sc.steps, hdStep{peer: r - p, recv: all})
-		case r < extra:
-			sc.steps = append(sc.steps, hdStep{peer: r + p, send: all})
-		default:
-			sc.steps = append(sc.steps, idle)
-		}
+	if extra > 0 {
+		sc.steps = append(sc.steps, fold(false))
 	}
 	return sc
 }

@@ -112,12 +112,46 @@ func TestHalvingDoublingSmallWorlds(t *testing.T) {
 }
 
 func checkHalvingDoubling(t require.TestingT, w int, count int64) {
+	checkSchedule(t, w, count, hdPlan, 2*hdLog2(hdPow(w)))
+}
+
+// Recursive doubling: every contribution once on every rank, log2(P)
+// exchanges of the whole call (+2 with a fold), and every rank of the
+// power of two holds the whole result before the unfold.
+func TestRecursiveDoublingReducesEachContributionOnce(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w, count := hdWorld(t, 300)
+		checkSchedule(t, w, count, rdPlan, hdLog2(hdPow(w)))
+	})
+}
+
+func TestRecursiveDoublingSmallWorlds(t *testing.T) {
+	for w := 1; w <= 17; w++ {
+		for _, count := range []int64{0, 1, int64(w) + 1, 1001} {
+			t.Run(fmt.Sprintf("%d/%d", w, count), func(t *testing.T) {
+				checkSchedule(t, w, count, rdPlan, hdLog2(hdPow(w)))
+				for r := range hdPow(w) {
+					sc := rdPlan(w, r, count)
+					require.Equal(t, span{0, count}, sc.owned, "rank %d owns the whole call", r)
+					if w > 1 {
+						require.Equal(t, count, sc.scratch(), "the scratch takes the whole call")
+					}
+				}
+			})
+		}
+	}
+}
+
+// checkSchedule runs the schedules plan gives every rank (core steps
+// each, plus the fold's two where w is not a power of two) and checks
+// what TestHalvingDoublingReducesEachContributionOnce says.
+func checkSchedule(t require.TestingT, w int, count int64, plan func(w, r int, count int64) hdSchedule, core int) {
 	plans := make([]hdSchedule, w)
 	for r := range w {
-		plans[r] = hdPlan(w, r, max(count, 0))
+		plans[r] = plan(w, r, max(count, 0))
 	}
 	p := hdPow(w)
-	want := 2 * hdLog2(p)
+	want := core
 	if w > p {
 		want += 2
 	}

@@ -20,7 +20,7 @@ type halvingDoubling struct{}
 func (halvingDoubling) allReduce(
 	x *executor, t fairgo.Tensor, op fairgo.Op, _ plan, first streams.Stream,
 ) (streams.Stream, error) {
-	return first, x.halvingDoubling(t, op, first)
+	return first, x.pairwise(t, op, first, hdPlan)
 }
 
 func (halvingDoubling) whole() bool { return true }
@@ -28,6 +28,18 @@ func (halvingDoubling) whole() bool { return true }
 func (halvingDoubling) stagedReceive(Grid) bool { return false }
 
 func (halvingDoubling) single() bool { return false }
+
+// recursiveDoubling is recursive doubling on the world communicator
+// (rdPlan): log2(W) pairwise exchanges of the whole call, each followed by
+// the add kernel, on the call's first stream, with halvingDoubling's
+// scratch and pieces.
+type recursiveDoubling struct{ halvingDoubling }
+
+func (recursiveDoubling) allReduce(
+	x *executor, t fairgo.Tensor, op fairgo.Op, _ plan, first streams.Stream,
+) (streams.Stream, error) {
+	return first, x.pairwise(t, op, first, rdPlan)
+}
 
 // hdState is the executor's halving-doubling scratch: the receive buffer
 // of the reduce steps, grown to the largest piece a call has needed, and
@@ -41,9 +53,11 @@ type hdState struct {
 	chunk   int64          // test hook (export_router_test.go): the largest piece; 0: hdMaxChunkBytes
 }
 
-// halvingDoubling enqueues a halving-doubling allreduce of t on first, in
-// pieces of at most hdMaxChunkBytes.
-func (ex *executor) halvingDoubling(t fairgo.Tensor, op fairgo.Op, first streams.Stream) error {
+// pairwise enqueues an allreduce of t on first by the pairwise schedule
+// plan gives each rank (hdPlan, rdPlan), in pieces of at most
+// hdMaxChunkBytes.
+func (ex *executor) pairwise(t fairgo.Tensor, op fairgo.Op, first streams.Stream,
+	plan func(w, r int, count int64) hdSchedule) error {
 	world := ex.comms.World
 	w, r := world.Size(), world.Rank()
 	es := int64(t.DType.Size())
@@ -51,7 +65,7 @@ func (ex *executor) halvingDoubling(t fairgo.Tensor, op fairgo.Op, first streams
 	stepOp, divisor := hdOps(op, w)
 	for off := int64(0); off < t.Count; off += chunk {
 		n := min(chunk, t.Count-off)
-		sc := hdPlan(w, r, n)
+		sc := plan(w, r, n)
 		base := t.Ptr + uintptr(off*es)
 		recv, err := ex.hdScratch(sc.scratch()*es+es, first)
 		if err != nil {
@@ -64,7 +78,7 @@ func (ex *executor) halvingDoubling(t fairgo.Tensor, op fairgo.Op, first streams
 		recv += uintptr(int64(base) % es)
 		for i, st := range sc.steps {
 			if err := ex.hdExchange(world, w, base, recv, st, t.DType, first); err != nil {
-				return fmt.Errorf("halving-doubling step %d: %w", i, err)
+				return fmt.Errorf("pairwise step %d of %d: %w", i, len(sc.steps), err)
 			}
 			if st.reduce && st.recv.n > 0 {
 				dst := base + uintptr(st.recv.lo*es)

@@ -106,7 +106,8 @@ typedef enum fairgo_algorithm {
   FAIRGO_ALGORITHM_RAIL_ALLREDUCE = 4, /* the hierarchy in one piece: intra reduce-scatter, rail allreduce, intra all-gather */
   FAIRGO_ALGORITHM_FLAT_RING = 5,      /* one NCCL allreduce on a world communicator where NCCL runs its ring only */
   FAIRGO_ALGORITHM_FLAT_TREE = 6,      /* the same with NCCL's tree only */
-  FAIRGO_ALGORITHM_HALVING_DOUBLING = 7 /* recursive halving then doubling over all ranks, for small calls on many */
+  FAIRGO_ALGORITHM_HALVING_DOUBLING = 7, /* recursive halving then doubling over all ranks, for small calls on many */
+  FAIRGO_ALGORITHM_RECURSIVE_DOUBLING = 8 /* log2(ranks) exchanges of the whole call: the smallest calls on many ranks */
 } fairgo_algorithm_t;
 
 typedef int64_t fairgo_comm_t;  /* a communicator: this process's rank of the job */
@@ -131,7 +132,8 @@ typedef int64_t fairgo_store_t; /* a rendezvous store served by this process */
  *   FAIRGO_DEVICE                device                 device
  *
  * In the environment, algorithms are named auto, flat, rail-a2a,
- * rail-rsag, rail-allreduce, flat-ring, flat-tree and halving-doubling;
+ * rail-rsag, rail-allreduce, flat-ring, flat-tree, halving-doubling and
+ * recursive-doubling;
  * sizes are bytes with an optional K, M or
  * G (binary) suffix; timeouts are seconds or Go durations ("90s", "10m").
  * fairgo_init judges the values (a bad one gives

@@ -82,7 +82,7 @@ def init(*, algorithm: Optional[str] = None, slice_bytes: Optional[int] = None,
 
     - algorithm (FAIRGO_ALGORITHM): "auto" (measure each size class and take
       the fastest), "flat", "flat-ring", "flat-tree", "halving-doubling",
-      "rail-a2a", "rail-rsag" or "rail-allreduce".
+      "recursive-doubling", "rail-a2a", "rail-rsag" or "rail-allreduce".
     - slice_bytes (FAIRGO_SLICE_BYTES): the pipeline's slice; 0: fairgo's choice.
     - flat_threshold_bytes (FAIRGO_FLAT_THRESHOLD_BYTES): below it one flat
       NCCL allreduce; -1: never; 0: fairgo's choice.
