@@ -52,8 +52,8 @@ extern "C" {
 #define FAIRGO_VERSION "0.1.0"
 
 /* The version of this ABI; fairgo_abi_version() returns the library's. */
-#define FAIRGO_ABI_VERSION 3 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE;
-                                3: fairgo_comm_algorithm */
+#define FAIRGO_ABI_VERSION 4 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE;
+                                3: fairgo_comm_algorithm; 4: FAIRGO_ALGORITHM_RECURSIVE_DOUBLING */
 
 /* Result codes. FAIRGO_OK and FAIRGO_NOT_READY are not errors. */
 typedef enum fairgo_result {

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIB_NAME = "libfairgo.so"
 ENV_LIB = "FAIRGO_LIB"
 
