@@ -48,6 +48,9 @@ type Record struct {
 	// Rounds is how many rounds of Iters calls, each waited for, one
 	// repetition spans (Config.RepBytes); 0: one.
 	Rounds int `json:"rounds,omitempty"`
+	// WorksAtEnd: fairgo's Works were waited for after the repetition's
+	// last round, not after each (Config.WorksAtEnd).
+	WorksAtEnd bool `json:"works_at_end,omitempty"`
 	// Fairgo is the variant's configuration and choices; nil for flat and
 	// naive.
 	Fairgo *FairgoSetup `json:"fairgo,omitempty"`

@@ -29,7 +29,14 @@ type Config struct {
 	// calls back to back, then a wait for them) until the rounds have
 	// moved at least this many bytes per rank, and times the mean call.
 	// 0: one round per repetition.
-	RepBytes    int64
+	RepBytes int64
+	// WorksAtEnd waits for fairgo's Works after a repetition's last round
+	// instead of after each: a round of fairgo then ends, as a baseline's
+	// does, once the device has run its calls, not once the host has seen
+	// each Work complete, whose poll makes ranks start the next round at
+	// more different times (fairbench -work-wait end). Errors are caught
+	// all the same, a repetition later at most.
+	WorksAtEnd  bool
 	Check       bool
 	Seed        uint64
 	Methods     []Method // nil: DefaultMethods (every baseline, and fairgo with its defaults)
@@ -291,13 +298,18 @@ func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]floa
 				}
 				return nil
 			})
-			if err == nil {
+			if err == nil && !r.cfg.WorksAtEnd {
 				err = c.wait(r.ctx)
 			}
 			if err != nil {
 				return err
 			}
 			total += d
+		}
+		if r.cfg.WorksAtEnd {
+			if err := c.wait(r.ctx); err != nil {
+				return err
+			}
 		}
 		out[i] = total.Seconds() / float64(units*rounds)
 		return nil
@@ -501,7 +513,7 @@ func (r *run) point(proto Record, count, stride int64, buckets, units int) ([]Re
 	}
 	rounds := r.rounds(proto.Bytes * int64(buckets) * int64(units))
 	if rounds > 1 {
-		proto.Rounds = rounds
+		proto.Rounds, proto.WorksAtEnd = rounds, r.cfg.WorksAtEnd
 	}
 	err := r.measure(&res, units, rounds, func(m Method, c *caller) error {
 		for j := range buckets {

@@ -614,3 +614,48 @@ func TestRepOrder(t *testing.T) {
 		}
 	}
 }
+
+// With WorksAtEnd fairgo's Works are waited for once a repetition, after
+// its last round: the results are still checked and right, and the
+// records say how the rounds ended.
+func TestWorksAtEnd(t *testing.T) {
+	tb := openSimT(t, 2, 1, 0)
+	for _, atEnd := range []bool{false, true} {
+		cfg := Config{Sizes: []int64{64 << 10}, Iters: 1, Reps: 2, RepBytes: 1 << 20, Check: true, WorksAtEnd: atEnd,
+			Methods: methods(t, "flat,fairgo", "fairgo=algo:flat")}
+		recs, err := Sweep(context.Background(), tb, cfg)
+		require.NoError(t, err)
+		require.Len(t, recs, 2)
+		for _, r := range recs {
+			require.Zero(t, r.Wrong)
+			require.Equal(t, 16, r.Rounds)
+			require.Equal(t, atEnd, r.WorksAtEnd, "%s", r.Algorithm)
+		}
+
+		// The Works pending at each call of a repetition of 4 rounds: none
+		// with a wait each round; 0, 1, 2, 3 with one at the end.
+		r, err := newRun(context.Background(), tb, cfg)
+		require.NoError(t, err)
+		fg := cfg.Methods[1]
+		bufs := make([]fairgo.Tensor, len(r.ranks))
+		for i, rk := range r.ranks {
+			ptr, err := rk.Hier.Device.Alloc(1 << 10)
+			require.NoError(t, err)
+			bufs[i] = fairgo.Tensor{Ptr: ptr, Bytes: 1 << 10, Count: 256, DType: fairgo.Float32}
+		}
+		pending := make([][]int, len(r.ranks))
+		_, err = r.timeUnit(1, 4, func(c *caller) error {
+			pending[c.idx] = append(pending[c.idx], len(c.works))
+			return c.call(context.Background(), fg, bufs[c.idx])
+		})
+		require.NoError(t, err)
+		for i := range pending {
+			want := []int{0, 0, 0, 0}
+			if atEnd {
+				want = []int{0, 1, 2, 3}
+			}
+			require.Equal(t, want, pending[i], "local rank %d", i)
+			require.Empty(t, r.callers[i].works, "all waited for by the end")
+		}
+	}
+}

@@ -219,6 +219,7 @@ func (s *sizeFlags) args(fs *flag.FlagSet) []string { return given(fs, "b", "e",
 // timingFlags: how each point is measured and labelled.
 type timingFlags struct {
 	dtype, op, run, label string
+	workWait              string // -work-wait: each or end
 	warmup, iters, reps   int
 	repBytes              int64
 	check                 bool
@@ -243,6 +244,15 @@ func (t *timingFlags) register(fs *flag.FlagSet) {
 	sizeFlag(fs, &t.repBytes, "rep-bytes", "0",
 		"each repetition repeats its -n calls, waiting for them each round, until the rounds moved this many `bytes` "+
 			"(steadies small sizes; 0: one round)")
+	cli.Choice(fs, &t.workWait, "work-wait", "each",
+		"`when` fairgo's Works are waited for: each round of -rep-bytes, or the end of the repetition "+
+			"(its rounds then end, as the baselines' do, when the device has run them)",
+		func(s string) error {
+			if s != "each" && s != "end" {
+				return errors.New("not one of each, end")
+			}
+			return nil
+		})
 	fs.BoolVar(&t.check, "check", false, "check every rank's result against a float64 reference")
 	fs.Uint64Var(&t.seed, "seed", 1, "seed of the check inputs and of the sim's delays")
 	fs.StringVar(&t.run, "run", "", "the run's label, stored in every record (targets group records by it)")
@@ -275,8 +285,8 @@ func (t *timingFlags) config() (bench.Config, error) {
 	case t.timeout <= 0:
 		return bench.Config{}, cli.Usagef("-timeout %s: must be positive", t.timeoutFlag)
 	}
-	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, RepBytes: t.repBytes, Check: t.check, Seed: t.seed,
-		Run: t.run, Label: t.label}, nil
+	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, RepBytes: t.repBytes,
+		WorksAtEnd: t.workWait == "end", Check: t.check, Seed: t.seed, Run: t.run, Label: t.label}, nil
 }
 
 // variantList is the repeatable -fairgo flag.

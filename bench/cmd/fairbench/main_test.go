@@ -256,6 +256,7 @@ func TestHelp(t *testing.T) {
 			"seed",
 			"timeout",
 			"w",
+			"work-wait",
 		},
 		"targets": {
 			"enqueue",
