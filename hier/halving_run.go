@@ -41,9 +41,10 @@ func (recursiveDoubling) allReduce(
 	return first, x.pairwise(t, op, first, rdPlan)
 }
 
-// hdState is the executor's halving-doubling scratch: the receive buffer
-// of the reduce steps, grown to the largest piece a call has needed, and
-// the event after its last use.
+// hdState is the scratch of the executor's pairwise algorithms
+// (halving-doubling, recursive doubling): the receive buffer of the reduce
+// steps, grown to the largest piece a call has needed, and the event after
+// its last use.
 type hdState struct {
 	ptr     uintptr
 	bytes   int64

@@ -23,12 +23,12 @@ type executor struct {
 	chain    *streams.Chain
 	stagingR *staging.Ring // made at first use
 	paddingR *padding.Ring // made at first use
-	hd       hdState       // HalvingDoubling's scratch, made at first use
+	hd       hdState       // the pairwise algorithms' scratch (HalvingDoubling, RecursiveDoubling), made at first use
 	skipWait streams.Stage // test hook (export_test.go): a stage whose hand-off wait is dropped; -1: none
 }
 
 // release frees the chain's streams, the slot rings and the
-// halving-doubling scratch.
+// pairwise algorithms' scratch.
 func (ex *executor) release() error {
 	return errors.Join(ex.chain.Release(), ex.stagingR.Close(), ex.paddingR.Close(), ex.hd.release(ex.dev))
 }
