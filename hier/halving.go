@@ -209,13 +209,19 @@ const (
 	hdMaxChunkBytes = 16 << 20
 )
 
-// hdOps are the step operator and the divisor of the result (0: none) for
-// op on a world of w ranks: every step applies op, except that Avg sums
-// and divides the owned span once, by w (truncating for integers), before
-// the all-gather.
-func hdOps(op fairgo.Op, w int) (step fairgo.Op, divisor int) {
-	if op == fairgo.Avg {
-		return fairgo.Sum, w
+// hdOps are, for op over a world of w ranks of elements dt, the operator
+// of every step and how Avg divides by w: on floating types each rank
+// scales its input by 1/w before the first step (pre), as NCCL's Avg does,
+// so that no partial sum exceeds the largest input (a sum of 16-bit
+// values near their maximum would overflow on the way); on integers the
+// owned span is divided once after the reduce steps (post), truncating,
+// as an integer Avg does everywhere. 0: no division.
+func hdOps(op fairgo.Op, dt fairgo.DType, w int) (step fairgo.Op, pre, post int) {
+	switch {
+	case op != fairgo.Avg:
+		return op, 0, 0
+	case dt.IsFloat():
+		return fairgo.Sum, w, 0
 	}
-	return op, 0
+	return fairgo.Sum, 0, w
 }

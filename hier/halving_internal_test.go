@@ -228,19 +228,28 @@ func checkSchedule(t require.TestingT, w int, count int64, plan func(w, r int, c
 	}
 }
 
-// Avg sums at every step and divides once, by the world size; the other
-// operators apply at every step, with nothing to divide.
+// Avg of floats scales every input by 1/W first and sums; Avg of integers
+// sums and divides once, by the world size; the other operators apply at
+// every step, with nothing to divide.
 func TestHalvingDoublingOps(t *testing.T) {
 	for _, tc := range []struct {
-		op      fairgo.Op
-		step    fairgo.Op
-		divisor int
+		op        fairgo.Op
+		dt        fairgo.DType
+		step      fairgo.Op
+		pre, post int
 	}{
-		{fairgo.Sum, fairgo.Sum, 0}, {fairgo.Avg, fairgo.Sum, 7}, {fairgo.Max, fairgo.Max, 0},
-		{fairgo.Min, fairgo.Min, 0}, {fairgo.Prod, fairgo.Prod, 0},
+		{fairgo.Sum, fairgo.Float32, fairgo.Sum, 0, 0},
+		{fairgo.Avg, fairgo.Float32, fairgo.Sum, 7, 0},
+		{fairgo.Avg, fairgo.BFloat16, fairgo.Sum, 7, 0},
+		{fairgo.Avg, fairgo.Int32, fairgo.Sum, 0, 7},
+		{fairgo.Avg, fairgo.Uint8, fairgo.Sum, 0, 7},
+		{fairgo.Max, fairgo.Float16, fairgo.Max, 0, 0},
+		{fairgo.Min, fairgo.Int64, fairgo.Min, 0, 0},
+		{fairgo.Prod, fairgo.Float64, fairgo.Prod, 0, 0},
 	} {
-		step, div := hdOps(tc.op, 7)
-		require.Equal(t, tc.step, step, "%v", tc.op)
-		require.Equal(t, tc.divisor, div, "%v", tc.op)
+		step, pre, post := hdOps(tc.op, tc.dt, 7)
+		require.Equal(t, tc.step, step, "%v %v", tc.op, tc.dt)
+		require.Equal(t, tc.pre, pre, "%v %v", tc.op, tc.dt)
+		require.Equal(t, tc.post, post, "%v %v", tc.op, tc.dt)
 	}
 }

@@ -63,7 +63,7 @@ func (ex *executor) pairwise(t fairgo.Tensor, op fairgo.Op, first streams.Stream
 	w, r := world.Size(), world.Rank()
 	es := int64(t.DType.Size())
 	chunk := max(ex.hdChunkBytes()/es, 1)
-	stepOp, divisor := hdOps(op, w)
+	stepOp, pre, post := hdOps(op, t.DType, w)
 	for off := int64(0); off < t.Count; off += chunk {
 		n := min(chunk, t.Count-off)
 		sc := plan(w, r, n)
@@ -71,6 +71,11 @@ func (ex *executor) pairwise(t fairgo.Tensor, op fairgo.Op, first streams.Stream
 		recv, err := ex.hdScratch(sc.scratch()*es+es, first)
 		if err != nil {
 			return err
+		}
+		if pre > 1 { // Avg of floats: every input scaled by 1/w before anything is sent
+			if err := ex.dev.ReduceAsync(base, base, 1, n, n, t.DType, fairgo.Avg, pre, first); err != nil {
+				return err
+			}
 		}
 		// The scratch receives at the offset that keeps it a whole
 		// number of elements away from the buffer, whatever the
@@ -88,9 +93,9 @@ func (ex *executor) pairwise(t fairgo.Tensor, op fairgo.Op, first streams.Stream
 					return err
 				}
 			}
-			if i+1 == sc.reduced && divisor > 1 && sc.owned.n > 0 {
+			if i+1 == sc.reduced && post > 1 && sc.owned.n > 0 {
 				p := base + uintptr(sc.owned.lo*es)
-				if err := ex.dev.ReduceAsync(p, p, 1, sc.owned.n, sc.owned.n, t.DType, fairgo.Avg, divisor, first); err != nil {
+				if err := ex.dev.ReduceAsync(p, p, 1, sc.owned.n, sc.owned.n, t.DType, fairgo.Avg, post, first); err != nil {
 					return err
 				}
 			}

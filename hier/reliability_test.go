@@ -567,7 +567,7 @@ func TestSixteenBitNearTheMaximum(t *testing.T) {
 		if dt == fairgo.BFloat16 {
 			maxv = 3.3e38
 		}
-		for _, algo := range []hier.Algorithm{hier.Flat, hier.RailAllToAll, hier.RailRSAG} {
+		for _, algo := range []hier.Algorithm{hier.Flat, hier.RailAllToAll, hier.RailRSAG, hier.HalvingDoubling, hier.RecursiveDoubling} {
 			t.Run(dt.String()+"/"+algo.String(), func(t *testing.T) {
 				const m, d, count = 2, 4, 4099
 				w := newWorld(
