@@ -34,6 +34,8 @@ func TestCountsDifferingInTheTailFail(t *testing.T) {
 		{[]int{1048577, 1048578, 1048578, 1048578}, hier.RailRSAG, 2},
 		{[]int{1001, 1001, 1001, 1002}, hier.Flat, 2},
 		{[]int{1001, 1001, 1001, 1002}, hier.Flat, 1}, // the shared memory's check
+		{[]int{1001, 1002, 1001, 1001}, hier.HalvingDoubling, 2},
+		{[]int{1001, 1001, 1002, 1001}, hier.RecursiveDoubling, 4},
 	} {
 		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
 			w := newWorld(
@@ -567,7 +569,8 @@ func TestSixteenBitNearTheMaximum(t *testing.T) {
 		if dt == fairgo.BFloat16 {
 			maxv = 3.3e38
 		}
-		for _, algo := range []hier.Algorithm{hier.Flat, hier.RailAllToAll, hier.RailRSAG, hier.HalvingDoubling, hier.RecursiveDoubling} {
+		for _, algo := range []hier.Algorithm{hier.Flat, hier.RailAllToAll, hier.RailRSAG, hier.RailAllReduce, hier.FlatRing,
+			hier.FlatTree, hier.HalvingDoubling, hier.RecursiveDoubling} {
 			t.Run(dt.String()+"/"+algo.String(), func(t *testing.T) {
 				const m, d, count = 2, 4, 4099
 				w := newWorld(
