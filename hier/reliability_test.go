@@ -129,6 +129,45 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 	}
 }
 
+// An operator or a count that differs on one rank reaches a different
+// reduction, or different transfers, on every route, yet every route's
+// ranks fail with a MismatchError naming the field: the check does not
+// depend on the algorithm that carries the data.
+func TestShapeDifferingFailsOnEveryAlgorithm(t *testing.T) {
+	for a := hier.Flat; a.Valid(); a++ {
+		for _, field := range []string{"operator", "count"} {
+			t.Run(a.String()+"/"+field, func(t *testing.T) {
+				w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 6, StallTimeout: 20 * time.Second},
+					hier.WithAlgorithm(a), hier.WithFlatThreshold(hier.FlatNever))
+				data := make([][]byte, 4)
+				for g := range data {
+					n := 3001
+					if g == 2 && field == "count" {
+						n = 2 * 3001
+					}
+					data[g] = make([]byte, 4*n)
+				}
+				ts := w.upload(t, fairgo.Float32, data)
+				var works []*hier.Work
+				for g, r := range w.reducers {
+					op := fairgo.Sum
+					if g == 2 && field == "operator" {
+						op = fairgo.Avg
+					}
+					works = append(works, r.AllReduce(context.Background(), ts[g], op))
+				}
+				for g, wk := range works {
+					err := wk.Wait(context.Background())
+					require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+					var me *hier.MismatchError
+					require.ErrorAs(t, err, &me, "rank %d", g)
+					require.Equal(t, field, me.Field, "rank %d", g)
+				}
+			})
+		}
+	}
+}
+
 // checkModes are the two forms of the cross-rank check: a collective of its
 // own, and the fingerprint a small flat call carries in its data (on with
 // the watchdog; hier/fingerprint.go). used asserts the form was taken.
