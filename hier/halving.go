@@ -101,7 +101,7 @@ func hdHeld(count int64, p, r, s int) span {
 // elements. Every rank's schedule has the same number of steps, so that
 // the steps of all ranks pair up in order.
 func hdPlan(w, r int, count int64) hdSchedule {
-	return folded(w, r, count, func(sc *hdSchedule, p int) {
+	return folded(w, r, count, func(sc *hdSchedule, p, r int) {
 		k := hdLog2(p)
 		for s := range k { // reduce-scatter
 			keep, give := hdHalves(hdHeld(count, p, r, s), p, r, s)
@@ -126,7 +126,7 @@ func hdPlan(w, r int, count int64) hdSchedule {
 // two operands, so every rank ends with the same bits.
 func rdPlan(w, r int, count int64) hdSchedule {
 	all := span{0, count}
-	return folded(w, r, count, func(sc *hdSchedule, p int) {
+	return folded(w, r, count, func(sc *hdSchedule, p, r int) {
 		for s := range hdLog2(p) {
 			sc.steps = append(sc.steps, hdStep{peer: r ^ (1 << s), send: all, recv: all, reduce: true})
 		}
@@ -139,10 +139,11 @@ func rdPlan(w, r int, count int64) hdSchedule {
 // elements around core, the steps of the ranks of the power of two P ≤ w:
 // where w is not a power of two, rank P+i first hands its buffer to rank
 // i, which adds it to its own, and gets the result back from rank i at
-// the end. core appends the steps of a rank r < P and sets reduced and
-// owned; a rank from P on sits as many steps out, so that every rank's
-// schedule has the same number of steps and the steps pair up in order.
-func folded(w, r int, count int64, core func(sc *hdSchedule, p int)) hdSchedule {
+// the end. core appends the steps of rank r < P and sets reduced and
+// owned; a rank from P on sits as many steps out as rank 0 takes, so that
+// every rank's schedule has the same number of steps and the steps pair up
+// in order.
+func folded(w, r int, count int64, core func(sc *hdSchedule, p, r int)) hdSchedule {
 	p := hdPow(w)
 	extra := w - p
 	all := span{0, count}
@@ -165,10 +166,10 @@ func folded(w, r int, count int64, core func(sc *hdSchedule, p int)) hdSchedule 
 		sc.steps = append(sc.steps, fold(true))
 	}
 	if r < p {
-		core(&sc, p)
+		core(&sc, p, r)
 	} else {
 		var ref hdSchedule // rank 0's steps, for their number
-		core(&ref, p)
+		core(&ref, p, 0)
 		for range len(ref.steps) {
 			sc.steps = append(sc.steps, idle)
 		}
