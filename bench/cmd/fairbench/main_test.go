@@ -237,6 +237,7 @@ func TestHelp(t *testing.T) {
 			"b",
 			"backend",
 			"check",
+			"cpuprofile",
 			"csv",
 			"devices",
 			"dtype",
@@ -582,4 +583,25 @@ func TestFlatTreeSweep(t *testing.T) {
 		require.Equal(t, []string{"flat-tree", "fairgo"}[i%2], r.Algorithm)
 		require.Zero(t, r.Wrong)
 	}
+}
+
+// TestCPUProfile: -cpuprofile writes a Go CPU profile of the sweep, named
+// for the rank when the process is one rank of a launched job.
+func TestCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	prof := filepath.Join(dir, "sweep.prof")
+	runCmd(t, "sweep", "-backend", "sim", "-machines", "2", "-devices", "2", "-algos", "fairgo",
+		"-b", "64K", "-e", "64K", "-w", "0", "-reps", "1", "-cpuprofile", prof)
+	st, err := os.Stat(prof)
+	require.NoError(t, err)
+	require.Positive(t, st.Size())
+
+	stop, err := startCPUProfile(prof, "3")
+	require.NoError(t, err)
+	require.NoError(t, stop())
+	_, err = os.Stat(prof + ".rank3")
+	require.NoError(t, err)
+
+	_, err = startCPUProfile(filepath.Join(dir, "missing", "x.prof"), "")
+	require.Error(t, err)
 }

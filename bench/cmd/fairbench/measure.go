@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/fairgo/fairgo/bench"
@@ -118,11 +119,15 @@ func setupPoints(
 	var m measurement
 	var g gridFlags
 	var methods methodFlags
+	var cpuProfile string
 	m.register(fs)
 	g.register(fs, true)
 	methods.register(fs)
+	fs.StringVar(&cpuProfile, "cpuprofile", "",
+		"write a Go CPU profile of the run to this file (go tool pprof); a process launched as one rank of "+
+			"several (RANK set) writes FILE.rankN")
 	complete := more(fs)
-	return func(ctx context.Context, e env) error {
+	return func(ctx context.Context, e env) (err error) {
 		cfg, err := m.config(fs, e, &methods)
 		if err != nil {
 			return err
@@ -133,8 +138,32 @@ func setupPoints(
 		if err := complete(&cfg); err != nil {
 			return err
 		}
+		if cpuProfile != "" {
+			stop, err := startCPUProfile(cpuProfile, os.Getenv("RANK"))
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, stop()) }()
+		}
 		return m.single(ctx, e, g, cfg, fn, name)
 	}
+}
+
+// startCPUProfile starts Go's CPU profile into path (path.rankN for a
+// process that is rank N of a launched job) and returns what stops it and
+// closes the file.
+func startCPUProfile(path, rank string) (func() error, error) {
+	if rank != "" {
+		path += ".rank" + rank
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("fairbench: -cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return nil, errors.Join(fmt.Errorf("fairbench: -cpuprofile: %w", err), f.Close())
+	}
+	return func() error { pprof.StopCPUProfile(); return f.Close() }, nil
 }
 
 func setupSweep(fs *flag.FlagSet) func(context.Context, env) error {
