@@ -270,8 +270,12 @@ func TestGPUNoLeaks(t *testing.T) {
 	freeBefore, total := memInfo()
 	goBefore := runtime.NumGoroutine()
 	const cycles = 100
-	for range cycles {
+	began := time.Now()
+	for i := range cycles {
 		cycle()
+		if (i+1)%20 == 0 { // a minute of cycles says it is alive (a silent log reads as a stall)
+			t.Logf("%d of %d Reducers made and closed, %v", i+1, cycles, time.Since(began).Round(time.Millisecond))
+		}
 	}
 	runtime.GC()
 	time.Sleep(100 * time.Millisecond)
