@@ -439,7 +439,8 @@ func (c *checker) enqueue(q *request) {
 		err = sl.ev.Record(c.stream)
 	}
 	if err != nil {
-		err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w", fairgo.ErrAborted, q, err)
+		err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w",
+			fairgo.ErrAborted, q, c.r.withBreakCause(err))
 		c.r.abort(err)
 		q.check.finish(err)
 		sl.free <- struct{}{}

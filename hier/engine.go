@@ -351,9 +351,7 @@ func (r *Reducer) checkLater(q *request) {
 // peers may already have enqueued their part, so the communicators are
 // aborted rather than left to hang.
 func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
-	if cause := r.brokenCause(); cause != nil && !errors.Is(err, cause) {
-		err = fmt.Errorf("%w (%w)", cause, err) // an abort (a timeout) ended the enqueue: it is the cause
-	}
+	err = r.withBreakCause(err)
 	// The Work fails with what the abort reports: the communicators are
 	// aborted, which the error says (fairgo.ErrAborted) whatever the
 	// enqueue's own error was (NCCL reports a dead peer as a plain
@@ -363,6 +361,18 @@ func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
 	q.work.markEnqueued(nil, nil)
 	q.work.finish(err)
 	r.events.put(q.after)
+}
+
+// withBreakCause returns err, an enqueue's error, led by the cause of the
+// Reducer's break when it broke meanwhile: an abort (a timeout, a
+// mismatch) ends an enqueue that NCCL held, with an error of NCCL's own
+// (ncclInternalError) that says nothing of why, and the Work must report
+// the why.
+func (r *Reducer) withBreakCause(err error) error {
+	if cause := r.brokenCause(); cause != nil && !errors.Is(err, cause) {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return err
 }
 
 // span is the address range the request reads or writes.

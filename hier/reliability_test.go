@@ -957,3 +957,82 @@ func TestWatchdogByDefault(t *testing.T) {
 	require.ErrorAs(t, hier.ValidateOptions(hier.WithTimeout(-time.Second)), &ae)
 	require.Equal(t, "WithTimeout", ae.Arg)
 }
+
+// heldCheckComm is a check communicator whose second call is held in its
+// enqueue until the communicator is aborted, then fails with an untyped
+// error: NCCL's enqueue of a check can wait on a peer that never comes (a
+// peer whose data collective hangs on a count that differs), and returns
+// ncclInternalError once the watchdog aborts it.
+type heldCheckComm struct {
+	backend.Comm
+	mu      sync.Mutex
+	calls   int
+	aborted chan struct{}
+	once    sync.Once
+}
+
+func (c *heldCheckComm) AllReduce(
+	send, recv uintptr,
+	count int64,
+	dt fairgo.DType,
+	op fairgo.Op,
+	s streams.Stream,
+) error {
+	c.mu.Lock()
+	c.calls++
+	n := c.calls
+	c.mu.Unlock()
+	if n > 1 {
+		<-c.aborted
+		return errors.New("ncclInternalError: internal error - please report this issue to the NCCL developers")
+	}
+	return c.Comm.AllReduce(send, recv, count, dt, op, s)
+}
+
+func (c *heldCheckComm) Abort() error {
+	c.once.Do(func() { close(c.aborted) })
+	return c.Comm.Abort()
+}
+
+// A check whose enqueue the watchdog's abort ends reports the timeout (the
+// cause), not the enqueue's own error alone: the Work's error is a
+// fairgo.ErrTimeout that keeps NCCL's message.
+func TestCheckEnqueueEndedByTheWatchdogReportsTheTimeout(t *testing.T) {
+	for _, inline := range []bool{true, false} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+			c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = c.Close() })
+			rks := []backend.Rank{c.Rank(0), c.Rank(1)}
+			rks[0].Comms.Check = &heldCheckComm{Comm: rks[0].Comms.Check, aborted: make(chan struct{})}
+			var rs []*hier.Reducer
+			for _, rk := range rks {
+				r, err := hier.NewReducer(context.Background(), rk, hier.WithInlineEnqueue(inline),
+					hier.WithTimeout(300*time.Millisecond), hier.WithSharedMemoryDir(""))
+				require.NoError(t, err)
+				rs = append(rs, r)
+			}
+			t.Cleanup(func() { _ = hier.CloseAll(rs) })
+			ts := make([]fairgo.Tensor, 2)
+			for g := range rs {
+				ts[g], err = c.Device(g).AllocTensor(1024, fairgo.Float32)
+				require.NoError(t, err)
+			}
+			for call := 1; call <= 2; call++ {
+				var works []*hier.Work
+				for g, r := range rs {
+					works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+				}
+				if call == 1 {
+					require.NoError(t, reftest.WaitAll(works))
+					continue
+				}
+				err := works[0].Wait(context.Background())
+				require.ErrorIs(t, err, fairgo.ErrTimeout)
+				require.ErrorIs(t, err, fairgo.ErrAborted)
+				require.Contains(t, err.Error(), "ncclInternalError")
+				require.Error(t, works[1].Wait(context.Background()), "the peer's call cannot succeed")
+			}
+		})
+	}
+}
