@@ -177,9 +177,6 @@ type sub struct {
 	leaderOf func(color int) int            // global rank of its first member
 	config   *nccl.Config                   // nil: NCCL's defaults
 	set      func(c *backend.Comms, cm backend.Comm)
-	// algo, when set, restricts the communicator's allreduce to one of
-	// NCCL's algorithms (NCCL_ALGO held while NCCL initialises it).
-	algo backend.NCCLAlgo
 }
 
 // nameOf is the name of the communicator of the rank at g.
@@ -234,24 +231,16 @@ func (c *connector) subs() []sub {
 	// that the data's kernels (and, with ranks sharing a GPU under MPS,
 	// other ranks' kernels they wait for) need.
 	checkConfig := &nccl.Config{MinCTAs: 1, MaxCTAs: 1, CommName: "fairgo-check"}
-	// Across machines the check is an allreduce of a few hundred bytes, all
-	// latency: NCCL's tree takes O(log W) hops where its ring takes
-	// 2(W−1), and NCCL's own choice for such a size across machines can be
-	// the ring. On one machine the shared-memory check takes over.
-	var checkAlgo backend.NCCLAlgo
-	if M > 1 {
-		checkAlgo = backend.AlgoTree
-	}
 	return []sub{
-		{"check", W, checkCK, checkLeader, checkConfig, func(c *backend.Comms, cm backend.Comm) { c.Check = cm }, checkAlgo},
+		{"check", W, checkCK, checkLeader, checkConfig, func(c *backend.Comms, cm backend.Comm) { c.Check = cm }},
 		{"intra-rs/machine=%d", D, intraCK, intraLeader, nil,
-			func(c *backend.Comms, cm backend.Comm) { c.IntraReduceScatter = cm }, ""},
+			func(c *backend.Comms, cm backend.Comm) { c.IntraReduceScatter = cm }},
 		{"intra-ag/machine=%d", D, intraCK, intraLeader, nil,
-			func(c *backend.Comms, cm backend.Comm) { c.IntraAllGather = cm }, ""},
+			func(c *backend.Comms, cm backend.Comm) { c.IntraAllGather = cm }},
 		{"rail-collect/local=%d", M, railCK, railLeader, nil,
-			func(c *backend.Comms, cm backend.Comm) { c.RailCollect = cm }, ""},
+			func(c *backend.Comms, cm backend.Comm) { c.RailCollect = cm }},
 		{"rail-diffuse/local=%d", M, railCK, railLeader, nil,
-			func(c *backend.Comms, cm backend.Comm) { c.RailDiffuse = cm }, ""},
+			func(c *backend.Comms, cm backend.Comm) { c.RailDiffuse = cm }},
 	}
 }
 
@@ -259,8 +248,7 @@ func (c *connector) subs() []sub {
 func (c *connector) split(s sub) ([]*nccl.Comm, error) {
 	return eachRank(c.ctx, s.nameOf(c.out[0].Grid)+" split", c.devs, func(i int) (*nccl.Comm, error) {
 		color, key := s.colorKey(c.out[i].Grid)
-		var cm *nccl.Comm
-		err := c.under(s, func() (err error) { cm, err = c.world[i].Split(color, key, s.config); return err })
+		cm, err := c.world[i].Split(color, key, s.config)
 		if err == nil && cm == nil {
 			err = fmt.Errorf("ncclCommSplit(color %d, key %d) returned no communicator", color, key)
 		}
@@ -288,30 +276,11 @@ func (c *connector) fromIDs(s sub) ([]*nccl.Comm, error) {
 	}
 	return eachRank(c.ctx, s.nameOf(c.out[0].Grid), c.devs, func(i int) (*nccl.Comm, error) {
 		_, key := s.colorKey(c.out[i].Grid)
-		var cm *nccl.Comm
-		err := c.under(s, func() (err error) {
-			if s.config != nil && c.lib.Supports("ncclCommInitRankConfig") {
-				cm, err = c.lib.CommInitRankConfig(c.ctx, s.size, ids[i], key, s.config)
-			} else {
-				cm, err = c.lib.CommInitRank(s.size, ids[i], key)
-			}
-			return err
-		})
-		return cm, err
+		if s.config != nil && c.lib.Supports("ncclCommInitRankConfig") {
+			return c.lib.CommInitRankConfig(c.ctx, s.size, ids[i], key, s.config)
+		}
+		return c.lib.CommInitRank(s.size, ids[i], key)
 	})
-}
-
-// under runs init, which makes one of s's communicators, with NCCL_ALGO
-// restricting the allreduce to s.algo when s has one.
-func (c *connector) under(s sub, init func() error) error {
-	if s.algo == "" {
-		return init()
-	}
-	value, err := ncclAlgoValue(c.lib.Version(), s.algo)
-	if err != nil {
-		return err
-	}
-	return algoWindow.within(c.ctx, value, init)
 }
 
 // wrap wraps new communicators, checks their places against the

@@ -303,34 +303,3 @@ func TestVariants(t *testing.T) {
 	v, ok = os.LookupEnv("NCCL_ALGO")
 	require.Equal(t, [2]any{had, before}, [2]any{ok, v}, "NCCL_ALGO after DuplicateAlgo")
 }
-
-// TestCheckCommunicatorUsesTheTreeAcrossMachines: across machines the
-// check's communicator is made with NCCL's allreduce restricted to the tree
-// (its allreduce is a few hundred bytes, where hops decide); on one machine
-// and for the data's communicators NCCL chooses.
-func TestCheckCommunicatorUsesTheTreeAcrossMachines(t *testing.T) {
-	for _, tc := range []struct{ machines, devices int }{{1, 4}, {2, 1}, {2, 2}, {16, 1}} {
-		var layout backend.Placement
-		for m := range tc.machines {
-			for d := range tc.devices {
-				layout = append(layout, fairgo.Grid{Machines: tc.machines, Devices: tc.devices, Machine: m, Local: d})
-			}
-		}
-		c := &connector{layout: layout, out: []backend.Rank{{Grid: layout[0]}}}
-		algos := map[string]backend.NCCLAlgo{}
-		for _, s := range c.subs() {
-			algos[s.nameOf(layout[0])] = s.algo
-		}
-		want := backend.NCCLAlgo("")
-		if tc.machines > 1 {
-			want = backend.AlgoTree
-		}
-		name := fmt.Sprintf("%dx%d", tc.machines, tc.devices)
-		require.Equal(t, want, algos["check"], name)
-		for n, a := range algos {
-			if n != "check" {
-				require.Empty(t, a, "%s: %s", name, n)
-			}
-		}
-	}
-}
