@@ -14,17 +14,25 @@ const (
 	// Spin is how long a Backoff yields the processor between polls
 	// before it starts to nap.
 	Spin = 30 * time.Microsecond
-	// firstNap is the first nap; the kernel's timer slack (50 µs by
-	// default) comes on top of every nap.
+	// firstNap is the first nap (on Linux a nap is late by at most 1 µs
+	// of timer slack, which it sets; elsewhere by the system's slack).
 	firstNap = 10 * time.Microsecond
+	// lateShare bounds every nap by the wait so far, over lateShare: a
+	// condition that turns true during a nap is seen at most about a
+	// sixteenth of the wait later. A GPU call of 600 µs (a small
+	// allreduce across 16 machines) is then seen within ~40 µs of its
+	// end, where naps doubling up to DefaultMax saw it up to 250 µs late,
+	// and each rank's lateness became the next call's start skew.
+	lateShare = 16
 	// DefaultMax is the longest nap of a Backoff whose Max is 0.
 	DefaultMax = 200 * time.Microsecond
 )
 
 // Backoff paces one polling loop: call Wait between polls. The zero value
 // is ready: it yields the processor for the first Spin of the wait, then
-// naps in the kernel, each nap twice the last, from 10 µs up to Max. A
-// Backoff is for one goroutine.
+// naps in the kernel, each nap twice the last, from 10 µs up to Max, and
+// never longer than the wait so far over lateShare (but at least 10 µs).
+// A Backoff is for one goroutine.
 type Backoff struct {
 	Max time.Duration // the longest nap; 0: DefaultMax
 
@@ -46,7 +54,8 @@ func (b *Backoff) next(now time.Time) time.Duration {
 	if b.start.IsZero() {
 		b.start = now
 	}
-	if now.Sub(b.start) < Spin {
+	waited := now.Sub(b.start)
+	if waited < Spin {
 		return 0
 	}
 	limit := b.Max
@@ -59,6 +68,6 @@ func (b *Backoff) next(now time.Time) time.Duration {
 	case b.nap < limit:
 		b.nap *= 2
 	}
-	b.nap = min(b.nap, limit)
+	b.nap = min(b.nap, limit, max(waited/lateShare, firstNap))
 	return b.nap
 }

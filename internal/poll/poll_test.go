@@ -1,15 +1,51 @@
 package poll
 
 import (
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 )
 
-// TestNaps: yields for the first Spin, then naps that double up to Max.
+// TestNapBounds: whatever the times of the polls, a Backoff yields during
+// the first Spin, and after it naps that never shrink, never exceed Max,
+// and never exceed the wait so far over lateShare unless at the first nap's
+// length: a condition that turns true is seen within about a sixteenth of
+// the wait.
+func TestNapBounds(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		b := Backoff{Max: time.Duration(rapid.Int64Range(0, int64(time.Millisecond)).Draw(t, "max"))}
+		limit := b.Max
+		if limit == 0 {
+			limit = DefaultMax
+		}
+		t0 := time.Unix(100, 0)
+		at := time.Duration(0) // since the first poll, where the wait starts
+		var last time.Duration
+		for i := range rapid.IntRange(1, 40).Draw(t, "polls") {
+			if i > 0 {
+				at += time.Duration(rapid.Int64Range(0, int64(5*time.Millisecond)).Draw(t, fmt.Sprint("step", i)))
+			}
+			d := b.next(t0.Add(at))
+			if at < Spin {
+				require.Zero(t, d, "at %v", at)
+				continue
+			}
+			require.Positive(t, d)
+			require.LessOrEqual(t, d, limit)
+			require.LessOrEqual(t, d, max(at/lateShare, firstNap), "at %v", at)
+			require.GreaterOrEqual(t, d, last, "naps never shrink")
+			last = d
+		}
+	})
+}
+
+// TestNaps: yields for the first Spin, then naps that double up to Max,
+// each at most a sixteenth of the wait so far (at least 10 µs).
 func TestNaps(t *testing.T) {
 	us := time.Microsecond
 	t0 := time.Unix(0, 0)
@@ -20,10 +56,18 @@ func TestNaps(t *testing.T) {
 		want []time.Duration
 	}{
 		{"spins first", 0, []time.Duration{0, 5 * us, Spin - 1}, []time.Duration{0, 0, 0}},
-		{"then naps up to the default", 0,
-			[]time.Duration{0, Spin, Spin + us, 2 * Spin, 3 * Spin, 4 * Spin, 5 * Spin, 9 * Spin},
+		{"then naps of 10 µs while the wait is short", 0,
+			[]time.Duration{0, Spin, Spin + us, 2 * Spin, 5 * Spin},
+			[]time.Duration{0, 10 * us, 10 * us, 10 * us, 10 * us}},
+		{"naps double, within a sixteenth of the wait", 0,
+			[]time.Duration{0, 320 * us, 640 * us, 1280 * us, 1280 * us, 2560 * us},
+			[]time.Duration{0, 10 * us, 20 * us, 40 * us, 80 * us, 160 * us}},
+		{"up to the default", 0,
+			[]time.Duration{0, 10 * time.Millisecond, 10 * time.Millisecond, 10 * time.Millisecond,
+				10 * time.Millisecond, 10 * time.Millisecond, 10 * time.Millisecond, time.Second},
 			[]time.Duration{0, 10 * us, 20 * us, 40 * us, 80 * us, 160 * us, DefaultMax, DefaultMax}},
-		{"a small max", 50 * us, []time.Duration{0, Spin, Spin, Spin, Spin}, []time.Duration{0, 10 * us, 20 * us, 40 * us, 50 * us}},
+		{"a small max", 50 * us, []time.Duration{0, 2 * time.Millisecond, 2 * time.Millisecond, 2 * time.Millisecond,
+			2 * time.Millisecond}, []time.Duration{0, 10 * us, 20 * us, 40 * us, 50 * us}},
 		{"a max under the first nap", 3 * us, []time.Duration{0, Spin, Spin}, []time.Duration{0, 3 * us, 3 * us}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -58,7 +102,9 @@ func TestNoticesSoon(t *testing.T) {
 	slices.Sort(late)
 	median := late[trials/2]
 	t.Logf("seen %v after the condition (median of %d; slowest %v)", median, trials, late[trials-1])
-	// Naps of the kernel come back within the timer slack (50 µs); Go's
-	// timers took 300–700 µs on the same host.
-	require.Less(t, median, 250*time.Microsecond, "polls nap as long as Go's timers")
+	// A nap is at most a sixteenth of the wait (~20 µs here) and comes
+	// back within 1 µs of slack; naps doubling up to 200 µs with the
+	// default 50 µs of slack were seen up to 250 µs late, and Go's timers
+	// 300–700 µs on the same host.
+	require.Less(t, median, 150*time.Microsecond, "polls nap long")
 }
