@@ -59,6 +59,11 @@ type Record struct {
 	MinUS  float64   `json:"min_us"`
 	MaxUS  float64   `json:"max_us"`
 	RepsUS []float64 `json:"reps_us,omitempty"`
+	// SlowestRankUS is the median over repetitions of the slowest rank's
+	// time (TimeUS is of the mean over ranks): what a call costs the rank
+	// that waits longest, and what Auto's calibration compares (it takes
+	// each candidate's slowest rank).
+	SlowestRankUS float64 `json:"slowest_rank_us,omitempty"`
 	AlgBW  float64   `json:"algbw_gbps"` // bytes moved per timed unit / time, GB/s (1e9)
 	BusBW  float64   `json:"busbw_gbps"` // algbw · 2(n−1)/n
 	// IdealBusBW is the NIC-bound ideal busbw when the testbed's NIC rate

@@ -538,12 +538,13 @@ func (r *run) point(proto Record, count, stride int64, buckets, units int) ([]Re
 }
 
 // summarize turns every process's result for one point into one record per
-// method. A repetition's time is the mean over all ranks; the record holds
-// the median over repetitions.
+// method. A repetition's time is the mean over all ranks (and, apart, the
+// slowest rank's); the record holds the median over repetitions.
 func (r *run) summarize(all []rankResult, proto Record) []Record {
 	var recs []Record
 	for k, m := range r.cfg.Methods {
 		reps := make([]float64, r.cfg.Reps)
+		slowest := make([]float64, r.cfg.Reps)
 		for rep := range reps {
 			var sum float64
 			var n int
@@ -551,6 +552,7 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 				for _, t := range pr.Times[k][rep] {
 					sum += t
 					n++
+					slowest[rep] = max(slowest[rep], t*1e6)
 				}
 			}
 			reps[rep] = sum / float64(max(n, 1)) * 1e6
@@ -572,6 +574,7 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 		}
 		rec.RepsUS = reps
 		rec.TimeUS = median(reps)
+		rec.SlowestRankUS = median(slowest)
 		rec.MinUS, rec.MaxUS = slices.Min(reps), slices.Max(reps)
 		rec.AlgBW, rec.BusBW = Bandwidths(rec.TotalBytes(), rec.TimeUS/1e6, rec.World())
 		rec.IdealBusBW = IdealBusBW(rec.TotalBytes(), rec.Machines, rec.Devices, rec.Testbed.NICBytesPerSecond())

@@ -94,6 +94,7 @@ func TestSweepChecksEveryTypeAndOp(t *testing.T) {
 			require.Positive(t, r.TimeUS)
 			require.LessOrEqual(t, r.MinUS, r.TimeUS)
 			require.GreaterOrEqual(t, r.MaxUS, r.TimeUS)
+			require.GreaterOrEqual(t, r.SlowestRankUS, r.TimeUS*(1-1e-9), "the slowest rank is no faster than the mean")
 			require.Len(t, r.RepsUS, 2)
 			require.Empty(t, r.Invalid)
 			if r.Algorithm == DefaultVariant {

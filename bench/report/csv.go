@@ -14,7 +14,7 @@ var csvHeader = []string{"kind", "run", "label", "link", "backend", "sim_timings
 	"launcher_machines", "nic_gbit", "nic_latency_us", "mps", "netns", "ranks_per_gpu", "intra", "nvlink_gbit",
 	"nccl_hosts", "flat_topology_unaware", "invalid",
 	"dtype", "op", "algorithm", "fairgo_spec", "fairgo_chosen", "slice_bytes", "parallelism", "flat_threshold",
-	"bytes", "count", "buckets", "iters", "reps", "time_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps",
+	"bytes", "count", "buckets", "iters", "reps", "time_us", "min_us", "max_us", "slowest_rank_us", "algbw_gbps", "busbw_gbps",
 	"ideal_busbw_gbps", "wrong", "nccl_version", "nccl_env"}
 
 // WriteCSV writes records as CSV with a header line.
@@ -73,6 +73,7 @@ func WriteCSV(w io.Writer, recs []bench.Record) error {
 			f(r.TimeUS),
 			f(r.MinUS),
 			f(r.MaxUS),
+			f(r.SlowestRankUS),
 			f(r.AlgBW),
 			f(r.BusBW),
 			f(r.IdealBusBW),
