@@ -650,16 +650,18 @@ func TestSixteenBitNearTheMaximum(t *testing.T) {
 	}
 }
 
-// blockingComm is a world communicator whose calls after the first block
-// until the communicator is aborted, as NCCL can block the enqueueing
-// thread when its queue to the device is full of work waiting for a dead
-// peer.
+// blockingComm is a communicator whose calls after the first block until
+// the communicator is aborted, as NCCL can block the enqueueing thread when
+// its queue to the device is full of work waiting for a dead peer, or
+// while it connects to a peer that never comes. They then fail with err,
+// or an error wrapping fairgo.ErrAborted when err is nil.
 type blockingComm struct {
 	backend.Comm
 	mu      sync.Mutex
 	calls   int
 	aborted chan struct{}
 	once    sync.Once
+	err     error
 }
 
 func (c *blockingComm) AllReduce(
@@ -675,6 +677,9 @@ func (c *blockingComm) AllReduce(
 	c.mu.Unlock()
 	if n > 1 {
 		<-c.aborted
+		if c.err != nil {
+			return c.err
+		}
 		return fmt.Errorf("blocked enqueue ended by the abort: %w", fairgo.ErrAborted)
 	}
 	return c.Comm.AllReduce(send, recv, count, dt, op, s)
@@ -958,45 +963,12 @@ func TestWatchdogByDefault(t *testing.T) {
 	require.Equal(t, "WithTimeout", ae.Arg)
 }
 
-// heldCheckComm is a check communicator whose second call is held in its
-// enqueue until the communicator is aborted, then fails with an untyped
-// error: NCCL's enqueue of a check can wait on a peer that never comes (a
-// peer whose data collective hangs on a count that differs), and returns
-// ncclInternalError once the watchdog aborts it.
-type heldCheckComm struct {
-	backend.Comm
-	mu      sync.Mutex
-	calls   int
-	aborted chan struct{}
-	once    sync.Once
-}
-
-func (c *heldCheckComm) AllReduce(
-	send, recv uintptr,
-	count int64,
-	dt fairgo.DType,
-	op fairgo.Op,
-	s streams.Stream,
-) error {
-	c.mu.Lock()
-	c.calls++
-	n := c.calls
-	c.mu.Unlock()
-	if n > 1 {
-		<-c.aborted
-		return errors.New("ncclInternalError: internal error - please report this issue to the NCCL developers")
-	}
-	return c.Comm.AllReduce(send, recv, count, dt, op, s)
-}
-
-func (c *heldCheckComm) Abort() error {
-	c.once.Do(func() { close(c.aborted) })
-	return c.Comm.Abort()
-}
-
 // A check whose enqueue the watchdog's abort ends reports the timeout (the
 // cause), not the enqueue's own error alone: the Work's error is a
-// fairgo.ErrTimeout that keeps NCCL's message.
+// fairgo.ErrTimeout that keeps NCCL's message. NCCL's enqueue of a check
+// can wait on a peer that never comes (a peer whose data collective hangs
+// on a count that differs) and returns ncclInternalError once the
+// watchdog aborts it.
 func TestCheckEnqueueEndedByTheWatchdogReportsTheTimeout(t *testing.T) {
 	for _, inline := range []bool{true, false} {
 		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
@@ -1004,7 +976,8 @@ func TestCheckEnqueueEndedByTheWatchdogReportsTheTimeout(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = c.Close() })
 			rks := []backend.Rank{c.Rank(0), c.Rank(1)}
-			rks[0].Comms.Check = &heldCheckComm{Comm: rks[0].Comms.Check, aborted: make(chan struct{})}
+			rks[0].Comms.Check = &blockingComm{Comm: rks[0].Comms.Check, aborted: make(chan struct{}),
+				err: errors.New("ncclInternalError: internal error - please report this issue to the NCCL developers")}
 			var rs []*hier.Reducer
 			for _, rk := range rks {
 				r, err := hier.NewReducer(context.Background(), rk, hier.WithInlineEnqueue(inline),
