@@ -105,6 +105,15 @@
 #                       NVLink pair 10 s each); every step's limit together
 #                       (~9.5 min) stays under one device command's 10
 #                       minutes (NODES_LAYOUTS to choose layouts)
+#   ab SECTION [ARGS]...  the rest of the command line with two builds in
+#                       turn, BIN (a) and BIN_B (b), AB_ROUNDS times in the
+#                       order a b, b a, a b, ... (runs a1 b1 b2 a2 ...: a
+#                       drift of the host weighs on both alike), each as a
+#                       run of its own (RUN, the records' "run"); then
+#                       fairbench report over every record into ab.txt,
+#                       fairgo / best per run side by side. For bench
+#                       sections (nodes, testbed, overlap, enqueue); e.g.
+#                       BIN_B=bin-prev NODES_LAYOUTS="8x1 16x1" scripts/gpu.sh ab nodes
 #   analyse             targets (TARGET_SETS), model and digest of the
 #                       records under $OUT/json (S7 from the hook section's
 #                       $OUT/resnet-*.json), and the nodes report where the
@@ -141,7 +150,9 @@
 # default lib/libfairgo.so and python: another build's for a comparison;
 # the package checks the library's ABI version), STALL_DUMP_SECONDS (a test
 # binary whose log is silent this long gets SIGQUIT for its stacks; 45, under
-# the tests' one-minute timeouts).
+# the tests' one-minute timeouts), BIN_B and AB_ROUNDS (ab: the other build's
+# binaries, as bin/ of make gpu-bin in another tree, and how many rounds of
+# both; default 2).
 #
 # Under $OUT: machine.txt, logs/STEP.log (every command's output; all of
 # them packed again in logs.tgz),
@@ -183,6 +194,8 @@ HOOK_LIB=${HOOK_LIB:-lib/libfairgo.so}
 HOOK_PYTHON=${HOOK_PYTHON:-python}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
 NET_SIZES=${NET_SIZES:--b 1M -e 1G -f 4}
+BIN_B=${BIN_B:-}
+AB_ROUNDS=${AB_ROUNDS:-2}
 mkdir -p "$OUT/logs" "$OUT/json"
 OUT=$(cd "$OUT" && pwd)
 
@@ -606,6 +619,36 @@ section_links() {
   bench links 240 "$BIN/fairbench" links -backend cuda $NET_SIZES -w 1 -n 1 -reps 3 -fairrun "$BIN/fairrun" -fairrun-flags "$fr"
 }
 
+# section_ab ARGS...: this script's ARGS with BIN and BIN_B in turn
+# (ABBA...), each a run of its own, then the report of every record.
+section_ab() {
+  [ $# -gt 0 ] || { echo "usage: BIN_B=DIR scripts/gpu.sh ab SECTION [ARGS]..." >&2; exit 2; }
+  if [ -z "$BIN_B" ] || [ ! -x "$BIN_B/fairbench" ]; then
+    note FAIL ab 0 "BIN_B (${BIN_B:-unset}) holds no fairbench: the other build's bin/"
+    return
+  fi
+  local i side bin t0 crc order
+  for i in $(seq 1 "$AB_ROUNDS"); do
+    order="a b"
+    [ $((i % 2)) -eq 0 ] && order="b a"
+    for side in $order; do
+      bin=$BIN
+      [ "$side" = b ] && bin=$BIN_B
+      t0=$SECONDS
+      BIN=$bin RUN=$side$i OUT=$OUT bash "$0" "$@" >"$OUT/logs/ab-$side$i.log" 2>&1
+      crc=$?
+      note "$([ "$crc" -eq 0 ] && echo PASS || echo FAIL)" "ab-$side$i" $((SECONDS - t0)) \
+        "rc=$crc BIN=$bin: $* (logs/ab-$side$i.log)"
+    done
+  done
+  local files
+  files=$(ls "$OUT"/json/[ab][0-9]*-*.jsonl 2>/dev/null | paste -sd, -)
+  [ -n "$files" ] || return 0
+  step ab-report 30 "$BIN/fairbench" report -in "$files"
+  tail -n +2 "$OUT/logs/ab-report.log" >"$OUT/ab.txt"
+  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" ab-report "$secs" "rc=$rc ab.txt: fairgo / best per run (a: $BIN, b: $BIN_B)"
+}
+
 section_enqueue() {
   need hier.test || return
   step enqueue 300 "$BIN/hier.test" -test.run '^$' -test.bench '^BenchmarkGPUEnqueue$' -test.benchtime 2000x -test.timeout 280s
@@ -901,6 +944,10 @@ while [ $# -gt 0 ]; do
     ;;
   targets) section_targets ;;
   analyse) section_analyse ;;
+  ab)
+    section_ab "$@"
+    shift $#
+    ;;
   *)
     echo "scripts/gpu.sh: unknown section $s (run it without arguments for the list)" >&2
     exit 2
