@@ -64,8 +64,8 @@ type Record struct {
 	// that waits longest, and what Auto's calibration compares (it takes
 	// each candidate's slowest rank).
 	SlowestRankUS float64 `json:"slowest_rank_us,omitempty"`
-	AlgBW  float64   `json:"algbw_gbps"` // bytes moved per timed unit / time, GB/s (1e9)
-	BusBW  float64   `json:"busbw_gbps"` // algbw · 2(n−1)/n
+	AlgBW         float64 `json:"algbw_gbps"` // bytes moved per timed unit / time, GB/s (1e9)
+	BusBW         float64 `json:"busbw_gbps"` // algbw · 2(n−1)/n
 	// IdealBusBW is the NIC-bound ideal busbw when the testbed's NIC rate
 	// is known and M > 1 (IdealBusBW), else 0.
 	IdealBusBW float64 `json:"ideal_busbw_gbps,omitempty"`
