@@ -8,7 +8,7 @@ PTX_OUT   := cuda/kernels/reduce.ptx
 TRAIN_SRC := examples/ddp/internal/gpu/train.cu
 TRAIN_OUT := examples/ddp/internal/gpu/train.ptx
 
-.PHONY: test vet fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean cgo-check libfairgo libfairgo-sim capi-test python-test wheel
+.PHONY: test vet fmt-check fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean cgo-check libfairgo libfairgo-sim capi-test python-test wheel
 
 # go test -race through internal/testprogress, which prints each package as
 # it ends and each top-level test that took 2 s or more; hier, the longest,
@@ -19,6 +19,10 @@ test:
 
 vet:
 	$(GO) vet ./...
+
+# fmt-check fails listing the Go files gofmt would change.
+fmt-check:
+	@files=$$(gofmt -l .); if [ -n "$$files" ]; then echo "gofmt would change:"; echo "$$files"; exit 1; fi
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzLayout -fuzztime 60s ./staging
