@@ -19,10 +19,10 @@ const (
 	firstNap = 10 * time.Microsecond
 	// lateShare bounds every nap by the wait so far, over lateShare: a
 	// condition that turns true during a nap is seen at most about a
-	// sixteenth of the wait later. A GPU call of 600 µs (a small
-	// allreduce across 16 machines) is then seen within ~40 µs of its
-	// end, where naps doubling up to DefaultMax saw it up to 250 µs late,
-	// and each rank's lateness became the next call's start skew.
+	// sixteenth of the wait later (or a first nap, for short waits), so
+	// that a host's lateness in seeing a call end stays a small share of
+	// the call and does not become the next call's start skew
+	// (bench/NOTES.md item 71).
 	lateShare = 16
 	// DefaultMax is the longest nap of a Backoff whose Max is 0.
 	DefaultMax = 200 * time.Microsecond
