@@ -294,6 +294,28 @@ type checker struct {
 	// the calls after the first ones (hostcheck.go); nil elsewhere.
 	agreement *hostAgreement
 	abortedAt time.Time // when await first saw the Reducer broken (the goroutine's)
+	// dataEnded is the last call whose data the watcher saw complete, and
+	// dataWake tells the goroutine it moved: a check is polled once its
+	// call's data is done (or after checkAlone), so that one goroutine, not
+	// two, polls the device for a call at any time.
+	dataEnded atomic.Uint64
+	dataWake  chan struct{}
+	alone     *time.Timer // paces awaitData; the goroutine's, made at its first use
+}
+
+// checkAlone is how long the checker waits for a call's data before it
+// polls the call's check by itself: a check whose data hangs (the ranks'
+// shapes differ) is decided that late, and a call's data and check are
+// polled together only for a call longer than this.
+const checkAlone = time.Millisecond
+
+// aloneAfter is the checker's wait for a call's data: checkAlone unless a
+// test set another.
+func (c *checker) aloneAfter() time.Duration {
+	if d := c.r.cfg.checkAlone; d > 0 {
+		return d
+	}
+	return checkAlone
 }
 
 // queuedCheck is a call whose check is enqueued in slot.
@@ -314,7 +336,8 @@ type checkSlot struct {
 // goroutine; the engine goroutine calls it.
 func (r *Reducer) startChecker() error {
 	c := &checker{r: r, comm: r.rank.Comms.Check, queue: make(chan queuedCheck, checkSlots),
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{})}
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{}),
+		dataWake: make(chan struct{}, 1)}
 	const slotBytes = 8 * imageWords
 	var err error
 	if c.stream, err = r.rank.Device.NewStream(); err != nil {
@@ -502,8 +525,50 @@ func (c *checker) run() {
 	}
 }
 
+// dataDone tells the checker that call seq's data is complete (the
+// watcher's, in call order), or that it has none (a refused call's); nothing
+// for a nil c.
+func (c *checker) dataDone(seq uint64) {
+	if c == nil {
+		return
+	}
+	for { // only forward: the engine tells of a refused call out of the watcher's order
+		last := c.dataEnded.Load()
+		if last >= seq || c.dataEnded.CompareAndSwap(last, seq) {
+			break
+		}
+	}
+	notify(c.dataWake)
+}
+
+// awaitData waits until the watcher has seen call seq's data complete, or
+// for checkAlone. Each poll of an event costs a driver call that contends
+// with the rank's launches and, on a GPU that several processes share
+// (MPS), with its peers' (bench/NOTES.md item 74).
+func (c *checker) awaitData(seq uint64) {
+	if c.dataEnded.Load() >= seq {
+		return
+	}
+	if c.alone == nil {
+		c.alone = time.NewTimer(c.aloneAfter())
+	} else {
+		c.alone.Reset(c.aloneAfter())
+	}
+	defer c.alone.Stop()
+	for c.dataEnded.Load() < seq {
+		select {
+		case <-c.dataWake:
+		case <-c.alone.C:
+			return
+		}
+	}
+}
+
 // verdict waits for q's check in sl and reads it (judge).
 func (c *checker) verdict(q *request, sl *checkSlot) error {
+	if done, _ := sl.ev.Query(); !done {
+		c.awaitData(q.seq)
+	}
 	if err := c.await(sl.ev); err != nil {
 		return fmt.Errorf("hier: the call's check did not complete: %w", err)
 	}

@@ -294,6 +294,7 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	}
 	if !r.fingerprintable(q) {
 		r.checkLater(q)
+		r.checker.dataDone(q.seq) // no data: its check needs not wait for any
 		return
 	}
 	if r.brokenCause() != nil {

@@ -11,6 +11,10 @@ import (
 // property tests catch a missing dependency. Call it before r's first call.
 func SkipStageWait(r *Reducer, s streams.Stage) { r.exec.skipWait = s }
 
+// WithCheckAlone sets how long the checker waits for a call's data before
+// it polls the call's check alone (checkAlone by default).
+func WithCheckAlone(d time.Duration) Option { return func(c *config) { c.checkAlone = d } }
+
 // InlineCalls is how many calls r enqueued on the caller's goroutine.
 func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 

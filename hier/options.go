@@ -58,6 +58,7 @@ type config struct {
 	serialRail    bool
 	serialSet     bool
 	checkOff      bool
+	checkAlone    time.Duration // the checker's wait for a call's data (checkAlone when 0); tests shorten or lengthen it
 	// sharedMemoryDir is where a one-machine job's check maps its memory;
 	// "" checks through the collective.
 	sharedMemoryDir string

@@ -129,6 +129,9 @@ func (r *Reducer) await(p pending, start time.Time) error {
 	if p.req.check != nil {
 		checkC = p.req.check.done
 	}
+	if dataDone {
+		r.checker.dataDone(p.req.seq)
+	}
 	for {
 		if !dataDone {
 			// A call the watcher reaches late is often complete already:
@@ -138,6 +141,9 @@ func (r *Reducer) await(p pending, start time.Time) error {
 				_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
 				cancel()
 				dataDone, dataErr = p.ev.Query()
+			}
+			if dataDone { // the checker polls the call's check from now on
+				r.checker.dataDone(p.req.seq)
 			}
 		}
 		if !checkDone && p.req.posted {

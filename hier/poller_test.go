@@ -1,0 +1,126 @@
+package hier_test
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/streams"
+)
+
+// gatedDevice is the null device whose events complete only once its gate
+// is open, counting the queries of events recorded on a stream that the
+// check communicator launched on apart from the others.
+type gatedDevice struct {
+	*nullDevice
+	open                       atomic.Bool
+	checkQueries, otherQueries atomic.Int64
+}
+
+type gatedStream struct{ check atomic.Bool }
+
+func (*gatedStream) WaitEvent(streams.Event) error { return nil }
+
+type gatedEvent struct {
+	d     *gatedDevice
+	check atomic.Bool // last recorded on the check's stream
+}
+
+func (e *gatedEvent) Record(s streams.Stream) error {
+	gs, _ := s.(*gatedStream)
+	e.check.Store(gs != nil && gs.check.Load())
+	return nil
+}
+
+func (e *gatedEvent) Query() (bool, error) {
+	if e.check.Load() {
+		e.d.checkQueries.Add(1)
+	} else {
+		e.d.otherQueries.Add(1)
+	}
+	return e.d.open.Load(), nil
+}
+
+func (e *gatedEvent) Wait(ctx context.Context) error {
+	for {
+		if done, _ := e.Query(); done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Microsecond):
+		}
+	}
+}
+
+func (d *gatedDevice) NewStream() (streams.Stream, error) { return &gatedStream{}, nil }
+func (d *gatedDevice) NewEvent() (streams.Event, error)   { return &gatedEvent{d: d}, nil }
+
+// checkComm is the null check communicator that marks the streams it
+// launches on.
+type checkComm struct{ nullComm }
+
+func (c checkComm) AllReduce(_, _ uintptr, _ int64, _ fairgo.DType, _ fairgo.Op, s streams.Stream) error {
+	if gs, ok := s.(*gatedStream); ok {
+		gs.check.Store(true)
+	}
+	return nil
+}
+
+// gatedRank is rank 0 of 2 × 1 on a gatedDevice.
+func gatedRank() (backend.Rank, *gatedDevice) {
+	rk := nullRank(2, 1)
+	d := &gatedDevice{nullDevice: rk.Device.(*nullDevice)}
+	rk.Device = d
+	rk.Comms.Check = checkComm{rk.Comms.Check.(nullComm)}
+	return rk, d
+}
+
+// While a call's data runs, only the watcher polls the device for it: the
+// checker asks its check's event once and then waits for the data (each
+// query is a driver call that contends with launches, the peers' too on a
+// GPU under MPS), unless the data takes longer than the checker's wait.
+func TestCheckPollsOnceTheDataIsDone(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		alone time.Duration
+	}{
+		{"waits-for-the-data", time.Hour},
+		{"polls-alone-after-its-wait", time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rk, d := gatedRank()
+			r, err := hier.NewReducer(ctx, rk, hier.WithCheckAlone(tc.alone), hier.WithInlineEnqueue(true),
+				hier.WithFlatThreshold(1<<30), hier.WithTimeout(time.Minute), hier.WithLogger(slog.New(slog.DiscardHandler)))
+			require.NoError(t, err)
+			defer func() { require.NoError(t, r.Close()) }()
+			ptr, err := rk.Device.Alloc(64 << 10)
+			require.NoError(t, err)
+			w := r.AllReduce(ctx, fairgo.Tensor{Ptr: ptr, Bytes: 64 << 10, Count: 16 << 10, DType: fairgo.Float32}, fairgo.Sum)
+			require.Eventually(t, func() bool { return d.checkQueries.Load() > 0 }, 10*time.Second, time.Millisecond,
+				"the checker asks the check's event")
+			time.Sleep(50 * time.Millisecond)
+			require.False(t, w.IsCompleted())
+			require.Greater(t, d.otherQueries.Load(), int64(1), "the watcher polls the data's event")
+			if tc.alone == time.Hour {
+				require.Equal(t, int64(1), d.checkQueries.Load(), "the check's event, polled while the data runs")
+			} else {
+				require.Greater(t, d.checkQueries.Load(), int64(1), "the check's event, polled alone after its wait")
+			}
+			d.open.Store(true)
+			require.NoError(t, w.Wait(ctx))
+			if tc.alone == time.Hour {
+				require.Greater(t, d.checkQueries.Load(), int64(1), "the check's event, polled once the data is done")
+			}
+		})
+	}
+}
