@@ -193,7 +193,7 @@ func (e *Event) Query() (bool, error) {
 	}
 }
 
-// Wait polls Query (yielding, then napping at most a sixteenth of the wait
+// Wait polls Query (napping between, at most a sixteenth of the wait
 // so far, up to 200 µs: poll.Backoff)
 // until the captured work has completed or ctx is done; it then returns
 // ctx.Err() unchanged.

@@ -11,11 +11,11 @@ import (
 	"pgregory.net/rapid"
 )
 
-// TestNapBounds: whatever the times of the polls, a Backoff yields during
-// the first Spin, and after it naps that never shrink, never exceed Max,
-// and never exceed the wait so far over lateShare unless at the first nap's
-// length: a condition that turns true is seen within about a sixteenth of
-// the wait.
+// TestNapBounds: whatever the times of the polls, a Backoff naps between
+// every two (it never only yields), naps that never shrink, never exceed
+// Max, and never exceed the wait so far over lateShare unless at the first
+// nap's length: a condition that turns true is seen within about a
+// sixteenth of the wait.
 func TestNapBounds(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		b := Backoff{Max: time.Duration(rapid.Int64Range(0, int64(time.Millisecond)).Draw(t, "max"))}
@@ -31,10 +31,6 @@ func TestNapBounds(t *testing.T) {
 				at += time.Duration(rapid.Int64Range(0, int64(5*time.Millisecond)).Draw(t, fmt.Sprint("step", i)))
 			}
 			d := b.next(t0.Add(at))
-			if at < Spin {
-				require.Zero(t, d, "at %v", at)
-				continue
-			}
 			require.Positive(t, d)
 			require.LessOrEqual(t, d, limit)
 			require.LessOrEqual(t, d, max(at/lateShare, firstNap), "at %v", at)
@@ -44,8 +40,8 @@ func TestNapBounds(t *testing.T) {
 	})
 }
 
-// TestNaps: yields for the first Spin, then naps that double up to Max,
-// each at most a sixteenth of the wait so far (at least 10 µs).
+// TestNaps: naps from the first poll, that double up to Max, each at most a
+// sixteenth of the wait so far (at least 10 µs).
 func TestNaps(t *testing.T) {
 	us := time.Microsecond
 	t0 := time.Unix(0, 0)
@@ -55,20 +51,19 @@ func TestNaps(t *testing.T) {
 		at   []time.Duration // when each poll ends, from the first
 		want []time.Duration
 	}{
-		{"spins first", 0, []time.Duration{0, 5 * us, Spin - 1}, []time.Duration{0, 0, 0}},
-		{"then naps of 10 µs while the wait is short", 0,
-			[]time.Duration{0, Spin, Spin + us, 2 * Spin, 5 * Spin},
-			[]time.Duration{0, 10 * us, 10 * us, 10 * us, 10 * us}},
+		{"naps of 10 µs from the first poll while the wait is short", 0,
+			[]time.Duration{0, 5 * us, 30 * us, 60 * us, 150 * us},
+			[]time.Duration{10 * us, 10 * us, 10 * us, 10 * us, 10 * us}},
 		{"naps double, within a sixteenth of the wait", 0,
 			[]time.Duration{0, 320 * us, 640 * us, 1280 * us, 1280 * us, 2560 * us},
-			[]time.Duration{0, 10 * us, 20 * us, 40 * us, 80 * us, 160 * us}},
+			[]time.Duration{10 * us, 20 * us, 40 * us, 80 * us, 80 * us, 160 * us}},
 		{"up to the default", 0,
 			[]time.Duration{0, 10 * time.Millisecond, 10 * time.Millisecond, 10 * time.Millisecond,
 				10 * time.Millisecond, 10 * time.Millisecond, 10 * time.Millisecond, time.Second},
-			[]time.Duration{0, 10 * us, 20 * us, 40 * us, 80 * us, 160 * us, DefaultMax, DefaultMax}},
+			[]time.Duration{10 * us, 20 * us, 40 * us, 80 * us, 160 * us, DefaultMax, DefaultMax, DefaultMax}},
 		{"a small max", 50 * us, []time.Duration{0, 2 * time.Millisecond, 2 * time.Millisecond, 2 * time.Millisecond,
-			2 * time.Millisecond}, []time.Duration{0, 10 * us, 20 * us, 40 * us, 50 * us}},
-		{"a max under the first nap", 3 * us, []time.Duration{0, Spin, Spin}, []time.Duration{0, 3 * us, 3 * us}},
+			2 * time.Millisecond}, []time.Duration{10 * us, 20 * us, 40 * us, 50 * us, 50 * us}},
+		{"a max under the first nap", 3 * us, []time.Duration{0, 30 * us, 30 * us}, []time.Duration{3 * us, 3 * us, 3 * us}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := Backoff{Max: c.max}
