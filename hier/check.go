@@ -202,7 +202,7 @@ func fieldValue(i int, v int64) string {
 type MismatchError struct {
 	Seq       uint64 // the call's number in this Reducer's call order, from 1
 	Call      string // this rank's call
-	Field     string // the first field that differs: "count", "operator", ...
+	Field     string // the first field that differs: "count", "operator", ...; "size" where a fingerprint found a peer's collective of another size
 	This      string // this rank's value
 	Low, High string // the lowest and highest value among the ranks; both empty when a fingerprint found it (WithFingerprintMax)
 	// Refusal, when some ranks refused the call (an invalid argument, a

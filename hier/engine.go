@@ -315,7 +315,8 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 		r.abort(fmt.Errorf("%w: hier: %v: enqueueing the check of a refused call: %w", fairgo.ErrAborted, q, err))
 		return
 	}
-	q.work.markEnqueued(ev, first)
+	// The Work failed at the call and keeps no event: its StreamWait
+	// returns the error, never a wait on the check's collective.
 	r.watch.ch <- pending{req: q, ev: ev}
 }
 

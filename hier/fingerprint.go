@@ -3,9 +3,11 @@ package hier
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/internal/elem"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -23,17 +25,27 @@ import (
 // avg): every rank sees the same reduced pairs, so all of them find a
 // difference, and none can mistake it for a match.
 //
-// What this cannot catch the way the separate check does: ranks that
-// disagree on the count or the element type give the data collective itself
-// different sizes. The rank with more elements waits for data that never
-// comes (the watchdog's *TimeoutError), but the rank with fewer can finish,
-// having reduced a peer's data where that peer's fingerprint should be:
-// zeros there leave its own fingerprint standing, a false match over wrong
-// data. So fingerprints are never on by default
-// (WithFingerprintMax), and only with the watchdog armed; a mismatch of
-// kind, operator, call number or acceptance is a *MismatchError, as with
-// the separate check, but without the other ranks' values (the reduced
-// bits do not say which rank had which).
+// Ranks that disagree on the count or the element type give the data
+// collective itself different sizes. The rank with more elements waits for
+// data that never comes (the watchdog's *TimeoutError, or the abort of a
+// peer that found the mismatch), but the rank with fewer can finish, having
+// reduced a peer's data where that peer's fingerprint should be. Nonzero
+// data there marks both elements of a pair: a mismatch. Zeros leave the
+// rank's own pairs standing, so the fingerprint starts with a presence
+// element, 1 on every rank, which a sum reduces to exactly the number of
+// ranks and a float average to 1: a peer whose zeros stand in its place
+// leaves it short, and the call fails with a *MismatchError on its size.
+// It comes first because a peer with more elements has its own data there,
+// never its fingerprint's 1; the refusing rank's pairs, unmarked on every
+// rank of a call all accepted, catch the peer's fingerprint where it lands
+// later.
+// Only those two operators (the gradients') are fingerprinted, and only
+// where the sum of ones is exact in the element type (fingerprintFits):
+// under max, min or product a peer's data can stand in for its fingerprint
+// without a trace. Fingerprints apply with the watchdog armed; a mismatch
+// of kind, operator, call number or acceptance is a *MismatchError, as with
+// the separate check, but without the other ranks' values (the reduced bits
+// do not say which rank had which).
 
 const (
 	fpHashBits  = 64                                  // a hash of the call's number and shape
@@ -41,8 +53,11 @@ const (
 	fpBits      = fpHashBits + entryWords*fpFieldBits // 128
 	// fpRankBits is the world rank of a rank that refused the call, bit by
 	// bit after the fingerprint (refuserOf): enough for 2^20 ranks.
-	fpRankBits  = 20
-	fpElems     = 2 * (fpBits + fpRankBits) // each bit as a pair
+	fpRankBits = 20
+	// fpPresence is the first element, 1 on every rank; the bits' pairs
+	// follow it.
+	fpPresence  = 0
+	fpElems     = 1 + 2*(fpBits+fpRankBits) // each bit as a pair
 	fpMaxElem   = 8                         // the widest element type, bytes
 	fpHostBytes = fpElems * fpMaxElem
 	// fpSlots is how many fingerprinted calls may be undecided at once; the
@@ -50,8 +65,8 @@ const (
 	fpSlots = 64
 	// fpStages is how many staging buffers calls use in turn.
 	fpStages = 2
-	// DefaultFingerprintMax is a WithFingerprintMax for jobs that choose
-	// fingerprints (off by default): flat allreduces up to 4 MiB.
+	// DefaultFingerprintMax is WithFingerprintMax's default: flat
+	// allreduces up to 4 MiB carry their check.
 	DefaultFingerprintMax = 4 << 20
 )
 
@@ -95,6 +110,10 @@ func fnvWord(h uint64, v int64) uint64 {
 	return h
 }
 
+// pairAt is the first element of bit i's pair (the refusing rank's bit j
+// is bit fpBits+j).
+func pairAt(i int) int { return 1 + 2*i }
+
 // oneOf is the element 1 of dt, little-endian, in b.
 func oneOf(dt fairgo.DType, b *[fpMaxElem]byte) []byte {
 	var v uint64 = 1
@@ -134,19 +153,38 @@ func isZero(dt fairgo.DType, b []byte, i int) bool {
 	return true
 }
 
-// encode writes fp into b as fpElems elements of dt.
+// encode writes fp into b as fpElems elements of dt: its pairs, the
+// refusing rank's pairs unmarked (encodeRefuser marks them), and the
+// presence element.
 func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
 	var buf [fpMaxElem]byte
 	one := oneOf(dt, &buf)
 	es := len(one)
 	clear(b[:fpElems*es])
 	for i, bit := range fp {
-		at := 2 * i
+		at := pairAt(i)
 		if !bit {
 			at++
 		}
 		copy(b[at*es:], one)
 	}
+	copy(b[fpPresence*es:], one)
+}
+
+// present reports whether the reduced presence element in b shows all
+// ranks of the world: exactly ranks under a sum, 1 under a float average
+// (within half of one rank's share, which the rounding of the sum of
+// ranks shares stays under where fingerprintFits). Other operators are not
+// fingerprinted; for them it reports true.
+func present(dt fairgo.DType, op fairgo.Op, ranks int, b []byte) bool {
+	v := elem.Get(dt, b, fpPresence)
+	switch {
+	case op == fairgo.Sum:
+		return v == float64(ranks)
+	case op == fairgo.Avg && dt.IsFloat():
+		return math.Abs(v-1) < 0.5/float64(ranks)
+	}
+	return true
 }
 
 // markedByAll reports whether op reduces ranks' pair elements as an AND
@@ -168,7 +206,7 @@ func encodeRefuser(dt fairgo.DType, op fairgo.Op, rank int, b []byte) {
 	and := markedByAll(dt, op)
 	for i := range fpRankBits {
 		for half := range 2 {
-			at := 2*(fpBits+i) + half
+			at := pairAt(fpBits+i) + half
 			marked := rank >= 0 && (rank>>i&1 == 1) == (half == 0)
 			e := b[at*es : (at+1)*es]
 			if marked != and { // an OR's mark or an AND's unmarked element: 1
@@ -187,7 +225,7 @@ func refuserOf(dt fairgo.DType, op fairgo.Op, b []byte) (rank int, ok bool) {
 	and := markedByAll(dt, op)
 	marked := func(at int) bool { return isZero(dt, b, at) == and }
 	for i := range fpRankBits {
-		one, zero := marked(2*(fpBits+i)), marked(2*(fpBits+i)+1)
+		one, zero := marked(pairAt(fpBits+i)), marked(pairAt(fpBits+i)+1)
 		switch {
 		case one && zero:
 			return -1, true
@@ -201,14 +239,16 @@ func refuserOf(dt fairgo.DType, op fairgo.Op, b []byte) (rank int, ok bool) {
 	return rank, ok
 }
 
-// decide reads the reduced fingerprint in b (elements of dt) for call q,
-// whose own fingerprint is fp: nil when every rank had fp, else the
-// mismatch, naming the first field whose hash differs ("shape" when only the
-// whole hash does).
-func (fp *fingerprint) decide(q *request, dt fairgo.DType, b []byte) error {
+// decide reads the reduced fingerprint in b (elements of dt) for call q
+// in a world of ranks, whose own fingerprint is fp: nil when every rank
+// had fp, else the mismatch, naming the first field whose hash differs
+// ("shape" when only the whole hash does, "size" when the pairs agree but
+// a rank's fingerprint was missing or out of place: the ranks' collectives
+// had different sizes).
+func (fp *fingerprint) decide(q *request, dt fairgo.DType, ranks int, b []byte) error {
 	bad, field := false, -1
 	for i, bit := range fp {
-		x, y := !isZero(dt, b, 2*i), !isZero(dt, b, 2*i+1)
+		x, y := !isZero(dt, b, pairAt(i)), !isZero(dt, b, pairAt(i)+1)
 		if x == bit && y == !bit {
 			continue
 		}
@@ -219,6 +259,11 @@ func (fp *fingerprint) decide(q *request, dt fairgo.DType, b []byte) error {
 		}
 	}
 	if !bad {
+		_, refused := refuserOf(dt, q.op, b)
+		if !present(dt, q.op, ranks, b) || refused && q.rejected == nil {
+			return &MismatchError{Seq: q.seq, Call: q.String(), Field: "size",
+				This: fmt.Sprintf("%d bytes", q.a.ByteLen())}
+		}
 		return nil
 	}
 	e := &MismatchError{Seq: q.seq, Call: q.String(), Field: "shape", This: q.String()}
@@ -270,8 +315,8 @@ type fpCall struct {
 }
 
 // fingerprintable reports whether q's check travels in its data: a flat
-// allreduce of at most the limit, with peers, the check on and the watchdog
-// armed. It depends only on the call's shape and the route table, so every
+// sum or float average (fingerprintFits) of at most the limit, with peers,
+// the check on and the watchdog armed. It depends only on the call's shape and the route table, so every
 // rank that agrees on the shape answers alike; a rank that rejected the call
 // answers from the shape it was given.
 func (r *Reducer) fingerprintable(q *request) bool {
@@ -280,19 +325,40 @@ func (r *Reducer) fingerprintable(q *request) bool {
 		!q.a.DType.Valid() || !q.op.Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
 		return false
 	}
-	return fingerprintFits(q.a.DType, r.rank.Grid.Size()) && r.router.isFlat(q.a.ByteLen())
+	return fingerprintFits(q.a.DType, q.op, r.rank.Grid.Size()) && r.router.isFlat(q.a.ByteLen())
 }
 
-// fingerprintFits reports whether a sum of ranks ones is exact in dt, which
-// a fingerprint needs of its integer Avg (a wrapped sum divides to 0).
-func fingerprintFits(dt fairgo.DType, ranks int) bool {
+// fingerprintFits reports whether a fingerprint vouches for a call of op
+// on dt among ranks: op is a sum whose sum of ranks ones is exact in dt
+// (every partial sum an integer the type holds), or a float average whose
+// presence element, the sum of ranks shares of 1 each rounded at every
+// step, stays within half a share of 1 (ranks² × the type's rounding error
+// under 1/2).
+func fingerprintFits(dt fairgo.DType, op fairgo.Op, ranks int) bool {
+	var exact, avg int // the largest world for a sum, and for an average
 	switch dt {
 	case fairgo.Int8:
-		return ranks <= 127
+		exact = 127
 	case fairgo.Uint8:
-		return ranks <= 255
+		exact = 255
+	case fairgo.BFloat16:
+		exact, avg = 256, 8
+	case fairgo.Float16:
+		exact, avg = 2048, 16
+	case fairgo.Float32:
+		exact, avg = 1<<24, 2048
+	case fairgo.Float64:
+		exact, avg = 1<<52, 1<<24
+	case fairgo.Int32, fairgo.Uint32, fairgo.Int64, fairgo.Uint64:
+		exact = math.MaxInt32
 	}
-	return true
+	switch op {
+	case fairgo.Sum:
+		return ranks <= exact
+	case fairgo.Avg:
+		return ranks <= avg
+	}
+	return false
 }
 
 // newFingerprints allocates the staging buffers and slots.
@@ -401,7 +467,7 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 // rank accepted it or the ranks disagree on the acceptance.
 func (c *fpCall) decide(q *request) error {
 	b := c.slot.host[:fpElems*c.dt.Size()]
-	err := c.fp.decide(q, c.dt, b)
+	err := c.fp.decide(q, c.dt, c.size, b)
 	var mm *MismatchError
 	if !errors.As(err, &mm) || mm.Field == "call number" || q.rejected != nil && mm.Field != "acceptance" {
 		return err

@@ -55,11 +55,12 @@ func TestFingerprintFindsEveryDifference(t *testing.T) {
 			w = rapid.SampledFrom([]int{127, 255}).Draw(t, "ranks")
 		}
 		dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dtype")
-		if !fingerprintFits(dt, w) {
-			w = 127
+		op := rapid.SampledFrom([]fairgo.Op{fairgo.Sum, fairgo.Avg}).Draw(t, "op")
+		if !fingerprintFits(dt, op, w) {
+			op = fairgo.Sum // every type fingerprints a sum among 127 ranks
+			w = min(w, 127)
 		}
-		require.True(t, fingerprintFits(dt, w))
-		op := rapid.SampledFrom(fairgo.Ops).Draw(t, "op")
+		require.True(t, fingerprintFits(dt, op, w))
 		base := request{kind: kindAllReduce, op: op, seq: rapid.Uint64Range(1, 1<<40).Draw(t, "seq"),
 			a: fairgo.Tensor{DType: dt, Count: rapid.Int64Range(1, 1<<20).Draw(t, "count")}}
 		qs := make([]request, w)
@@ -88,7 +89,7 @@ func TestFingerprintFindsEveryDifference(t *testing.T) {
 		}
 		out := reduceFingerprints(t, dt, op, in, rapid.Bool().Draw(t, "add stage"))
 		for g := range qs {
-			err := fps[g].decide(&qs[g], dt, out)
+			err := fps[g].decide(&qs[g], dt, w, out)
 			if field == "" {
 				require.NoError(t, err, "rank %d", g)
 				continue
@@ -115,7 +116,7 @@ func TestFingerprintNamesTheField(t *testing.T) {
 	fb.encode(fairgo.Float32, in[1])
 	out := slices.Clone(in[0])
 	require.NoError(t, elem.Combine(fairgo.Float32, fairgo.Sum, out, in[1]))
-	err := fa.decide(&base, fairgo.Float32, out)
+	err := fa.decide(&base, fairgo.Float32, 2, out)
 	var me *MismatchError
 	require.ErrorAs(t, err, &me)
 	require.Equal(t, "count", me.Field)
@@ -126,7 +127,7 @@ func TestFingerprintNamesTheField(t *testing.T) {
 	for i := range fpElems {
 		elem.Set(fairgo.Float32, junk, i, 0.5)
 	}
-	require.ErrorIs(t, fa.decide(&base, fairgo.Float32, junk), fairgo.ErrMismatch)
+	require.ErrorIs(t, fa.decide(&base, fairgo.Float32, 2, junk), fairgo.ErrMismatch)
 }
 
 // The fingerprint's 1 and its zero test agree with the element codecs for
@@ -158,9 +159,6 @@ func TestFingerprintNamesTheRefusingRank(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dtype")
 		w := rapid.IntRange(2, 64).Draw(t, "ranks")
-		if !fingerprintFits(dt, w) {
-			t.Skip("the sum of the ranks' ones is not exact in", dt)
-		}
 		op := rapid.SampledFrom(fairgo.Ops).Draw(t, "op")
 		refusers := rapid.SliceOfNDistinct(rapid.IntRange(0, w-1), 0, 3, rapid.ID[int]).Draw(t, "refusers")
 		base := request{kind: kindAllReduce, op: op, seq: 3, a: fairgo.Tensor{DType: dt, Count: 100}}
@@ -188,4 +186,79 @@ func TestFingerprintNamesTheRefusingRank(t *testing.T) {
 			require.Equal(t, -1, rank)
 		}
 	})
+}
+
+// A rank whose collective ran misaligned with a peer's (the ranks disagreed
+// on the count or the element type) reduces the peer's data where the
+// peer's fingerprint should be. Whatever that data is (zeros, ones, any
+// values, or the peer's own fingerprint shifted by the difference), the
+// rank never decides a match: nonzero data marks both elements of a pair,
+// and zeros leave the presence element short of every rank's 1.
+func TestFingerprintOfAMissingPeerIsNeverAMatch(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := rapid.IntRange(2, 12).Draw(t, "ranks")
+		dt := rapid.SampledFrom(fairgo.DTypes).Draw(t, "dtype")
+		op := rapid.SampledFrom([]fairgo.Op{fairgo.Sum, fairgo.Avg}).Draw(t, "op")
+		if !fingerprintFits(dt, op, w) {
+			op = fairgo.Sum
+		}
+		q := request{kind: kindAllReduce, op: op, seq: rapid.Uint64Range(1, 1<<40).Draw(t, "seq"),
+			a: fairgo.Tensor{DType: dt, Count: rapid.Int64Range(1, 1<<20).Draw(t, "count")}}
+		fp := fingerprintOf(&q)
+		in := make([][]byte, w)
+		for g := range in {
+			in[g] = make([]byte, fpElems*dt.Size())
+			fp.encode(dt, in[g])
+			encodeRefuser(dt, op, -1, in[g])
+		}
+		odd := rapid.IntRange(0, w-1).Draw(t, "misaligned peer")
+		peer := in[odd]
+		data := rapid.SampledFrom([]string{"zeros", "ones", "values", "shifted"}).Draw(t, "in its place")
+		switch data {
+		case "zeros":
+			clear(peer)
+		case "ones":
+			for i := range fpElems {
+				elem.Set(dt, peer, i, 1)
+			}
+		case "values":
+			for i := range fpElems {
+				elem.Set(dt, peer, i, float64(rapid.IntRange(-3, 100).Draw(t, "value")))
+			}
+		case "shifted": // its fingerprint k elements later, zeros before
+			k := rapid.IntRange(1, fpElems-1).Draw(t, "shift")
+			es := dt.Size()
+			copy(peer[k*es:], slices.Clone(peer[:(fpElems-k)*es]))
+			clear(peer[:k*es])
+		}
+		out := reduceFingerprints(t, dt, op, in, rapid.Bool().Draw(t, "add stage"))
+		for g := range in {
+			if g == odd {
+				continue
+			}
+			require.ErrorIs(t, fp.decide(&q, dt, w, out), fairgo.ErrMismatch, "rank %d saw a match", g)
+		}
+	})
+}
+
+// A fingerprint whose pairs and presence agree but whose refusing rank's
+// pairs carry a mark, in a call this rank accepted (so every rank did,
+// since the acceptance is in the pairs), holds a peer's fingerprint out of
+// place: a mismatch on the size, never a match.
+func TestFingerprintMarkedRefuserOfAnAcceptedCall(t *testing.T) {
+	q := request{kind: kindAllReduce, op: fairgo.Sum, seq: 5, a: fairgo.Tensor{DType: fairgo.Float32, Count: 10}}
+	fp := fingerprintOf(&q)
+	in := [][]byte{make([]byte, fpElems*4), make([]byte, fpElems*4)}
+	for g := range in {
+		fp.encode(fairgo.Float32, in[g])
+		encodeRefuser(fairgo.Float32, fairgo.Sum, -1, in[g])
+	}
+	out := slices.Clone(in[0])
+	require.NoError(t, elem.Combine(fairgo.Float32, fairgo.Sum, out, in[1]))
+	require.NoError(t, fp.decide(&q, fairgo.Float32, 2, out))
+	elem.Set(fairgo.Float32, out, pairAt(fpBits+3), 1)
+	var me *MismatchError
+	require.ErrorAs(t, fp.decide(&q, fairgo.Float32, 2, out), &me)
+	require.Equal(t, "size", me.Field)
+	require.Equal(t, "40 bytes", me.This)
 }

@@ -15,52 +15,58 @@ import (
 
 // On NCCL, a call that differs between ranks never completes without an
 // error on any rank. With a fingerprint (a small flat call carrying its
-// check in its own collective), an operator that differs leaves the
-// collective's steps aligned and fails on every rank with the field named.
-// A count that differs misaligns the data collective: a fingerprint cannot
-// vouch for it (the rank with fewer elements can read zeros where its
-// peer's fingerprint should be and see a match), which is why fingerprints
-// are off by default; with the default separate check it ends in the
-// mismatch or in the watchdog's timeout on every rank, never in nil.
+// check in its own collective, the default), an operator that differs
+// leaves the collective's steps aligned and fails on every rank with the
+// field named. A count that differs misaligns the data collective: with a
+// fingerprint or with the separate check (WithFingerprintMax(0)) it ends in
+// the mismatch or in the watchdog's timeout on every rank, never in nil.
 func TestGPUFingerprintFindsMismatches(t *testing.T) {
 	for _, g := range gpuGrids(t, [2]int{1, 2}, [2]int{2, 2}, [2]int{1, 4}) {
 		if g[0]*g[1] == 1 {
 			t.Log("one rank: nothing to mismatch (the launcher form runs these cases on one GPU)")
 			continue
 		}
-		for _, tc := range []struct {
+		type mismatch struct {
 			name    string
 			count   func(rank, n int) int
 			op      func(rank int) fairgo.Op
 			aligned bool // the launch's steps stay aligned: a *MismatchError with the range
-			fp      bool // fingerprinted (WithFingerprintMax), else the default separate check
-		}{
-			{"operator", func(_, n int) int { return n }, func(r int) fairgo.Op {
-				if r == 0 {
-					return fairgo.Max
-				}
-				return fairgo.Sum
-			}, true, true},
-			{"count+1", func(r, n int) int {
-				if r == 0 {
-					return n + 1
-				}
-				return n
-			}, func(int) fairgo.Op { return fairgo.Sum }, false, false},
-			{"count*2", func(r, n int) int {
-				if r == 0 {
-					return 2 * n
-				}
-				return n
-			}, func(int) fairgo.Op { return fairgo.Sum }, false, false},
-		} {
+			fp      bool // fingerprinted (the default), else the separate check (WithFingerprintMax(0))
+		}
+		same := func(_, n int) int { return n }
+		sum := func(int) fairgo.Op { return fairgo.Sum }
+		plusOne := func(r, n int) int {
+			if r == 0 {
+				return n + 1
+			}
+			return n
+		}
+		twice := func(r, n int) int {
+			if r == 0 {
+				return 2 * n
+			}
+			return n
+		}
+		cases := []mismatch{{"operator", same, func(r int) fairgo.Op {
+			if r == 0 {
+				return fairgo.Avg
+			}
+			return fairgo.Sum
+		}, true, true}}
+		for _, fp := range []bool{true, false} {
+			cases = append(cases, mismatch{fmt.Sprintf("count+1/fp=%v", fp), plusOne, sum, false, fp},
+				mismatch{fmt.Sprintf("count*2/fp=%v", fp), twice, sum, false, fp})
+		}
+		for _, tc := range cases {
 			t.Run(fmt.Sprintf("%dx%d/%s", g[0], g[1], tc.name), func(t *testing.T) {
 				opts := []hier.Option{hier.WithTimeout(5 * time.Second)}
 				if tc.fp {
 					// The collective check: on one machine the first call's
 					// carries the agreement on shared memory, never a
 					// fingerprint.
-					opts = append(opts, hier.WithFingerprintMax(hier.DefaultFingerprintMax), hier.WithSharedMemoryDir(""))
+					opts = append(opts, hier.WithSharedMemoryDir(""))
+				} else {
+					opts = append(opts, hier.WithFingerprintMax(0))
 				}
 				w := freshGPUWorld(t, g[0], g[1], opts...)
 				const n = 4 << 10              // 16 KiB of float32: below Auto's first measured class, so flat and fingerprinted

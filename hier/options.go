@@ -160,23 +160,24 @@ func WithSharedMemoryDir(dir string) Option {
 
 // WithFingerprintMax sets the largest flat allreduce, in bytes, whose
 // cross-rank check travels inside its own collective instead of a second
-// one; 0 (the default) turns it off. The fingerprint costs a call a
-// constant ~45 µs (its copies), the separate check a ring of its own that
-// grows with the ranks (on 8 machines the fingerprint saved ~100 µs a
-// call). It applies only with the watchdog armed (WithTimeout). A
-// difference of operator, kind, call order or acceptance is a
-// *MismatchError naming the field, without the other ranks' values. It is
-// off by default because it cannot vouch for the count: ranks that
-// disagree on a fingerprinted call's count or element type make its
-// collective itself disagree, and while the rank with more elements hangs
-// (until the watchdog's *TimeoutError), the rank with fewer can finish
-// reading a peer's data where the peer's fingerprint should be, see a
-// match, and return nil with wrong data. Set it only where every rank's
-// counts are equal by construction (fixed buckets). It costs two device
-// copies of the call and 2 × (this bytes + 2 KiB) of device memory per
-// Reducer. On one machine, calls 1 and 65 (whose collective checks carry
-// the agreement on shared memory) and every call from the 129th on, which
-// shared memory checks, carry no fingerprint.
+// one; 0 turns it off. Default DefaultFingerprintMax. It applies to sums,
+// and to float averages on up to a few ranks (fingerprintFits in
+// fingerprint.go says how many per type), with the
+// watchdog armed (WithTimeout); other calls run the separate check. The
+// fingerprint costs a call two device copies of its data and a few
+// hundred elements more in its collective; the separate check is a
+// second collective beside it on the same links, which on 16 machines of
+// one GPU each doubled a 64 KiB call's time (BENCHMARKS.md, "The check
+// carried by the data"). A difference of operator, kind, call order or
+// acceptance is a *MismatchError naming the field, without the other
+// ranks' values; ranks that disagree on the count or the element type
+// make the collective itself disagree: the rank with fewer elements finds
+// a peer's fingerprint missing (a *MismatchError on the size) and aborts,
+// the others end in that abort or the watchdog's *TimeoutError. It costs
+// 2 × (this bytes + 2.4 KiB) of device memory per Reducer. On one machine,
+// calls 1 and 65 (whose collective checks carry the agreement on shared
+// memory) and every call from the 129th on, which shared memory checks,
+// carry no fingerprint.
 func WithFingerprintMax(bytes int64) Option {
 	return func(c *config) { c.fingerprintMax, c.fingerprintSet = bytes, true }
 }
@@ -268,6 +269,9 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 	}
 	if !c.timeoutSet {
 		c.timeout = DefaultTimeout
+	}
+	if !c.fingerprintSet {
+		c.fingerprintMax = DefaultFingerprintMax
 	}
 	if !c.spinSet {
 		c.spin = DefaultSpin

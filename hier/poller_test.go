@@ -100,7 +100,8 @@ func TestCheckPollsOnceTheDataIsDone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rk, d := gatedRank()
 			r, err := hier.NewReducer(ctx, rk, hier.WithCheckAlone(tc.alone), hier.WithInlineEnqueue(true),
-				hier.WithFlatThreshold(1<<30), hier.WithTimeout(time.Minute), hier.WithLogger(slog.New(slog.DiscardHandler)))
+				hier.WithFlatThreshold(1<<30), hier.WithFingerprintMax(0), hier.WithTimeout(time.Minute),
+				hier.WithLogger(slog.New(slog.DiscardHandler)))
 			require.NoError(t, err)
 			defer func() { require.NoError(t, r.Close()) }()
 			ptr, err := rk.Device.Alloc(64 << 10)

@@ -43,6 +43,7 @@ func TestCountsDifferingInTheTailFail(t *testing.T) {
 				sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 3},
 				hier.WithFlatThreshold(hier.FlatNever),
 				hier.WithAlgorithm(tc.algo),
+				hier.WithFingerprintMax(0), // the separate check, which names the range
 			)
 			if tc.machines == 1 {
 				warmUp(t, w, beforeSharedMemory)
@@ -138,7 +139,7 @@ func TestShapeDifferingFailsOnEveryAlgorithm(t *testing.T) {
 		for _, field := range []string{"operator", "count"} {
 			t.Run(a.String()+"/"+field, func(t *testing.T) {
 				w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 6, StallTimeout: 20 * time.Second},
-					hier.WithAlgorithm(a), hier.WithFlatThreshold(hier.FlatNever))
+					hier.WithAlgorithm(a), hier.WithFlatThreshold(hier.FlatNever), hier.WithFingerprintMax(0))
 				data := make([][]byte, 4)
 				for g := range data {
 					n := 3001
@@ -168,9 +169,10 @@ func TestShapeDifferingFailsOnEveryAlgorithm(t *testing.T) {
 	}
 }
 
-// checkModes are the two forms of the cross-rank check: a collective of its
-// own, and the fingerprint a small flat call carries in its data (on with
-// the watchdog; hier/fingerprint.go). used asserts the form was taken.
+// checkModes are the forms of the cross-rank check: a collective of its own
+// (WithFingerprintMax(0)), the fingerprint a small flat sum carries in its
+// data (the default, with the watchdog; hier/fingerprint.go), and shared
+// memory on one machine. used asserts the form was taken.
 var checkModes = []struct {
 	name     string
 	machines int // the sim's grid: machines × (4 / machines)
@@ -178,13 +180,13 @@ var checkModes = []struct {
 	opts     []hier.Option
 	used     func(t *testing.T, w *world)
 }{
-	{"separate", 2, 0, nil, func(t *testing.T, w *world) {
+	{"separate", 2, 0, []hier.Option{hier.WithFingerprintMax(0)}, func(t *testing.T, w *world) {
 		for _, r := range w.reducers {
 			require.Zero(t, hier.FingerprintedCalls(r))
 			require.False(t, hier.SharedMemoryCheck(r))
 		}
 	}},
-	{"fingerprint", 2, 0, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)}, func(t *testing.T, w *world) {
+	{"fingerprint", 2, 0, nil, func(t *testing.T, w *world) {
 		n := uint64(0)
 		for _, r := range w.reducers {
 			n += hier.FingerprintedCalls(r)
@@ -325,26 +327,29 @@ func worldOf(t *testing.T, cfg sim.Config, edit func(g int, rk *backend.Rank) []
 // Fingerprints only when asked (WithFingerprintMax), and only with the
 // watchdog (armed unless WithTimeout(0)): a fingerprint cannot vouch for
 // the count, so no world size gets them by default.
-func TestFingerprintsOnlyWhenAsked(t *testing.T) {
+func TestFingerprintsWhereTheyApply(t *testing.T) {
 	for _, c := range []struct {
 		m, d     int
+		op       fairgo.Op
 		opts     []hier.Option
 		expected bool
 	}{
-		{2, 4, []hier.Option{hier.WithTimeout(time.Minute)}, false},
-		{8, 1, []hier.Option{hier.WithTimeout(time.Minute)}, false},
-		{8, 1, nil, false},
-		{8, 1, []hier.Option{hier.WithFingerprintMax(1 << 20)}, true}, // the default watchdog (DefaultTimeout) is armed
-		{8, 1, []hier.Option{hier.WithTimeout(0), hier.WithFingerprintMax(1 << 20)}, false},
-		{2, 2, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(1 << 20)}, true},
-		{2, 4, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0)}, false},
+		{2, 4, fairgo.Sum, []hier.Option{hier.WithTimeout(time.Minute)}, true},
+		{8, 1, fairgo.Sum, nil, true}, // the default watchdog (DefaultTimeout) is armed
+		{8, 1, fairgo.Avg, nil, true},
+		{8, 1, fairgo.Max, nil, false}, // a peer's data could stand in for its fingerprint
+		{8, 1, fairgo.Sum, []hier.Option{hier.WithFingerprintMax(1 << 20)}, true},
+		{8, 1, fairgo.Sum, []hier.Option{hier.WithFingerprintMax(1 << 10)}, false}, // 4000 bytes: above it
+		{8, 1, fairgo.Sum, []hier.Option{hier.WithTimeout(0)}, false},
+		{2, 2, fairgo.Sum, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(1 << 20)}, true},
+		{2, 4, fairgo.Sum, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0)}, false},
 	} {
-		t.Run(fmt.Sprintf("%dx%d/%d", c.m, c.d, len(c.opts)), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%dx%d/%s/%d", c.m, c.d, c.op, len(c.opts)), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: c.m, Devices: c.d, Seed: 2, StallTimeout: time.Minute}, c.opts...)
-			in := reftest.RandomInputs(rand.New(rand.NewPCG(1, 2)), fairgo.Float32, fairgo.Sum, w.size(), 1000)
-			out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+			in := reftest.RandomInputs(rand.New(rand.NewPCG(1, 2)), fairgo.Float32, c.op, w.size(), 1000)
+			out, err := w.allReduce(t, fairgo.Float32, c.op, in)
 			require.NoError(t, err)
-			require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out))
+			require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, c.op, in), out))
 			for _, r := range w.reducers {
 				require.Equal(t, c.expected, hier.FingerprintedCalls(r) == 1)
 			}
@@ -352,9 +357,10 @@ func TestFingerprintsOnlyWhenAsked(t *testing.T) {
 	}
 }
 
-// Small flat calls that carry their check in their data (every element
-// type and operator, counts from 1 to past a staging buffer's turn) give
-// the reference's results, and WithFingerprintMax(0) turns them off.
+// Small flat calls give the reference's results whether or not they carry
+// their check in their data (every element type and operator, counts from 1
+// to past a staging buffer's turn): sums and float averages do by default,
+// the other operators never, and WithFingerprintMax(0) turns them off.
 func TestFingerprintedCallsAreExact(t *testing.T) {
 	for _, fpMax := range []int64{hier.DefaultFingerprintMax, 0} {
 		t.Run(fmt.Sprint(fpMax), func(t *testing.T) {
@@ -370,7 +376,9 @@ func TestFingerprintedCallsAreExact(t *testing.T) {
 						require.NoError(t, err, "%s %s n=%d", dt, op, n)
 						require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out),
 							"%s %s n=%d", dt, op, n)
-						calls++
+						if op == fairgo.Sum || op == fairgo.Avg && dt.IsFloat() {
+							calls++
+						}
 						w.freeAllocs()
 					}
 				}
@@ -832,8 +840,9 @@ func TestEnqueueFailureIsTyped(t *testing.T) {
 }
 
 // A flat call on a world variant (NCCL's tree only) carries its
-// fingerprint on that communicator: an operator that differs fails on
-// every rank, and matched calls give the reference's results.
+// fingerprint on that communicator: an operator that differs (an average
+// among sums) fails on every rank, and matched calls give the reference's
+// results.
 func TestFingerprintOnAWorldVariant(t *testing.T) {
 	cfg := sim.Config{Machines: 4, Devices: 1, Seed: 5, StallTimeout: time.Minute}
 	w := newWorld(t, cfg, hier.WithAlgorithm(hier.FlatTree), hier.WithTimeout(time.Minute),
@@ -855,7 +864,7 @@ func TestFingerprintOnAWorldVariant(t *testing.T) {
 	for g, r := range w.reducers {
 		op := fairgo.Sum
 		if g == 1 {
-			op = fairgo.Max
+			op = fairgo.Avg
 		}
 		works = append(works, r.AllReduce(context.Background(), ts[g], op))
 	}
@@ -981,7 +990,7 @@ func TestCheckEnqueueEndedByTheWatchdogReportsTheTimeout(t *testing.T) {
 			var rs []*hier.Reducer
 			for _, rk := range rks {
 				r, err := hier.NewReducer(context.Background(), rk, hier.WithInlineEnqueue(inline),
-					hier.WithTimeout(300*time.Millisecond), hier.WithSharedMemoryDir(""))
+					hier.WithTimeout(300*time.Millisecond), hier.WithSharedMemoryDir(""), hier.WithFingerprintMax(0))
 				require.NoError(t, err)
 				rs = append(rs, r)
 			}

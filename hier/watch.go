@@ -79,6 +79,9 @@ func (r *Reducer) complete(p pending) {
 		err = fmt.Errorf("hier: %v: %w", p.req, err)
 	}
 	ev := p.req.work.releaseEvent()
+	if ev == nil {
+		ev = p.ev // a refused call's fingerprinted check, which its Work never carried
+	}
 	r.flight.remove(p.req.work)
 	p.req.work.finish(err)
 	r.watch.completed.Store(p.req.seq)
