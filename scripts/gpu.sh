@@ -154,7 +154,10 @@
 # binaries, as bin/ of make gpu-bin in another tree, and how many rounds of
 # both; default 2).
 #
-# Under $OUT: machine.txt, logs/STEP.log (every command's output; all of
+# Under $OUT: results.tgz (everything below, packed every 15 s while the
+# run lasts and once at its end: a remote runner that brings back only a
+# few files, or kills a run at its time limit, still gets every record),
+# machine.txt, logs/STEP.log (every command's output; all of
 # them packed again in logs.tgz),
 # json/RUN-STEP.jsonl (the records), gpu-timing.json (hier's GPU timing
 # test), enqueue.txt (the enqueue benchmark), and from targets/analyse
@@ -198,6 +201,29 @@ BIN_B=${BIN_B:-}
 AB_ROUNDS=${AB_ROUNDS:-2}
 mkdir -p "$OUT/logs" "$OUT/json"
 OUT=$(cd "$OUT" && pwd)
+
+# pack_results: $OUT, but for the pack itself, into results.tgz (written
+# elsewhere and moved in, so that a reader never sees half of one; tar's
+# status 1 is a file that grew while read, a log being written).
+pack_results() {
+  local part="${TMPDIR:-/tmp}/gpu-sh-results.$$.tgz"
+  tar czf "$part" -C "$OUT" --exclude=./results.tgz --exclude=./results.tgz.part . 2>/dev/null
+  [ $? -le 1 ] && mv "$part" "$OUT/results.tgz.part" && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+}
+packer=""
+if [ -z "${GPU_SH_PACKING:-}" ]; then # the outermost run packs; the ab section's inner runs do not
+  export GPU_SH_PACKING=1
+  (
+    trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep 15 &
+      nap=$!
+      wait "$nap"
+      pack_results
+    done
+  ) >/dev/null 2>&1 &
+  packer=$!
+fi
 
 declare -a table
 status=0
@@ -958,6 +984,11 @@ done
 # The logs in one file as well: the device tool brings back a few files of
 # a run, and a run writes a log per step.
 tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null
+if [ -n "$packer" ]; then
+  kill "$packer" 2>/dev/null
+  wait "$packer" 2>/dev/null
+  pack_results
+fi
 
 echo
 echo "== fairgo GPU run, $(date -u +%H:%M:%S) UTC, $((SECONDS - start)) s, NIC ${NIC_GBIT} Gbit/s, loopback ${NVLINK_GBIT:-not shaped}${NVLINK_GBIT:+ Gbit/s}, MPS $MPS, logs and records in $OUT"
