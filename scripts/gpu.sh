@@ -105,14 +105,16 @@
 #                       NVLink pair 10 s each); every step's limit together
 #                       (~9.5 min) stays under one device command's 10
 #                       minutes (NODES_LAYOUTS to choose layouts)
-#   ab SECTION [ARGS]...  the rest of the command line with two builds in
-#                       turn, BIN (a) and BIN_B (b), AB_ROUNDS times in the
-#                       order a b, b a, a b, ... (runs a1 b1 b2 a2 ...: a
-#                       drift of the host weighs on both alike), each as a
-#                       run of its own (RUN, the records' "run"); then
-#                       fairbench report over every record into ab.txt,
-#                       fairgo / best per run side by side. For bench
-#                       sections (nodes, testbed, overlap, enqueue); e.g.
+#   ab SECTION [ARGS]...  the rest of the command line with several builds
+#                       in turn, BIN (a) and BIN_B (b; several directories,
+#                       space-separated, are c, d, ...), AB_ROUNDS times,
+#                       forward then backward (runs a1 b1 b2 a2 ..., or
+#                       a1 b1 c1 c2 b2 a2 ...: a drift of the host weighs
+#                       on all alike), each as a run of its own (RUN, the
+#                       records' "run"); then fairbench report over every
+#                       record into ab.txt, fairgo / best per run side by
+#                       side. For bench sections (nodes, testbed, overlap,
+#                       enqueue); e.g.
 #                       BIN_B=bin-prev NODES_LAYOUTS="8x1 16x1" scripts/gpu.sh ab nodes
 #   analyse             targets (TARGET_SETS), model and digest of the
 #                       records under $OUT/json (S7 from the hook section's
@@ -648,31 +650,40 @@ section_links() {
 # section_ab ARGS...: this script's ARGS with BIN and BIN_B in turn
 # (ABBA...), each a run of its own, then the report of every record.
 section_ab() {
-  [ $# -gt 0 ] || { echo "usage: BIN_B=DIR scripts/gpu.sh ab SECTION [ARGS]..." >&2; exit 2; }
-  if [ -z "$BIN_B" ] || [ ! -x "$BIN_B/fairbench" ]; then
-    note FAIL ab 0 "BIN_B (${BIN_B:-unset}) holds no fairbench: the other build's bin/"
+  [ $# -gt 0 ] || { echo "usage: BIN_B=DIR... scripts/gpu.sh ab SECTION [ARGS]..." >&2; exit 2; }
+  local bins=("$BIN") b
+  for b in $BIN_B; do bins+=("$b"); done
+  for b in "${bins[@]:1}"; do
+    if [ ! -x "$b/fairbench" ]; then
+      note FAIL ab 0 "BIN_B holds no fairbench in $b: each of its directories is another build's bin/"
+      return
+    fi
+  done
+  if [ ${#bins[@]} -lt 2 ]; then
+    note FAIL ab 0 "BIN_B (unset) names no other build's bin/"
     return
   fi
-  local i side bin t0 crc order
+  local letters=(a b c d e f g h) i k side t0 crc order
+  [ ${#bins[@]} -le ${#letters[@]} ] || { note FAIL ab 0 "at most ${#letters[@]} builds"; return; }
   for i in $(seq 1 "$AB_ROUNDS"); do
-    order="a b"
-    [ $((i % 2)) -eq 0 ] && order="b a"
-    for side in $order; do
-      bin=$BIN
-      [ "$side" = b ] && bin=$BIN_B
+    order=$(seq 0 $((${#bins[@]} - 1)))
+    [ $((i % 2)) -eq 0 ] && order=$(seq $((${#bins[@]} - 1)) -1 0)
+    for k in $order; do
+      side=${letters[$k]}
       t0=$SECONDS
-      BIN=$bin RUN=$side$i OUT=$OUT bash "$0" "$@" >"$OUT/logs/ab-$side$i.log" 2>&1
+      BIN=${bins[$k]} RUN=$side$i OUT=$OUT bash "$0" "$@" >"$OUT/logs/ab-$side$i.log" 2>&1
       crc=$?
       note "$([ "$crc" -eq 0 ] && echo PASS || echo FAIL)" "ab-$side$i" $((SECONDS - t0)) \
-        "rc=$crc BIN=$bin: $* (logs/ab-$side$i.log)"
+        "rc=$crc BIN=${bins[$k]}: $* (logs/ab-$side$i.log)"
     done
   done
   local files
-  files=$(ls "$OUT"/json/[ab][0-9]*-*.jsonl 2>/dev/null | paste -sd, -)
+  files=$(ls "$OUT"/json/[a-h][0-9]*-*.jsonl 2>/dev/null | paste -sd, -)
   [ -n "$files" ] || return 0
   step ab-report 30 "$BIN/fairbench" report -in "$files"
   tail -n +2 "$OUT/logs/ab-report.log" >"$OUT/ab.txt"
-  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" ab-report "$secs" "rc=$rc ab.txt: fairgo / best per run (a: $BIN, b: $BIN_B)"
+  note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" ab-report "$secs" \
+    "rc=$rc ab.txt: fairgo / best per run (a: $BIN, b...: $BIN_B)"
 }
 
 section_enqueue() {
