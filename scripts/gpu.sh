@@ -152,9 +152,9 @@
 # default lib/libfairgo.so and python: another build's for a comparison;
 # the package checks the library's ABI version), STALL_DUMP_SECONDS (a test
 # binary whose log is silent this long gets SIGQUIT for its stacks; 45, under
-# the tests' one-minute timeouts), BIN_B and AB_ROUNDS (ab: the other build's
-# binaries, as bin/ of make gpu-bin in another tree, and how many rounds of
-# both; default 2).
+# the tests' one-minute timeouts), BIN_B and AB_ROUNDS (ab: the other
+# builds' binaries, each as bin/ of make gpu-bin in another tree, and how
+# many rounds of all; default 2).
 #
 # Under $OUT: results.tgz (everything below, packed every 15 s while the
 # run lasts and once at its end: a remote runner that brings back only a
@@ -647,8 +647,9 @@ section_links() {
   bench links 240 "$BIN/fairbench" links -backend cuda $NET_SIZES -w 1 -n 1 -reps 3 -fairrun "$BIN/fairrun" -fairrun-flags "$fr"
 }
 
-# section_ab ARGS...: this script's ARGS with BIN and BIN_B in turn
-# (ABBA...), each a run of its own, then the report of every record.
+# section_ab ARGS...: this script's ARGS with BIN and each build of BIN_B in
+# turn (a b c, c b a, ...), each a run of its own, then the report of every
+# record.
 section_ab() {
   [ $# -gt 0 ] || { echo "usage: BIN_B=DIR... scripts/gpu.sh ab SECTION [ARGS]..." >&2; exit 2; }
   local bins=("$BIN") b
