@@ -259,8 +259,8 @@ func (fp *fingerprint) decide(q *request, dt fairgo.DType, ranks int, b []byte) 
 		}
 	}
 	if !bad {
-		_, refused := refuserOf(dt, q.op, b)
-		if !present(dt, q.op, ranks, b) || refused && q.rejected == nil {
+		_, refused := refuserOf(dt, q.fpOp(), b)
+		if !present(dt, q.fpOp(), ranks, b) || refused && q.rejected == nil {
 			return &MismatchError{Seq: q.seq, Call: q.String(), Field: "size",
 				This: fmt.Sprintf("%d bytes", q.a.ByteLen())}
 		}
@@ -322,10 +322,22 @@ type fpCall struct {
 func (r *Reducer) fingerprintable(q *request) bool {
 	if r.fps == nil || r.host != nil || r.hooks.skipCheck || r.checker.carriesAgreement(q) ||
 		q.kind != kindAllReduce || q.a.Count <= 0 ||
-		!q.a.DType.Valid() || !q.op.Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
+		!q.a.DType.Valid() || !q.fpOp().Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
 		return false
 	}
-	return fingerprintFits(q.a.DType, q.op, r.rank.Grid.Size()) && r.router.isFlat(q.a.ByteLen())
+	return fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size()) && r.router.isFlat(q.a.ByteLen())
+}
+
+// fpOp is the operator q's fingerprinted collective reduces with: q's, or
+// a sum where this rank refused q for an unknown operator. Its peers then
+// likely sum (the gradients' operator), run the same collective and find
+// the refusal in it at once; peers that run another operator take the
+// separate check, which this rank does not join, and end in the watchdog.
+func (q *request) fpOp() fairgo.Op {
+	if q.rejected != nil && !q.op.Valid() {
+		return fairgo.Sum
+	}
+	return q.op
 }
 
 // fingerprintFits reports whether a fingerprint vouches for a call of op
@@ -409,7 +421,7 @@ func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stre
 	sl := &f.slots[f.slot]
 	<-sl.free // the slot's last call is decided
 	f.slot = (f.slot + 1) % fpSlots
-	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: q.a.DType, op: q.op, size: f.r.rank.Grid.Size()}
+	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: q.a.DType, op: q.fpOp(), size: f.r.rank.Grid.Size()}
 	if err := f.enqueueOn(q, call, comm, first, withData); err != nil {
 		sl.free <- struct{}{}
 		return err
@@ -435,7 +447,7 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 	if q.rejected != nil {
 		refuser = f.r.WorldRank()
 	}
-	encodeRefuser(t.DType, q.op, refuser, tail)
+	encodeRefuser(t.DType, q.fpOp(), refuser, tail)
 	if withData {
 		if err := dev.CopyAsync(st.ptr, t.Ptr, n, first); err != nil {
 			return err
@@ -444,7 +456,7 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 	if err := dev.CopyFromHostAsync(st.ptr+uintptr(n), tail, first); err != nil {
 		return err
 	}
-	if err := comm.AllReduce(st.ptr, st.ptr, t.Count+int64(fpElems), t.DType, q.op, first); err != nil {
+	if err := comm.AllReduce(st.ptr, st.ptr, t.Count+int64(fpElems), t.DType, q.fpOp(), first); err != nil {
 		return err
 	}
 	if withData {

@@ -225,9 +225,6 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 				": that rank's own error says why (no Board carried the reason here)", context.Canceled},
 		} {
 			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
-				if mode.name == "fingerprint" && tc.op != fairgo.Sum {
-					t.Skip("an unknown operator makes no fingerprinted collective on the refusing rank")
-				}
 				cfg := sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 4, StallTimeout: time.Minute}
 				var w *world
 				if tc.board {
