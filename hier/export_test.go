@@ -18,7 +18,8 @@ func WithCheckAlone(d time.Duration) Option { return func(c *config) { c.checkAl
 // InlineCalls is how many calls r enqueued on the caller's goroutine.
 func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 
-// FingerprintedCalls is how many calls carried their check in their data.
+// FingerprintedCalls is how many calls took the fingerprinted collective
+// (whether or not its enqueue then succeeded).
 func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load() }
 
 // CalibrationCalls is how many allreduces Auto's calibrations enqueued.

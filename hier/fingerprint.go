@@ -415,6 +415,9 @@ func (f *fingerprints) release() error {
 // of both, the data back and the reduced fingerprint to host memory. It
 // sets q.fp; the watcher decides once first has passed the call.
 func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stream, withData bool) error {
+	// Counted before its enqueue, which may fail (NCCL's own launch may block
+	// and then fail on the abort of a call whose count differs across ranks).
+	f.r.hooks.fingerprinted.Add(1)
 	if comm == nil { // its route's world variant could not be made: the call fails as its data would
 		return fmt.Errorf("hier: %v: no communicator of all ranks for its route", q)
 	}
@@ -427,7 +430,6 @@ func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stre
 		return err
 	}
 	q.fp = call
-	f.r.hooks.fingerprinted.Add(1)
 	return nil
 }
 

@@ -91,7 +91,7 @@ type Reducer struct {
 type testHooks struct {
 	skipCheck     bool          // no cross-rank check
 	inlined       atomic.Uint64 // calls enqueued on the caller's goroutine
-	fingerprinted atomic.Uint64 // calls whose check their data carried (refused ones included)
+	fingerprinted atomic.Uint64 // calls that took the fingerprinted collective (refused ones and failed enqueues included)
 	// allreduces Auto's calibration enqueued
 	calibrationCalls atomic.Uint64
 }
