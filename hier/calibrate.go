@@ -137,6 +137,17 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 	}
 	defer watch.release()
 	run := func(a plan, calls int) (int64, error) {
+		form := c.checkForm(a, size)
+		var fps []*fpSlot
+		var checks []*checkSlot
+		defer func() { // once the stopwatch waited for the work, or the Reducer broke
+			for _, sl := range fps {
+				sl.release()
+			}
+			for _, sl := range checks {
+				sl.release()
+			}
+		}()
 		err := watch.start(first)
 		var last streams.Stream
 		for k := range calls {
@@ -144,9 +155,27 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 				break
 			}
 			t := fairgo.Tensor{Ptr: scratch + uintptr(int64(k)*size), Bytes: size, Count: size / 4, DType: fairgo.Float32}
-			if last, err = r.exec.allReduce(t, fairgo.Sum, a, first); err == nil {
+			switch form {
+			case checkFingerprint:
+				var sl *fpSlot
+				if sl, err = r.fps.enqueueTimed(t, r.exec.singleComm(a), first); err == nil {
+					fps, last = append(fps, sl), first
+				}
+			default:
+				last, err = r.exec.allReduce(t, fairgo.Sum, a, first)
+				if err == nil && form == checkSeparate {
+					var sl *checkSlot
+					if sl, err = r.checker.enqueueTimed(); err == nil {
+						checks = append(checks, sl)
+					}
+				}
+			}
+			if err == nil {
 				r.hooks.calibrationCalls.Add(1)
 			}
+		}
+		if err == nil && len(checks) > 0 { // a call completes once its check has too
+			err = last.WaitEvent(checks[len(checks)-1].ev)
 		}
 		var took time.Duration
 		if err == nil {
@@ -210,6 +239,33 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 		t.single = agreed[len(cands):]
 	}
 	return t, nil
+}
+
+// checkForm is how a call's cross-rank check runs beside its data.
+type checkForm int
+
+const (
+	checkNone        checkForm = iota // no check, or through shared memory (one machine): nothing to time
+	checkFingerprint                  // inside the data's own collective (fingerprint.go)
+	checkSeparate                     // a collective of its own on the check stream (check.go)
+)
+
+// checkForm is the check that a float32 sum of size bytes on route a
+// carries, which its calibration times with it: a candidate that is one
+// collective carries a fingerprint, the others a separate check, which on
+// many machines cost a route of several collectives more than the data
+// (bench/NOTES.md item 74). On one machine calls are checked through shared
+// memory from call hostFirstCall on: their check costs nothing to time.
+func (c *calibrator) checkForm(a plan, size int64) checkForm {
+	r := c.r
+	switch {
+	case r.checker == nil || r.hooks.skipCheck || r.hostCheckable():
+		return checkNone
+	case r.fps != nil && size <= r.fps.max && fingerprintFits(fairgo.Float32, fairgo.Sum, r.rank.Grid.Size()) &&
+		r.exec.singleComm(a) != nil:
+		return checkFingerprint
+	}
+	return checkSeparate
 }
 
 // prune returns the candidates worth more rounds after the first: those

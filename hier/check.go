@@ -472,6 +472,42 @@ func (c *checker) enqueue(q *request) {
 	c.queue <- queuedCheck{q, sl} // never blocks: it holds at most checkSlots calls, one per slot taken
 }
 
+// enqueueTimed enqueues, for a calibration, a check collective as a call's
+// runs beside its data (on the check stream, from a slot of its own, its
+// event recorded after it) and returns the slot, to give back (release)
+// once the calibration has waited for the check. Nothing is decided. Every
+// rank calibrates alike, so the check communicator's operations stay in
+// the same place among the data's on every rank.
+func (c *checker) enqueueTimed() (*checkSlot, error) {
+	c.launching.Lock()
+	defer c.launching.Unlock()
+	sl := &c.slots[c.next]
+	<-sl.free // the slot's last check is decided
+	c.next = (c.next + 1) % checkSlots
+	clear(sl.host)
+	var err error
+	if !c.mapped {
+		err = c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
+	}
+	if err == nil {
+		err = c.comm.AllReduce(sl.dev, sl.dev, int64(imageWords), fairgo.Int64, fairgo.Max, c.stream)
+	}
+	if err == nil && !c.mapped {
+		err = c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
+	}
+	if err == nil {
+		err = sl.ev.Record(c.stream)
+	}
+	if err != nil {
+		sl.free <- struct{}{}
+		return nil, err
+	}
+	return sl, nil
+}
+
+// release gives back a slot that enqueueTimed took.
+func (sl *checkSlot) release() { sl.free <- struct{}{} }
+
 // stop ends the checker and frees its resources. The engine calls it after
 // the watcher has finished, once no call can be submitted: checks still
 // undecided then (the Reducer broke) fail with its cause.

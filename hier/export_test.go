@@ -69,3 +69,6 @@ const (
 
 // WatchdogTimeout is the watchdog's time r runs with (0: off).
 func WatchdogTimeout(r *Reducer) time.Duration { return r.cfg.timeout }
+
+// FingerprintElems is how many elements a fingerprint adds to its call.
+const FingerprintElems = fpElems

@@ -476,6 +476,27 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 	return nil
 }
 
+// enqueueTimed enqueues, for a calibration, an allreduce of t as a
+// fingerprinted sum runs on comm (the staging copy, the fingerprint, the
+// allreduce of both, the copy back and the fingerprint's read-back) and
+// returns the slot it took, to give back (release) once the calibration has
+// waited for the work. Nothing is decided. t must fit (t.ByteLen() ≤ f.max).
+func (f *fingerprints) enqueueTimed(t fairgo.Tensor, comm backend.Comm, first streams.Stream) (*fpSlot, error) {
+	q := &request{kind: kindAllReduce, a: t, op: fairgo.Sum}
+	sl := &f.slots[f.slot]
+	<-sl.free // the slot's last call is decided
+	f.slot = (f.slot + 1) % fpSlots
+	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: t.DType, op: q.op, size: f.r.rank.Grid.Size()}
+	if err := f.enqueueOn(q, call, comm, first, true); err != nil {
+		sl.free <- struct{}{}
+		return nil, err
+	}
+	return sl, nil
+}
+
+// release gives back a slot that enqueueTimed took.
+func (sl *fpSlot) release() { sl.free <- struct{}{} }
+
 // decide reads the reduced fingerprint of q, its device work complete. A
 // mismatch names the rank that refused the call where one did and this
 // rank accepted it or the ranks disagree on the acceptance.
