@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/internal/poll"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -23,6 +24,12 @@ type pending struct {
 const (
 	watchPoll  = 50 * time.Millisecond // how often a wait checks communicator errors and deadlines
 	abortGrace = 2 * time.Second       // how long to wait for device work after an abort before reporting it
+	// watchIdlePoll is how long the watcher polls for the next call, once
+	// it has completed one, before it parks: a training loop's next call
+	// comes sooner, and the watcher then starts watching it without a
+	// wake-up (a futex, a hand-off through the scheduler) that a call of
+	// a few tens of µs would wait for.
+	watchIdlePoll = time.Millisecond
 )
 
 // watcher is the goroutine that completes Works: the calls the engine
@@ -55,16 +62,37 @@ func (r *Reducer) watchCalls() {
 	defer close(r.watch.done)
 	tick := time.NewTicker(watchPoll)
 	defer tick.Stop()
+	var (
+		lastDone time.Time    // when the last call completed; zero: none yet
+		nap      poll.Backoff // paces the polls for the next call meanwhile
+	)
 	for {
+		var (
+			p  pending
+			ok bool
+		)
 		select {
-		case p, ok := <-r.watch.ch:
-			if !ok {
-				return
-			}
-			r.complete(p)
+		case p, ok = <-r.watch.ch:
 		case <-tick.C:
 			r.checkEnqueueStall()
+			continue
+		default:
+			if !lastDone.IsZero() && time.Since(lastDone) < watchIdlePoll {
+				nap.Wait()
+				continue
+			}
+			select {
+			case p, ok = <-r.watch.ch:
+			case <-tick.C:
+				r.checkEnqueueStall()
+				continue
+			}
 		}
+		if !ok {
+			return
+		}
+		r.complete(p)
+		lastDone, nap = time.Now(), poll.Backoff{}
 	}
 }
 

@@ -6,8 +6,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fairgo/fairgo/internal/poll"
 	"github.com/fairgo/fairgo/streams"
 )
+
+// waitPoll is how long Wait polls for the work's end before it parks. A
+// call that ends meanwhile is seen by the waiting thread itself, napping
+// in the kernel: a parked waiter is woken from the watcher's thread, a
+// hand-off through the scheduler and a futex (and, on an idle processor,
+// its wake from sleep) on the critical path of every call of a training
+// loop. Past waitPoll the call is long enough for that wake to be a
+// small share of it.
+const waitPoll = 2 * time.Millisecond
 
 // Work is the future of one collective call. It completes when the device
 // work of the call has finished (or failed); Wait, Done and Err observe that
@@ -95,6 +105,20 @@ func (w *Work) IsCompleted() bool {
 func (w *Work) Wait(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
+	}
+	var nap poll.Backoff
+	for start := time.Now(); ; {
+		select {
+		case <-w.done:
+			return w.err
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		if time.Since(start) >= waitPoll {
+			break
+		}
+		nap.Wait()
 	}
 	select {
 	case <-w.done:
