@@ -22,6 +22,9 @@ func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 // (whether or not its enqueue then succeeded).
 func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load() }
 
+// WatcherParks is how many times r's watcher blocked for its next call.
+func WatcherParks(r *Reducer) uint64 { return r.hooks.watcherParks.Load() }
+
 // CalibrationCalls is how many allreduces Auto's calibrations enqueued.
 func CalibrationCalls(r *Reducer) uint64 { return r.hooks.calibrationCalls.Load() }
 

@@ -125,3 +125,35 @@ func TestCheckPollsOnceTheDataIsDone(t *testing.T) {
 		})
 	}
 }
+
+// TestWatcherPollsForTheNextCall: a call made soon after the last one
+// completed finds the watcher polling for it, not parked (a park puts a
+// wake-up on the call's path); idle for longer, the watcher parks rather
+// than poll for ever.
+func TestWatcherPollsForTheNextCall(t *testing.T) {
+	ctx := context.Background()
+	rk, d := gatedRank()
+	d.open.Store(true) // every call's device work is done at once
+	r, err := hier.NewReducer(ctx, rk, hier.WithInlineEnqueue(true), hier.WithFlatThreshold(1<<30),
+		hier.WithFingerprintMax(0), hier.WithTimeout(time.Minute), hier.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	ptr, err := rk.Device.Alloc(64 << 10)
+	require.NoError(t, err)
+	call := func() error {
+		return r.AllReduce(ctx, fairgo.Tensor{Ptr: ptr, Bytes: 64 << 10, Count: 16 << 10, DType: fairgo.Float32},
+			fairgo.Sum).Wait(ctx)
+	}
+	require.NoError(t, call())
+	// Idle: parked at the start, and again once its poll for the next call
+	// is over.
+	require.Eventually(t, func() bool { return hier.WatcherParks(r) >= 2 }, time.Second, time.Millisecond)
+	before := hier.WatcherParks(r)
+	const calls = 100
+	for range calls {
+		require.NoError(t, call())
+	}
+	// A watcher parks only where its next call came late (a slow host):
+	// far fewer times than the calls (without its poll, once each).
+	require.Less(t, hier.WatcherParks(r)-before, uint64(calls/4))
+}

@@ -94,6 +94,7 @@ type testHooks struct {
 	fingerprinted atomic.Uint64 // calls that took the fingerprinted collective (refused ones and failed enqueues included)
 	// allreduces Auto's calibration enqueued
 	calibrationCalls atomic.Uint64
+	watcherParks     atomic.Uint64 // times the watcher blocked for its next call
 }
 
 // NewReducer builds the engine of one rank from its device, grid and

@@ -81,6 +81,7 @@ func (r *Reducer) watchCalls() {
 				nap.Wait()
 				continue
 			}
+			r.hooks.watcherParks.Add(1)
 			select {
 			case p, ok = <-r.watch.ch:
 			case <-tick.C:

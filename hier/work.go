@@ -19,6 +19,13 @@ import (
 // small share of it.
 const waitPoll = 2 * time.Millisecond
 
+// waitSpin is how long Wait first polls without napping: the watcher
+// completes a call within about a first nap (10 µs) of its data's end,
+// and a poll of the Work is no driver call, so that a spin costs nothing
+// but the waiting thread while a nap would add up to its length to every
+// call that the caller waits for.
+const waitSpin = 20 * time.Microsecond
+
 // Work is the future of one collective call. It completes when the device
 // work of the call has finished (or failed); Wait, Done and Err observe that
 // without blocking the device. Calls that fail validation return a Work that
@@ -115,10 +122,15 @@ func (w *Work) Wait(ctx context.Context) error {
 			return ctx.Err()
 		default:
 		}
-		if time.Since(start) >= waitPoll {
+		waited := time.Since(start)
+		if waited >= waitPoll {
 			break
 		}
-		nap.Wait()
+		if waited < waitSpin {
+			runtime.Gosched()
+		} else {
+			nap.Wait()
+		}
 	}
 	select {
 	case <-w.done:
