@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
+	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/harness"
 )
 
@@ -126,7 +128,43 @@ type FairgoSetup struct {
 	Parallelism   int      `json:"parallelism"`
 	FlatThreshold int64    `json:"flat_threshold"` // hier.FlatNever (-1): never flat
 	Inline        bool     `json:"inline"`         // flat calls enqueued inline (hier.WithInlineEnqueue)
+	// Calibration is what Auto measured to choose this size's route (rank
+	// 0 of the process); nil where it measured nothing (a fixed
+	// algorithm, a flat size).
+	Calibration *Calibration `json:"calibration,omitempty"`
 }
+
+// Calibration is hier.Calibration in µs: each candidate route's time, the
+// slowest rank's best, back to back and one call alone.
+type Calibration struct {
+	Bytes        int64              `json:"bytes"`
+	BurstUS      map[string]float64 `json:"burst_us"`
+	OneAtATimeUS map[string]float64 `json:"one_at_a_time_us,omitempty"`
+	Samples      map[string]int     `json:"samples,omitempty"`
+	SetupUS      float64            `json:"setup_us,omitempty"` // making world variants
+	CostUS       float64            `json:"cost_us"`            // what the class's first call waited for it
+}
+
+// calibrationOf is c in µs; nil for nil.
+func calibrationOf(c *hier.Calibration) *Calibration {
+	if c == nil {
+		return nil
+	}
+	us := func(m map[string]time.Duration) map[string]float64 {
+		if m == nil {
+			return nil
+		}
+		out := make(map[string]float64, len(m))
+		for k, d := range m {
+			out[k] = microseconds(d)
+		}
+		return out
+	}
+	return &Calibration{Bytes: c.Bytes, BurstUS: us(c.Times), OneAtATimeUS: us(c.OneAtATime), Samples: c.Samples,
+		SetupUS: microseconds(c.Setup), CostUS: microseconds(c.Cost)}
+}
+
+func microseconds(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // Choice is one size class of a Reducer's choices.
 type Choice struct {

@@ -248,7 +248,7 @@ func (r *run) fairgoSetup(m Method, bytes int64) FairgoSetup {
 	}
 	if bytes >= 0 {
 		c := red.ChoiceFor(bytes)
-		fs.Chosen, fs.Route = c.Algorithm.String(), c.String()
+		fs.Chosen, fs.Route, fs.Calibration = c.Algorithm.String(), c.String(), calibrationOf(c.Calibration)
 	}
 	return fs
 }

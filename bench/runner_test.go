@@ -349,6 +349,13 @@ func TestVariantFollowsAnotherVariantsRoutes(t *testing.T) {
 	for _, rec := range recs {
 		require.Zero(t, rec.Wrong)
 		routes[rec.Algorithm+"/"+FormatSize(rec.Bytes)] = rec.Fairgo.Route
+		// The record says what Auto measured to choose.
+		cal := rec.Fairgo.Calibration
+		require.NotNil(t, cal, "%s at %s", rec.Algorithm, FormatSize(rec.Bytes))
+		require.Positive(t, cal.Bytes) // the size its class was timed at
+		require.Contains(t, cal.BurstUS, rec.Fairgo.Route)
+		require.Positive(t, cal.BurstUS[rec.Fairgo.Route])
+		require.Positive(t, cal.CostUS)
 	}
 	for _, size := range cfg.Sizes {
 		at := "/" + FormatSize(size)
