@@ -8,7 +8,7 @@ PTX_OUT   := cuda/kernels/reduce.ptx
 TRAIN_SRC := examples/ddp/internal/gpu/train.cu
 TRAIN_OUT := examples/ddp/internal/gpu/train.ptx
 
-.PHONY: test vet fmt-check fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean cgo-check libfairgo libfairgo-sim capi-test python-test wheel
+.PHONY: bench-smoke test vet fmt-check fuzz demo cuda-deps ptx ptx-check hostcheck gpu-bin clean cgo-check libfairgo libfairgo-sim capi-test python-test wheel
 
 # go test -race through internal/testprogress, which prints each package as
 # it ends and each top-level test that took 2 s or more; hier, the longest,
@@ -19,6 +19,11 @@ test:
 
 vet:
 	$(GO) vet ./...
+
+# bench-smoke runs every benchmark once (those of the GPU skip without
+# one): a benchmark that no longer runs fails CI, not the next measurement.
+bench-smoke:
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
 # fmt-check fails listing the Go files gofmt would change.
 fmt-check:
