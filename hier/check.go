@@ -448,6 +448,22 @@ func (c *checker) enqueue(q *request) {
 	if c.agreement != nil {
 		c.agreement.offer(q.seq, sl.host)
 	}
+	err := c.launchImage(sl)
+	if err != nil {
+		err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w",
+			fairgo.ErrAborted, q, c.r.withBreakCause(err))
+		c.r.abort(err)
+		q.check.finish(err)
+		sl.free <- struct{}{}
+		return
+	}
+	c.queue <- queuedCheck{q, sl} // never blocks: it holds at most checkSlots calls, one per slot taken
+}
+
+// launchImage enqueues the check collective of the image in sl's host
+// memory on the check stream (through device memory unless the host
+// memory is mapped), the reduced image back, and sl's event after it.
+func (c *checker) launchImage(sl *checkSlot) error {
 	var err error
 	if !c.mapped {
 		err = c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
@@ -461,15 +477,7 @@ func (c *checker) enqueue(q *request) {
 	if err == nil {
 		err = sl.ev.Record(c.stream)
 	}
-	if err != nil {
-		err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w",
-			fairgo.ErrAborted, q, c.r.withBreakCause(err))
-		c.r.abort(err)
-		q.check.finish(err)
-		sl.free <- struct{}{}
-		return
-	}
-	c.queue <- queuedCheck{q, sl} // never blocks: it holds at most checkSlots calls, one per slot taken
+	return err
 }
 
 // enqueueTimed enqueues, for a calibration, a check collective as a call's
@@ -485,19 +493,7 @@ func (c *checker) enqueueTimed() (*checkSlot, error) {
 	<-sl.free // the slot's last check is decided
 	c.next = (c.next + 1) % checkSlots
 	clear(sl.host)
-	var err error
-	if !c.mapped {
-		err = c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
-	}
-	if err == nil {
-		err = c.comm.AllReduce(sl.dev, sl.dev, int64(imageWords), fairgo.Int64, fairgo.Max, c.stream)
-	}
-	if err == nil && !c.mapped {
-		err = c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
-	}
-	if err == nil {
-		err = sl.ev.Record(c.stream)
-	}
+	err := c.launchImage(sl)
 	if err != nil {
 		sl.free <- struct{}{}
 		return nil, err
