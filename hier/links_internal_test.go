@@ -126,7 +126,38 @@ func TestChooseWeighsBothModes(t *testing.T) {
 		{"ties on the worse ratio go to the earlier", []int64{100, 102}, []int64{102, 100}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, choose(timings{burst: tc.burst, single: tc.single}))
+			require.Equal(t, tc.want, choose(timings{burst: tc.burst, single: tc.single}, nil))
+		})
+	}
+}
+
+// An exchange of fairgo's own wins only where it measures more than its
+// handicap faster than NCCL's collectives, in either mode of timing.
+func TestChooseHandicapsExchanges(t *testing.T) {
+	flatTree := plan{route: route{algo: FlatTree}}
+	hd := plan{route: route{algo: HalvingDoubling}}
+	a2a := plan{route: route{algo: RailAllToAll}}
+	oneGPU, fourGPUs := Grid{Machines: 8, Devices: 1}, Grid{Machines: 2, Devices: 4}
+	require.Equal(t, []float64{1, 1 + exchangeHandicap, 1 + exchangeHandicap}, handicaps([]plan{flatTree, hd, a2a}, oneGPU))
+	require.Equal(t, []float64{1, 1 + exchangeHandicap, 1}, handicaps([]plan{flatTree, hd, a2a}, fourGPUs),
+		"the rail all-to-all of machines of several GPUs is the hierarchy's")
+	h := handicaps([]plan{flatTree, hd}, oneGPU)
+	for _, tc := range []struct {
+		name          string
+		burst, single []int64
+		want          int
+	}{
+		// 8 × 1 64 KiB on 4 × H100 (MPS): the calibration's times of
+		// NCCL's tree and halving-doubling, which then took 349 and 1762 µs.
+		{"within the handicap in both modes", []int64{552, 462}, []int64{561, 589}, 0},
+		{"within the handicap, bursts only", []int64{552, 462}, nil, 0},
+		{"beyond it in both modes", []int64{552, 400}, []int64{561, 420}, 1},
+		{"beyond it, bursts only", []int64{552, 400}, nil, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, choose(timings{burst: tc.burst, single: tc.single}, h))
+			require.Equal(t, 1, choose(timings{burst: tc.burst, single: tc.single}, nil),
+				"without the handicap the exchange wins")
 		})
 	}
 }

@@ -568,7 +568,7 @@ func (rt *router) calibrate(class int) (route, *Calibration) {
 			"class_bytes", lo, "guess", rt.guess(), "err", err)
 		return rt.guess(), nil
 	}
-	best := choose(t)
+	best := choose(t, handicaps(cands, rt.grid))
 	cal := &Calibration{Bytes: size, Times: map[string]time.Duration{}, Samples: map[string]int{},
 		Setup: setup, Cost: time.Since(start)}
 	if t.single != nil {
@@ -742,6 +742,33 @@ func worldContext(timeout time.Duration) (context.Context, context.CancelFunc) {
 // flip a choice between runs.
 const calibrationTie = 0.03
 
+// exchangeHandicap is how much faster than the other candidates an
+// exchange of fairgo's own (halving-doubling, and the rail all-to-all
+// where every machine has one device: an all-to-all among all ranks) must
+// measure to be chosen: its score is multiplied by 1 + exchangeHandicap.
+// Such an exchange is several NCCL launches of point-to-point steps a
+// call, and its calibration has undershot its time in the job that
+// followed by 2–5 times on machines of one GPU per rank shared by several
+// processes, where NCCL's one-launch collectives measured true (8 × 1
+// 64 KiB: halving-doubling calibrated at 462–522 µs, then took 1588–1762 in
+// the sweep, while NCCL's tree calibrated at 454–552 took 326–433;
+// bench/NOTES.md item 78). An exchange that wins by more is what it exists
+// for: the latency regime of many machines.
+const exchangeHandicap = 0.25
+
+// handicaps are the factors of choose's scores for cands: 1 +
+// exchangeHandicap for fairgo's own exchanges, 1 for the others.
+func handicaps(cands []plan, g Grid) []float64 {
+	out := make([]float64, len(cands))
+	for i, p := range cands {
+		out[i] = 1
+		if p.algo == HalvingDoubling || (p.algo == RailAllToAll && g.Devices == 1) {
+			out[i] = 1 + exchangeHandicap
+		}
+	}
+	return out
+}
+
 // fastest is the index of the smallest time, a tie going to the earlier.
 func fastest(times []int64) int {
 	best := 0
@@ -762,17 +789,29 @@ func fastest(times []int64) int {
 // where that is all it timed; else the one whose worse ratio to the
 // fastest, in bursts or one call at a time, is the smallest, so that
 // neither a trainer's buckets back to back nor a lone call pays much for
-// the other's choice. Ties go to the earlier candidate (fastest).
-func choose(t timings) int {
+// the other's choice. Each score is multiplied by the candidate's
+// handicap (nil: none). Ties go to the earlier candidate (fastest).
+func choose(t timings, handicap []float64) int {
+	score := make([]int64, len(t.burst))
 	if t.single == nil {
-		return fastest(t.burst)
+		for i, b := range t.burst {
+			score[i] = int64(float64(b) * handicapOf(handicap, i))
+		}
+		return fastest(score)
 	}
 	fb, fs := max(slices.Min(t.burst), 1), max(slices.Min(t.single), 1)
-	worse := make([]int64, len(t.burst))
-	for i := range worse {
-		worse[i] = int64(1e6 * max(float64(t.burst[i])/float64(fb), float64(t.single[i])/float64(fs)))
+	for i := range score {
+		worse := max(float64(t.burst[i])/float64(fb), float64(t.single[i])/float64(fs))
+		score[i] = int64(1e6 * worse * handicapOf(handicap, i))
 	}
-	return fastest(worse)
+	return fastest(score)
+}
+
+func handicapOf(h []float64, i int) float64 {
+	if i < len(h) {
+		return h[i]
+	}
+	return 1
 }
 
 // Calibration is what Auto measured for one size class.
