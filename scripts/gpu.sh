@@ -138,7 +138,9 @@
 # section's layouts; default "1x4 2x1 4x1 2x2 8x1 16x1"), NODES_ITERS (the nodes
 # section's calls back to back per timed unit, e.g. "1 20": 1 is the report's,
 # others are records b2bN-MxD beside it, at NODES_B2B_SIZES, default
-# "-b 64K -e 16M -f 4"; default 1), ENQUEUE_BENCH (the benchmarks T6 takes the
+# "-b 64K -e 16M -f 4"; default 1), NODES_FLAGS (further flags of the nodes
+# section's fairbench sweeps, e.g. "-work-wait end" to wait for fairgo's
+# Works only at each repetition's end; default none), ENQUEUE_BENCH (the benchmarks T6 takes the
 # worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
 # to the model instead of fitted, e.g. "-nvlink-alpha-us 6.5 -nvlink-gbps 315"
 # on a host of one GPU), NVLINK_SIZES, NET_SIZES, RAPID_CHECKS (hier's
@@ -187,6 +189,7 @@ ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
 TARGET_SETS=${TARGET_SETS:-all}
 NODES_LAYOUTS=${NODES_LAYOUTS:-1x4 2x1 4x1 2x2 8x1 16x1}
 NODES_ITERS=${NODES_ITERS:-1}
+NODES_FLAGS=${NODES_FLAGS:-}
 MODEL_LINKS=${MODEL_LINKS:-}
 RAPID_CHECKS=${RAPID_CHECKS:-25}
 LAUNCHED_RAPID_CHECKS=${LAUNCHED_RAPID_CHECKS:-10}
@@ -610,7 +613,7 @@ section_nodes() {
       # shellcheck disable=SC2086,SC2046
       bench "$name" "$(nodes_limit "$m" "$d")" "$BIN/fairrun" "${fr[@]}" --nproc-per-node $((m * d)) -- \
         "$BIN/fairbench" sweep -backend cuda $sizes -n "$n" -reps 5 -rep-bytes "$REP_BYTES" "${CHECK[@]}" \
-        -algos flat,flat-ring,flat-tree,naive,fairgo -label "$name" $(variant_flags)
+        -algos flat,flat-ring,flat-tree,naive,fairgo -label "$name" $(variant_flags) $NODES_FLAGS
     done
   done
   nodes_report
