@@ -294,6 +294,11 @@ machine() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv 2>&1
     ls -l /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1
     env | grep -E '^(NCCL|CUDA|FAIRGO)_' | sort
+    # The CPUs the runs may use: busy-polling threads (NCCL's proxies,
+    # fairgo's waits) of many ranks compete for them.
+    echo "nproc=$(nproc) online=$(cat /sys/devices/system/cpu/online 2>/dev/null)"
+    echo "cgroup cpu.max=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null)"
+    echo "loadavg=$(cat /proc/loadavg 2>/dev/null)"
   } >"$OUT/machine.txt"
 }
 
