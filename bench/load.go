@@ -184,3 +184,74 @@ func sumLoad(ds []hostDelta, units int) *Load {
 	l.TCPTimeouts /= u
 	return l
 }
+
+// HostUS is where the ranks' host time went, in µs per timed call, the
+// mean over ranks: what a call costs the thread that makes it, beside the
+// device time the record's TimeUS reports.
+type HostUS struct {
+	// Enqueue is the time spent in the method's calls themselves, up to
+	// the return of its last one: validation, routing and the launches.
+	Enqueue float64 `json:"enqueue"`
+	// Settle is from the device work seen done (the timer's end event) to
+	// the method's completion seen by its caller (fairgo's Works; nothing
+	// for NCCL's calls, which a stream's end completes): how late a call's
+	// end reaches the training loop. SettleMax is the same for the rank
+	// that waited longest.
+	Settle    float64 `json:"settle"`
+	SettleMax float64 `json:"settle_max"`
+	// Round is the whole host time of a call: enqueue, the wait for the
+	// device, settle and the loop around them.
+	Round float64 `json:"round"`
+}
+
+// hostTimes is one local rank's host time over one method's timed rounds,
+// in seconds, summed.
+type hostTimes struct {
+	Enqueue float64 `json:"e"`
+	Settle  float64 `json:"s"`
+	Round   float64 `json:"r"`
+}
+
+// enqueued counts the time since start as enqueueing.
+func (h *hostTimes) enqueued(start time.Time) { h.Enqueue += time.Since(start).Seconds() }
+
+// round counts one round that started at start, whose device work was seen
+// done at ran and its completion at end.
+func (h *hostTimes) round(start, ran, end time.Time) {
+	h.Settle += end.Sub(ran).Seconds()
+	h.Round += end.Sub(start).Seconds()
+}
+
+// addHostTimes adds b into a, rank by rank (a may be nil).
+func addHostTimes(a, b []hostTimes) []hostTimes {
+	if a == nil {
+		a = make([]hostTimes, len(b))
+	}
+	for i := range min(len(a), len(b)) {
+		a[i].Enqueue += b[i].Enqueue
+		a[i].Settle += b[i].Settle
+		a[i].Round += b[i].Round
+	}
+	return a
+}
+
+// hostPerCall is the HostUS of the ranks' sums hs over calls timed calls
+// each; nil when there is none.
+func hostPerCall(hs []hostTimes, calls int) *HostUS {
+	if len(hs) == 0 || calls <= 0 {
+		return nil
+	}
+	var h HostUS
+	per := 1e6 / float64(calls)
+	for _, t := range hs {
+		h.Enqueue += t.Enqueue * per
+		h.Settle += t.Settle * per
+		h.SettleMax = max(h.SettleMax, t.Settle*per)
+		h.Round += t.Round * per
+	}
+	n := float64(len(hs))
+	h.Enqueue /= n
+	h.Settle /= n
+	h.Round /= n
+	return &h
+}

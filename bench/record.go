@@ -74,6 +74,8 @@ type Record struct {
 	Wrong      int64   `json:"wrong"` // wrong elements over all ranks; -1: not checked
 	// Load is the hosts' CPU time and TCP segments per timed unit.
 	Load *Load `json:"load,omitempty"`
+	// HostUS is where the ranks' host time went per call.
+	HostUS *HostUS `json:"host_us,omitempty"`
 
 	NCCLVersion string   `json:"nccl_version,omitempty"`
 	NCCLEnv     []string `json:"nccl_env,omitempty"`

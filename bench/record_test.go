@@ -110,3 +110,15 @@ func TestSampleHostReadsThisProcess(t *testing.T) {
 	require.Greater(t, d.CPU, 0.0, "x=%d", x)
 	require.NotEmpty(t, d.NetNS)
 }
+
+func TestHostPerCallAveragesRanks(t *testing.T) {
+	hs := addHostTimes(nil, []hostTimes{{Enqueue: 1e-3, Settle: 2e-3, Round: 10e-3}, {Enqueue: 3e-3, Settle: 6e-3, Round: 20e-3}})
+	hs = addHostTimes(hs, []hostTimes{{Enqueue: 1e-3, Settle: 0, Round: 10e-3}, {Enqueue: 1e-3, Settle: 2e-3, Round: 20e-3}})
+	h := hostPerCall(hs, 4)                     // two repetitions of two calls
+	require.InDelta(t, 0.75e3, h.Enqueue, 1e-9) // (2 + 4) ms over 2 ranks and 4 calls
+	require.InDelta(t, 1.25e3, h.Settle, 1e-9)
+	require.InDelta(t, 2e3, h.SettleMax, 1e-9) // the second rank: 8 ms over 4 calls
+	require.InDelta(t, 7.5e3, h.Round, 1e-9)
+	require.Nil(t, hostPerCall(nil, 4))
+	require.Nil(t, hostPerCall(hs, 0))
+}

@@ -276,21 +276,29 @@ type rankResult struct {
 	// timed repetitions, [method]; Units the timed units they span.
 	Load  []hostDelta `json:"l,omitempty"`
 	Units int         `json:"u,omitempty"`
+	// Host is where each local rank's host time went over each method's
+	// timed repetitions, [method][local rank].
+	Host [][]hostTimes `json:"h,omitempty"`
 }
 
 // timeUnit runs, for every local rank at once, rounds rounds of units
 // calls of enqueue, each round inside the rank's timer and waited for
-// before the next, and returns each rank's mean time per call.
-func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]float64, error) {
+// before the next, and returns each rank's mean time per call and where
+// its host time went.
+func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]float64, []hostTimes, error) {
 	if err := r.tb.Barrier(r.ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]float64, len(r.ranks))
+	host := make([]hostTimes, len(r.ranks))
 	err := r.tb.ForRanks(func(i int, rk *harness.Rank) error {
 		c := r.callers[i]
+		h := &host[i]
 		var total time.Duration
 		for range rounds {
+			start := time.Now()
 			d, err := rk.Time(r.ctx, func() error {
+				defer h.enqueued(time.Now())
 				for range units {
 					if err := enqueue(c); err != nil {
 						return err
@@ -298,23 +306,27 @@ func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]floa
 				}
 				return nil
 			})
+			ran := time.Now()
 			if err == nil && !r.cfg.WorksAtEnd {
 				err = c.wait(r.ctx)
 			}
 			if err != nil {
 				return err
 			}
+			h.round(start, ran, time.Now())
 			total += d
 		}
 		if r.cfg.WorksAtEnd {
+			ran := time.Now()
 			if err := c.wait(r.ctx); err != nil {
 				return err
 			}
+			h.Settle += time.Since(ran).Seconds()
 		}
 		out[i] = total.Seconds() / float64(units*rounds)
 		return nil
 	})
-	return out, err
+	return out, host, err
 }
 
 // rounds is how many rounds of a repetition move RepBytes, a round moving
@@ -339,21 +351,23 @@ func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method,
 		if r.cfg.Warmup == 0 {
 			break
 		}
-		if _, err := r.timeUnit(r.cfg.Warmup, 1, func(c *caller) error { return enqueue(m, c) }); err != nil {
+		if _, _, err := r.timeUnit(r.cfg.Warmup, 1, func(c *caller) error { return enqueue(m, c) }); err != nil {
 			return fmt.Errorf("%s warm-up: %w", m.Name, err)
 		}
 	}
 	res.Load = make([]hostDelta, len(ms))
+	res.Host = make([][]hostTimes, len(ms))
 	res.Units = units * rounds * r.cfg.Reps
 	for rep := range r.cfg.Reps {
 		for _, k := range repOrder(rep, len(ms)) {
 			m := ms[k]
 			before := sampleHost()
-			ts, err := r.timeUnit(units, rounds, func(c *caller) error { return enqueue(m, c) })
+			ts, host, err := r.timeUnit(units, rounds, func(c *caller) error { return enqueue(m, c) })
 			if err != nil {
 				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 			res.Load[k] = res.Load[k].add(before.until(sampleHost()))
+			res.Host[k] = addHostTimes(res.Host[k], host)
 			res.Times[k] = append(res.Times[k], ts)
 			if r.cfg.Progress != nil && r.tb.Root() {
 				r.cfg.Progress.Increment()
@@ -412,7 +426,7 @@ func (r *run) check(res *rankResult, count, stride int64, buckets int) error {
 		if err != nil {
 			return fmt.Errorf("%s check: uploading inputs: %w", m.Name, err)
 		}
-		if _, err := r.timeUnit(1, 1, func(c *caller) error {
+		if _, _, err := r.timeUnit(1, 1, func(c *caller) error {
 			for j := range buckets {
 				if err := c.call(r.ctx, m, r.bucket(c, j, count, stride)); err != nil {
 					return err
@@ -588,6 +602,13 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 		if len(loads) > 0 {
 			rec.Load = sumLoad(loads, all[0].Units)
 		}
+		var hosts []hostTimes
+		for _, pr := range all {
+			if k < len(pr.Host) {
+				hosts = append(hosts, pr.Host[k]...)
+			}
+		}
+		rec.HostUS = hostPerCall(hosts, all[0].Units)
 		recs = append(recs, rec)
 	}
 	return recs

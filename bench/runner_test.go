@@ -515,7 +515,7 @@ func BenchmarkSimAllReduce(b *testing.B) {
 				b.SetBytes(size)
 				var total time.Duration
 				for b.Loop() {
-					ts, err := r.timeUnit(1, 1, func(c *caller) error {
+					ts, _, err := r.timeUnit(1, 1, func(c *caller) error {
 						return c.call(r.ctx, m, r.bucket(c, 0, count, count+int64(r.world)))
 					})
 					require.NoError(b, err)
@@ -544,6 +544,13 @@ func TestRepBytesRepeatsRounds(t *testing.T) {
 		require.Zero(t, r.Wrong)
 		want := map[int64]int{64 << 10: 8, 1 << 20: 0}[r.Bytes] // 2 calls of 64K a round: 8 rounds make 1M
 		require.Equal(t, want, r.Rounds, "%s at %s", r.Algorithm, FormatSize(r.Bytes))
+		// Where the host time went: enqueue and settle are parts of the round.
+		h := r.HostUS
+		require.NotNil(t, h, "%s at %s", r.Algorithm, FormatSize(r.Bytes))
+		require.Greater(t, h.Enqueue, 0.0)
+		require.GreaterOrEqual(t, h.Settle, 0.0)
+		require.GreaterOrEqual(t, h.SettleMax, h.Settle)
+		require.Greater(t, h.Round, h.Enqueue+h.Settle)
 	}
 
 	r, err := newRun(context.Background(), tb, cfg)
@@ -652,7 +659,7 @@ func TestWorksAtEnd(t *testing.T) {
 			bufs[i] = fairgo.Tensor{Ptr: ptr, Bytes: 1 << 10, Count: 256, DType: fairgo.Float32}
 		}
 		pending := make([][]int, len(r.ranks))
-		_, err = r.timeUnit(1, 4, func(c *caller) error {
+		_, _, err = r.timeUnit(1, 4, func(c *caller) error {
 			pending[c.idx] = append(pending[c.idx], len(c.works))
 			return c.call(context.Background(), fg, bufs[c.idx])
 		})
