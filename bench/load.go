@@ -202,7 +202,22 @@ type HostUS struct {
 	// Round is the whole host time of a call: enqueue, the wait for the
 	// device, settle and the loop around them.
 	Round float64 `json:"round"`
+	// StartSkew is how far apart the ranks started a round (the latest
+	// start less the earliest), and ReturnSkew how far apart their calls
+	// of the round returned: the mean over rounds and the 90th percentile.
+	// A collective ends no sooner than its last rank's launch, so a skew
+	// is time every other rank waits. Only where every rank's process
+	// read one clock (one host, as on fairrun's testbed); rounds past the
+	// first skewRounds of a repetition are not counted.
+	StartSkew     float64 `json:"start_skew,omitempty"`
+	StartSkewP90  float64 `json:"start_skew_p90,omitempty"`
+	ReturnSkew    float64 `json:"return_skew,omitempty"`
+	ReturnSkewP90 float64 `json:"return_skew_p90,omitempty"`
 }
+
+// skewRounds is how many rounds of each repetition keep their times for
+// the skews.
+const skewRounds = 256
 
 // hostTimes is one local rank's host time over one method's timed rounds,
 // in seconds, summed.
@@ -210,10 +225,22 @@ type hostTimes struct {
 	Enqueue float64 `json:"e"`
 	Settle  float64 `json:"s"`
 	Round   float64 `json:"r"`
+	// Starts and Returns are the first skewRounds rounds' start and the
+	// return of their calls (Unix ns), each repetition's after the last.
+	Starts  []int64 `json:"ts,omitempty"`
+	Returns []int64 `json:"tr,omitempty"`
 }
 
-// enqueued counts the time since start as enqueueing.
-func (h *hostTimes) enqueued(start time.Time) { h.Enqueue += time.Since(start).Seconds() }
+// enqueued counts round's time from called to now as enqueueing, and
+// keeps the round's start and now for the skews.
+func (h *hostTimes) enqueued(round int, start, called time.Time) {
+	now := time.Now()
+	h.Enqueue += now.Sub(called).Seconds()
+	if round < skewRounds {
+		h.Starts = append(h.Starts, start.UnixNano())
+		h.Returns = append(h.Returns, now.UnixNano())
+	}
+}
 
 // round counts one round that started at start, whose device work was seen
 // done at ran and its completion at end.
@@ -231,13 +258,15 @@ func addHostTimes(a, b []hostTimes) []hostTimes {
 		a[i].Enqueue += b[i].Enqueue
 		a[i].Settle += b[i].Settle
 		a[i].Round += b[i].Round
+		a[i].Starts = append(a[i].Starts, b[i].Starts...)
+		a[i].Returns = append(a[i].Returns, b[i].Returns...)
 	}
 	return a
 }
 
 // hostPerCall is the HostUS of the ranks' sums hs over calls timed calls
-// each; nil when there is none.
-func hostPerCall(hs []hostTimes, calls int) *HostUS {
+// each, with the skews where oneClock; nil when there is none.
+func hostPerCall(hs []hostTimes, calls int, oneClock bool) *HostUS {
 	if len(hs) == 0 || calls <= 0 {
 		return nil
 	}
@@ -253,5 +282,35 @@ func hostPerCall(hs []hostTimes, calls int) *HostUS {
 	h.Enqueue /= n
 	h.Settle /= n
 	h.Round /= n
+	if oneClock {
+		h.StartSkew, h.StartSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Starts })
+		h.ReturnSkew, h.ReturnSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Returns })
+	}
 	return &h
+}
+
+// skew is the mean and the 90th percentile over rounds of how far apart
+// the ranks' times of(h) of a round are, in µs; zeros unless every rank
+// has the same number of rounds and one at least.
+func skew(hs []hostTimes, of func(hostTimes) []int64) (mean, p90 float64) {
+	n := len(of(hs[0]))
+	for _, h := range hs {
+		if len(of(h)) != n {
+			return 0, 0
+		}
+	}
+	if n == 0 || len(hs) < 2 {
+		return 0, 0
+	}
+	spreads := make([]float64, n)
+	for j := range n {
+		lo, hi := of(hs[0])[j], of(hs[0])[j]
+		for _, h := range hs[1:] {
+			lo, hi = min(lo, of(h)[j]), max(hi, of(h)[j])
+		}
+		spreads[j] = float64(hi-lo) / 1e3
+		mean += spreads[j]
+	}
+	slices.Sort(spreads)
+	return mean / float64(n), spreads[(n*9)/10]
 }

@@ -114,11 +114,45 @@ func TestSampleHostReadsThisProcess(t *testing.T) {
 func TestHostPerCallAveragesRanks(t *testing.T) {
 	hs := addHostTimes(nil, []hostTimes{{Enqueue: 1e-3, Settle: 2e-3, Round: 10e-3}, {Enqueue: 3e-3, Settle: 6e-3, Round: 20e-3}})
 	hs = addHostTimes(hs, []hostTimes{{Enqueue: 1e-3, Settle: 0, Round: 10e-3}, {Enqueue: 1e-3, Settle: 2e-3, Round: 20e-3}})
-	h := hostPerCall(hs, 4)                     // two repetitions of two calls
+	h := hostPerCall(hs, 4, false)              // two repetitions of two calls
 	require.InDelta(t, 0.75e3, h.Enqueue, 1e-9) // (2 + 4) ms over 2 ranks and 4 calls
 	require.InDelta(t, 1.25e3, h.Settle, 1e-9)
 	require.InDelta(t, 2e3, h.SettleMax, 1e-9) // the second rank: 8 ms over 4 calls
 	require.InDelta(t, 7.5e3, h.Round, 1e-9)
-	require.Nil(t, hostPerCall(nil, 4))
-	require.Nil(t, hostPerCall(hs, 0))
+	require.Zero(t, h.StartSkew, "no skews without one clock")
+	require.Nil(t, hostPerCall(nil, 4, true))
+	require.Nil(t, hostPerCall(hs, 0, true))
+}
+
+// The skews compare the ranks round by round: the spread of a round's
+// times, its mean over rounds and the 90th percentile.
+func TestHostSkewsCompareRanksRoundByRound(t *testing.T) {
+	us := func(v ...int64) []int64 {
+		for i := range v {
+			v[i] *= 1e3
+		}
+		return v
+	}
+	hs := addHostTimes(nil, []hostTimes{
+		{Starts: us(0, 100, 200, 300, 400, 500, 600, 700, 800, 900), Returns: us(10, 110, 210, 310, 410, 510, 610, 710, 810, 910)},
+		{Starts: us(5, 100, 210, 300, 400, 500, 600, 700, 800, 990), Returns: us(10, 120, 210, 310, 410, 510, 610, 710, 810, 911)},
+		{Starts: us(1, 101, 200, 300, 400, 500, 600, 700, 800, 900), Returns: us(10, 110, 210, 310, 410, 510, 610, 710, 810, 910)},
+	})
+	h := hostPerCall(hs, 10, true)
+	require.InDelta(t, (5+1+10+90)/10.0, h.StartSkew, 1e-9)
+	require.InDelta(t, 90.0, h.StartSkewP90, 1e-9, "the largest of ten rounds' spreads")
+	require.InDelta(t, (10+1)/10.0, h.ReturnSkew, 1e-9)
+
+	hs[1].Starts = hs[1].Starts[:9] // a rank with fewer rounds: no skew
+	h = hostPerCall(hs, 10, true)
+	require.Zero(t, h.StartSkew)
+	require.NotZero(t, h.ReturnSkew)
+	require.Zero(t, hostPerCall(hs[:1], 10, true).ReturnSkew, "one rank has no spread")
+}
+
+func TestOneClock(t *testing.T) {
+	require.True(t, oneClock([]rankResult{{Clock: "a"}, {Clock: "a"}}))
+	require.False(t, oneClock([]rankResult{{Clock: "a"}, {Clock: "b"}}))
+	require.False(t, oneClock([]rankResult{{Clock: ""}}))
+	require.False(t, oneClock(nil))
 }

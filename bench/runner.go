@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"time"
 
@@ -279,6 +280,9 @@ type rankResult struct {
 	// Host is where each local rank's host time went over each method's
 	// timed repetitions, [method][local rank].
 	Host [][]hostTimes `json:"h,omitempty"`
+	// Clock names the clock of Host's timestamps (the host's name): ranks
+	// whose clocks have one name are compared by them.
+	Clock string `json:"k,omitempty"`
 }
 
 // timeUnit runs, for every local rank at once, rounds rounds of units
@@ -295,10 +299,10 @@ func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]floa
 		c := r.callers[i]
 		h := &host[i]
 		var total time.Duration
-		for range rounds {
+		for round := range rounds {
 			start := time.Now()
 			d, err := rk.Time(r.ctx, func() error {
-				defer h.enqueued(time.Now())
+				defer h.enqueued(round, start, time.Now())
 				for range units {
 					if err := enqueue(c); err != nil {
 						return err
@@ -357,6 +361,7 @@ func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method,
 	}
 	res.Load = make([]hostDelta, len(ms))
 	res.Host = make([][]hostTimes, len(ms))
+	res.Clock, _ = os.Hostname()
 	res.Units = units * rounds * r.cfg.Reps
 	for rep := range r.cfg.Reps {
 		for _, k := range repOrder(rep, len(ms)) {
@@ -608,10 +613,21 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 				hosts = append(hosts, pr.Host[k]...)
 			}
 		}
-		rec.HostUS = hostPerCall(hosts, all[0].Units)
+		rec.HostUS = hostPerCall(hosts, all[0].Units, oneClock(all))
 		recs = append(recs, rec)
 	}
 	return recs
+}
+
+// oneClock reports whether every process read its times from one clock:
+// all name the same host.
+func oneClock(all []rankResult) bool {
+	for _, pr := range all {
+		if pr.Clock == "" || pr.Clock != all[0].Clock {
+			return false
+		}
+	}
+	return len(all) > 0
 }
 
 func (r *run) proto(kind string, bytes, count int64) Record {
