@@ -25,13 +25,17 @@ type Load struct {
 	// retransmission timeouts, likewise: the losses no duplicate ACK
 	// repaired, each a stall of at least the route's rto_min
 	TCPTimeouts float64 `json:"tcp_timeouts"`
+	// RunDelay is how long the processes' threads were runnable but
+	// waited for a CPU (Linux's schedstat), summed over processes: more
+	// threads wanting to run than the host has CPUs.
+	RunDelay    float64 `json:"run_delay_s"`
 	Namespaces  int     `json:"netns,omitempty"` // distinct network namespaces counted
 	Unavailable string  `json:"unavailable,omitempty"`
 }
 
 // hostSample is one process's counters at one moment.
 type hostSample struct {
-	cpu                        time.Duration
+	cpu, runDelay              time.Duration
 	outSegs, retrans, timeouts int64
 	netns                      string // the network namespace's identity; "" when unreadable
 	err                        string
@@ -47,6 +51,7 @@ func sampleHost() hostSample {
 	} else {
 		s.err = "getrusage: " + err.Error()
 	}
+	s.runDelay = runDelay()
 	ns, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
 		s.err = "network namespace: " + err.Error()
@@ -74,6 +79,29 @@ func sampleHost() hostSample {
 	}
 	s.netns, s.outSegs, s.retrans, s.timeouts = ns, tcp[0], tcp[1], ext[0]
 	return s
+}
+
+// runDelay sums how long this process's threads have waited for a CPU
+// while runnable (the second field of /proc/self/task/*/schedstat); 0
+// where the system does not say.
+func runDelay() time.Duration {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread has exited
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				sum += time.Duration(ns)
+			}
+		}
+	}
+	return sum
 }
 
 // parseCounters reads the named counters of section from text, a
@@ -112,12 +140,13 @@ func parseCounters(file string, text []byte, section string, names ...string) ([
 
 // hostDelta is one process's counters over one method's timed units.
 type hostDelta struct {
-	CPU     float64 `json:"c"` // seconds
-	Out     int64   `json:"o"`
-	Retrans int64   `json:"r"`
-	RTOs    int64   `json:"t"`
-	NetNS   string  `json:"n,omitempty"`
-	Err     string  `json:"e,omitempty"`
+	CPU      float64 `json:"c"` // seconds
+	RunDelay float64 `json:"d"` // seconds
+	Out      int64   `json:"o"`
+	Retrans  int64   `json:"r"`
+	RTOs     int64   `json:"t"`
+	NetNS    string  `json:"n,omitempty"`
+	Err      string  `json:"e,omitempty"`
 }
 
 // add accumulates e into d (one method's repetitions).
@@ -129,6 +158,7 @@ func (d hostDelta) add(e hostDelta) hostDelta {
 		d.Err = "the network namespace changed"
 	}
 	d.CPU += e.CPU
+	d.RunDelay += e.RunDelay
 	d.Out += e.Out
 	d.Retrans += e.Retrans
 	d.RTOs += e.RTOs
@@ -138,11 +168,12 @@ func (d hostDelta) add(e hostDelta) hostDelta {
 
 func (a hostSample) until(b hostSample) hostDelta {
 	d := hostDelta{
-		CPU:     (b.cpu - a.cpu).Seconds(),
-		Out:     b.outSegs - a.outSegs,
-		Retrans: b.retrans - a.retrans,
-		RTOs:    b.timeouts - a.timeouts,
-		NetNS:   b.netns,
+		CPU:      (b.cpu - a.cpu).Seconds(),
+		RunDelay: max(b.runDelay-a.runDelay, 0).Seconds(),
+		Out:      b.outSegs - a.outSegs,
+		Retrans:  b.retrans - a.retrans,
+		RTOs:     b.timeouts - a.timeouts,
+		NetNS:    b.netns,
 	}
 	switch {
 	case a.err != "":
@@ -167,6 +198,7 @@ func sumLoad(ds []hostDelta, units int) *Load {
 			continue
 		}
 		l.CPUSeconds += d.CPU
+		l.RunDelay += d.RunDelay
 		if p, ok := perNS[d.NetNS]; !ok || d.Out > p.Out {
 			perNS[d.NetNS] = d
 		}
@@ -179,6 +211,7 @@ func sumLoad(ds []hostDelta, units int) *Load {
 	l.Namespaces = len(perNS)
 	u := float64(max(units, 1))
 	l.CPUSeconds /= u
+	l.RunDelay /= u
 	l.TCPOutSegs /= u
 	l.TCPRetrans /= u
 	l.TCPTimeouts /= u

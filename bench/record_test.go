@@ -3,8 +3,12 @@ package bench
 import (
 	"bytes"
 	"math"
+	"os"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -84,12 +88,13 @@ func TestParseTCPCounters(t *testing.T) {
 
 func TestSumLoadCountsANamespaceOnce(t *testing.T) {
 	ds := []hostDelta{
-		{CPU: 1, Out: 100, Retrans: 2, RTOs: 1, NetNS: "a"},
+		{CPU: 1, RunDelay: 0.5, Out: 100, Retrans: 2, RTOs: 1, NetNS: "a"},
 		{CPU: 2, Out: 90, Retrans: 1, NetNS: "a"}, // the same machine: its larger reading counts
 		{CPU: 3, Out: 50, Retrans: 5, RTOs: 2, NetNS: "b"},
 	}
 	l := sumLoad(ds, 2)
 	require.InDelta(t, 3.0, l.CPUSeconds, 1e-12)
+	require.InDelta(t, 0.25, l.RunDelay, 1e-12, "summed over processes, per unit")
 	require.InDelta(t, 75.0, l.TCPOutSegs, 1e-12)
 	require.InDelta(t, 3.5, l.TCPRetrans, 1e-12)
 	require.InDelta(t, 1.5, l.TCPTimeouts, 1e-12)
@@ -97,6 +102,29 @@ func TestSumLoadCountsANamespaceOnce(t *testing.T) {
 	require.Empty(t, l.Unavailable)
 	l = sumLoad([]hostDelta{{Err: "no /proc"}}, 1)
 	require.Equal(t, "no /proc", l.Unavailable)
+}
+
+// More busy threads than CPUs wait for them: the run delay grows.
+func TestSampleHostReadsTheRunDelay(t *testing.T) {
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		t.Skip("no /proc/self/task on this system")
+	}
+	busy := 4 * runtime.NumCPU()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(busy)) // that many threads run Go code at once
+	a := sampleHost()
+	var wg sync.WaitGroup
+	stop := time.Now().Add(200 * time.Millisecond)
+	for range busy {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+			}
+		}()
+	}
+	wg.Wait()
+	d := a.until(sampleHost())
+	require.Greater(t, d.RunDelay, 0.0)
 }
 
 func TestSampleHostReadsThisProcess(t *testing.T) {
