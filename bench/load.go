@@ -246,6 +246,13 @@ type HostUS struct {
 	StartSkewP90  float64 `json:"start_skew_p90,omitempty"`
 	ReturnSkew    float64 `json:"return_skew,omitempty"`
 	ReturnSkewP90 float64 `json:"return_skew_p90,omitempty"`
+	// SeenSkew is how far apart the ranks saw a round's device work done,
+	// likewise: the part of StartSkew that is not the settle's.
+	SeenSkew    float64 `json:"seen_skew,omitempty"`
+	SeenSkewP90 float64 `json:"seen_skew_p90,omitempty"`
+	// SettleP99 is the 99th percentile of a round's settle, for the rank
+	// whose is largest: the rare late completions a mean hides.
+	SettleP99 float64 `json:"settle_p99,omitempty"`
 }
 
 // skewRounds is how many rounds of each repetition keep their times for
@@ -262,6 +269,10 @@ type hostTimes struct {
 	// return of their calls (Unix ns), each repetition's after the last.
 	Starts  []int64 `json:"ts,omitempty"`
 	Returns []int64 `json:"tr,omitempty"`
+	// Seens are when those rounds' device work was seen done (Unix ns),
+	// Settles how long their completion then took to reach the caller (ns).
+	Seens   []int64 `json:"tn,omitempty"`
+	Settles []int64 `json:"tw,omitempty"`
 }
 
 // enqueued counts round's time from called to now as enqueueing, and
@@ -277,9 +288,13 @@ func (h *hostTimes) enqueued(round int, start, called time.Time) {
 
 // round counts one round that started at start, whose device work was seen
 // done at ran and its completion at end.
-func (h *hostTimes) round(start, ran, end time.Time) {
+func (h *hostTimes) round(round int, start, ran, end time.Time) {
 	h.Settle += end.Sub(ran).Seconds()
 	h.Round += end.Sub(start).Seconds()
+	if round < skewRounds {
+		h.Seens = append(h.Seens, ran.UnixNano())
+		h.Settles = append(h.Settles, end.Sub(ran).Nanoseconds())
+	}
 }
 
 // addHostTimes adds b into a, rank by rank (a may be nil).
@@ -293,6 +308,8 @@ func addHostTimes(a, b []hostTimes) []hostTimes {
 		a[i].Round += b[i].Round
 		a[i].Starts = append(a[i].Starts, b[i].Starts...)
 		a[i].Returns = append(a[i].Returns, b[i].Returns...)
+		a[i].Seens = append(a[i].Seens, b[i].Seens...)
+		a[i].Settles = append(a[i].Settles, b[i].Settles...)
 	}
 	return a
 }
@@ -318,6 +335,13 @@ func hostPerCall(hs []hostTimes, calls int, oneClock bool) *HostUS {
 	if oneClock {
 		h.StartSkew, h.StartSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Starts })
 		h.ReturnSkew, h.ReturnSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Returns })
+		h.SeenSkew, h.SeenSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Seens })
+	}
+	for _, t := range hs {
+		if n := len(t.Settles); n > 0 {
+			s := slices.Sorted(slices.Values(t.Settles))
+			h.SettleP99 = max(h.SettleP99, float64(s[(n*99)/100])/1e3)
+		}
 	}
 	return &h
 }

@@ -166,7 +166,11 @@ func TestHostSkewsCompareRanksRoundByRound(t *testing.T) {
 		{Starts: us(5, 100, 210, 300, 400, 500, 600, 700, 800, 990), Returns: us(10, 120, 210, 310, 410, 510, 610, 710, 810, 911)},
 		{Starts: us(1, 101, 200, 300, 400, 500, 600, 700, 800, 900), Returns: us(10, 110, 210, 310, 410, 510, 610, 710, 810, 910)},
 	})
+	hs[0].Settles = us(1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+	hs[2].Settles = us(2, 2, 2, 2, 2, 2, 2, 2, 2, 50)
 	h := hostPerCall(hs, 10, true)
+	require.InDelta(t, 50.0, h.SettleP99, 1e-9, "the largest rank's 99th percentile of ten rounds")
+	require.Zero(t, h.SeenSkew, "no rank saw its rounds done")
 	require.InDelta(t, (5+1+10+90)/10.0, h.StartSkew, 1e-9)
 	require.InDelta(t, 90.0, h.StartSkewP90, 1e-9, "the largest of ten rounds' spreads")
 	require.InDelta(t, (10+1)/10.0, h.ReturnSkew, 1e-9)

@@ -317,7 +317,7 @@ func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]floa
 			if err != nil {
 				return err
 			}
-			h.round(start, ran, time.Now())
+			h.round(round, start, ran, time.Now())
 			total += d
 		}
 		if r.cfg.WorksAtEnd {

@@ -551,8 +551,9 @@ func TestRepBytesRepeatsRounds(t *testing.T) {
 		require.GreaterOrEqual(t, h.Settle, 0.0)
 		require.GreaterOrEqual(t, h.SettleMax, h.Settle)
 		require.Greater(t, h.Round, h.Enqueue+h.Settle)
-		require.Greater(t, h.StartSkewP90+h.ReturnSkewP90, 0.0,
+		require.Greater(t, h.StartSkewP90+h.ReturnSkewP90+h.SeenSkewP90, 0.0,
 			"four ranks of one process, one clock: their skews are measured")
+		require.GreaterOrEqual(t, h.SettleP99, 0.0)
 	}
 
 	r, err := newRun(context.Background(), tb, cfg)
