@@ -299,6 +299,9 @@ machine() {
     echo "nproc=$(nproc) online=$(cat /sys/devices/system/cpu/online 2>/dev/null)"
     echo "cgroup cpu.max=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null)"
     echo "loadavg=$(cat /proc/loadavg 2>/dev/null)"
+    # The scheduler a napping poller wakes under: its kernel and time slice.
+    echo "kernel=$(uname -r) base_slice_ns=$(cat /sys/kernel/debug/sched/base_slice_ns 2>/dev/null || sysctl -n kernel.sched_base_slice_ns 2>/dev/null)"
+    echo "cpuidle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null) hypervisor=$(grep -c -m1 hypervisor /proc/cpuinfo 2>/dev/null)"
   } >"$OUT/machine.txt"
 }
 
