@@ -633,8 +633,14 @@ nodes_report() {
   local files
   files=$(ls "$OUT"/json/*-nodes-*.jsonl 2>/dev/null | paste -sd, -)
   [ -n "$files" ] || return 0
+  # The variant compared: fairgo, or the first of VARIANTS, which replace it.
+  local variant=fairgo
   # shellcheck disable=SC2086
-  step nodes-report 20 "$BIN/fairbench" nodes -in "$files" -nic-gbit "$NODES_GBIT" -plot "$OUT/plots" $MODEL_LINKS
+  set -- $VARIANTS
+  [ $# -gt 0 ] && variant=${1%%=*}
+  # shellcheck disable=SC2086
+  step nodes-report 20 "$BIN/fairbench" nodes -in "$files" -nic-gbit "$NODES_GBIT" -variant "$variant" \
+    -plot "$OUT/plots" $MODEL_LINKS
   tail -n +2 "$OUT/logs/nodes-report.log" >"$OUT/nodes.txt"
   local n
   n=$(grep -c ' measured ' "$OUT/nodes.txt")
