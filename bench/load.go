@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -229,60 +230,65 @@ type HostUS struct {
 	// the method's completion seen by its caller (fairgo's Works; nothing
 	// for NCCL's calls, which a stream's end completes): how late a call's
 	// end reaches the training loop. SettleMax is the same for the rank
-	// that waited longest.
+	// that waited longest, SettleP99 the 99th percentile of a round's
+	// settle for the rank whose is largest: the rare late completions a
+	// mean hides.
 	Settle    float64 `json:"settle"`
 	SettleMax float64 `json:"settle_max"`
+	SettleP99 float64 `json:"settle_p99,omitempty"`
 	// Round is the whole host time of a call: enqueue, the wait for the
 	// device, settle and the loop around them.
 	Round float64 `json:"round"`
 	// StartSkew is how far apart the ranks started a round (the latest
-	// start less the earliest), and ReturnSkew how far apart their calls
-	// of the round returned: the mean over rounds and the 90th percentile.
-	// A collective ends no sooner than its last rank's launch, so a skew
-	// is time every other rank waits. Only where every rank's process
-	// read one clock (one host, as on fairrun's testbed); rounds past the
-	// first skewRounds of a repetition are not counted.
+	// start less the earliest), SeenSkew how far apart they saw its device
+	// work done, and ReturnSkew how far apart their calls of the round
+	// returned: the mean over rounds and the 90th percentile. A collective
+	// ends no sooner than its last rank's launch, so a skew is time every
+	// other rank waits. Only where every rank's process read one clock
+	// (one host, as on fairrun's testbed); rounds past the first
+	// skewRounds of a repetition are not counted.
 	StartSkew     float64 `json:"start_skew,omitempty"`
 	StartSkewP90  float64 `json:"start_skew_p90,omitempty"`
+	SeenSkew      float64 `json:"seen_skew,omitempty"`
+	SeenSkewP90   float64 `json:"seen_skew_p90,omitempty"`
 	ReturnSkew    float64 `json:"return_skew,omitempty"`
 	ReturnSkewP90 float64 `json:"return_skew_p90,omitempty"`
-	// SeenSkew is how far apart the ranks saw a round's device work done,
-	// likewise: the part of StartSkew that is not the settle's.
-	SeenSkew    float64 `json:"seen_skew,omitempty"`
-	SeenSkewP90 float64 `json:"seen_skew_p90,omitempty"`
-	// SettleP99 is the 99th percentile of a round's settle, for the rank
-	// whose is largest: the rare late completions a mean hides.
-	SettleP99 float64 `json:"settle_p99,omitempty"`
 }
 
 // skewRounds is how many rounds of each repetition keep their times for
-// the skews.
-const skewRounds = 256
+// the skews and the settle's percentile.
+const skewRounds = 128
+
+// The moments of a kept round, in roundSpans and hostTimes.moments.
+const (
+	momentStart  = iota // the round started
+	momentSeen          // its device work was seen done
+	momentReturn        // its calls returned
+	numMoments
+)
 
 // hostTimes is one local rank's host time over one method's timed rounds,
-// in seconds, summed.
+// in seconds, summed; its per-round times stay in the process.
 type hostTimes struct {
-	Enqueue float64 `json:"e"`
-	Settle  float64 `json:"s"`
-	Round   float64 `json:"r"`
-	// Starts and Returns are the first skewRounds rounds' start and the
-	// return of their calls (Unix ns), each repetition's after the last.
-	Starts  []int64 `json:"ts,omitempty"`
-	Returns []int64 `json:"tr,omitempty"`
-	// Seens are when those rounds' device work was seen done (Unix ns),
-	// Settles how long their completion then took to reach the caller (ns).
-	Seens   []int64 `json:"tn,omitempty"`
-	Settles []int64 `json:"tw,omitempty"`
+	Enqueue   float64 `json:"e"`
+	Settle    float64 `json:"s"`
+	Round     float64 `json:"r"`
+	SettleP99 float64 `json:"p,omitempty"` // µs, set by spansOf
+
+	// moments are the first skewRounds rounds' moments (Unix ns), each
+	// repetition's after the last; settles those rounds' settle (ns).
+	moments [numMoments][]int64
+	settles []int64
 }
 
 // enqueued counts round's time from called to now as enqueueing, and
-// keeps the round's start and now for the skews.
+// keeps the round's start and now.
 func (h *hostTimes) enqueued(round int, start, called time.Time) {
 	now := time.Now()
 	h.Enqueue += now.Sub(called).Seconds()
 	if round < skewRounds {
-		h.Starts = append(h.Starts, start.UnixNano())
-		h.Returns = append(h.Returns, now.UnixNano())
+		h.moments[momentStart] = append(h.moments[momentStart], start.UnixNano())
+		h.moments[momentReturn] = append(h.moments[momentReturn], now.UnixNano())
 	}
 }
 
@@ -292,8 +298,8 @@ func (h *hostTimes) round(round int, start, ran, end time.Time) {
 	h.Settle += end.Sub(ran).Seconds()
 	h.Round += end.Sub(start).Seconds()
 	if round < skewRounds {
-		h.Seens = append(h.Seens, ran.UnixNano())
-		h.Settles = append(h.Settles, end.Sub(ran).Nanoseconds())
+		h.moments[momentSeen] = append(h.moments[momentSeen], ran.UnixNano())
+		h.settles = append(h.settles, end.Sub(ran).Nanoseconds())
 	}
 }
 
@@ -306,17 +312,71 @@ func addHostTimes(a, b []hostTimes) []hostTimes {
 		a[i].Enqueue += b[i].Enqueue
 		a[i].Settle += b[i].Settle
 		a[i].Round += b[i].Round
-		a[i].Starts = append(a[i].Starts, b[i].Starts...)
-		a[i].Returns = append(a[i].Returns, b[i].Returns...)
-		a[i].Seens = append(a[i].Seens, b[i].Seens...)
-		a[i].Settles = append(a[i].Settles, b[i].Settles...)
+		for m := range a[i].moments {
+			a[i].moments[m] = append(a[i].moments[m], b[i].moments[m]...)
+		}
+		a[i].settles = append(a[i].settles, b[i].settles...)
 	}
 	return a
 }
 
+// roundSpans is what a process tells of its ranks' kept rounds of one
+// method: for each moment and round, the earliest (Lo) and the latest (Hi)
+// of its ranks, in µs after Base (Unix ns). Two numbers a round whatever
+// the ranks a process drives, so that the results stay small.
+type roundSpans struct {
+	Base int64               `json:"b"`
+	Lo   [numMoments][]int32 `json:"l"`
+	Hi   [numMoments][]int32 `json:"h"`
+}
+
+// spansOf sets each rank's SettleP99 and returns the process's spans of
+// hs; nil where the ranks kept different numbers of rounds.
+func spansOf(hs []hostTimes) *roundSpans {
+	for i := range hs {
+		if n := len(hs[i].settles); n > 0 {
+			s := slices.Sorted(slices.Values(hs[i].settles))
+			hs[i].SettleP99 = float64(s[(n*99)/100]) / 1e3
+		}
+	}
+	if len(hs) == 0 || len(hs[0].moments[momentStart]) == 0 {
+		return nil
+	}
+	sp := &roundSpans{Base: hs[0].moments[momentStart][0]}
+	for m := range numMoments {
+		n := len(hs[0].moments[m])
+		for _, h := range hs {
+			if len(h.moments[m]) != n {
+				return nil
+			}
+			sp.Base = min(sp.Base, slices.Min(h.moments[m]))
+		}
+	}
+	for m := range numMoments {
+		for _, h := range hs {
+			if slices.Max(h.moments[m])-sp.Base >= math.MaxInt32*1e3 {
+				return nil // over 35 minutes: beyond µs in an int32
+			}
+		}
+	}
+	us := func(t int64) int32 { return int32((t - sp.Base) / 1e3) }
+	for m := range numMoments {
+		for j := range hs[0].moments[m] {
+			lo, hi := hs[0].moments[m][j], hs[0].moments[m][j]
+			for _, h := range hs[1:] {
+				lo, hi = min(lo, h.moments[m][j]), max(hi, h.moments[m][j])
+			}
+			sp.Lo[m] = append(sp.Lo[m], us(lo))
+			sp.Hi[m] = append(sp.Hi[m], us(hi))
+		}
+	}
+	return sp
+}
+
 // hostPerCall is the HostUS of the ranks' sums hs over calls timed calls
-// each, with the skews where oneClock; nil when there is none.
-func hostPerCall(hs []hostTimes, calls int, oneClock bool) *HostUS {
+// each, with the skews of the processes' spans where they read one clock
+// (nil spans: none); nil when there is no rank.
+func hostPerCall(hs []hostTimes, calls int, spans []*roundSpans) *HostUS {
 	if len(hs) == 0 || calls <= 0 {
 		return nil
 	}
@@ -326,46 +386,45 @@ func hostPerCall(hs []hostTimes, calls int, oneClock bool) *HostUS {
 		h.Enqueue += t.Enqueue * per
 		h.Settle += t.Settle * per
 		h.SettleMax = max(h.SettleMax, t.Settle*per)
+		h.SettleP99 = max(h.SettleP99, t.SettleP99)
 		h.Round += t.Round * per
 	}
 	n := float64(len(hs))
 	h.Enqueue /= n
 	h.Settle /= n
 	h.Round /= n
-	if oneClock {
-		h.StartSkew, h.StartSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Starts })
-		h.ReturnSkew, h.ReturnSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Returns })
-		h.SeenSkew, h.SeenSkewP90 = skew(hs, func(t hostTimes) []int64 { return t.Seens })
-	}
-	for _, t := range hs {
-		if n := len(t.Settles); n > 0 {
-			s := slices.Sorted(slices.Values(t.Settles))
-			h.SettleP99 = max(h.SettleP99, float64(s[(n*99)/100])/1e3)
-		}
+	if len(hs) > 1 {
+		h.StartSkew, h.StartSkewP90 = skew(spans, momentStart)
+		h.SeenSkew, h.SeenSkewP90 = skew(spans, momentSeen)
+		h.ReturnSkew, h.ReturnSkewP90 = skew(spans, momentReturn)
 	}
 	return &h
 }
 
 // skew is the mean and the 90th percentile over rounds of how far apart
-// the ranks' times of(h) of a round are, in µs; zeros unless every rank
-// has the same number of rounds and one at least.
-func skew(hs []hostTimes, of func(hostTimes) []int64) (mean, p90 float64) {
-	n := len(of(hs[0]))
-	for _, h := range hs {
-		if len(of(h)) != n {
+// every process's ranks were at moment m of a round, in µs; zeros unless
+// every process kept the same number of rounds, one at least.
+func skew(spans []*roundSpans, m int) (mean, p90 float64) {
+	if len(spans) == 0 || spans[0] == nil {
+		return 0, 0
+	}
+	n := len(spans[0].Lo[m])
+	for _, sp := range spans {
+		if sp == nil || len(sp.Lo[m]) != n || len(sp.Hi[m]) != n {
 			return 0, 0
 		}
 	}
-	if n == 0 || len(hs) < 2 {
+	if n == 0 {
 		return 0, 0
 	}
+	at := func(sp *roundSpans, v int32) int64 { return sp.Base/1e3 + int64(v) } // µs
 	spreads := make([]float64, n)
 	for j := range n {
-		lo, hi := of(hs[0])[j], of(hs[0])[j]
-		for _, h := range hs[1:] {
-			lo, hi = min(lo, of(h)[j]), max(hi, of(h)[j])
+		lo, hi := at(spans[0], spans[0].Lo[m][j]), at(spans[0], spans[0].Hi[m][j])
+		for _, sp := range spans[1:] {
+			lo, hi = min(lo, at(sp, sp.Lo[m][j])), max(hi, at(sp, sp.Hi[m][j]))
 		}
-		spreads[j] = float64(hi-lo) / 1e3
+		spreads[j] = float64(hi - lo)
 		mean += spreads[j]
 	}
 	slices.Sort(spreads)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -142,44 +143,58 @@ func TestSampleHostReadsThisProcess(t *testing.T) {
 func TestHostPerCallAveragesRanks(t *testing.T) {
 	hs := addHostTimes(nil, []hostTimes{{Enqueue: 1e-3, Settle: 2e-3, Round: 10e-3}, {Enqueue: 3e-3, Settle: 6e-3, Round: 20e-3}})
 	hs = addHostTimes(hs, []hostTimes{{Enqueue: 1e-3, Settle: 0, Round: 10e-3}, {Enqueue: 1e-3, Settle: 2e-3, Round: 20e-3}})
-	h := hostPerCall(hs, 4, false)              // two repetitions of two calls
+	h := hostPerCall(hs, 4, nil)                // two repetitions of two calls
 	require.InDelta(t, 0.75e3, h.Enqueue, 1e-9) // (2 + 4) ms over 2 ranks and 4 calls
 	require.InDelta(t, 1.25e3, h.Settle, 1e-9)
 	require.InDelta(t, 2e3, h.SettleMax, 1e-9) // the second rank: 8 ms over 4 calls
 	require.InDelta(t, 7.5e3, h.Round, 1e-9)
-	require.Zero(t, h.StartSkew, "no skews without one clock")
-	require.Nil(t, hostPerCall(nil, 4, true))
-	require.Nil(t, hostPerCall(hs, 0, true))
+	require.Zero(t, h.StartSkew, "no skews without spans")
+	require.Nil(t, hostPerCall(nil, 4, nil))
+	require.Nil(t, hostPerCall(hs, 0, nil))
 }
 
-// The skews compare the ranks round by round: the spread of a round's
-// times, its mean over rounds and the 90th percentile.
-func TestHostSkewsCompareRanksRoundByRound(t *testing.T) {
-	us := func(v ...int64) []int64 {
-		for i := range v {
-			v[i] *= 1e3
+// keptRounds are one rank's kept rounds: its start, seen and return times
+// and its settles, all in µs.
+func keptRounds(starts, seens, returns, settles []int64) hostTimes {
+	var h hostTimes
+	for m, v := range [numMoments][]int64{starts, seens, returns} {
+		for _, us := range v {
+			h.moments[m] = append(h.moments[m], 1_700_000_000_000_000_000+us*1e3)
 		}
-		return v
 	}
-	hs := addHostTimes(nil, []hostTimes{
-		{Starts: us(0, 100, 200, 300, 400, 500, 600, 700, 800, 900), Returns: us(10, 110, 210, 310, 410, 510, 610, 710, 810, 910)},
-		{Starts: us(5, 100, 210, 300, 400, 500, 600, 700, 800, 990), Returns: us(10, 120, 210, 310, 410, 510, 610, 710, 810, 911)},
-		{Starts: us(1, 101, 200, 300, 400, 500, 600, 700, 800, 900), Returns: us(10, 110, 210, 310, 410, 510, 610, 710, 810, 910)},
-	})
-	hs[0].Settles = us(1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
-	hs[2].Settles = us(2, 2, 2, 2, 2, 2, 2, 2, 2, 50)
-	h := hostPerCall(hs, 10, true)
-	require.InDelta(t, 50.0, h.SettleP99, 1e-9, "the largest rank's 99th percentile of ten rounds")
-	require.Zero(t, h.SeenSkew, "no rank saw its rounds done")
+	for _, us := range settles {
+		h.settles = append(h.settles, us*1e3)
+	}
+	return h
+}
+
+// The skews compare the ranks round by round, across processes: the spread
+// of a round's times, its mean over rounds and the 90th percentile. A
+// process sends only its ranks' earliest and latest time of each round.
+func TestHostSkewsCompareRanksRoundByRound(t *testing.T) {
+	ten := func(v ...int64) []int64 { return v }
+	same := ten(0, 100, 200, 300, 400, 500, 600, 700, 800, 900)
+	r0 := keptRounds(ten(0, 100, 200, 300, 400, 500, 600, 700, 800, 900), same,
+		ten(10, 110, 210, 310, 410, 510, 610, 710, 810, 910), ten(1, 1, 1, 1, 1, 1, 1, 1, 1, 1))
+	r1 := keptRounds(ten(5, 100, 210, 300, 400, 500, 600, 700, 800, 990), same,
+		ten(10, 120, 210, 310, 410, 510, 610, 710, 810, 911), nil)
+	r2 := keptRounds(ten(1, 101, 200, 300, 400, 500, 600, 700, 800, 900), same,
+		ten(10, 110, 210, 310, 410, 510, 610, 710, 810, 910), ten(2, 2, 2, 2, 2, 2, 2, 2, 2, 50))
+	a := []hostTimes{r0, r1} // process a drives ranks 0 and 1
+	b := []hostTimes{r2}     // process b rank 2
+	spans := []*roundSpans{spansOf(a), spansOf(b)}
+	h := hostPerCall(slices.Concat(a, b), 10, spans)
 	require.InDelta(t, (5+1+10+90)/10.0, h.StartSkew, 1e-9)
 	require.InDelta(t, 90.0, h.StartSkewP90, 1e-9, "the largest of ten rounds' spreads")
 	require.InDelta(t, (10+1)/10.0, h.ReturnSkew, 1e-9)
+	require.Zero(t, h.SeenSkew, "every rank saw every round done at once")
+	require.InDelta(t, 50.0, h.SettleP99, 1e-9, "the largest rank's 99th percentile of ten rounds")
 
-	hs[1].Starts = hs[1].Starts[:9] // a rank with fewer rounds: no skew
-	h = hostPerCall(hs, 10, true)
+	r1.moments[momentStart] = r1.moments[momentStart][:9] // a rank with fewer rounds: no spans
+	require.Nil(t, spansOf([]hostTimes{r0, r1}))
+	h = hostPerCall(slices.Concat(a, b), 10, []*roundSpans{nil, spansOf(b)})
 	require.Zero(t, h.StartSkew)
-	require.NotZero(t, h.ReturnSkew)
-	require.Zero(t, hostPerCall(hs[:1], 10, true).ReturnSkew, "one rank has no spread")
+	require.Zero(t, hostPerCall(b, 10, spans[1:]).ReturnSkew, "one rank has no spread")
 }
 
 func TestOneClock(t *testing.T) {

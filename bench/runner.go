@@ -280,9 +280,11 @@ type rankResult struct {
 	// Host is where each local rank's host time went over each method's
 	// timed repetitions, [method][local rank].
 	Host [][]hostTimes `json:"h,omitempty"`
-	// Clock names the clock of Host's timestamps (the host's name): ranks
-	// whose clocks have one name are compared by them.
-	Clock string `json:"k,omitempty"`
+	// Spans are this process's ranks' kept rounds of each method, [method]
+	// (nil where it has none), and Clock names the clock of their times
+	// (the host's name): processes of one clock are compared by them.
+	Spans []*roundSpans `json:"sp,omitempty"`
+	Clock string        `json:"k,omitempty"`
 }
 
 // timeUnit runs, for every local rank at once, rounds rounds of units
@@ -378,6 +380,10 @@ func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method,
 				r.cfg.Progress.Increment()
 			}
 		}
+	}
+	res.Spans = make([]*roundSpans, len(ms))
+	for k := range ms {
+		res.Spans[k] = spansOf(res.Host[k])
 	}
 	return nil
 }
@@ -613,7 +619,15 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 				hosts = append(hosts, pr.Host[k]...)
 			}
 		}
-		rec.HostUS = hostPerCall(hosts, all[0].Units, oneClock(all))
+		var spans []*roundSpans
+		if oneClock(all) {
+			for _, pr := range all {
+				if k < len(pr.Spans) {
+					spans = append(spans, pr.Spans[k])
+				}
+			}
+		}
+		rec.HostUS = hostPerCall(hosts, all[0].Units, spans)
 		recs = append(recs, rec)
 	}
 	return recs
