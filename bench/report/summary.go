@@ -71,8 +71,50 @@ func Summary(w io.Writer, recs []bench.Record) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := printHostTimes(w, order, ps, s.methods); err != nil {
+		return err
+	}
 	printLinkFits(w, recs)
 	return nil
+}
+
+// printHostTimes prints, for the points whose records say where the host
+// time went, a row per method: its device time, enqueue, settle (mean and
+// 99th percentile) and the ranks' start and seen skews (mean / 90th
+// percentile), in µs a call; nothing when no record says.
+func printHostTimes(w io.Writer, order []pointKey, ps map[pointKey]point, methods []string) error {
+	var rows [][]string
+	for _, k := range order {
+		for _, m := range methods {
+			r, ok := ps[k][m]
+			if !ok || r.HostUS == nil {
+				continue
+			}
+			h := r.HostUS
+			skew := func(mean, p90 float64) string {
+				if mean == 0 && p90 == 0 {
+					return "-"
+				}
+				return fmt.Sprintf("%.0f/%.0f", mean, p90)
+			}
+			rows = append(rows, []string{
+				fmt.Sprintf("%d×%d", k.m, k.d), bench.FormatSize(k.bytes), fmt.Sprint(k.iters), m,
+				fmtTime(r.TimeUS), fmtTime(h.Enqueue), fmtTime(h.Settle), fmtTime(h.SettleP99),
+				skew(h.StartSkew, h.StartSkewP90), skew(h.SeenSkew, h.SeenSkewP90),
+			})
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "# host time a call, µs: enqueue, settle (after the device end, until the caller saw it; mean and 99th "+
+		"percentile), the ranks' start and seen skews (mean/90th percentile)")
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "grid\tsize\titers\tmethod\ttime\tenqueue\tsettle\tsettle p99\tstart skew\tseen skew\t")
+	for _, row := range rows {
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	return tw.Flush()
 }
 
 // summary is the table of Summary: its methods and fairgo variants.

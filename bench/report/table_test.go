@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -138,10 +139,24 @@ func TestSummaryAndCSV(t *testing.T) {
 	for _, want := range []string{"fairgo/best", "2×2", "4M", "2.00", "sim(not GPU timings)", "link net:"} {
 		require.Contains(t, out, want)
 	}
+	require.NotContains(t, out, "# host time", "no record says where its host time went")
 	buf.Reset()
 	require.NoError(t, WriteCSV(&buf, recs))
 	require.Equal(t, 6, strings.Count(buf.String(), "\n"))
 	require.Contains(t, buf.String(), "ideal_busbw_gbps")
+
+	recs[0].HostUS = &bench.HostUS{Enqueue: 12.5, Settle: 3, SettleP99: 40, StartSkew: 10, StartSkewP90: 20}
+	buf.Reset()
+	require.NoError(t, Summary(&buf, recs))
+	_, host, ok := strings.Cut(buf.String(), "# host time a call")
+	require.True(t, ok, "a record that says where its host time went gets the host table")
+	lines := strings.Split(strings.TrimSpace(host), "\n")
+	require.Len(t, lines, 4, "the legend, the head, one row (only that record's), then the link's fit")
+	require.True(t, strings.HasPrefix(lines[3], "link net:"), lines[3])
+	require.Equal(t,
+		[]string{"2×2", bench.FormatSize(recs[0].Bytes), fmt.Sprint(recs[0].Iters), recs[0].Algorithm,
+			fmtTime(recs[0].TimeUS), "12.50", "3.00", "40.00", "10/20", "-"},
+		strings.Fields(lines[2]))
 }
 
 func TestPlotsRender(t *testing.T) {
