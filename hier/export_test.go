@@ -25,6 +25,14 @@ func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load()
 // WatcherParks is how many times r's watcher blocked for its next call.
 func WatcherParks(r *Reducer) uint64 { return r.hooks.watcherParks.Load() }
 
+// HoldWatcher stops r's watcher from taking calls (held) or lets it go on,
+// so that a test sees what Waits complete on their own. Release it before
+// Close, which waits for the watcher.
+func HoldWatcher(r *Reducer, held bool) { r.hooks.watcherHeld.Store(held) }
+
+// HelpedCalls is how many calls a Wait completed in the watcher's place.
+func HelpedCalls(r *Reducer) uint64 { return r.hooks.helped.Load() }
+
 // CalibrationCalls is how many allreduces Auto's calibrations enqueued.
 func CalibrationCalls(r *Reducer) uint64 { return r.hooks.calibrationCalls.Load() }
 

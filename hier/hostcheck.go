@@ -87,7 +87,6 @@ type hostCheck struct {
 	rank   int   // world rank
 	size   int   // world size
 	posted image // the image being posted (the executing goroutine's)
-	merged image // the maximum of the ranks' images (the watcher's)
 }
 
 func hostWords(size int) int { return hostHeaderWords + size*hostRankWords }
@@ -201,7 +200,7 @@ func (a *hostAgreement) learn(seq uint64, img image) {
 		}
 		if anyFailed == 0 && a.region != nil {
 			a.outcome = &hostCheck{region: a.region, words: a.region.Words(), rank: r.WorldRank(),
-				size: r.rank.Grid.Size(), posted: make(image, 8*imageWords), merged: make(image, 8*imageWords)}
+				size: r.rank.Grid.Size(), posted: make(image, 8*imageWords)}
 		} else if a.region != nil {
 			_ = a.region.Close()
 		}
@@ -340,14 +339,27 @@ func (h *hostCheck) post(q *request, stopped func() error) error {
 
 // decide reads every rank's image of call q: ok false when some rank has
 // not posted it yet; else the verdict (nil, or the *MismatchError), after
-// which this rank's cursor moves to q. The watcher calls it, in call
-// order.
+// which this rank's cursor moves to q, freeing q's slot for the peers.
+// Whoever completes calls decides them, in call order, with watch.mu held
+// and q not yet completed: once the cursor has passed q, q's slots may
+// hold a later call.
 func (h *hostCheck) decide(q *request) (ok bool, err error) {
+	if ok, err = h.read(q); ok {
+		h.advance(q.seq)
+	}
+	return ok, err
+}
+
+// read is decide without moving the cursor: a Wait that helps (help)
+// reads, and moves the cursor only for a call it then completes, leaving
+// a mismatch to the watcher to decide and explain.
+func (h *hostCheck) read(q *request) (ok bool, err error) {
 	for k := range h.size {
 		if atomic.LoadUint64(&h.slot(k, q.seq)[0]) != q.seq {
 			return false, nil
 		}
 	}
+	merged := make(image, 8*imageWords)
 	for w := range imageWords {
 		var m int64
 		for k := range h.size {
@@ -356,11 +368,30 @@ func (h *hostCheck) decide(q *request) (ok bool, err error) {
 				m = v
 			}
 		}
-		binary.LittleEndian.PutUint64(h.merged[8*w:], uint64(m))
+		binary.LittleEndian.PutUint64(merged[8*w:], uint64(m))
 	}
-	err = h.merged.decide(q, h.size)
-	atomic.StoreUint64(h.cursor(h.rank), q.seq)
-	return true, err
+	return true, merged.decide(q, h.size)
+}
+
+// advance moves this rank's cursor to seq, never back.
+func (h *hostCheck) advance(seq uint64) {
+	for c := h.cursor(h.rank); ; {
+		if last := atomic.LoadUint64(c); last >= seq || atomic.CompareAndSwapUint64(c, last, seq) {
+			return
+		}
+	}
+}
+
+// decideHostCheck decides call q's shared check, with watch.mu held,
+// unless a Wait completed q (helped), whose slots may hold a later call.
+func (r *Reducer) decideHostCheck(q *request) (ok, helped bool, err error) {
+	r.watch.mu.Lock()
+	defer r.watch.mu.Unlock()
+	if q.completedElsewhere() {
+		return false, true, nil
+	}
+	ok, err = r.host.decide(q)
+	return ok, false, err
 }
 
 // awaitHostCheck decides call q's shared check, polling for up to wait
@@ -373,8 +404,9 @@ func (r *Reducer) awaitHostCheck(q *request, wait time.Duration) (ok bool, err e
 	pace.Max = time.Millisecond
 	var deadline time.Time
 	for {
-		ok, err = r.host.decide(q)
-		if ok || wait <= 0 || r.brokenCause() != nil {
+		var helped bool
+		ok, helped, err = r.decideHostCheck(q)
+		if ok || wait <= 0 || r.brokenCause() != nil || helped {
 			break
 		}
 		now := time.Now()

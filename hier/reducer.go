@@ -95,6 +95,8 @@ type testHooks struct {
 	// allreduces Auto's calibration enqueued
 	calibrationCalls atomic.Uint64
 	watcherParks     atomic.Uint64 // times the watcher blocked for its next call
+	watcherHeld      atomic.Bool   // the watcher takes no call while set
+	helped           atomic.Uint64 // calls a Wait completed in the watcher's place
 }
 
 // NewReducer builds the engine of one rank from its device, grid and
@@ -432,7 +434,7 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	}
 	q.ctx = ctx
 	q.work = newWork()
-	q.work.spin = r.cfg.spin
+	q.work.spin, q.work.r = r.cfg.spin, r
 	c := &r.calls
 	c.mu.Lock()
 	if c.closed {

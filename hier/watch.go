@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +34,11 @@ const (
 )
 
 // watcher is the goroutine that completes Works: the calls the engine
-// hands it, and how far this rank got.
+// hands it, and how far this rank got. A Wait may complete calls in its
+// place (help): the first thread to see a call's device work done
+// finishes it, so that a caller waiting for its call does not also wait
+// for the watcher to wake up and see it. Either way calls complete in call
+// order, one at a time, under mu.
 type watcher struct {
 	ch        chan pending
 	done      chan struct{} // closed when the watcher has exited
@@ -42,6 +47,21 @@ type watcher struct {
 	// poll paces a wait for a check whose data is done; made at the first
 	// such wait and reused, on the watcher goroutine only.
 	poll *time.Timer
+
+	mu sync.Mutex // held while a call is completed; guards the fields below
+	// queue holds the calls taken off ch and not yet completed, oldest
+	// first: ch hands each call to the watcher or to a helping Wait,
+	// whichever receives it, and both complete from the front.
+	queue []pending
+	// current is the call the watcher is waiting for (nil: none); orphan
+	// is its completion event when a Wait completed it meanwhile, kept out
+	// of the event pool until the watcher has stopped polling it, so that
+	// no later call's recording can be taken for it.
+	current *request
+	orphan  streams.Event
+	// receiving is set while the watcher blocks on ch for the next call
+	// (receive), which a helping Wait then leaves to it.
+	receiving bool
 }
 
 // pollTimer is the watcher's poll timer, started for one watchPoll.
@@ -67,39 +87,161 @@ func (r *Reducer) watchCalls() {
 		nap      poll.Backoff // paces the polls for the next call meanwhile
 	)
 	for {
-		var (
-			p  pending
-			ok bool
-		)
+		if r.hooks.watcherHeld.Load() {
+			time.Sleep(100 * time.Microsecond)
+			continue
+		}
+		if p, ok := r.watch.take(); ok {
+			r.complete(p)
+			lastDone, nap = time.Now(), poll.Backoff{}
+			continue
+		}
 		select {
-		case p, ok = <-r.watch.ch:
 		case <-tick.C:
 			r.checkEnqueueStall()
 			continue
 		default:
-			if !lastDone.IsZero() && time.Since(lastDone) < watchIdlePoll {
-				nap.Wait()
-				continue
-			}
-			r.hooks.watcherParks.Add(1)
-			select {
-			case p, ok = <-r.watch.ch:
-			case <-tick.C:
-				r.checkEnqueueStall()
-				continue
-			}
 		}
-		if !ok {
-			return
+		got, open := r.watch.receive(false)
+		switch {
+		case got:
+			continue
+		case !open:
+			return // no call queued, and no more to come
+		case !lastDone.IsZero() && time.Since(lastDone) < watchIdlePoll:
+			nap.Wait()
+			continue
 		}
-		r.complete(p)
-		lastDone, nap = time.Now(), poll.Backoff{}
+		r.hooks.watcherParks.Add(1)
+		r.watch.receive(true)
 	}
 }
 
-// complete waits for one pending call and finishes its Work.
+// receive takes the next call off ch into the queue, without blocking or
+// (block) until one comes or a watchPoll has passed; got reports whether a
+// call is queued, and open is false once ch is closed and drained. The watcher receives with mu held, or marks
+// itself receiving while it blocks: a Wait that helps receives only then
+// (help), so that no call can reach the queue ahead of one the watcher
+// took off ch first.
+func (w *watcher) receive(block bool) (got, open bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var p pending
+	select {
+	case p, open = <-w.ch:
+		got = open
+	default:
+		if !block {
+			return false, true
+		}
+		w.receiving = true
+		w.mu.Unlock()
+		t := w.pollTimer()
+		select {
+		case p, open = <-w.ch:
+			got = open
+		case <-t.C:
+			open = true
+		}
+		t.Stop()
+		w.mu.Lock()
+		w.receiving = false
+	}
+	if got {
+		w.queue = append(w.queue, p)
+	}
+	// A Wait may have queued a call since the watcher found none.
+	return len(w.queue) > 0, open
+}
+
+// take makes the oldest call not yet completed the watcher's current one
+// (false: none is queued).
+func (w *watcher) take() (pending, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.queue) == 0 {
+		return pending{}, false
+	}
+	w.current = w.queue[0].req
+	return w.queue[0], true
+}
+
+// complete waits for the watcher's current call, p, and finishes its Work,
+// unless a Wait finished it meanwhile.
 func (r *Reducer) complete(p pending) {
-	err := r.await(p, time.Now())
+	dataErr, checkErr, err := r.await(p, time.Now())
+	w := &r.watch
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.current = nil
+	if len(w.queue) == 0 || w.queue[0].req != p.req { // a Wait completed it
+		r.events.put(w.orphan)
+		w.orphan = nil
+		return
+	}
+	if err == nil {
+		err = r.conclude(p, dataErr, checkErr)
+	}
+	r.finishLocked(p, err)
+}
+
+// help completes, on the goroutine of a Wait for w, the calls up to w
+// whose device work is done and whose check, if any, is in the shared
+// memory and matched (not a collective's to hear from the peers, nor a
+// refusal to decide), in call order. It reports
+// whether w is done. It never blocks: where the watcher is completing a
+// call, or the next call is not done, the Wait goes on waiting.
+func (r *Reducer) help(w *Work) bool {
+	wt := &r.watch
+	if !wt.mu.TryLock() {
+		return false
+	}
+	defer wt.mu.Unlock()
+	for !w.IsCompleted() {
+		if len(wt.queue) == 0 {
+			if wt.receiving {
+				return false // the watcher takes the next call
+			}
+			select {
+			case p, ok := <-wt.ch:
+				if !ok {
+					return false
+				}
+				wt.queue = append(wt.queue, p)
+			default:
+				return false
+			}
+		}
+		p := wt.queue[0]
+		if p.ev == nil || p.req.check != nil || p.req.rejected != nil {
+			return false
+		}
+		done, dataErr := p.ev.Query()
+		if !done {
+			return false
+		}
+		r.checker.dataDone(p.req.seq)
+		if p.req.posted {
+			// Decided only when it matched: a mismatch is left to the
+			// watcher, which aborts and explains it.
+			if ok, err := r.host.read(p.req); !ok || err != nil {
+				return false
+			}
+			r.host.advance(p.req.seq)
+		}
+		r.finishLocked(p, r.conclude(p, dataErr, nil))
+		r.hooks.helped.Add(1)
+	}
+	return true
+}
+
+// finishLocked finishes the Work of p, the oldest call queued, with err,
+// and recycles what the call held (watch.mu held).
+func (r *Reducer) finishLocked(p pending, err error) {
+	w := &r.watch
+	n := copy(w.queue, w.queue[1:])
+	w.queue[n] = pending{}
+	w.queue = w.queue[:n]
 	if fc := p.req.fp; fc != nil {
 		p.req.fp = nil
 		fc.free()
@@ -113,9 +255,13 @@ func (r *Reducer) complete(p pending) {
 	}
 	r.flight.remove(p.req.work)
 	p.req.work.finish(err)
-	r.watch.completed.Store(p.req.seq)
+	w.completed.Store(p.req.seq)
 	if err == nil || ev == nil {
-		r.events.put(ev)
+		if p.req == w.current { // the watcher still polls it
+			w.orphan = ev
+		} else {
+			r.events.put(ev)
+		}
 	}
 	r.events.put(p.req.after)
 }
@@ -148,13 +294,14 @@ func (r *Reducer) checkEnqueueStall() {
 
 // await waits for one call's completion event and check, watching the
 // communicators' asynchronous errors and the watchdog deadline meanwhile.
-func (r *Reducer) await(p pending, start time.Time) error {
+// It returns the data's and the check's errors once both are done, for
+// conclude, or err, the call's final error, where it ended otherwise (a
+// mismatch the check found, device work an abort did not end).
+func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err error) {
 	var (
 		abortedAt time.Time
 		dataDone  = p.ev == nil
-		dataErr   error
 		checkDone = p.req.check == nil && !p.req.posted
-		checkErr  error
 		checkC    <-chan struct{}
 		timedOut  bool
 	)
@@ -204,35 +351,20 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			}
 		}
 		if checkDone && errors.Is(checkErr, fairgo.ErrMismatch) {
-			return checkErr // whatever the data did, the call did not match
+			return nil, nil, checkErr // whatever the data did, the call did not match
+		}
+		if p.req.completedElsewhere() { // complete sees that a Wait finished it
+			return nil, nil, nil
 		}
 		if dataDone && checkDone {
-			cause := r.brokenCause()
-			switch {
-			case dataErr != nil && cause != nil && !errors.Is(dataErr, cause):
-				return fmt.Errorf("%w (%w)", cause, dataErr)
-			case dataErr != nil:
-				return dataErr
-			case checkErr == nil && cause != nil:
-				// An abort ends the device work early, and its event then
-				// completes: the data may be partial.
-				return cause
-			}
-			if fc := p.req.fp; fc != nil { // no separate check: the data carried it
-				if err := fc.decide(p.req); err != nil {
-					r.explainRefusal(p.req, err)
-					r.abort(err)
-					return err
-				}
-			}
-			return checkErr
+			return dataErr, checkErr, nil
 		}
 		now := time.Now()
 		if cause := r.brokenCause(); cause != nil {
 			if abortedAt.IsZero() {
 				abortedAt = now
 			} else if now.Sub(abortedAt) > abortGrace {
-				return fmt.Errorf("%w; the device work did not end within %v of the abort", cause, abortGrace)
+				return nil, nil, fmt.Errorf("%w; the device work did not end within %v of the abort", cause, abortGrace)
 			}
 			continue
 		}
@@ -245,6 +377,37 @@ func (r *Reducer) await(p pending, start time.Time) error {
 			r.timedOut(p.req, now.Sub(start))
 		}
 	}
+}
+
+// completedElsewhere reports whether a Wait completed q (help) while the
+// watcher waited for it: the Work of a call that reached the watcher
+// unrefused is finished only by whoever completes the call.
+func (q *request) completedElsewhere() bool { return q.rejected == nil && q.work.IsCompleted() }
+
+// conclude is the error of call p, whose device work and check are done
+// with dataErr and checkErr: an abort that ended the work early fails it
+// even where the work reported nothing, and a fingerprint is decided here,
+// once, by whoever completes the call (watch.mu held).
+func (r *Reducer) conclude(p pending, dataErr, checkErr error) error {
+	cause := r.brokenCause()
+	switch {
+	case dataErr != nil && cause != nil && !errors.Is(dataErr, cause):
+		return fmt.Errorf("%w (%w)", cause, dataErr)
+	case dataErr != nil:
+		return dataErr
+	case checkErr == nil && cause != nil:
+		// An abort ends the device work early, and its event then
+		// completes: the data may be partial.
+		return cause
+	}
+	if fc := p.req.fp; fc != nil { // no separate check: the data carried it
+		if err := fc.decide(p.req); err != nil {
+			r.explainRefusal(p.req, err)
+			r.abort(err)
+			return err
+		}
+	}
+	return checkErr
 }
 
 // commFailure returns a failed communicator and its error, preferring a root

@@ -10,20 +10,21 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-// waitPoll is how long Wait polls for the work's end before it parks. A
-// call that ends meanwhile is seen by the waiting thread itself, napping
-// in the kernel: a parked waiter is woken from the watcher's thread, a
-// hand-off through the scheduler and a futex (and, on an idle processor,
-// its wake from sleep) on the critical path of every call of a training
-// loop. Past waitPoll the call is long enough for that wake to be a
-// small share of it.
-const waitPoll = 2 * time.Millisecond
+// waitNapMax is the longest nap between a Wait's polls. A Wait polls for
+// as long as it waits rather than parks: it sees a call's end itself,
+// napping in the kernel, and completes the call (Reducer.help). A parked
+// waiter is woken from the watcher's thread, and the watcher from its own
+// nap: two more wake-ups through the scheduler on the critical path of
+// every call of a training loop, each of which a busy CPU can hold up by a
+// scheduler's time slice. Naps are also bounded by a sixteenth of the wait
+// so far (poll.Backoff), so a long wait costs a poll a millisecond and
+// sees the end at most ~6% late.
+const waitNapMax = time.Millisecond
 
-// waitSpin is how long Wait first polls without napping: the watcher
-// completes a call within about a first nap (10 µs) of its data's end,
-// and a poll of the Work is no driver call, so that a spin costs nothing
-// but the waiting thread while a nap would add up to its length to every
-// call that the caller waits for.
+// waitSpin is how long Wait first polls without napping: a call whose
+// device work is done when Wait is called, or within a few µs, is
+// completed without a nap, which would add up to its length to every call
+// that the caller waits for.
 const waitSpin = 20 * time.Microsecond
 
 // Work is the future of one collective call. It completes when the device
@@ -35,8 +36,11 @@ type Work struct {
 	enqueued chan struct{} // closed once the completion event is recorded, or the work is done
 	enqOnce  sync.Once
 	spin     time.Duration // how long StreamWait polls enqueued before blocking
-	once     sync.Once
-	err      error
+	// r completes calls in the watcher's place while Wait polls (help);
+	// nil for a Work that failed at the call.
+	r    *Reducer
+	once sync.Once
+	err  error
 
 	mu    sync.Mutex     // guards event against recycling while StreamWait enqueues a wait on it
 	event streams.Event  // recorded after the call's last stage; nil if nothing was enqueued or once recycled
@@ -108,14 +112,15 @@ func (w *Work) IsCompleted() bool {
 }
 
 // Wait blocks until the work is done and returns its error, or returns
-// ctx.Err() unchanged if ctx ends first. The work itself goes on. For its
-// first 2 ms it polls (spinning, then napping in the kernel) rather than
-// parks, so that a call's end reaches the caller without a thread wake-up.
+// ctx.Err() unchanged if ctx ends first. The work itself goes on. It
+// polls the call's device work (spinning for 20 µs, then napping in the
+// kernel) rather than parks, and completes the call itself once it ends,
+// so that a call's end reaches the caller without a thread wake-up.
 func (w *Work) Wait(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
 	}
-	var nap poll.Backoff
+	nap := poll.Backoff{Max: waitNapMax}
 	for start := time.Now(); ; {
 		select {
 		case <-w.done:
@@ -124,21 +129,14 @@ func (w *Work) Wait(ctx context.Context) error {
 			return ctx.Err()
 		default:
 		}
-		waited := time.Since(start)
-		if waited >= waitPoll {
-			break
+		if w.r != nil && w.r.help(w) {
+			return w.err
 		}
-		if waited < waitSpin {
+		if time.Since(start) < waitSpin {
 			runtime.Gosched()
 		} else {
 			nap.Wait()
 		}
-	}
-	select {
-	case <-w.done:
-		return w.err
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

@@ -26,11 +26,11 @@ func TestStreamWaitSeesTheFailure(t *testing.T) {
 }
 
 // TestWaitInEveryPhase: Wait returns the Work's error, or ctx's, whether
-// the Work ends (or ctx does) while Wait spins, while it naps or once it
-// has parked.
+// the Work ends (or ctx does) while Wait spins, while it naps, or once its
+// naps have grown to their longest.
 func TestWaitInEveryPhase(t *testing.T) {
 	bad := errors.New("failed")
-	for _, after := range []time.Duration{0, waitSpin / 2, waitSpin * 10, waitPoll * 2} {
+	for _, after := range []time.Duration{0, waitSpin / 2, waitSpin * 10, 20 * waitNapMax} {
 		t.Run(fmt.Sprint("work ends after ", after), func(t *testing.T) {
 			w := newWork()
 			time.AfterFunc(after, func() { w.finish(bad) })
