@@ -275,7 +275,9 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		r.watch.completed.Store(q.seq)
 		return
 	}
-	r.watch.ch <- pending{req: q, ev: ev}
+	p := pending{req: q, ev: ev}
+	q.work.helpable.Store(p.helpable())
+	r.watch.ch <- p
 }
 
 // checkRejected runs the check of a call this rank refused: inside a

@@ -60,8 +60,15 @@ type watcher struct {
 	current *request
 	orphan  streams.Event
 	// receiving is set while the watcher blocks on ch for the next call
-	// (receive), which a helping Wait then leaves to it.
-	receiving bool
+	// (receive), which a helping Wait then leaves to it, without even
+	// taking mu: a Wait that polls takes it again and again, and the
+	// watcher, woken with the call, must get it.
+	receiving atomic.Bool
+	// queued is len(queue), and blocked whether the oldest call is one no
+	// Wait may complete (helpable): read without mu, they let a polling
+	// Wait pass by without contending for the lock the watcher needs.
+	queued  atomic.Int32
+	blocked atomic.Bool
 }
 
 // pollTimer is the watcher's poll timer, started for one watchPoll.
@@ -134,7 +141,7 @@ func (w *watcher) receive(block bool) (got, open bool) {
 		if !block {
 			return false, true
 		}
-		w.receiving = true
+		w.receiving.Store(true)
 		w.mu.Unlock()
 		t := w.pollTimer()
 		select {
@@ -145,10 +152,11 @@ func (w *watcher) receive(block bool) (got, open bool) {
 		}
 		t.Stop()
 		w.mu.Lock()
-		w.receiving = false
+		w.receiving.Store(false)
 	}
 	if got {
 		w.queue = append(w.queue, p)
+		w.queueChanged()
 	}
 	// A Wait may have queued a call since the watcher found none.
 	return len(w.queue) > 0, open
@@ -193,13 +201,13 @@ func (r *Reducer) complete(p pending) {
 // call, or the next call is not done, the Wait goes on waiting.
 func (r *Reducer) help(w *Work) bool {
 	wt := &r.watch
-	if !wt.mu.TryLock() {
+	if wt.blocked.Load() || wt.receiving.Load() || wt.queued.Load() == 0 && len(wt.ch) == 0 || !wt.mu.TryLock() {
 		return false
 	}
 	defer wt.mu.Unlock()
 	for !w.IsCompleted() {
 		if len(wt.queue) == 0 {
-			if wt.receiving {
+			if wt.receiving.Load() {
 				return false // the watcher takes the next call
 			}
 			select {
@@ -208,12 +216,13 @@ func (r *Reducer) help(w *Work) bool {
 					return false
 				}
 				wt.queue = append(wt.queue, p)
+				wt.queueChanged()
 			default:
 				return false
 			}
 		}
 		p := wt.queue[0]
-		if p.ev == nil || p.req.check != nil || p.req.rejected != nil {
+		if !p.helpable() {
 			return false
 		}
 		done, dataErr := p.ev.Query()
@@ -235,6 +244,19 @@ func (r *Reducer) help(w *Work) bool {
 	return true
 }
 
+// queueChanged publishes queued and blocked (mu held).
+func (w *watcher) queueChanged() {
+	w.queued.Store(int32(len(w.queue)))
+	w.blocked.Store(len(w.queue) > 0 && !w.queue[0].helpable())
+}
+
+// helpable reports whether a Wait may complete p: it has device work to
+// poll, and no collective check to hear from the peers or refusal to
+// decide (a shared-memory image it reads; a mismatch it leaves).
+func (p pending) helpable() bool {
+	return p.ev != nil && p.req.check == nil && p.req.rejected == nil
+}
+
 // finishLocked finishes the Work of p, the oldest call queued, with err,
 // and recycles what the call held (watch.mu held).
 func (r *Reducer) finishLocked(p pending, err error) {
@@ -242,6 +264,7 @@ func (r *Reducer) finishLocked(p pending, err error) {
 	n := copy(w.queue, w.queue[1:])
 	w.queue[n] = pending{}
 	w.queue = w.queue[:n]
+	w.queueChanged()
 	if fc := p.req.fp; fc != nil {
 		p.req.fp = nil
 		fc.free()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairgo/fairgo/internal/poll"
@@ -37,10 +38,14 @@ type Work struct {
 	enqOnce  sync.Once
 	spin     time.Duration // how long StreamWait polls enqueued before blocking
 	// r completes calls in the watcher's place while Wait polls (help);
-	// nil for a Work that failed at the call.
-	r    *Reducer
-	once sync.Once
-	err  error
+	// nil for a Work that failed at the call. helpable is set, before the
+	// call reaches the watcher, where a Wait may complete it: a Wait for
+	// another call (one whose collective check only the watcher hears)
+	// leaves the watcher alone, as its polls would only compete with it.
+	r        *Reducer
+	helpable atomic.Bool
+	once     sync.Once
+	err      error
 
 	mu    sync.Mutex     // guards event against recycling while StreamWait enqueues a wait on it
 	event streams.Event  // recorded after the call's last stage; nil if nothing was enqueued or once recycled
@@ -129,7 +134,7 @@ func (w *Work) Wait(ctx context.Context) error {
 			return ctx.Err()
 		default:
 		}
-		if w.r != nil && w.r.help(w) {
+		if w.helpable.Load() && w.r.help(w) {
 			return w.err
 		}
 		if time.Since(start) < waitSpin {
