@@ -126,10 +126,10 @@ func (r *Reducer) watchCalls() {
 
 // receive takes the next call off ch into the queue, without blocking or
 // (block) until one comes or a watchPoll has passed; got reports whether a
-// call is queued, and open is false once ch is closed and drained. The watcher receives with mu held, or marks
-// itself receiving while it blocks: a Wait that helps receives only then
-// (help), so that no call can reach the queue ahead of one the watcher
-// took off ch first.
+// call is queued, and open is false once ch is closed and drained. The
+// watcher receives with mu held, or marks itself receiving while it
+// blocks, when a Wait that helps leaves ch to it (help): no call can reach
+// the queue ahead of one the watcher took off ch first.
 func (w *watcher) receive(block bool) (got, open bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -196,9 +196,9 @@ func (r *Reducer) complete(p pending) {
 // help completes, on the goroutine of a Wait for w, the calls up to w
 // whose device work is done and whose check, if any, is in the shared
 // memory and matched (not a collective's to hear from the peers, nor a
-// refusal to decide), in call order. It reports
-// whether w is done. It never blocks: where the watcher is completing a
-// call, or the next call is not done, the Wait goes on waiting.
+// refusal to decide), in call order. It reports whether w is done. It
+// never blocks: where the watcher is completing a call, or the next call
+// is not done, the Wait goes on waiting.
 func (r *Reducer) help(w *Work) bool {
 	wt := &r.watch
 	if wt.blocked.Load() || wt.receiving.Load() || wt.queued.Load() == 0 && len(wt.ch) == 0 || !wt.mu.TryLock() {
