@@ -153,20 +153,24 @@ func (w *Work) StreamWait(ctx context.Context, s streams.Stream) error {
 	if ctx == nil {
 		return errNilContext
 	}
-	deadline := time.Now().Add(w.spin)
-poll:
-	for time.Now().Before(deadline) {
+	select {
+	case <-w.enqueued: // the common case (an inline call, an engine ahead): no clock read
+	default:
+		deadline := time.Now().Add(w.spin)
+	poll:
+		for time.Now().Before(deadline) {
+			select {
+			case <-w.enqueued:
+				break poll
+			default:
+				runtime.Gosched()
+			}
+		}
 		select {
 		case <-w.enqueued:
-			break poll
-		default:
-			runtime.Gosched()
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-	}
-	select {
-	case <-w.enqueued:
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
