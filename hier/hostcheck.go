@@ -359,7 +359,8 @@ func (h *hostCheck) read(q *request) (ok bool, err error) {
 			return false, nil
 		}
 	}
-	merged := make(image, 8*imageWords)
+	var buf [8 * imageWords]byte // the maximum of the ranks' images
+	merged := image(buf[:])
 	for w := range imageWords {
 		var m int64
 		for k := range h.size {
