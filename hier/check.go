@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,17 +35,16 @@ import (
 // data operation in one order on one rank and in the other on another, and
 // on a shared GPU that hung now and then (bench/NOTES.md items 27 and 30).
 //
-// The submission itself (an NCCL launch, the larger part of a checked
-// call's host time) is left to whichever comes first: the checker's
-// launcher goroutine, woken when the call's data is enqueued, or the next
-// execution, which claims a check still waiting before it enqueues any
-// device work (checker.launchedAll). A call made one at a time thus
-// returns to its caller without the check's launch, which runs while the
-// data does; calls back to back launch each check on the executing
-// goroutine, as if there were no launcher. One mutex orders the two, so
-// that a check is always enqueued whole before the next call's work. The
-// check's host side after that (the wait for its event and the verdict)
-// runs on the checker's goroutine, in call order.
+// The goroutine that executes the call (the engine's, or an inline
+// caller's) submits its check right after its data: the check's NCCL
+// launch is on the call's path, but the check runs beside the data from
+// its start on every rank. Left to a goroutine of its own, woken for each
+// call, the check started as late as the slowest rank's wake-up, which
+// on a busy host (several ranks per GPU under MPS) held calls up by
+// 230–390 µs on average and by milliseconds at the 99th percentile
+// (bench/NOTES.md item 87). The check's host side after its launch (the
+// wait for its event and the verdict) runs on the checker's goroutine,
+// in call order.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call
@@ -268,28 +266,20 @@ func (t *ticket) finish(err error) {
 	close(t.done)
 }
 
-// checker runs the checks of one Reducer: submit leaves a call's check to
-// the launcher goroutine or the next execution, whichever enqueues it
-// first; the checker's goroutine waits for each check's event and decides
-// the call. Both go in call order.
+// checker runs the checks of one Reducer: submit enqueues a call's check
+// on the executing goroutine; the checker's goroutine waits for each
+// check's event and decides the call. Both go in call order.
 type checker struct {
-	r      *Reducer
-	comm   backend.Comm
-	stream streams.Stream
-	dev    uintptr // checkSlots checks on the device, unless mapped
-	host   []byte  // their twins in host memory the device copies without blocking
-	mapped bool    // the device reduces host in place (backend.HostMapper): dev is unused
-	slots  [checkSlots]checkSlot
-	next   int // the slot of the next call
-	// launching is held while a check is enqueued, by the launcher or
-	// the executing goroutine; the check waiting to be enqueued (at most
-	// one: the last call's) is claimed under it.
-	launching sync.Mutex
-	waiting   atomic.Pointer[request]
-	wake      chan struct{}    // tells the launcher a check waits
-	quit      chan struct{}    // closed by stop
-	queue     chan queuedCheck // enqueued checks, in call order, for the goroutine
-	stopped   chan struct{}    // closed when the goroutine has exited
+	r       *Reducer
+	comm    backend.Comm
+	stream  streams.Stream
+	dev     uintptr // checkSlots checks on the device, unless mapped
+	host    []byte  // their twins in host memory the device copies without blocking
+	mapped  bool    // the device reduces host in place (backend.HostMapper): dev is unused
+	slots   [checkSlots]checkSlot
+	next    int              // the slot of the next call
+	queue   chan queuedCheck // enqueued checks, in call order, for the goroutine; closed by stop
+	stopped chan struct{}    // closed when the goroutine has exited
 	// agreement, on one machine, agrees on the shared memory that checks
 	// the calls after the first ones (hostcheck.go); nil elsewhere.
 	agreement *hostAgreement
@@ -336,8 +326,7 @@ type checkSlot struct {
 // goroutine; the engine goroutine calls it.
 func (r *Reducer) startChecker() error {
 	c := &checker{r: r, comm: r.rank.Comms.Check, queue: make(chan queuedCheck, checkSlots),
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), stopped: make(chan struct{}),
-		dataWake: make(chan struct{}, 1)}
+		stopped: make(chan struct{}), dataWake: make(chan struct{}, 1)}
 	const slotBytes = 8 * imageWords
 	var err error
 	if c.stream, err = r.rank.Device.NewStream(); err != nil {
@@ -375,7 +364,6 @@ func (r *Reducer) startChecker() error {
 		c.agreement = r.newHostAgreement()
 	}
 	r.checker = c
-	go c.launcher()
 	go c.run()
 	return nil
 }
@@ -395,41 +383,11 @@ func (c *checker) agreementDue(q *request) *hostAgreement {
 	return c.agreement
 }
 
-// submit leaves call q's check to be enqueued, once q's data is: by the
-// launcher, or by the next execution (launchedAll), whichever claims it
-// first. The executing goroutine calls it.
+// submit enqueues call q's check, right after q's data: the executing
+// goroutine calls it, before any device work of the next call.
 func (c *checker) submit(q *request) {
 	q.check = &ticket{done: make(chan struct{})}
-	c.waiting.Store(q) // launchedAll before this call's work left none waiting
-	notify(c.wake)
-}
-
-// launchedAll enqueues the check still waiting, if any, or waits for the
-// launcher to finish enqueueing it: after it, every check submitted so far
-// is enqueued (or failed). The executing goroutine calls it before any
-// device work of a call.
-func (c *checker) launchedAll() {
-	c.launching.Lock()
-	defer c.launching.Unlock()
-	if q := c.waiting.Swap(nil); q != nil {
-		c.enqueue(q)
-	}
-}
-
-// launcher enqueues the checks it is woken for until stop, then the last
-// one if still waiting, and hands the checker's goroutine the end of the
-// queue.
-func (c *checker) launcher() {
-	defer close(c.queue)
-	for {
-		select {
-		case <-c.wake:
-		case <-c.quit:
-			c.launchedAll()
-			return
-		}
-		c.launchedAll()
-	}
+	c.enqueue(q)
 }
 
 // enqueue enqueues call q's check on the check stream and queues it for
@@ -487,8 +445,6 @@ func (c *checker) launchImage(sl *checkSlot) error {
 // rank calibrates alike, so the check communicator's operations stay in
 // the same place among the data's on every rank.
 func (c *checker) enqueueTimed() (*checkSlot, error) {
-	c.launching.Lock()
-	defer c.launching.Unlock()
 	sl := &c.slots[c.next]
 	<-sl.free // the slot's last check is decided
 	c.next = (c.next + 1) % checkSlots
@@ -508,7 +464,7 @@ func (sl *checkSlot) release() { sl.free <- struct{}{} }
 // the watcher has finished, once no call can be submitted: checks still
 // undecided then (the Reducer broke) fail with its cause.
 func (c *checker) stop() error {
-	close(c.quit)
+	close(c.queue)
 	<-c.stopped
 	return c.release()
 }

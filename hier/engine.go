@@ -200,9 +200,6 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	if a := r.checker.agreementDue(q); a != nil {
 		r.host = a.take() // from this call on, every rank alike
 	}
-	if r.checker != nil {
-		r.checker.launchedAll() // the last call's check goes before this call's work
-	}
 	if q.rejected != nil { // refused at the call: only its check runs
 		r.checkRejected(q, first)
 		return

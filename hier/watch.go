@@ -194,9 +194,9 @@ func (r *Reducer) complete(p pending) {
 }
 
 // help completes, on the goroutine of a Wait for w, the calls up to w
-// whose device work is done and whose check, if any, is in the shared
-// memory and matched (not a collective's to hear from the peers, nor a
-// refusal to decide), in call order. It reports whether w is done. It
+// whose device work is done and whose check, if any, matched (in the
+// shared memory, or decided by the checker; not a refusal to decide), in
+// call order. It reports whether w is done. It
 // never blocks: where the watcher is completing a call, or the next call
 // is not done, the Wait goes on waiting.
 func (r *Reducer) help(w *Work) bool {
@@ -230,6 +230,16 @@ func (r *Reducer) help(w *Work) bool {
 			return false
 		}
 		r.checker.dataDone(p.req.seq)
+		if t := p.req.check; t != nil {
+			select {
+			case <-t.done:
+			default:
+				return false // the checker has not decided it yet
+			}
+			if t.err != nil {
+				return false // a mismatch, or a check that failed: the watcher's
+			}
+		}
 		if p.req.posted {
 			// Decided only when it matched: a mismatch is left to the
 			// watcher, which aborts and explains it.
@@ -251,10 +261,11 @@ func (w *watcher) queueChanged() {
 }
 
 // helpable reports whether a Wait may complete p: it has device work to
-// poll, and no collective check to hear from the peers or refusal to
-// decide (a shared-memory image it reads; a mismatch it leaves).
+// poll and no refusal to decide (a shared-memory image it reads, a
+// collective check once the checker has decided it; a mismatch it
+// leaves to the watcher, which aborts and explains it).
 func (p pending) helpable() bool {
-	return p.ev != nil && p.req.check == nil && p.req.rejected == nil
+	return p.ev != nil && p.req.rejected == nil
 }
 
 // finishLocked finishes the Work of p, the oldest call queued, with err,
@@ -413,6 +424,12 @@ func (q *request) completedElsewhere() bool { return q.rejected == nil && q.work
 // once, by whoever completes the call (watch.mu held).
 func (r *Reducer) conclude(p pending, dataErr, checkErr error) error {
 	cause := r.brokenCause()
+	if dataErr != nil && checkErr != nil && !errors.Is(dataErr, checkErr) {
+		// Both ended badly: the data's error says only that its
+		// communicator was aborted, the check's why it could not run
+		// (NCCL's own message, where its enqueue failed).
+		dataErr = fmt.Errorf("%w; its check: %w", dataErr, checkErr)
+	}
 	switch {
 	case dataErr != nil && cause != nil && !errors.Is(dataErr, cause):
 		return fmt.Errorf("%w (%w)", cause, dataErr)

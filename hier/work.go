@@ -40,8 +40,8 @@ type Work struct {
 	// r completes calls in the watcher's place while Wait polls (help);
 	// nil for a Work that failed at the call. helpable is set, before the
 	// call reaches the watcher, where a Wait may complete it: a Wait for
-	// another call (one whose collective check only the watcher hears)
-	// leaves the watcher alone, as its polls would only compete with it.
+	// another call (a refused one, or one without device work) leaves the
+	// watcher alone, as its polls would only compete with it.
 	r        *Reducer
 	helpable atomic.Bool
 	once     sync.Once
