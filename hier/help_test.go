@@ -18,9 +18,9 @@ import (
 // call before it in call order, with the right data, on its own. Before and
 // after, with the watchers going, calls complete as usual. With the
 // fingerprint carrying the check (two machines, the default), with the
-// check in shared memory (one machine), and without a check. The first
-// calls, whose separate check only the watcher hears, complete before the
-// watchers are held.
+// separate check (its verdict the checker's, the watcher held or not),
+// with the check in shared memory (one machine; its first calls take the
+// separate check), and without a check.
 func TestWaitCompletesCallsWithoutTheWatcher(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -29,6 +29,8 @@ func TestWaitCompletesCallsWithoutTheWatcher(t *testing.T) {
 		fingerprinted bool
 	}{
 		{"fingerprinted", 2, nil, true},
+		{"separate-check", 2, []hier.Option{hier.WithFingerprintMax(0)}, false},
+		{"separate-check/inline", 2, []hier.Option{hier.WithFingerprintMax(0), hier.WithInlineEnqueue(true)}, false},
 		{"shared-memory", 1, nil, false},
 		{"shared-memory/inline", 1, []hier.Option{hier.WithInlineEnqueue(true)}, false},
 		{"unchecked", 2, []hier.Option{hier.WithCheck(false)}, false},
