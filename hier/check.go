@@ -41,10 +41,9 @@ import (
 // its start on every rank. Left to a goroutine of its own, woken for each
 // call, the check started as late as the slowest rank's wake-up, which
 // on a busy host (several ranks per GPU under MPS) held calls up by
-// 230–390 µs on average and by milliseconds at the 99th percentile
-// (bench/NOTES.md item 87). The check's host side after its launch (the
-// wait for its event and the verdict) runs on the checker's goroutine,
-// in call order.
+// hundreds of µs (bench/NOTES.md item 87). The check's host side after
+// its launch (the wait for its event and the verdict) runs on the
+// checker's goroutine, in call order.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call

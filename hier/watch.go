@@ -196,9 +196,9 @@ func (r *Reducer) complete(p pending) {
 // help completes, on the goroutine of a Wait for w, the calls up to w
 // whose device work is done and whose check, if any, matched (in the
 // shared memory, or decided by the checker; not a refusal to decide), in
-// call order. It reports whether w is done. It
-// never blocks: where the watcher is completing a call, or the next call
-// is not done, the Wait goes on waiting.
+// call order. It reports whether w is done. It never blocks: where the
+// watcher is completing a call, or the next call is not done, the Wait
+// goes on waiting.
 func (r *Reducer) help(w *Work) bool {
 	wt := &r.watch
 	if wt.blocked.Load() || wt.receiving.Load() || wt.queued.Load() == 0 && len(wt.ch) == 0 || !wt.mu.TryLock() {
