@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/fairgo/fairgo"
@@ -116,6 +117,51 @@ type HostMapper interface {
 	// that is not, and with one wrapping errors.ErrUnsupported where the
 	// device cannot address host memory.
 	DevicePointer(b []byte) (uintptr, error)
+}
+
+// PairCopier is a Device that enqueues two copies as one operation (one
+// kernel on a GPU): a copy costs a driver call and a step of the stream
+// each, which for a small call's staging is more than the bytes moved.
+// With a HostMapper, either side of either copy may be host memory at its
+// DevicePointer.
+type PairCopier interface {
+	// CopyPairAsync enqueues on s the copies of n1 bytes from src1 to dst1
+	// and of n2 bytes from src2 to dst2. No destination may overlap a
+	// source or the other destination (an error wrapping
+	// fairgo.ErrInvalidArgument).
+	CopyPairAsync(dst1, src1 uintptr, n1 int64, dst2, src2 uintptr, n2 int64, s streams.Stream) error
+}
+
+// CheckCopyPair validates PairCopier.CopyPairAsync's arguments: sizes
+// not negative, no null address for bytes to copy, no destination
+// overlapping a source or the other destination.
+func CheckCopyPair(dst1, src1 uintptr, n1 int64, dst2, src2 uintptr, n2 int64) error {
+	type span struct {
+		name string
+		at   uintptr
+		n    int64
+	}
+	spans := [4]span{{"dst1", dst1, n1}, {"src1", src1, n1}, {"dst2", dst2, n2}, {"src2", src2, n2}}
+	for _, a := range spans {
+		switch {
+		case a.n < 0:
+			return &fairgo.ArgError{Arg: "bytes", Value: a.n, Reason: "negative"}
+		case a.n > 0 && a.at == 0:
+			return &fairgo.ArgError{Arg: a.name, Value: "0", Reason: "null address"}
+		}
+	}
+	for i, a := range spans {
+		if a.name[0] != 'd' {
+			continue
+		}
+		for j, b := range spans {
+			if i != j && a.n > 0 && b.n > 0 && a.at < b.at+uintptr(b.n) && b.at < a.at+uintptr(a.n) {
+				return &fairgo.ArgError{Arg: a.name, Value: fmt.Sprintf("%#x", a.at),
+					Reason: fmt.Sprintf("overlaps %s at %#x", b.name, b.at)}
+			}
+		}
+	}
+	return nil
 }
 
 // EventTimer is a Device that times work between two events by its own

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
+	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -28,6 +29,7 @@ type kernels struct {
 	reduce map[reduceKey]*Function
 	fill   map[fairgo.DType]*Function
 	delay  *Function
+	pair   *Function
 }
 
 // ReduceKernelName is the PTX entry point of a reduction ("fg_reduce_sum_float16").
@@ -60,6 +62,9 @@ func loadKernels(d *Device) (*kernels, error) {
 		k.fill[dt] = f
 	}
 	if k.delay, err = m.Function("fg_delay"); err != nil {
+		return fail(err)
+	}
+	if k.pair, err = m.Function("fg_copy_pair"); err != nil {
 		return fail(err)
 	}
 	return k, nil
@@ -157,6 +162,23 @@ func (d *Device) FillAsync(t fairgo.Tensor, offset, scale float64, modulus int64
 	}
 	return d.launch1D(d.kernels.fill[t.DType], d.grid(t.Count, t.DType), blockSize, cs,
 		uint64(t.Ptr), uint64(t.Count), math.Float64bits(offset), math.Float64bits(scale), uint64(modulus))
+}
+
+// CopyPairAsync enqueues two copies as one kernel (see
+// backend.PairCopier): n1 bytes from src1 to dst1 and n2 bytes from src2 to
+// dst2. Each address is device memory or page-locked host memory at its
+// DevicePointer; no destination may overlap a source or the other
+// destination.
+func (d *Device) CopyPairAsync(dst1, src1 uintptr, n1 int64, dst2, src2 uintptr, n2 int64, s streams.Stream) error {
+	cs, err := d.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := backend.CheckCopyPair(dst1, src1, n1, dst2, src2, n2); err != nil || n1 == 0 && n2 == 0 {
+		return err
+	}
+	return d.launch1D(d.kernels.pair, d.grid(max(n1, n2), fairgo.Uint8), blockSize, cs,
+		uint64(dst1), uint64(src1), uint64(n1), uint64(dst2), uint64(src2), uint64(n2))
 }
 
 // DelayAsync enqueues a one-thread kernel that busy-waits for dur on the

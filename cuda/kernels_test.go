@@ -460,3 +460,124 @@ func TestReduceBandwidth(t *testing.T) {
 	}
 	t.Logf("%v\n%s", d, report.String())
 }
+
+// CopyPairAsync stages a call the way a fingerprint does: device data and
+// a few hundred bytes of mapped host memory into one device buffer, and
+// back. Every width of the kernel's copy is reached by the sizes and
+// offsets; the bytes around each destination stay as they were.
+func TestCopyPair(t *testing.T) {
+	d := devices(t, 1)[0]
+	s := stream(t, d)
+	const room, tailRoom, guard = 1<<20 + 64, 4096, 0xa5
+	data, stage := alloc(t, d, room), alloc(t, d, room+tailRoom)
+	host, err := d.AllocHost(tailRoom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.FreeHost(host)
+	mapped, err := d.DevicePointer(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := make([]byte, room)
+	for i := range src {
+		src[i] = byte(i*7 + 3)
+	}
+	for _, n := range []int64{0, 1, 6, 1000, 65536, 1<<20 + 2} {
+		for _, off := range []int64{0, 2, 8} {
+			for _, tail := range []int64{0, 3, 2376} {
+				name := fmt.Sprintf("data %d, offset %d, tail %d", n, off, tail)
+				upload(t, d, data, src)
+				upload(t, d, stage, make([]byte, room+tailRoom))
+				for i := range host {
+					host[i] = byte(i*5 + 1)
+				}
+				at := stage + uintptr(off)
+				if err := d.CopyPairAsync(at, data+uintptr(off), n, at+uintptr(n), mapped+uintptr(off), tail, s); err != nil {
+					t.Fatalf("%s: in: %v", name, err)
+				}
+				if err := s.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				got := download[byte](t, d, stage, int(room+tailRoom))
+				for i, b := range got {
+					k := int64(i) - off
+					want := byte(0)
+					switch {
+					case k >= 0 && k < n:
+						want = src[i]
+					case k >= n && k < n+tail:
+						want = host[off+k-n]
+					}
+					if b != want {
+						t.Fatalf("%s: in: stage byte %d = %#x, want %#x", name, i, b, want)
+					}
+				}
+				// Out: the stage back over the data (cleared first) and the
+				// tail into host memory (a guard pattern first).
+				upload(t, d, data, make([]byte, room))
+				for i := range host {
+					host[i] = guard
+				}
+				if err := d.CopyPairAsync(data+uintptr(off), at, n, mapped+uintptr(off), at+uintptr(n), tail, s); err != nil {
+					t.Fatalf("%s: out: %v", name, err)
+				}
+				if err := s.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				back := download[byte](t, d, data, room)
+				for i, b := range back {
+					k := int64(i) - off
+					want := byte(0)
+					if k >= 0 && k < n {
+						want = src[i]
+					}
+					if b != want {
+						t.Fatalf("%s: out: data byte %d = %#x, want %#x", name, i, b, want)
+					}
+				}
+				for i, b := range host {
+					k := int64(i) - off
+					want := byte(guard)
+					if k >= 0 && k < tail {
+						want = got[off+n+k]
+					}
+					if b != want {
+						t.Fatalf("%s: out: host byte %d = %#x, want %#x", name, i, b, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestCopyPairArgs(t *testing.T) {
+	d := devices(t, 1)[0]
+	s := stream(t, d)
+	buf := alloc(t, d, 1<<12)
+	for _, c := range []struct {
+		name                   string
+		dst1, src1, dst2, src2 uintptr
+		n1, n2                 int64
+	}{
+		{"negative", buf, buf + 1024, buf + 2048, buf + 3072, -1, 8},
+		{"null source", buf, 0, buf + 2048, buf + 3072, 8, 8},
+		{"null destination", buf, buf + 1024, 0, buf + 3072, 8, 8},
+		{"destination over its source", buf, buf + 4, buf + 2048, buf + 3072, 8, 8},
+		{"destinations overlap", buf, buf + 1024, buf + 4, buf + 3072, 8, 8},
+		{"destination over the other source", buf, buf + 1024, buf + 2048, buf + 4, 8, 8},
+	} {
+		if err := d.CopyPairAsync(c.dst1, c.src1, c.n1, c.dst2, c.src2, c.n2, s); !isInvalid(err) {
+			t.Errorf("%s: error %v, want one wrapping fairgo.ErrInvalidArgument", c.name, err)
+		}
+	}
+	if err := d.CopyPairAsync(0, 0, 0, 0, 0, 0, s); err != nil {
+		t.Errorf("nothing to copy: %v", err)
+	}
+	if err := d.CopyPairAsync(buf, buf+1024, 8, 0, 0, 0, s); err != nil {
+		t.Errorf("one copy: %v", err)
+	}
+	if err := d.CopyPairAsync(buf, buf+1024, 8, 0, 0, 0, fakeStream{}); !isInvalid(err) {
+		t.Errorf("foreign stream: %v", err)
+	}
+}

@@ -18,6 +18,10 @@ func WithCheckAlone(d time.Duration) Option { return func(c *config) { c.checkAl
 // InlineCalls is how many calls r enqueued on the caller's goroutine.
 func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 
+// StagesByPairs reports whether r stages its fingerprinted calls by pair
+// copies (backend.PairCopier on mapped host memory).
+func StagesByPairs(r *Reducer) bool { return r.fps != nil && r.fps.pair != nil }
+
 // FingerprintedCalls is how many calls took the fingerprinted collective
 // (whether or not its enqueue then succeeded).
 func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load() }

@@ -289,6 +289,10 @@ type fingerprints struct {
 	host   []byte
 	slots  [fpSlots]fpSlot
 	slot   int // the slot of the next call
+	// pair stages a call's data and its fingerprint's host bytes in one
+	// operation each way, where the device copies pairs and maps host
+	// memory (the slots' mapped addresses set); nil: four copies a call.
+	pair backend.PairCopier
 }
 
 // fpStage is one staging buffer: the call's data, then its fingerprint.
@@ -301,8 +305,9 @@ type fpStage struct {
 // fpSlot is one call's fingerprint in host memory the device copies without
 // blocking: written before the call, read back reduced.
 type fpSlot struct {
-	host []byte
-	free chan struct{} // holds a token while the slot is free
+	host   []byte
+	mapped uintptr       // host's device address where f.pair is set
+	free   chan struct{} // holds a token while the slot is free
 }
 
 // fpCall is a fingerprinted call in flight.
@@ -391,13 +396,43 @@ func (r *Reducer) newFingerprints() (*fingerprints, error) {
 			return nil, errors.Join(fmt.Errorf("hier: the fingerprint events: %w", err), f.release())
 		}
 	}
+	mapped, err := f.mapHost()
+	if err != nil {
+		return nil, errors.Join(err, f.release())
+	}
 	for i := range f.slots {
 		sl := &f.slots[i]
 		sl.host = f.host[i*fpHostBytes : (i+1)*fpHostBytes : (i+1)*fpHostBytes]
+		if mapped != 0 {
+			sl.mapped = mapped + uintptr(i*fpHostBytes)
+		}
 		sl.free = make(chan struct{}, 1)
 		sl.free <- struct{}{}
 	}
 	return f, nil
+}
+
+// mapHost sets f.pair and returns the device address of f.host where the
+// device copies pairs and reaches host memory in place: then a call is
+// staged in by one operation (its data and its fingerprint) and out by one,
+// instead of four copies, two of them across PCIe (bench/NOTES.md, "The
+// fingerprint staged by pairs"). 0 and no error where it cannot.
+func (f *fingerprints) mapHost() (uintptr, error) {
+	dev := f.r.rank.Device
+	pc, ok := dev.(backend.PairCopier)
+	m, mok := dev.(backend.HostMapper)
+	if !ok || !mok {
+		return 0, nil
+	}
+	base, err := m.DevicePointer(f.host)
+	switch {
+	case errors.Is(err, errors.ErrUnsupported):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("hier: mapping the fingerprints' host memory: %w", err)
+	}
+	f.pair = pc
+	return base, nil
 }
 
 func (f *fingerprints) release() error {
@@ -434,7 +469,7 @@ func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stre
 }
 
 func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, first streams.Stream, withData bool) error {
-	dev, t := f.r.rank.Device, q.a
+	t := q.a
 	st := &f.stages[f.next]
 	f.next = (f.next + 1) % fpStages
 	if st.last != nil && st.last != first {
@@ -450,23 +485,19 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 		refuser = f.r.WorldRank()
 	}
 	encodeRefuser(t.DType, q.fpOp(), refuser, tail)
-	if withData {
-		if err := dev.CopyAsync(st.ptr, t.Ptr, n, first); err != nil {
-			return err
-		}
+	data := n // the bytes of data staged: none for a rejected call
+	if !withData {
+		data = 0
 	}
-	if err := dev.CopyFromHostAsync(st.ptr+uintptr(n), tail, first); err != nil {
-		return err
+	tailAt := st.ptr + uintptr(n) // the fingerprint follows the call's data
+	err := f.stageIn(st.ptr, t.Ptr, data, tailAt, call.slot, tail, first)
+	if err == nil {
+		err = comm.AllReduce(st.ptr, st.ptr, t.Count+int64(fpElems), t.DType, q.fpOp(), first)
 	}
-	if err := comm.AllReduce(st.ptr, st.ptr, t.Count+int64(fpElems), t.DType, q.fpOp(), first); err != nil {
-		return err
+	if err == nil {
+		err = f.stageOut(t.Ptr, st.ptr, data, tailAt, call.slot, tail, first)
 	}
-	if withData {
-		if err := dev.CopyAsync(t.Ptr, st.ptr, n, first); err != nil {
-			return err
-		}
-	}
-	if err := dev.CopyToHostAsync(tail, st.ptr+uintptr(n), first); err != nil {
+	if err != nil {
 		return err
 	}
 	if err := st.ev.Record(first); err != nil {
@@ -474,6 +505,39 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 	}
 	st.last = first
 	return nil
+}
+
+// stageIn enqueues on s the copy of data bytes from src to the stage at
+// at and of the fingerprint's host bytes tail (sl's) to tailAt: one pair
+// copy, or two copies where the device has none.
+func (f *fingerprints) stageIn(at, src uintptr, data int64, tailAt uintptr, sl *fpSlot, tail []byte,
+	s streams.Stream) error {
+	if f.pair != nil {
+		return f.pair.CopyPairAsync(at, src, data, tailAt, sl.mapped, int64(len(tail)), s)
+	}
+	dev := f.r.rank.Device
+	if data > 0 {
+		if err := dev.CopyAsync(at, src, data, s); err != nil {
+			return err
+		}
+	}
+	return dev.CopyFromHostAsync(tailAt, tail, s)
+}
+
+// stageOut is stageIn's way back: the reduced data from the stage at at
+// to dst, the reduced fingerprint from tailAt to tail.
+func (f *fingerprints) stageOut(dst, at uintptr, data int64, tailAt uintptr, sl *fpSlot, tail []byte,
+	s streams.Stream) error {
+	if f.pair != nil {
+		return f.pair.CopyPairAsync(dst, at, data, sl.mapped, tailAt, int64(len(tail)), s)
+	}
+	dev := f.r.rank.Device
+	if data > 0 {
+		if err := dev.CopyAsync(dst, at, data, s); err != nil {
+			return err
+		}
+	}
+	return dev.CopyToHostAsync(tail, tailAt, s)
 }
 
 // enqueueTimed enqueues, for a calibration, an allreduce of t as a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,7 +104,7 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 	} {
 		for _, mode := range checkModes {
 			t.Run(tc.name+"/"+mode.name, func(t *testing.T) {
-				w := newWorld(t, sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 4, StallTimeout: 20 * time.Second}, mode.opts...)
+				w := mode.world(t, sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 4, StallTimeout: 20 * time.Second})
 				warmUp(t, w, mode.warm)
 				ts := w.upload(
 					t,
@@ -169,37 +170,66 @@ func TestShapeDifferingFailsOnEveryAlgorithm(t *testing.T) {
 	}
 }
 
-// checkModes are the forms of the cross-rank check: a collective of its own
+// checkMode is a form of the cross-rank check: a collective of its own
 // (WithFingerprintMax(0)), the fingerprint a small flat sum carries in its
-// data (the default, with the watchdog; hier/fingerprint.go), and shared
+// data (the default, with the watchdog; hier/fingerprint.go), staged by
+// pair copies or, on a device without them, by four copies, and shared
 // memory on one machine. used asserts the form was taken.
-var checkModes = []struct {
+type checkMode struct {
 	name     string
 	machines int // the sim's grid: machines × (4 / machines)
 	warm     int // calls to make before the test's (warmUp)
 	opts     []hier.Option
+	plain    bool // the Reducers see only backend.Device: no pair copies, no mapped host memory
 	used     func(t *testing.T, w *world)
-}{
-	{"separate", 2, 0, []hier.Option{hier.WithFingerprintMax(0)}, func(t *testing.T, w *world) {
+}
+
+// world builds the mode's simulated cluster of cfg, each rank as edit
+// leaves it.
+func (m checkMode) world(t *testing.T, cfg sim.Config, edit ...func(rk *backend.Rank)) *world {
+	return worldOf(t, cfg, func(_ int, rk *backend.Rank) []hier.Option {
+		if m.plain {
+			rk.Device = plainDevice{rk.Device}
+		}
+		for _, e := range edit {
+			e(rk)
+		}
+		return m.opts
+	})
+}
+
+// plainDevice hides every optional interface of the device it wraps.
+type plainDevice struct{ backend.Device }
+
+func fingerprintedBy(pairs bool) func(t *testing.T, w *world) {
+	return func(t *testing.T, w *world) {
+		n := uint64(0)
+		for _, r := range w.reducers {
+			n += hier.FingerprintedCalls(r)
+			require.Equal(t, pairs, hier.StagesByPairs(r))
+		}
+		require.Positive(t, n)
+	}
+}
+
+var checkModes = []checkMode{
+	{name: "separate", machines: 2, opts: []hier.Option{hier.WithFingerprintMax(0)}, used: func(t *testing.T, w *world) {
 		for _, r := range w.reducers {
 			require.Zero(t, hier.FingerprintedCalls(r))
 			require.False(t, hier.SharedMemoryCheck(r))
 		}
 	}},
-	{"fingerprint", 2, 0, nil, func(t *testing.T, w *world) {
-		n := uint64(0)
-		for _, r := range w.reducers {
-			n += hier.FingerprintedCalls(r)
-		}
-		require.Positive(t, n)
-	}},
+	{name: "fingerprint", machines: 2, used: fingerprintedBy(true)},
+	{name: "fingerprint/four copies", machines: 2, plain: true, used: fingerprintedBy(false)},
 	// One machine, past the agreement: the ranks compare their calls in
 	// shared memory, even where fingerprints are asked for.
-	{"shared memory", 1, beforeSharedMemory, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)}, func(t *testing.T, w *world) {
-		for _, r := range w.reducers {
-			require.True(t, hier.SharedMemoryCheck(r))
-		}
-	}},
+	{name: "shared memory", machines: 1, warm: beforeSharedMemory,
+		opts: []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)},
+		used: func(t *testing.T, w *world) {
+			for _, r := range w.reducers {
+				require.True(t, hier.SharedMemoryCheck(r))
+			}
+		}},
 }
 
 // A call that one rank refuses (here: its context was already done, or an
@@ -226,12 +256,11 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 		} {
 			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
 				cfg := sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 4, StallTimeout: time.Minute}
-				var w *world
-				if tc.board {
-					w = newWorld(t, cfg, mode.opts...)
-				} else {
-					w = worldWithoutBoard(t, cfg, mode.opts...)
+				var edit []func(*backend.Rank)
+				if !tc.board {
+					edit = append(edit, func(rk *backend.Rank) { rk.Board = nil })
 				}
+				w := mode.world(t, cfg, edit...)
 				warmUp(t, w, mode.warm)
 				fingerprinted := make([]uint64, len(w.reducers))
 				for g, r := range w.reducers {
@@ -274,21 +303,12 @@ func TestCallRefusedOnOneRankFailsEverywhere(t *testing.T) {
 						5*time.Second, time.Millisecond, "rank %d", g)
 				}
 				mode.used(t, w)
-				if mode.name == "fingerprint" { // the refusing rank ran the fingerprinted collective too
+				if strings.HasPrefix(mode.name, "fingerprint") { // the refusing rank ran the fingerprinted collective too
 					require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[tc.refuser])-fingerprinted[tc.refuser])
 				}
 			})
 		}
 	}
-}
-
-// worldWithoutBoard is newWorld whose Reducers have no Board.
-func worldWithoutBoard(t *testing.T, cfg sim.Config, opts ...hier.Option) *world {
-	t.Helper()
-	return worldOf(t, cfg, func(_ int, rk *backend.Rank) []hier.Option {
-		rk.Board = nil
-		return opts
-	})
 }
 
 // worldOf builds a simulated cluster whose rank g's Reducer is built from
@@ -907,7 +927,7 @@ func TestCloseIsPromptAfterRefusedCalls(t *testing.T) {
 			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
 				var slowest time.Duration
 				for range runs {
-					w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 7}, mode.opts...)
+					w := mode.world(t, sim.Config{Machines: 2, Devices: 2, Seed: 7})
 					ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
 					for g, r := range w.reducers {
 						require.ErrorIs(t, tc.call(r, ts[g]).Wait(ctx), tc.is)

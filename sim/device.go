@@ -113,7 +113,11 @@ func (d *Device) NewTimingEvent() (streams.Event, error) {
 	return &Event{dev: d, timing: true}, nil
 }
 
-var _ backend.EventTimer = (*Device)(nil)
+var (
+	_ backend.EventTimer = (*Device)(nil)
+	_ backend.PairCopier = (*Device)(nil)
+	_ backend.HostMapper = (*Device)(nil)
+)
 
 // Elapsed is the wall time between the moments the streams reached two
 // completed timing events of d, start recorded before end.
@@ -330,6 +334,32 @@ func (d *Device) CopyAsync(dst, src uintptr, bytes int64, st streams.Stream) err
 			return err
 		}
 		return d.mem.write("copy", dst, data)
+	}})
+}
+
+// CopyPairAsync enqueues the two copies of backend.PairCopier as one
+// operation: every byte read before any is written, as with CopyAsync.
+func (d *Device) CopyPairAsync(dst1, src1 uintptr, n1 int64, dst2, src2 uintptr, n2 int64, st streams.Stream) error {
+	s, err := d.stream(st)
+	if err != nil {
+		return err
+	}
+	if err := backend.CheckCopyPair(dst1, src1, n1, dst2, src2, n2); err != nil || n1 == 0 && n2 == 0 {
+		return err
+	}
+	return s.enqueue(op{name: "copy pair", run: func(context.Context) error {
+		data, free := newScratch(n1 + n2)
+		defer free()
+		if err := d.mem.readInto("copy pair", src1, data[:n1]); err != nil {
+			return err
+		}
+		if err := d.mem.readInto("copy pair", src2, data[n1:]); err != nil {
+			return err
+		}
+		if err := d.mem.write("copy pair", dst1, data[:n1]); err != nil {
+			return err
+		}
+		return d.mem.write("copy pair", dst2, data[n1:])
 	}})
 }
 

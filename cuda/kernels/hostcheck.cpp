@@ -202,6 +202,24 @@ int main() {
   for (int i = 0; i < 100; i++) CHECK(h2f_ref(h[i].bits) == (float)(-1.0 + 0.5 * (i % 7)), "fill %d", i);
   std::vector<u8> u(50); launch(1, 4, [&] { fg_fill_uint8(u.data(), 50, -3, 1, 50); });
   for (int i = 0; i < 50; i++) CHECK(u[i] == (u8)(i - 3), "fill u8 %d", i);
+  // copy pair: every width's path, offsets that defeat the wider ones,
+  // and nothing written outside the two destinations
+  {
+    alignas(16) u8 a[512], b[512], c[64], d[64];
+    const u64 offs[] = {0, 1, 2, 4, 8}, lens[] = {0, 1, 2, 6, 16, 40, 48, 200};
+    for (u64 o : offs) for (u64 n1 : lens) for (u64 n2 : lens) {
+      if (n2 > 48) continue;
+      for (int i = 0; i < 512; i++) { a[i] = (u8)(i * 7 + 1); b[i] = 0xee; }
+      for (int i = 0; i < 64; i++) { c[i] = (u8)(i * 13 + 5); d[i] = 0xdd; }
+      launch(3, 5, [&] { fg_copy_pair(b + o, a + o, n1, d + o, c + o, n2); });
+      for (u64 i = 0; i < 512; i++)
+        CHECK(b[i] == (i >= o && i < o + n1 ? a[i] : 0xee), "copy pair: off %llu n1 %llu byte %llu",
+              (unsigned long long)o, (unsigned long long)n1, (unsigned long long)i);
+      for (u64 i = 0; i < 64; i++)
+        CHECK(d[i] == (i >= o && i < o + n2 ? c[i] : 0xdd), "copy pair: off %llu n2 %llu byte %llu",
+              (unsigned long long)o, (unsigned long long)n2, (unsigned long long)i);
+    }
+  }
   printf("%s: %d failures\n", fails ? "FAIL" : "PASS", fails);
   return fails != 0;
 }

@@ -300,6 +300,41 @@ FG_TYPE(uint32, u32)
 FG_TYPE(int64, i64)
 FG_TYPE(uint64, u64)
 
+// copy_part copies n bytes from src to dst over the grid, in the widest
+// words (16, 8, 4, 2 or 1 bytes) that both addresses and n allow. Either
+// side may be page-locked host memory mapped into the device's address
+// space: a few hundred bytes cross PCIe in one kernel instead of a copy of
+// their own.
+__device__ __forceinline__ void copy_part(u8* __restrict__ dst, const u8* __restrict__ src, u64 n) {
+  const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  const i64 nthreads = (i64)gridDim.x * blockDim.x;
+  const u64 align = (u64)dst | (u64)src | n;
+  if ((align & 15) == 0) {
+    struct v16 { u64 a, b; };
+    v16* d = (v16*)dst;
+    const v16* s = (const v16*)src;
+    for (i64 i = tid; i < (i64)(n / 16); i += nthreads) d[i] = s[i];
+  } else if ((align & 7) == 0) {
+    for (i64 i = tid; i < (i64)(n / 8); i += nthreads) ((u64*)dst)[i] = ((const u64*)src)[i];
+  } else if ((align & 3) == 0) {
+    for (i64 i = tid; i < (i64)(n / 4); i += nthreads) ((u32*)dst)[i] = ((const u32*)src)[i];
+  } else if ((align & 1) == 0) {
+    for (i64 i = tid; i < (i64)(n / 2); i += nthreads) ((u16*)dst)[i] = ((const u16*)src)[i];
+  } else {
+    for (i64 i = tid; i < (i64)n; i += nthreads) dst[i] = src[i];
+  }
+}
+
+// fg_copy_pair copies n1 bytes from s1 to d1 and n2 bytes from s2 to d2 in
+// one launch (a fingerprinted call's staging: its data and its
+// fingerprint's host bytes in, and out again). The two copies must not
+// overlap.
+extern "C" __global__ void fg_copy_pair(u8* __restrict__ d1, const u8* __restrict__ s1, u64 n1, u8* __restrict__ d2,
+                                        const u8* __restrict__ s2, u64 n2) {
+  copy_part(d1, s1, n1);
+  copy_part(d2, s2, n2);
+}
+
 // fg_delay busy-waits for ns nanoseconds on the GPU's global timer (tests
 // use it to hold a stream back).
 // (FG_HOST_TEST builds the file as plain C++ to check the kernels on a CPU.)
