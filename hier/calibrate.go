@@ -81,6 +81,20 @@ func (c *calibrator) world(algo backend.NCCLAlgo) (backend.Comm, error) {
 	return comm, nil
 }
 
+// agreedSize exchanges size with every rank through the world
+// communicator: ok where every rank proposed the same.
+func (c *calibrator) agreedSize(size int64) (int64, bool, error) {
+	hdr, err := c.header()
+	if err != nil {
+		return 0, false, err
+	}
+	got, err := c.worldMax(hdr, []int64{size, -size}, c.r.exec.first())
+	if err != nil {
+		return 0, false, err
+	}
+	return size, got[0] == size && -got[1] == size, nil
+}
+
 // timings is what a calibration measured of its candidates, each the
 // slowest rank's best: the time per call in bursts back to back, and the
 // time of one call alone where the class is timed so too (nil where not).

@@ -48,10 +48,12 @@ func TestAutoChoosesAlikeOnEveryRank(t *testing.T) {
 	}
 	require.Equal(t, 4, measured, "one measured class per size: %+v", first)
 	// Each sample of a candidate is a burst of calls back to back, and
-	// one call alone beside it (classes below 4 MiB).
+	// one call alone beside it (classes below 4 MiB), at the size of the
+	// class's first call (rounded down to 64 bytes).
 	var calls uint64
 	for _, c := range first {
 		if c.Calibration != nil {
+			require.Contains(t, []int64{80000, 280000, 1200000, 4194304}, c.Calibration.Bytes)
 			burst := hier.CalibrationBurst(c.Calibration.Bytes)
 			require.Equal(t, 4, burst, "%d bytes: a burst moves 64 MiB, at most 4 calls", c.Calibration.Bytes)
 			require.Len(t, c.Calibration.Samples, len(c.Calibration.Times))
@@ -384,4 +386,36 @@ func TestCalibrationPrunesHopelessRoutes(t *testing.T) {
 	for g, r := range w.reducers[1:] {
 		require.Equal(t, withoutCosts(w.reducers[0].Choices()), withoutCosts(r.Choices()), "rank %d", g+1)
 	}
+}
+
+// Ranks whose first calls of a class differ in size (a mismatch, which
+// the call's check then reports) still time the class alike: at 1.5 times
+// its smallest size, never each at its own, which would leave their
+// timing collectives of different sizes.
+func TestCalibrationOfMismatchedFirstCalls(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: 10 * time.Second},
+		hier.WithFlatThreshold(64<<10), hier.WithTimeout(5*time.Second))
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 280000), make([]byte, 280064)})
+	works := []*hier.Work{
+		w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum),
+		w.reducers[1].AllReduce(context.Background(), ts[1], fairgo.Sum),
+	}
+	for g, wk := range works {
+		require.Error(t, wk.Wait(context.Background()), "rank %d", g)
+		c := pickChoice(w.reducers[g].Choices(), 280000)
+		require.True(t, c.Measured, "rank %d", g)
+		require.NotNil(t, c.Calibration, "rank %d", g)
+		require.Equal(t, int64(384<<10), c.Calibration.Bytes, "rank %d", g)
+	}
+}
+
+// pickChoice is the Choice of cs that covers bytes.
+func pickChoice(cs []hier.Choice, bytes int64) hier.Choice {
+	var out hier.Choice
+	for _, c := range cs {
+		if bytes >= c.MinBytes {
+			out = c
+		}
+	}
+	return out
 }

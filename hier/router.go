@@ -161,6 +161,10 @@ type measurer interface {
 	timeRoutes(size int64, cands []plan) (timings, error)
 	// probeLinks measures the intra-machine link and the rail.
 	probeLinks() (linkModel, error)
+	// agreedSize returns size where every rank proposed it, else ok false
+	// (a collective: every rank asks at the same place, each with the
+	// size of the call it is at).
+	agreedSize(size int64) (agreed int64, ok bool, err error)
 	// hasVariants reports whether the backend makes world variants.
 	hasVariants() bool
 	// world makes the world variant on which NCCL runs algo only, once
@@ -263,11 +267,34 @@ func (rt *router) classBase() int64 {
 	return minClassBytes
 }
 
-// classSize is the size a class is timed at: 1.5 times its smallest, a
-// multiple of 64 bytes, at most the last class's bound.
+// classSize is the size a class is timed at where its first call's size
+// cannot be (timedSize): 1.5 times its smallest, a multiple of 64 bytes,
+// at most the last class's bound.
 func (rt *router) classSize(class int) int64 {
 	lo := rt.classBase() << class
 	return min(lo+lo/2, rt.topClass()) / 64 * 64
+}
+
+// timedSize is the size Auto times class at when an allreduce of bytes is
+// its first call: that call's size (a multiple of 64 bytes, within the
+// class), since a trainer's buckets come back at the same sizes step after
+// step; the last, open-ended class at classSize. Where the ranks' first
+// calls differ (a mismatch that their check then finds), every rank times
+// classSize instead (router.calibrate): the one size that needs no call
+// to agree on.
+//
+// Why not a fixed point of each class: NCCL's algorithms cross over inside
+// a factor of two. On two machines at 10 Gbit/s its tree took 220 µs at
+// 256 KiB where its ring took 306, and at 384 KiB, where the class was
+// timed, the two measured within the noise of each other: the ring was
+// chosen in two runs of six and then ran 256 KiB calls at 0.7 of the
+// tree (bench/NOTES.md, "Auto timed at the first call's size").
+func (rt *router) timedSize(class int, bytes int64) int64 {
+	lo := rt.classBase() << class
+	if class == rt.numClasses()-1 || bytes < lo || bytes >= 2*lo {
+		return rt.classSize(class)
+	}
+	return max(lo, bytes/64*64)
 }
 
 // numClasses is the number of size classes.
@@ -353,7 +380,7 @@ func (rt *router) route(bytes int64) plan {
 	r, class, ok := rt.known(bytes)
 	if !ok {
 		var cal *Calibration
-		r, cal = rt.calibrate(class)
+		r, cal = rt.calibrate(class, bytes)
 		rt.table.mu.Lock()
 		rt.table.measured[class] = r
 		if cal != nil {
@@ -538,10 +565,13 @@ func (rt *router) candidates(bytes int64) []plan {
 // world variant is made at the first calibration that has it as a
 // candidate (its cost is the Calibration's Setup), and a variant that
 // could not be made is no candidate.
-func (rt *router) calibrate(class int) (route, *Calibration) {
+func (rt *router) calibrate(class int, bytes int64) (route, *Calibration) {
 	lo := rt.classBase() << class
-	size := rt.classSize(class)
 	start := time.Now()
+	size := rt.classSize(class)
+	if agreed, ok, err := rt.measure.agreedSize(rt.timedSize(class, bytes)); err == nil && ok {
+		size = agreed
+	}
 	routes := rt.candidateRoutes(size)
 	sliced := slices.ContainsFunc(routes, func(r route) bool { return !r.algo.impl().whole() })
 	if !rt.cfg.sliceSet && sliced && size >= probeMinBytes {
@@ -816,7 +846,10 @@ func handicapOf(h []float64, i int) float64 {
 
 // Calibration is what Auto measured for one size class.
 type Calibration struct {
-	// Bytes is the size the candidates were timed at.
+	// Bytes is the size the candidates were timed at: the size of the
+	// class's first call, agreed by every rank (1.5 times the class's
+	// smallest for the last class, or where the ranks' first calls
+	// differed).
 	Bytes int64
 	// Times is each candidate route's time (hier.Choice names): the
 	// slowest rank's best of the timed runs.

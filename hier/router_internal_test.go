@@ -24,6 +24,8 @@ type fixedMeasurer struct {
 	variants bool
 	made     []*stubComm // the world variants it made, in order
 	cands    [][]Algorithm
+	sizes    []int64 // the sizes each calibration proposed
+	disagree bool    // agreedSize finds the ranks' sizes different
 }
 
 func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) (timings, error) {
@@ -44,6 +46,11 @@ func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) (timings, error) {
 	}
 	m.cands = append(m.cands, algos)
 	return timings{burst: out, samples: samples}, nil
+}
+
+func (m *fixedMeasurer) agreedSize(size int64) (int64, bool, error) {
+	m.sizes = append(m.sizes, size)
+	return size, !m.disagree, nil
 }
 
 func (m *fixedMeasurer) hasVariants() bool { return m.variants }
@@ -201,6 +208,30 @@ func TestRouteCalibratesEachClassOnce(t *testing.T) {
 	big := pick(rt.choices(), maxCalibrationBytes)
 	require.Equal(t, map[string]int64{"flat": 50, "rail-allreduce": 10, "rail-rsag-serial": 30},
 		nanos(big.Calibration.Times))
+	// A class is timed at its first call's size; the last, open-ended
+	// class at its bound.
+	require.Equal(t, []int64{300 << 10, maxCalibrationBytes}, m.sizes)
+	require.Equal(t, int64(300<<10), c.Calibration.Bytes)
+	require.Equal(t, int64(maxCalibrationBytes), big.Calibration.Bytes)
+}
+
+// A class is timed at the size of its first call, rounded down to 64
+// bytes, where every rank's first call has that size; where they differ,
+// at 1.5 times the class's smallest size, which needs no agreement.
+func TestCalibrationTimesTheFirstCallsSize(t *testing.T) {
+	for _, disagree := range []bool{false, true} {
+		m := &fixedMeasurer{disagree: disagree}
+		rt := testRouter(Grid{Machines: 2, Devices: 2}, config{flatThreshold: 64 << 10, sliceSet: true}, m)
+		rt.route(300<<10 + 63)
+		rt.route(70 << 10)
+		want := []int64{300<<10 + 63, 70 << 10}
+		if disagree {
+			want = []int64{384 << 10, 96 << 10}
+		}
+		require.Equal(t, []int64{300 << 10, 70 << 10}, m.sizes, "proposed")
+		require.Equal(t, want[0]/64*64, pick(rt.choices(), 300<<10).Calibration.Bytes, "disagree %v", disagree)
+		require.Equal(t, want[1], pick(rt.choices(), 70<<10).Calibration.Bytes, "disagree %v", disagree)
+	}
 }
 
 func nanos[K comparable, V ~int64](m map[K]V) map[K]int64 {
