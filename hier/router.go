@@ -284,11 +284,12 @@ func (rt *router) classSize(class int) int64 {
 // to agree on.
 //
 // Why not a fixed point of each class: NCCL's algorithms cross over inside
-// a factor of two. On two machines at 10 Gbit/s its tree took 220 µs at
-// 256 KiB where its ring took 306, and at 384 KiB, where the class was
-// timed, the two measured within the noise of each other: the ring was
-// chosen in two runs of six and then ran 256 KiB calls at 0.7 of the
-// tree (bench/NOTES.md, "Auto timed at the first call's size").
+// a factor of two. On two machines of one GPU, NCCL's tree took 204–224
+// µs at 256 KiB and its ring 284–339; at 384 KiB, where the class was
+// timed, the two measured within a few percent of each other, the ring
+// was chosen in two runs of six, and the 256 KiB calls then ran at
+// 0.64–0.73 of the tree (bench/NOTES.md, "Auto timed at the first call's
+// size").
 func (rt *router) timedSize(class int, bytes int64) int64 {
 	lo := rt.classBase() << class
 	if class == rt.numClasses()-1 || bytes < lo || bytes >= 2*lo {
