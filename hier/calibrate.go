@@ -19,7 +19,7 @@ import (
 // communicator.
 type calibrator struct {
 	r   *Reducer
-	hdr *exchange // the exchange buffer of the slowest rank's times, once needed
+	hdr *exchange // the exchange buffer of the ranks' times, once needed
 }
 
 // release closes the router's world variants and frees the exchange
@@ -95,13 +95,49 @@ func (c *calibrator) agreedSize(size int64) (int64, bool, error) {
 	return size, got[0] == size && -got[1] == size, nil
 }
 
-// timings is what a calibration measured of its candidates, each the
-// slowest rank's best: the time per call in bursts back to back, and the
-// time of one call alone where the class is timed so too (nil where not).
-// samples counts each candidate's timed bursts.
+// timings is what a calibration measured of its candidates: the time per
+// call in bursts back to back, the slowest rank's best, and the time of
+// one call alone where the class is timed so too (nil where not), the
+// fastest rank's best (ranksAgree says why). samples counts each
+// candidate's timed bursts.
 type timings struct {
 	burst, single []int64
 	samples       []int
+}
+
+// ranksAgree is what a rank sends to worldMax so that every rank gets the
+// same timings from its own bursts and singles (singles empty where none
+// are timed): each burst as it is, each single negated, so that the
+// element-wise maximum over ranks is the slowest rank's burst and, negated
+// back by agreedTimings, the fastest rank's single.
+//
+// Why the fastest for one call alone: the ranks start such a call when
+// each has seen the last measurement end, some tens of µs apart, and a
+// rank that starts early waits for its peers inside the call's collective;
+// the rank that started last times the call itself. The slowest rank's
+// best timed NCCL's tree alone at 476 µs on 2 × 2 at 256 KiB, where it ran
+// 229 back to back and 226–234 one call at a time in the job, and Auto
+// took the hierarchy instead (bench/NOTES.md item 89). A burst's calls
+// follow each other, which the start's spread touches once in four.
+func ranksAgree(bursts, singles []int64) []int64 {
+	out := slices.Clone(bursts)
+	for _, v := range singles {
+		out = append(out, -v)
+	}
+	return out
+}
+
+// agreedTimings reads worldMax's answer to ranksAgree of n bursts and as
+// many singles where alone.
+func agreedTimings(agreed []int64, n int, alone bool) (burst, single []int64) {
+	burst = agreed[:n]
+	if alone {
+		single = make([]int64, n)
+		for i, v := range agreed[n : 2*n] {
+			single[i] = -v
+		}
+	}
+	return burst, single
 }
 
 // timeRoutes runs each candidate on scratch buffers of size bytes and
@@ -234,24 +270,20 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 		}
 	}
 	t := timings{samples: make([]int, len(cands))}
-	bests := make([]int64, 0, 2*len(cands))
+	burstBests := make([]int64, len(cands))
+	var singleBests []int64
 	for i := range cands {
-		bests = append(bests, slices.Min(bursts[i]))
+		burstBests[i] = slices.Min(bursts[i])
 		t.samples[i] = len(bursts[i])
-	}
-	if alone {
-		for i := range cands {
-			bests = append(bests, slices.Min(singles[i]))
+		if alone {
+			singleBests = append(singleBests, slices.Min(singles[i]))
 		}
 	}
-	agreed, err := c.worldMax(hdr, bests, first)
+	agreed, err := c.worldMax(hdr, ranksAgree(burstBests, singleBests), first)
 	if err != nil {
 		return timings{}, err
 	}
-	t.burst = agreed[:len(cands)]
-	if alone {
-		t.single = agreed[len(cands):]
-	}
+	t.burst, t.single = agreedTimings(agreed, len(cands), alone)
 	return t, nil
 }
 
@@ -283,34 +315,35 @@ func (c *calibrator) checkForm(a plan, size int64) checkForm {
 }
 
 // prune returns the candidates worth more rounds after the first: those
-// whose first sample, the slowest rank's, is within calibrationPrune times
-// the fastest one's, in bursts or one call at a time (singles, empty where
-// a burst is one call). A candidate slower than that wins the rounds left
+// whose first sample (a burst's, the slowest rank's; a single's, the
+// fastest rank's: ranksAgree) is within calibrationPrune times the
+// fastest candidate's, in bursts or one call at a time (singles, empty
+// where a burst is one call). A candidate slower than that wins the rounds left
 // only if noise doubled its first sample, and timing it again lengthens
 // the first call of the class (on the sim cluster with 11 KiB slices, the
 // sliced rail took 13× flat's time and 85% of the calibration). Every rank
 // keeps the same candidates: the decision is on times all ranks agreed on.
 func (c *calibrator) prune(hdr *exchange, bursts, singles [][]int64, s streams.Stream) ([]int, error) {
-	firsts := make([]int64, 0, 2*len(bursts))
-	for _, sm := range bursts {
-		firsts = append(firsts, sm[0])
-	}
-	for _, sm := range singles {
-		if len(sm) > 0 {
-			firsts = append(firsts, sm[0])
+	n := len(bursts)
+	firstBursts := make([]int64, n)
+	var firstSingles []int64
+	for i, sm := range bursts {
+		firstBursts[i] = sm[0]
+		if len(singles[i]) > 0 {
+			firstSingles = append(firstSingles, singles[i][0])
 		}
 	}
-	agreed, err := c.worldMax(hdr, firsts, s)
+	agreed, err := c.worldMax(hdr, ranksAgree(firstBursts, firstSingles), s)
 	if err != nil {
 		return nil, err
 	}
-	n := len(bursts)
+	burst, single := agreedTimings(agreed, n, len(firstSingles) == n)
 	within := func(ts []int64, i int) bool {
 		return len(ts) > i && float64(ts[i]) <= calibrationPrune*float64(slices.Min(ts))
 	}
 	var keep []int
 	for i := range n {
-		if within(agreed[:n], i) || within(agreed[n:], i) {
+		if within(burst, i) || within(single, i) {
 			keep = append(keep, i)
 		}
 	}

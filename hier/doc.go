@@ -47,8 +47,9 @@
 // classes, powers of two up to 64 MiB; the first call of a class times the
 // candidates at that call's size (1.5 times the class's smallest for the
 // last class, or where the ranks' first calls differ) on the job's own
-// links, every rank takes the slowest rank's time of each, and all ranks choose
-// alike. The candidates: flat, flat-ring and flat-tree (where the backend
+// links, every rank takes the slowest rank's time of each (the fastest
+// rank's for a call alone, which early ranks spend waiting for late ones),
+// and all ranks choose alike. The candidates: flat, flat-ring and flat-tree (where the backend
 // makes world variants), halving-doubling (from 4 ranks, classes up to
 // 4 MiB), rail-allreduce (D > 1), rail-a2a (D = 1) and rail-rsag in the
 // links' slices (D > 1, where they cut the call), whatever the grid: one

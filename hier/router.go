@@ -21,10 +21,11 @@ import (
 // flat threshold belongs to a size class: [base·2^k, base·2^(k+1)), base the
 // flat threshold given with WithFlatThreshold, or minClassBytes (the
 // default threshold of Auto), the last class open-ended. The first call of
-// a class measures every candidate route at the class's size on this
-// job's own links, takes the slowest rank's time of each, and uses the
-// fastest from then on: every rank measures the same calls and sees the
-// same maxima, so every rank chooses alike. A class with one candidate
+// a class measures every candidate route at that call's size on this
+// job's own links, takes the slowest rank's time of each (the fastest
+// rank's for a call alone: ranksAgree), and uses the fastest
+// from then on: every rank measures the same calls and sees the same
+// extremes, so every rank chooses alike. A class with one candidate
 // only (one machine without world variants, above halving-doubling's
 // sizes) takes it without measuring.
 const (
@@ -156,8 +157,8 @@ func (t *routeTable) probedLinks() *linkModel {
 // implements it (calibrate.go, links.go) on its engine goroutine.
 type measurer interface {
 	// timeRoutes times each candidate on an allreduce of size bytes:
-	// for each, the slowest rank's best time in nanoseconds, in bursts and
-	// one call at a time (timings).
+	// for each, in nanoseconds, the slowest rank's best burst and the
+	// fastest rank's best call alone (timings).
 	timeRoutes(size int64, cands []plan) (timings, error)
 	// probeLinks measures the intra-machine link and the rail.
 	probeLinks() (linkModel, error)
@@ -855,9 +856,9 @@ type Calibration struct {
 	// Times is each candidate route's time (hier.Choice names): the
 	// slowest rank's best of the timed runs.
 	Times map[string]time.Duration
-	// OneAtATime is each candidate's time for one call alone, the slowest
-	// rank's best; nil for classes of 4 MiB and more, timed in bursts
-	// only.
+	// OneAtATime is each candidate's time for one call alone, the fastest
+	// rank's best (the rank that started the call last, which waited for
+	// no peer); nil for classes of 4 MiB and more, timed in bursts only.
 	// Auto takes the candidate whose worse ratio to the fastest, in
 	// Times or here, is the smallest.
 	OneAtATime map[string]time.Duration
