@@ -296,7 +296,14 @@ func (rt *router) timedSize(class int, bytes int64) int64 {
 	if class == rt.numClasses()-1 || bytes < lo || bytes >= 2*lo {
 		return rt.classSize(class)
 	}
-	return max(lo, bytes/64*64)
+	// A multiple of 64 bytes, so that the timed calls' buffers, one after
+	// another in the scratch memory, stay aligned for every kernel and
+	// NCCL (a flat threshold need not be one: the class's bounds then are
+	// not either).
+	if t := bytes / 64 * 64; t >= lo {
+		return t
+	}
+	return (lo + 63) / 64 * 64
 }
 
 // numClasses is the number of size classes.

@@ -469,3 +469,28 @@ func TestWorldVariantsCloseInOneOrder(t *testing.T) {
 		require.Empty(t, rt.worlds)
 	}
 }
+
+// The size a class is timed at is a multiple of 64 bytes inside the class
+// (the last class: at most its bound), whatever the flat threshold and
+// the first call's size: the timed calls' buffers sit one after another
+// in scratch memory, and a kernel or NCCL fails on a misaligned one (a
+// threshold of 2826158 bytes once timed at 2826158).
+func TestTimedSizeIsAlignedInsideTheClass(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		threshold := rapid.Int64Range(1, 8<<20).Draw(t, "threshold")
+		rt := testRouter(Grid{Machines: 2, Devices: 2}, config{flatThreshold: threshold}, &fixedMeasurer{})
+		bytes := rapid.Int64Range(rt.classBase(), 4*maxCalibrationBytes).Draw(t, "bytes")
+		class, ok := rt.classOf(bytes)
+		require.True(t, ok)
+		lo := rt.classBase() << class
+		size := rt.timedSize(class, bytes)
+		require.Zero(t, size%64, "timed at %d bytes", size)
+		if class == rt.numClasses()-1 {
+			require.LessOrEqual(t, size, max(rt.topClass(), lo))
+			return
+		}
+		require.GreaterOrEqual(t, size, lo)
+		require.Less(t, size, 2*lo)
+		require.LessOrEqual(t, size, max(bytes, (lo+63)/64*64))
+	})
+}
