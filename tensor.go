@@ -55,6 +55,12 @@ func (t Tensor) Validate() error {
 	if t.Count > 0 && t.Ptr == 0 {
 		return &ArgError{Arg: "ptr", Value: "0", Reason: "null device address"}
 	}
+	if t.Count > 0 && int64(t.Ptr)%size != 0 {
+		// A GPU kernel that loads such an element faults, and the fault
+		// ends the process's whole CUDA context, not just the call.
+		return &ArgError{Arg: "ptr", Value: fmt.Sprintf("%#x", t.Ptr),
+			Reason: fmt.Sprintf("not a multiple of its %d-byte elements", size)}
+	}
 	if uint64(t.Ptr) > math.MaxUint64-uint64(t.Bytes) {
 		return &ArgError{Arg: "ptr", Value: t.Ptr, Reason: "address range wraps around"}
 	}

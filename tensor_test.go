@@ -65,3 +65,33 @@ func TestSliceBounds(t *testing.T) {
 		})
 	}
 }
+
+// A tensor whose address is not a multiple of its element size is refused
+// at the call: a GPU kernel that read one of its elements would fault and
+// take the process's CUDA context with it. Bytes need no such alignment,
+// and neither does an empty tensor's address.
+func TestValidateRefusesMisalignedElements(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		t    fairgo.Tensor
+		ok   bool
+	}{
+		{"float32 at 4", fairgo.Tensor{Ptr: 0x1004, Bytes: 8, Count: 2, DType: fairgo.Float32}, true},
+		{"float32 at 2", fairgo.Tensor{Ptr: 0x1002, Bytes: 8, Count: 2, DType: fairgo.Float32}, false},
+		{"float64 at 4", fairgo.Tensor{Ptr: 0x1004, Bytes: 8, Count: 1, DType: fairgo.Float64}, false},
+		{"bfloat16 at 1", fairgo.Tensor{Ptr: 0x1001, Bytes: 2, Count: 1, DType: fairgo.BFloat16}, false},
+		{"uint8 at 1", fairgo.Tensor{Ptr: 0x1001, Bytes: 3, Count: 3, DType: fairgo.Uint8}, true},
+		{"empty float32 at 2", fairgo.Tensor{Ptr: 0x1002, Bytes: 0, Count: 0, DType: fairgo.Float32}, true},
+	} {
+		err := tc.t.Validate()
+		if tc.ok {
+			require.NoError(t, err, tc.name)
+			continue
+		}
+		var ae *fairgo.ArgError
+		require.ErrorAs(t, err, &ae, tc.name)
+		require.ErrorIs(t, err, fairgo.ErrInvalidArgument, tc.name)
+		require.Equal(t, "ptr", ae.Arg, tc.name)
+		require.Contains(t, err.Error(), "not a multiple of its", tc.name)
+	}
+}

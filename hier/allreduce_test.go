@@ -510,6 +510,11 @@ func badCalls(t *testing.T, r *hier.Reducer, good, other fairgo.Tensor) {
 			fairgo.ErrUnknownDType, "dtype"},
 		{"unknown op", r.AllReduce(ctx, good, fairgo.Op(42)), fairgo.ErrUnknownOp, "op"},
 		{"other device's memory", r.AllReduce(ctx, other, fairgo.Sum), fairgo.ErrInvalidArgument, ""},
+		// A GPU kernel reading a float32 at an odd pair of bytes would
+		// fault and lose the process's CUDA context.
+		{"address not a multiple of the element size",
+			r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr + 2, Bytes: 60, Count: 15, DType: fairgo.Float32}, fairgo.Sum),
+			fairgo.ErrInvalidArgument, "ptr"},
 		{"range past the allocation",
 			r.AllReduce(ctx, fairgo.Tensor{Ptr: good.Ptr + 32, Bytes: 64, Count: 16, DType: fairgo.Float32}, fairgo.Sum),
 			fairgo.ErrInvalidArgument, ""},

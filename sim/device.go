@@ -440,6 +440,14 @@ func (d *Device) ReduceAsync(dst, src uintptr, n int, stride, count int64, dt fa
 		}
 	}
 	return s.enqueue(op{name: "reduce", run: func(context.Context) error {
+		// A GPU's reduce kernel loads and stores whole elements: at an
+		// address that is not a multiple of the element's size it faults
+		// (CUDA_ERROR_MISALIGNED_ADDRESS), and so does the sim.
+		for _, at := range []uintptr{dst, src} {
+			if int64(at)%size != 0 {
+				return d.mem.illegal("reduce", at, bytes, fmt.Sprintf("misaligned for %v elements", dt))
+			}
+		}
 		srcs := make([][]byte, n)
 		var frees []func()
 		defer func() {

@@ -188,3 +188,24 @@ func TestReduceAsync(t *testing.T) {
 // MemoryInUse is the number of bytes currently allocated (rounded up to
 // the allocation alignment).
 func (d *Device) MemoryInUse() int64 { return d.mem.inUse() }
+
+// A reduce whose destination or sources are not at a multiple of the
+// element size fails its stream as a GPU's kernel would fault.
+func TestReduceAsyncMisaligned(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		dst, src uintptr
+	}{
+		{"destination", 2, 32},
+		{"source", 96, 6},
+	} {
+		c := newCluster(t, Config{Machines: 1, Devices: 1})
+		d := c.Device(0)
+		s := mkStream(t, d)
+		buf := tensorOf(t, d, fairgo.Float32, make([]float64, 32)...)
+		require.NoError(t, d.ReduceAsync(buf.Ptr+tc.dst, buf.Ptr+tc.src, 2, 8, 4, fairgo.Float32, fairgo.Sum, 1, s))
+		err := syncStream(t, s)
+		require.ErrorIs(t, err, ErrIllegalAddress, tc.name)
+		require.ErrorContains(t, err, "misaligned for float32 elements", tc.name)
+	}
+}
