@@ -216,7 +216,7 @@ func (d *Device) Alloc(bytes int64) (uintptr, error) {
 // AllocTensor allocates a tensor of count elements.
 func (d *Device) AllocTensor(count int64, dt fairgo.DType) (fairgo.Tensor, error) {
 	t := fairgo.Tensor{Count: count, DType: dt, Bytes: count * int64(dt.Size())}
-	t.Ptr = 1 // validated below before the real pointer is known
+	t.Ptr = 256 // validated below before the real pointer is known: aligned for every element type
 	if err := t.Validate(); err != nil {
 		return fairgo.Tensor{}, err
 	}
