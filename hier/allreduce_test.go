@@ -3,6 +3,7 @@ package hier_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -97,6 +98,13 @@ func (c allReduceCase) run(t testing.TB, hook func(*hier.Reducer)) error {
 	rng := rand.New(rand.NewPCG(c.seed, 7))
 	in := reftest.RandomInputs(rng, c.dt, c.op, w.size(), c.count)
 	out, err := w.allReduce(t, c.dt, c.op, in)
+	for g, r := range w.reducers {
+		// A calibration that failed would have lost a GPU's context (a
+		// misaligned timed size once did); the sim only falls back.
+		if n := hier.GuessedClasses(r); n > 0 && err == nil {
+			return fmt.Errorf("rank %d: %d size classes could not be calibrated", g, n)
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,10 @@ func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 // copies (backend.PairCopier on mapped host memory).
 func StagesByPairs(r *Reducer) bool { return r.fps != nil && r.fps.pair != nil }
 
+// GuessedClasses is how many size classes r's calibration failed to
+// measure (they took the guess).
+func GuessedClasses(r *Reducer) int64 { return r.router.guessed.Load() }
+
 // FingerprintedCalls is how many calls took the fingerprinted collective
 // (whether or not its enqueue then succeeded).
 func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load() }

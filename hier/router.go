@@ -117,6 +117,12 @@ type router struct {
 	// its calibration made are kept or closed, never marked failed), so
 	// decide would answer the same.
 	settled [maxClasses]atomic.Pointer[route]
+
+	// guessed counts the size classes whose calibration failed and that
+	// took the guess: the job goes on, and a test that expects none (on
+	// the sim, where a failed kernel does not end the context as on a
+	// GPU) reads it.
+	guessed atomic.Int64
 }
 
 // maxClasses bounds the size classes settled keeps; numClasses is well
@@ -603,6 +609,7 @@ func (rt *router) calibrate(class int, bytes int64) (route, *Calibration) {
 	}
 	t, err := rt.measure.timeRoutes(size, cands)
 	if err != nil {
+		rt.guessed.Add(1)
 		rt.logger.Warn("fairgo: could not calibrate a size class; guessing",
 			"class_bytes", lo, "guess", rt.guess(), "err", err)
 		return rt.guess(), nil
