@@ -197,6 +197,7 @@ func (r *Reducer) startCollectiveCheck() error {
 // hands its completion event and its check to the watcher and the checker.
 // It runs on the engine goroutine, or on the caller's while it holds busy.
 func (r *Reducer) execute(q *request, first streams.Stream) {
+	defer r.watch.enqueueEnded()
 	if a := r.checker.agreementDue(q); a != nil {
 		r.host = a.take() // from this call on, every rank alike
 	}

@@ -41,6 +41,10 @@ func HoldWatcher(r *Reducer, held bool) { r.hooks.watcherHeld.Store(held) }
 // HelpedCalls is how many calls a Wait completed in the watcher's place.
 func HelpedCalls(r *Reducer) uint64 { return r.hooks.helped.Load() }
 
+// WatcherPolls is how many times r's watcher asked a call's completion
+// event (a query, then a wait of up to watchQuietSlice).
+func WatcherPolls(r *Reducer) uint64 { return r.hooks.watcherPolls.Load() }
+
 // CalibrationCalls is how many allreduces Auto's calibrations enqueued.
 func CalibrationCalls(r *Reducer) uint64 { return r.hooks.calibrationCalls.Load() }
 

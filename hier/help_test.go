@@ -111,3 +111,89 @@ func int32s(n int, v int32) []byte {
 	}
 	return b
 }
+
+// TestWatcherLeavesAWaitedCallToItsWait makes every rank's call wait 200
+// ms on its device before it starts. While a Wait polls the call, the
+// watcher must not poll it too (a few asks at most, where it looked before
+// the Wait began; polling through the call would be a thousand), and the
+// Wait completes it. A call nobody waits for, the watcher polls and
+// completes itself.
+func TestWatcherLeavesAWaitedCallToItsWait(t *testing.T) {
+	const delay = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		machines int
+		opts     []hier.Option
+	}{
+		{"fingerprinted", 2, nil},
+		{"separate-check", 2, []hier.Option{hier.WithFingerprintMax(0)}},
+		{"shared-memory", 1, nil},
+		{"shared-memory/inline", 1, []hier.Option{hier.WithInlineEnqueue(true)}},
+		{"unchecked/inline", 2, []hier.Option{hier.WithCheck(false), hier.WithInlineEnqueue(true)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: tc.machines, Devices: 2 / tc.machines}, tc.opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for i := 0; i < 100 && (i == 0 || tc.machines == 1 && !hier.SharedMemoryCheck(w.reducers[0])); i++ {
+				_, err := w.allReduce(t, fairgo.Int32, fairgo.Sum, [][]byte{int32s(64, 1), int32s(64, 2)})
+				require.NoError(t, err) // past the calls that agree on the shared memory
+			}
+			// delayed enqueues on every rank a call that starts delay after
+			// it is made, with its Works.
+			delayed := func() ([]*hier.Work, []fairgo.Tensor) {
+				ts := w.upload(t, fairgo.Int32, [][]byte{int32s(1000, 3), int32s(1000, 4)})
+				works := make([]*hier.Work, len(w.reducers))
+				for g, r := range w.reducers {
+					s, err := w.devs[g].NewStream()
+					require.NoError(t, err)
+					require.NoError(t, w.devs[g].(*sim.Device).DelayAsync(delay, s))
+					works[g] = r.AllReduce(ctx, ts[g], fairgo.Sum, hier.After(s))
+				}
+				return works, ts
+			}
+			polls := func() []uint64 {
+				out := make([]uint64, len(w.reducers))
+				for g, r := range w.reducers {
+					out[g] = hier.WatcherPolls(r)
+				}
+				return out
+			}
+
+			before, helped := polls(), make([]uint64, len(w.reducers))
+			for g, r := range w.reducers {
+				helped[g] = hier.HelpedCalls(r)
+			}
+			works, ts := delayed()
+			errs := make(chan error, len(works))
+			for _, wk := range works {
+				go func() { errs <- wk.Wait(ctx) }()
+			}
+			for range works {
+				require.NoError(t, <-errs)
+			}
+			after := polls()
+			for g, r := range w.reducers {
+				require.LessOrEqual(t, after[g]-before[g], uint64(20), "rank %d: the watcher polled a call a Wait polled", g)
+				require.Equal(t, helped[g]+1, hier.HelpedCalls(r), "rank %d: the Wait completed its call", g)
+			}
+			for g, got := range w.download(t, ts) {
+				require.Equal(t, int32s(1000, 7), got, "rank %d", g)
+			}
+
+			works, _ = delayed()
+			for g, wk := range works {
+				select {
+				case <-wk.Done():
+					require.NoError(t, wk.Err())
+				case <-ctx.Done():
+					t.Fatalf("rank %d: a call nobody waited for did not complete", g)
+				}
+			}
+			for g, r := range w.reducers {
+				require.Greater(t, hier.WatcherPolls(r), after[g], "rank %d: the watcher polled the call nobody waited for", g)
+				require.Equal(t, helped[g]+1, hier.HelpedCalls(r), "rank %d: the watcher completed it", g)
+			}
+		})
+	}
+}

@@ -97,6 +97,7 @@ type testHooks struct {
 	watcherParks     atomic.Uint64 // times the watcher blocked for its next call
 	watcherHeld      atomic.Bool   // the watcher takes no call while set
 	helped           atomic.Uint64 // calls a Wait completed in the watcher's place
+	watcherPolls     atomic.Uint64 // the watcher's queries and waits of a call's completion event
 }
 
 // NewReducer builds the engine of one rank from its device, grid and
@@ -132,7 +133,7 @@ func NewReducer(ctx context.Context, rk backend.Rank, opts ...Option) (*Reducer,
 	r := &Reducer{
 		rank: rk, cfg: cfg, events: eventPool{factory: rk.Device},
 		calls: callQueue{wake: make(chan struct{}, 1)}, fail: breaker{aborted: make(chan struct{})},
-		watch: watcher{ch: make(chan pending, 4096), done: make(chan struct{})}, done: make(chan struct{}),
+		watch: watcher{ch: make(chan pending, 4096), done: make(chan struct{}), epoch: time.Now()}, done: make(chan struct{}),
 	}
 	r.exec = &executor{grid: rk.Grid, dev: rk.Device, comms: rk.Comms, layout: layout, skipWait: -1}
 	r.router = newRouter(rk.Grid, &r.cfg, &calibrator{r: r}, table)

@@ -31,6 +31,15 @@ const (
 	// wake-up (a futex, a hand-off through the scheduler) that a call of
 	// a few tens of µs would wait for.
 	watchIdlePoll = time.Millisecond
+	// watchQuietGap is the longest gap between two enqueues of a burst
+	// (calls back to back), and how long after a burst's last enqueue the
+	// watcher still leaves the driver alone; watchQuietMax how long at
+	// most it leaves one call to the caller's threads (quiet).
+	watchQuietGap = 50 * time.Microsecond
+	watchQuietMax = time.Millisecond
+	// watchQuietSlice is how long the watcher waits on an event before it
+	// asks quiet again.
+	watchQuietSlice = 50 * time.Microsecond
 )
 
 // watcher is the goroutine that completes Works: the calls the engine
@@ -69,6 +78,54 @@ type watcher struct {
 	// Wait pass by without contending for the lock the watcher needs.
 	queued  atomic.Int32
 	blocked atomic.Bool
+	// What quiet reads: lastEnqueued is when a thread last ended an
+	// execute (nanoseconds since epoch), burst whether the one before
+	// ended within watchQuietGap of it; waiting counts the Waits that
+	// poll their call (help); leave is the last call such a Wait found it
+	// cannot complete (a mismatch, a failed check), which the watcher
+	// decides and explains.
+	lastEnqueued atomic.Int64
+	burst        atomic.Bool // the last two enqueues ended within watchQuietGap of each other
+	waiting      atomic.Int32
+	leave        atomic.Uint64
+	epoch        time.Time
+}
+
+// quiet reports whether the watcher leaves the driver alone for now
+// while it waits for p, the call it turned to at turned:
+//
+//   - a Wait polls, and will complete p itself (help), unless it found
+//     that it cannot (leave);
+//   - or the caller enqueues calls back to back (its last two enqueues
+//     ended within watchQuietGap of each other, the last within
+//     watchQuietGap of now): the next call is being enqueued. For at most
+//     watchQuietMax, so that a caller that enqueues without end and
+//     selects on Done still sees its calls complete; a call enqueued alone
+//     is polled from its start.
+//
+// A completion query is a driver call, which the driver serialises with
+// the launches of the process's other threads: on four H200s, 20 calls of
+// 64 KiB back to back took 18–19 µs a call with the watcher quiet and
+// 21–30 with it polling, in one process driving every GPU
+// (bench/NOTES.md, "The watcher leaves the driver to the caller"). A Wait
+// that polls p would only have its queries doubled. Quiet or not, the
+// watcher's watchdog and error checks run (await).
+func (w *watcher) quiet(p pending, turned, now time.Time) bool {
+	if !p.helpable() {
+		return false
+	}
+	if w.waiting.Load() > 0 && p.req.seq > w.leave.Load() {
+		return true
+	}
+	return w.burst.Load() && now.Sub(turned) <= watchQuietMax &&
+		now.Sub(w.epoch)-time.Duration(w.lastEnqueued.Load()) < watchQuietGap
+}
+
+// enqueueEnded records the end of a thread's execute, for quiet.
+func (w *watcher) enqueueEnded() {
+	now := time.Since(w.epoch)
+	prev := time.Duration(w.lastEnqueued.Swap(int64(now)))
+	w.burst.Store(now-prev < watchQuietGap)
 }
 
 // pollTimer is the watcher's poll timer, started for one watchPoll.
@@ -237,13 +294,18 @@ func (r *Reducer) help(w *Work) bool {
 				return false // the checker has not decided it yet
 			}
 			if t.err != nil {
+				wt.leave.Store(p.req.seq)
 				return false // a mismatch, or a check that failed: the watcher's
 			}
 		}
 		if p.req.posted {
 			// Decided only when it matched: a mismatch is left to the
 			// watcher, which aborts and explains it.
-			if ok, err := r.host.read(p.req); !ok || err != nil {
+			ok, err := r.host.read(p.req)
+			if err != nil {
+				wt.leave.Store(p.req.seq)
+			}
+			if !ok || err != nil {
 				return false
 			}
 			r.host.advance(p.req.seq)
@@ -347,16 +409,8 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 	}
 	for {
 		if !dataDone {
-			// A call the watcher reaches late is often complete already:
-			// asked first, it costs no timer.
-			if dataDone, dataErr = p.ev.Query(); !dataDone {
-				ctx, cancel := context.WithTimeout(context.Background(), watchPoll)
-				_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
-				cancel()
-				dataDone, dataErr = p.ev.Query()
-			}
-			if dataDone { // the checker polls the call's check from now on
-				r.checker.dataDone(p.req.seq)
+			if dataDone, dataErr = r.waitData(p, start, watchPoll); dataDone {
+				r.checker.dataDone(p.req.seq) // the checker polls the call's check from now on
 			}
 		}
 		if !checkDone && p.req.posted {
@@ -409,6 +463,47 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		if r.cfg.timeout > 0 && now.Sub(start) > r.cfg.timeout && !timedOut {
 			timedOut = true
 			r.timedOut(p.req, now.Sub(start))
+		}
+	}
+}
+
+// waitData waits for p's data for about d and returns what the last query
+// of its completion event said; it returns early, not done, once a Wait
+// has completed p. While quiet it naps without a query; otherwise it asks
+// first (a call the watcher reaches late is often complete already) and
+// then waits on the event (which polls it, with naps that grow with the
+// wait, or blocks where the device can): in the call's first
+// watchQuietMax a watchQuietSlice at a time, so that it turns quiet as
+// soon as a caller starts to enqueue or to Wait; later for the rest of d,
+// since the wait's naps have grown long and its queries few.
+func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, error) {
+	for start := time.Now(); ; {
+		now := time.Now()
+		if r.watch.quiet(p, turned, now) {
+			// Nobody waits for the watcher now: a nap of the Go scheduler,
+			// long and cheap, rather than a precise nap in the kernel,
+			// whose wake-ups every 10 µs cost the caller's enqueue
+			// measurably (bench/NOTES.md, "The watcher leaves the driver
+			// to the caller").
+			time.Sleep(watchQuietSlice)
+		} else {
+			r.hooks.watcherPolls.Add(1)
+			if done, err := p.ev.Query(); done {
+				return true, err
+			}
+			slice := max(d-now.Sub(start), 0)
+			if now.Sub(turned) < watchQuietMax {
+				slice = min(slice, watchQuietSlice)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), slice)
+			_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
+			cancel()
+			if done, err := p.ev.Query(); done {
+				return true, err
+			}
+		}
+		if p.req.completedElsewhere() || time.Since(start) >= d {
+			return false, nil
 		}
 	}
 }

@@ -126,6 +126,12 @@ func (w *Work) Wait(ctx context.Context) error {
 		return errNilContext
 	}
 	nap := poll.Backoff{Max: waitNapMax}
+	polling := false // counted in the watcher's waiting: it leaves the driver to this Wait (watcher.quiet)
+	defer func() {
+		if polling {
+			w.r.watch.waiting.Add(-1)
+		}
+	}()
 	for start := time.Now(); ; {
 		select {
 		case <-w.done:
@@ -134,8 +140,14 @@ func (w *Work) Wait(ctx context.Context) error {
 			return ctx.Err()
 		default:
 		}
-		if w.helpable.Load() && w.r.help(w) {
-			return w.err
+		if w.helpable.Load() {
+			if !polling {
+				polling = true
+				w.r.watch.waiting.Add(1)
+			}
+			if w.r.help(w) {
+				return w.err
+			}
 		}
 		if time.Since(start) < waitSpin {
 			runtime.Gosched()

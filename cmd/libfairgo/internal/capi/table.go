@@ -359,13 +359,11 @@ func (t *Table) Wait(id int64, timeout time.Duration) error {
 		return w.Err()
 	}
 	if timeout > 0 {
-		timer := time.NewTimer(timeout)
-		defer timer.Stop()
-		select {
-		case <-w.Done():
-			return w.Err()
-		case <-timer.C:
-		}
+		// Work.Wait polls the call's device work and completes it itself,
+		// without waiting for the Reducer's watcher to see it done.
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		_ = w.Wait(ctx) // the work's error, or ctx's: read below
 	}
 	if w.IsCompleted() {
 		return w.Err()
