@@ -103,13 +103,14 @@ type watcher struct {
 //     selects on Done still sees its calls complete; a call enqueued alone
 //     is polled from its start.
 //
-// A completion query is a driver call, which the driver serialises with
-// the launches of the process's other threads: on four H200s, 20 calls of
-// 64 KiB back to back took 18–19 µs a call with the watcher quiet and
-// 21–30 with it polling, in one process driving every GPU
-// (bench/NOTES.md, "The watcher leaves the driver to the caller"). A Wait
-// that polls p would only have its queries doubled. Quiet or not, the
-// watcher's watchdog and error checks run (await).
+// Why: a completion query is a driver call, which the driver serialises
+// with the launches of the process's other threads, so that the watcher's
+// polls slow the enqueue of the caller's next call (bench/NOTES.md, "The
+// watcher leaves the driver to the caller"); and a Wait that polls p
+// would only have its queries doubled. What holds: every call that
+// reaches the watcher is asked about by someone (its Wait, or the watcher
+// once quiet ends), and quiet or not, the watcher's watchdog and error
+// checks run (await).
 func (w *watcher) quiet(p pending, turned, now time.Time) bool {
 	if !p.helpable() {
 		return false
@@ -480,12 +481,10 @@ func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, 
 	for start := time.Now(); ; {
 		now := time.Now()
 		if r.watch.quiet(p, turned, now) {
-			// Nobody waits for the watcher now: a nap of the Go scheduler,
-			// long and cheap, rather than a precise nap in the kernel,
-			// whose wake-ups every 10 µs cost the caller's enqueue
-			// measurably (bench/NOTES.md, "The watcher leaves the driver
-			// to the caller").
-			time.Sleep(watchQuietSlice)
+			// Nobody waits for the watcher now: a long nap, in the
+			// kernel, so that the scheduler moves none of the caller's
+			// goroutines (and their threads' CUDA contexts) around it.
+			poll.Nap(watchQuietSlice)
 		} else {
 			r.hooks.watcherPolls.Add(1)
 			if done, err := p.ev.Query(); done {

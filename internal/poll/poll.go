@@ -59,3 +59,8 @@ func (b *Backoff) next(now time.Time) time.Duration {
 	b.nap = min(b.nap, limit, max(waited/lateShare, firstNap))
 	return b.nap
 }
+
+// Nap sleeps for d in the kernel (on Linux with 1 µs of timer slack): the
+// calling goroutine keeps its thread, and no other goroutine of the process
+// is scheduled in its place or woken for it, as a time.Sleep would.
+func Nap(d time.Duration) { nap(d) }
