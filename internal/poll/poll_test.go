@@ -103,3 +103,13 @@ func TestNoticesSoon(t *testing.T) {
 	// 300–700 µs on the same host.
 	require.Less(t, median, 150*time.Microsecond, "polls nap long")
 }
+
+// TestNapSleeps: Nap sleeps at least its duration, on the calling
+// goroutine.
+func TestNapSleeps(t *testing.T) {
+	for _, d := range []time.Duration{50 * time.Microsecond, 2 * time.Millisecond} {
+		start := time.Now()
+		Nap(d)
+		require.GreaterOrEqual(t, time.Since(start), d)
+	}
+}
