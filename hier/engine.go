@@ -273,7 +273,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		r.watch.completed.Store(q.seq)
 		return
 	}
-	p := pending{req: q, ev: ev}
+	p := pending{req: q, ev: ev, on: last}
 	q.work.helpable.Store(p.helpable())
 	r.watch.ch <- p
 }

@@ -45,6 +45,9 @@ func HelpedCalls(r *Reducer) uint64 { return r.hooks.helped.Load() }
 // event (a query, then a wait of up to watchQuietSlice).
 func WatcherPolls(r *Reducer) uint64 { return r.hooks.watcherPolls.Load() }
 
+// HelpQueries is how many completion events helping Waits have queried.
+func HelpQueries(r *Reducer) uint64 { return r.hooks.helpQueries.Load() }
+
 // CalibrationCalls is how many allreduces Auto's calibrations enqueued.
 func CalibrationCalls(r *Reducer) uint64 { return r.hooks.calibrationCalls.Load() }
 

@@ -197,3 +197,120 @@ func TestWatcherLeavesAWaitedCallToItsWait(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitsAfterABurstAskTheDeviceTwice enqueues 20 calls on one stream on
+// every rank, lets the device finish them with the watchers held, and
+// waits for each Work in call order: the first Wait asks the oldest call's
+// event and the newest's, which says the calls between them are done on
+// the same stream, and completes all of them; the other 19 Waits find
+// their calls complete. With the check in the fingerprint, in shared
+// memory, and without a check; each call's data must be right.
+func TestWaitsAfterABurstAskTheDeviceTwice(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		machines int
+		opts     []hier.Option
+	}{
+		{"fingerprinted", 2, nil},
+		{"shared-memory", 1, nil},
+		{"shared-memory/inline", 1, []hier.Option{hier.WithInlineEnqueue(true)}},
+		{"unchecked/inline", 2, []hier.Option{hier.WithCheck(false), hier.WithInlineEnqueue(true)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: tc.machines, Devices: 2 / tc.machines}, tc.opts...)
+			t.Cleanup(func() {
+				for _, r := range w.reducers {
+					hier.HoldWatcher(r, false)
+				}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for i := 0; i < 100 && (i == 0 || tc.machines == 1 && !hier.SharedMemoryCheck(w.reducers[0])); i++ {
+				_, err := w.allReduce(t, fairgo.Int32, fairgo.Sum, [][]byte{int32s(64, 1), int32s(64, 2)})
+				require.NoError(t, err) // past the calls that agree on the shared memory
+			}
+			const calls = 20
+			queries := make([]uint64, len(w.reducers))
+			for g, r := range w.reducers {
+				hier.HoldWatcher(r, true)
+				queries[g] = hier.HelpQueries(r)
+			}
+			tensors := make([][]fairgo.Tensor, calls)
+			works := make([][]*hier.Work, calls)
+			for i := range calls {
+				tensors[i] = w.upload(t, fairgo.Int32, [][]byte{int32s(300, int32(i)), int32s(300, int32(10*i))})
+				for g, r := range w.reducers {
+					works[i] = append(works[i], r.AllReduce(ctx, tensors[i][g], fairgo.Sum))
+				}
+			}
+			for g := range w.reducers {
+				// Every call enqueued (the engine goes in call order), and
+				// done on the device.
+				s, err := w.devs[g].NewStream()
+				require.NoError(t, err)
+				require.NoError(t, works[calls-1][g].StreamWait(ctx, s))
+				require.NoError(t, w.devs[g].(*sim.Device).Synchronize(ctx))
+			}
+			for g, r := range w.reducers {
+				for i := range calls {
+					require.NoError(t, works[i][g].Wait(ctx), "call %d, rank %d", i, g)
+				}
+				require.Equal(t, uint64(2), hier.HelpQueries(r)-queries[g],
+					"rank %d: the Waits of %d calls done on one stream asked the device twice", g, calls)
+			}
+			for i := range calls {
+				for g, got := range w.download(t, tensors[i]) {
+					require.Equal(t, int32s(300, int32(11*i)), got, "call %d, rank %d", i, g)
+				}
+			}
+		})
+	}
+}
+
+// TestWatcherAsksTheDeviceTwiceAfterABurst: 20 calls done on the device
+// before the watcher looks at them (held meanwhile) cost it two queries,
+// the oldest call's and the newest's, not one a call; nobody waits.
+func TestWatcherAsksTheDeviceTwiceAfterABurst(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1}, hier.WithCheck(false), hier.WithInlineEnqueue(true))
+	t.Cleanup(func() {
+		for _, r := range w.reducers {
+			hier.HoldWatcher(r, false)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const calls = 20
+	polls := make([]uint64, len(w.reducers))
+	for g, r := range w.reducers {
+		hier.HoldWatcher(r, true)
+		polls[g] = hier.WatcherPolls(r)
+	}
+	works := make([][]*hier.Work, calls)
+	tensors := make([][]fairgo.Tensor, calls)
+	for i := range calls {
+		tensors[i] = w.upload(t, fairgo.Int32, [][]byte{int32s(300, int32(i)), int32s(300, int32(10*i))})
+		for g, r := range w.reducers {
+			works[i] = append(works[i], r.AllReduce(ctx, tensors[i][g], fairgo.Sum))
+		}
+	}
+	for g, r := range w.reducers {
+		require.NoError(t, w.devs[g].(*sim.Device).Synchronize(ctx))
+		hier.HoldWatcher(r, false)
+	}
+	for i := range calls {
+		for g := range w.reducers {
+			select {
+			case <-works[i][g].Done():
+				require.NoError(t, works[i][g].Err())
+			case <-ctx.Done():
+				t.Fatalf("call %d of rank %d did not complete", i, g)
+			}
+		}
+		for g, got := range w.download(t, tensors[i]) {
+			require.Equal(t, int32s(300, int32(11*i)), got, "call %d, rank %d", i, g)
+		}
+	}
+	for g, r := range w.reducers {
+		require.Equal(t, uint64(2), hier.WatcherPolls(r)-polls[g], "rank %d", g)
+	}
+}

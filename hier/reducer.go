@@ -98,6 +98,7 @@ type testHooks struct {
 	watcherHeld      atomic.Bool   // the watcher takes no call while set
 	helped           atomic.Uint64 // calls a Wait completed in the watcher's place
 	watcherPolls     atomic.Uint64 // the watcher's queries and waits of a call's completion event
+	helpQueries      atomic.Uint64 // helping Waits' queries of a call's completion event
 }
 
 // NewReducer builds the engine of one rank from its device, grid and

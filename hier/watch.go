@@ -15,11 +15,13 @@ import (
 )
 
 // pending is a call the watcher waits for: its completion event (nil when
-// it put nothing on the device) and its check (req.check, or the shared
-// memory's when req.posted; neither without peers).
+// it put nothing on the device), the stream the event was recorded on, and
+// its check (req.check, or the shared memory's when req.posted; neither
+// without peers).
 type pending struct {
 	req *request
 	ev  streams.Event
+	on  streams.Stream
 }
 
 const (
@@ -68,6 +70,8 @@ type watcher struct {
 	// no later call's recording can be taken for it.
 	current *request
 	orphan  streams.Event
+	// known is what helping Waits learnt of the device (help).
+	known knownDone
 	// receiving is set while the watcher blocks on ch for the next call
 	// (receive), which a helping Wait then leaves to it, without even
 	// taking mu: a Wait that polls takes it again and again, and the
@@ -257,46 +261,49 @@ func (r *Reducer) complete(p pending) {
 // call order. It reports whether w is done. It never blocks: where the
 // watcher is completing a call, or the next call is not done, the Wait
 // goes on waiting.
+//
+// Calls are enqueued in call order, so events recorded on one stream
+// complete in call order: once the oldest call is done, one query of the
+// newest queued call on its stream (ahead) tells whether every call
+// between them is done too (known), and those are completed without a
+// query each, past w if need be. A caller that waits for its calls one by
+// one after a burst (a step's buckets) then pays two driver queries, not
+// one a call.
 func (r *Reducer) help(w *Work) bool {
 	wt := &r.watch
 	if wt.blocked.Load() || wt.receiving.Load() || wt.queued.Load() == 0 && len(wt.ch) == 0 || !wt.mu.TryLock() {
 		return false
 	}
 	defer wt.mu.Unlock()
-	for !w.IsCompleted() {
-		if len(wt.queue) == 0 {
-			if wt.receiving.Load() {
-				return false // the watcher takes the next call
-			}
-			select {
-			case p, ok := <-wt.ch:
-				if !ok {
-					return false
-				}
-				wt.queue = append(wt.queue, p)
-				wt.queueChanged()
-			default:
-				return false
-			}
+	for !w.IsCompleted() || len(wt.queue) > 0 && wt.known.covers(wt.queue[0]) {
+		if len(wt.queue) == 0 && !wt.takeFromCh() {
+			return false
 		}
 		p := wt.queue[0]
 		if !p.helpable() {
-			return false
+			return w.IsCompleted()
 		}
-		done, dataErr := p.ev.Query()
-		if !done {
-			return false
+		var dataErr error
+		if !wt.known.covers(p) {
+			var done bool
+			r.hooks.helpQueries.Add(1)
+			if done, dataErr = p.ev.Query(); !done {
+				return false
+			}
+			if dataErr == nil {
+				r.ahead(p, &r.hooks.helpQueries)
+			}
 		}
 		r.checker.dataDone(p.req.seq)
 		if t := p.req.check; t != nil {
 			select {
 			case <-t.done:
 			default:
-				return false // the checker has not decided it yet
+				return w.IsCompleted() // the checker has not decided it yet
 			}
 			if t.err != nil {
 				wt.leave.Store(p.req.seq)
-				return false // a mismatch, or a check that failed: the watcher's
+				return w.IsCompleted() // a mismatch, or a check that failed: the watcher's
 			}
 		}
 		if p.req.posted {
@@ -307,7 +314,7 @@ func (r *Reducer) help(w *Work) bool {
 				wt.leave.Store(p.req.seq)
 			}
 			if !ok || err != nil {
-				return false
+				return w.IsCompleted()
 			}
 			r.host.advance(p.req.seq)
 		}
@@ -315,6 +322,110 @@ func (r *Reducer) help(w *Work) bool {
 		r.hooks.helped.Add(1)
 	}
 	return true
+}
+
+// knownDone is what helping Waits learnt of the device: for a few of the
+// streams calls' events were recorded on, the newest call seen done there
+// without error, so that every call before it on that stream is done too.
+// What it says stays true, so it is never cleared; a stream that stops
+// being used is pushed out by newer ones.
+type knownDone [4]struct {
+	on  streams.Stream
+	seq uint64
+}
+
+// covers reports whether p's device work is known done.
+func (k *knownDone) covers(p pending) bool {
+	if p.on == nil || !p.helpable() {
+		return false
+	}
+	for _, e := range k {
+		if e.on == p.on {
+			return p.req.seq <= e.seq
+		}
+	}
+	return false
+}
+
+// learn records that the calls up to seq on stream on are done.
+func (k *knownDone) learn(on streams.Stream, seq uint64) {
+	i := len(k) - 1 // the oldest entry, unless on has one
+	for j, e := range k {
+		if e.on == on {
+			if seq <= e.seq {
+				return
+			}
+			i = j
+			break
+		}
+	}
+	copy(k[1:i+1], k[:i]) // the newest first
+	k[0].on, k[0].seq = on, seq
+}
+
+// knownDone reports whether p's device work is known done (help's known),
+// for the watcher, which then needs no query of its own.
+func (r *Reducer) knownDone(p pending) bool {
+	r.watch.mu.Lock()
+	defer r.watch.mu.Unlock()
+	return r.watch.known.covers(p)
+}
+
+// learnAhead is ahead for the watcher, which found p done with err.
+func (r *Reducer) learnAhead(p pending, err error) {
+	if err != nil {
+		return
+	}
+	r.watch.mu.Lock()
+	defer r.watch.mu.Unlock()
+	r.ahead(p, &r.hooks.watcherPolls)
+}
+
+// takeFromCh moves the next call off ch into the queue, for a helping Wait
+// (mu held); false where there is none, or the watcher is receiving it.
+func (w *watcher) takeFromCh() bool {
+	if w.receiving.Load() {
+		return false // the watcher takes the next call
+	}
+	select {
+	case p, ok := <-w.ch:
+		if !ok {
+			return false
+		}
+		w.queue = append(w.queue, p)
+		w.queueChanged()
+		return true
+	default:
+		return false
+	}
+}
+
+// ahead, for p, a call just found done without error, learns that, and
+// asks the newest call queued on the same stream (taking the calls waiting
+// on ch into the queue first) whether it is done too (watch.mu held);
+// queries counts the question.
+func (r *Reducer) ahead(p pending, queries *atomic.Uint64) {
+	w := &r.watch
+	if p.on == nil {
+		return
+	}
+	w.known.learn(p.on, p.req.seq)
+	for len(w.ch) > 0 && w.takeFromCh() {
+	}
+	for i := len(w.queue) - 1; i >= 0; i-- {
+		q := w.queue[i]
+		if q.req.seq <= p.req.seq {
+			return
+		}
+		if q.on != p.on || !q.helpable() {
+			continue
+		}
+		queries.Add(1)
+		if done, err := q.ev.Query(); done && err == nil {
+			w.known.learn(q.on, q.req.seq)
+		}
+		return
+	}
 }
 
 // queueChanged publishes queued and blocked (mu held).
@@ -479,6 +590,9 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 // since the wait's naps have grown long and its queries few.
 func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, error) {
 	for start := time.Now(); ; {
+		if r.knownDone(p) {
+			return true, nil
+		}
 		now := time.Now()
 		if r.watch.quiet(p, turned, now) {
 			// Nobody waits for the watcher now: a long nap, in the
@@ -488,6 +602,7 @@ func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, 
 		} else {
 			r.hooks.watcherPolls.Add(1)
 			if done, err := p.ev.Query(); done {
+				r.learnAhead(p, err)
 				return true, err
 			}
 			slice := max(d-now.Sub(start), 0)
@@ -498,6 +613,7 @@ func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, 
 			_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
 			cancel()
 			if done, err := p.ev.Query(); done {
+				r.learnAhead(p, err)
 				return true, err
 			}
 		}
