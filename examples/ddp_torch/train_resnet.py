@@ -29,6 +29,7 @@ records a sample of the first step's averaged gradient with its exact
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -55,6 +56,10 @@ def parse_args(argv=None):
     p.add_argument("--losses-out", type=Path, help="write the per-step losses and throughput as JSON (rank 0)")
     p.add_argument("--grad-check", type=int, default=4096, metavar="N",
                    help="record N elements of step 0's averaged gradient and their exact average (0: off)")
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help="after the timed steps, run --trace-steps more under torch.profiler and write rank 0's "
+                        "Chrome trace (CPU and CUDA) to FILE")
+    p.add_argument("--trace-steps", type=int, default=3, help="steps the --trace covers")
     return p.parse_args(argv)
 
 
@@ -147,12 +152,8 @@ def main(argv=None):
     if rank == 0:
         print(f"resnet18 DDP: {world} ranks, hook {args.hook}, batch {args.batch_size}/rank, {args.image_size}px, "
               f"{args.steps} steps, torch {torch.__version__}" + (f", {comm}" if comm else ""), flush=True)
-    losses = []
-    t0 = None
-    for step in range(args.steps):
-        if step == args.warmup:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+
+    def train_step(step):
         x, y = batch(step)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp(x), y)
@@ -160,13 +161,37 @@ def main(argv=None):
         if step == 0 and grad_check is not None:
             grad_check["values"] = grad_sample().tolist()  # averaged by the hook under test
         opt.step()
-        losses.append(loss.item())
+        return loss.item()  # waits for the step's device work
+
+    losses, step_ms = [], []
+    t0 = None
+    for step in range(args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        began = time.perf_counter()
+        losses.append(train_step(step))
+        step_ms.append(1000 * (time.perf_counter() - began))
         if rank == 0:
             print(f"step {step:3d} loss {losses[-1]:.6f}", flush=True)
     torch.cuda.synchronize()
     timed = args.steps - args.warmup
     seconds = time.perf_counter() - t0 if t0 is not None else float("nan")
     images_per_s = timed * args.batch_size * world / seconds if timed > 0 else float("nan")
+    if args.trace and args.trace_steps > 0:
+        # Extra steps, outside the timing and the losses; every rank runs
+        # them (DDP reduces their gradients), rank 0 records them.
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if rank == 0 else None
+        with prof if prof is not None else contextlib.nullcontext():
+            for step in range(args.steps, args.steps + args.trace_steps):
+                with torch.profiler.record_function(f"train step {step}"):
+                    train_step(step)
+            torch.cuda.synchronize()
+        if prof is not None:
+            prof.export_chrome_trace(str(args.trace))
+            print(f"wrote {args.trace}", flush=True)
     if comm is not None:
         comm.synchronize(60)  # raises if any of fairgo's work failed
     by_rank = [None] * world
@@ -191,6 +216,7 @@ def main(argv=None):
                 "images_per_s": images_per_s, "ms_per_step": 1000 * seconds / max(timed, 1),
                 "routes": routes,
                 "losses": losses, "losses_by_rank": by_rank, "grad_check": grad_check,
+                "step_ms": step_ms,
             }
             args.losses_out.write_text(json.dumps(out, indent=1) + "\n")
             print(f"wrote {args.losses_out}", flush=True)
