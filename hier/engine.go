@@ -122,13 +122,16 @@ func (r *Reducer) engine(ready chan<- error) {
 		r.board.stop()
 	}
 	errs = append(errs, r.router.measure.release(), r.exec.release(), r.events.release())
-	if r.rank.OwnsResources {
-		if r.abortsFinished(r.closeGrace()) {
-			errs = append(errs, r.rank.Release())
-		} else { // destroying a communicator NCCL is still aborting would be worse than leaking it
-			errs = append(errs,
-				fmt.Errorf("hier: the communicators were still aborting %v after Close; left to NCCL", r.closeGrace()))
-		}
+	// Close returns only once this Reducer's aborts have ended (closeGrace
+	// at most), whoever owns the communicators: an owner that destroys a
+	// communicator NCCL is still aborting crashes its process.
+	switch finished := r.abortsFinished(r.closeGrace()); {
+	case finished && r.rank.OwnsResources:
+		errs = append(errs, r.rank.Release())
+	case !finished: // destroying a communicator NCCL is still aborting would be worse than leaking it
+		errs = append(errs, fmt.Errorf(
+			"hier: the communicators were still aborting %v after Close; left to NCCL (do not destroy them)",
+			r.closeGrace()))
 	}
 	r.closeErr = errors.Join(errs...)
 }

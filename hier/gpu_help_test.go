@@ -14,9 +14,10 @@ import (
 )
 
 // TestGPUWaitsAfterABurst enqueues 20 calls back to back, lets the GPUs
-// finish them, and waits for each in call order: every result is right,
-// and the Waits ask the driver at most twice a rank (the oldest call's
-// event, then the newest's on the same stream), not once a call.
+// finish them, and waits for each in call order, the watchers held: every
+// result is right, and the Waits ask the driver at most twice a rank (the
+// oldest call's event, then the newest's on the same stream), not once a
+// call.
 func TestGPUWaitsAfterABurst(t *testing.T) {
 	for _, grid := range gpuGrids(t, [2]int{1, 2}, [2]int{2, 1}) {
 		t.Run(fmt.Sprintf("%dx%d", grid[0], grid[1]), func(t *testing.T) {
@@ -24,6 +25,15 @@ func TestGPUWaitsAfterABurst(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			sumOnEveryRank(t, w) // past the first call's agreements
+			// The watchers held: the Waits alone complete the calls.
+			for _, r := range w.reducers {
+				hier.HoldWatcher(r, true)
+			}
+			t.Cleanup(func() {
+				for _, r := range w.reducers {
+					hier.HoldWatcher(r, false)
+				}
+			})
 			const calls, count = 20, 16384
 			tensors := make([][]fairgo.Tensor, calls)
 			works := make([][]*hier.Work, calls)

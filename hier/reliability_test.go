@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1034,4 +1035,42 @@ func TestCheckEnqueueEndedByTheWatchdogReportsTheTimeout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// slowAbortComm is a communicator whose Abort fails its calls at once but
+// takes a while to return, as ncclCommAbort tears a communicator down on a
+// GPU, and records when it has returned.
+type slowAbortComm struct {
+	backend.Comm
+	returned atomic.Bool
+}
+
+func (c *slowAbortComm) Abort() error {
+	err := c.Comm.Abort()
+	time.Sleep(300 * time.Millisecond)
+	c.returned.Store(true)
+	return err
+}
+
+// Close returns only after the Reducer's aborts have: the caller that owns
+// the communicators destroys them next, and destroying one NCCL is still
+// aborting crashes the process. Rank 0's call times out (rank 1 never
+// joins) and aborts its world communicator, which takes 300 ms to return
+// (within Close's grace of 1 s); Close must outlast that.
+func TestCloseWaitsForTheAborts(t *testing.T) {
+	c, err := sim.NewCluster(sim.Config{Machines: 1, Devices: 2, StallTimeout: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	rk := c.Rank(0)
+	slow := &slowAbortComm{Comm: rk.Comms.World}
+	rk.Comms.World = slow
+	r, err := hier.NewReducer(context.Background(), rk, hier.WithAlgorithm(hier.Flat), hier.WithTimeout(time.Second))
+	require.NoError(t, err)
+	ts, err := c.Device(0).AllocTensor(1024, fairgo.Float32)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.ErrorIs(t, r.AllReduce(ctx, ts, fairgo.Sum).Wait(ctx), fairgo.ErrTimeout)
+	_ = r.Close()
+	require.True(t, slow.returned.Load(), "Close returned while its abort was still running")
 }
