@@ -11,6 +11,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/cuda"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/streams"
 )
 
 // TestGPUWaitsAfterABurst enqueues 20 calls back to back, lets the GPUs
@@ -50,7 +51,13 @@ func TestGPUWaitsAfterABurst(t *testing.T) {
 			queries := make([]uint64, len(w.reducers))
 			for g, r := range w.reducers {
 				queries[g] = hier.HelpQueries(r)
+				// Every call enqueued (the engine goes in call order), and
+				// done on the device.
+				s, err := w.devs[g].NewStream()
+				require.NoError(t, err)
+				require.NoError(t, works[calls-1][g].StreamWait(ctx, s))
 				require.NoError(t, w.devs[g].(*cuda.Device).Synchronize())
+				require.NoError(t, streams.Release(s))
 			}
 			for g, r := range w.reducers {
 				for i := range calls {
