@@ -100,3 +100,37 @@ func TestKnownDone(t *testing.T) {
 	require.True(t, k.covers(call(ss[2], 40)))
 	require.True(t, k.covers(call(ss[5], 25)))
 }
+
+// TestHelpProbesOnlyWhenBehind: a Wait asks ahead only where its call was
+// done when first asked (the device ahead of the caller); a call it saw
+// running first says the calls behind it are likely running too, and
+// asking the newest would be a query wasted each call.
+func TestHelpProbesOnlyWhenBehind(t *testing.T) {
+	a := &testStream{name: "a"}
+	var queries int
+	done := map[int]*bool{}
+	r := &Reducer{}
+	r.watch.ch = make(chan pending, 8)
+	works := map[int]*Work{}
+	for seq := 1; seq <= 3; seq++ {
+		d := new(bool)
+		done[seq] = d
+		w := newWork()
+		w.r = r
+		works[seq] = w
+		r.watch.ch <- pending{req: &request{seq: uint64(seq), work: w}, ev: switchEvent{done: d, queries: &queries}, on: a}
+	}
+	require.False(t, r.help(works[1]))
+	require.Equal(t, 1, queries)
+	for _, d := range done {
+		*d = true
+	}
+	require.True(t, r.help(works[1]))
+	require.Equal(t, 2, queries, "call 1, seen running before: no question ahead")
+	require.False(t, works[2].IsCompleted())
+	require.True(t, r.help(works[3]))
+	require.Equal(t, 4, queries, "call 2, done when first asked, then the newest, call 3")
+	for seq, w := range works {
+		require.True(t, w.IsCompleted(), "call %d", seq)
+	}
+}

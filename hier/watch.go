@@ -70,8 +70,10 @@ type watcher struct {
 	// no later call's recording can be taken for it.
 	current *request
 	orphan  streams.Event
-	// known is what helping Waits learnt of the device (help).
+	// known is what helping Waits learnt of the device (help); asked the
+	// last call a Wait found still running.
 	known knownDone
+	asked uint64
 	// receiving is set while the watcher blocks on ch for the next call
 	// (receive), which a helping Wait then leaves to it, without even
 	// taking mu: a Wait that polls takes it again and again, and the
@@ -288,10 +290,11 @@ func (r *Reducer) help(w *Work) bool {
 			var done bool
 			r.hooks.helpQueries.Add(1)
 			if done, dataErr = p.ev.Query(); !done {
+				wt.asked = p.req.seq
 				return false
 			}
 			if dataErr == nil {
-				r.ahead(p, &r.hooks.helpQueries)
+				r.ahead(p, wt.asked != p.req.seq, &r.hooks.helpQueries)
 			}
 		}
 		r.checker.dataDone(p.req.seq)
@@ -372,13 +375,13 @@ func (r *Reducer) knownDone(p pending) bool {
 }
 
 // learnAhead is ahead for the watcher, which found p done with err.
-func (r *Reducer) learnAhead(p pending, err error) {
+func (r *Reducer) learnAhead(p pending, err error, probe bool) {
 	if err != nil {
 		return
 	}
 	r.watch.mu.Lock()
 	defer r.watch.mu.Unlock()
-	r.ahead(p, &r.hooks.watcherPolls)
+	r.ahead(p, probe, &r.hooks.watcherPolls)
 }
 
 // takeFromCh moves the next call off ch into the queue, for a helping Wait
@@ -401,15 +404,22 @@ func (w *watcher) takeFromCh() bool {
 }
 
 // ahead, for p, a call just found done without error, learns that, and
-// asks the newest call queued on the same stream (taking the calls waiting
-// on ch into the queue first) whether it is done too (watch.mu held);
-// queries counts the question.
-func (r *Reducer) ahead(p pending, queries *atomic.Uint64) {
+// (probe) asks the newest call queued on the same stream (taking the calls
+// waiting on ch into the queue first) whether it is done too (watch.mu
+// held); queries counts the question. Probe only where p was done when
+// first asked: the device was ahead of whoever looks, and the calls behind
+// p likely done too. A call seen done only after polls says the device is
+// being kept up with, and the newest call is still running: asking it
+// would be a query wasted each call.
+func (r *Reducer) ahead(p pending, probe bool, queries *atomic.Uint64) {
 	w := &r.watch
 	if p.on == nil {
 		return
 	}
 	w.known.learn(p.on, p.req.seq)
+	if !probe {
+		return
+	}
 	for len(w.ch) > 0 && w.takeFromCh() {
 	}
 	for i := len(w.queue) - 1; i >= 0; i-- {
@@ -512,6 +522,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		checkDone = p.req.check == nil && !p.req.posted
 		checkC    <-chan struct{}
 		timedOut  bool
+		asked     bool // the watcher found the data still running
 	)
 	if p.req.check != nil {
 		checkC = p.req.check.done
@@ -521,7 +532,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 	}
 	for {
 		if !dataDone {
-			if dataDone, dataErr = r.waitData(p, start, watchPoll); dataDone {
+			if dataDone, dataErr = r.waitData(p, start, watchPoll, &asked); dataDone {
 				r.checker.dataDone(p.req.seq) // the checker polls the call's check from now on
 			}
 		}
@@ -588,7 +599,10 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 // watchQuietMax a watchQuietSlice at a time, so that it turns quiet as
 // soon as a caller starts to enqueue or to Wait; later for the rest of d,
 // since the wait's naps have grown long and its queries few.
-func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, error) {
+//
+// asked says whether the watcher has found p still running before (so
+// that a call done at the first ask makes it probe ahead, and no other).
+func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration, asked *bool) (bool, error) {
 	for start := time.Now(); ; {
 		if r.knownDone(p) {
 			return true, nil
@@ -602,9 +616,10 @@ func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, 
 		} else {
 			r.hooks.watcherPolls.Add(1)
 			if done, err := p.ev.Query(); done {
-				r.learnAhead(p, err)
+				r.learnAhead(p, err, !*asked)
 				return true, err
 			}
+			*asked = true
 			slice := max(d-now.Sub(start), 0)
 			if now.Sub(turned) < watchQuietMax {
 				slice = min(slice, watchQuietSlice)
@@ -613,7 +628,7 @@ func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration) (bool, 
 			_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
 			cancel()
 			if done, err := p.ev.Query(); done {
-				r.learnAhead(p, err)
+				r.learnAhead(p, err, false)
 				return true, err
 			}
 		}
