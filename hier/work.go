@@ -96,6 +96,11 @@ func (w *Work) releaseEvent() streams.Event {
 // Done is closed when the work has completed or failed.
 func (w *Work) Done() <-chan struct{} { return w.done }
 
+// Enqueued is closed once the call's device work has been enqueued, or the
+// work has completed without reaching the device: from then on StreamWait
+// does not block.
+func (w *Work) Enqueued() <-chan struct{} { return w.enqueued }
+
 // Err returns the work's error once it is done, and nil before.
 func (w *Work) Err() error {
 	select {

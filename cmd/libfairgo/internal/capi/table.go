@@ -294,21 +294,20 @@ func (t *Table) AllReduce(
 }
 
 // streamWait makes s wait for w's result. Work that fails before the
-// engine enqueues it (checks at execution, a broken or closed Reducer) is
-// completed without ever being marked enqueued, which Work.StreamWait
-// would wait for until its context ends; so the wait also ends when the
-// work completes, and then the work's own result is final (its device
-// work, if any, has completed: no stream wait is needed).
+// engine enqueues it (checks at execution, a broken or closed Reducer)
+// counts as enqueued once complete, and its own result is then final (its
+// device work, if any, has completed: no stream wait is needed). A call
+// already enqueued, as an inline call always is, takes no timer: the
+// caller's thread pays only the stream wait, if any.
 func streamWait(w *hier.Work, s streams.Stream, limit time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	go func() {
-		select {
-		case <-w.Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	ctx := context.Background()
+	select {
+	case <-w.Enqueued():
+	default:
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, limit)
+		defer cancel()
+	}
 	err := w.StreamWait(ctx, s)
 	if err == nil {
 		return nil
