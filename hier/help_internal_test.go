@@ -27,6 +27,28 @@ func (e switchEvent) Query() (bool, error) {
 	return *e.done, nil
 }
 
+// handedCalls is a Reducer whose engine has handed the watcher calls 1,
+// 2, … recorded on the streams on, in that order, none done yet: their
+// Works and the switches that make them done, by call number. Their
+// events count their queries in queries.
+func handedCalls(on []*testStream, queries *int) (*Reducer, map[int]*Work, map[int]*bool) {
+	r := &Reducer{}
+	r.watch.ch = make(chan pending, len(on))
+	works, done := map[int]*Work{}, map[int]*bool{}
+	for i, s := range on {
+		seq := i + 1
+		done[seq] = new(bool)
+		works[seq] = newWork()
+		works[seq].r = r
+		r.watch.ch <- pending{
+			req: &request{seq: uint64(seq), work: works[seq]},
+			ev:  switchEvent{done: done[seq], queries: queries},
+			on:  s,
+		}
+	}
+	return r, works, done
+}
+
 // TestHelpInfersOnlyAlongAStream: a Wait that finds its call done asks
 // the newest call queued on the same stream, and completes the calls it
 // shows done without asking each, but never a call of another stream,
@@ -34,19 +56,7 @@ func (e switchEvent) Query() (bool, error) {
 func TestHelpInfersOnlyAlongAStream(t *testing.T) {
 	a, b := &testStream{name: "a"}, &testStream{name: "b"}
 	var queries int
-	done := map[int]*bool{}
-	r := &Reducer{}
-	r.watch.ch = make(chan pending, 8)
-	works := map[int]*Work{}
-	for i, s := range []*testStream{a, b, a, a} { // calls 1..4
-		seq := i + 1
-		d := new(bool)
-		done[seq] = d
-		w := newWork()
-		w.r = r
-		works[seq] = w
-		r.watch.ch <- pending{req: &request{seq: uint64(seq), work: w}, ev: switchEvent{done: d, queries: &queries}, on: s}
-	}
+	r, works, done := handedCalls([]*testStream{a, b, a, a}, &queries)
 	*done[1], *done[3], *done[4] = true, true, true // b's call 2 still runs
 
 	require.True(t, r.help(works[1]))
@@ -108,18 +118,7 @@ func TestKnownDone(t *testing.T) {
 func TestHelpProbesOnlyWhenBehind(t *testing.T) {
 	a := &testStream{name: "a"}
 	var queries int
-	done := map[int]*bool{}
-	r := &Reducer{}
-	r.watch.ch = make(chan pending, 8)
-	works := map[int]*Work{}
-	for seq := 1; seq <= 3; seq++ {
-		d := new(bool)
-		done[seq] = d
-		w := newWork()
-		w.r = r
-		works[seq] = w
-		r.watch.ch <- pending{req: &request{seq: uint64(seq), work: w}, ev: switchEvent{done: d, queries: &queries}, on: a}
-	}
+	r, works, done := handedCalls([]*testStream{a, a, a}, &queries)
 	require.False(t, r.help(works[1]))
 	require.Equal(t, 1, queries)
 	for _, d := range done {
