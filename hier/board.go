@@ -75,6 +75,11 @@ func (r *Reducer) timedOutOn(what string, waited time.Duration) {
 			r.cfg.timeout,
 		)}
 	if r.board != nil {
+		// The cause is this rank's before the note goes out: a peer that
+		// reads it aborts its communicators, and this rank's calls that
+		// then end (a simulated world fails them at once) must report the
+		// timeout, not the peer's abort, though this rank has not aborted yet.
+		r.causeFirst(&TimeoutError{Rank: e.Rank, Detail: e.Detail, Progress: "this rank " + r.progress()})
 		e.Progress = r.board.report(e)
 	} else {
 		e.Progress = fmt.Sprintf("this rank %s", r.progress())

@@ -98,3 +98,7 @@ func WatchdogTimeout(r *Reducer) time.Duration { return r.cfg.timeout }
 
 // FingerprintElems is how many elements a fingerprint adds to its call.
 const FingerprintElems = fpElems
+
+// BoardTimeoutKey is the Board key under which a rank that timed out
+// leaves its note for the peers.
+const BoardTimeoutKey = boardTimeout

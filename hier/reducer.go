@@ -593,9 +593,12 @@ func (r *Reducer) abort(cause error) {
 	f.mu.Unlock()
 	f.once.Do(func() {
 		f.mu.Lock()
-		f.cause = cause
+		if f.cause == nil || f.early {
+			f.cause, f.early = cause, false
+		}
+		logged := f.cause
 		f.mu.Unlock()
-		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.rank.Grid.String(), "cause", cause)
+		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.rank.Grid.String(), "cause", logged)
 		var wg sync.WaitGroup
 		for _, c := range r.commList() {
 			wg.Add(1)
@@ -609,6 +612,18 @@ func (r *Reducer) abort(cause error) {
 			close(r.fail.aborted)
 		}()
 	})
+}
+
+// causeFirst records cause as the Reducer's failure ahead of the abort
+// that follows it, unless a cause is recorded already. The first abort
+// then records its own cause in its place (the same failure, told in
+// full).
+func (r *Reducer) causeFirst(cause error) {
+	r.fail.mu.Lock()
+	defer r.fail.mu.Unlock()
+	if r.fail.cause == nil {
+		r.fail.cause, r.fail.early = cause, true
+	}
 }
 
 // abortsFinished waits, up to d, for the aborts abort started (true when
@@ -646,6 +661,7 @@ func (r *Reducer) brokenCause() error {
 type breaker struct {
 	mu      sync.Mutex
 	cause   error
+	early   bool // cause was recorded by causeFirst: the abort's own cause replaces it
 	once    sync.Once
 	aborted chan struct{} // closed when abort's communicator aborts have returned
 }

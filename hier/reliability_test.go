@@ -549,6 +549,51 @@ func TestTimeoutIsReportedOnEveryRank(t *testing.T) {
 	}
 }
 
+// The rank whose watchdog fired reports its own timeout even where a peer,
+// told by the Board, aborts first: the peer's abort ends this rank's call
+// (a simulated world fails it at once) before this rank aborts. The Board
+// here holds the note's Set until the peer has aborted and the call had
+// time to end.
+func TestTimedOutRankReportsItsTimeoutThoughThePeerAbortsFirst(t *testing.T) {
+	var peer atomic.Pointer[hier.Reducer]
+	w := worldOf(t, sim.Config{Machines: 2, Devices: 1, Seed: 6, StallTimeout: time.Minute},
+		func(g int, rk *backend.Rank) []hier.Option {
+			if g == 0 {
+				rk.Board = noteHeldBoard{Store: rk.Board, hold: func() {
+					deadline := time.Now().Add(10 * time.Second)
+					for time.Now().Before(deadline) && (peer.Load() == nil || peer.Load().Err() == nil) {
+						time.Sleep(5 * time.Millisecond)
+					}
+					time.Sleep(300 * time.Millisecond) // for this rank's Wait to see its call end
+				}}
+			}
+			return []hier.Option{hier.WithAlgorithm(hier.Flat), hier.WithTimeout(300 * time.Millisecond)}
+		})
+	peer.Store(w.reducers[1])
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*64), make([]byte, 4*64)})
+	err := w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum).Wait(context.Background())
+	require.ErrorIs(t, err, fairgo.ErrTimeout)
+	var te *hier.TimeoutError
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, 0, te.Rank)
+	require.Error(t, w.reducers[1].Err(), "the peer must have aborted for the test to mean anything")
+	require.ErrorIs(t, w.reducers[0].Err(), fairgo.ErrTimeout)
+}
+
+// noteHeldBoard calls hold after it has stored a timeout note.
+type noteHeldBoard struct {
+	backend.Store
+	hold func()
+}
+
+func (b noteHeldBoard) Set(ctx context.Context, key string, value []byte) error {
+	err := b.Store.Set(ctx, key, value)
+	if key == hier.BoardTimeoutKey {
+		b.hold()
+	}
+	return err
+}
+
 // A call with nothing to do on the device still honours its After stream
 // and the calls on its memory still in flight: a consumer ordered by
 // StreamWait sees what the producer wrote.
