@@ -3,7 +3,9 @@ package hier_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,6 +60,7 @@ func drawBlockCase(t *rapid.T) blockCase {
 			hier.WithSliceSize(slice),
 			hier.WithParallelism(par),
 			hier.WithStagingMemory(int64(par) * (slice + int64(m)*staging.Align + unit)),
+			hier.WithInlineEnqueue(rapid.Bool().Draw(t, "inline")),
 		},
 		dt: dt, op: rapid.SampledFrom(fairgo.Ops).Draw(t, "op"), c: c,
 		inPlace: rapid.Bool().Draw(t, "inPlace"), seed: rapid.Uint64().Draw(t, "data"),
@@ -256,5 +259,107 @@ func regressionBlockCase() blockCase {
 			hier.WithStagingMemory(64 + 2*staging.Align + 4*staging.Align),
 		},
 		dt: fairgo.BFloat16, op: fairgo.Avg, c: 1,
+	}
+}
+
+// With WithInlineEnqueue, a reduce-scatter or all-gather on one machine and
+// a broadcast on any grid are one NCCL collective, enqueued on the caller's
+// goroutine straight onto its After stream; a reduce-scatter or all-gather
+// across machines needs the pipeline and goes through the engine. Each
+// call's input is written on the After stream behind a delay: a call that
+// did not start after it would read the zeros there before.
+func TestOneCollectiveCallsGoInline(t *testing.T) {
+	for _, tc := range []struct {
+		cfg    sim.Config
+		inline []bool // reduce-scatter, all-gather, broadcast
+	}{
+		{sim.Config{Machines: 1, Devices: 3, Seed: 3, StallTimeout: time.Minute}, []bool{true, true, true}},
+		{sim.Config{Machines: 2, Devices: 2, Seed: 3, StallTimeout: time.Minute}, []bool{false, false, true}},
+	} {
+		t.Run(fmt.Sprintf("%dx%d", tc.cfg.Machines, tc.cfg.Devices), func(t *testing.T) {
+			w := newWorld(t, tc.cfg, hier.WithInlineEnqueue(true), hier.WithTimeout(time.Minute))
+			W := w.size()
+			const c, root = 33, 1
+			rng := rand.New(rand.NewPCG(3, 3))
+			rsIn := reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, W, W*c)
+			agIn := reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, W, c)
+			bcIn := reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, W, c)
+			zeros := func(n int) [][]byte {
+				z := make([][]byte, W)
+				for g := range z {
+					z[g] = make([]byte, n*4)
+				}
+				return z
+			}
+			rsSrc, agSrc, bcSrc := w.upload(t, fairgo.Int32, rsIn), w.upload(t, fairgo.Int32, agIn), w.upload(t, fairgo.Int32, bcIn)
+			rsSend, rsRecv := w.upload(t, fairgo.Int32, zeros(W*c)), w.upload(t, fairgo.Int32, zeros(c))
+			agSend, agRecv := w.upload(t, fairgo.Int32, zeros(c)), w.upload(t, fairgo.Int32, zeros(W*c))
+			bc := w.upload(t, fairgo.Int32, zeros(c))
+			inlined := make([][]bool, W)
+			errs := make([]error, W)
+			var wg sync.WaitGroup
+			for g, r := range w.reducers {
+				wg.Add(1)
+				go func() { // one goroutine a rank, as inline enqueue asks
+					defer wg.Done()
+					dev := w.devs[g].(*sim.Device)
+					s, err := dev.NewStream()
+					if err != nil {
+						errs[g] = err
+						return
+					}
+					calls := []struct {
+						dst, src fairgo.Tensor
+						call     func() *hier.Work
+					}{
+						{rsSend[g], rsSrc[g], func() *hier.Work {
+							return r.ReduceScatter(context.Background(), rsSend[g], rsRecv[g], fairgo.Sum, hier.After(s))
+						}},
+						{agSend[g], agSrc[g], func() *hier.Work {
+							return r.AllGather(context.Background(), agSend[g], agRecv[g], hier.After(s))
+						}},
+						{bc[g], bcSrc[g], func() *hier.Work { return r.Broadcast(context.Background(), bc[g], root, hier.After(s)) }},
+					}
+					for _, k := range calls {
+						if errs[g] = dev.DelayAsync(30*time.Millisecond, s); errs[g] != nil {
+							return
+						}
+						if errs[g] = dev.CopyAsync(k.dst.Ptr, k.src.Ptr, k.src.ByteLen(), s); errs[g] != nil {
+							return
+						}
+						before := hier.InlineCalls(r)
+						if errs[g] = k.call().Wait(context.Background()); errs[g] != nil {
+							return
+						}
+						inlined[g] = append(inlined[g], hier.InlineCalls(r) > before)
+					}
+				}()
+			}
+			wg.Wait()
+			for g, err := range errs {
+				require.NoError(t, err, "rank %d", g)
+				require.Equal(t, tc.inline, inlined[g], "rank %d: which calls went inline", g)
+			}
+			order := gridOrder(w)
+			rsOut := w.download(t, rsRecv)
+			for gr := range W {
+				blocks := make([][]byte, W)
+				for g := range rsIn {
+					blocks[g] = rsIn[g][gr*c*4 : (gr+1)*c*4]
+				}
+				require.NoError(t, reftest.CheckResults(fairgo.Int32, reftest.ComputeReference(fairgo.Int32, fairgo.Sum, blocks),
+					[][]byte{rsOut[order[gr]]}), "reduce-scatter, block %d", gr)
+			}
+			var gathered []byte
+			for _, g := range order {
+				gathered = append(gathered, agIn[g]...)
+			}
+			for g, o := range w.download(t, agRecv) {
+				require.Equal(t, gathered, o, "all-gather, rank %d", g)
+			}
+			for g, o := range w.download(t, bc) {
+				require.Equal(t, bcIn[order[root]], o, "broadcast, rank %d", g)
+			}
+		})
 	}
 }

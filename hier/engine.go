@@ -444,9 +444,9 @@ func (r *Reducer) dispatch(q *request, first streams.Stream) (streams.Stream, er
 		}
 		return r.exec.allReduce(t, q.op, r.router.route(t.ByteLen()), first)
 	case kindReduceScatter:
-		return r.exec.reduceScatter(q.a, q.b, q.op)
+		return r.exec.reduceScatter(q.a, q.b, q.op, first)
 	case kindAllGather:
-		return r.exec.allGather(q.a, q.b)
+		return r.exec.allGather(q.a, q.b, first)
 	case kindBroadcast:
 		if q.a.Count == 0 || g.Size() == 1 {
 			return nil, nil

@@ -15,36 +15,70 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-// BenchmarkEnqueue measures the host time of one single-slice AllReduce:
+// BenchmarkEnqueue measures the host time of one single-slice collective:
 // from the call until its device work is enqueued (what StreamWait waits
 // for), on rank 0, while every rank makes the same calls from a goroutine of
 // its own. The device work itself is tiny (4 KiB), and every 32 calls the
 // ranks wait for completion so that queues stay short. ns/op is the whole
 // loop; enqueue-ns/op is the figure of target T6 (the host's cost per call).
 func BenchmarkEnqueue(b *testing.B) {
+	one := sim.Config{Machines: 1, Devices: 2}
+	inline := []hier.Option{hier.WithInlineEnqueue(true)}
 	for _, tc := range []struct {
 		name string
 		cfg  sim.Config
 		opts []hier.Option
+		coll collective
 	}{
-		{"1x2/flat/inline", sim.Config{Machines: 1, Devices: 2}, []hier.Option{hier.WithInlineEnqueue(true)}},
-		{"1x2/flat/engine", sim.Config{Machines: 1, Devices: 2}, nil},
+		{"1x2/flat/inline", one, inline, allReduceCall},
+		{"1x2/flat/engine", one, nil, allReduceCall},
 		{"2x2/rail-a2a", sim.Config{Machines: 2, Devices: 2},
-			[]hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}},
+			[]hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}, allReduceCall},
 		{"2x2/rail-rsag", sim.Config{Machines: 2, Devices: 2},
-			[]hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}},
+			[]hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}, allReduceCall},
+		{"1x2/reduce-scatter/inline", one, inline, reduceScatterCall},
+		{"1x2/reduce-scatter/engine", one, nil, reduceScatterCall},
+		{"1x2/all-gather/inline", one, inline, allGatherCall},
+		{"1x2/broadcast/inline", one, inline, broadcastCall},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			w := newWorld(b, tc.cfg, tc.opts...)
-			benchEnqueue(b, w.reducers, w.devs, 1024, 32)
+			benchEnqueue(b, w.reducers, w.devs, 1024, 32, tc.coll)
 		})
 	}
 }
 
+// collective makes one call of an enqueue benchmark on t, a buffer of the
+// benchmark's size: the allreduce of t, its reduce-scatter or all-gather
+// in place (this rank's block of t), or its broadcast from rank 0.
+type collective func(ctx context.Context, r *hier.Reducer, t fairgo.Tensor, opts ...hier.CallOption) *hier.Work
+
+func allReduceCall(ctx context.Context, r *hier.Reducer, t fairgo.Tensor, opts ...hier.CallOption) *hier.Work {
+	return r.AllReduce(ctx, t, fairgo.Sum, opts...)
+}
+
+func reduceScatterCall(ctx context.Context, r *hier.Reducer, t fairgo.Tensor, opts ...hier.CallOption) *hier.Work {
+	return r.ReduceScatter(ctx, t, ownBlock(r, t), fairgo.Sum, opts...)
+}
+
+func allGatherCall(ctx context.Context, r *hier.Reducer, t fairgo.Tensor, opts ...hier.CallOption) *hier.Work {
+	return r.AllGather(ctx, ownBlock(r, t), t, opts...)
+}
+
+func broadcastCall(ctx context.Context, r *hier.Reducer, t fairgo.Tensor, opts ...hier.CallOption) *hier.Work {
+	return r.Broadcast(ctx, t, 0, opts...)
+}
+
+// ownBlock is r's block of t, cut into one block per rank.
+func ownBlock(r *hier.Reducer, t fairgo.Tensor) fairgo.Tensor {
+	n := t.Count / int64(r.Grid().Size())
+	return t.Slice(int64(r.Grid().Rank())*n, n)
+}
+
 // benchEnqueue runs the enqueue benchmark on any world (sim or GPUs): calls
-// of count float32 elements, batch of them enqueued before they are waited
-// for (1: one call at a time).
-func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count int64, batch int) {
+// of coll on count float32 elements, batch of them enqueued before they are
+// waited for (1: one call at a time).
+func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count int64, batch int, coll collective) {
 	n := len(reds)
 	ts := make([]fairgo.Tensor, n)
 	ss := make([]streams.Stream, n)
@@ -70,7 +104,7 @@ func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count i
 		wwg.Add(1)
 		go func() {
 			defer wwg.Done()
-			warm[g] = reds[g].AllReduce(ctx, ts[g], fairgo.Sum, hier.After(ss[g])).Wait(ctx)
+			warm[g] = coll(ctx, reds[g], ts[g], hier.After(ss[g])).Wait(ctx)
 		}()
 	}
 	wwg.Wait()
@@ -89,7 +123,7 @@ func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count i
 	}
 	step := func(g int, last bool, works *[]*hier.Work) error {
 		start := time.Now()
-		wk := reds[g].AllReduce(ctx, ts[g], fairgo.Sum, hier.After(ss[g]))
+		wk := coll(ctx, reds[g], ts[g], hier.After(ss[g]))
 		if err := wk.StreamWait(ctx, ss[g]); err != nil {
 			return err
 		}

@@ -346,17 +346,23 @@ func TestGPUNoLeaks(t *testing.T) {
 }
 
 // BenchmarkGPUEnqueue is BenchmarkEnqueue on the GPUs: the host time of one
-// single-slice AllReduce (target T6).
+// single-slice collective (target T6).
 func BenchmarkGPUEnqueue(b *testing.B) {
+	inline := []hier.Option{hier.WithInlineEnqueue(true)}
 	for _, tc := range []struct {
 		name string
 		m, d int
 		opts []hier.Option
+		coll collective
 	}{
-		{"1x2/flat/inline", 1, 2, []hier.Option{hier.WithInlineEnqueue(true)}},
-		{"1x2/flat/engine", 1, 2, nil},
-		{"2x1/rail-a2a", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}},
-		{"2x1/rail-rsag", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}},
+		{"1x2/flat/inline", 1, 2, inline, allReduceCall},
+		{"1x2/flat/engine", 1, 2, nil, allReduceCall},
+		{"2x1/rail-a2a", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}, allReduceCall},
+		{"2x1/rail-rsag", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}, allReduceCall},
+		{"1x2/reduce-scatter/inline", 1, 2, inline, reduceScatterCall},
+		{"1x2/reduce-scatter/engine", 1, 2, nil, reduceScatterCall},
+		{"1x2/all-gather/inline", 1, 2, inline, allGatherCall},
+		{"1x2/broadcast/inline", 1, 2, inline, broadcastCall},
 	} {
 		for _, check := range []bool{true, false} {
 			b.Run(fmt.Sprintf("%s/check=%v", tc.name, check), func(b *testing.B) {
@@ -369,7 +375,7 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 						hier.SkipCheck(r)
 					}
 				}
-				benchEnqueue(b, w.reducers, w.devs, 1<<16, 32)
+				benchEnqueue(b, w.reducers, w.devs, 1<<16, 32, tc.coll)
 			})
 		}
 	}
@@ -388,7 +394,7 @@ func BenchmarkGPUEnqueueJob(b *testing.B) {
 					if !check {
 						hier.SkipCheck(r)
 					}
-					benchEnqueue(b, []*hier.Reducer{r}, []testDevice{dev}, size/4, batch)
+					benchEnqueue(b, []*hier.Reducer{r}, []testDevice{dev}, size/4, batch, allReduceCall)
 				})
 			}
 		}

@@ -113,10 +113,12 @@ func WithFlatThreshold(bytes int64) Option { return func(c *config) { c.flatThre
 // RailAllReduce) are one flat allreduce on one machine.
 func WithAlgorithm(a Algorithm) Option { return func(c *config) { c.algorithm = a } }
 
-// WithInlineEnqueue lets a flat allreduce (one machine, below the flat
-// threshold, or measured faster flat) be enqueued on the calling goroutine,
-// straight onto its After stream, when no earlier call is still waiting for
-// the engine: no hand-off, no extra events. Only turn it on when each rank
+// WithInlineEnqueue lets a call that is one NCCL collective be enqueued on
+// the calling goroutine, straight onto its After stream, when no earlier
+// call is still waiting for the engine: no hand-off, no extra events. Such
+// calls are a flat allreduce (one machine, below the flat threshold, or
+// measured faster flat), a broadcast, and a reduce-scatter or all-gather
+// on one machine. Only turn it on when each rank
 // of the process is driven by its own goroutine: NCCL's first use of a
 // communicator can block the calling thread until the peers join, so one
 // goroutine enqueueing for several ranks could deadlock. setup.New (one rank

@@ -330,14 +330,14 @@ func (ex *executor) runSlice(c *sliceCall, rail railStep) error {
 }
 
 // direct enqueues what a reduce-scatter or all-gather of c elements per
-// rank does without the pipeline: nothing (c = 0), a copy on one rank
-// (unless in place), or the intra communicator's own collective on one
-// machine (intra, on the first stage's stream). done is false when the
-// call needs the hierarchy.
-func (ex *executor) direct(send, recv fairgo.Tensor, c int64, intra func(s streams.Stream) error) (
+// rank does without the pipeline, on first (the first stage's stream, or
+// an inline caller's): nothing (c = 0), a copy on one rank (unless in
+// place), or the intra communicator's own collective on one machine
+// (intra). done is false when the call needs the hierarchy.
+func (ex *executor) direct(send, recv fairgo.Tensor, c int64, first streams.Stream, intra func(s streams.Stream) error) (
 	last streams.Stream, done bool, err error,
 ) {
-	g, rs := ex.grid, ex.chain.Stream(streams.ReduceScatter)
+	g, rs := ex.grid, first
 	switch {
 	case c == 0:
 		return nil, true, nil
@@ -356,9 +356,9 @@ func (ex *executor) direct(send, recv fairgo.Tensor, c int64, intra func(s strea
 // blocks, the gather of every rank's part into a [D][M][n] staging slot, an
 // intra-machine reduce-scatter, a rail all-to-all and the add kernel
 // writing straight into recv.
-func (ex *executor) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op) (streams.Stream, error) {
+func (ex *executor) reduceScatter(send, recv fairgo.Tensor, op fairgo.Op, first streams.Stream) (streams.Stream, error) {
 	c := recv.Count
-	last, done, err := ex.direct(send, recv, c, func(s streams.Stream) error {
+	last, done, err := ex.direct(send, recv, c, first, func(s streams.Stream) error {
 		return ex.comms.IntraReduceScatter.ReduceScatter(send.Ptr, recv.Ptr, c, send.DType, op, s)
 	})
 	if done {
@@ -470,9 +470,9 @@ func (ex *executor) reduceScatterDirect(blk rsBlock) error {
 // allGather enqueues a hierarchical all-gather: per slice, a rail
 // all-to-all of this rank's part, an intra-machine all-gather of the
 // [D][M][n] slice, and a strided copy into recv's blocks.
-func (ex *executor) allGather(send, recv fairgo.Tensor) (streams.Stream, error) {
+func (ex *executor) allGather(send, recv fairgo.Tensor, first streams.Stream) (streams.Stream, error) {
 	c := send.Count
-	last, done, err := ex.direct(send, recv, c, func(s streams.Stream) error {
+	last, done, err := ex.direct(send, recv, c, first, func(s streams.Stream) error {
 		return ex.comms.IntraAllGather.AllGather(send.Ptr, recv.Ptr, c, send.DType, s)
 	})
 	if done {

@@ -448,8 +448,9 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 		return failedWork(brokenErr(q, cause))
 	}
 	if r.inlineLocked(q) {
-		// Nothing is queued before this flat call: enqueue it here, on the
-		// caller's stream, without the engine's hand-off and events.
+		// Nothing is queued before this one-collective call: enqueue it
+		// here, on the caller's stream, without the engine's hand-off and
+		// events.
 		c.seq++
 		q.seq = c.seq
 		c.busy, c.busySince, c.busySeq = true, time.Now(), q.seq
@@ -486,15 +487,29 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 
 // inlineLocked reports whether q may be enqueued on the calling goroutine
 // (r.calls.mu held): WithInlineEnqueue is on, no earlier call waits for the
-// engine, and q is a flat allreduce whose route is known without a
-// calibration.
+// engine, and q is one collective of a communicator that exists already,
+// enqueued on the call's first stream (dispatch): a flat allreduce whose
+// route is known without a calibration, a broadcast, or a reduce-scatter
+// or all-gather on one machine (executor.direct). The pipeline's stages
+// run on the engine's streams after its first, so a call that needs them
+// never comes here.
 func (r *Reducer) inlineLocked(q *request) bool {
 	c := &r.calls
-	if !r.cfg.inline || len(c.items) > 0 || c.busy || q.kind != kindAllReduce || q.a.Count == 0 ||
-		r.rank.Grid.Size() == 1 {
+	g := r.rank.Grid
+	if !r.cfg.inline || len(c.items) > 0 || c.busy || g.Size() == 1 {
 		return false
 	}
-	return r.router.isFlat(q.a.ByteLen())
+	switch q.kind {
+	case kindAllReduce:
+		return q.a.Count > 0 && r.router.isFlat(q.a.ByteLen())
+	case kindBroadcast:
+		return q.a.Count > 0
+	case kindReduceScatter:
+		return q.b.Count > 0 && g.Machines == 1
+	case kindAllGather:
+		return q.a.Count > 0 && g.Machines == 1
+	}
+	return false
 }
 
 // idle ends the current execution (the engine goroutine's, or an inline
