@@ -229,13 +229,19 @@ func TestGPUProperty(t *testing.T) {
 	}
 }
 
+// Under a launcher (one rank per process) the calls are enqueued inline
+// where they can be (one machine), as setup.New's Reducers enqueue them;
+// in one process one goroutine drives every rank, which inline enqueue
+// does not allow (WithInlineEnqueue).
 func TestGPUReduceScatterAllGather(t *testing.T) {
+	inline := launched()
 	for _, g := range gpuGrids(t, [2]int{1, 2}, [2]int{2, 1}) {
 		for _, dt := range []fairgo.DType{fairgo.Float32, fairgo.BFloat16, fairgo.Int64} {
 			for _, c := range []int{1, 7, 4097, sized(1<<18+3, 1<<16+3)} {
 				name := fmt.Sprintf("%dx%d/%s/%d", g[0], g[1], dt, c)
 				t.Run(name, func(t *testing.T) {
-					w := gpuWorld(t, g[0], g[1], hier.WithSliceSize(1<<20), hier.WithTimeout(time.Minute))
+					w := gpuWorld(t, g[0], g[1], hier.WithSliceSize(1<<20), hier.WithTimeout(time.Minute),
+						hier.WithInlineEnqueue(inline))
 					W := w.size()
 					es := dt.Size()
 					in := hashInputs(dt, fairgo.Sum, W, W*c, uint64(c))
@@ -281,6 +287,11 @@ func TestGPUReduceScatterAllGather(t *testing.T) {
 						works = append(works, r.AllGather(context.Background(), recv[i], full[i]))
 					}
 					require.NoError(t, reftest.WaitAll(works))
+					if inline && g[0] == 1 {
+						for i, r := range w.reducers {
+							require.Equal(t, uint64(2), hier.InlineCalls(r), "rank %d: the reduce-scatter and the all-gather went inline", w.rank(i))
+						}
+					}
 					gathered := w.download(t, full)
 					w.allSame(t, "all-gather", gathered)
 					for i, r := range w.reducers {
