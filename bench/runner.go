@@ -598,8 +598,8 @@ func (r *run) summarize(all []rankResult, proto Record) []Record {
 			rec.Fairgo = &fs
 		}
 		rec.RepsUS = reps
-		rec.TimeUS = median(reps)
-		rec.SlowestRankUS = median(slowest)
+		rec.TimeUS = Median(reps)
+		rec.SlowestRankUS = Median(slowest)
 		rec.MinUS, rec.MaxUS = slices.Min(reps), slices.Max(reps)
 		rec.AlgBW, rec.BusBW = Bandwidths(rec.TotalBytes(), rec.TimeUS/1e6, rec.World())
 		rec.IdealBusBW = IdealBusBW(rec.TotalBytes(), rec.Machines, rec.Devices, rec.Testbed.NICBytesPerSecond())
@@ -740,7 +740,8 @@ func resolvedPar(p int) int {
 	return p
 }
 
-func median(xs []float64) float64 {
+// Median is the median of xs (NaN for none); xs is left as it was.
+func Median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}

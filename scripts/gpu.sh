@@ -73,7 +73,8 @@
 #                       allreduce:tree) and with fairgo's hook, same seeds:
 #                       fairgo's losses within the envelope of the NCCL runs,
 #                       step-0 gradients within the float32 bound, images/s
-#                       (~2–3 min each)
+#                       (~2–3 min each); HOOK_ROUNDS=N adds rounds 2..N of
+#                       fairgo's hook beside DDP's (~1 min a run)
 #   targets             T1–T8: every bench section above twice (runs r1, r2; r1
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
@@ -149,7 +150,9 @@
 # each test this many times, its time limits grown alike: a flake hunt, e.g.
 # TEST_COUNT=5 scripts/gpu.sh tests-launched 2x2), HOOK_ALGORITHMS (hook: one
 # more ResNet-18 run of fairgo's hook per algorithm listed, FAIRGO_ALGORITHM
-# fixed, images/s only; e.g. "flat rail-rsag"), HOOK_LIB and HOOK_PYTHON
+# fixed, images/s only; e.g. "flat rail-rsag"), HOOK_ROUNDS (hook: rounds
+# of fairgo's hook beside DDP's default and fastest setting, 1 by default;
+# S7 takes the median of the rounds' ratios), HOOK_LIB and HOOK_PYTHON
 # (hook: the libfairgo.so and the fairgo_torch directory under test,
 # default lib/libfairgo.so and python: another build's for a comparison;
 # the package checks the library's ABI version), STALL_DUMP_SECONDS (a test
@@ -198,6 +201,7 @@ SOAK_SECONDS=${SOAK_SECONDS:-600}
 STALL_DUMP_SECONDS=${STALL_DUMP_SECONDS:-45}
 TEST_COUNT=${TEST_COUNT:-1}
 HOOK_ALGORITHMS=${HOOK_ALGORITHMS:-}
+HOOK_ROUNDS=${HOOK_ROUNDS:-1}
 HOOK_LIB=${HOOK_LIB:-lib/libfairgo.so}
 HOOK_PYTHON=${HOOK_PYTHON:-python}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
@@ -854,18 +858,28 @@ section_hook() {
     # with NCCL's Ring and Tree: two more correct runs whose spread is the
     # envelope fairgo's drift is judged against.
     for run in default fairgo ring tree; do
-      hook=default
-      envs=(FAIRGO_LIB="$lib" PYTHONPATH="$py")
-      # The allreduce only (NCCL ≥ 2.24's per-collective syntax): NCCL has
-      # no Tree all-gather, which DDP's setup calls.
-      case $run in fairgo) hook=fairgo ;; ring) envs+=(NCCL_ALGO=allreduce:ring) ;; tree) envs+=(NCCL_ALGO=allreduce:tree) ;; esac
-      step "resnet-$l-$run" 300 env "${envs[@]}" "${launch[@]}" \
-        examples/ddp_torch/train_resnet.py --hook "$hook" --steps 50 --batch-size 32 --losses-out "$OUT/resnet-$l-$run.json"
+      hook_run "$l" "$run" ""
     done
     step "resnet-$l-compare" 30 python3 examples/ddp_torch/compare_losses.py "$OUT/resnet-$l-default.json" "$OUT/resnet-$l-fairgo.json" \
       --envelope "$OUT/resnet-$l-ring.json" "$OUT/resnet-$l-tree.json"
     verdict=$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)
     note "$verdict" "resnet-$l" "$secs" "$(grep -E 'worst step|step-0 gradients|images/s|^(agree|DIFFER)$' "$OUT/logs/resnet-$l-compare.log" | sed -E 's/ \([^)]*\.json\)//' | paste -sd';' -);$(grep -m1 -oE 'fairgo routes: .*' "$OUT/logs/resnet-$l-fairgo.log")"
+    # Rounds 2..HOOK_ROUNDS: fairgo's hook beside DDP's default and round
+    # 1's fastest DDP setting, in turn (fairgo first in even rounds), so
+    # that S7 takes the median of per-round ratios rather than one pair.
+    local k best runs
+    best=$(python3 -c 'import json, sys
+r = {m: json.load(open(f"{sys.argv[1]}-{m}.json"))["images_per_s"] for m in ("default", "ring", "tree")}
+print(max(r, key=r.get))' "$OUT/resnet-$l" 2>/dev/null || echo default)
+    for ((k = 2; k <= HOOK_ROUNDS; k++)); do
+      runs="default $([ "$best" != default ] && echo "$best")"
+      if [ $((k % 2)) -eq 0 ]; then runs="fairgo $runs"; else runs="$runs fairgo"; fi
+      for run in $runs; do
+        hook_run "$l" "$run" ".r$k"
+        note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" "resnet-$l-$run.r$k" "$secs" \
+          "rc=$rc $(grep -m1 -oE 'images/s [0-9.]+' "$OUT/logs/resnet-$l-$run.r$k.log")"
+      done
+    done
     # fairgo's hook with its algorithm fixed (FAIRGO_ALGORITHM), for where
     # its speed comes from: images/s only.
     for run in $HOOK_ALGORITHMS; do
@@ -876,6 +890,18 @@ section_hook() {
         "rc=$rc FAIRGO_ALGORITHM=$run: $(grep -m1 -oE 'images/s [0-9.]+' "$OUT/logs/resnet-$l-fairgo-$run.log"); $(grep -m1 -oE 'fairgo routes: .*' "$OUT/logs/resnet-$l-fairgo-$run.log")"
     done
   done
+}
+
+# hook_run LAYOUT RUN SUFFIX: one ResNet-18 run of section_hook (its lib,
+# py and launch): RUN is default, ring or tree (DDP's allreduce, NCCL_ALGO
+# set for the allreduce only: NCCL has no Tree all-gather, which DDP's
+# setup calls) or fairgo (the hook); its file resnet-LAYOUT-RUN SUFFIX.json.
+hook_run() {
+  local l=$1 run=$2 suffix=$3 hook=default
+  local envs=(FAIRGO_LIB="$lib" PYTHONPATH="$py")
+  case $run in fairgo) hook=fairgo ;; ring) envs+=(NCCL_ALGO=allreduce:ring) ;; tree) envs+=(NCCL_ALGO=allreduce:tree) ;; esac
+  step "resnet-$l-$run$suffix" 300 env "${envs[@]}" "${launch[@]}" \
+    examples/ddp_torch/train_resnet.py --hook "$hook" --steps 50 --batch-size 32 --losses-out "$OUT/resnet-$l-$run$suffix.json"
 }
 
 section_analyse() {

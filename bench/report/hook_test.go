@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -66,6 +67,28 @@ func TestHookTarget(t *testing.T) {
 	require.Equal(t, []string{"2×2: fairgo's hook and DDP's allreduce"}, tg.Missing)
 
 	require.Nil(t, hookTarget(nil).Measured)
+
+	// Rounds: per round fairgo against the best DDP run of that round, the
+	// median per layout. Round 1 (the files above) 0.992 on 2 × 2; rounds
+	// 2–4 0.90, 1.05, 0.95 against default alone (tree not rerun): the
+	// median of 0.90, 0.95, 0.992, 1.05 is 0.971. Round 5 has no fairgo run.
+	rounds := []string{
+		writeRun(t, dir, "resnet-2x2-default.r2.json", map[string]any{"hook": "default", "world_size": 4, "images_per_s": 2000}),
+		fairgo("resnet-2x2-fairgo.r2.json", 1800, nil),
+		writeRun(t, dir, "resnet-2x2-default.r3.json", map[string]any{"hook": "default", "world_size": 4, "images_per_s": 2000}),
+		fairgo("resnet-2x2-fairgo.r3.json", 2100, nil),
+		writeRun(t, dir, "resnet-2x2-default.r4.json", map[string]any{"hook": "default", "world_size": 4, "images_per_s": 2000}),
+		fairgo("resnet-2x2-fairgo.r4.json", 1900, nil),
+		writeRun(t, dir, "resnet-2x2-default.r5.json", map[string]any{"hook": "default", "world_size": 4, "images_per_s": 1000}),
+	}
+	more, err := ParseHookRuns(rounds)
+	require.NoError(t, err)
+	require.Equal(t, 2, more[0].Round)
+	require.Equal(t, 1, runs[0].Round)
+	tg = hookTarget(append(slices.Clone(runs), more...))
+	require.InDelta(t, (0.95+0.992)/2, *tg.Measured, 1e-9)
+	require.False(t, tg.Pass)
+	require.Contains(t, tg.Where, "2×2: median of 4 rounds 0.971 (0.900–1.050); round 1 fairgo 2480.0 images/s, best DDP tree 2500.0")
 
 	bad := writeRun(t, dir, "resnet-1x4-x.json", map[string]any{"hook": "default"})
 	_, err = ParseHookRuns([]string{bad})
