@@ -75,12 +75,13 @@ func (r *Reducer) timedOutOn(what string, waited time.Duration) {
 			r.cfg.timeout,
 		)}
 	if r.board != nil {
+		e.Progress = r.board.gather(e)
 		// The cause is this rank's before the note goes out: a peer that
 		// reads it aborts its communicators, and this rank's calls that
 		// then end (a simulated world fails them at once) must report the
 		// timeout, not the peer's abort, though this rank has not aborted yet.
-		r.causeFirst(&TimeoutError{Rank: e.Rank, Detail: e.Detail, Progress: "this rank " + r.progress()})
-		e.Progress = r.board.report(e)
+		r.causeFirst(e)
+		r.board.note(e)
 	} else {
 		e.Progress = fmt.Sprintf("this rank %s", r.progress())
 	}
@@ -140,10 +141,11 @@ func (bl *bulletin) publishProgress() {
 	_ = bl.b.Set(ctx, boardProgress+strconv.Itoa(bl.r.WorldRank()), []byte(bl.r.progress()))
 }
 
-// report gathers, for a short while, how far every rank got, then tells
-// the peers that this rank timed out. Nobody aborts before the note, so
-// that the first cause every rank reports is the timeout.
-func (bl *bulletin) report(e *TimeoutError) string {
+// gather asks every rank how far it got and waits a short while for the
+// answers; note then tells the peers that this rank timed out. Nobody
+// aborts before the note, so that the first cause every rank reports is
+// the timeout, and every rank's progress is read before any aborts.
+func (bl *bulletin) gather(e *TimeoutError) string {
 	bl.publishProgress()
 	ctx, cancel := context.WithTimeout(bl.ctx, progressWait)
 	defer cancel()
@@ -164,10 +166,14 @@ func (bl *bulletin) report(e *TimeoutError) string {
 		}()
 	}
 	wg.Wait()
-	note, cancelNote := context.WithTimeout(bl.ctx, progressWait)
-	defer cancelNote()
-	_ = bl.b.Set(note, boardTimeout, []byte(strconv.Itoa(e.Rank)+"\n"+e.Detail))
 	return "progress: " + strings.Join(reports, "; ")
+}
+
+// note tells the peers that this rank timed out (gather).
+func (bl *bulletin) note(e *TimeoutError) {
+	ctx, cancel := context.WithTimeout(bl.ctx, progressWait)
+	defer cancel()
+	_ = bl.b.Set(ctx, boardTimeout, []byte(strconv.Itoa(e.Rank)+"\n"+e.Detail))
 }
 
 // postRefusal leaves on the Board why this rank refused q, before q's

@@ -608,8 +608,8 @@ func (r *Reducer) abort(cause error) {
 	f.mu.Unlock()
 	f.once.Do(func() {
 		f.mu.Lock()
-		if f.cause == nil || f.early {
-			f.cause, f.early = cause, false
+		if f.cause == nil { // else causeFirst recorded the cause ahead of this abort
+			f.cause = cause
 		}
 		logged := f.cause
 		f.mu.Unlock()
@@ -630,14 +630,12 @@ func (r *Reducer) abort(cause error) {
 }
 
 // causeFirst records cause as the Reducer's failure ahead of the abort
-// that follows it, unless a cause is recorded already. The first abort
-// then records its own cause in its place (the same failure, told in
-// full).
+// that follows it (abort(cause)), unless a cause is recorded already.
 func (r *Reducer) causeFirst(cause error) {
 	r.fail.mu.Lock()
 	defer r.fail.mu.Unlock()
 	if r.fail.cause == nil {
-		r.fail.cause, r.fail.early = cause, true
+		r.fail.cause = cause
 	}
 }
 
@@ -676,7 +674,6 @@ func (r *Reducer) brokenCause() error {
 type breaker struct {
 	mu      sync.Mutex
 	cause   error
-	early   bool // cause was recorded by causeFirst: the abort's own cause replaces it
 	once    sync.Once
 	aborted chan struct{} // closed when abort's communicator aborts have returned
 }
