@@ -163,6 +163,10 @@ func (r *Reducer) watchCalls() {
 			continue
 		}
 		if p, ok := r.watch.take(); ok {
+			if r.hooks.watcherHeld.Load() { // held since the look above: the call is the Waits'
+				r.watch.untake()
+				continue
+			}
 			r.complete(p)
 			lastDone, nap = time.Now(), poll.Backoff{}
 			continue
@@ -236,6 +240,13 @@ func (w *watcher) take() (pending, bool) {
 	}
 	w.current = w.queue[0].req
 	return w.queue[0], true
+}
+
+// untake gives the current call back (the watcher was held).
+func (w *watcher) untake() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.current = nil
 }
 
 // complete waits for the watcher's current call, p, and finishes its Work,
