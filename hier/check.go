@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,7 +44,9 @@ import (
 // on a busy host (several ranks per GPU under MPS) held calls up by
 // hundreds of µs (bench/NOTES.md item 87). The check's host side after
 // its launch (the wait for its event and the verdict) runs on the
-// checker's goroutine, in call order.
+// checker's goroutine, in call order; a Wait that helps (watch.go) and
+// finds the check done and matched decides it in its place
+// (decideEarly), so that the goroutine's wake-up is not on the call's path.
 //
 // A rank that skips a call whose shape equals the next one's cannot be told
 // apart by shapes: its calls pair up with the wrong ones and the last call
@@ -258,11 +261,22 @@ func (e *MismatchError) Unwrap() error { return fairgo.ErrMismatch }
 type ticket struct {
 	done chan struct{}
 	err  error
+	slot *checkSlot // where the check was enqueued; nil when it never was
 }
 
 func (t *ticket) finish(err error) {
 	t.err = err
 	close(t.done)
+}
+
+// finished reports whether the check is decided.
+func (t *ticket) finished() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // checker runs the checks of one Reducer: submit enqueues a call's check
@@ -279,6 +293,11 @@ type checker struct {
 	next    int              // the slot of the next call
 	queue   chan queuedCheck // enqueued checks, in call order, for the goroutine; closed by stop
 	stopped chan struct{}    // closed when the goroutine has exited
+	// decideMu is held by whoever decides a check, the goroutine or a
+	// helping Wait (decideEarly), so that each check is finished once. A
+	// slot is freed only once its check is finished: whoever holds
+	// decideMu with the check undecided may read the slot.
+	decideMu sync.Mutex
 	// agreement, on one machine, agrees on the shared memory that checks
 	// the calls after the first ones (hostcheck.go); nil elsewhere.
 	agreement *hostAgreement
@@ -414,6 +433,7 @@ func (c *checker) enqueue(q *request) {
 		sl.free <- struct{}{}
 		return
 	}
+	q.check.slot = sl
 	c.queue <- queuedCheck{q, sl} // never blocks: it holds at most checkSlots calls, one per slot taken
 }
 
@@ -499,17 +519,59 @@ func (c *checker) run() {
 	defer close(c.stopped)
 	for qc := range c.queue {
 		q, sl := qc.q, qc.slot
-		err := c.verdict(q, sl)
-		if errors.Is(err, fairgo.ErrMismatch) {
-			c.r.explainRefusal(q, err)
-			c.r.abort(err)
+		for c.r.hooks.checkerHeld.Load() {
+			time.Sleep(time.Millisecond)
 		}
-		if c.agreement != nil && err == nil {
-			c.agreement.learn(q.seq, sl.host) // before the slot is free: see hostcheck.go
+		if !q.check.finished() { // else a Wait decided it (decideEarly)
+			c.decide(q, sl, c.verdict(q, sl))
 		}
-		q.check.finish(err)
 		sl.free <- struct{}{}
 	}
+}
+
+// decide finishes q's check with err, unless a Wait decided it meanwhile;
+// a mismatch aborts.
+func (c *checker) decide(q *request, sl *checkSlot, err error) {
+	c.decideMu.Lock()
+	defer c.decideMu.Unlock()
+	if q.check.finished() {
+		return
+	}
+	if errors.Is(err, fairgo.ErrMismatch) {
+		c.r.explainRefusal(q, err)
+		c.r.abort(err)
+	}
+	if c.agreement != nil && err == nil {
+		c.agreement.learn(q.seq, sl.host) // before the slot is free: see hostcheck.go
+	}
+	q.check.finish(err)
+}
+
+// decideEarly decides q's check on the goroutine of a Wait that helps
+// (watch.go), when the check's collective is done and the ranks' calls
+// matched, and reports whether q's check is decided. Otherwise, and
+// where the goroutine is deciding, it leaves the check to the goroutine,
+// which is woken only once the call's data is done and would add its
+// wake-up to the call's. It never blocks. The checks that carry the
+// agreement on shared memory are the goroutine's (agreement.learn).
+func (c *checker) decideEarly(q *request) bool {
+	t := q.check
+	if c == nil || t.slot == nil || c.carriesAgreement(q) || !c.decideMu.TryLock() {
+		return false
+	}
+	defer c.decideMu.Unlock()
+	if t.finished() {
+		return true
+	}
+	if done, err := t.slot.ev.Query(); !done || err != nil || c.r.brokenCause() != nil {
+		return false
+	}
+	if t.slot.host.decide(q, c.r.rank.Grid.Size()) != nil {
+		return false // a mismatch: the goroutine explains it and aborts
+	}
+	c.r.hooks.checksDecidedEarly.Add(1)
+	t.finish(nil)
+	return true
 }
 
 // dataDone tells the checker that call seq's data is complete (the

@@ -102,3 +102,11 @@ const FingerprintElems = fpElems
 // BoardTimeoutKey is the Board key under which a rank that timed out
 // leaves its note for the peers.
 const BoardTimeoutKey = boardTimeout
+
+// HoldChecker stops r's checker goroutine from deciding checks while on
+// (a checker slow to wake), or lets it go on.
+func HoldChecker(r *Reducer, on bool) { r.hooks.checkerHeld.Store(on) }
+
+// ChecksDecidedEarly is how many checks a helping Wait decided in place of
+// r's checker goroutine.
+func ChecksDecidedEarly(r *Reducer) uint64 { return r.hooks.checksDecidedEarly.Load() }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 )
 
@@ -312,5 +313,62 @@ func TestWatcherAsksTheDeviceTwiceAfterABurst(t *testing.T) {
 	}
 	for g, r := range w.reducers {
 		require.Equal(t, uint64(2), hier.WatcherPolls(r)-polls[g], "rank %d", g)
+	}
+}
+
+// A Wait that finds a call's data and its separate check done decides the
+// check itself where the ranks' calls matched: a checker goroutine slow to
+// wake (held here) adds nothing to the call. A mismatch stays the
+// checker's, which explains it and aborts: the Waits return it only once
+// the checker decides.
+func TestWaitDecidesAMatchedCheck(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 8, StallTimeout: time.Minute},
+		hier.WithFingerprintMax(0), hier.WithTimeout(time.Minute))
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4096), make([]byte, 4096)})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	warm := make([]*hier.Work, len(w.reducers)) // a first call, whose class Auto may calibrate
+	for g, r := range w.reducers {
+		warm[g] = r.AllReduce(ctx, ts[g], fairgo.Sum)
+	}
+	require.NoError(t, reftest.WaitAll(warm))
+	for _, r := range w.reducers {
+		hier.HoldChecker(r, true)
+		t.Cleanup(func() { hier.HoldChecker(r, false) }) // before the world's Close, which waits for the checks
+	}
+	before := make([]uint64, len(w.reducers))
+	for g, r := range w.reducers {
+		before[g] = hier.ChecksDecidedEarly(r)
+	}
+	const calls = 5
+	for range calls {
+		works := make([]*hier.Work, len(w.reducers))
+		for g, r := range w.reducers {
+			works[g] = r.AllReduce(ctx, ts[g], fairgo.Sum)
+		}
+		for g, wk := range works {
+			require.NoError(t, wk.Wait(ctx), "rank %d: the Wait decides the check while the checker is held", g)
+		}
+	}
+	for g, r := range w.reducers {
+		require.Equal(t, uint64(calls), hier.ChecksDecidedEarly(r)-before[g], "rank %d", g)
+	}
+
+	ops := []fairgo.Op{fairgo.Sum, fairgo.Max}
+	errs := make(chan error, len(w.reducers))
+	for g, r := range w.reducers {
+		wk := r.AllReduce(ctx, ts[g], ops[g])
+		go func() { errs <- wk.Wait(ctx) }()
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("a Wait returned while the checker that decides a mismatch was held: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	for _, r := range w.reducers {
+		hier.HoldChecker(r, false)
+	}
+	for range w.reducers {
+		require.ErrorIs(t, <-errs, fairgo.ErrMismatch)
 	}
 }

@@ -99,6 +99,9 @@ type testHooks struct {
 	helped           atomic.Uint64 // calls a Wait completed in the watcher's place
 	watcherPolls     atomic.Uint64 // the watcher's queries and waits of a call's completion event
 	helpQueries      atomic.Uint64 // helping Waits' queries of a call's completion event
+	checkerHeld      atomic.Bool   // the checker's goroutine decides no check while set
+	// checks a helping Wait decided in the checker goroutine's place
+	checksDecidedEarly atomic.Uint64
 }
 
 // NewReducer builds the engine of one rank from its device, grid and

@@ -310,9 +310,7 @@ func (r *Reducer) help(w *Work) bool {
 		}
 		r.checker.dataDone(p.req.seq)
 		if t := p.req.check; t != nil {
-			select {
-			case <-t.done:
-			default:
+			if !t.finished() && !r.checker.decideEarly(p.req) {
 				return w.IsCompleted() // the checker has not decided it yet
 			}
 			if t.err != nil {
