@@ -142,7 +142,7 @@ var (
 var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
 
 // ParseVariant reads "NAME=key:value,key:value" (or a bare NAME for the
-// defaults). Keys: algo (auto, flat, rail-a2a, rail-rsag), slice (a size),
+// defaults). Keys: algo (any hier.Algorithm by name: hier.ParseAlgorithm), slice (a size),
 // parallelism (slices in flight), flat (the flat threshold: a size, or
 // never), spin (a duration), inline (on or off: hier.WithInlineEnqueue;
 // on by default: every rank has a goroutine of its own), rail

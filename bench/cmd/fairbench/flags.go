@@ -356,7 +356,8 @@ func (m *methodFlags) register(fs *flag.FlagSet) {
 		&m.variants,
 		"fairgo",
 		"a fairgo variant, measured as its own column, repeatable: NAME or NAME=key:value,… with keys\n"+
-			"algo (auto, flat, rail-a2a, rail-rsag), slice (size), parallelism, "+
+			"algo (any of hier's algorithms: auto, flat, flat-ring, flat-tree, rail-a2a, rail-rsag, rail-allreduce,\n"+
+			"halving-doubling, recursive-doubling), slice (size), parallelism, "+
 			"flat (flat threshold: size or never), spin (duration),\n"+
 			"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off),\n"+
 			"fp (size: the largest flat call whose check travels in its data; 0: a separate check; every variant has a 5-minute watchdog),\n"+

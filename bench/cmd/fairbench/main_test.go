@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fairgo/fairgo/bench"
+	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/internal/cli"
 	"github.com/fairgo/fairgo/internal/cli/clitest"
 )
@@ -211,6 +212,15 @@ func TestOverlapScaleLinksModelReportAndPlots(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "T6"}, ids)
+}
+
+// sweep's help names every algorithm a -fairgo variant's algo key takes.
+func TestSweepHelpNamesEveryAlgorithm(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Zero(t, run(context.Background(), []string{"sweep", "-h"}, &stdout, &stderr))
+	for a := hier.Auto; a.Valid(); a++ {
+		require.Regexp(t, `[\s(]`+regexp.QuoteMeta(a.String())+`[,)]`, stdout.String(), "%s", a)
+	}
 }
 
 func TestHelp(t *testing.T) {
