@@ -393,12 +393,15 @@ func TestConcurrentCallers(t *testing.T) {
 }
 
 // Ranks that enqueue calls in different orders get a mismatch error naming
-// the call and the field that differs, not a hang.
+// the call and the field that differs, not a hang. The separate check
+// names the field; a fingerprint in the data only says the ranks differ
+// (TestCountsDifferingInTheTailFailWithFingerprints).
 func TestDifferentOrdersFailClearly(t *testing.T) {
 	w := newWorld(
 		t,
 		sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: 5 * time.Second},
 		hier.WithFlatThreshold(hier.FlatNever),
+		hier.WithFingerprintMax(0),
 	)
 	a := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*100), make([]byte, 4*100)})
 	b := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*300), make([]byte, 4*300)})

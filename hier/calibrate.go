@@ -208,8 +208,9 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 			switch form {
 			case checkFingerprint:
 				var sl *fpSlot
-				if sl, err = r.fps.enqueueTimed(t, r.exec.singleComm(a), first); err == nil {
-					fps, last = append(fps, sl), first
+				sp, _ := r.exec.stagedPlan(a, size, stagedBytes(t))
+				if sl, last, err = r.fps.enqueueTimed(t, sp, first); err == nil {
+					fps = append(fps, sl)
 				}
 			default:
 				last, err = r.exec.allReduce(t, fairgo.Sum, a, first)
@@ -297,19 +298,21 @@ const (
 )
 
 // checkForm is the check that a float32 sum of size bytes on route a
-// carries, which its calibration times with it: a candidate that is one
-// collective carries a fingerprint, the others a separate check, which on
-// many machines cost a route of several collectives more than the data
+// carries, which its calibration times with it: a candidate whose plan
+// takes the staged copy in one piece carries a fingerprint (as its calls
+// will: fingerprintPlan), the others a separate check, which on many
+// machines cost a route of several collectives more than the data
 // (bench/NOTES.md item 74). On one machine calls are checked through shared
 // memory from call hostFirstCall on: their check costs nothing to time.
 func (c *calibrator) checkForm(a plan, size int64) checkForm {
 	r := c.r
-	switch {
-	case r.checker == nil || r.hooks.skipCheck || r.hostCheckable():
+	if r.checker == nil || r.hooks.skipCheck || r.hostCheckable() {
 		return checkNone
-	case r.fps != nil && size <= r.fps.max && fingerprintFits(fairgo.Float32, fairgo.Sum, r.rank.Grid.Size()) &&
-		r.exec.singleComm(a) != nil:
-		return checkFingerprint
+	}
+	if r.fps != nil && size <= r.fps.max && fingerprintFits(fairgo.Float32, fairgo.Sum, r.rank.Grid.Size()) {
+		if _, ok := r.exec.stagedPlan(a, size, size+int64(fpElems)*4); ok {
+			return checkFingerprint
+		}
 	}
 	return checkSeparate
 }

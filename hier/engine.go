@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fairgo/fairgo"
-	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -236,9 +235,9 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		return
 	}
 	var last streams.Stream
-	fingerprinted := r.fingerprintable(q)
+	fp, fingerprinted := r.fingerprintPlan(q)
 	if fingerprinted {
-		last, err = first, r.fps.enqueue(q, r.flatComm(q), first, true)
+		last, err = r.fps.enqueue(q, fp, first, true)
 	} else {
 		last, err = r.dispatch(q, first)
 	}
@@ -295,7 +294,8 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 		r.watch.ch <- pending{req: q} // the watcher decides it in call order; the Work has its error
 		return
 	}
-	if !r.fingerprintable(q) {
+	fp, fingerprinted := r.fingerprintPlan(q)
+	if !fingerprinted {
 		r.checkLater(q)
 		r.checker.dataDone(q.seq) // no data: its check needs not wait for any
 		return
@@ -303,11 +303,11 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	if r.brokenCause() != nil {
 		return // the peers' calls fail with the abort too
 	}
-	err := r.fps.enqueue(q, r.flatComm(q), first, false)
+	last, err := r.fps.enqueue(q, fp, first, false)
 	var ev streams.Event
 	if err == nil {
 		if ev, err = r.events.get(); err == nil {
-			err = ev.Record(first)
+			err = ev.Record(last)
 		}
 		if err != nil {
 			q.fp.free()
@@ -321,14 +321,6 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	// The Work failed at the call and keeps no event: its StreamWait
 	// returns the error, never a wait on the check's collective.
 	r.watch.ch <- pending{req: q, ev: ev}
-}
-
-// flatComm is the communicator of all ranks that carries a fingerprintable
-// call, whose route is one collective of all ranks known without a
-// calibration (fingerprintable): the world communicator, or the world
-// variant of NCCL's ring or tree that Auto chose for its size class.
-func (r *Reducer) flatComm(q *request) backend.Comm {
-	return r.exec.singleComm(r.router.route(q.a.ByteLen()))
 }
 
 // postCheck posts the call's image in the shared memory of a one-machine

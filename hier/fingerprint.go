@@ -11,13 +11,15 @@ import (
 	"github.com/fairgo/fairgo/streams"
 )
 
-// Fingerprints: the check of a small flat allreduce carried in its own
-// collective. The separate check (check.go) is a second collective on a
-// communicator of its own; on a flat call of a few hundred microseconds it
-// ran beside the data across the same NICs and NCCL proxies and cost 15–25%
-// of a one-at-a-time call on 8 machines (bench/NOTES.md item 32). A
-// fingerprinted call instead reduces, with its own operator and element
-// type, a staging copy of its data followed by fpElems elements that encode
+// Fingerprints: the check of a small allreduce carried in its own data. The
+// separate check (check.go) is a second collective on a communicator of its
+// own; on a call of a few hundred microseconds it ran beside the data across
+// the same NICs and NCCL proxies, behind the data's packets, and cost 15–25%
+// of a one-at-a-time flat call on 8 machines (bench/NOTES.md item 32), and
+// more on a rail or pairwise route (item 99). A fingerprinted call instead
+// reduces, by its own route (flat, pairwise, or the rail in one slice:
+// executor.stagedPlan), with its own operator and element type, a staging
+// copy of its data followed by fpElems elements that encode
 // the call's number and shape: each bit b as the pair (b, 1−b), 1 and 0 in
 // the call's type. Every operator keeps a pair whose bit all ranks share at
 // (nonzero, 0) or (0, nonzero), and turns a pair whose bit differs into
@@ -26,7 +28,9 @@ import (
 // difference, and none can mistake it for a match.
 //
 // Ranks that disagree on the count or the element type give the data
-// collective itself different sizes. The rank with more elements waits for
+// collective itself different sizes (on a route of several exchanges,
+// exchanges that disagree: those end in the watchdog or an abort, like a
+// flat collective's longer side). The rank with more elements waits for
 // data that never comes (the watchdog's *TimeoutError, or the abort of a
 // peer that found the mismatch), but the rank with fewer can finish, having
 // reduced a peer's data where that peer's fingerprint should be. Nonzero
@@ -65,7 +69,7 @@ const (
 	fpSlots = 64
 	// fpStages is how many staging buffers calls use in turn.
 	fpStages = 2
-	// DefaultFingerprintMax is WithFingerprintMax's default: flat
+	// DefaultFingerprintMax is WithFingerprintMax's default:
 	// allreduces up to 4 MiB carry their check.
 	DefaultFingerprintMax = 4 << 20
 )
@@ -319,19 +323,30 @@ type fpCall struct {
 	size int // the world's ranks
 }
 
-// fingerprintable reports whether q's check travels in its data: a flat
-// sum or float average (fingerprintFits) of at most the limit, with peers,
-// the check on and the watchdog armed. It depends only on the call's shape and the route table, so every
-// rank that agrees on the shape answers alike; a rank that rejected the call
-// answers from the shape it was given.
-func (r *Reducer) fingerprintable(q *request) bool {
+// fingerprintPlan returns the plan of q's fingerprinted allreduce, and
+// whether q's check travels in its data: a sum or float average
+// (fingerprintFits) of at most the limit, with peers, the check on and the
+// watchdog armed, whose route is known (router.planned) and takes the
+// staged copy in one piece (executor.stagedPlan). It depends only on the
+// call's shape and the route table, so every rank that agrees on the shape
+// answers alike; a rank that rejected the call answers from the shape it
+// was given.
+func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
 	if r.fps == nil || r.host != nil || r.hooks.skipCheck || r.checker.carriesAgreement(q) ||
 		q.kind != kindAllReduce || q.a.Count <= 0 ||
 		!q.a.DType.Valid() || !q.fpOp().Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
-		return false
+		return plan{}, false
 	}
-	return fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size()) && r.router.isFlat(q.a.ByteLen())
+	n := q.a.ByteLen()
+	if !fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size()) || !r.router.planned(n) {
+		return plan{}, false
+	}
+	return r.exec.stagedPlan(r.router.route(n), n, stagedBytes(q.a))
 }
+
+// stagedBytes is the size of t's fingerprinted copy: its data, then the
+// fingerprint.
+func stagedBytes(t fairgo.Tensor) int64 { return (t.Count + int64(fpElems)) * int64(t.DType.Size()) }
 
 // fpOp is the operator q's fingerprinted collective reduces with: q's, or
 // a sum where this rank refused q for an unknown operator. Its peers then
@@ -443,38 +458,44 @@ func (f *fingerprints) release() error {
 	return errors.Join(append(errs, freeMemory(f.r.rank.Device, f.dev, f.host))...)
 }
 
-// enqueue enqueues q's fingerprinted allreduce on first, on comm (the
-// communicator of all ranks its route runs on): the data into a
-// staging buffer (withData; a rejected call reduces whatever the buffer
-// holds, its peers failing anyway), the fingerprint after it, the allreduce
-// of both, the data back and the reduced fingerprint to host memory. It
-// sets q.fp; the watcher decides once first has passed the call.
-func (f *fingerprints) enqueue(q *request, comm backend.Comm, first streams.Stream, withData bool) error {
+// enqueue enqueues q's fingerprinted allreduce by p (stagedPlan's),
+// starting on first: the data into a staging buffer (withData; a rejected
+// call reduces whatever the buffer holds, its peers failing anyway), the
+// fingerprint after it, the allreduce of both by p's route, the data back
+// and the reduced fingerprint to host memory. It sets q.fp and returns the
+// stream the call's last work is on; the watcher decides once that stream
+// has passed the call.
+func (f *fingerprints) enqueue(q *request, p plan, first streams.Stream, withData bool) (streams.Stream, error) {
 	// Counted before its enqueue, which may fail (NCCL's own launch may block
 	// and then fail on the abort of a call whose count differs across ranks).
 	f.r.hooks.fingerprinted.Add(1)
-	if comm == nil { // its route's world variant could not be made: the call fails as its data would
-		return fmt.Errorf("hier: %v: no communicator of all ranks for its route", q)
-	}
 	sl := &f.slots[f.slot]
 	<-sl.free // the slot's last call is decided
 	f.slot = (f.slot + 1) % fpSlots
 	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: q.a.DType, op: q.fpOp(), size: f.r.rank.Grid.Size()}
-	if err := f.enqueueOn(q, call, comm, first, withData); err != nil {
+	last, err := f.enqueueOn(q, call, p, first, withData)
+	if err != nil {
 		sl.free <- struct{}{}
-		return err
+		return nil, err
 	}
 	q.fp = call
-	return nil
+	return last, nil
 }
 
-func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, first streams.Stream, withData bool) error {
+func (f *fingerprints) enqueueOn(q *request, call *fpCall, p plan, first streams.Stream, withData bool) (
+	streams.Stream, error) {
 	t := q.a
+	if _, piped := p.algo.impl().(pipelined); piped && first != f.r.exec.first() {
+		// The pipeline starts on the engine's first stream whatever first
+		// is: the staging copy must go there too, or the route would read
+		// the stage before the copy.
+		return nil, fmt.Errorf("hier: %v: a fingerprinted call by %v must start on the engine's first stream", q, p.route)
+	}
 	st := &f.stages[f.next]
 	f.next = (f.next + 1) % fpStages
 	if st.last != nil && st.last != first {
 		if err := first.WaitEvent(st.ev); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	n := t.ByteLen()
@@ -490,21 +511,23 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, comm backend.Comm, fi
 		data = 0
 	}
 	tailAt := st.ptr + uintptr(n) // the fingerprint follows the call's data
+	staged := fairgo.Tensor{Ptr: st.ptr, Bytes: stagedBytes(t), Count: t.Count + int64(fpElems), DType: t.DType}
+	last := first
 	err := f.stageIn(st.ptr, t.Ptr, data, tailAt, call.slot, tail, first)
 	if err == nil {
-		err = comm.AllReduce(st.ptr, st.ptr, t.Count+int64(fpElems), t.DType, q.fpOp(), first)
+		last, err = f.r.exec.allReduce(staged, q.fpOp(), p, first)
 	}
 	if err == nil {
-		err = f.stageOut(t.Ptr, st.ptr, data, tailAt, call.slot, tail, first)
+		err = f.stageOut(t.Ptr, st.ptr, data, tailAt, call.slot, tail, last)
+	}
+	if err == nil {
+		err = st.ev.Record(last)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := st.ev.Record(first); err != nil {
-		return err
-	}
-	st.last = first
-	return nil
+	st.last = last
+	return last, nil
 }
 
 // stageIn enqueues on s the copy of data bytes from src to the stage at
@@ -541,21 +564,23 @@ func (f *fingerprints) stageOut(dst, at uintptr, data int64, tailAt uintptr, sl 
 }
 
 // enqueueTimed enqueues, for a calibration, an allreduce of t as a
-// fingerprinted sum runs on comm (the staging copy, the fingerprint, the
-// allreduce of both, the copy back and the fingerprint's read-back) and
-// returns the slot it took, to give back (release) once the calibration has
-// waited for the work. Nothing is decided. t must fit (t.ByteLen() ≤ f.max).
-func (f *fingerprints) enqueueTimed(t fairgo.Tensor, comm backend.Comm, first streams.Stream) (*fpSlot, error) {
+// fingerprinted sum runs by p (stagedPlan's: the staging copy, the
+// fingerprint, the allreduce of both, the copy back and the fingerprint's
+// read-back) and returns the slot it took, to give back (release) once the
+// calibration has waited for the work, and the stream the work ends on.
+// Nothing is decided. t must fit (t.ByteLen() ≤ f.max).
+func (f *fingerprints) enqueueTimed(t fairgo.Tensor, p plan, first streams.Stream) (*fpSlot, streams.Stream, error) {
 	q := &request{kind: kindAllReduce, a: t, op: fairgo.Sum}
 	sl := &f.slots[f.slot]
 	<-sl.free // the slot's last call is decided
 	f.slot = (f.slot + 1) % fpSlots
 	call := &fpCall{slot: sl, fp: fingerprintOf(q), dt: t.DType, op: q.op, size: f.r.rank.Grid.Size()}
-	if err := f.enqueueOn(q, call, comm, first, true); err != nil {
+	last, err := f.enqueueOn(q, call, p, first, true)
+	if err != nil {
 		sl.free <- struct{}{}
-		return nil, err
+		return nil, nil, err
 	}
-	return sl, nil
+	return sl, last, nil
 }
 
 // release gives back a slot that enqueueTimed took.

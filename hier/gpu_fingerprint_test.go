@@ -14,8 +14,9 @@ import (
 )
 
 // On NCCL, a call that differs between ranks never completes without an
-// error on any rank. With a fingerprint (a small flat call carrying its
-// check in its own collective, the default), an operator that differs
+// error on any rank. With a fingerprint (a small call carrying its check
+// in its own data, the default, on a flat, rail or pairwise route), an
+// operator that differs
 // leaves the collective's steps aligned and fails on every rank with the
 // field named. A count that differs misaligns the data collective: with a
 // fingerprint or with the separate check (WithFingerprintMax(0)) it ends in
@@ -30,8 +31,9 @@ func TestGPUFingerprintFindsMismatches(t *testing.T) {
 			name    string
 			count   func(rank, n int) int
 			op      func(rank int) fairgo.Op
-			aligned bool // the launch's steps stay aligned: a *MismatchError with the range
-			fp      bool // fingerprinted (the default), else the separate check (WithFingerprintMax(0))
+			aligned bool           // the launch's steps stay aligned: a *MismatchError with the range
+			fp      bool           // fingerprinted (the default), else the separate check (WithFingerprintMax(0))
+			algo    hier.Algorithm // Auto: flat at this size; a rail or pairwise route carries the fingerprint too
 		}
 		same := func(_, n int) int { return n }
 		sum := func(int) fairgo.Op { return fairgo.Sum }
@@ -47,19 +49,30 @@ func TestGPUFingerprintFindsMismatches(t *testing.T) {
 			}
 			return n
 		}
-		cases := []mismatch{{"operator", same, func(r int) fairgo.Op {
+		avgOnZero := func(r int) fairgo.Op {
 			if r == 0 {
 				return fairgo.Avg
 			}
 			return fairgo.Sum
-		}, true, true}}
-		for _, fp := range []bool{true, false} {
-			cases = append(cases, mismatch{fmt.Sprintf("count+1/fp=%v", fp), plusOne, sum, false, fp},
-				mismatch{fmt.Sprintf("count*2/fp=%v", fp), twice, sum, false, fp})
+		}
+		algos := []hier.Algorithm{hier.Auto}
+		if g[0] > 1 {
+			algos = append(algos, hier.RailAllToAll, hier.HalvingDoubling)
+		}
+		var cases []mismatch
+		for _, algo := range algos {
+			cases = append(cases, mismatch{fmt.Sprintf("operator/%v", algo), same, avgOnZero, true, true, algo})
+			for _, fp := range []bool{true, false} {
+				cases = append(cases, mismatch{fmt.Sprintf("count+1/fp=%v/%v", fp, algo), plusOne, sum, false, fp, algo},
+					mismatch{fmt.Sprintf("count*2/fp=%v/%v", fp, algo), twice, sum, false, fp, algo})
+			}
 		}
 		for _, tc := range cases {
 			t.Run(fmt.Sprintf("%dx%d/%s", g[0], g[1], tc.name), func(t *testing.T) {
 				opts := []hier.Option{hier.WithTimeout(5 * time.Second)}
+				if tc.algo != hier.Auto {
+					opts = append(opts, hier.WithAlgorithm(tc.algo), hier.WithFlatThreshold(hier.FlatNever))
+				}
 				if tc.fp {
 					// The collective check: on one machine the first call's
 					// carries the agreement on shared memory, never a

@@ -160,22 +160,23 @@ func WithSharedMemoryDir(dir string) Option {
 	return func(c *config) { c.sharedMemoryDir, c.sharedMemorySet = dir, true }
 }
 
-// WithFingerprintMax sets the largest flat allreduce, in bytes, whose
-// cross-rank check travels inside its own collective instead of a second
-// one; 0 turns it off. Default DefaultFingerprintMax. It applies to sums,
-// and to float averages on up to a few ranks (fingerprintFits in
-// fingerprint.go says how many per type), with the
-// watchdog armed (WithTimeout); other calls run the separate check. The
-// fingerprint costs a call two device copies of its data and a few
-// hundred elements more in its collective; the separate check is a
+// WithFingerprintMax sets the largest allreduce, in bytes, whose
+// cross-rank check travels inside its own data instead of a second
+// collective; 0 turns it off. Default DefaultFingerprintMax. It applies to
+// sums, and to float averages on up to a few ranks (fingerprintFits in
+// fingerprint.go says how many per type), with the watchdog armed
+// (WithTimeout), on every route that takes the call in one piece (flat,
+// the pairwise ones, the rail in one slice); other calls run the separate
+// check. The fingerprint costs a call two device copies of its data and a
+// few hundred elements more in its exchanges; the separate check is a
 // second collective beside it on the same links, which on 16 machines of
 // one GPU each doubled a 64 KiB call's time (BENCHMARKS.md, "The check
 // carried by the data"). A difference of operator, kind, call order or
 // acceptance is a *MismatchError naming the field, without the other
 // ranks' values; ranks that disagree on the count or the element type
-// make the collective itself disagree: the rank with fewer elements finds
-// a peer's fingerprint missing (a *MismatchError on the size) and aborts,
-// the others end in that abort or the watchdog's *TimeoutError. It costs
+// make the exchanges themselves disagree: a rank that finds a peer's
+// fingerprint missing (a *MismatchError on the size) aborts, the others
+// end in that abort or the watchdog's *TimeoutError. It costs
 // 2 × (this bytes + 2.4 KiB) of device memory per Reducer. On one machine,
 // calls 1 and 65 (whose collective checks carry the agreement on shared
 // memory) and every call from the 129th on, which shared memory checks,

@@ -52,6 +52,30 @@ func (ex *executor) singleComm(p plan) backend.Comm {
 	return p.comm
 }
 
+// stagedPlan is p, the plan of an allreduce of bytes, for the staged copy
+// of a fingerprinted call (the data, then its fingerprint: staged bytes)
+// in one piece, so that the fingerprint rides in the data's own exchanges
+// and costs no exchange of its own. ok is false where that cannot be: a
+// world variant without its communicator, a plan that cuts the call into
+// slices (the fingerprint would add a slice, a whole exchange more), or a
+// staged copy larger than the staging slot its rail receives into.
+func (ex *executor) stagedPlan(p plan, bytes, staged int64) (plan, bool) {
+	impl := p.algo.impl()
+	switch {
+	case impl == nil:
+		return p, false
+	case impl.single():
+		p.slice = staged
+		return p, ex.singleComm(p) != nil
+	case !impl.whole() && p.slice < bytes:
+		return p, false
+	case impl.stagedReceive(ex.grid) && staged > ex.layout.SliceBytes:
+		return p, false
+	}
+	p.slice = staged
+	return p, true
+}
+
 // first is the stream a call's first work goes on.
 func (ex *executor) first() streams.Stream { return ex.chain.Stream(streams.ReduceScatter) }
 

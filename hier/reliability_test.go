@@ -73,6 +73,135 @@ func TestCountsDifferingInTheTailFail(t *testing.T) {
 	}
 }
 
+// The same counts with the check in the data (fingerprint.go), whatever
+// the route: the fingerprint lands at a different place on each rank, and
+// every rank's Work fails, never nil (the fingerprint says the ranks
+// differ, not in which field, and a route whose exchanges the counts
+// misalign may end in the watchdog instead).
+func TestCountsDifferingInTheTailFailWithFingerprints(t *testing.T) {
+	for _, tc := range []struct {
+		counts   []int
+		algo     hier.Algorithm
+		machines int
+		fp       bool // fingerprinted; else the route cuts the call into slices and the separate check runs
+	}{
+		{[]int{1002, 1001, 1001, 1001}, hier.RailAllToAll, 2, true},
+		{[]int{1001, 1001, 1002, 1001}, hier.RailAllToAll, 4, true},
+		{[]int{2001, 2002, 2002, 2002}, hier.RailRSAG, 2, true},
+		{[]int{1048577, 1048578, 1048578, 1048578}, hier.RailRSAG, 2, false},
+		{[]int{1001, 1001, 1002, 1001}, hier.RailAllReduce, 2, true},
+		{[]int{1001, 1001, 1001, 1002}, hier.Flat, 2, true},
+		{[]int{1001, 1002, 1001, 1001}, hier.HalvingDoubling, 2, true},
+		{[]int{1001, 1001, 1002, 1001}, hier.RecursiveDoubling, 4, true},
+	} {
+		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
+			w := newWorld(
+				t,
+				sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 3},
+				hier.WithFlatThreshold(hier.FlatNever),
+				hier.WithAlgorithm(tc.algo),
+				hier.WithTimeout(5*time.Second),
+				hier.WithFingerprintMax(8<<20),
+			)
+			data := make([][]byte, 4)
+			for g := range data {
+				data[g] = make([]byte, 4*tc.counts[g])
+			}
+			ts := w.upload(t, fairgo.Float32, data)
+			var works []*hier.Work
+			for g, r := range w.reducers {
+				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				require.Error(t, err, "rank %d", g)
+				require.True(t, errors.Is(err, fairgo.ErrMismatch) || errors.Is(err, fairgo.ErrTimeout),
+					"rank %d: %v", g, err)
+				require.Equal(t, tc.fp, hier.FingerprintedCalls(w.reducers[g]) == 1, "rank %d", g)
+				if !tc.fp {
+					var me *hier.MismatchError
+					require.ErrorAs(t, err, &me, "rank %d", g)
+					require.Equal(t, "count", me.Field)
+				}
+			}
+		})
+	}
+}
+
+// Calls by every route carry their check in their data where it fits
+// (sums and float averages up to WithFingerprintMax, in one piece), and
+// give the reference's results: every element type and operator, counts
+// from 1 to past a staging buffer's turn.
+func TestFingerprintedRoutesAreExact(t *testing.T) {
+	for _, tc := range []struct {
+		algo     hier.Algorithm
+		machines int
+	}{
+		{hier.RailAllToAll, 2},
+		{hier.RailAllToAll, 4},
+		{hier.RailRSAG, 2},
+		{hier.RailAllReduce, 2},
+		{hier.HalvingDoubling, 4},
+		{hier.RecursiveDoubling, 4},
+	} {
+		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 8, StallTimeout: time.Minute},
+				hier.WithTimeout(time.Minute), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo))
+			rng := rand.New(rand.NewPCG(5, 6))
+			calls := 0
+			for _, dt := range fairgo.DTypes {
+				for _, op := range fairgo.Ops {
+					for _, n := range []int{1, 7, 4097} {
+						in := reftest.RandomInputs(rng, dt, op, w.size(), n)
+						out, err := w.allReduce(t, dt, op, in)
+						require.NoError(t, err, "%s %s n=%d", dt, op, n)
+						require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out),
+							"%s %s n=%d", dt, op, n)
+						if op == fairgo.Sum || op == fairgo.Avg && dt.IsFloat() {
+							calls++
+						}
+						w.freeAllocs()
+					}
+				}
+			}
+			for _, r := range w.reducers {
+				require.Equal(t, uint64(calls), hier.FingerprintedCalls(r))
+			}
+		})
+	}
+}
+
+// An operator that differs leaves a route's exchanges aligned where no
+// collective reduces (one device per machine: the rail's exchanges are
+// all-to-alls and the reduction a kernel of each rank's own), so only the
+// fingerprint the data carries can tell: every rank fails with the field
+// named, none returns nil.
+func TestFingerprintOnARouteFindsADifferentOperator(t *testing.T) {
+	for _, algo := range []hier.Algorithm{hier.RailAllToAll, hier.HalvingDoubling, hier.RecursiveDoubling} {
+		t.Run(algo.String(), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: 4, Devices: 1, Seed: 9, StallTimeout: time.Minute},
+				hier.WithTimeout(5*time.Second), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo))
+			ts := w.upload(t, fairgo.Float32, reftest.RandomInputs(rand.New(rand.NewPCG(7, 8)), fairgo.Float32,
+				fairgo.Sum, w.size(), 3000))
+			var works []*hier.Work
+			for g, r := range w.reducers {
+				op := fairgo.Sum
+				if g == 2 {
+					op = fairgo.Avg
+				}
+				works = append(works, r.AllReduce(context.Background(), ts[g], op))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				var me *hier.MismatchError
+				require.ErrorAs(t, err, &me, "rank %d", g)
+				require.Contains(t, []string{"operator", "shape"}, me.Field, "rank %d", g) // "shape": a field hash that collided
+				require.Equal(t, uint64(1), hier.FingerprintedCalls(w.reducers[g]), "rank %d", g)
+			}
+		})
+	}
+}
+
 // Ops, element types and roots that differ are caught too.
 func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 	for _, tc := range []struct {

@@ -368,23 +368,38 @@ func (rt *router) settledRoute(bytes int64) (*route, int) {
 // known without anything collective still to do first: no calibration of
 // its class, and for a world variant the communicator made already (the
 // call that makes it, a collective that blocks until every rank joins,
-// goes through the engine). It is the question of the inline path and of
-// the check that rides in the call's own collective. Any goroutine may
-// ask; the answer changes only as calls execute, so that every rank gives
-// it alike for the same call.
+// goes through the engine). It is the question of the inline path. Any
+// goroutine may ask; the answer changes only as calls execute, so that
+// every rank gives it alike for the same call.
 func (rt *router) isFlat(bytes int64) bool {
 	r, _, ok := rt.known(bytes)
 	impl := r.algo.impl()
-	if !ok || impl == nil || !impl.single() {
-		return false
+	return ok && impl != nil && impl.single() && rt.variantMade(r)
+}
+
+// planned reports whether the route of an allreduce of bytes is known
+// without a calibration, and for a world variant whether its communicator
+// is made: route then plans the call with nothing collective of its own
+// to do but, once, the probe of the links. It is the question of the
+// check that rides in the call's own data (fingerprint.go), asked, like
+// isFlat, alike on every rank for the same call.
+func (rt *router) planned(bytes int64) bool {
+	r, _, ok := rt.known(bytes)
+	impl := r.algo.impl()
+	return ok && impl != nil && (!impl.single() || rt.variantMade(r))
+}
+
+// variantMade reports whether r's world variant, where it runs on one, has
+// its communicator.
+func (rt *router) variantMade(r route) bool {
+	v := r.algo.variant()
+	if v == "" {
+		return true
 	}
-	if v := r.algo.variant(); v != "" {
-		rt.worldsMu.Lock()
-		defer rt.worldsMu.Unlock()
-		w := rt.worlds[v]
-		return w != nil && w.comm != nil
-	}
-	return true
+	rt.worldsMu.Lock()
+	defer rt.worldsMu.Unlock()
+	w := rt.worlds[v]
+	return w != nil && w.comm != nil
 }
 
 // route is the plan of an allreduce of bytes, measuring its size class
