@@ -20,7 +20,8 @@ import (
 // leaves the collective's steps aligned and fails on every rank with the
 // field named. A count that differs misaligns the data collective: with a
 // fingerprint or with the separate check (WithFingerprintMax(0)) it ends in
-// the mismatch or in the watchdog's timeout on every rank, never in nil.
+// the mismatch, the watchdog's timeout or (a pairwise route's exchanges,
+// which NCCL finds truncated) the abort on every rank, never in nil.
 func TestGPUFingerprintFindsMismatches(t *testing.T) {
 	for _, g := range gpuGrids(t, [2]int{1, 2}, [2]int{2, 2}, [2]int{1, 4}) {
 		if g[0]*g[1] == 1 {
@@ -102,7 +103,11 @@ func TestGPUFingerprintFindsMismatches(t *testing.T) {
 						require.Contains(t, []string{"operator", "shape"}, me.Field) // "shape": a field hash that collided
 						continue
 					}
-					require.True(t, errors.Is(err, fairgo.ErrMismatch) || errors.Is(err, fairgo.ErrTimeout),
+					// A pairwise route's exchanges of different sizes may also
+					// end in NCCL's own finding ("message truncated"): the
+					// communicators are aborted, and so is the call.
+					require.True(t, errors.Is(err, fairgo.ErrMismatch) || errors.Is(err, fairgo.ErrTimeout) ||
+						tc.algo != hier.Auto && errors.Is(err, fairgo.ErrAborted),
 						"rank %d: %v", w.rank(r), err)
 				}
 				for _, red := range w.reducers {
