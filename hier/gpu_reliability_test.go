@@ -357,6 +357,8 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 	}{
 		{"1x2/flat/inline", 1, 2, inline, allReduceCall},
 		{"1x2/flat/engine", 1, 2, nil, allReduceCall},
+		{"2x1/flat/inline", 2, 1, inline, allReduceCall}, // check on: the fingerprint, across machines
+		{"2x1/halving-doubling", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.HalvingDoubling)}, allReduceCall},
 		{"2x1/rail-a2a", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}, allReduceCall},
 		{"2x1/rail-rsag", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}, allReduceCall},
 		{"1x2/reduce-scatter/inline", 1, 2, inline, reduceScatterCall},
