@@ -147,28 +147,37 @@ func TestFingerprintedRoutesAreExact(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 8, StallTimeout: time.Minute, Jitter: 50 * time.Microsecond},
 				hier.WithTimeout(time.Minute), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo))
-			rng := rand.New(rand.NewPCG(5, 6))
-			calls := 0
-			for _, dt := range fairgo.DTypes {
-				for _, op := range fairgo.Ops {
-					for _, n := range []int{1, 7, 4097} {
-						in := reftest.RandomInputs(rng, dt, op, w.size(), n)
-						out, err := w.allReduce(t, dt, op, in)
-						require.NoError(t, err, "%s %s n=%d", dt, op, n)
-						require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out),
-							"%s %s n=%d", dt, op, n)
-						if op == fairgo.Sum || op == fairgo.Avg && dt.IsFloat() {
-							calls++
-						}
-						w.freeAllocs()
-					}
-				}
-			}
+			calls := allReduceEveryShape(t, w, rand.New(rand.NewPCG(5, 6)))
 			for _, r := range w.reducers {
 				require.Equal(t, uint64(calls), hier.FingerprintedCalls(r))
 			}
 		})
 	}
+}
+
+// allReduceEveryShape reduces, one call at a time, random inputs of every
+// element type and operator at counts 1, 7 and 4097 (past a staging
+// buffer's turn) and checks each result against the reference. It returns
+// how many of those calls a fingerprint may carry (sums, float averages).
+func allReduceEveryShape(t *testing.T, w *world, rng *rand.Rand) int {
+	t.Helper()
+	calls := 0
+	for _, dt := range fairgo.DTypes {
+		for _, op := range fairgo.Ops {
+			for _, n := range []int{1, 7, 4097} {
+				in := reftest.RandomInputs(rng, dt, op, w.size(), n)
+				out, err := w.allReduce(t, dt, op, in)
+				require.NoError(t, err, "%s %s n=%d", dt, op, n)
+				require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out),
+					"%s %s n=%d", dt, op, n)
+				if op == fairgo.Sum || op == fairgo.Avg && dt.IsFloat() {
+					calls++
+				}
+				w.freeAllocs()
+			}
+		}
+	}
+	return calls
 }
 
 // Fingerprinted calls in flight at once take the staging buffers in turn:
@@ -556,23 +565,7 @@ func TestFingerprintedCallsAreExact(t *testing.T) {
 		t.Run(fmt.Sprint(fpMax), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 8, StallTimeout: time.Minute},
 				hier.WithTimeout(time.Minute), hier.WithFingerprintMax(fpMax), hier.WithInlineEnqueue(fpMax == 0))
-			rng := rand.New(rand.NewPCG(3, 4))
-			calls := 0
-			for _, dt := range fairgo.DTypes {
-				for _, op := range fairgo.Ops {
-					for _, n := range []int{1, 7, 4097} {
-						in := reftest.RandomInputs(rng, dt, op, w.size(), n)
-						out, err := w.allReduce(t, dt, op, in)
-						require.NoError(t, err, "%s %s n=%d", dt, op, n)
-						require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out),
-							"%s %s n=%d", dt, op, n)
-						if op == fairgo.Sum || op == fairgo.Avg && dt.IsFloat() {
-							calls++
-						}
-						w.freeAllocs()
-					}
-				}
-			}
+			calls := allReduceEveryShape(t, w, rand.New(rand.NewPCG(3, 4)))
 			want := uint64(calls)
 			if fpMax == 0 {
 				want = 0
