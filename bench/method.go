@@ -74,7 +74,7 @@ type Variant struct {
 	// NoCheck turns the cross-rank check off (hier.WithCheck(false)).
 	NoCheck bool
 	// FingerprintMax (hier.WithFingerprintMax) when FingerprintSet: "fp:0"
-	// gives small flat calls the separate check.
+	// gives small calls the separate check.
 	FingerprintMax int64
 	FingerprintSet bool
 	// RoutesOf names an earlier variant whose routes this one follows
@@ -84,7 +84,7 @@ type Variant struct {
 
 // Watchdog is the timeout of every variant's Reducer (hier.WithTimeout): a
 // benchmark never hangs, and fairgo runs as a trainer would run it (with the
-// watchdog armed, small flat calls carry their check in their data).
+// watchdog armed, small calls carry their check in their data).
 const Watchdog = 5 * time.Minute
 
 // Options are the variant's hier options.

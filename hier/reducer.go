@@ -79,7 +79,7 @@ type Reducer struct {
 	exec     *executor     // the engine goroutine's (or an inline caller's while it holds calls.busy)
 	checker  *checker      // the collective check; nil without peers or with host
 	host     *hostCheck    // the check through shared memory (one machine); nil otherwise
-	fps      *fingerprints // nil unless small flat calls carry their check (WithFingerprintMax)
+	fps      *fingerprints // nil unless small calls carry their check in their data (WithFingerprintMax)
 	board    *bulletin     // nil without a Board
 	watch    watcher       // completes Works in call order
 	hooks    testHooks     // export_test.go's knobs
