@@ -50,16 +50,7 @@ func TestCountsDifferingInTheTailFail(t *testing.T) {
 			if tc.machines == 1 {
 				warmUp(t, w, beforeSharedMemory)
 			}
-			data := make([][]byte, 4)
-			for g := range data {
-				data[g] = make([]byte, 4*tc.counts[g])
-			}
-			ts := w.upload(t, fairgo.Float32, data)
-			var works []*hier.Work
-			for g, r := range w.reducers {
-				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
-			}
-			for g, wk := range works {
+			for g, wk := range sumOfCounts(t, w, tc.counts) {
 				err := wk.Wait(context.Background())
 				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
 				var me *hier.MismatchError
@@ -71,6 +62,22 @@ func TestCountsDifferingInTheTailFail(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sumOfCounts submits on every rank g a float32 sum of counts[g] zeros and
+// returns the Works, by rank.
+func sumOfCounts(t *testing.T, w *world, counts []int) []*hier.Work {
+	t.Helper()
+	data := make([][]byte, len(counts))
+	for g := range data {
+		data[g] = make([]byte, 4*counts[g])
+	}
+	ts := w.upload(t, fairgo.Float32, data)
+	works := make([]*hier.Work, 0, len(ts))
+	for g, r := range w.reducers {
+		works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
+	}
+	return works
 }
 
 // The same counts with the check in the data (fingerprint.go), whatever
@@ -103,16 +110,7 @@ func TestCountsDifferingInTheTailFailWithFingerprints(t *testing.T) {
 				hier.WithTimeout(5*time.Second),
 				hier.WithFingerprintMax(8<<20),
 			)
-			data := make([][]byte, 4)
-			for g := range data {
-				data[g] = make([]byte, 4*tc.counts[g])
-			}
-			ts := w.upload(t, fairgo.Float32, data)
-			var works []*hier.Work
-			for g, r := range w.reducers {
-				works = append(works, r.AllReduce(context.Background(), ts[g], fairgo.Sum))
-			}
-			for g, wk := range works {
+			for g, wk := range sumOfCounts(t, w, tc.counts) {
 				err := wk.Wait(context.Background())
 				require.Error(t, err, "rank %d", g)
 				require.True(t, errors.Is(err, fairgo.ErrMismatch) || errors.Is(err, fairgo.ErrTimeout),
