@@ -42,7 +42,7 @@ func HoldWatcher(r *Reducer, held bool) { r.hooks.watcherHeld.Store(held) }
 func HelpedCalls(r *Reducer) uint64 { return r.hooks.helped.Load() }
 
 // WatcherPolls is how many times r's watcher asked a call's completion
-// event (a query, then a wait of up to watchQuietSlice).
+// event (a query; it naps at watchPace between them).
 func WatcherPolls(r *Reducer) uint64 { return r.hooks.watcherPolls.Load() }
 
 // HelpQueries is how many completion events helping Waits have queried.

@@ -12,6 +12,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/poll"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -48,16 +49,17 @@ func (e *gatedEvent) Query() (bool, error) {
 	return e.d.open.Load(), nil
 }
 
+// Wait polls as the CUDA device's events do: naps from 10 µs, growing.
 func (e *gatedEvent) Wait(ctx context.Context) error {
+	var nap poll.Backoff
 	for {
 		if done, _ := e.Query(); done {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Microsecond):
+		if err := ctx.Err(); err != nil {
+			return err
 		}
+		nap.Wait()
 	}
 }
 
@@ -124,6 +126,39 @@ func TestCheckPollsOnceTheDataIsDone(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWatcherNapsWhileNobodyWaits: a call nobody waits for is looked at
+// by the watcher at its pace, not tens of times a millisecond (each look a
+// driver query, each nap a wake-up of its thread: with many ranks on a
+// host they kept the ranks waiting for a processor), and its Done channel
+// still closes soon after its device work ends.
+func TestWatcherNapsWhileNobodyWaits(t *testing.T) {
+	ctx := context.Background()
+	rk, d := gatedRank()
+	r, err := hier.NewReducer(ctx, rk, hier.WithInlineEnqueue(true), hier.WithFlatThreshold(1<<30),
+		hier.WithCheck(false), hier.WithTimeout(time.Minute), hier.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	ptr, err := rk.Device.Alloc(64 << 10)
+	require.NoError(t, err)
+	start := time.Now()
+	w := r.AllReduce(ctx, fairgo.Tensor{Ptr: ptr, Bytes: 64 << 10, Count: 16 << 10, DType: fairgo.Float32}, fairgo.Sum)
+	time.Sleep(50 * time.Millisecond)
+	queries, running := d.otherQueries.Load(), time.Since(start)
+	require.False(t, w.IsCompleted())
+	// At its pace (naps from 0.1 ms up to 1 ms) the watcher looks about 70
+	// times in 50 ms; polling as fast as it once did, hundreds of times.
+	require.Less(t, queries, 40+2*running.Milliseconds(), "queries in %v of a call nobody waits for", running)
+	opened := time.Now()
+	d.open.Store(true)
+	select {
+	case <-w.Done():
+		require.NoError(t, w.Err())
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call nobody waited for did not complete")
+	}
+	require.Less(t, time.Since(opened), 20*time.Millisecond, "Done closed long after the device work ended")
 }
 
 // TestWatcherPollsForTheNextCall: a call made soon after the last one

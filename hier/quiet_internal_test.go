@@ -79,3 +79,28 @@ func TestEnqueuesMakeABurst(t *testing.T) {
 	w.enqueueEnded()
 	require.False(t, w.burst.Load(), "one after a pause")
 }
+
+// TestWatchPace: the watcher naps an eighth of how long it has looked, at
+// least watchNapMin and at most watchNapMax, and watchNapMin with a
+// backlog of calls behind the one it watches.
+func TestWatchPace(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	for _, tc := range []struct {
+		age     time.Duration
+		backlog int
+		want    time.Duration
+	}{
+		{0, 0, watchNapMin},
+		{us(400), 0, watchNapMin},
+		{us(800), 0, watchNapMin},
+		{us(1600), 0, us(200)},
+		{us(4000), 0, us(500)},
+		{us(8000), 0, watchNapMax},
+		{time.Minute, 0, watchNapMax},
+		{time.Minute, watchBacklog - 1, watchNapMax},
+		{time.Minute, watchBacklog, watchNapMin},
+		{us(1600), 1000, watchNapMin},
+	} {
+		require.Equal(t, tc.want, watchPace(tc.age, tc.backlog), "age %v, backlog %d", tc.age, tc.backlog)
+	}
+}

@@ -97,7 +97,7 @@ type testHooks struct {
 	watcherParks     atomic.Uint64 // times the watcher blocked for its next call
 	watcherHeld      atomic.Bool   // the watcher takes no call while set
 	helped           atomic.Uint64 // calls a Wait completed in the watcher's place
-	watcherPolls     atomic.Uint64 // the watcher's queries and waits of a call's completion event
+	watcherPolls     atomic.Uint64 // the watcher's queries of a call's completion event
 	helpQueries      atomic.Uint64 // helping Waits' queries of a call's completion event
 	checkerHeld      atomic.Bool   // the checker's goroutine decides no check while set
 	// checks a helping Wait decided in the checker goroutine's place

@@ -1,7 +1,6 @@
 package hier
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -27,22 +26,55 @@ type pending struct {
 const (
 	watchPoll  = 50 * time.Millisecond // how often a wait checks communicator errors and deadlines
 	abortGrace = 2 * time.Second       // how long to wait for device work after an abort before reporting it
-	// watchIdlePoll is how long the watcher polls for the next call, once
+	// watchIdlePoll is how long the watcher naps for the next call, once
 	// it has completed one, before it parks: a training loop's next call
-	// comes sooner, and the watcher then starts watching it without a
-	// wake-up (a futex, a hand-off through the scheduler) that a call of
-	// a few tens of µs would wait for.
-	watchIdlePoll = time.Millisecond
+	// comes sooner, and its hand-off to a napping watcher costs the
+	// caller no wake-up (a futex, a hand-off through the scheduler).
+	watchIdlePoll = 20 * time.Millisecond
 	// watchQuietGap is the longest gap between two enqueues of a burst
 	// (calls back to back), and how long after a burst's last enqueue the
 	// watcher still leaves the driver alone; watchQuietMax how long at
 	// most it leaves one call to the caller's threads (quiet).
 	watchQuietGap = 50 * time.Microsecond
 	watchQuietMax = time.Millisecond
-	// watchQuietSlice is how long the watcher waits on an event before it
-	// asks quiet again.
-	watchQuietSlice = 50 * time.Microsecond
+	// The watcher's pace (watchPace): between two looks at a call still
+	// running, or for the next call, it naps an eighth of the time it has
+	// been looking, at least watchNapMin and at most watchNapMax, and
+	// watchNapMin while watchBacklog calls or more wait behind the one it
+	// watches, so that the checks' slots (checkSlots, fpSlots), which
+	// calls free as they complete, keep up with a caller that enqueues
+	// many short calls.
+	watchNapShare = 8
+	watchNapMin   = 100 * time.Microsecond
+	watchNapMax   = time.Millisecond
+	watchBacklog  = 16
 )
+
+// watchPace is the watcher's nap before it looks again at a call (or for
+// the next one) it has been looking at for age, with backlog calls queued
+// behind it.
+//
+// Why the watcher is slow to see a call end: nobody waits for it. A Wait
+// polls its call itself and completes it at once (help); a caller that
+// orders its stream after the call (StreamWait, the C ABI's and the
+// PyTorch hook's way) needs no host at all; what is left to the watcher
+// is the watchdog, freeing the call's resources, and closing the Done
+// channel of a Work nobody waits on, which it does at most an eighth of
+// the call's time, or watchNapMax, late. Every nap ends in a wake-up of
+// the watcher's thread, and every look in a driver query: with many
+// ranks on a host (16 emulated machines, four processes a GPU under MPS)
+// the watchers' naps of tens of µs kept the ranks' threads waiting for a
+// processor and the ranks starting each call far apart, and fairgo on
+// NCCL's tree took 1.8–2.4× NCCL's tree alone (bench/NOTES.md item 102).
+func watchPace(age time.Duration, backlog int) time.Duration {
+	if backlog >= watchBacklog {
+		return watchNapMin
+	}
+	return min(max(age/watchNapShare, watchNapMin), watchNapMax)
+}
+
+// backlog is how many calls wait behind the watcher's current one.
+func (w *watcher) backlog() int { return max(int(w.queued.Load())-1, 0) + len(w.ch) }
 
 // watcher is the goroutine that completes Works: the calls the engine
 // hands it, and how far this rank got. A Wait may complete calls in its
@@ -153,10 +185,7 @@ func (r *Reducer) watchCalls() {
 	defer close(r.watch.done)
 	tick := time.NewTicker(watchPoll)
 	defer tick.Stop()
-	var (
-		lastDone time.Time    // when the last call completed; zero: none yet
-		nap      poll.Backoff // paces the polls for the next call meanwhile
-	)
+	var lastDone time.Time // when the last call completed; zero: none yet
 	for {
 		if r.hooks.watcherHeld.Load() {
 			time.Sleep(100 * time.Microsecond)
@@ -168,7 +197,7 @@ func (r *Reducer) watchCalls() {
 				continue
 			}
 			r.complete(p)
-			lastDone, nap = time.Now(), poll.Backoff{}
+			lastDone = time.Now()
 			continue
 		}
 		select {
@@ -184,7 +213,7 @@ func (r *Reducer) watchCalls() {
 		case !open:
 			return // no call queued, and no more to come
 		case !lastDone.IsZero() && time.Since(lastDone) < watchIdlePoll:
-			nap.Wait()
+			poll.Nap(watchPace(time.Since(lastDone), 0))
 			continue
 		}
 		r.hooks.watcherParks.Add(1)
@@ -601,13 +630,9 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 
 // waitData waits for p's data for about d and returns what the last query
 // of its completion event said; it returns early, not done, once a Wait
-// has completed p. While quiet it naps without a query; otherwise it asks
-// first (a call the watcher reaches late is often complete already) and
-// then waits on the event (which polls it, with naps that grow with the
-// wait, or blocks where the device can): in the call's first
-// watchQuietMax a watchQuietSlice at a time, so that it turns quiet as
-// soon as a caller starts to enqueue or to Wait; later for the rest of d,
-// since the wait's naps have grown long and its queries few.
+// has completed p. It asks first (a call the watcher reaches late is
+// often complete already), then naps at watchPace between asks; while
+// quiet it naps without asking.
 //
 // asked says whether the watcher has found p still running before (so
 // that a call done at the first ask makes it probe ahead, and no other).
@@ -617,33 +642,18 @@ func (r *Reducer) waitData(p pending, turned time.Time, d time.Duration, asked *
 			return true, nil
 		}
 		now := time.Now()
-		if r.watch.quiet(p, turned, now) {
-			// Nobody waits for the watcher now: a long nap, in the
-			// kernel, so that the scheduler moves none of the caller's
-			// goroutines (and their threads' CUDA contexts) around it.
-			poll.Nap(watchQuietSlice)
-		} else {
+		if !r.watch.quiet(p, turned, now) {
 			r.hooks.watcherPolls.Add(1)
 			if done, err := p.ev.Query(); done {
 				r.learnAhead(p, err, !*asked)
 				return true, err
 			}
 			*asked = true
-			slice := max(d-now.Sub(start), 0)
-			if now.Sub(turned) < watchQuietMax {
-				slice = min(slice, watchQuietSlice)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), slice)
-			_ = p.ev.Wait(ctx) // returns the work's own error once complete: ask Query
-			cancel()
-			if done, err := p.ev.Query(); done {
-				r.learnAhead(p, err, false)
-				return true, err
-			}
 		}
-		if p.req.completedElsewhere() || time.Since(start) >= d {
+		if p.req.completedElsewhere() || now.Sub(start) >= d {
 			return false, nil
 		}
+		poll.Nap(watchPace(now.Sub(turned), r.watch.backlog()))
 	}
 }
 
