@@ -918,7 +918,9 @@ const EnqueueMetric = "enqueue-ns/op"
 // or a file of `go test -bench` output (text, or -json events) whose
 // benchmark lines matching pattern report the metric (EnqueueMetric, else
 // ns/op). Benchmarks with the check off (check=false in the name) are not
-// T6's; those of a rail route are the hierarchical slice's, the others the
+// T6's; those of a route of several exchanges (the rail's, halving-doubling,
+// recursive doubling: severalExchanges) are the hierarchical slice's, the
+// others (one collective: flat, reduce-scatter, all-gather, broadcast) the
 // flat call's; of each, the largest time counts, in µs.
 func ParseEnqueue(arg, pattern string) (*Enqueue, error) {
 	if us, err := strconv.ParseFloat(arg, 64); err == nil {
@@ -960,7 +962,7 @@ func ParseEnqueue(arg, pattern string) (*Enqueue, error) {
 		found = true
 		us := ns / 1e3
 		switch {
-		case strings.Contains(m[1], "rail"):
+		case severalExchanges.MatchString(m[1]):
 			if us > e.SliceMicros {
 				e.SliceMicros, e.SliceWhere = us, m[1]
 			}
@@ -981,6 +983,11 @@ func ParseEnqueue(arg, pattern string) (*Enqueue, error) {
 	}
 	return &e, nil
 }
+
+// severalExchanges matches the name of an enqueue benchmark whose route
+// runs several exchanges, T6's hierarchical slice rather than its flat
+// call.
+var severalExchanges = regexp.MustCompile(`rail|halving|doubling`)
 
 func metric(fields []string, unit string) (float64, bool) {
 	for i := 1; i < len(fields); i++ {

@@ -284,8 +284,9 @@ PASS
 	require.Error(t, err)
 }
 
-// T6 reads hier's BenchmarkGPUEnqueue: the check-on benchmarks only, a rail
-// route's as the hierarchical slice's, and holds each to its own bound.
+// T6 reads hier's BenchmarkGPUEnqueue: the check-on benchmarks only, a
+// route of several exchanges (the rail, halving-doubling) as the
+// hierarchical slice's, and holds each to its own bound.
 func TestEnqueueTargetFlatAndSlice(t *testing.T) {
 	text := filepath.Join(t.TempDir(), "enqueue.txt")
 	require.NoError(t, os.WriteFile(text, []byte(`
@@ -295,10 +296,13 @@ BenchmarkGPUEnqueue/1x2/flat/engine/check=true-64   2000  41828 ns/op  6267.15 M
 BenchmarkGPUEnqueue/2x1/rail-a2a/check=true-64      2000  114296 ns/op 2293.56 MB/s   21955 enqueue-ns/op
 BenchmarkGPUEnqueue/2x1/rail-rsag/check=true-64     2000  86392 ns/op  3034.36 MB/s   17676 enqueue-ns/op
 BenchmarkGPUEnqueue/2x1/rail-rsag/check=false-64    2000  68438 ns/op  3830.38 MB/s   99000 enqueue-ns/op
+BenchmarkGPUEnqueue/2x1/halving-doubling/check=true-64  2000  76246 ns/op  3438.14 MB/s  21000 enqueue-ns/op
+BenchmarkGPUEnqueue/1x2/reduce-scatter/inline/check=true-64  2000  21892 ns/op  11974.29 MB/s  9500 enqueue-ns/op
 `), 0o644))
 	e, err := ParseEnqueue(text, "^BenchmarkGPUEnqueue/")
 	require.NoError(t, err)
-	require.InDelta(t, 9.8, e.Micros, 1e-9, "the slower flat benchmark with the check; check=false ignored")
+	require.InDelta(t, 9.8, e.Micros, 1e-9,
+		"the slower one-collective benchmark with the check; check=false and halving-doubling not flat")
 	require.Equal(t, "BenchmarkGPUEnqueue/1x2/flat/engine/check=true-64", e.Where)
 	require.InDelta(t, 21.955, e.SliceMicros, 1e-9)
 	require.Contains(t, e.SliceWhere, "rail-a2a")
