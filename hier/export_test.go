@@ -110,3 +110,7 @@ func HoldChecker(r *Reducer, on bool) { r.hooks.checkerHeld.Store(on) }
 // ChecksDecidedEarly is how many checks a helping Wait decided in place of
 // r's checker goroutine.
 func ChecksDecidedEarly(r *Reducer) uint64 { return r.hooks.checksDecidedEarly.Load() }
+
+// AbortsFinished waits up to d for the communicator aborts r started (true
+// at once where it started none).
+func AbortsFinished(r *Reducer, d time.Duration) bool { return r.abortsFinished(d) }
