@@ -80,6 +80,21 @@ func sumOfCounts(t *testing.T, w *world, counts []int) []*hier.Work {
 	return works
 }
 
+// sumExceptOn submits on every rank g an allreduce of ts[g], a sum but on
+// rank avg (none where it is -1), which averages, and returns the Works,
+// by rank.
+func sumExceptOn(w *world, ts []fairgo.Tensor, avg int) []*hier.Work {
+	works := make([]*hier.Work, 0, len(ts))
+	for g, r := range w.reducers {
+		op := fairgo.Sum
+		if g == avg {
+			op = fairgo.Avg
+		}
+		works = append(works, r.AllReduce(context.Background(), ts[g], op))
+	}
+	return works
+}
+
 // The same counts with the check in the data (fingerprint.go), whatever
 // the route: the fingerprint lands at a different place on each rank, and
 // every rank's Work fails, never nil (the fingerprint says the ranks
@@ -233,14 +248,7 @@ func TestFingerprintOnARouteFindsADifferentOperator(t *testing.T) {
 				hier.WithTimeout(5*time.Second), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo))
 			ts := w.upload(t, fairgo.Float32, reftest.RandomInputs(rand.New(rand.NewPCG(7, 8)), fairgo.Float32,
 				fairgo.Sum, w.size(), 3000))
-			var works []*hier.Work
-			for g, r := range w.reducers {
-				op := fairgo.Sum
-				if g == 2 {
-					op = fairgo.Avg
-				}
-				works = append(works, r.AllReduce(context.Background(), ts[g], op))
-			}
+			works := sumExceptOn(w, ts, 2)
 			for g, wk := range works {
 				err := wk.Wait(context.Background())
 				var me *hier.MismatchError
@@ -330,14 +338,11 @@ func TestShapeDifferingFailsOnEveryAlgorithm(t *testing.T) {
 					data[g] = make([]byte, 4*n)
 				}
 				ts := w.upload(t, fairgo.Float32, data)
-				var works []*hier.Work
-				for g, r := range w.reducers {
-					op := fairgo.Sum
-					if g == 2 && field == "operator" {
-						op = fairgo.Avg
-					}
-					works = append(works, r.AllReduce(context.Background(), ts[g], op))
+				avg := -1
+				if field == "operator" {
+					avg = 2
 				}
+				works := sumExceptOn(w, ts, avg)
 				for g, wk := range works {
 					err := wk.Wait(context.Background())
 					require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
@@ -1086,14 +1091,7 @@ func TestFingerprintOnAWorldVariant(t *testing.T) {
 		require.Contains(t, hier.AbortedComms(r), "flat-tree")
 	}
 	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4*n), make([]byte, 4*n), make([]byte, 4*n), make([]byte, 4*n)})
-	var works []*hier.Work
-	for g, r := range w.reducers {
-		op := fairgo.Sum
-		if g == 1 {
-			op = fairgo.Avg
-		}
-		works = append(works, r.AllReduce(context.Background(), ts[g], op))
-	}
+	works := sumExceptOn(w, ts, 1)
 	for g, wk := range works {
 		err := wk.Wait(context.Background())
 		require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
