@@ -30,8 +30,8 @@ func (c countsComm) AllReduce(_, _ uintptr, n int64, _ fairgo.DType, _ fairgo.Op
 }
 
 // Auto times each candidate with the check its calls will carry: a route
-// of one collective with a fingerprint inside it (its allreduces carry
-// FingerprintElems more elements), the others with a separate check beside
+// of one collective with a fingerprint inside it (its allreduces reduce
+// the staged copy: StagedCount elements), the others with a separate check beside
 // every call (a collective on the check communicator), and nothing more
 // without a check. A route of several collectives pays for a separate
 // check what a single one does not, and only timing both shows it.
@@ -65,11 +65,11 @@ func TestCalibrationTimesTheCheck(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			// Calibration calls are timed at the call's size (the class's
-			// first); with a fingerprint, FingerprintElems more elements.
+			// first); with a fingerprint, the staged copy's count.
 			// The call's own fingerprinted allreduce is one of them.
 			var withFingerprint int
 			for _, n := range world {
-				if n == size/4+int64(hier.FingerprintElems) {
+				if n == hier.StagedCount(size/4, 4, 2) {
 					withFingerprint++
 				}
 			}

@@ -96,8 +96,6 @@ const (
 // WatchdogTimeout is the watchdog's time r runs with (0: off).
 func WatchdogTimeout(r *Reducer) time.Duration { return r.cfg.timeout }
 
-// FingerprintElems is how many elements a fingerprint adds to its call.
-const FingerprintElems = fpElems
 
 // BoardTimeoutKey is the Board key under which a rank that timed out
 // leaves its note for the peers.
@@ -114,3 +112,11 @@ func ChecksDecidedEarly(r *Reducer) uint64 { return r.hooks.checksDecidedEarly.L
 // AbortsFinished waits up to d for the communicator aborts r started (true
 // at once where it started none).
 func AbortsFinished(r *Reducer, d time.Duration) bool { return r.abortsFinished(d) }
+
+// MadePaddingRing reports whether r's pipeline has made its padding slots
+// (at the first slice with a tail).
+func MadePaddingRing(r *Reducer) bool { return r.exec.paddingR != nil }
+
+// StagedCount is the element count of the fingerprinted copy of count
+// elements of elemSize bytes among world ranks.
+func StagedCount(count int64, elemSize, world int) int64 { return stagedCount(count, elemSize, world) }

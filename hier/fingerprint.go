@@ -8,6 +8,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/staging"
 	"github.com/fairgo/fairgo/streams"
 )
 
@@ -19,16 +20,24 @@ import (
 // more on a rail or pairwise route (item 99). A fingerprinted call instead
 // reduces, by its own route (flat, pairwise, or the rail in one slice:
 // executor.stagedPlan), with its own operator and element type, a staging
-// copy of its data followed by fpElems elements that encode
-// the call's number and shape: each bit b as the pair (b, 1−b), 1 and 0 in
+// copy of its data and, at the end of the copy, fpElems elements that
+// encode the call's number and shape: each bit b as the pair (b, 1−b), 1 and 0 in
 // the call's type. Every operator keeps a pair whose bit all ranks share at
 // (nonzero, 0) or (0, nonzero), and turns a pair whose bit differs into
 // (nonzero, nonzero) (sum, float avg, max) or (0, 0) (min, prod, integer
 // avg): every rank sees the same reduced pairs, so all of them find a
 // difference, and none can mistake it for a match.
 //
-// Ranks that disagree on the count or the element type give the data
-// collective itself different sizes (on a route of several exchanges,
+// The copy's length is a whole number of the world's alignment units
+// (stagedCount), so that a route of several exchanges cuts it with no tail:
+// no padding slot and no second part in each exchange. The elements
+// between the data and the fingerprint are whatever the staging buffer
+// held; they are reduced and never read. Ranks whose counts differ by less
+// than a unit stage copies of one length, their fingerprints meet, and
+// every rank finds the difference in the reduced pairs.
+//
+// Ranks that disagree on the count or the element type otherwise give the
+// data collective itself different sizes (on a route of several exchanges,
 // exchanges that disagree: those end in the watchdog or an abort, like a
 // flat collective's longer side). The rank with more elements waits for
 // data that never comes (the watchdog's *TimeoutError, or the abort of a
@@ -69,6 +78,9 @@ const (
 	fpSlots = 64
 	// fpStages is how many staging buffers calls use in turn.
 	fpStages = 2
+	// stageAlign is the alignment of each staging buffer, bytes: that of
+	// the device's allocations.
+	stageAlign = 256
 	// DefaultFingerprintMax is WithFingerprintMax's default:
 	// allreduces up to 4 MiB carry their check.
 	DefaultFingerprintMax = 4 << 20
@@ -341,12 +353,26 @@ func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
 	if !fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size()) || !r.router.planned(n) {
 		return plan{}, false
 	}
-	return r.exec.stagedPlan(r.router.route(n), n, stagedBytes(q.a))
+	return r.exec.stagedPlan(r.router.route(n), n, stagedCount(q.a.Count, q.a.DType.Size(), r.rank.Grid.Size())*int64(q.a.DType.Size()))
 }
 
-// stagedBytes is the size of t's fingerprinted copy: its data, then the
-// fingerprint.
-func stagedBytes(t fairgo.Tensor) int64 { return (t.Count + int64(fpElems)) * int64(t.DType.Size()) }
+// stagedCount is the element count of the fingerprinted copy of count
+// elements of elemSize bytes among world ranks: the data and then the
+// fingerprint, rounded up to a multiple of world alignment units
+// (staging.Align bytes), which staging.Slices cuts into a grid with no
+// tail. The fingerprint takes its last fpElems elements.
+func stagedCount(count int64, elemSize, world int) int64 {
+	unit := int64(world) * max(1, staging.Align/int64(elemSize))
+	return (count + int64(fpElems) + unit - 1) / unit * unit
+}
+
+// stageRoom is the bytes of one staging buffer: the largest staged copy
+// of at most limit bytes of data among world ranks, in whole device
+// alignment units.
+func stageRoom(limit int64, world int) int64 {
+	room := limit + int64(fpHostBytes) + int64(world)*staging.Align
+	return (room + stageAlign - 1) / stageAlign * stageAlign
+}
 
 // fpOp is the operator q's fingerprinted collective reduces with: q's, or
 // a sum where this rank refused q for an unknown operator. Its peers then
@@ -397,7 +423,7 @@ func fingerprintFits(dt fairgo.DType, op fairgo.Op, ranks int) bool {
 func (r *Reducer) newFingerprints() (*fingerprints, error) {
 	f := &fingerprints{r: r, max: r.cfg.fingerprintMax}
 	dev := r.rank.Device
-	stageBytes := f.max + int64(fpHostBytes)
+	stageBytes := stageRoom(f.max, r.rank.Grid.Size())
 	var err error
 	if f.dev, err = dev.Alloc(fpStages * stageBytes); err != nil {
 		return nil, fmt.Errorf("hier: the fingerprint staging: %w", err)
@@ -510,8 +536,10 @@ func (f *fingerprints) enqueueOn(q *request, call *fpCall, p plan, first streams
 	if !withData {
 		data = 0
 	}
-	tailAt := st.ptr + uintptr(n) // the fingerprint follows the call's data
-	staged := fairgo.Tensor{Ptr: st.ptr, Bytes: stagedBytes(t), Count: t.Count + int64(fpElems), DType: t.DType}
+	es := int64(t.DType.Size())
+	count := stagedCount(t.Count, t.DType.Size(), f.r.rank.Grid.Size())
+	tailAt := st.ptr + uintptr((count-int64(fpElems))*es) // the fingerprint ends the copy
+	staged := fairgo.Tensor{Ptr: st.ptr, Bytes: count * es, Count: count, DType: t.DType}
 	last := first
 	err := f.stageIn(st.ptr, t.Ptr, data, tailAt, call.slot, tail, first)
 	if err == nil {

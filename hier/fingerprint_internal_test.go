@@ -11,6 +11,7 @@ import (
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/internal/elem"
+	"github.com/fairgo/fairgo/staging"
 )
 
 // reduceFingerprints reduces the ranks' encoded fingerprints as NCCL would:
@@ -261,4 +262,32 @@ func TestFingerprintMarkedRefuserOfAnAcceptedCall(t *testing.T) {
 	require.ErrorAs(t, fp.decide(&q, fairgo.Float32, 2, out), &me)
 	require.Equal(t, "size", me.Field)
 	require.Equal(t, "40 bytes", me.This)
+}
+
+// A fingerprinted copy holds the data and the fingerprint, ends within one
+// alignment unit of them, fits its staging buffer, and a pipelined route
+// cuts it into one slice with no tail: no padding slot, no second part.
+func TestStagedCountCutsWithoutTail(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		es := rapid.SampledFrom([]int{1, 2, 4, 8}).Draw(t, "elemSize")
+		world := rapid.IntRange(1, 4096).Draw(t, "world")
+		limit := rapid.Int64Range(int64(es), 64<<20).Draw(t, "limit")
+		count := rapid.Int64Range(1, limit/int64(es)).Draw(t, "count")
+		c := stagedCount(count, es, world)
+		unit := int64(world) * max(1, staging.Align/int64(es))
+		require.GreaterOrEqual(t, c, count+int64(fpElems))
+		require.Less(t, c-(count+int64(fpElems)), unit)
+		require.Zero(t, c%unit)
+		room := stageRoom(limit, world)
+		require.LessOrEqual(t, c*int64(es), room)
+		require.Zero(t, room%stageAlign)
+		var cuts []staging.Slice
+		for sl := range staging.Slices(c, es, world, c*int64(es)) {
+			cuts = append(cuts, sl)
+		}
+		require.Len(t, cuts, 1)
+		require.Zero(t, cuts[0].Tail)
+		require.Zero(t, cuts[0].PadShard)
+		require.Equal(t, c, int64(world)*cuts[0].Shard)
+	})
 }

@@ -168,6 +168,40 @@ func TestFingerprintedRoutesAreExact(t *testing.T) {
 	}
 }
 
+// A fingerprinted call by a route of several exchanges is staged at a
+// length the grid divides: whatever the caller's count, no slice has a
+// tail, so none takes a padding slot or a second part in each exchange.
+func TestFingerprintedCallsNeedNoPadding(t *testing.T) {
+	for _, tc := range []struct {
+		algo     hier.Algorithm
+		machines int
+	}{
+		{hier.RailAllToAll, 2},
+		{hier.RailAllToAll, 4},
+		{hier.RailRSAG, 2},
+		{hier.RailAllReduce, 2},
+	} {
+		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 12, StallTimeout: time.Minute},
+				hier.WithTimeout(time.Minute), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo))
+			rng := rand.New(rand.NewPCG(13, 14))
+			counts := []int{1, 1001, 16384}
+			for _, n := range counts {
+				in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), n)
+				out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+				require.NoError(t, err, "n=%d", n)
+				require.NoError(t, reftest.CheckResults(fairgo.Float32,
+					reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out), "n=%d", n)
+				w.freeAllocs()
+			}
+			for g, r := range w.reducers {
+				require.Equal(t, uint64(len(counts)), hier.FingerprintedCalls(r), "rank %d", g)
+				require.False(t, hier.MadePaddingRing(r), "rank %d", g)
+			}
+		})
+	}
+}
+
 // allReduceEveryShape reduces, one call at a time, random inputs of every
 // element type and operator at counts 1, 7 and 4097 (past a staging
 // buffer's turn) and checks each result against the reference. It returns
