@@ -96,7 +96,6 @@ const (
 // WatchdogTimeout is the watchdog's time r runs with (0: off).
 func WatchdogTimeout(r *Reducer) time.Duration { return r.cfg.timeout }
 
-
 // BoardTimeoutKey is the Board key under which a rank that timed out
 // leaves its note for the peers.
 const BoardTimeoutKey = boardTimeout
