@@ -208,7 +208,7 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 			switch form {
 			case checkFingerprint:
 				var sl *fpSlot
-				sp, _ := r.exec.stagedPlan(a, size, stagedCount(t.Count, 4, r.rank.Grid.Size())*4)
+				sp, _ := r.exec.stagedPlan(a, size, stagedBytes(t, r.rank.Grid.Size()))
 				if sl, last, err = r.fps.enqueueTimed(t, sp, first); err == nil {
 					fps = append(fps, sl)
 				}
@@ -310,7 +310,8 @@ func (c *calibrator) checkForm(a plan, size int64) checkForm {
 		return checkNone
 	}
 	if r.fps != nil && size <= r.fps.max && fingerprintFits(fairgo.Float32, fairgo.Sum, r.rank.Grid.Size()) {
-		if _, ok := r.exec.stagedPlan(a, size, stagedCount(size/4, 4, r.rank.Grid.Size())*4); ok {
+		staged := stagedBytes(fairgo.Tensor{Count: size / 4, DType: fairgo.Float32}, r.rank.Grid.Size())
+		if _, ok := r.exec.stagedPlan(a, size, staged); ok {
 			return checkFingerprint
 		}
 	}

@@ -353,7 +353,13 @@ func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
 	if !fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size()) || !r.router.planned(n) {
 		return plan{}, false
 	}
-	return r.exec.stagedPlan(r.router.route(n), n, stagedCount(q.a.Count, q.a.DType.Size(), r.rank.Grid.Size())*int64(q.a.DType.Size()))
+	return r.exec.stagedPlan(r.router.route(n), n, stagedBytes(q.a, r.rank.Grid.Size()))
+}
+
+// stagedBytes is the size of the fingerprinted copy of t among world
+// ranks (stagedCount's elements).
+func stagedBytes(t fairgo.Tensor, world int) int64 {
+	return stagedCount(t.Count, t.DType.Size(), world) * int64(t.DType.Size())
 }
 
 // stagedCount is the element count of the fingerprinted copy of count
