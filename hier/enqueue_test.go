@@ -17,8 +17,8 @@ import (
 
 // BenchmarkEnqueue measures the host time of one single-slice collective:
 // from the call until its device work is enqueued (what StreamWait waits
-// for), on rank 0, while every rank makes the same calls from a goroutine of
-// its own. The device work itself is tiny (4 KiB), and every 32 calls the
+// for), on rank 0, which calls from the benchmark's goroutine while every
+// other rank makes the same calls from a goroutine of its own. The device work itself is tiny (4 KiB), and every 32 calls the
 // ranks wait for completion so that queues stay short. ns/op is the whole
 // loop; enqueue-ns/op is the figure of target T6 (the host's cost per call).
 func BenchmarkEnqueue(b *testing.B) {
@@ -111,7 +111,6 @@ func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count i
 	for _, err := range warm {
 		require.NoError(b, err)
 	}
-	iters := make(chan bool) // one value per iteration; closed at the end
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var enqueue time.Duration
@@ -153,30 +152,26 @@ func benchEnqueue(b *testing.B, reds []*hier.Reducer, devs []testDevice, count i
 			}
 		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		var works []*hier.Work
-		for last := range iters {
-			for g := 1; g < n; g++ {
-				followers[g] <- last
-			}
-			if errs[0] == nil {
-				errs[0] = step(0, last, &works)
-			}
-		}
+	// Rank 0, the rank timed, calls on the benchmark's own goroutine, as a
+	// training loop calls from its own: no hand-off between goroutines
+	// before each call, whose wake-up would be timed with the call.
+	var works []*hier.Work
+	lead := func(last bool) {
 		for g := 1; g < n; g++ {
-			close(followers[g])
+			followers[g] <- last
 		}
-	}()
-	b.SetBytes(4 * count)
-	i := 0
-	for b.Loop() {
-		iters <- false
-		i++
+		if errs[0] == nil {
+			errs[0] = step(0, last, &works)
+		}
 	}
-	iters <- true // a last call that waits for everything
-	close(iters)
+	b.SetBytes(4 * count)
+	for b.Loop() {
+		lead(false)
+	}
+	lead(true) // a last call that waits for everything
+	for g := 1; g < n; g++ {
+		close(followers[g])
+	}
 	wg.Wait()
 	for _, err := range errs {
 		require.NoError(b, err)

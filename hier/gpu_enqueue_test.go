@@ -29,7 +29,13 @@ import (
 // every fourth call: "side=poll" polls the call's completion event from
 // another goroutine (the watcher), "side=check" then also enqueues a small
 // allreduce on the check communicator and polls it (the checker), so that
-// what the check costs the caller's enqueue can be told apart.
+// what the check costs the caller's enqueue can be told apart. One call at
+// a time (batch=1, ns/op the whole call), two more cases weigh how a
+// fingerprint could travel with the data: "side=fp-concat" reduces the
+// data and a fingerprint's 297 elements as one allreduce (the staged copy's
+// length, without its copies), "side=fp-group" the data and then the
+// fingerprint, in mapped host memory, as a second allreduce in the same
+// NCCL group.
 // It opens its own job: run it in a process of its own, not with
 // BenchmarkGPUEnqueueJob (two jobs of one store prefix in one process are
 // refused).
@@ -48,9 +54,15 @@ func BenchmarkGPUEnqueueFloor(b *testing.B) {
 	}
 	b.Run(grid+"/nccl/64KiB/batch=32", func(b *testing.B) { benchNCCLEnqueue(b, dev, comms, 64<<10, "none", 32) })
 	for _, size := range []int64{64 << 10, 1 << 20} { // one call at a time: each waited for before the next
-		b.Run(fmt.Sprintf("%s/nccl+event/%dKiB/batch=1", grid, size>>10), func(b *testing.B) {
-			benchNCCLEnqueue(b, dev, comms, size, "", 1)
-		})
+		for _, side := range []string{"", "fp-concat", "fp-group"} {
+			name := "nccl+event"
+			if side != "" {
+				name += "/side=" + side
+			}
+			b.Run(fmt.Sprintf("%s/%s/%dKiB/batch=1", grid, name, size>>10), func(b *testing.B) {
+				benchNCCLEnqueue(b, dev, comms, size, side, 1)
+			})
+		}
 	}
 }
 
@@ -85,7 +97,16 @@ func enqueueWorkerJob(b *testing.B) (*hier.Reducer, backend.Comms, *cuda.Device,
 // world communicator, batch back to back and then waited for, with side
 // load side ("": none, "none": not even the event record).
 func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms backend.Comms, size int64, side string, batch int) {
-	t, err := dev.AllocTensor(size/4, fairgo.Float32)
+	count := size / 4
+	if side == "fp-concat" { // the data and a fingerprint's 297 elements, as one allreduce
+		count += 297
+	}
+	t, err := dev.AllocTensor(count, fairgo.Float32)
+	require.NoError(b, err)
+	fpHost, err := dev.AllocHost(297 * 4)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = dev.FreeHost(fpHost) })
+	fp, err := dev.DevicePointer(fpHost)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = dev.Free(t.Ptr) })
 	chk, err := dev.Alloc(4096)
@@ -148,7 +169,17 @@ func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms backend.Comms, size 
 			busy.Wait() // the side load of the previous batch is done before its events are reused
 		}
 		start := time.Now()
-		err := comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s)
+		var err error
+		if side == "fp-group" { // the data, and a fingerprint in mapped host memory, in one NCCL group
+			err = dev.Group(func() error {
+				if err := comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s); err != nil {
+					return err
+				}
+				return comms.World.AllReduce(fp, fp, 297, fairgo.Float32, fairgo.Sum, s)
+			})
+		} else {
+			err = comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s)
+		}
 		if err == nil && side != "none" {
 			err = ev.Record(s)
 		}

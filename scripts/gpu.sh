@@ -79,7 +79,7 @@
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
 #   onegpu PART ...     the U targets on one GPU (and S4, S8) (run RUN): PART is shared
-#                       (2×2, 2×4, 4×2 at 2.5 Gbit/s, 1M–256M, and 20 back to
+#                       (ONEGPU_LAYOUTS: 2×2, 2×4, 4×2 at 2.5 Gbit/s, 1M–256M, and 20 back to
 #                       back at 1M–16M; ~5 min), single (2×1, 4×1, 8×1 at
 #                       10 Gbit/s, 256K–256M, and 20 back to back up to 16M;
 #                       ~3 min), overlap (64 × 25 MiB on 2×2 and 2×4 at 2.5
@@ -139,7 +139,8 @@
 # section's layouts; default "1x4 2x1 4x1 2x2 8x1 16x1"), NODES_ITERS (the nodes
 # section's calls back to back per timed unit, e.g. "1 20": 1 is the report's,
 # others are records b2bN-MxD beside it, at NODES_B2B_SIZES, default
-# "-b 64K -e 16M -f 4"; default 1), NODES_FLAGS (further flags of the nodes
+# "-b 64K -e 16M -f 4"; default 1), ONEGPU_LAYOUTS (the layouts of onegpu
+# shared; default "2x2 2x4 4x2"), NODES_FLAGS (further flags of the nodes
 # section's fairbench sweeps, e.g. "-work-wait end" to wait for fairgo's
 # Works only at each repetition's end; default none), ENQUEUE_BENCH (the benchmarks T6 takes the
 # worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
@@ -192,6 +193,7 @@ ENQUEUE_BENCH=${ENQUEUE_BENCH:-Enqueue}
 TARGET_SETS=${TARGET_SETS:-all}
 NODES_LAYOUTS=${NODES_LAYOUTS:-1x4 2x1 4x1 2x2 8x1 16x1}
 NODES_ITERS=${NODES_ITERS:-1}
+ONEGPU_LAYOUTS=${ONEGPU_LAYOUTS:-2x2 2x4 4x2}
 NODES_FLAGS=${NODES_FLAGS:-}
 MODEL_LINKS=${MODEL_LINKS:-}
 RAPID_CHECKS=${RAPID_CHECKS:-25}
@@ -561,7 +563,7 @@ section_onegpu() {
   for part in "$@"; do
     case $part in
     shared)
-      for l in 2x2 2x4 4x2; do
+      for l in $ONEGPU_LAYOUTS; do
         onegpu_sweep "$l" 2.5 "-b 1M -e 256M -f 4" "$both -fairgo rar=algo:rail-allreduce -fairgo rsag=algo:rail-rsag" 1
         onegpu_sweep "$l" 2.5 "-b 1M -e 16M -f 4" "$both" 20
       done
