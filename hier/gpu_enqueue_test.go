@@ -41,29 +41,22 @@ import (
 // refused).
 func BenchmarkGPUEnqueueFloor(b *testing.B) {
 	_, comms, dev, grid := enqueueWorkerJob(b)
-	for _, size := range []int64{64 << 10, 1 << 20} {
-		for _, side := range []string{"", "poll", "check"} {
-			name := "nccl+event"
-			if side != "" {
-				name += "/side=" + side
+	sizes := func(batch int, sides ...string) {
+		for _, size := range []int64{64 << 10, 1 << 20} {
+			for _, side := range sides {
+				name := "nccl+event"
+				if side != "" {
+					name += "/side=" + side
+				}
+				b.Run(fmt.Sprintf("%s/%s/%dKiB/batch=%d", grid, name, size>>10, batch), func(b *testing.B) {
+					benchNCCLEnqueue(b, dev, comms, size, side, batch)
+				})
 			}
-			b.Run(fmt.Sprintf("%s/%s/%dKiB/batch=32", grid, name, size>>10), func(b *testing.B) {
-				benchNCCLEnqueue(b, dev, comms, size, side, 32)
-			})
 		}
 	}
+	sizes(32, "", "poll", "check")
 	b.Run(grid+"/nccl/64KiB/batch=32", func(b *testing.B) { benchNCCLEnqueue(b, dev, comms, 64<<10, "none", 32) })
-	for _, size := range []int64{64 << 10, 1 << 20} { // one call at a time: each waited for before the next
-		for _, side := range []string{"", "fp-concat", "fp-group"} {
-			name := "nccl+event"
-			if side != "" {
-				name += "/side=" + side
-			}
-			b.Run(fmt.Sprintf("%s/%s/%dKiB/batch=1", grid, name, size>>10), func(b *testing.B) {
-				benchNCCLEnqueue(b, dev, comms, size, side, 1)
-			})
-		}
-	}
+	sizes(1, "", "fp-concat", "fp-group") // one call at a time: each waited for before the next
 }
 
 // enqueueWorkerJob is the job of an enqueue benchmark's worker: it skips
