@@ -350,6 +350,28 @@ func TestNodeTargetsNeedASecondRun(t *testing.T) {
 	require.Equal(t, StatusFail, s2.Status)
 	require.False(t, s2.Pass)
 	require.Contains(t, s2.RepeatWhere, "2×2 at 10 Gbit/s, float32 4M")
-	require.Contains(t, s2.RepeatWhere, "1.000 in run r1, 0.850 in run r2")
+	require.Contains(t, s2.RepeatWhere, "1.000 in run r1, 0.850 in run r2 (fairgo 117.6 µs, best ")
 	require.InDelta(t, 1, *s2.Measured, 1e-9, "the first run's worst point")
+}
+
+// A part that spans testbeds (S6: every point with nocheck) holds a
+// second run's point to the same testbed's point of the first run, never
+// to another testbed's point of the same size.
+func TestNodeTargetsRepeatOnTheSameTestbed(t *testing.T) {
+	sizes := pow4(4<<20, 4<<20)
+	slower := func(alg string, s int64) float64 { // fairgo at 0.85 of nocheck
+		if alg == bench.DefaultVariant {
+			return 100 / 0.85
+		}
+		return flatTimes(100, 1)(alg, s)
+	}
+	wide := nodeLayout{m: 4, d: 1, gbit: 10}
+	var recs []bench.Record
+	recs = append(recs, nodeRecords("r1", wide, sizes, flatTimes(100, 1))...)
+	recs = append(recs, nodeRecords("r1", nodeLayout{m: 2, d: 2, gbit: 10}, sizes, slower)...)
+	recs = append(recs, nodeRecords("r2", wide, sizes, flatTimes(100, 1))...)
+	s6 := sTargets(t, recs, TargetOptions{})["S6"]
+	require.NotNil(t, s6.Repeat)
+	require.InDelta(t, 0, *s6.Repeat, 1e-9, "4 × 1 against 4 × 1, not 2 × 2's 0.85")
+	require.Contains(t, s6.RepeatWhere, "4×1 on the testbed")
 }

@@ -116,6 +116,7 @@ const (
 // has the smallest: a target's parts may have thresholds of their own).
 type sample struct {
 	key, where string
+	detail     string // where's parenthesis: the times the ratio came from
 	setup      string // the testbed, where the target names it
 	value      float64
 	ok         bool
@@ -493,9 +494,10 @@ func (d targetDef) sample(req requirement, k pointKey, p point, x float64, v str
 	if k.iters > 1 {
 		where += fmt.Sprintf(", %d back to back", k.iters)
 	}
+	detail := ""
 	if req.detail != nil {
-		if s := req.detail(p, v); s != "" {
-			where += " (" + s + ")"
+		if detail = req.detail(p, v); detail != "" {
+			where += " (" + detail + ")"
 		}
 	}
 	th := d.threshold
@@ -512,8 +514,12 @@ func (d targetDef) sample(req requirement, k pointKey, p point, x float64, v str
 		setup = testbedOf(p[v])
 	}
 	return sample{
-		key:     fmt.Sprintf("%s|%s|%d|%d|%d", req.name, k.dtype, k.iters, k.buckets, k.bytes),
+		// The testbed too: a part that spans testbeds (S6's every point)
+		// has a point of each size on each, and a second run must be held
+		// to the same testbed's point.
+		key:     fmt.Sprintf("%s|%s|%s|%d|%d|%d", req.name, testbedOf(p[v]), k.dtype, k.iters, k.buckets, k.bytes),
 		where:   where,
+		detail:  detail,
 		setup:   setup,
 		value:   x,
 		ok:      ok,
@@ -683,7 +689,16 @@ func (t *Target) reproduce(runs []string, pair [2]map[string]sample) {
 		n++
 		if dev := math.Abs(b.value/a.value - 1); n == 1 || dev > worst {
 			worst = dev
-			t.RepeatWhere = fmt.Sprintf("%s: %.3f in run %s, %.3f in run %s", a.where, a.value, runs[0], b.value, runs[1])
+			// The second run's times too: a reader tells a baseline that
+			// moved from fairgo that did.
+			where := a.where
+			if a.setup != "" {
+				where += "; " + a.setup
+			}
+			t.RepeatWhere = fmt.Sprintf("%s: %.3f in run %s, %.3f in run %s", where, a.value, runs[0], b.value, runs[1])
+			if b.detail != "" {
+				t.RepeatWhere += " (" + b.detail + ")"
+			}
 		}
 	}
 	if n == 0 {
