@@ -18,8 +18,9 @@ import (
 // BenchmarkEnqueue measures the host time of one single-slice collective:
 // from the call until its device work is enqueued (what StreamWait waits
 // for), on rank 0, which calls from the benchmark's goroutine while every
-// other rank makes the same calls from a goroutine of its own. The device work itself is tiny (4 KiB), and every 32 calls the
-// ranks wait for completion so that queues stay short. ns/op is the whole
+// other rank makes the same calls from a goroutine of its own. The device
+// work itself is tiny (4 KiB), and every 32 calls the ranks wait for
+// completion so that queues stay short. ns/op is the whole
 // loop; enqueue-ns/op is the figure of target T6 (the host's cost per call).
 func BenchmarkEnqueue(b *testing.B) {
 	one := sim.Config{Machines: 1, Devices: 2}

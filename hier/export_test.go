@@ -119,3 +119,7 @@ func MadePaddingRing(r *Reducer) bool { return r.exec.paddingR != nil }
 // StagedCount is the element count of the fingerprinted copy of count
 // elements of elemSize bytes among world ranks.
 func StagedCount(count int64, elemSize, world int) int64 { return stagedCount(count, elemSize, world) }
+
+// FingerprintElems is how many elements a fingerprint adds to its call's
+// staged copy.
+const FingerprintElems = fpElems

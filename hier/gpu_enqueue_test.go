@@ -91,17 +91,20 @@ func enqueueWorkerJob(b *testing.B) (*hier.Reducer, backend.Comms, *cuda.Device,
 // load side ("": none, "none": not even the event record).
 func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms backend.Comms, size int64, side string, batch int) {
 	count := size / 4
-	if side == "fp-concat" { // the data and a fingerprint's 297 elements, as one allreduce
-		count += 297
+	if side == "fp-concat" { // the data and a fingerprint's elements, as one allreduce
+		count += int64(hier.FingerprintElems)
 	}
 	t, err := dev.AllocTensor(count, fairgo.Float32)
 	require.NoError(b, err)
-	fpHost, err := dev.AllocHost(297 * 4)
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = dev.FreeHost(fpHost) })
-	fp, err := dev.DevicePointer(fpHost)
-	require.NoError(b, err)
 	b.Cleanup(func() { _ = dev.Free(t.Ptr) })
+	var fp uintptr // fp-group: the fingerprint's elements in mapped host memory
+	if side == "fp-group" {
+		fpHost, err := dev.AllocHost(hier.FingerprintElems * 4)
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = dev.FreeHost(fpHost) })
+		fp, err = dev.DevicePointer(fpHost)
+		require.NoError(b, err)
+	}
 	chk, err := dev.Alloc(4096)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = dev.Free(chk) })
@@ -168,7 +171,7 @@ func benchNCCLEnqueue(b *testing.B, dev *cuda.Device, comms backend.Comms, size 
 				if err := comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s); err != nil {
 					return err
 				}
-				return comms.World.AllReduce(fp, fp, 297, fairgo.Float32, fairgo.Sum, s)
+				return comms.World.AllReduce(fp, fp, int64(hier.FingerprintElems), fairgo.Float32, fairgo.Sum, s)
 			})
 		} else {
 			err = comms.World.AllReduce(t.Ptr, t.Ptr, t.Count, t.DType, fairgo.Sum, s)
