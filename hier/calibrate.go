@@ -292,7 +292,7 @@ func (c *calibrator) timeRoutes(size int64, cands []plan) (timings, error) {
 type checkForm int
 
 const (
-	checkNone        checkForm = iota // no check, or through shared memory (one machine): nothing to time
+	checkNone        checkForm = iota // no check, or through shared memory: nothing to time
 	checkFingerprint                  // inside the data's own collective (fingerprint.go)
 	checkSeparate                     // a collective of its own on the check stream (check.go)
 )
@@ -302,8 +302,9 @@ const (
 // takes the staged copy in one piece carries a fingerprint (as its calls
 // will: fingerprintPlan), the others a separate check, which on many
 // machines cost a route of several collectives more than the data
-// (bench/NOTES.md item 74). On one machine calls are checked through shared
-// memory from call hostFirstCall on: their check costs nothing to time.
+// (bench/NOTES.md item 74). Where calls are checked through shared memory
+// (on one machine, and across machines through the relay) from call
+// hostFirstCall on, their check costs nothing to time.
 func (c *calibrator) checkForm(a plan, size int64) checkForm {
 	r := c.r
 	if r.checker == nil || r.hooks.skipCheck || r.hostCheckable() {

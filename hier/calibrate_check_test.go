@@ -33,7 +33,7 @@ func (c countsComm) AllReduce(_, _ uintptr, n int64, _ fairgo.DType, _ fairgo.Op
 // of one collective with a fingerprint inside it (its allreduces reduce
 // the staged copy: StagedCount elements), the others with a separate check beside
 // every call (a collective on the check communicator), and nothing more
-// without a check. A route of several collectives pays for a separate
+// without a check or where shared memory checks the calls. A route of several collectives pays for a separate
 // check what a single one does not, and only timing both shows it.
 func TestCalibrationTimesTheCheck(t *testing.T) {
 	const size = 256 << 10
@@ -41,10 +41,14 @@ func TestCalibrationTimesTheCheck(t *testing.T) {
 		name               string
 		opts               []hier.Option
 		fingerprinted, sep bool // calibration allreduces with a fingerprint; check collectives
+		own                int  // the call's own check collectives
 	}{
-		{"default", nil, true, true},
-		{"no fingerprints", []hier.Option{hier.WithFingerprintMax(0)}, false, true},
-		{"no check", []hier.Option{hier.WithCheck(false)}, false, false},
+		// Calls are checked in shared memory past the agreement, which
+		// call 1's check carries (its image, and the relays' gather).
+		{"default", nil, false, false, 2},
+		{"no shared memory", []hier.Option{hier.WithSharedMemoryDir("")}, true, true, 0},
+		{"no fingerprints", []hier.Option{hier.WithSharedMemoryDir(""), hier.WithFingerprintMax(0)}, false, true, 1},
+		{"no check", []hier.Option{hier.WithCheck(false)}, false, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -73,12 +77,9 @@ func TestCalibrationTimesTheCheck(t *testing.T) {
 					withFingerprint++
 				}
 			}
-			// The call's own check: a fingerprint after its data, or one
-			// separate collective.
-			timedChecks := len(check)
-			if !tc.fingerprinted && tc.sep {
-				timedChecks--
-			}
+			// The call's own check: a fingerprint after its data, one
+			// separate collective, or the agreement's two.
+			timedChecks := len(check) - tc.own
 			require.Equal(t, tc.fingerprinted, withFingerprint > 1, "flat timed with its fingerprint (world allreduces %v)", world)
 			require.Equal(t, tc.sep, timedChecks > 0, "check collectives timed beside the other routes: %d", len(check))
 		})

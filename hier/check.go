@@ -301,7 +301,13 @@ type checker struct {
 	// agreement, on one machine, agrees on the shared memory that checks
 	// the calls after the first ones (hostcheck.go); nil elsewhere.
 	agreement *hostAgreement
-	abortedAt time.Time // when await first saw the Reducer broken (the goroutine's)
+	// The agreement's gather buffer across machines (allocGather): its
+	// host memory, the device memory it is copied through unless mapped,
+	// and the pointer the collective reduces.
+	gatherHost []byte
+	gatherDev  uintptr
+	gatherPtr  uintptr
+	abortedAt  time.Time // when await first saw the Reducer broken (the goroutine's)
 	// dataEnded is the last call whose data the watcher saw complete, and
 	// dataWake tells the goroutine it moved: a check is polled once its
 	// call's data is done (or after checkAlone), so that one goroutine, not
@@ -380,6 +386,11 @@ func (r *Reducer) startChecker() error {
 	}
 	if r.hostCheckable() {
 		c.agreement = r.newHostAgreement()
+		if c.agreement.relayed {
+			if err := c.allocGather(); err != nil {
+				return errors.Join(err, c.release())
+			}
+		}
 	}
 	r.checker = c
 	go c.run()
@@ -424,7 +435,7 @@ func (c *checker) enqueue(q *request) {
 	if c.agreement != nil {
 		c.agreement.offer(q.seq, sl.host)
 	}
-	err := c.launchImage(sl)
+	err := c.launchImage(sl, c.agreement.gathers(q.seq))
 	if err != nil {
 		err = fmt.Errorf("%w: hier: the consistency check of %v could not be enqueued: %w",
 			fairgo.ErrAborted, q, c.r.withBreakCause(err))
@@ -439,22 +450,55 @@ func (c *checker) enqueue(q *request) {
 
 // launchImage enqueues the check collective of the image in sl's host
 // memory on the check stream (through device memory unless the host
-// memory is mapped), the reduced image back, and sl's event after it.
-func (c *checker) launchImage(sl *checkSlot) error {
-	var err error
-	if !c.mapped {
-		err = c.r.rank.Device.CopyFromHostAsync(sl.dev, sl.host, c.stream)
-	}
-	if err == nil {
-		err = c.comm.AllReduce(sl.dev, sl.dev, int64(imageWords), fairgo.Int64, fairgo.Max, c.stream)
-	}
-	if err == nil && !c.mapped {
-		err = c.r.rank.Device.CopyToHostAsync(sl.host, sl.dev, c.stream)
+// memory is mapped), the reduced image back, the agreement's gather
+// buffer likewise when gather, and sl's event after it.
+func (c *checker) launchImage(sl *checkSlot, gather bool) error {
+	err := c.reduceMax(sl.dev, sl.host)
+	if err == nil && gather {
+		err = c.reduceMax(c.gatherPtr, c.gatherHost)
 	}
 	if err == nil {
 		err = sl.ev.Record(c.stream)
 	}
 	return err
+}
+
+// reduceMax enqueues the maximum across ranks of the int64 words of host,
+// in place, reduced at ptr: the host memory itself where mapped, else
+// device memory copied from and back to it.
+func (c *checker) reduceMax(ptr uintptr, host []byte) error {
+	var err error
+	if !c.mapped {
+		err = c.r.rank.Device.CopyFromHostAsync(ptr, host, c.stream)
+	}
+	if err == nil {
+		err = c.comm.AllReduce(ptr, ptr, int64(len(host)/8), fairgo.Int64, fairgo.Max, c.stream)
+	}
+	if err == nil && !c.mapped {
+		err = c.r.rank.Device.CopyToHostAsync(host, ptr, c.stream)
+	}
+	return err
+}
+
+// allocGather allocates the agreement's gather buffer, mapped where the
+// check slots are.
+func (c *checker) allocGather() error {
+	dev := c.r.rank.Device
+	bytes := 8 * gatherWords * c.r.rank.Grid.Size()
+	var err error
+	if c.gatherHost, err = dev.AllocHost(bytes); err != nil {
+		return fmt.Errorf("hier: the check's gather buffer: %w", err)
+	}
+	c.agreement.gather = image(c.gatherHost)
+	if c.mapped {
+		c.gatherPtr, err = dev.(backend.HostMapper).DevicePointer(c.gatherHost)
+	} else if c.gatherDev, err = dev.Alloc(int64(bytes)); err == nil {
+		c.gatherPtr = c.gatherDev
+	}
+	if err != nil {
+		return fmt.Errorf("hier: the check's gather buffer: %w", err)
+	}
+	return nil
 }
 
 // enqueueTimed enqueues, for a calibration, a check collective as a call's
@@ -468,7 +512,7 @@ func (c *checker) enqueueTimed() (*checkSlot, error) {
 	<-sl.free // the slot's last check is decided
 	c.next = (c.next + 1) % checkSlots
 	clear(sl.host)
-	err := c.launchImage(sl)
+	err := c.launchImage(sl, false)
 	if err != nil {
 		sl.free <- struct{}{}
 		return nil, err
@@ -493,7 +537,8 @@ func (c *checker) release() error {
 	for i := range c.slots {
 		errs = append(errs, streams.Release(c.slots[i].ev))
 	}
-	return errors.Join(append(errs, freeMemory(c.r.rank.Device, c.dev, c.host))...)
+	errs = append(errs, freeMemory(c.r.rank.Device, c.dev, c.host), freeMemory(c.r.rank.Device, c.gatherDev, c.gatherHost))
+	return errors.Join(errs...)
 }
 
 // freeMemory frees device memory at ptr and pinned host memory host, each

@@ -63,6 +63,24 @@ const CalibrationRounds = calibrationRounds
 // call SharedMemoryFirstCall; ask after that call's Work completed.
 func SharedMemoryCheck(r *Reducer) bool { return r.host != nil }
 
+// RelayedCheck reports whether r's calls are checked through shared
+// memory across machines, the other machines' images brought by the relay.
+func RelayedCheck(r *Reducer) bool { return r.host != nil && r.host.relay != nil }
+
+// CutRelay closes the connections of r's relay, as a network that failed
+// would: r's images reach no peer, and its peers' no longer reach it.
+func CutRelay(r *Reducer) {
+	rl := r.host.relay
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	for _, c := range rl.conns {
+		_ = c.Close()
+	}
+}
+
+// SharedMemorySlots is how many calls the shared memory's slots hold.
+const SharedMemorySlots = hostSlots
+
 // SharedMemoryFirstCall is the first call a one-machine job may check
 // through shared memory: the collective checks of the ones before carry
 // the ranks' agreement on it.

@@ -63,14 +63,15 @@ func TestGPUMismatchedCounts(t *testing.T) {
 	}
 }
 
-// On one machine, past the calls that carry the agreement, the ranks check
-// through shared memory (one process per GPU under a launcher, or all in
-// one): results are right, and an operator that differs on the last rank
-// fails on every rank with ErrMismatch.
+// Past the calls that carry the agreement, the ranks check through shared
+// memory, on one machine and across machines (the relay bringing the other
+// machines' images), one process per GPU under a launcher or all in one:
+// results are right, also past the slots' first use, and an operator that
+// differs on the last rank fails on every rank with ErrMismatch.
 func TestGPUSharedMemoryCheck(t *testing.T) {
-	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}) {
-		if tc.m != 1 || tc.d < 2 {
-			t.Logf("%s: the check through shared memory needs several ranks on one machine", tc)
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
+		if tc.m*tc.d < 2 {
+			t.Logf("%s: the check needs several ranks", tc)
 			continue
 		}
 		t.Run(tc.String(), func(t *testing.T) {
@@ -79,7 +80,10 @@ func TestGPUSharedMemoryCheck(t *testing.T) {
 			sumOnEveryRank(t, w)
 			for g, r := range w.reducers {
 				require.True(t, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
+				require.Equal(t, tc.m > 1, hier.RelayedCheck(r), "rank %d", w.rank(g))
 			}
+			warmUp(t, w, 2*hier.SharedMemorySlots)
+			sumOnEveryRank(t, w)
 			ts := make([]fairgo.Tensor, len(w.reducers))
 			for g := range ts {
 				var err error

@@ -14,21 +14,25 @@ import (
 	"github.com/fairgo/fairgo/internal/shm"
 )
 
-// The check through shared memory. When every rank runs on one machine, the
-// ranks compare their calls in a region of host memory they all map (a file
-// under /dev/shm), not through a collective: each rank posts a call's image
-// (check.go's, the same words) in a slot of its own before it enqueues the
-// call's data, and the watcher that completes the call reads every rank's
-// image for it, takes the element-wise maximum the check's allreduce would
-// have taken, and decides as the collective check does. Every rank reads
-// the same images, so every rank reaches the same verdict; a mismatch
-// aborts, as it does there. A call costs a few stores and loads instead of
-// an NCCL launch, and no device work.
+// The check through shared memory. The ranks of a machine compare their
+// calls in a region of host memory they all map (a file under /dev/shm),
+// not through a collective: each rank posts a call's image (check.go's,
+// the same words) in a slot of its own before it enqueues the call's data,
+// and the watcher that completes the call reads every rank's image for
+// it, takes the element-wise maximum the check's allreduce would have
+// taken, and decides as the collective check does. Across machines, each
+// rank's relay (relay.go) copies its images into the regions of its rail
+// peers' machines and theirs into its own, so that every region holds
+// every rank's images. Every rank reads the same images, so every rank
+// reaches the same verdict; a mismatch aborts, as it does there. A call
+// costs a few stores and loads (and across machines a wake-up of the
+// relay) instead of an NCCL launch, and no device work.
 //
 // Because a rank posts before it enqueues its data, a call whose data has
 // completed on one rank has been posted by every rank (the collective could
-// not finish without their launches): its verdict is there to read when
-// the data ends. Posts need no order among the communicators' operations,
+// not finish without their launches): on one machine its verdict is there
+// to read when the data ends, across machines once the relays' messages
+// are in (the watcher polls for them, under the watchdog). Posts need no order among the communicators' operations,
 // the constraint that ties the collective check to the data (check.go).
 //
 // Slots are reused: each rank has hostSlots of them and a cursor, the last
@@ -39,19 +43,22 @@ import (
 // The ranks agree on the region without waiting for each other outside
 // their calls (a process may drive several ranks from one goroutine, and a
 // call's enqueue never waits for a peer): the first calls are checked by the
-// collective, whose images carry the agreement. World rank 0 makes the
-// region under a random name when its checker starts and offers the name's
-// token in the check of call hostTokenCall; every rank maps the region when
-// it learns that check's verdict, and says in the check of call
-// hostAgreeCall whether it could; from call hostFirstCall on, all of them
-// check through the region, or none (ranks on several hosts that declared
-// one machine, a host without /dev/shm, a full tmpfs). A rank that offers
+// collective, whose images carry the agreement. World rank 0 (across
+// machines, each machine's local rank 0) makes the region under a random
+// name when its checker starts and offers the name's token in the check of
+// call hostTokenCall (across machines, in the gather buffer that check
+// reduces beside its image, with the relays' addresses); every rank maps
+// the region when it learns that check's verdict (and dials its rail
+// peers), and says in the check of call hostAgreeCall whether it could;
+// from call hostFirstCall on, all of them check through the regions, or
+// none (ranks on several hosts that declared one machine, a host without
+// /dev/shm, a full tmpfs, a peer out of reach). A rank that offers
 // or executes before the verdict it needs has arrived waits for it (offer,
 // take); hostSlots calls apart, it rarely has to, since a rank runs at most
 // that many checks ahead of its verdicts. World rank 0 unlinks the file
 // once every rank has mapped it or given up (or at Close): a job that dies
 // within its first hostAgreeCall calls may leave a file of a few KiB in
-// the directory, none later.
+// the directory, none later (the rank that made it unlinks it).
 
 const (
 	hostSlots = checkSlots
@@ -87,14 +94,20 @@ type hostCheck struct {
 	rank   int   // world rank
 	size   int   // world size
 	posted image // the image being posted (the executing goroutine's)
+	// local are the world ranks that map the region (every rank on one
+	// machine); relay, across machines, brings the others' images in
+	// (relay.go), nil on one machine.
+	local []int
+	relay *relay
 }
 
 func hostWords(size int) int { return hostHeaderWords + size*hostRankWords }
 
 // hostCheckable reports whether the Reducer may check through shared
-// memory: its ranks are on one machine, and the option leaves it on.
+// memory: the option leaves it on (across machines the relay brings the
+// other machines' images: relay.go).
 func (r *Reducer) hostCheckable() bool {
-	return r.rank.Grid.Machines == 1 && r.cfg.sharedMemoryDir != ""
+	return r.cfg.sharedMemoryDir != ""
 }
 
 // hostAgreement is one rank's part in agreeing on the region: the
@@ -103,8 +116,16 @@ func (r *Reducer) hostCheckable() bool {
 type hostAgreement struct {
 	r       *Reducer
 	dir     string
-	token   int64         // world rank 0's token: its own, or learnt
-	region  *shm.Region   // mapped; nil when it could not be
+	token   int64       // the region's token: its own, or learnt
+	region  *shm.Region // mapped; nil when it could not be
+	creator bool        // this rank made the region (it unlinks it)
+	// Across machines (relayed): the relay, and the gather buffer whose
+	// collective in call hostTokenCall's check tells every rank the
+	// others' addresses and each machine its region's token.
+	relayed bool
+	relay   *relay
+	gather  image         // host memory, gatherWords a rank
+	local   []int         // the world ranks of this rank's machine, learnt then
 	failed  int64         // 1 until this rank has mapped the region
 	outcome *hostCheck    // from hostFirstCall on; nil: the collective goes on
 	learnt  chan struct{} // closed once call hostTokenCall's verdict is learnt
@@ -112,11 +133,26 @@ type hostAgreement struct {
 	taken   bool          // the executing goroutine took the outcome (or gave up on it)
 }
 
-// newHostAgreement starts this rank's part: world rank 0 makes the region.
+// newHostAgreement starts this rank's part: the rank that makes the
+// region (world rank 0 on one machine, each machine's local rank 0 across
+// machines) makes it; across machines, every rank starts its relay.
 func (r *Reducer) newHostAgreement() *hostAgreement {
+	g := r.rank.Grid
 	// failed until this rank has mapped the region
-	a := &hostAgreement{r: r, dir: r.cfg.sharedMemoryDir, learnt: make(chan struct{}), settled: make(chan struct{}), failed: 1}
-	if r.WorldRank() != 0 {
+	a := &hostAgreement{r: r, dir: r.cfg.sharedMemoryDir, learnt: make(chan struct{}), settled: make(chan struct{}),
+		failed: 1, relayed: g.Machines > 1}
+	if a.relayed {
+		host := relayHost(r.cfg.checkHost)
+		var err error
+		if host != "" {
+			a.relay, err = newRelay(host, r.WorldRank(), r.cfg.logger)
+		}
+		if a.relay == nil {
+			r.cfg.logger.Debug("fairgo: the check's relay", "host", host, "err", err)
+			return a
+		}
+	}
+	if a.relayed && g.Local != 0 || !a.relayed && r.WorldRank() != 0 {
 		return a
 	}
 	var b [8]byte
@@ -124,17 +160,97 @@ func (r *Reducer) newHostAgreement() *hostAgreement {
 		return a
 	}
 	token := int64(binary.LittleEndian.Uint64(b[:])>>(64-hostTokenBits)) | 1 // never 0
-	region, err := shm.Create(hostRegionPath(a.dir, token), hostWords(r.rank.Grid.Size()))
+	region, err := shm.Create(hostRegionPath(a.dir, token), hostWords(g.Size()))
 	if err != nil {
 		r.cfg.logger.Debug("fairgo: the check's shared memory", "err", err)
 		return a
 	}
 	w := region.Words()
-	atomic.StoreUint64(&w[1], uint64(r.rank.Grid.Size()))
+	atomic.StoreUint64(&w[1], uint64(g.Size()))
 	atomic.StoreUint64(&w[0], uint64(token))
-	a.token, a.region, a.failed = token, region, 0
+	a.token, a.region, a.creator = token, region, true
+	if !a.relayed {
+		a.failed = 0 // across machines, once the relay has started too
+	}
 	a.markPresence()
 	return a
+}
+
+// gathers reports whether call seq's check carries the gather buffer.
+func (a *hostAgreement) gathers(seq uint64) bool {
+	return a != nil && a.relayed && seq == hostTokenCall
+}
+
+// fillGather writes this rank's words of the gather buffer, zero the
+// others': its relay's address, its region's token where it made it, and
+// its place in the grid (machine+1 above 32 bits, local index below).
+func (a *hostAgreement) fillGather() {
+	clear(a.gather)
+	g, k := a.r.rank.Grid, a.r.WorldRank()
+	if a.relay != nil {
+		binary.LittleEndian.PutUint64(a.gather[8*gatherWords*k:], uint64(a.relay.addr))
+	}
+	if a.creator {
+		binary.LittleEndian.PutUint64(a.gather[8*(gatherWords*k+1):], uint64(a.token))
+	}
+	binary.LittleEndian.PutUint64(a.gather[8*(gatherWords*k+2):], uint64(g.Machine+1)<<32|uint64(g.Local))
+}
+
+// learnGather maps this machine's region (made by its local rank 0) and
+// starts the relay towards the rail peers, from the reduced gather
+// buffer of call hostTokenCall.
+func (a *hostAgreement) learnGather() {
+	r := a.r
+	g, size := r.rank.Grid, r.rank.Grid.Size()
+	word := func(k, i int) int64 { return int64(binary.LittleEndian.Uint64(a.gather[8*(gatherWords*k+i):])) }
+	var creatorToken, jobToken int64
+	peers := map[int]int64{}
+	for k := range size {
+		place := word(k, 2)
+		machine, local := int(place>>32)-1, int(place&0xffffffff)
+		switch {
+		case machine == g.Machine && local == 0:
+			creatorToken = word(k, 1)
+			a.local = append(a.local, k)
+		case machine == g.Machine:
+			a.local = append(a.local, k)
+		case local == g.Local:
+			peers[k] = word(k, 0)
+		}
+		if k == 0 {
+			jobToken = word(k, 1)
+		}
+	}
+	if a.relay == nil || creatorToken <= 0 || jobToken <= 0 || len(a.local) != g.Devices {
+		return
+	}
+	if !a.creator && !a.open(creatorToken) || a.region == nil {
+		return
+	}
+	if err := a.relay.start(a.region.Words(), size, uint64(jobToken), peers); err != nil {
+		r.cfg.logger.Debug("fairgo: the check's relay", "rank", r.WorldRank(), "err", err)
+		return
+	}
+	a.failed = 0
+}
+
+// open maps the region of token that another rank made, and marks this
+// rank's presence in it.
+func (a *hostAgreement) open(token int64) bool {
+	r := a.r
+	size := r.rank.Grid.Size()
+	region, err := shm.Open(hostRegionPath(a.dir, token), hostWords(size))
+	if err == nil && (atomic.LoadUint64(&region.Words()[0]) != uint64(token) ||
+		atomic.LoadUint64(&region.Words()[1]) != uint64(size)) {
+		err = errors.Join(errors.New("another job's region"), region.Close())
+	}
+	if err != nil {
+		r.cfg.logger.Debug("fairgo: the check's shared memory", "rank", r.WorldRank(), "err", err)
+		return false
+	}
+	a.token, a.region = token, region
+	a.markPresence()
+	return true
 }
 
 // offer writes this rank's part of the agreement into the image of call
@@ -142,6 +258,10 @@ func (r *Reducer) newHostAgreement() *hostAgreement {
 func (a *hostAgreement) offer(seq uint64, img image) {
 	switch seq {
 	case hostTokenCall:
+		if a.relayed {
+			a.fillGather()
+			return
+		}
 		binary.LittleEndian.PutUint64(img[8*tokenWord:], uint64(a.token)) // 0 on every rank but world rank 0
 	case hostAgreeCall:
 		// Fingerprinted calls take no slot of the checker's, so the slot
@@ -177,32 +297,37 @@ func (a *hostAgreement) learn(seq uint64, img image) {
 	switch seq {
 	case hostTokenCall:
 		defer close(a.learnt)
+		if a.relayed {
+			a.learnGather()
+			return
+		}
 		token := int64(binary.LittleEndian.Uint64(img[8*tokenWord:]))
-		if r.WorldRank() == 0 || token <= 0 {
-			return
+		if r.WorldRank() != 0 && token > 0 && a.open(token) {
+			a.failed = 0
 		}
-		size := r.rank.Grid.Size()
-		region, err := shm.Open(hostRegionPath(a.dir, token), hostWords(size))
-		if err == nil && (atomic.LoadUint64(&region.Words()[0]) != uint64(token) ||
-			atomic.LoadUint64(&region.Words()[1]) != uint64(size)) {
-			err = errors.Join(errors.New("another job's region"), region.Close())
-		}
-		if err != nil {
-			r.cfg.logger.Debug("fairgo: the check's shared memory", "rank", r.WorldRank(), "err", err)
-			return
-		}
-		a.token, a.region, a.failed = token, region, 0
-		a.markPresence()
 	case hostAgreeCall:
 		anyFailed := int64(binary.LittleEndian.Uint64(img[8*failedWord:]))
-		if r.WorldRank() == 0 && a.region != nil {
-			_ = a.region.Remove() // every rank has mapped it, or given up
+		if a.creator && a.region != nil {
+			_ = a.region.Remove() // every rank of its machine has mapped it, or given up
 		}
 		if anyFailed == 0 && a.region != nil {
+			local := a.local
+			if !a.relayed {
+				local = nil
+				for k := range r.rank.Grid.Size() {
+					local = append(local, k)
+				}
+			}
 			a.outcome = &hostCheck{region: a.region, words: a.region.Words(), rank: r.WorldRank(),
-				size: r.rank.Grid.Size(), posted: make(image, 8*imageWords)}
-		} else if a.region != nil {
-			_ = a.region.Close()
+				size: r.rank.Grid.Size(), posted: make(image, 8*imageWords), local: local, relay: a.relay}
+			a.relay = nil
+		} else {
+			// The relay writes in the region: it closes first.
+			_ = a.relay.close()
+			a.relay = nil
+			if a.region != nil {
+				_ = a.region.Close()
+			}
 		}
 		a.region = nil
 		close(a.settled)
@@ -229,12 +354,15 @@ func (a *hostAgreement) take() *hostCheck {
 		return nil
 	}
 	h := a.outcome
-	for k := range h.size {
+	for _, k := range h.local {
 		if atomic.LoadUint64(h.presence(k)) != uint64(a.token) {
 			return nil // kept for release
 		}
 	}
 	a.outcome = nil
+	if h.relay != nil {
+		h.relay.startSending(hostFirstCall)
+	}
 	return h
 }
 
@@ -245,9 +373,9 @@ func (a *hostAgreement) release() error {
 	if a == nil {
 		return nil
 	}
-	var errs []error
+	errs := []error{a.relay.close()} // before the region it writes in
 	if a.region != nil {
-		errs = append(errs, closeRegion(a.region, a.r.WorldRank() == 0 && !isClosed(a.settled)))
+		errs = append(errs, closeRegion(a.region, a.creator && !isClosed(a.settled)))
 	}
 	if a.outcome != nil {
 		errs = append(errs, a.outcome.close())
@@ -282,7 +410,8 @@ func closeRegion(region *shm.Region, remove bool) error {
 	return errors.Join(err, region.Close())
 }
 
-func (h *hostCheck) close() error { return h.region.Close() }
+// close closes the relay, then the region it writes in.
+func (h *hostCheck) close() error { return errors.Join(h.relay.close(), h.region.Close()) }
 
 // cursor is rank's last decided call.
 func (h *hostCheck) cursor(rank int) *uint64 {
@@ -334,6 +463,9 @@ func (h *hostCheck) post(q *request, stopped func() error) error {
 		atomic.StoreUint64(&s[1+w], binary.LittleEndian.Uint64(h.posted[8*w:]))
 	}
 	atomic.StoreUint64(&s[0], q.seq) // publishes the image
+	if h.relay != nil {
+		h.relay.notePosted(q.seq)
+	}
 	return nil
 }
 
@@ -377,7 +509,14 @@ func (h *hostCheck) read(q *request) (ok bool, err error) {
 // advance moves this rank's cursor to seq, never back.
 func (h *hostCheck) advance(seq uint64) {
 	for c := h.cursor(h.rank); ; {
-		if last := atomic.LoadUint64(c); last >= seq || atomic.CompareAndSwapUint64(c, last, seq) {
+		last := atomic.LoadUint64(c)
+		if last >= seq {
+			return
+		}
+		if atomic.CompareAndSwapUint64(c, last, seq) {
+			if h.relay != nil {
+				h.relay.noteCursor(seq)
+			}
 			return
 		}
 	}

@@ -65,30 +65,29 @@ func sumOnEveryRank(t *testing.T, w *world) {
 	}
 }
 
-// The ranks of one machine check through shared memory, whose file is gone
-// once they have all mapped it; ranks on several machines, or told to
-// (WithSharedMemoryDir("")), check through the collective.
-func TestSharedMemoryCheckOnlyOnOneMachine(t *testing.T) {
+// The ranks check through shared memory, whose files are gone once they
+// have all mapped them: on one machine, and across machines through the
+// relay; told to (WithSharedMemoryDir("")), through the collective.
+func TestSharedMemoryCheckWhereItApplies(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		machines int
-		dir      bool // a directory of the test's own; false: ""
-		shared   bool
+		name              string
+		machines, devices int
+		dir               bool // a directory of the test's own; false: ""
+		shared            bool
 	}{
-		{"1×3", 1, true, true},
-		{"2×2", 2, true, false},
-		{"1×3, off", 1, false, false},
+		{"1×3", 1, 3, true, true},
+		{"2×2", 2, 2, true, true},
+		{"3×1", 3, 1, true, true},
+		{"1×3, off", 1, 3, false, false},
+		{"2×2, off", 2, 2, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := ""
 			if tc.dir {
 				dir = t.TempDir()
 			}
-			cfg := sim.Config{Machines: tc.machines, Devices: 3, Seed: 1, StallTimeout: time.Minute}
-			if tc.machines == 2 {
-				cfg.Devices = 2
-			}
-			w := newWorld(t, cfg, hier.WithSharedMemoryDir(dir))
+			cfg := sim.Config{Machines: tc.machines, Devices: tc.devices, Seed: 1, StallTimeout: time.Minute}
+			w := newWorld(t, cfg, hier.WithSharedMemoryDir(dir), hier.WithCheckHost("127.0.0.1"))
 			sumOnEveryRank(t, w)
 			for g, r := range w.reducers {
 				require.False(t, hier.SharedMemoryCheck(r), "rank %d: before the agreement", g)
@@ -97,13 +96,81 @@ func TestSharedMemoryCheckOnlyOnOneMachine(t *testing.T) {
 			sumOnEveryRank(t, w)
 			for g, r := range w.reducers {
 				require.Equal(t, tc.shared, hier.SharedMemoryCheck(r), "rank %d", g)
+				require.Equal(t, tc.shared && tc.machines > 1, hier.RelayedCheck(r), "rank %d", g)
 			}
+			// Past the slots' first use: the peers' cursors must cross
+			// for the slots to be reused.
+			warmUp(t, w, 3*hier.SharedMemorySlots)
+			sumOnEveryRank(t, w)
 			if tc.dir {
 				left, err := os.ReadDir(dir)
 				require.NoError(t, err)
 				require.Empty(t, left, "the region's file outlived the agreement")
 			}
 		})
+	}
+}
+
+// A rank with no address for its relay (here: one it cannot listen on)
+// makes every rank of every machine check through the collective, which
+// still finds a mismatch; no region's file is left.
+func TestRelayFallsBackWhenARankHasNoAddress(t *testing.T) {
+	dir := t.TempDir()
+	w := worldOf(t, sim.Config{Machines: 2, Devices: 2, Seed: 3, StallTimeout: time.Minute},
+		func(g int, _ *backend.Rank) []hier.Option {
+			host := "127.0.0.1"
+			if g == 3 {
+				host = "192.0.2.1" // TEST-NET-1: no interface of this host has it
+			}
+			return []hier.Option{hier.WithSharedMemoryDir(dir), hier.WithCheckHost(host)}
+		})
+	warmUp(t, w, beforeSharedMemory)
+	sumOnEveryRank(t, w)
+	for g, r := range w.reducers {
+		require.False(t, hier.SharedMemoryCheck(r), "rank %d", g)
+	}
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, left)
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	works := make([]*hier.Work, len(ts))
+	for g, r := range w.reducers {
+		op := fairgo.Sum
+		if g == 1 {
+			op = fairgo.Max
+		}
+		works[g] = r.AllReduce(context.Background(), ts[g], op)
+	}
+	for g, wk := range works {
+		require.ErrorIs(t, wk.Wait(context.Background()), fairgo.ErrMismatch, "rank %d", g)
+	}
+}
+
+// A rank whose relay loses its connections (its peers' images no longer
+// come in, its own no longer go out) leaves its calls and its peers'
+// undecided: the watchdog ends them with an error on every rank, none
+// returns nil and none hangs.
+func TestRelayCutFailsTheCallsOnEveryRank(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 4, StallTimeout: time.Minute},
+		hier.WithSharedMemoryDir(t.TempDir()), hier.WithCheckHost("127.0.0.1"), hier.WithTimeout(2*time.Second))
+	warmUp(t, w, beforeSharedMemory)
+	sumOnEveryRank(t, w)
+	for g, r := range w.reducers {
+		require.True(t, hier.RelayedCheck(r), "rank %d", g)
+	}
+	hier.CutRelay(w.reducers[1])
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64)})
+	works := make([]*hier.Work, len(ts))
+	for g, r := range w.reducers {
+		works[g] = r.AllReduce(context.Background(), ts[g], fairgo.Sum)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for g, wk := range works {
+		err := wk.Wait(ctx)
+		require.Error(t, err, "rank %d", g)
+		var te *hier.TimeoutError
+		require.ErrorAs(t, err, &te, "rank %d: the watchdog's, not the Wait's own deadline", g)
 	}
 }
 
@@ -159,10 +226,12 @@ func TestSharedMemoryDirMustExist(t *testing.T) {
 // memory's slots reuse them.
 func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		devices := rapid.IntRange(2, 4).Draw(rt, "devices")
+		machines := rapid.IntRange(1, 2).Draw(rt, "machines")
+		devices := rapid.IntRange(2/machines, 4/machines).Draw(rt, "devices")
+		size := machines * devices
 		n := rapid.IntRange(1, 150).Draw(rt, "calls")
 		at := rapid.IntRange(-1, n-1).Draw(rt, "deviation") // -1: none
-		deviant := rapid.IntRange(0, devices-1).Draw(rt, "deviant")
+		deviant := rapid.IntRange(0, size-1).Draw(rt, "deviant")
 		how := rapid.SampledFrom([]string{"operator", "root", "refusal"}).Draw(rt, "how")
 		type call struct {
 			count int64
@@ -174,7 +243,7 @@ func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 			calls[i] = call{
 				count: int64(rapid.IntRange(1, 64).Draw(rt, "count")),
 				op:    rapid.SampledFrom([]fairgo.Op{fairgo.Sum, fairgo.Max, fairgo.Min}).Draw(rt, "op"),
-				root:  rapid.IntRange(-1, devices-1).Draw(rt, "root"),
+				root:  rapid.IntRange(-1, size-1).Draw(rt, "root"),
 			}
 		}
 		if at >= 0 && how == "operator" {
@@ -185,19 +254,20 @@ func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 		}
 		// outcome runs the calls, and returns each rank's errors.
 		outcome := func(dir string) [][]error {
-			w, err := tryWorld(sim.Config{Machines: 1, Devices: devices, Seed: 7, StallTimeout: time.Minute},
-				hier.WithSharedMemoryDir(dir), hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0))
+			w, err := tryWorld(sim.Config{Machines: machines, Devices: devices, Seed: 7, StallTimeout: time.Minute},
+				hier.WithSharedMemoryDir(dir), hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0),
+				hier.WithCheckHost("127.0.0.1"))
 			require.NoError(rt, err)
 			defer w.close()
 			warmUp(rt, w, beforeSharedMemory)
-			bufs := make([]fairgo.Tensor, devices)
+			bufs := make([]fairgo.Tensor, size)
 			for g := range bufs {
 				bufs[g], err = w.alloc(g, 64, fairgo.Float32)
 				require.NoError(rt, err)
 			}
 			cancelled, cancel := context.WithCancel(context.Background())
 			cancel()
-			works := make([][]*hier.Work, devices)
+			works := make([][]*hier.Work, size)
 			for i, c := range calls {
 				for g, r := range w.reducers {
 					ctx, op, root := context.Background(), c.op, c.root
@@ -206,7 +276,7 @@ func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 						case "operator":
 							op = fairgo.Prod
 						case "root":
-							root = (root + 1) % devices
+							root = (root + 1) % size
 						case "refusal":
 							ctx = cancelled
 						}
@@ -220,7 +290,7 @@ func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 					}
 				}
 			}
-			errs := make([][]error, devices)
+			errs := make([][]error, size)
 			for g := range works {
 				for _, wk := range works[g] {
 					errs[g] = append(errs[g], wk.Wait(context.Background()))
@@ -232,7 +302,7 @@ func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 			return errs
 		}
 		shared, collective := outcome(t.TempDir()), outcome("")
-		for g := range devices {
+		for g := range size {
 			for i := range n {
 				s, c := shared[g][i], collective[g][i]
 				switch {

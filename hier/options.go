@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"reflect"
 	"time"
@@ -63,6 +64,7 @@ type config struct {
 	// "" checks through the collective.
 	sharedMemoryDir string
 	sharedMemorySet bool
+	checkHost       string // WithCheckHost; "": relayHost's choice
 	fingerprintMax  int64
 	fingerprintSet  bool
 	routesOf        *Reducer // WithRoutesOf: whose route table this Reducer shares
@@ -142,23 +144,37 @@ func WithSerialRail(on bool) Option {
 // type, operator, root) across ranks beside the data, so that calls that
 // differ between ranks fail with fairgo.ErrMismatch on every rank instead
 // of hanging or returning wrong data. Off, such calls are undefined
-// behaviour, as with NCCL itself. Across machines it is a second, small
-// collective per call; on one machine, from the 129th call, a few stores
-// and loads in shared memory (WithSharedMemoryDir).
+// behaviour, as with NCCL itself. From the 129th call it is a few stores
+// and loads in shared memory (WithSharedMemoryDir), the images of other
+// machines' ranks brought over TCP (WithCheckHost); before, or where
+// shared memory is off, a second, small collective per call, or a
+// fingerprint inside a small call's data (WithFingerprintMax).
 func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 
-// WithSharedMemoryDir sets where the ranks of a job on one machine (a grid
-// of one machine) make the memory through which they compare their calls
-// (the check, WithCheck): a file that every rank maps, unlinked once they
-// all have. A call then costs the check a few stores and loads, where a
-// job across machines runs it as a second collective. Default
-// DefaultSharedMemoryDir; when the ranks cannot all map the file there (no
-// such file system, ranks on several hosts), they check through the
+// WithSharedMemoryDir sets where the ranks of each machine make the memory
+// through which they compare their calls (the check, WithCheck): a file
+// that every rank of the machine maps, unlinked once they all have. Across
+// machines each rank also sends its calls' images to the ranks of its
+// local index on the other machines over TCP (WithCheckHost), which write
+// them in their machine's file. A call then costs the check a few stores
+// and loads. Default DefaultSharedMemoryDir; when the ranks cannot all map
+// their file there (no such file system, ranks on several hosts that
+// declared one machine) or reach their peers, they check through the
 // collective. "" always checks through the collective. A directory that is
 // given must exist.
 func WithSharedMemoryDir(dir string) Option {
 	return func(c *config) { c.sharedMemoryDir, c.sharedMemorySet = dir, true }
 }
+
+// WithCheckHost sets the IPv4 address on which a rank listens for the
+// check's images of the ranks of its local index on the other machines
+// (the check through shared memory across machines, WithSharedMemoryDir).
+// Default "": the first IPv4 address of the interfaces NCCL_SOCKET_IFNAME
+// names (prefixes, or exact names after "="), as NCCL's own sockets use,
+// else that of the first interface that is up and not a loopback. Where a
+// rank has no such address, or cannot reach a peer's, every rank checks
+// through the collective.
+func WithCheckHost(host string) Option { return func(c *config) { c.checkHost = host } }
 
 // WithFingerprintMax sets the largest allreduce, in bytes, whose
 // cross-rank check travels inside its own data instead of a second
@@ -177,10 +193,11 @@ func WithSharedMemoryDir(dir string) Option {
 // make the exchanges themselves disagree: a rank that finds a peer's
 // fingerprint missing (a *MismatchError on the size) aborts, the others
 // end in that abort or the watchdog's *TimeoutError. It costs
-// 2 × (this bytes + 2.4 KiB) of device memory per Reducer. On one machine,
-// calls 1 and 65 (whose collective checks carry the agreement on shared
-// memory) and every call from the 129th on, which shared memory checks,
-// carry no fingerprint.
+// 2 × (this bytes + 2.4 KiB) of device memory per Reducer. Calls 1 and 65
+// (whose collective checks carry the agreement on shared memory) and,
+// where the ranks agreed on it, every call from the 129th on, which shared
+// memory checks, carry no fingerprint: fingerprints serve the first calls,
+// and jobs whose shared memory is off or out of reach.
 func WithFingerprintMax(bytes int64) Option {
 	return func(c *config) { c.fingerprintMax, c.fingerprintSet = bytes, true }
 }
@@ -266,6 +283,9 @@ func buildConfig(g Grid, opts []Option) (config, error) {
 		if st, err := os.Stat(c.sharedMemoryDir); err != nil || !st.IsDir() {
 			return c, bad("WithSharedMemoryDir", c.sharedMemoryDir, "not a directory (\"\" checks through the collective)")
 		}
+	}
+	if ip, err := netip.ParseAddr(c.checkHost); c.checkHost != "" && (err != nil || !ip.Is4()) {
+		return c, bad("WithCheckHost", c.checkHost, "not an IPv4 address (\"\" picks one)")
 	}
 	if !c.sharedMemorySet {
 		c.sharedMemoryDir = DefaultSharedMemoryDir

@@ -124,6 +124,7 @@ func TestCountsDifferingInTheTailFailWithFingerprints(t *testing.T) {
 				hier.WithAlgorithm(tc.algo),
 				hier.WithTimeout(5*time.Second),
 				hier.WithFingerprintMax(8<<20),
+				fingerprintsFirst,
 			)
 			for g, wk := range sumOfCounts(t, w, tc.counts) {
 				err := wk.Wait(context.Background())
@@ -160,7 +161,7 @@ func TestFingerprintedRoutesAreExact(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 8, StallTimeout: time.Minute, Jitter: 50 * time.Microsecond},
-				hier.WithTimeout(time.Minute), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo))
+				hier.WithTimeout(time.Minute), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), fingerprintsFirst)
 			sums := sumsWithoutPadding(t, w, rand.New(rand.NewPCG(13, 14)))
 			calls := allReduceEveryShape(t, w, rand.New(rand.NewPCG(5, 6)))
 			for _, r := range w.reducers {
@@ -232,7 +233,7 @@ func TestFingerprintedCallsBackToBack(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/%d×%d", tc.algo, tc.machines, 4/tc.machines), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: tc.machines, Devices: 4 / tc.machines, Seed: 11, StallTimeout: time.Minute,
 				Jitter: 100 * time.Microsecond},
-				hier.WithTimeout(time.Minute), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo))
+				hier.WithTimeout(time.Minute), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(tc.algo), fingerprintsFirst)
 			rng := rand.New(rand.NewPCG(9, 10))
 			const calls = 12
 			var ins [][][]byte
@@ -268,7 +269,7 @@ func TestFingerprintOnARouteFindsADifferentOperator(t *testing.T) {
 	for _, algo := range []hier.Algorithm{hier.RailAllToAll, hier.HalvingDoubling, hier.RecursiveDoubling} {
 		t.Run(algo.String(), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: 4, Devices: 1, Seed: 9, StallTimeout: time.Minute},
-				hier.WithTimeout(5*time.Second), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo))
+				hier.WithTimeout(5*time.Second), hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(algo), fingerprintsFirst)
 			ts := w.upload(t, fairgo.Float32, reftest.RandomInputs(rand.New(rand.NewPCG(7, 8)), fairgo.Float32,
 				fairgo.Sum, w.size(), 3000))
 			works := sumExceptOn(w, ts, 2)
@@ -427,10 +428,12 @@ var checkModes = []checkMode{
 			require.False(t, hier.SharedMemoryCheck(r))
 		}
 	}},
-	{name: "fingerprint", machines: 2, used: fingerprintedBy(true)},
-	{name: "fingerprint/four copies", machines: 2, plain: true, used: fingerprintedBy(false)},
-	// One machine, past the agreement: the ranks compare their calls in
-	// shared memory, even where fingerprints are asked for.
+	{name: "fingerprint", machines: 2, opts: []hier.Option{fingerprintsFirst}, used: fingerprintedBy(true)},
+	{name: "fingerprint/four copies", machines: 2, plain: true, opts: []hier.Option{fingerprintsFirst},
+		used: fingerprintedBy(false)},
+	// Past the agreement: the ranks compare their calls in shared memory,
+	// even where fingerprints are asked for; across machines, the relay
+	// brings the other machines' images.
 	{name: "shared memory", machines: 1, warm: beforeSharedMemory,
 		opts: []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(hier.DefaultFingerprintMax)},
 		used: func(t *testing.T, w *world) {
@@ -438,7 +441,20 @@ var checkModes = []checkMode{
 				require.True(t, hier.SharedMemoryCheck(r))
 			}
 		}},
+	{name: "shared memory/relay", machines: 2, warm: beforeSharedMemory,
+		opts: []hier.Option{hier.WithTimeout(time.Minute), hier.WithCheckHost("127.0.0.1")},
+		used: func(t *testing.T, w *world) {
+			for _, r := range w.reducers {
+				require.True(t, hier.RelayedCheck(r))
+			}
+		}},
 }
+
+// fingerprintsFirst keeps a job of several machines on fingerprints and
+// the separate check past its first calls: with shared memory, call 1's
+// check carries the agreement on it (no fingerprint), and calls from
+// hier.SharedMemoryFirstCall on are checked there.
+var fingerprintsFirst = hier.WithSharedMemoryDir("")
 
 // A call that one rank refuses (here: its context was already done, or an
 // unknown operator) while the others accept it fails everywhere at once,
@@ -570,7 +586,8 @@ func TestFingerprintsWhereTheyApply(t *testing.T) {
 		{2, 4, fairgo.Sum, []hier.Option{hier.WithTimeout(time.Minute), hier.WithFingerprintMax(0)}, false},
 	} {
 		t.Run(fmt.Sprintf("%dx%d/%s/%d", c.m, c.d, c.op, len(c.opts)), func(t *testing.T) {
-			w := newWorld(t, sim.Config{Machines: c.m, Devices: c.d, Seed: 2, StallTimeout: time.Minute}, c.opts...)
+			w := newWorld(t, sim.Config{Machines: c.m, Devices: c.d, Seed: 2, StallTimeout: time.Minute},
+				append([]hier.Option{fingerprintsFirst}, c.opts...)...)
 			in := reftest.RandomInputs(rand.New(rand.NewPCG(1, 2)), fairgo.Float32, c.op, w.size(), 1000)
 			out, err := w.allReduce(t, fairgo.Float32, c.op, in)
 			require.NoError(t, err)
@@ -590,7 +607,8 @@ func TestFingerprintedCallsAreExact(t *testing.T) {
 	for _, fpMax := range []int64{hier.DefaultFingerprintMax, 0} {
 		t.Run(fmt.Sprint(fpMax), func(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 8, StallTimeout: time.Minute},
-				hier.WithTimeout(time.Minute), hier.WithFingerprintMax(fpMax), hier.WithInlineEnqueue(fpMax == 0))
+				hier.WithTimeout(time.Minute), hier.WithFingerprintMax(fpMax), hier.WithInlineEnqueue(fpMax == 0),
+				fingerprintsFirst)
 			calls := allReduceEveryShape(t, w, rand.New(rand.NewPCG(3, 4)))
 			want := uint64(calls)
 			if fpMax == 0 {

@@ -1,0 +1,407 @@
+package hier
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The relay: the check through shared memory across machines. Each
+// machine's ranks share a region as on one machine (hostcheck.go), with a
+// section for every rank of the world: a rank writes its own, and its
+// relay writes those of its rail peers (the ranks of its local index on
+// the other machines), which it hears from over TCP. Each rank sends its
+// posted images, and now and then its cursor, to its rail peers; so every
+// region holds every rank's image of a call once the call's posts have
+// crossed, and the watcher decides the call from the region alone, as on
+// one machine. A call costs its caller a post and a wake-up of the relay's
+// sender, and no device work; the images travel beside the data and are
+// almost always in before it has completed (a rank posts before it
+// enqueues, and a TCP message of a few hundred bytes is faster than a
+// collective across machines).
+//
+// Cursors cross only as lower bounds: a rank's cursor in a peer's region
+// is the last value it sent, at most relayCursorEvery calls behind. A rank
+// that waits to post for a peer's cursor (hostCheck.reusable) still gets
+// it: the peer decides every call all ranks posted and sends its cursor
+// at least every relayCursorEvery calls, fewer than hostSlots.
+//
+// The ranks learn each other's addresses, and each machine its region's
+// token, in the collective check of call hostTokenCall (hostAgreement):
+// every rank writes its own words of a gather buffer that the check's
+// communicator reduces by maximum. A rank with no address (no IPv4
+// interface, a listener that failed), a region it could not map or a peer
+// it could not reach makes every rank go on checking through the
+// collective (or the fingerprints), as on one machine.
+//
+// A peer's connection that ends or fails while the job runs is not an
+// error of its own: a peer that closed its Reducer has decided its calls,
+// and one that died leaves its peers' calls without its image, which the
+// data misses too (the watchdog's timeout, or NCCL's error).
+
+const (
+	relayMagic = 0x6661697267 // "fairg": the hello's first word
+	// relayCursorEvery is how far a rank's cursor moves before its relay
+	// sends it without an image.
+	relayCursorEvery = hostSlots / 4
+	// relayDial bounds the dial of one peer, and the wait for a peer's
+	// hello.
+	relayDial = 10 * time.Second
+	// relayHelloWords is a connection's first message: the magic, the
+	// job's token, the sender's world rank, the receiver's.
+	relayHelloWords = 4
+	// relayHeaderWords start every later message: how many slots follow,
+	// and the sender's cursor.
+	relayHeaderWords = 2
+	// gatherWords are a rank's words in the gather buffer of call
+	// hostTokenCall: its relay's address, its region's token (a machine's
+	// local rank 0 only), its place in the grid.
+	gatherWords = 3
+)
+
+// relay is one rank's connections to its rail peers.
+type relay struct {
+	ln     net.Listener
+	addr   int64 // the listener's address as packAddr packs it
+	rank   int   // world rank
+	logger *slog.Logger
+
+	ready     chan struct{} // closed by start, or close
+	once      sync.Once     // closes ready
+	closeOnce sync.Once     // close runs once
+	words     []uint64      // the region, from start on; nil: receive nothing
+	size      int           // world size
+	token     uint64        // the job's token, which hellos carry
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	conns     []net.Conn // every connection, closed by close
+	out       []net.Conn // dialled, one per rail peer: the sender's
+	closing   bool
+
+	wake       chan struct{}
+	stop       chan struct{}
+	sending    bool          // the sender runs (startSending)
+	sent       chan struct{} // closed when the sender has returned
+	posted     atomic.Uint64 // the last call this rank posted
+	sentCursor atomic.Uint64 // the last cursor sent
+}
+
+// newRelay listens on host (an IPv4 address) for the rank's rail peers.
+func newRelay(host string, rank int, logger *slog.Logger) (*relay, error) {
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.Is4() {
+		return nil, fmt.Errorf("hier: the check's relay: %q is no IPv4 address", host)
+	}
+	ln, err := net.Listen("tcp4", netip.AddrPortFrom(ip, 0).String())
+	if err != nil {
+		return nil, fmt.Errorf("hier: the check's relay: %w", err)
+	}
+	ap, err := netip.ParseAddrPort(ln.Addr().String())
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("hier: the check's relay: %w", err), ln.Close())
+	}
+	rl := &relay{ln: ln, addr: packAddr(ap), rank: rank, logger: logger,
+		ready: make(chan struct{}), sent: make(chan struct{}), wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	rl.wg.Add(1)
+	go rl.accept()
+	return rl, nil
+}
+
+// packAddr packs an IPv4 address and port into 48 bits of a positive
+// int64 (0 is no address).
+func packAddr(ap netip.AddrPort) int64 {
+	b := ap.Addr().As4()
+	return int64(binary.BigEndian.Uint32(b[:]))<<16 | int64(ap.Port())
+}
+
+func unpackAddr(v int64) netip.AddrPort {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], uint32(v>>16))
+	return netip.AddrPortFrom(netip.AddrFrom4(b), uint16(v))
+}
+
+// start gives the relay the region it writes its peers' sections in, and
+// dials each of peers (world rank → packed address) with a hello. The
+// checker's goroutine calls it when it learns call hostTokenCall's
+// verdict. An error means some peer is out of reach: the agreement fails.
+func (rl *relay) start(words []uint64, size int, token uint64, peers map[int]int64) error {
+	rl.words, rl.size, rl.token = words, size, token
+	rl.once.Do(func() { close(rl.ready) })
+	for peer, addr := range peers {
+		if addr <= 0 {
+			return fmt.Errorf("hier: the check's relay: rank %d has no address", peer)
+		}
+		c, err := net.DialTimeout("tcp4", unpackAddr(addr).String(), relayDial)
+		if err != nil {
+			return fmt.Errorf("hier: the check's relay: rank %d: %w", peer, err)
+		}
+		if !rl.track(c) {
+			return errors.New("hier: the check's relay is closed")
+		}
+		hello := make([]byte, 8*relayHelloWords)
+		for i, v := range []uint64{relayMagic, token, uint64(rl.rank), uint64(peer)} {
+			binary.LittleEndian.PutUint64(hello[8*i:], v)
+		}
+		if _, err := c.Write(hello); err != nil {
+			return fmt.Errorf("hier: the check's relay: rank %d: %w", peer, err)
+		}
+		rl.mu.Lock()
+		rl.out = append(rl.out, c)
+		rl.mu.Unlock()
+	}
+	return nil
+}
+
+// track keeps c for close, unless the relay is closing (c is closed then).
+func (rl *relay) track(c net.Conn) bool {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.closing {
+		_ = c.Close()
+		return false
+	}
+	rl.conns = append(rl.conns, c)
+	return true
+}
+
+// accept takes the peers' connections until the listener closes.
+func (rl *relay) accept() {
+	defer rl.wg.Done()
+	for {
+		c, err := rl.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !rl.track(c) {
+			return
+		}
+		rl.wg.Add(1)
+		go rl.receive(c)
+	}
+}
+
+// receive reads one peer's messages into its section of the region: each
+// slot's words first, its call number last (what publishes it), then the
+// peer's cursor. Only the peer's relay writes its section here.
+func (rl *relay) receive(c net.Conn) {
+	defer rl.wg.Done()
+	<-rl.ready
+	if rl.words == nil {
+		return
+	}
+	r := bufio.NewReader(c)
+	buf := make([]byte, 8*max(relayHelloWords, relayHeaderWords, hostSlots*hostSlotWords))
+	_ = c.SetReadDeadline(time.Now().Add(relayDial))
+	if _, err := io.ReadFull(r, buf[:8*relayHelloWords]); err != nil {
+		rl.logger.Debug("fairgo: the check's relay: a hello", "rank", rl.rank, "err", err)
+		return
+	}
+	word := func(i int) uint64 { return binary.LittleEndian.Uint64(buf[8*i:]) }
+	from := int(word(2))
+	if word(0) != relayMagic || word(1) != rl.token || word(3) != uint64(rl.rank) ||
+		from < 0 || from >= rl.size || from == rl.rank {
+		rl.logger.Debug("fairgo: the check's relay: a hello of another job or rank", "rank", rl.rank)
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	h := hostCheck{words: rl.words}
+	for {
+		if _, err := io.ReadFull(r, buf[:8*relayHeaderWords]); err != nil {
+			return // the peer closed, or died: see above
+		}
+		n, cursor := int(word(0)), word(1)
+		if n > hostSlots {
+			rl.logger.Debug("fairgo: the check's relay: a message of too many slots", "rank", rl.rank, "from", from)
+			return
+		}
+		if _, err := io.ReadFull(r, buf[:8*n*hostSlotWords]); err != nil {
+			return
+		}
+		for i := range n {
+			at := i * hostSlotWords
+			seq := word(at)
+			s := h.slot(from, seq)
+			for w := 1; w < hostSlotWords; w++ {
+				atomic.StoreUint64(&s[w], word(at+w))
+			}
+			atomic.StoreUint64(&s[0], seq)
+		}
+		if c := h.cursor(from); cursor > atomic.LoadUint64(c) {
+			atomic.StoreUint64(c, cursor)
+		}
+	}
+}
+
+// startSending starts the sender: the executing goroutine calls it when
+// it takes the agreement's outcome, before its first post.
+func (rl *relay) startSending(first uint64) {
+	rl.posted.Store(first - 1)
+	rl.sending = true
+	go rl.send(first - 1)
+}
+
+// notePosted tells the sender that this rank posted call seq.
+func (rl *relay) notePosted(seq uint64) {
+	rl.posted.Store(seq)
+	notify(rl.wake)
+}
+
+// noteCursor tells the sender that this rank's cursor moved to seq; it
+// wakes it only every relayCursorEvery calls.
+func (rl *relay) noteCursor(seq uint64) {
+	if seq >= rl.sentCursor.Load()+relayCursorEvery {
+		notify(rl.wake)
+	}
+}
+
+// send sends, at each wake-up, the calls posted since the last message and
+// the cursor, until close; it sends what is left before it returns. A
+// peer whose connection fails is left out from then on.
+func (rl *relay) send(sent uint64) {
+	defer close(rl.sent)
+	h := hostCheck{words: rl.words}
+	buf := make([]byte, 0, 8*(relayHeaderWords+hostSlots*hostSlotWords))
+	for stopping := false; ; {
+		select {
+		case <-rl.wake:
+		case <-rl.stop:
+			stopping = true
+		}
+		posted, cursor := rl.posted.Load(), atomic.LoadUint64(h.cursor(rl.rank))
+		if posted > sent || cursor >= rl.sentCursor.Load()+relayCursorEvery || (stopping && cursor > rl.sentCursor.Load()) {
+			buf = buf[:8*relayHeaderWords]
+			n := 0
+			for seq := sent + 1; seq <= posted; seq++ {
+				s := h.slot(rl.rank, seq)
+				if atomic.LoadUint64(&s[0]) != seq {
+					continue // not posted (a test's skipped check)
+				}
+				for w := range hostSlotWords {
+					buf = binary.LittleEndian.AppendUint64(buf, atomic.LoadUint64(&s[w]))
+				}
+				n++
+			}
+			binary.LittleEndian.PutUint64(buf, uint64(n))
+			binary.LittleEndian.PutUint64(buf[8:], cursor)
+			rl.sendAll(buf)
+			sent = posted
+			rl.sentCursor.Store(cursor)
+		}
+		if stopping {
+			return
+		}
+	}
+}
+
+// sendAll writes msg to every rail peer still connected.
+func (rl *relay) sendAll(msg []byte) {
+	rl.mu.Lock()
+	out := rl.out
+	rl.mu.Unlock()
+	kept := out[:0:0]
+	for _, c := range out {
+		if _, err := c.Write(msg); err != nil {
+			rl.logger.Debug("fairgo: the check's relay: a peer's connection", "rank", rl.rank, "err", err)
+			continue
+		}
+		kept = append(kept, c)
+	}
+	if len(kept) != len(out) {
+		rl.mu.Lock()
+		rl.out = kept
+		rl.mu.Unlock()
+	}
+}
+
+// close sends what the sender has left, then closes the listener and
+// every connection and waits for the relay's goroutines. The region must
+// stay mapped until it returns.
+func (rl *relay) close() error {
+	if rl == nil {
+		return nil
+	}
+	first := false
+	rl.closeOnce.Do(func() { first = true })
+	if !first {
+		return nil
+	}
+	close(rl.stop)
+	if rl.sending {
+		<-rl.sent // its last message goes out before the connections close
+	}
+	rl.once.Do(func() { close(rl.ready) })
+	rl.mu.Lock()
+	rl.closing = true
+	conns := rl.conns
+	rl.conns = nil
+	rl.mu.Unlock()
+	err := rl.ln.Close()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	rl.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// relayHost is the IPv4 address a rank's relay listens on: host when
+// given (WithCheckHost); else the first IPv4 address of the interfaces
+// NCCL_SOCKET_IFNAME names (a list of name prefixes, or of exact names
+// after "="), as NCCL's own sockets use; else that of the first interface
+// that is up and not a loopback. "" when there is none.
+func relayHost(host string) string {
+	if host != "" {
+		return host
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return ""
+	}
+	if spec := os.Getenv("NCCL_SOCKET_IFNAME"); spec != "" && !strings.HasPrefix(spec, "^") {
+		exact := strings.HasPrefix(spec, "=")
+		for _, name := range strings.Split(strings.TrimPrefix(spec, "="), ",") {
+			for _, ifc := range ifs {
+				if name != "" && (ifc.Name == name || !exact && strings.HasPrefix(ifc.Name, name)) {
+					if ip := ipv4Of(ifc); ip != "" {
+						return ip
+					}
+				}
+			}
+		}
+		return ""
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp != 0 && ifc.Flags&net.FlagLoopback == 0 {
+			if ip := ipv4Of(ifc); ip != "" {
+				return ip
+			}
+		}
+	}
+	return ""
+}
+
+// ipv4Of is the first IPv4 address of ifc, or "".
+func ipv4Of(ifc net.Interface) string {
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+			return p.Addr().String()
+		}
+	}
+	return ""
+}
