@@ -202,6 +202,9 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	defer r.watch.enqueueEnded()
 	if a := r.checker.agreementDue(q); a != nil {
 		r.host = a.take() // from this call on, every rank alike
+		if r.host != nil {
+			r.relay.Store(r.host.relay)
+		}
 	}
 	if q.rejected != nil { // refused at the call: only its check runs
 		r.checkRejected(q, first)

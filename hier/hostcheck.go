@@ -25,8 +25,8 @@ import (
 // peers' machines and theirs into its own, so that every region holds
 // every rank's images. Every rank reads the same images, so every rank
 // reaches the same verdict; a mismatch aborts, as it does there. A call
-// costs a few stores and loads (and across machines a wake-up of the
-// relay) instead of an NCCL launch, and no device work.
+// costs a few stores and loads (and across machines a TCP message from the
+// watcher) instead of an NCCL launch, and no device work.
 //
 // Because a rank posts before it enqueues its data, a call whose data has
 // completed on one rank has been posted by every rank (the collective could
@@ -509,14 +509,7 @@ func (h *hostCheck) read(q *request) (ok bool, err error) {
 // advance moves this rank's cursor to seq, never back.
 func (h *hostCheck) advance(seq uint64) {
 	for c := h.cursor(h.rank); ; {
-		last := atomic.LoadUint64(c)
-		if last >= seq {
-			return
-		}
-		if atomic.CompareAndSwapUint64(c, last, seq) {
-			if h.relay != nil {
-				h.relay.noteCursor(seq)
-			}
+		if last := atomic.LoadUint64(c); last >= seq || atomic.CompareAndSwapUint64(c, last, seq) {
 			return
 		}
 	}

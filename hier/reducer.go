@@ -69,16 +69,19 @@ func (q *request) String() string {
 // device work, the checker (check.go) compares the calls across ranks, and
 // the watcher (watch.go) completes the Works and runs the watchdog.
 type Reducer struct {
-	rank     backend.Rank // grid, device and communicators; released on Close when it owns them
-	cfg      config
-	events   eventPool
-	calls    callQueue   // the calls waiting for the engine, in call order
-	fail     breaker     // why the Reducer broke, once it did
-	flight   inflightSet // the memory of calls whose device work may still run
-	router   *router
-	exec     *executor     // the engine goroutine's (or an inline caller's while it holds calls.busy)
-	checker  *checker      // the collective check; nil without peers or with host
-	host     *hostCheck    // the check through shared memory (one machine); nil otherwise
+	rank    backend.Rank // grid, device and communicators; released on Close when it owns them
+	cfg     config
+	events  eventPool
+	calls   callQueue   // the calls waiting for the engine, in call order
+	fail    breaker     // why the Reducer broke, once it did
+	flight  inflightSet // the memory of calls whose device work may still run
+	router  *router
+	exec    *executor  // the engine goroutine's (or an inline caller's while it holds calls.busy)
+	checker *checker   // the collective check; nil without peers or with host
+	host    *hostCheck // the check through shared memory; nil otherwise
+	// relay is host's relay across machines, for the watcher and the
+	// Waits that help, which flush it (relay.flush); nil otherwise.
+	relay    atomic.Pointer[relay]
 	fps      *fingerprints // nil unless small calls carry their check in their data (WithFingerprintMax)
 	board    *bulletin     // nil without a Board
 	watch    watcher       // completes Works in call order

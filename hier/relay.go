@@ -20,21 +20,24 @@ import (
 // machine's ranks share a region as on one machine (hostcheck.go), with a
 // section for every rank of the world: a rank writes its own, and its
 // relay writes those of its rail peers (the ranks of its local index on
-// the other machines), which it hears from over TCP. Each rank sends its
-// posted images, and now and then its cursor, to its rail peers; so every
-// region holds every rank's image of a call once the call's posts have
-// crossed, and the watcher decides the call from the region alone, as on
-// one machine. A call costs its caller a post and a wake-up of the relay's
-// sender, and no device work; the images travel beside the data and are
+// the other machines), which it hears from over TCP. Each rank's watcher
+// sends the rank's posted images, with its cursor, to its rail peers as it
+// turns to each call (flush); so every region holds every rank's image of
+// a call once the call's posts have crossed, and the watcher decides the
+// call from the region alone, as on one machine. A call costs its caller a
+// post, and no device work; the images travel beside the data and are
 // almost always in before it has completed (a rank posts before it
 // enqueues, and a TCP message of a few hundred bytes is faster than a
 // collective across machines).
 //
 // Cursors cross only as lower bounds: a rank's cursor in a peer's region
-// is the last value it sent, at most relayCursorEvery calls behind. A rank
-// that waits to post for a peer's cursor (hostCheck.reusable) still gets
-// it: the peer decides every call all ranks posted and sends its cursor
-// at least every relayCursorEvery calls, fewer than hostSlots.
+// is the last value it sent, which every message carries. A rank that
+// waits to post call n for a peer's cursor (hostCheck.reusable) needs it
+// at n − hostSlots; it gets it: when the peer's watcher turns to call
+// j, the peer has decided every call before j, and it sends its cursor
+// if it moved relayCursorEvery calls since the last it sent, so the last
+// sent is at most relayCursorEvery + 1 behind the last call the peer
+// turned to, and hostSlots is larger than that.
 //
 // The ranks learn each other's addresses, and each machine its region's
 // token, in the collective check of call hostTokenCall (hostAgreement):
@@ -88,12 +91,14 @@ type relay struct {
 	out       []net.Conn // dialled, one per rail peer: the sender's
 	closing   bool
 
-	wake       chan struct{}
-	stop       chan struct{}
-	sending    bool          // the sender runs (startSending)
-	sent       chan struct{} // closed when the sender has returned
-	posted     atomic.Uint64 // the last call this rank posted
-	sentCursor atomic.Uint64 // the last cursor sent
+	// The sending side (flush): posted is the last call this rank
+	// posted; the rest is flushMu's.
+	posted     atomic.Uint64
+	flushMu    sync.Mutex
+	sending    bool   // the posts are sent (startSending)
+	sent       uint64 // the last call sent
+	sentCursor uint64 // the last cursor sent
+	msg        []byte
 }
 
 // newRelay listens on host (an IPv4 address) for the rank's rail peers.
@@ -111,7 +116,7 @@ func newRelay(host string, rank int, logger *slog.Logger) (*relay, error) {
 		return nil, errors.Join(fmt.Errorf("hier: the check's relay: %w", err), ln.Close())
 	}
 	rl := &relay{ln: ln, addr: packAddr(ap), rank: rank, logger: logger,
-		ready: make(chan struct{}), sent: make(chan struct{}), wake: make(chan struct{}, 1), stop: make(chan struct{})}
+		ready: make(chan struct{})}
 	rl.wg.Add(1)
 	go rl.accept()
 	return rl, nil
@@ -131,34 +136,59 @@ func unpackAddr(v int64) netip.AddrPort {
 }
 
 // start gives the relay the region it writes its peers' sections in, and
-// dials each of peers (world rank → packed address) with a hello. The
-// checker's goroutine calls it when it learns call hostTokenCall's
-// verdict. An error means some peer is out of reach: the agreement fails.
+// dials each of peers (world rank → packed address) at once with a hello,
+// which the peer acknowledges once it has checked it: an address that
+// reaches another process (an interface of the wrong network that exists
+// on every host) fails here, not in the calls. The checker's goroutine
+// calls it when it learns call hostTokenCall's verdict; it takes relayDial
+// at most. An error means some peer is out of reach: the agreement fails.
 func (rl *relay) start(words []uint64, size int, token uint64, peers map[int]int64) error {
 	rl.words, rl.size, rl.token = words, size, token
 	rl.once.Do(func() { close(rl.ready) })
+	deadline := time.Now().Add(relayDial)
+	errs := make(chan error, len(peers))
 	for peer, addr := range peers {
-		if addr <= 0 {
-			return fmt.Errorf("hier: the check's relay: rank %d has no address", peer)
-		}
-		c, err := net.DialTimeout("tcp4", unpackAddr(addr).String(), relayDial)
-		if err != nil {
-			return fmt.Errorf("hier: the check's relay: rank %d: %w", peer, err)
-		}
-		if !rl.track(c) {
-			return errors.New("hier: the check's relay is closed")
-		}
-		hello := make([]byte, 8*relayHelloWords)
-		for i, v := range []uint64{relayMagic, token, uint64(rl.rank), uint64(peer)} {
-			binary.LittleEndian.PutUint64(hello[8*i:], v)
-		}
-		if _, err := c.Write(hello); err != nil {
-			return fmt.Errorf("hier: the check's relay: rank %d: %w", peer, err)
-		}
-		rl.mu.Lock()
-		rl.out = append(rl.out, c)
-		rl.mu.Unlock()
+		go func() { errs <- rl.dial(peer, addr, deadline) }()
 	}
+	var err error
+	for range peers {
+		err = errors.Join(err, <-errs)
+	}
+	return err
+}
+
+// dial connects to peer at addr and says hello, by deadline.
+func (rl *relay) dial(peer int, addr int64, deadline time.Time) error {
+	fail := func(err error) error { return fmt.Errorf("hier: the check's relay: rank %d: %w", peer, err) }
+	if addr <= 0 {
+		return fail(errors.New("no address"))
+	}
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("tcp4", unpackAddr(addr).String())
+	if err != nil {
+		return fail(err)
+	}
+	if !rl.track(c) {
+		return fail(net.ErrClosed)
+	}
+	hello := make([]byte, 8*relayHelloWords)
+	for i, v := range []uint64{relayMagic, rl.token, uint64(rl.rank), uint64(peer)} {
+		binary.LittleEndian.PutUint64(hello[8*i:], v)
+	}
+	_ = c.SetDeadline(deadline)
+	if _, err := c.Write(hello); err != nil {
+		return fail(err)
+	}
+	if _, err := io.ReadFull(c, hello[:8]); err != nil {
+		return fail(fmt.Errorf("no acknowledgement: %w", err))
+	}
+	if binary.LittleEndian.Uint64(hello) != relayMagic {
+		return fail(errors.New("a wrong acknowledgement"))
+	}
+	_ = c.SetDeadline(time.Time{})
+	rl.mu.Lock()
+	rl.out = append(rl.out, c)
+	rl.mu.Unlock()
 	return nil
 }
 
@@ -201,7 +231,7 @@ func (rl *relay) receive(c net.Conn) {
 	}
 	r := bufio.NewReader(c)
 	buf := make([]byte, 8*max(relayHelloWords, relayHeaderWords, hostSlots*hostSlotWords))
-	_ = c.SetReadDeadline(time.Now().Add(relayDial))
+	_ = c.SetDeadline(time.Now().Add(relayDial))
 	if _, err := io.ReadFull(r, buf[:8*relayHelloWords]); err != nil {
 		rl.logger.Debug("fairgo: the check's relay: a hello", "rank", rl.rank, "err", err)
 		return
@@ -213,7 +243,11 @@ func (rl *relay) receive(c net.Conn) {
 		rl.logger.Debug("fairgo: the check's relay: a hello of another job or rank", "rank", rl.rank)
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetDeadline(time.Now().Add(relayDial))
+	if _, err := c.Write(buf[:8]); err != nil { // the acknowledgement: the hello's magic
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
 	h := hostCheck{words: rl.words}
 	for {
 		if _, err := io.ReadFull(r, buf[:8*relayHeaderWords]); err != nil {
@@ -242,65 +276,58 @@ func (rl *relay) receive(c net.Conn) {
 	}
 }
 
-// startSending starts the sender: the executing goroutine calls it when
-// it takes the agreement's outcome, before its first post.
+// startSending has the relay send the calls posted from first on: the
+// executing goroutine calls it when it takes the agreement's outcome,
+// before its first post.
 func (rl *relay) startSending(first uint64) {
+	rl.flushMu.Lock()
+	defer rl.flushMu.Unlock()
 	rl.posted.Store(first - 1)
-	rl.sending = true
-	go rl.send(first - 1)
+	rl.sent, rl.sending = first-1, true
 }
 
-// notePosted tells the sender that this rank posted call seq.
-func (rl *relay) notePosted(seq uint64) {
-	rl.posted.Store(seq)
-	notify(rl.wake)
-}
+// notePosted records that this rank posted call seq; the next flush sends
+// it.
+func (rl *relay) notePosted(seq uint64) { rl.posted.Store(seq) }
 
-// noteCursor tells the sender that this rank's cursor moved to seq; it
-// wakes it only every relayCursorEvery calls.
-func (rl *relay) noteCursor(seq uint64) {
-	if seq >= rl.sentCursor.Load()+relayCursorEvery {
-		notify(rl.wake)
+// flush sends the calls posted since the last message, with this rank's
+// cursor; with none, the cursor alone once it has moved relayCursorEvery
+// calls (or at all, when final). The watcher calls it each time it turns
+// to a call and while it waits for one: a call's images go out as soon as
+// the watcher has it, a wake-up the call pays anyway, where a goroutine of
+// the relay's own cost the caller a wake-up of its own each call. A
+// peer's call needs the image only when its data has crossed the network.
+func (rl *relay) flush(final bool) {
+	if rl == nil {
+		return
 	}
-}
-
-// send sends, at each wake-up, the calls posted since the last message and
-// the cursor, until close; it sends what is left before it returns. A
-// peer whose connection fails is left out from then on.
-func (rl *relay) send(sent uint64) {
-	defer close(rl.sent)
+	rl.flushMu.Lock()
+	defer rl.flushMu.Unlock()
+	if !rl.sending {
+		return
+	}
 	h := hostCheck{words: rl.words}
-	buf := make([]byte, 0, 8*(relayHeaderWords+hostSlots*hostSlotWords))
-	for stopping := false; ; {
-		select {
-		case <-rl.wake:
-		case <-rl.stop:
-			stopping = true
-		}
-		posted, cursor := rl.posted.Load(), atomic.LoadUint64(h.cursor(rl.rank))
-		if posted > sent || cursor >= rl.sentCursor.Load()+relayCursorEvery || (stopping && cursor > rl.sentCursor.Load()) {
-			buf = buf[:8*relayHeaderWords]
-			n := 0
-			for seq := sent + 1; seq <= posted; seq++ {
-				s := h.slot(rl.rank, seq)
-				if atomic.LoadUint64(&s[0]) != seq {
-					continue // not posted (a test's skipped check)
-				}
-				for w := range hostSlotWords {
-					buf = binary.LittleEndian.AppendUint64(buf, atomic.LoadUint64(&s[w]))
-				}
-				n++
-			}
-			binary.LittleEndian.PutUint64(buf, uint64(n))
-			binary.LittleEndian.PutUint64(buf[8:], cursor)
-			rl.sendAll(buf)
-			sent = posted
-			rl.sentCursor.Store(cursor)
-		}
-		if stopping {
-			return
-		}
+	posted, cursor := rl.posted.Load(), atomic.LoadUint64(h.cursor(rl.rank))
+	if posted <= rl.sent && cursor < rl.sentCursor+relayCursorEvery && (!final || cursor <= rl.sentCursor) {
+		return
 	}
+	buf := append(rl.msg[:0], make([]byte, 8*relayHeaderWords)...)
+	n := 0
+	for seq := rl.sent + 1; seq <= posted; seq++ {
+		s := h.slot(rl.rank, seq)
+		if atomic.LoadUint64(&s[0]) != seq {
+			continue // not posted (a test's skipped check)
+		}
+		for w := range hostSlotWords {
+			buf = binary.LittleEndian.AppendUint64(buf, atomic.LoadUint64(&s[w]))
+		}
+		n++
+	}
+	binary.LittleEndian.PutUint64(buf, uint64(n))
+	binary.LittleEndian.PutUint64(buf[8:], cursor)
+	rl.sendAll(buf)
+	rl.msg = buf
+	rl.sent, rl.sentCursor = posted, cursor
 }
 
 // sendAll writes msg to every rail peer still connected.
@@ -323,7 +350,7 @@ func (rl *relay) sendAll(msg []byte) {
 	}
 }
 
-// close sends what the sender has left, then closes the listener and
+// close sends what is left to send, then closes the listener and
 // every connection and waits for the relay's goroutines. The region must
 // stay mapped until it returns.
 func (rl *relay) close() error {
@@ -335,10 +362,7 @@ func (rl *relay) close() error {
 	if !first {
 		return nil
 	}
-	close(rl.stop)
-	if rl.sending {
-		<-rl.sent // its last message goes out before the connections close
-	}
+	rl.flush(true) // before the connections close
 	rl.once.Do(func() { close(rl.ready) })
 	rl.mu.Lock()
 	rl.closing = true

@@ -1,8 +1,12 @@
 package hier
 
 import (
+	"io"
+	"log/slog"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -58,4 +62,44 @@ func TestCheckHostMustBeIPv4(t *testing.T) {
 		require.Equal(t, "WithCheckHost", ae.Arg)
 	}
 	require.NoError(t, ValidateOptions(WithCheckHost("10.0.0.1")))
+}
+
+// A peer's address that reaches a process other than its relay (an
+// interface that exists on every host, a port reused) fails the start,
+// which makes every rank keep the collective check, instead of leaving
+// the peer without this rank's images.
+func TestRelayStartNeedsThePeersAcknowledgement(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		serve func(c net.Conn)
+	}{
+		{"closed at once", func(c net.Conn) { _ = c.Close() }},
+		{"a wrong answer", func(c net.Conn) {
+			_, _ = c.Write(make([]byte, 8))
+			_, _ = io.Copy(io.Discard, c)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other, err := net.Listen("tcp4", "127.0.0.1:0")
+			require.NoError(t, err)
+			defer other.Close()
+			go func() {
+				for {
+					c, err := other.Accept()
+					if err != nil {
+						return
+					}
+					go tc.serve(c)
+				}
+			}()
+			rl, err := newRelay("127.0.0.1", 0, slog.New(slog.DiscardHandler))
+			require.NoError(t, err)
+			defer func() { require.NoError(t, rl.close()) }()
+			words := make([]uint64, hostWords(2))
+			start := time.Now()
+			err = rl.start(words, 2, 7, map[int]int64{1: packAddr(netip.MustParseAddrPort(other.Addr().String()))})
+			require.ErrorContains(t, err, "rank 1")
+			require.Less(t, time.Since(start), relayDial/2, "a refusal is not a timeout")
+		})
+	}
 }

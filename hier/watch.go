@@ -187,6 +187,9 @@ func (r *Reducer) watchCalls() {
 	defer tick.Stop()
 	var lastDone time.Time // when the last call completed; zero: none yet
 	for {
+		// Across machines, the images posted so far go out at each turn,
+		// whoever completes the calls (relay.flush).
+		r.relay.Load().flush(false)
 		if r.hooks.watcherHeld.Load() {
 			time.Sleep(100 * time.Microsecond)
 			continue
@@ -350,6 +353,7 @@ func (r *Reducer) help(w *Work) bool {
 		if p.req.posted {
 			// Decided only when it matched: a mismatch is left to the
 			// watcher, which aborts and explains it.
+			r.host.relay.flush(false)
 			ok, err := r.host.read(p.req)
 			if err != nil {
 				wt.leave.Store(p.req.seq)
@@ -569,6 +573,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		r.checker.dataDone(p.req.seq)
 	}
 	for {
+		r.relay.Load().flush(false) // across machines, the images posted so far go out
 		if !dataDone {
 			if dataDone, dataErr = r.waitData(p, start, watchPoll, &asked); dataDone {
 				r.checker.dataDone(p.req.seq) // the checker polls the call's check from now on
