@@ -32,8 +32,9 @@ import (
 // completed on one rank has been posted by every rank (the collective could
 // not finish without their launches): on one machine its verdict is there
 // to read when the data ends, across machines once the relays' messages
-// are in (the watcher polls for them, under the watchdog). Posts need no order among the communicators' operations,
-// the constraint that ties the collective check to the data (check.go).
+// are in (the watcher polls for them, under the watchdog). Posts need no
+// order among the communicators' operations, the constraint that ties the
+// collective check to the data (check.go).
 //
 // Slots are reused: each rank has hostSlots of them and a cursor, the last
 // call it decided. A rank posts call n only once every rank's cursor has
@@ -55,10 +56,10 @@ import (
 // /dev/shm, a full tmpfs, a peer out of reach). A rank that offers
 // or executes before the verdict it needs has arrived waits for it (offer,
 // take); hostSlots calls apart, it rarely has to, since a rank runs at most
-// that many checks ahead of its verdicts. World rank 0 unlinks the file
-// once every rank has mapped it or given up (or at Close): a job that dies
-// within its first hostAgreeCall calls may leave a file of a few KiB in
-// the directory, none later (the rank that made it unlinks it).
+// that many checks ahead of its verdicts. The rank that made a file
+// unlinks it once every rank of its machine has mapped it or given up (or
+// at Close): a job that dies within its first hostAgreeCall calls may leave
+// a file of a few KiB a rank in the directory, none later.
 
 const (
 	hostSlots = checkSlots
@@ -217,7 +218,7 @@ func (a *hostAgreement) learnGather() {
 		case local == g.Local:
 			peers[k] = word(k, 0)
 		}
-		if k == 0 {
+		if jobToken <= 0 { // the lowest world rank's region: every rank names the same
 			jobToken = word(k, 1)
 		}
 	}

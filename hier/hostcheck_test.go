@@ -132,18 +132,7 @@ func TestRelayFallsBackWhenARankHasNoAddress(t *testing.T) {
 	left, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Empty(t, left)
-	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64), make([]byte, 64)})
-	works := make([]*hier.Work, len(ts))
-	for g, r := range w.reducers {
-		op := fairgo.Sum
-		if g == 1 {
-			op = fairgo.Max
-		}
-		works[g] = r.AllReduce(context.Background(), ts[g], op)
-	}
-	for g, wk := range works {
-		require.ErrorIs(t, wk.Wait(context.Background()), fairgo.ErrMismatch, "rank %d", g)
-	}
+	mismatchOnEveryRank(t, w, 1)
 }
 
 // A rank whose relay loses its connections (its peers' images no longer
@@ -193,11 +182,22 @@ func TestSharedMemoryCheckFallsBackWhenARankCannotMapIt(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, left)
 	}
-	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64)})
+	mismatchOnEveryRank(t, w, 2)
+}
+
+// mismatchOnEveryRank allreduces 16 float32 on every rank of w, with Max
+// on rank deviant and Sum elsewhere, and requires ErrMismatch everywhere.
+func mismatchOnEveryRank(t *testing.T, w *world, deviant int) {
+	t.Helper()
+	data := make([][]byte, len(w.reducers))
+	for g := range data {
+		data[g] = make([]byte, 64)
+	}
+	ts := w.upload(t, fairgo.Float32, data)
 	works := make([]*hier.Work, len(ts))
 	for g, r := range w.reducers {
 		op := fairgo.Sum
-		if g == 2 {
+		if g == deviant {
 			op = fairgo.Max
 		}
 		works[g] = r.AllReduce(context.Background(), ts[g], op)
