@@ -382,9 +382,10 @@ func (rl *relay) close() error {
 
 // relayHost is the IPv4 address a rank's relay listens on: host when
 // given (WithCheckHost); else the first IPv4 address of the interfaces
-// NCCL_SOCKET_IFNAME names (a list of name prefixes, or of exact names
-// after "="), as NCCL's own sockets use; else that of the first interface
-// that is up and not a loopback. "" when there is none.
+// NCCL_SOCKET_IFNAME names, as NCCL's own sockets use (a list of name
+// prefixes, or of exact names after "="); else that of the first interface
+// that is up, not a loopback, and not one that NCCL_SOCKET_IFNAME
+// excludes ("^" before the list). "" when there is none.
 func relayHost(host string) string {
 	if host != "" {
 		return host
@@ -393,11 +394,28 @@ func relayHost(host string) string {
 	if err != nil {
 		return ""
 	}
-	if spec := os.Getenv("NCCL_SOCKET_IFNAME"); spec != "" && !strings.HasPrefix(spec, "^") {
-		exact := strings.HasPrefix(spec, "=")
-		for _, name := range strings.Split(strings.TrimPrefix(spec, "="), ",") {
+	spec := os.Getenv("NCCL_SOCKET_IFNAME")
+	exclude := strings.HasPrefix(spec, "^")
+	spec = strings.TrimPrefix(spec, "^")
+	exact := strings.HasPrefix(spec, "=")
+	var names []string
+	for _, n := range strings.Split(strings.TrimPrefix(spec, "="), ",") {
+		if n != "" {
+			names = append(names, n)
+		}
+	}
+	named := func(ifc net.Interface) bool {
+		for _, n := range names {
+			if ifc.Name == n || !exact && strings.HasPrefix(ifc.Name, n) {
+				return true
+			}
+		}
+		return false
+	}
+	if len(names) > 0 && !exclude {
+		for _, n := range names { // in the list's order
 			for _, ifc := range ifs {
-				if name != "" && (ifc.Name == name || !exact && strings.HasPrefix(ifc.Name, name)) {
+				if ifc.Name == n || !exact && strings.HasPrefix(ifc.Name, n) {
 					if ip := ipv4Of(ifc); ip != "" {
 						return ip
 					}
@@ -407,7 +425,7 @@ func relayHost(host string) string {
 		return ""
 	}
 	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp != 0 && ifc.Flags&net.FlagLoopback == 0 {
+		if ifc.Flags&net.FlagUp != 0 && ifc.Flags&net.FlagLoopback == 0 && !named(ifc) {
 			if ip := ipv4Of(ifc); ip != "" {
 				return ip
 			}

@@ -48,10 +48,26 @@ func TestRelayHost(t *testing.T) {
 			require.Equal(t, tc.want, relayHost(""))
 		})
 	}
+	// Exclusions: the first interface up, not a loopback and not excluded.
+	first := relayHost("")
 	t.Run("^lo", func(t *testing.T) {
 		t.Setenv("NCCL_SOCKET_IFNAME", "^lo")
-		require.NotEqual(t, "127.0.0.1", relayHost(""), "an excluded loopback")
+		require.Equal(t, first, relayHost(""))
 	})
+	if first == "" {
+		t.Log("no interface here but the loopback: the exclusion of the first one is not tested")
+		return
+	}
+	ifs, err := net.Interfaces()
+	require.NoError(t, err)
+	for _, ifc := range ifs {
+		if ipv4Of(ifc) == first {
+			t.Run("^="+ifc.Name, func(t *testing.T) {
+				t.Setenv("NCCL_SOCKET_IFNAME", "^="+ifc.Name)
+				require.NotEqual(t, first, relayHost(""), "the excluded interface's address")
+			})
+		}
+	}
 }
 
 func TestCheckHostMustBeIPv4(t *testing.T) {
