@@ -57,8 +57,8 @@ const (
 	// relayCursorEvery is how far a rank's cursor moves before its relay
 	// sends it without an image.
 	relayCursorEvery = hostSlots / 4
-	// relayDial bounds the dial of one peer, and the wait for a peer's
-	// hello.
+	// relayDial bounds the dials of the peers with their
+	// acknowledgements, and the wait for a peer's hello.
 	relayDial = 10 * time.Second
 	// relayHelloWords is a connection's first message: the magic, the
 	// job's token, the sender's world rank, the receiver's.
@@ -88,7 +88,7 @@ type relay struct {
 	wg        sync.WaitGroup
 	mu        sync.Mutex
 	conns     []net.Conn // every connection, closed by close
-	out       []net.Conn // dialled, one per rail peer: the sender's
+	out       []net.Conn // dialled, one per rail peer: what flush writes to
 	closing   bool
 
 	// The sending side (flush): posted is the last call this rank
