@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -404,28 +405,22 @@ func relayHost(host string) string {
 			names = append(names, n)
 		}
 	}
-	named := func(ifc net.Interface) bool {
-		for _, n := range names {
-			if ifc.Name == n || !exact && strings.HasPrefix(ifc.Name, n) {
-				return true
-			}
-		}
-		return false
+	is := func(ifc net.Interface, n string) bool {
+		return ifc.Name == n || !exact && strings.HasPrefix(ifc.Name, n)
 	}
 	if len(names) > 0 && !exclude {
 		for _, n := range names { // in the list's order
 			for _, ifc := range ifs {
-				if ifc.Name == n || !exact && strings.HasPrefix(ifc.Name, n) {
-					if ip := ipv4Of(ifc); ip != "" {
-						return ip
-					}
+				if ip := ipv4Of(ifc); is(ifc, n) && ip != "" {
+					return ip
 				}
 			}
 		}
 		return ""
 	}
 	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp != 0 && ifc.Flags&net.FlagLoopback == 0 && !named(ifc) {
+		excluded := slices.ContainsFunc(names, func(n string) bool { return is(ifc, n) })
+		if ifc.Flags&net.FlagUp != 0 && ifc.Flags&net.FlagLoopback == 0 && !excluded {
 			if ip := ipv4Of(ifc); ip != "" {
 				return ip
 			}
