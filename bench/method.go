@@ -77,6 +77,9 @@ type Variant struct {
 	// gives small calls the separate check.
 	FingerprintMax int64
 	FingerprintSet bool
+	// NoSharedMemory checks through the collective and the fingerprints
+	// (hier.WithSharedMemoryDir("")): "shm:off".
+	NoSharedMemory bool
 	// RoutesOf names an earlier variant whose routes this one follows
 	// (hier.WithRoutesOf: one calibration serves both); "" measures its own.
 	RoutesOf string
@@ -110,6 +113,9 @@ func (v Variant) Options() []hier.Option {
 	}
 	if v.FingerprintSet {
 		opts = append(opts, hier.WithFingerprintMax(v.FingerprintMax))
+	}
+	if v.NoSharedMemory {
+		opts = append(opts, hier.WithSharedMemoryDir(""))
 	}
 	return opts
 }
@@ -147,7 +153,8 @@ var variantName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
 // never), spin (a duration), inline (on or off: hier.WithInlineEnqueue;
 // on by default: every rank has a goroutine of its own), rail
 // (serial or overlap: hier.WithSerialRail), check (on or off:
-// hier.WithCheck), routes (the NAME of an earlier variant whose routes
+// hier.WithCheck), shm (on or off: off checks without shared memory,
+// hier.WithSharedMemoryDir("")), routes (the NAME of an earlier variant whose routes
 // this one follows: hier.WithRoutesOf, so that two variants compared differ
 // only in their other keys). NAME may not be flat or naive.
 func ParseVariant(s string) (Variant, error) {
@@ -261,6 +268,10 @@ func (v *Variant) set(key, val string) (known bool, err error) {
 	case "check":
 		if yes, err = parseChoice(val, "on", "off"); err == nil {
 			v.NoCheck = !yes
+		}
+	case "shm":
+		if yes, err = parseChoice(val, "on", "off"); err == nil {
+			v.NoSharedMemory = !yes
 		}
 	case "fp", "fingerprint":
 		v.FingerprintMax, err = ParseSize(val)

@@ -411,6 +411,12 @@ func TestParseVariant(t *testing.T) {
 			in:   "s=fingerprint:1M",
 			want: Variant{Name: "s", Spec: "fingerprint:1M", FingerprintMax: 1 << 20, FingerprintSet: true},
 		},
+		{
+			in:   "m=shm:off,routes:fairgo",
+			want: Variant{Name: "m", Spec: "shm:off,routes:fairgo", NoSharedMemory: true, RoutesOf: "fairgo"},
+		},
+		{in: "m=shm:on", want: Variant{Name: "m", Spec: "shm:on"}},
+		{in: "x=shm:maybe", bad: true},
 		{in: "x=fp:2G", bad: true},
 		{in: "x=fp:-1", bad: true},
 		{in: "x=routes:naive", bad: true},

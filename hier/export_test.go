@@ -81,6 +81,10 @@ func CutRelay(r *Reducer) {
 // SharedMemorySlots is how many calls the shared memory's slots hold.
 const SharedMemorySlots = hostSlots
 
+// RelayMaxMachines is the most machines the check through shared memory
+// spans.
+const RelayMaxMachines = relayMaxMachines
+
 // SharedMemoryFirstCall is the first call a one-machine job may check
 // through shared memory: the collective checks of the ones before carry
 // the ranks' agreement on it.

@@ -64,8 +64,9 @@ func TestGPUMismatchedCounts(t *testing.T) {
 }
 
 // Past the calls that carry the agreement, the ranks check through shared
-// memory, on one machine and across machines (the relay bringing the other
-// machines' images), one process per GPU under a launcher or all in one:
+// memory, on one machine and across up to RelayMaxMachines machines (the
+// relay bringing the other machines' images; beyond, through the
+// collective), one process per GPU under a launcher or all in one:
 // results are right, also past the slots' first use, and an operator that
 // differs on the last rank fails on every rank with ErrMismatch.
 func TestGPUSharedMemoryCheck(t *testing.T) {
@@ -78,9 +79,10 @@ func TestGPUSharedMemoryCheck(t *testing.T) {
 			w := freshGPUWorld(t, tc.m, tc.d, hier.WithTimeout(30*time.Second))
 			warmUp(t, w, beforeSharedMemory)
 			sumOnEveryRank(t, w)
+			shared := tc.m <= hier.RelayMaxMachines // beyond, the collective and the fingerprints
 			for g, r := range w.reducers {
-				require.True(t, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
-				require.Equal(t, tc.m > 1, hier.RelayedCheck(r), "rank %d", w.rank(g))
+				require.Equal(t, shared, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
+				require.Equal(t, shared && tc.m > 1, hier.RelayedCheck(r), "rank %d", w.rank(g))
 			}
 			warmUp(t, w, 2*hier.SharedMemorySlots)
 			sumOnEveryRank(t, w)

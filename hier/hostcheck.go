@@ -105,10 +105,12 @@ type hostCheck struct {
 func hostWords(size int) int { return hostHeaderWords + size*hostRankWords }
 
 // hostCheckable reports whether the Reducer may check through shared
-// memory: the option leaves it on (across machines the relay brings the
-// other machines' images: relay.go).
+// memory: the option leaves it on, and the job spans at most
+// relayMaxMachines machines (across machines the relay brings the other
+// machines' images: relay.go). Every rank knows the grid, so every rank
+// answers alike.
 func (r *Reducer) hostCheckable() bool {
-	return r.cfg.sharedMemoryDir != ""
+	return r.cfg.sharedMemoryDir != "" && r.rank.Grid.Machines <= relayMaxMachines
 }
 
 // hostAgreement is one rank's part in agreeing on the region: the

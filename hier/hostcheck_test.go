@@ -81,6 +81,8 @@ func TestSharedMemoryCheckWhereItApplies(t *testing.T) {
 		{"1×3", 1, 3, true, true},
 		{"2×2", 2, 2, true, true},
 		{"3×1", 3, 1, true, true},
+		{"the relay's most machines × 1", hier.RelayMaxMachines, 1, true, true},
+		{"beyond the relay's reach", hier.RelayMaxMachines + 1, 1, true, false},
 		{"1×3, off", 1, 3, false, false},
 		{"2×2, off", 2, 2, false, false},
 	} {

@@ -154,9 +154,10 @@ func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 // WithSharedMemoryDir sets where the ranks of each machine make the memory
 // through which they compare their calls (the check, WithCheck): a file
 // that every rank of the machine maps, unlinked once they all have. Across
-// machines each rank also sends its calls' images to the ranks of its
-// local index on the other machines over TCP (WithCheckHost), which write
-// them in their machine's file. A call then costs the check a few stores
+// machines (up to four; larger jobs keep the collective check) each rank
+// also sends its calls' images to the ranks of its local index on the
+// other machines over TCP (WithCheckHost), which write them in their
+// machine's file. A call then costs the check a few stores
 // and loads. Default DefaultSharedMemoryDir; when the ranks cannot all map
 // their file there (no such file system, ranks on several hosts that
 // declared one machine) or reach their peers, they check through the

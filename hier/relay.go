@@ -17,13 +17,14 @@ import (
 	"time"
 )
 
-// The relay: the check through shared memory across machines. Each
-// machine's ranks share a region as on one machine (hostcheck.go), with a
-// section for every rank of the world: a rank writes its own, and its
-// relay writes those of its rail peers (the ranks of its local index on
-// the other machines), which it hears from over TCP. Each rank's watcher
-// sends the rank's posted images, with its cursor, to its rail peers as it
-// turns to each call (flush); so every region holds every rank's image of
+// The relay: the check through shared memory across machines, up to
+// relayMaxMachines of them. Each machine's ranks share a region as on one
+// machine (hostcheck.go), with a section for every rank of the world: a
+// rank writes its own, and its relay writes those of its rail peers (the
+// ranks of its local index on the other machines), which it hears from
+// over TCP. Each rank's watcher sends the rank's posted images, with its
+// cursor, to its rail peers as it turns to each call (flush), and a Wait
+// does as it looks at its call (tryFlush); so every region holds every rank's image of
 // a call once the call's posts have crossed, and the watcher decides the
 // call from the region alone, as on one machine. A call costs its caller a
 // post, and no device work; the images travel beside the data and are
@@ -54,7 +55,15 @@ import (
 // data misses too (the watchdog's timeout, or NCCL's error).
 
 const (
-	relayMagic = 0x6661697267 // "fairg": the hello's first word
+	// relayMaxMachines is the most machines a job checks its calls across
+	// through the relay; larger jobs check through the collective and the
+	// fingerprints. Each rank sends every call's image to each of its
+	// machines − 1 rail peers and hears from as many, and a message heard
+	// is a thread woken: on a busy host those wake-ups delay the calls'
+	// completion more than a fingerprint's copies cost (BENCHMARKS.md,
+	// "The relay's reach").
+	relayMaxMachines = 4
+	relayMagic       = 0x6661697267 // "fairg": the hello's first word
 	// relayCursorEvery is how far a rank's cursor moves before its relay
 	// sends it without an image.
 	relayCursorEvery = hostSlots / 4
@@ -304,6 +313,25 @@ func (rl *relay) flush(final bool) {
 	}
 	rl.flushMu.Lock()
 	defer rl.flushMu.Unlock()
+	rl.flushLocked(final)
+}
+
+// tryFlush is flush for a Wait, which calls it each time it looks at its
+// call: one call at a time, the images go out as soon as their caller
+// waits, not when the watcher next wakes. It skips where another flush is
+// under way; what that one missed, the watcher sends as it turns to the
+// call (it turns to every call posted, and flushes before it waits for
+// one).
+func (rl *relay) tryFlush() {
+	if rl == nil || !rl.flushMu.TryLock() {
+		return
+	}
+	defer rl.flushMu.Unlock()
+	rl.flushLocked(false)
+}
+
+// flushLocked is flush, flushMu held.
+func (rl *relay) flushLocked(final bool) {
 	if !rl.sending {
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,4 +119,54 @@ func TestRelayStartNeedsThePeersAcknowledgement(t *testing.T) {
 			require.Less(t, time.Since(start), relayDial/2, "a refusal is not a timeout")
 		})
 	}
+}
+
+// A Wait's flush sends what was posted, unless another flush is under
+// way (the watcher's, which turns to the call and sends it then): it never
+// blocks the Wait behind the other's writes.
+func TestRelayTryFlushSendsOrSkips(t *testing.T) {
+	logger := slog.New(slog.DiscardHandler)
+	a, err := newRelay("127.0.0.1", 0, logger)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.close()) }()
+	b, err := newRelay("127.0.0.1", 1, logger)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.close()) }()
+	wa, wb := make([]uint64, hostWords(2)), make([]uint64, hostWords(2))
+	errs := make(chan error, 2)
+	go func() { errs <- a.start(wa, 2, 7, map[int]int64{1: b.addr}) }()
+	go func() { errs <- b.start(wb, 2, 7, map[int]int64{0: a.addr}) }()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+
+	a.startSending(hostFirstCall)
+	post := func(seq uint64) {
+		s := (&hostCheck{words: wa}).slot(0, seq)
+		s[1] = seq * 3
+		atomic.StoreUint64(&s[0], seq)
+		a.notePosted(seq)
+	}
+	arrived := func(seq uint64) bool {
+		s := (&hostCheck{words: wb}).slot(0, seq)
+		return atomic.LoadUint64(&s[0]) == seq && atomic.LoadUint64(&s[1]) == seq*3
+	}
+
+	post(hostFirstCall)
+	a.flushMu.Lock() // another flush under way
+	done := make(chan struct{})
+	go func() { a.tryFlush(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("tryFlush waited for the other flush")
+	}
+	a.flushMu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	require.False(t, arrived(hostFirstCall), "a skipped flush sent the image")
+
+	a.tryFlush()
+	require.Eventually(t, func() bool { return arrived(hostFirstCall) }, 5*time.Second, time.Millisecond)
+	post(hostFirstCall + 1)
+	a.tryFlush()
+	require.Eventually(t, func() bool { return arrived(hostFirstCall + 1) }, 5*time.Second, time.Millisecond)
 }

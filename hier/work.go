@@ -150,6 +150,9 @@ func (w *Work) Wait(ctx context.Context) error {
 			return ctx.Err()
 		default:
 		}
+		if w.r != nil {
+			w.r.relay.Load().tryFlush() // across machines, the images posted so far go out
+		}
 		if w.helpable.Load() {
 			if !polling {
 				polling = true

@@ -361,6 +361,7 @@ func (m *methodFlags) register(fs *flag.FlagSet) {
 			"flat (flat threshold: size or never), spin (duration),\n"+
 			"inline (on, off; default on: the bench gives every rank a goroutine), rail (serial, overlap), check (on, off),\n"+
 			"fp (size: the largest call whose check travels in its data; 0: a separate check; every variant has a 5-minute watchdog),\n"+
+			"shm (on, off: off checks through the collective, never through shared memory),\n"+
 			"routes (an earlier variant's NAME: follow its routes, one calibration for both);\n"+
 			"e.g. -fairgo rsag=algo:rail-rsag,slice:64M or -fairgo fairgo -fairgo nocheck=check:off,routes:fairgo\n"+
 			"(default: one variant \"fairgo\" with fairgo's defaults)",
