@@ -1,6 +1,7 @@
 package hier
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -121,36 +122,44 @@ func TestRelayStartNeedsThePeersAcknowledgement(t *testing.T) {
 	}
 }
 
-// A Wait's flush sends what was posted, unless another flush is under
-// way (the watcher's, which turns to the call and sends it then): it never
-// blocks the Wait behind the other's writes.
-func TestRelayTryFlushSendsOrSkips(t *testing.T) {
+// relayPair is two started relays on loopback, world ranks 0 and 1 of a
+// job of two machines, each with a region of its own; post writes rank
+// 0's image of a call and notes it posted, arrived reports whether rank
+// 1's region holds it.
+func relayPair(t *testing.T) (a *relay, post func(seq uint64), arrived func(seq uint64) bool) {
+	t.Helper()
 	logger := slog.New(slog.DiscardHandler)
 	a, err := newRelay("127.0.0.1", 0, logger)
 	require.NoError(t, err)
-	defer func() { require.NoError(t, a.close()) }()
+	t.Cleanup(func() { require.NoError(t, a.close()) })
 	b, err := newRelay("127.0.0.1", 1, logger)
 	require.NoError(t, err)
-	defer func() { require.NoError(t, b.close()) }()
+	t.Cleanup(func() { require.NoError(t, b.close()) })
 	wa, wb := make([]uint64, hostWords(2)), make([]uint64, hostWords(2))
 	errs := make(chan error, 2)
 	go func() { errs <- a.start(wa, 2, 7, map[int]int64{1: b.addr}) }()
 	go func() { errs <- b.start(wb, 2, 7, map[int]int64{0: a.addr}) }()
 	require.NoError(t, <-errs)
 	require.NoError(t, <-errs)
-
 	a.startSending(hostFirstCall)
-	post := func(seq uint64) {
+	post = func(seq uint64) {
 		s := (&hostCheck{words: wa}).slot(0, seq)
 		s[1] = seq * 3
 		atomic.StoreUint64(&s[0], seq)
 		a.notePosted(seq)
 	}
-	arrived := func(seq uint64) bool {
+	arrived = func(seq uint64) bool {
 		s := (&hostCheck{words: wb}).slot(0, seq)
 		return atomic.LoadUint64(&s[0]) == seq && atomic.LoadUint64(&s[1]) == seq*3
 	}
+	return a, post, arrived
+}
 
+// A Wait's flush sends what was posted, unless another flush is under
+// way (the watcher's, which turns to the call and sends it then): it never
+// blocks the Wait behind the other's writes.
+func TestRelayTryFlushSendsOrSkips(t *testing.T) {
+	a, post, arrived := relayPair(t)
 	post(hostFirstCall)
 	a.flushMu.Lock() // another flush under way
 	done := make(chan struct{})
@@ -169,4 +178,26 @@ func TestRelayTryFlushSendsOrSkips(t *testing.T) {
 	post(hostFirstCall + 1)
 	a.tryFlush()
 	require.Eventually(t, func() bool { return arrived(hostFirstCall + 1) }, 5*time.Second, time.Millisecond)
+}
+
+// A Wait sends the images posted so far while its call runs, with no
+// watcher and no help: one call at a time, the peers need not wait for
+// the watcher's next wake-up.
+func TestWaitSendsThePostedImages(t *testing.T) {
+	a, post, arrived := relayPair(t)
+	r := &Reducer{}
+	r.relay.Store(a)
+	w := newWork()
+	w.r = r // not helpable: the Wait only looks, and flushes
+	post(hostFirstCall)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go func() {
+		for !arrived(hostFirstCall) && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		w.finish(nil)
+	}()
+	require.NoError(t, w.Wait(ctx), "the image never left")
+	require.True(t, arrived(hostFirstCall))
 }
