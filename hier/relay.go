@@ -24,13 +24,13 @@ import (
 // ranks of its local index on the other machines), which it hears from
 // over TCP. Each rank's watcher sends the rank's posted images, with its
 // cursor, to its rail peers as it turns to each call (flush), and a Wait
-// does as it looks at its call (tryFlush); so every region holds every rank's image of
-// a call once the call's posts have crossed, and the watcher decides the
-// call from the region alone, as on one machine. A call costs its caller a
-// post, and no device work; the images travel beside the data and are
-// almost always in before it has completed (a rank posts before it
-// enqueues, and a TCP message of a few hundred bytes is faster than a
-// collective across machines).
+// does as it looks at its call (tryFlush); so every region holds every
+// rank's image of a call once the call's posts have crossed, and the
+// watcher decides the call from the region alone, as on one machine. A
+// call costs its caller a post, and no device work; the images travel
+// beside the data and are almost always in before it has completed (a
+// rank posts before it enqueues, and a TCP message of a few hundred bytes
+// is faster than a collective across machines).
 //
 // Cursors cross only as lower bounds: a rank's cursor in a peer's region
 // is the last value it sent, which every message carries. A rank that
