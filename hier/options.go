@@ -169,7 +169,8 @@ func WithSharedMemoryDir(dir string) Option {
 
 // WithCheckHost sets the IPv4 address on which a rank listens for the
 // check's images of the ranks of its local index on the other machines
-// (the check through shared memory across machines, WithSharedMemoryDir).
+// (the check through shared memory across two to four machines,
+// WithSharedMemoryDir).
 // Default "": the first IPv4 address of the interfaces NCCL_SOCKET_IFNAME
 // names (prefixes, or exact names after "="), as NCCL's own sockets use,
 // else that of the first interface that is up and not a loopback. Where a
