@@ -120,7 +120,8 @@ func (v Variant) Options() []hier.Option {
 	return opts
 }
 
-// inline is whether the variant enqueues flat calls inline. The bench
+// inline is whether the variant enqueues calls inline where they may be
+// (hier.WithInlineEnqueue: a call in one piece or one slice). The bench
 // drives every local rank from a goroutine of its own (harness.ForRanks),
 // which is what hier.WithInlineEnqueue asks of its caller, so it is on
 // unless the variant says otherwise, also where one process drives several

@@ -129,7 +129,7 @@ type FairgoSetup struct {
 	SliceBytes    int64    `json:"slice_bytes"`
 	Parallelism   int      `json:"parallelism"`
 	FlatThreshold int64    `json:"flat_threshold"` // hier.FlatNever (-1): never flat
-	Inline        bool     `json:"inline"`         // flat calls enqueued inline (hier.WithInlineEnqueue)
+	Inline        bool     `json:"inline"`         // calls in one piece or one slice enqueued inline (hier.WithInlineEnqueue)
 	// Calibration is what Auto measured to choose this size's route (rank
 	// 0 of the process); nil where it measured nothing (a fixed
 	// algorithm, a flat size).

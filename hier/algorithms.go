@@ -185,13 +185,13 @@ func (flatAllReduce) stagedReceive(Grid) bool { return false }
 func (flatAllReduce) single() bool { return true }
 
 // pipelined runs its rail step inside the five-stage pipeline, slice by
-// slice (executor.pipeline).
+// slice (executor.pipeline), its first stage on first.
 type pipelined struct{ rail railStep }
 
 func (a pipelined) allReduce(
-	x *executor, t fairgo.Tensor, op fairgo.Op, p plan, _ streams.Stream,
+	x *executor, t fairgo.Tensor, op fairgo.Op, p plan, first streams.Stream,
 ) (streams.Stream, error) {
-	return x.pipeline(t, op, p, a.rail)
+	return x.pipeline(t, op, p, a.rail, first)
 }
 
 func (a pipelined) whole() bool { return a.rail.whole() }

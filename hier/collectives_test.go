@@ -3,6 +3,8 @@ package hier_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -361,5 +363,157 @@ func TestOneCollectiveCallsGoInline(t *testing.T) {
 				require.Equal(t, bcIn[order[root]], o, "broadcast, rank %d", g)
 			}
 		})
+	}
+}
+
+// With WithInlineEnqueue, an allreduce whose plan is known and takes the
+// call in one piece or one slice is enqueued on the caller's goroutine,
+// its first stage on the caller's After stream: the hierarchy in one
+// piece, the pipeline in one slice, halving-doubling. A call of several
+// slices, and the first call of a size class that Auto measures, go
+// through the engine. Each call's input is written on the After stream
+// behind a delay, so a call whose first stage did not start after it
+// would reduce the zeros there.
+func TestOnePieceAllReducesGoInline(t *testing.T) {
+	// int32 elements: one slice, several of 1 KiB, and a size Auto
+	// measures (64–128 KiB), in one slice of the default size.
+	const small, large, auto = 40, 4000, 20000
+	two := sim.Config{Machines: 2, Devices: 2, Seed: 5, Jitter: 200 * time.Microsecond, StallTimeout: time.Minute}
+	fixed := func(a hier.Algorithm) []hier.Option {
+		return []hier.Option{hier.WithAlgorithm(a), hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1 << 10)}
+	}
+	for _, tc := range []struct {
+		name   string
+		cfg    sim.Config
+		opts   []hier.Option
+		counts []int  // the calls' sizes, in order
+		inline []bool // whether each went inline
+	}{
+		{"2x2/rail-allreduce", two, fixed(hier.RailAllReduce), []int{small, large}, []bool{true, true}},
+		{"2x2/rail-rsag", two, fixed(hier.RailRSAG), []int{small, large, small}, []bool{true, false, true}},
+		{"2x2/rail-a2a", two, fixed(hier.RailAllToAll), []int{small, large}, []bool{true, false}},
+		{"4x1/halving-doubling", sim.Config{Machines: 4, Devices: 1, Seed: 5, StallTimeout: time.Minute},
+			fixed(hier.HalvingDoubling), []int{small}, []bool{true}},
+		{"2x2/auto", two, []hier.Option{hier.WithFlatThreshold(hier.FlatNever)}, []int{auto, auto}, []bool{false, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := append([]hier.Option{hier.WithInlineEnqueue(true), hier.WithTimeout(time.Minute)}, tc.opts...)
+			w := newWorld(t, tc.cfg, opts...)
+			W := w.size()
+			rng := rand.New(rand.NewPCG(5, 5))
+			inputs := make([][][]byte, len(tc.counts))
+			srcs, bufs := make([][]fairgo.Tensor, len(tc.counts)), make([][]fairgo.Tensor, len(tc.counts))
+			for k, n := range tc.counts {
+				inputs[k] = reftest.RandomInputs(rng, fairgo.Int32, fairgo.Sum, W, n)
+				srcs[k] = w.upload(t, fairgo.Int32, inputs[k])
+				zeros := make([][]byte, W)
+				for g := range zeros {
+					zeros[g] = make([]byte, n*4)
+				}
+				bufs[k] = w.upload(t, fairgo.Int32, zeros)
+			}
+			inlined := make([][]bool, W)
+			errs := make([]error, W)
+			var wg sync.WaitGroup
+			for g, r := range w.reducers {
+				wg.Add(1)
+				go func() { // one goroutine a rank, as inline enqueue asks
+					defer wg.Done()
+					dev := w.devs[g].(*sim.Device)
+					s, err := dev.NewStream()
+					if err != nil {
+						errs[g] = err
+						return
+					}
+					for k := range tc.counts {
+						if errs[g] = dev.DelayAsync(20*time.Millisecond, s); errs[g] != nil {
+							return
+						}
+						if errs[g] = dev.CopyAsync(bufs[k][g].Ptr, srcs[k][g].Ptr, srcs[k][g].ByteLen(), s); errs[g] != nil {
+							return
+						}
+						before := hier.InlineCalls(r)
+						if errs[g] = r.AllReduce(context.Background(), bufs[k][g], fairgo.Sum, hier.After(s)).Wait(context.Background()); errs[g] != nil {
+							return
+						}
+						inlined[g] = append(inlined[g], hier.InlineCalls(r) > before)
+					}
+				}()
+			}
+			wg.Wait()
+			for g, err := range errs {
+				require.NoError(t, err, "rank %d", g)
+				require.Equal(t, tc.inline, inlined[g], "rank %d: which calls went inline", g)
+			}
+			for k := range tc.counts {
+				ref := reftest.ComputeReference(fairgo.Int32, fairgo.Sum, inputs[k])
+				require.NoError(t, reftest.CheckResults(fairgo.Int32, ref, w.download(t, bufs[k])), "call %d", k)
+			}
+		})
+	}
+}
+
+// An inline allreduce on memory that a call through the engine still
+// reduces starts after that call's last stage: here the pipeline in one
+// slice on the first elements of a call of many slices, each stream
+// operation of the simulator delayed at random, so that a call that did
+// not wait would reduce a half-reduced buffer.
+func TestInlineAllReduceWaitsForTheCallInFlight(t *testing.T) {
+	const large, small = 4000, 40
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 9, Jitter: 300 * time.Microsecond, StallTimeout: time.Minute},
+		hier.WithInlineEnqueue(true), hier.WithTimeout(time.Minute), hier.WithAlgorithm(hier.RailRSAG),
+		hier.WithFlatThreshold(hier.FlatNever), hier.WithSliceSize(1<<10))
+	W := w.size()
+	inputs := reftest.RandomInputs(rand.New(rand.NewPCG(9, 9)), fairgo.Int32, fairgo.Sum, W, large)
+	bufs := w.upload(t, fairgo.Int32, inputs)
+	inlined := make([]bool, W)
+	errs := make([]error, W)
+	var wg sync.WaitGroup
+	for g, r := range w.reducers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			dev := w.devs[g].(*sim.Device)
+			s, err := dev.NewStream()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			scratch, err := dev.NewStream()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			whole := r.AllReduce(ctx, bufs[g], fairgo.Sum)
+			if errs[g] = whole.StreamWait(ctx, scratch); errs[g] != nil { // returns once enqueued
+				return
+			}
+			before := hier.InlineCalls(r)
+			head := r.AllReduce(ctx, bufs[g].Slice(0, small), fairgo.Sum, hier.After(s))
+			inlined[g] = hier.InlineCalls(r) > before
+			errs[g] = errors.Join(whole.Wait(ctx), head.Wait(ctx))
+		}()
+	}
+	wg.Wait()
+	for g, err := range errs {
+		require.NoError(t, err, "rank %d", g)
+		require.True(t, inlined[g], "rank %d: the second call went inline", g)
+	}
+	want := make([]int32, large) // the sum, its first small elements summed again over the W ranks
+	for _, in := range inputs {
+		for i := range want {
+			want[i] += int32(binary.LittleEndian.Uint32(in[4*i:]))
+		}
+	}
+	for i := range small {
+		want[i] *= int32(W)
+	}
+	for g, out := range w.download(t, bufs) {
+		got := make([]int32, large)
+		for i := range got {
+			got[i] = int32(binary.LittleEndian.Uint32(out[4*i:]))
+		}
+		require.Equal(t, want, got, "rank %d", g)
 	}
 }

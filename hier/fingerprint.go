@@ -517,12 +517,6 @@ func (f *fingerprints) enqueue(q *request, p plan, first streams.Stream, withDat
 func (f *fingerprints) enqueueOn(q *request, call *fpCall, p plan, first streams.Stream, withData bool) (
 	streams.Stream, error) {
 	t := q.a
-	if _, piped := p.algo.impl().(pipelined); piped && first != f.r.exec.first() {
-		// The pipeline starts on the engine's first stream whatever first
-		// is: the staging copy must go there too, or the route would read
-		// the stage before the copy.
-		return nil, fmt.Errorf("hier: %v: a fingerprinted call by %v must start on the engine's first stream", q, p.route)
-	}
 	st := &f.stages[f.next]
 	f.next = (f.next + 1) % fpStages
 	if st.last != nil && st.last != first {

@@ -364,9 +364,12 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 		{"1x2/flat/inline", 1, 2, inline, allReduceCall},
 		{"1x2/flat/engine", 1, 2, nil, allReduceCall},
 		{"2x1/flat/inline", 2, 1, inline, allReduceCall}, // check on: the fingerprint, across machines
-		{"2x1/halving-doubling", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.HalvingDoubling)}, allReduceCall},
-		{"2x1/rail-a2a", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailAllToAll)}, allReduceCall},
-		{"2x1/rail-rsag", 2, 1, []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(hier.RailRSAG)}, allReduceCall},
+		{"2x1/halving-doubling", 2, 1, fixedAlgorithm(hier.HalvingDoubling), allReduceCall},
+		{"2x1/halving-doubling/inline", 2, 1, append(fixedAlgorithm(hier.HalvingDoubling), inline...), allReduceCall},
+		{"2x1/rail-a2a", 2, 1, fixedAlgorithm(hier.RailAllToAll), allReduceCall},
+		{"2x1/rail-a2a/inline", 2, 1, append(fixedAlgorithm(hier.RailAllToAll), inline...), allReduceCall},
+		{"2x1/rail-rsag", 2, 1, fixedAlgorithm(hier.RailRSAG), allReduceCall},
+		{"2x1/rail-rsag/inline", 2, 1, append(fixedAlgorithm(hier.RailRSAG), inline...), allReduceCall},
 		{"1x2/reduce-scatter/inline", 1, 2, inline, reduceScatterCall},
 		{"1x2/reduce-scatter/engine", 1, 2, nil, reduceScatterCall},
 		{"1x2/all-gather/inline", 1, 2, inline, allGatherCall},
@@ -387,6 +390,12 @@ func BenchmarkGPUEnqueue(b *testing.B) {
 			})
 		}
 	}
+}
+
+// fixedAlgorithm makes every allreduce of a benchmark's Reducers take a
+// as its route.
+func fixedAlgorithm(a hier.Algorithm) []hier.Option {
+	return []hier.Option{hier.WithFlatThreshold(hier.FlatNever), hier.WithAlgorithm(a)}
 }
 
 // BenchmarkGPUEnqueueJob is BenchmarkGPUEnqueue for a job of one rank per

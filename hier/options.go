@@ -115,12 +115,16 @@ func WithFlatThreshold(bytes int64) Option { return func(c *config) { c.flatThre
 // RailAllReduce) are one flat allreduce on one machine.
 func WithAlgorithm(a Algorithm) Option { return func(c *config) { c.algorithm = a } }
 
-// WithInlineEnqueue lets a call that is one NCCL collective be enqueued on
-// the calling goroutine, straight onto its After stream, when no earlier
-// call is still waiting for the engine: no hand-off, no extra events. Such
-// calls are a flat allreduce (one machine, below the flat threshold, or
-// measured faster flat), a broadcast, and a reduce-scatter or all-gather
-// on one machine. Only turn it on when each rank
+// WithInlineEnqueue lets a call with nothing collective to do before its
+// data be enqueued on the calling goroutine, its first stage straight onto
+// its After stream, when no earlier call is still waiting for the engine:
+// no hand-off, no extra events. Such calls are an allreduce whose route is
+// known (its size class measured, its communicator made, the links probed
+// where its slices need them) and takes the call in one piece or one
+// slice: flat, the hierarchy in one piece, halving-doubling, or one slice
+// of the pipeline; a broadcast; and a reduce-scatter or all-gather on one
+// machine. A call of several slices goes through the engine, which
+// enqueues them while the caller goes on. Only turn it on when each rank
 // of the process is driven by its own goroutine: NCCL's first use of a
 // communicator can block the calling thread until the peers join, so one
 // goroutine enqueueing for several ranks could deadlock. setup.New (one rank

@@ -180,11 +180,12 @@ type lanes struct {
 	collect, diffuse backend.Comm
 }
 
-func (ex *executor) lanesFor(rail railStep, serial bool) lanes {
+func (ex *executor) lanesFor(rail railStep, serial bool, first streams.Stream) lanes {
 	var l lanes
 	for s := range streams.NumStages {
 		l.st[s] = ex.chain.Stream(s)
 	}
+	l.st[streams.ReduceScatter] = first
 	c := ex.comms
 	l.intraRS, l.intraAG, l.collect, l.diffuse = c.IntraReduceScatter, c.IntraAllGather, c.RailCollect, c.RailDiffuse
 	rail.lanes(&l, serial)
@@ -210,10 +211,16 @@ func (ex *executor) pass(l *lanes, from streams.Stage) error {
 
 // pipeline enqueues the five stages for every slice of t (M > 1) with the
 // rail step rail, in slices of p.slice bytes, on the lanes the step asks
-// for.
-func (ex *executor) pipeline(t fairgo.Tensor, op fairgo.Op, p plan, rail railStep) (streams.Stream, error) {
+// for, the first stage on first: the engine's first stream, or an inline
+// caller's (a call in one slice, router.inlineable), which then needs no
+// event to order the call after the caller's work. Stages of two calls on
+// different streams are ordered all the same: by the waits for calls in
+// flight on the same memory (Reducer.waitOverlaps), by the slots' guards,
+// and by NCCL, which runs a communicator's collectives in the order they
+// were enqueued, whatever their streams.
+func (ex *executor) pipeline(t fairgo.Tensor, op fairgo.Op, p plan, rail railStep, first streams.Stream) (streams.Stream, error) {
 	c := sliceCall{dev: ex.dev, grid: ex.grid, dt: t.DType, ops: ex.stageOps(op, t.DType)}
-	l := ex.lanesFor(rail, p.serial)
+	l := ex.lanesFor(rail, p.serial, first)
 	c.l = &l
 	staged := rail.stagedReceive(ex.grid)
 	for sl := range staging.Slices(t.Count, t.DType.Size(), ex.grid.Size(), p.slice) {

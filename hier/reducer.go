@@ -493,12 +493,13 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 
 // inlineLocked reports whether q may be enqueued on the calling goroutine
 // (r.calls.mu held): WithInlineEnqueue is on, no earlier call waits for the
-// engine, and q is one collective of a communicator that exists already,
-// enqueued on the call's first stream (dispatch): a flat allreduce whose
-// route is known without a calibration, a broadcast, or a reduce-scatter
-// or all-gather on one machine (executor.direct). The pipeline's stages
-// run on the engine's streams after its first, so a call that needs them
-// never comes here.
+// engine, and q starts on the call's first stream (dispatch) with nothing
+// collective to do before its data: an allreduce whose plan is known and
+// takes it in one piece or one slice (router.inlineable), a broadcast,
+// or a reduce-scatter or all-gather on one machine (executor.direct).
+// The hierarchical reduce-scatter and all-gather, and an allreduce of
+// several slices, go through the engine, which enqueues their slices while
+// the caller goes on.
 func (r *Reducer) inlineLocked(q *request) bool {
 	c := &r.calls
 	g := r.rank.Grid
@@ -507,7 +508,7 @@ func (r *Reducer) inlineLocked(q *request) bool {
 	}
 	switch q.kind {
 	case kindAllReduce:
-		return q.a.Count > 0 && r.router.isFlat(q.a.ByteLen())
+		return q.a.Count > 0 && r.router.inlineable(q.a.ByteLen())
 	case kindBroadcast:
 		return q.a.Count > 0
 	case kindReduceScatter:

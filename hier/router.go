@@ -103,10 +103,10 @@ type router struct {
 	// worlds are the world variants this Reducer made (FlatRing,
 	// FlatTree), by NCCL algorithm: made at the first plan that needs
 	// one, on the engine goroutine (a call whose variant is still to make
-	// is never enqueued inline: isFlat), so at the same place in every
+	// is never enqueued inline: inlineable), so at the same place in every
 	// rank's call order; closed once every size class is measured and
 	// none chose it, or at Close. worldsMu guards the map for the readers
-	// on other goroutines (Choices, isFlat, an abort).
+	// on other goroutines (Choices, inlineable, an abort).
 	worldsMu sync.Mutex
 	worlds   map[backend.NCCLAlgo]*worldVariant
 
@@ -157,6 +157,14 @@ func (t *routeTable) probedLinks() *linkModel {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.links
+}
+
+// linksSettled reports whether the links were probed, or the probe was
+// tried: linkModel then probes no more.
+func (t *routeTable) linksSettled() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.links != nil || t.linksTried
 }
 
 // measurer runs the measurements the router decides from; the Reducer
@@ -368,9 +376,9 @@ func (rt *router) settledRoute(bytes int64) (*route, int) {
 // known without anything collective still to do first: no calibration of
 // its class, and for a world variant the communicator made already (the
 // call that makes it, a collective that blocks until every rank joins,
-// goes through the engine). It is the question of the inline path. Any
-// goroutine may ask; the answer changes only as calls execute, so that
-// every rank gives it alike for the same call.
+// goes through the engine). Any goroutine may ask; the answer changes
+// only as calls execute, so that every rank gives it alike for the same
+// call.
 func (rt *router) isFlat(bytes int64) bool {
 	r, _, ok := rt.known(bytes)
 	impl := r.algo.impl()
@@ -405,7 +413,7 @@ func (rt *router) variantMade(r route) bool {
 // route is the plan of an allreduce of bytes, measuring its size class
 // first when Auto has not yet, with its world variant attached (made now
 // if it is the first plan to need it). Both happen on the engine
-// goroutine only: an inline caller's call is flat and known (isFlat).
+// goroutine only: an inline caller's call needs neither (inlineable).
 func (rt *router) route(bytes int64) plan {
 	r, class, ok := rt.known(bytes)
 	if !ok {
@@ -419,11 +427,43 @@ func (rt *router) route(bytes int64) plan {
 		rt.table.mu.Unlock()
 		rt.closeUnchosen()
 	}
-	if _, _, fixed := rt.decide(bytes); !fixed {
-		r = rt.uncut(r, bytes, rt.linkModel)
-	}
-	p, _ := rt.attach(rt.planFor(r, bytes))
+	p, _ := rt.attach(rt.shape(r, bytes, rt.linkModel))
 	return p
+}
+
+// shape is the plan of an allreduce of bytes by r, its route known: uncut
+// where Auto chose r, then sliced by planWith, with the link model from
+// links (rt.linkModel probes; rt.table.probedLinks does not).
+func (rt *router) shape(r route, bytes int64, links func() *linkModel) plan {
+	if _, _, fixed := rt.decide(bytes); !fixed {
+		r = rt.uncut(r, bytes, links)
+	}
+	return rt.planWith(r, bytes, links)
+}
+
+// inlineable reports whether an allreduce of bytes may be enqueued on its
+// caller's goroutine (WithInlineEnqueue): its plan is known with nothing
+// collective to do first (no calibration of its class, no world variant
+// to make, no probe of the links: each blocks until every rank joins, and
+// goes through the engine), and it takes the call in one piece or one
+// slice, so that its enqueue costs the caller about what the engine's
+// hand-off would: one NCCL allreduce of all ranks (isFlat), the hierarchy
+// in one piece, halving-doubling, recursive doubling, or the pipeline's
+// five stages once. A call of several slices goes through the engine,
+// which enqueues them while the caller goes on. Any goroutine may ask;
+// the answer changes only as calls execute.
+func (rt *router) inlineable(bytes int64) bool {
+	r, _, ok := rt.known(bytes)
+	impl := r.algo.impl()
+	switch {
+	case !ok || impl == nil:
+		return false
+	case impl.single():
+		return rt.variantMade(r) // isFlat
+	case !rt.cfg.sliceSet && bytes >= probeMinBytes && !rt.table.linksSettled():
+		return false // its plan probes the links first (planWith)
+	}
+	return rt.shape(r, bytes, rt.table.probedLinks).slice >= bytes
 }
 
 // uncut is Auto's route r for an allreduce of bytes: r, except that where

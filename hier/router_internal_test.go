@@ -102,15 +102,22 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 				128 << 20}).Draw(t, "flat threshold"),
 			serialRail: rapid.Bool().Draw(t, "serial"),
 			serialSet:  rapid.Bool().Draw(t, "serial set"),
-			sliceSet:   true,
+			sliceSet:   rapid.Bool().Draw(t, "slice set"),
 		}
 		m := &fixedMeasurer{times: map[Algorithm]int64{}, variants: rapid.Bool().Draw(t, "variants")}
+		if rapid.Bool().Draw(t, "links") {
+			m.links = &linkModel{intra: link{alpha: 5e-6, bw: 100e9}, rail: link{alpha: 20e-6, bw: 1e9}}
+		}
 		for a := Flat; a < numAlgorithms; a++ {
 			m.times[a] = rapid.Int64Range(1, 100).Draw(t, a.String()+" time")
 		}
 		rt := testRouter(g, cfg, m)
 		sizes := rapid.SliceOfN(rapid.Int64Range(1, 1<<30), 1, 20).Draw(t, "sizes")
 		for _, b := range sizes {
+			if rt.inlineable(b) { // known already: the plan route makes, in one piece or one slice
+				p := rt.route(b)
+				require.True(t, p.algo.impl().single() || p.slice >= b, "%d bytes inline: %v", b, p)
+			}
 			p := rt.route(b) // calibrates the class where Auto must
 			for range 2 {    // read from the table, then settled
 				again := rt.route(b)
@@ -121,6 +128,10 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 			require.Equal(t, p.route.String(), c.String(), "%d bytes", b)
 			require.Equal(t, p.algo.impl().single() && (p.algo.variant() == "" || p.comm != nil), rt.isFlat(b),
 				"%d bytes", b)
+			if rt.table.linksSettled() || cfg.sliceSet || b < probeMinBytes || p.algo.impl().single() {
+				require.Equal(t, rt.isFlat(b) || !p.algo.impl().single() && p.slice >= b, rt.inlineable(b),
+					"%d bytes, plan %v", b, p)
+			}
 			require.NotEqual(t, Auto, p.algo)
 			if g.Machines == 1 {
 				require.False(t, p.algo.hierarchical(), "one machine: %v", p)
@@ -422,6 +433,27 @@ type noVariants struct{}
 
 func (noVariants) World(context.Context, backend.NCCLAlgo) (backend.Comm, error) {
 	return nil, errors.New("none")
+}
+
+// A call whose plan waits for the links' probe (a collective) is not
+// enqueued inline until the probe has run; asking never probes. Once the
+// links are known, a call that they cut into several slices goes through
+// the engine, one they take whole goes inline.
+func TestInlineWaitsForTheLinks(t *testing.T) {
+	g := Grid{Machines: 2, Devices: 4}
+	cfg, err := buildConfig(g, []Option{WithAlgorithm(RailRSAG)})
+	require.NoError(t, err)
+	m := &fixedMeasurer{links: &linkModel{intra: link{alpha: 5e-6, bw: 100e9}, rail: link{alpha: 20e-6, bw: 1e9}}}
+	rt := testRouter(g, cfg, m)
+	require.True(t, rt.inlineable(probeMinBytes/2), "below the probe's size: the layout's slice")
+	require.False(t, rt.inlineable(probeMinBytes), "the probe first")
+	require.False(t, rt.table.linksSettled(), "asking does not probe")
+	big := int64(256 << 20)
+	p := rt.route(big)
+	require.True(t, rt.table.linksSettled())
+	require.Less(t, p.slice, big, "the links cut 256 MiB")
+	require.False(t, rt.inlineable(big), "several slices: through the engine")
+	require.True(t, rt.inlineable(probeMinBytes) == (rt.route(probeMinBytes).slice >= probeMinBytes))
 }
 
 // A fixed world variant is flat for the inline path and the check in the
