@@ -269,7 +269,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	}
 	q.work.markEnqueued(ev, last)
 	r.watch.enqueued.Store(q.seq)
-	if !fingerprinted {
+	if !fingerprinted || !r.fingerprintVouches(q) {
 		r.checkLater(q)
 	}
 	if ev == nil && q.check == nil && !q.posted { // nothing on the device, no peer to hear from
@@ -321,6 +321,9 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 		r.abort(fmt.Errorf("%w: hier: %v: enqueueing the check of a refused call: %w", fairgo.ErrAborted, q, err))
 		return
 	}
+	if !r.fingerprintVouches(q) { // as its peers that accepted it
+		r.checkLater(q)
+	}
 	// The Work failed at the call and keeps no event: its StreamWait
 	// returns the error, never a wait on the check's collective.
 	r.watch.ch <- pending{req: q, ev: ev}
@@ -343,6 +346,7 @@ func (r *Reducer) postCheck(q *request) error {
 // shared memory checks the call.
 func (r *Reducer) checkLater(q *request) {
 	if r.checker != nil && r.host == nil && !r.hooks.skipCheck {
+		r.hooks.checkedApart.Add(1)
 		r.checker.submit(q)
 	}
 }

@@ -30,6 +30,9 @@ func GuessedClasses(r *Reducer) int64 { return r.router.guessed.Load() }
 // (whether or not its enqueue then succeeded).
 func FingerprintedCalls(r *Reducer) uint64 { return r.hooks.fingerprinted.Load() }
 
+// SeparateChecks counts r's calls handed to the separate check.
+func SeparateChecks(r *Reducer) uint64 { return r.hooks.checkedApart.Load() }
+
 // WatcherParks is how many times r's watcher blocked for its next call.
 func WatcherParks(r *Reducer) uint64 { return r.hooks.watcherParks.Load() }
 

@@ -52,10 +52,16 @@ import (
 // never its fingerprint's 1; the refusing rank's pairs, unmarked on every
 // rank of a call all accepted, catch the peer's fingerprint where it lands
 // later.
-// Only those two operators (the gradients') are fingerprinted, and only
-// where the sum of ones is exact in the element type (fingerprintFits):
-// under max, min or product a peer's data can stand in for its fingerprint
-// without a trace. Fingerprints apply with the watchdog armed; a mismatch
+// Only those two operators (the gradients') are vouched for by the
+// fingerprint alone, and only where the sum of ones is exact in the
+// element type (fingerprintFits): under max, min or product a peer's data
+// can stand in for its fingerprint without a trace. A call of another
+// operator, of a count and element type a sum would fingerprint, is
+// fingerprinted all the same, so that ranks whose operators differ run
+// collectives of one shape and find the difference in the pairs, and it
+// takes the separate check as well (fingerprintVouches): its pairs are
+// decided as soon as its data is done, its check after them. Fingerprints
+// apply with the watchdog armed; a mismatch
 // of kind, operator, call number or acceptance is a *MismatchError, as with
 // the separate check, but without the other ranks' values (the reduced bits
 // do not say which rank had which).
@@ -336,13 +342,19 @@ type fpCall struct {
 }
 
 // fingerprintPlan returns the plan of q's fingerprinted allreduce, and
-// whether q's check travels in its data: a sum or float average
-// (fingerprintFits) of at most the limit, with peers, the check on and the
-// watchdog armed, whose route is known (router.planned) and takes the
-// staged copy in one piece (executor.stagedPlan). It depends only on the
-// call's shape and the route table, so every rank that agrees on the shape
-// answers alike; a rank that rejected the call answers from the shape it
-// was given.
+// whether q is fingerprinted: an allreduce of at most the limit whose
+// element type a fingerprint fits in this world (fingerprintFits under a
+// sum, whatever q's operator), with peers, the check on and the watchdog
+// armed, whose route is known (router.planned) and takes the staged copy
+// in one piece (executor.stagedPlan). It depends on neither the operator
+// nor anything else but the call's count and element type and the route
+// table, so ranks that agree on those run collectives of one shape, also
+// where their operators differ: had a rank that sums fingerprinted its call
+// and a peer that takes the maximum not, their collectives would differ in
+// size and hang until the watchdog; instead every rank finds the operators'
+// difference in the reduced pairs. A rank that rejected the call answers
+// from the shape it was given. Whether the fingerprint alone vouches for
+// the call is fingerprintVouches.
 func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
 	if r.fps == nil || r.host != nil || r.hooks.skipCheck || r.checker.carriesAgreement(q) ||
 		q.kind != kindAllReduce || q.a.Count <= 0 ||
@@ -350,10 +362,21 @@ func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
 		return plan{}, false
 	}
 	n := q.a.ByteLen()
-	if !fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size()) || !r.router.planned(n) {
+	if !fingerprintFits(q.a.DType, fairgo.Sum, r.rank.Grid.Size()) || !r.router.planned(n) {
 		return plan{}, false
 	}
 	return r.exec.stagedPlan(r.router.route(n), n, stagedBytes(q.a, r.rank.Grid.Size()))
+}
+
+// fingerprintVouches reports whether q's fingerprint alone checks it: a
+// sum, or a float average (fingerprintFits). Under max, min or product a
+// peer's data can stand in for its fingerprint without a trace (a count
+// that differs), so such a call is fingerprinted (its pairs still show an
+// operator, a kind or a call number that differs) and checked by the
+// separate check as well (checkLater), which every rank that takes the
+// same operator runs alike.
+func (r *Reducer) fingerprintVouches(q *request) bool {
+	return fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size())
 }
 
 // stagedBytes is the size of the fingerprinted copy of t among world
@@ -381,10 +404,9 @@ func stageRoom(limit int64, world int) int64 {
 }
 
 // fpOp is the operator q's fingerprinted collective reduces with: q's, or
-// a sum where this rank refused q for an unknown operator. Its peers then
-// likely sum (the gradients' operator), run the same collective and find
-// the refusal in it at once; peers that run another operator take the
-// separate check, which this rank does not join, and end in the watchdog.
+// a sum where this rank refused q for an unknown operator. Its peers run a
+// collective of the same shape whatever their operator
+// (fingerprintPlan), and find the refusal in it at once.
 func (q *request) fpOp() fairgo.Op {
 	if q.rejected != nil && !q.op.Valid() {
 		return fairgo.Sum

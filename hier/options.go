@@ -189,7 +189,11 @@ func WithCheckHost(host string) Option { return func(c *config) { c.checkHost = 
 // fingerprint.go says how many per type), with the watchdog armed
 // (WithTimeout), on every route that takes the call in one piece (flat,
 // the pairwise ones, the rail in one slice); other calls run the separate
-// check. The fingerprint costs a call two device copies of its data and a
+// check. Max, min, product and the other averages of the same sizes carry
+// a fingerprint too and run the separate check beside it, so that ranks
+// whose operators differ run collectives of one size (a mismatch, found at
+// once, where collectives of two sizes would wait for the watchdog). The
+// fingerprint costs a call two device copies of its data and a
 // few hundred elements more in its exchanges; the separate check is a
 // second collective beside it on the same links, which on 16 machines of
 // one GPU each doubled a 64 KiB call's time (BENCHMARKS.md, "The check

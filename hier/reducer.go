@@ -95,6 +95,7 @@ type testHooks struct {
 	skipCheck     bool          // no cross-rank check
 	inlined       atomic.Uint64 // calls enqueued on the caller's goroutine
 	fingerprinted atomic.Uint64 // calls that took the fingerprinted collective (refused ones and failed enqueues included)
+	checkedApart  atomic.Uint64 // calls handed to the separate check (checkLater)
 	// allreduces Auto's calibration enqueued
 	calibrationCalls atomic.Uint64
 	watcherParks     atomic.Uint64 // times the watcher blocked for its next call

@@ -143,8 +143,10 @@ func TestCountsDifferingInTheTailFailWithFingerprints(t *testing.T) {
 }
 
 // Calls by every route carry their check in their data where it fits
-// (sums and float averages up to WithFingerprintMax, in one piece), and
-// give the reference's results: every element type and operator, counts
+// (calls up to WithFingerprintMax, in one piece, of element types a sum
+// of the world's ones fits: here every one; the operators other than sum
+// and float average with the separate check beside), and give the
+// reference's results: every element type and operator, counts
 // from 1 to past a staging buffer's turn. The fingerprinted copy has a
 // length the grid divides, so sums of any count take no padding slot.
 func TestFingerprintedRoutesAreExact(t *testing.T) {
@@ -195,7 +197,8 @@ func sumsWithoutPadding(t *testing.T, w *world, rng *rand.Rand) int {
 // allReduceEveryShape reduces, one call at a time, random inputs of every
 // element type and operator at counts 1, 7 and 4097 (past a staging
 // buffer's turn) and checks each result against the reference. It returns
-// how many of those calls a fingerprint may carry (sums, float averages).
+// how many calls it made: a fingerprint may carry every one of them on
+// worlds of up to 127 ranks (int8's sum of ones), whatever the operator.
 func allReduceEveryShape(t *testing.T, w *world, rng *rand.Rand) int {
 	t.Helper()
 	calls := 0
@@ -207,9 +210,7 @@ func allReduceEveryShape(t *testing.T, w *world, rng *rand.Rand) int {
 				require.NoError(t, err, "%s %s n=%d", dt, op, n)
 				require.NoError(t, reftest.CheckResults(dt, reftest.ComputeReference(dt, op, in), out),
 					"%s %s n=%d", dt, op, n)
-				if op == fairgo.Sum || op == fairgo.Avg && dt.IsFloat() {
-					calls++
-				}
+				calls++
 				w.freeAllocs()
 			}
 		}
@@ -567,7 +568,9 @@ func worldOf(t *testing.T, cfg sim.Config, edit func(g int, rk *backend.Rank) []
 
 // Fingerprints only when asked (WithFingerprintMax), and only with the
 // watchdog (armed unless WithTimeout(0)): a fingerprint cannot vouch for
-// the count, so no world size gets them by default.
+// the count, so no world size gets them by default. Every operator's
+// call is fingerprinted (ranks whose operators differ run one shape of
+// collective); under max, min or product the separate check runs beside.
 func TestFingerprintsWhereTheyApply(t *testing.T) {
 	for _, c := range []struct {
 		m, d     int
@@ -578,7 +581,7 @@ func TestFingerprintsWhereTheyApply(t *testing.T) {
 		{2, 4, fairgo.Sum, []hier.Option{hier.WithTimeout(time.Minute)}, true},
 		{8, 1, fairgo.Sum, nil, true}, // the default watchdog (DefaultTimeout) is armed
 		{8, 1, fairgo.Avg, nil, true},
-		{8, 1, fairgo.Max, nil, false}, // a peer's data could stand in for its fingerprint
+		{8, 1, fairgo.Max, nil, true}, // and the separate check: a peer's data could stand in for its fingerprint
 		{8, 1, fairgo.Sum, []hier.Option{hier.WithFingerprintMax(1 << 20)}, true},
 		{8, 1, fairgo.Sum, []hier.Option{hier.WithFingerprintMax(1 << 10)}, false}, // 4000 bytes: above it
 		{8, 1, fairgo.Sum, []hier.Option{hier.WithTimeout(0)}, false},
@@ -599,10 +602,70 @@ func TestFingerprintsWhereTheyApply(t *testing.T) {
 	}
 }
 
+// Ranks whose operators differ on a small call run one shape of
+// collective, the fingerprinted one, whether or not the fingerprint alone
+// vouches for their operator: a rank that sums and a peer that takes the
+// maximum find the difference in the reduced pairs. Had the peer taken
+// the plain collective and the separate check, NCCL would have waited for
+// the missing elements until the watchdog (the simulator finds the sizes
+// differ; the count of fingerprinted calls shows which collective each
+// rank took). Under max alone, the call is fingerprinted and checked
+// apart as well; under sum the fingerprint alone checks it.
+func TestOperatorsDifferingRunOneCollective(t *testing.T) {
+	cfg := sim.Config{Machines: 8, Devices: 1, Seed: 12, StallTimeout: time.Minute}
+	for _, tc := range []struct {
+		name  string
+		op    func(g int) fairgo.Op
+		apart uint64 // separate checks a rank ran
+		field string // the field of the mismatch found; "": none
+	}{
+		{"sum", func(int) fairgo.Op { return fairgo.Sum }, 0, ""},
+		{"max", func(int) fairgo.Op { return fairgo.Max }, 1, ""},
+		{"sum-and-max", func(g int) fairgo.Op {
+			if g == 7 {
+				return fairgo.Max
+			}
+			return fairgo.Sum
+		}, 0, "operator"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, cfg, hier.WithTimeout(time.Minute), fingerprintsFirst)
+			in := reftest.RandomInputs(rand.New(rand.NewPCG(12, 12)), fairgo.Float32, fairgo.Max, w.size(), 1000)
+			ts := w.upload(t, fairgo.Float32, in)
+			works := make([]*hier.Work, len(w.reducers))
+			for g, r := range w.reducers {
+				works[g] = r.AllReduce(context.Background(), ts[g], tc.op(w.rank(g)))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				r := w.reducers[g]
+				require.Equal(t, uint64(1), hier.FingerprintedCalls(r), "rank %d", w.rank(g))
+				if tc.field == "" {
+					require.NoError(t, err, "rank %d", w.rank(g))
+					require.Equal(t, tc.apart, hier.SeparateChecks(r), "rank %d", w.rank(g))
+					continue
+				}
+				// The simulator may find the operators differ in the
+				// collective first, where NCCL reduces without a word.
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
+				var mm *hier.MismatchError
+				if errors.As(err, &mm) {
+					require.Contains(t, []string{tc.field, "shape"}, mm.Field, "rank %d: %v", w.rank(g), err)
+				}
+			}
+			if tc.field == "" {
+				ref := reftest.ComputeReference(fairgo.Float32, tc.op(0), in)
+				require.NoError(t, reftest.CheckResults(fairgo.Float32, ref, w.download(t, ts)))
+			}
+		})
+	}
+}
+
 // Small flat calls give the reference's results whether or not they carry
 // their check in their data (every element type and operator, counts from 1
-// to past a staging buffer's turn): sums and float averages do by default,
-// the other operators never, and WithFingerprintMax(0) turns them off.
+// to past a staging buffer's turn): every one does by default (the
+// operators other than sum and float average with the separate check
+// beside), and WithFingerprintMax(0) turns them off.
 func TestFingerprintedCallsAreExact(t *testing.T) {
 	for _, fpMax := range []int64{hier.DefaultFingerprintMax, 0} {
 		t.Run(fmt.Sprint(fpMax), func(t *testing.T) {

@@ -565,6 +565,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		checkC    <-chan struct{}
 		timedOut  bool
 		asked     bool // the watcher found the data still running
+		pairsRead bool // a fingerprint's pairs read before its separate check ended
 	)
 	if p.req.check != nil {
 		checkC = p.req.check.done
@@ -607,6 +608,13 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		if checkDone && errors.Is(checkErr, fairgo.ErrMismatch) {
 			return nil, nil, checkErr // whatever the data did, the call did not match
 		}
+		if dataDone && dataErr == nil && !checkDone && !pairsRead {
+			pairsRead = true
+			if err := r.readPairsFirst(p); err != nil {
+				r.abort(err)
+				return nil, nil, err
+			}
+		}
 		if p.req.completedElsewhere() { // complete sees that a Wait finished it
 			return nil, nil, nil
 		}
@@ -631,6 +639,26 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 			r.timedOut(p.req, now.Sub(start))
 		}
 	}
+}
+
+// readPairsFirst decides the fingerprint of p, a call fingerprinted and
+// checked apart (fingerprintVouches) whose data is done, before its
+// separate check ends: the pairs may show a mismatch that the peers, which
+// may have taken no separate check (their operator differs), find in
+// theirs and abort on without joining this rank's check. It returns that
+// mismatch, or nil (no fingerprint, no mismatch in it, or a Wait completed
+// the call meanwhile, freeing its slot: watch.mu guards both).
+func (r *Reducer) readPairsFirst(p pending) error {
+	w := &r.watch
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p.req.fp == nil || p.req.completedElsewhere() {
+		return nil
+	}
+	if err := p.req.fp.decide(p.req); errors.Is(err, fairgo.ErrMismatch) {
+		return err
+	}
+	return nil
 }
 
 // waitData waits for p's data for about d and returns what the last query
@@ -689,7 +717,7 @@ func (r *Reducer) conclude(p pending, dataErr, checkErr error) error {
 		// completes: the data may be partial.
 		return cause
 	}
-	if fc := p.req.fp; fc != nil { // no separate check: the data carried it
+	if fc := p.req.fp; fc != nil { // the data carried it (alone, or beside the separate check)
 		if err := fc.decide(p.req); err != nil {
 			r.explainRefusal(p.req, err)
 			r.abort(err)
