@@ -460,8 +460,8 @@ func (rt *router) inlineable(bytes int64) bool {
 		return false
 	case impl.single():
 		return rt.variantMade(r) // isFlat
-	case !rt.cfg.sliceSet && bytes >= probeMinBytes && !rt.table.linksSettled():
-		return false // its plan probes the links first (planWith)
+	case !impl.whole() && !rt.cfg.sliceSet && bytes >= probeMinBytes && !rt.table.linksSettled():
+		return false // its plan probes the links first (planWith, uncut)
 	}
 	return rt.shape(r, bytes, rt.table.probedLinks).slice >= bytes
 }

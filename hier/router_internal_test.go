@@ -128,7 +128,7 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 			require.Equal(t, p.route.String(), c.String(), "%d bytes", b)
 			require.Equal(t, p.algo.impl().single() && (p.algo.variant() == "" || p.comm != nil), rt.isFlat(b),
 				"%d bytes", b)
-			if rt.table.linksSettled() || cfg.sliceSet || b < probeMinBytes || p.algo.impl().single() {
+			if rt.table.linksSettled() || cfg.sliceSet || b < probeMinBytes || p.algo.impl().whole() {
 				require.Equal(t, rt.isFlat(b) || !p.algo.impl().single() && p.slice >= b, rt.inlineable(b),
 					"%d bytes, plan %v", b, p)
 			}
@@ -456,6 +456,14 @@ func TestInlineWaitsForTheLinks(t *testing.T) {
 	require.Less(t, p.slice, big, "the links cut 256 MiB")
 	require.False(t, rt.inlineable(big), "several slices: through the engine")
 	require.True(t, rt.inlineable(probeMinBytes) == (rt.route(probeMinBytes).slice >= probeMinBytes))
+
+	// The hierarchy in one piece plans without the links: inline before
+	// any probe.
+	cfg, err = buildConfig(g, []Option{WithAlgorithm(RailAllReduce)})
+	require.NoError(t, err)
+	rt = testRouter(g, cfg, m)
+	require.True(t, rt.inlineable(big))
+	require.False(t, rt.table.linksSettled())
 }
 
 // A fixed world variant is flat for the inline path and the check in the
