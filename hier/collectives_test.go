@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 	"github.com/fairgo/fairgo/staging"
+	"github.com/fairgo/fairgo/streams"
 )
 
 type blockCase struct {
@@ -298,46 +300,28 @@ func TestOneCollectiveCallsGoInline(t *testing.T) {
 			agSend, agRecv := w.upload(t, fairgo.Int32, zeros(c)), w.upload(t, fairgo.Int32, zeros(W*c))
 			bc := w.upload(t, fairgo.Int32, zeros(c))
 			inlined := make([][]bool, W)
-			errs := make([]error, W)
-			var wg sync.WaitGroup
-			for g, r := range w.reducers {
-				wg.Add(1)
-				go func() { // one goroutine a rank, as inline enqueue asks
-					defer wg.Done()
-					dev := w.devs[g].(*sim.Device)
-					s, err := dev.NewStream()
+			errs := onEachRank(w, func(g int, r *hier.Reducer, dev *sim.Device, s streams.Stream) error {
+				calls := []struct {
+					dst, src fairgo.Tensor
+					call     func() *hier.Work
+				}{
+					{rsSend[g], rsSrc[g], func() *hier.Work {
+						return r.ReduceScatter(context.Background(), rsSend[g], rsRecv[g], fairgo.Sum, hier.After(s))
+					}},
+					{agSend[g], agSrc[g], func() *hier.Work {
+						return r.AllGather(context.Background(), agSend[g], agRecv[g], hier.After(s))
+					}},
+					{bc[g], bcSrc[g], func() *hier.Work { return r.Broadcast(context.Background(), bc[g], root, hier.After(s)) }},
+				}
+				for _, k := range calls {
+					in, err := callAfterInput(dev, s, 30*time.Millisecond, k.dst, k.src, r, k.call)
 					if err != nil {
-						errs[g] = err
-						return
+						return err
 					}
-					calls := []struct {
-						dst, src fairgo.Tensor
-						call     func() *hier.Work
-					}{
-						{rsSend[g], rsSrc[g], func() *hier.Work {
-							return r.ReduceScatter(context.Background(), rsSend[g], rsRecv[g], fairgo.Sum, hier.After(s))
-						}},
-						{agSend[g], agSrc[g], func() *hier.Work {
-							return r.AllGather(context.Background(), agSend[g], agRecv[g], hier.After(s))
-						}},
-						{bc[g], bcSrc[g], func() *hier.Work { return r.Broadcast(context.Background(), bc[g], root, hier.After(s)) }},
-					}
-					for _, k := range calls {
-						if errs[g] = dev.DelayAsync(30*time.Millisecond, s); errs[g] != nil {
-							return
-						}
-						if errs[g] = dev.CopyAsync(k.dst.Ptr, k.src.Ptr, k.src.ByteLen(), s); errs[g] != nil {
-							return
-						}
-						before := hier.InlineCalls(r)
-						if errs[g] = k.call().Wait(context.Background()); errs[g] != nil {
-							return
-						}
-						inlined[g] = append(inlined[g], hier.InlineCalls(r) > before)
-					}
-				}()
-			}
-			wg.Wait()
+					inlined[g] = append(inlined[g], in)
+				}
+				return nil
+			})
 			for g, err := range errs {
 				require.NoError(t, err, "rank %d", g)
 				require.Equal(t, tc.inline, inlined[g], "rank %d: which calls went inline", g)
@@ -413,34 +397,18 @@ func TestOnePieceAllReducesGoInline(t *testing.T) {
 				bufs[k] = w.upload(t, fairgo.Int32, zeros)
 			}
 			inlined := make([][]bool, W)
-			errs := make([]error, W)
-			var wg sync.WaitGroup
-			for g, r := range w.reducers {
-				wg.Add(1)
-				go func() { // one goroutine a rank, as inline enqueue asks
-					defer wg.Done()
-					dev := w.devs[g].(*sim.Device)
-					s, err := dev.NewStream()
+			errs := onEachRank(w, func(g int, r *hier.Reducer, dev *sim.Device, s streams.Stream) error {
+				for k := range tc.counts {
+					in, err := callAfterInput(dev, s, 20*time.Millisecond, bufs[k][g], srcs[k][g], r, func() *hier.Work {
+						return r.AllReduce(context.Background(), bufs[k][g], fairgo.Sum, hier.After(s))
+					})
 					if err != nil {
-						errs[g] = err
-						return
+						return err
 					}
-					for k := range tc.counts {
-						if errs[g] = dev.DelayAsync(20*time.Millisecond, s); errs[g] != nil {
-							return
-						}
-						if errs[g] = dev.CopyAsync(bufs[k][g].Ptr, srcs[k][g].Ptr, srcs[k][g].ByteLen(), s); errs[g] != nil {
-							return
-						}
-						before := hier.InlineCalls(r)
-						if errs[g] = r.AllReduce(context.Background(), bufs[k][g], fairgo.Sum, hier.After(s)).Wait(context.Background()); errs[g] != nil {
-							return
-						}
-						inlined[g] = append(inlined[g], hier.InlineCalls(r) > before)
-					}
-				}()
-			}
-			wg.Wait()
+					inlined[g] = append(inlined[g], in)
+				}
+				return nil
+			})
 			for g, err := range errs {
 				require.NoError(t, err, "rank %d", g)
 				require.Equal(t, tc.inline, inlined[g], "rank %d: which calls went inline", g)
@@ -467,35 +435,24 @@ func TestInlineAllReduceWaitsForTheCallInFlight(t *testing.T) {
 	inputs := reftest.RandomInputs(rand.New(rand.NewPCG(9, 9)), fairgo.Int32, fairgo.Sum, W, large)
 	bufs := w.upload(t, fairgo.Int32, inputs)
 	inlined := make([]bool, W)
-	errs := make([]error, W)
-	var wg sync.WaitGroup
-	for g, r := range w.reducers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx := context.Background()
-			dev := w.devs[g].(*sim.Device)
-			s, err := dev.NewStream()
-			if err != nil {
-				errs[g] = err
-				return
-			}
-			scratch, err := dev.NewStream()
-			if err != nil {
-				errs[g] = err
-				return
-			}
-			whole := r.AllReduce(ctx, bufs[g], fairgo.Sum)
-			if errs[g] = whole.StreamWait(ctx, scratch); errs[g] != nil { // returns once enqueued
-				return
-			}
-			before := hier.InlineCalls(r)
-			head := r.AllReduce(ctx, bufs[g].Slice(0, small), fairgo.Sum, hier.After(s))
-			inlined[g] = hier.InlineCalls(r) > before
-			errs[g] = errors.Join(whole.Wait(ctx), head.Wait(ctx))
-		}()
-	}
-	wg.Wait()
+	errs := onEachRank(w, func(g int, r *hier.Reducer, dev *sim.Device, s streams.Stream) error {
+		ctx := context.Background()
+		scratch, err := dev.NewStream()
+		if err != nil {
+			return err
+		}
+		whole := r.AllReduce(ctx, bufs[g], fairgo.Sum)
+		if err := whole.StreamWait(ctx, scratch); err != nil { // returns once enqueued
+			return err
+		}
+		for !hier.EngineIdle(r) { // the engine ends its execution just after
+			runtime.Gosched()
+		}
+		before := hier.InlineCalls(r)
+		head := r.AllReduce(ctx, bufs[g].Slice(0, small), fairgo.Sum, hier.After(s))
+		inlined[g] = hier.InlineCalls(r) > before
+		return errors.Join(whole.Wait(ctx), head.Wait(ctx))
+	})
 	for g, err := range errs {
 		require.NoError(t, err, "rank %d", g)
 		require.True(t, inlined[g], "rank %d: the second call went inline", g)
@@ -516,4 +473,42 @@ func TestInlineAllReduceWaitsForTheCallInFlight(t *testing.T) {
 		}
 		require.Equal(t, want, got, "rank %d", g)
 	}
+}
+
+// onEachRank runs fn for every rank of w at once, each on a goroutine of
+// its own (as inline enqueue asks) with a new stream of its device, and
+// returns each rank's error.
+func onEachRank(w *world, fn func(g int, r *hier.Reducer, dev *sim.Device, s streams.Stream) error) []error {
+	errs := make([]error, len(w.reducers))
+	var wg sync.WaitGroup
+	for g, r := range w.reducers {
+		wg.Go(func() {
+			dev := w.devs[g].(*sim.Device)
+			s, err := dev.NewStream()
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			errs[g] = fn(g, r, dev, s)
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// callAfterInput enqueues on s a delay, then the copy of src to dst (a
+// call ordered after s that does not wait for it reads dst before the
+// copy), then makes call on r and waits for it. It reports whether the
+// call went inline.
+func callAfterInput(dev *sim.Device, s streams.Stream, delay time.Duration, dst, src fairgo.Tensor,
+	r *hier.Reducer, call func() *hier.Work) (bool, error) {
+	if err := dev.DelayAsync(delay, s); err != nil {
+		return false, err
+	}
+	if err := dev.CopyAsync(dst.Ptr, src.Ptr, src.ByteLen(), s); err != nil {
+		return false, err
+	}
+	before := hier.InlineCalls(r)
+	err := call().Wait(context.Background())
+	return hier.InlineCalls(r) > before, err
 }

@@ -18,6 +18,14 @@ func WithCheckAlone(d time.Duration) Option { return func(c *config) { c.checkAl
 // InlineCalls is how many calls r enqueued on the caller's goroutine.
 func InlineCalls(r *Reducer) uint64 { return r.hooks.inlined.Load() }
 
+// EngineIdle reports whether no call is queued for r's engine or being
+// enqueued: the next call that may go inline does.
+func EngineIdle(r *Reducer) bool {
+	r.calls.mu.Lock()
+	defer r.calls.mu.Unlock()
+	return !r.calls.busy && len(r.calls.items) == 0
+}
+
 // StagesByPairs reports whether r stages its fingerprinted calls by pair
 // copies (backend.PairCopier on mapped host memory).
 func StagesByPairs(r *Reducer) bool { return r.fps != nil && r.fps.pair != nil }
