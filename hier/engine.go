@@ -270,6 +270,7 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	q.work.markEnqueued(ev, last)
 	r.watch.enqueued.Store(q.seq)
 	if !fingerprinted || !r.fingerprintVouches(q) {
+		q.pairsFirst = fingerprinted // its pairs are read before its check ends
 		r.checkLater(q)
 	}
 	if ev == nil && q.check == nil && !q.posted { // nothing on the device, no peer to hear from
@@ -322,6 +323,7 @@ func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 		return
 	}
 	if !r.fingerprintVouches(q) { // as its peers that accepted it
+		q.pairsFirst = true
 		r.checkLater(q)
 	}
 	// The Work failed at the call and keeps no event: its StreamWait

@@ -50,9 +50,14 @@ type request struct {
 	work       *Work
 	seq        uint64  // the call's number in this Reducer's call order, from 1
 	rejected   error   // set when this rank refused the call: only its check runs
-	check      *ticket // the outcome of the cross-rank check; nil without peers or when fp carries it
+	check      *ticket // the outcome of the cross-rank check; nil without peers or when fp carries it alone
 	posted     bool    // the call's check is in the shared memory of a one-machine job (hostcheck.go)
 	fp         *fpCall // the fingerprint the call's data carries (fingerprint.go); nil otherwise
+	// pairsFirst: fp with the separate check beside it
+	// (fingerprintVouches), set before the call reaches the watcher, which
+	// reads fp's pairs when the data is done, before the check ends
+	// (readPairsFirst).
+	pairsFirst bool
 }
 
 func (q *request) String() string {

@@ -661,6 +661,48 @@ func TestOperatorsDifferingRunOneCollective(t *testing.T) {
 	}
 }
 
+// A call fingerprinted and checked apart (a maximum) fails on the
+// fingerprint's pairs as soon as its data is done, without waiting for its
+// separate check: here the checkers decide nothing, and rank 0 refused the
+// call (its context was done), which its pairs tell the others. Ranks whose
+// operators differ, one taking no separate check, rely on that.
+func TestPairsDecidedBeforeTheSeparateCheck(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 8, Devices: 1, Seed: 13, StallTimeout: time.Minute},
+		hier.WithTimeout(time.Minute), fingerprintsFirst)
+	warmUp(t, w, 2) // past call 1, whose collective check carries the agreement
+	checks := make([]uint64, len(w.reducers))
+	for g, r := range w.reducers {
+		checks[g] = hier.SeparateChecks(r)
+		hier.HoldChecker(r, true)
+		t.Cleanup(func() { hier.HoldChecker(r, false) }) // before the world's Close, which waits for the checks
+	}
+	ts := w.upload(t, fairgo.Float32, reftest.RandomInputs(rand.New(rand.NewPCG(13, 13)), fairgo.Float32, fairgo.Max, w.size(), 1000))
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	works := make([]*hier.Work, len(w.reducers))
+	for g, r := range w.reducers {
+		ctx := context.Background()
+		if w.rank(g) == 0 {
+			ctx = done
+		}
+		works[g] = r.AllReduce(ctx, ts[g], fairgo.Max)
+	}
+	for g, wk := range works {
+		ctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
+		err := wk.Wait(ctx)
+		stop()
+		if w.rank(g) == 0 { // failed at the call; its check runs after
+			require.ErrorIs(t, err, context.Canceled)
+			continue
+		}
+		require.Equal(t, checks[g]+1, hier.SeparateChecks(w.reducers[g]), "rank %d", w.rank(g))
+		var mm *hier.MismatchError
+		require.ErrorAs(t, err, &mm, "rank %d", w.rank(g))
+		require.NotNil(t, mm.Refusal, "rank %d: %v", w.rank(g), err)
+		require.Equal(t, 0, mm.Refusal.Rank)
+	}
+}
+
 // Small flat calls give the reference's results whether or not they carry
 // their check in their data (every element type and operator, counts from 1
 // to past a staging buffer's turn): every one does by default (the

@@ -608,10 +608,9 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		if checkDone && errors.Is(checkErr, fairgo.ErrMismatch) {
 			return nil, nil, checkErr // whatever the data did, the call did not match
 		}
-		if dataDone && dataErr == nil && !checkDone && !pairsRead {
+		if p.req.pairsFirst && dataDone && dataErr == nil && !checkDone && !pairsRead {
 			pairsRead = true
 			if err := r.readPairsFirst(p); err != nil {
-				r.abort(err)
 				return nil, nil, err
 			}
 		}
@@ -642,12 +641,13 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 }
 
 // readPairsFirst decides the fingerprint of p, a call fingerprinted and
-// checked apart (fingerprintVouches) whose data is done, before its
+// checked apart (request.pairsFirst) whose data is done, before its
 // separate check ends: the pairs may show a mismatch that the peers, which
 // may have taken no separate check (their operator differs), find in
-// theirs and abort on without joining this rank's check. It returns that
-// mismatch, or nil (no fingerprint, no mismatch in it, or a Wait completed
-// the call meanwhile, freeing its slot: watch.mu guards both).
+// theirs and abort on without joining this rank's check. On a mismatch it
+// explains and aborts as conclude does, and returns it; else nil (no
+// mismatch in the pairs, or a Wait completed the call meanwhile, freeing
+// its slot: watch.mu guards both).
 func (r *Reducer) readPairsFirst(p pending) error {
 	w := &r.watch
 	w.mu.Lock()
@@ -655,10 +655,13 @@ func (r *Reducer) readPairsFirst(p pending) error {
 	if p.req.fp == nil || p.req.completedElsewhere() {
 		return nil
 	}
-	if err := p.req.fp.decide(p.req); errors.Is(err, fairgo.ErrMismatch) {
-		return err
+	err := p.req.fp.decide(p.req)
+	if !errors.Is(err, fairgo.ErrMismatch) {
+		return nil
 	}
-	return nil
+	r.explainRefusal(p.req, err)
+	r.abort(err)
+	return err
 }
 
 // waitData waits for p's data for about d and returns what the last query
