@@ -191,9 +191,10 @@ func WithCheckHost(host string) Option { return func(c *config) { c.checkHost = 
 // the pairwise ones, the rail in one slice); other calls run the separate
 // check. Max, min, product and the other averages of the same sizes carry
 // a fingerprint too and run the separate check beside it, so that ranks
-// whose operators differ run collectives of one size (a mismatch, found at
-// once, where collectives of two sizes would wait for the watchdog). The
-// fingerprint costs a call two device copies of its data and a
+// whose operators differ run collectives of one size and find the mismatch
+// in the fingerprint, where collectives of two sizes would wait for the
+// watchdog (a rank that also runs the separate check may still wait there
+// for peers that never join it). The fingerprint costs a call two device copies of its data and a
 // few hundred elements more in its exchanges; the separate check is a
 // second collective beside it on the same links, which on 16 machines of
 // one GPU each doubled a 64 KiB call's time (BENCHMARKS.md, "The check
