@@ -301,10 +301,8 @@ func TestOneCollectiveCallsGoInline(t *testing.T) {
 			bc := w.upload(t, fairgo.Int32, zeros(c))
 			inlined := make([][]bool, W)
 			errs := onEachRank(w, func(g int, r *hier.Reducer, dev *sim.Device, s streams.Stream) error {
-				calls := []struct {
-					dst, src fairgo.Tensor
-					call     func() *hier.Work
-				}{
+				var err error
+				inlined[g], err = callsAfterInput(dev, s, 30*time.Millisecond, r, []inputCall{
 					{rsSend[g], rsSrc[g], func() *hier.Work {
 						return r.ReduceScatter(context.Background(), rsSend[g], rsRecv[g], fairgo.Sum, hier.After(s))
 					}},
@@ -312,15 +310,8 @@ func TestOneCollectiveCallsGoInline(t *testing.T) {
 						return r.AllGather(context.Background(), agSend[g], agRecv[g], hier.After(s))
 					}},
 					{bc[g], bcSrc[g], func() *hier.Work { return r.Broadcast(context.Background(), bc[g], root, hier.After(s)) }},
-				}
-				for _, k := range calls {
-					in, err := callAfterInput(dev, s, 30*time.Millisecond, k.dst, k.src, r, k.call)
-					if err != nil {
-						return err
-					}
-					inlined[g] = append(inlined[g], in)
-				}
-				return nil
+				})
+				return err
 			})
 			for g, err := range errs {
 				require.NoError(t, err, "rank %d", g)
@@ -398,16 +389,15 @@ func TestOnePieceAllReducesGoInline(t *testing.T) {
 			}
 			inlined := make([][]bool, W)
 			errs := onEachRank(w, func(g int, r *hier.Reducer, dev *sim.Device, s streams.Stream) error {
-				for k := range tc.counts {
-					in, err := callAfterInput(dev, s, 20*time.Millisecond, bufs[k][g], srcs[k][g], r, func() *hier.Work {
+				calls := make([]inputCall, len(tc.counts))
+				for k := range calls {
+					calls[k] = inputCall{bufs[k][g], srcs[k][g], func() *hier.Work {
 						return r.AllReduce(context.Background(), bufs[k][g], fairgo.Sum, hier.After(s))
-					})
-					if err != nil {
-						return err
-					}
-					inlined[g] = append(inlined[g], in)
+					}}
 				}
-				return nil
+				var err error
+				inlined[g], err = callsAfterInput(dev, s, 20*time.Millisecond, r, calls)
+				return err
 			})
 			for g, err := range errs {
 				require.NoError(t, err, "rank %d", g)
@@ -496,19 +486,32 @@ func onEachRank(w *world, fn func(g int, r *hier.Reducer, dev *sim.Device, s str
 	return errs
 }
 
-// callAfterInput enqueues on s a delay, then the copy of src to dst (a
-// call ordered after s that does not wait for it reads dst before the
-// copy), then makes call on r and waits for it. It reports whether the
-// call went inline.
-func callAfterInput(dev *sim.Device, s streams.Stream, delay time.Duration, dst, src fairgo.Tensor,
-	r *hier.Reducer, call func() *hier.Work) (bool, error) {
-	if err := dev.DelayAsync(delay, s); err != nil {
-		return false, err
+// inputCall is a call of r and the input it reads: src, copied to dst
+// just before.
+type inputCall struct {
+	dst, src fairgo.Tensor
+	call     func() *hier.Work
+}
+
+// callsAfterInput makes each call in turn, after enqueueing on s a delay
+// and then the copy of its input (a call ordered after s that does not wait
+// for it reads dst before the copy), and waits for it. It reports which
+// calls went inline.
+func callsAfterInput(dev *sim.Device, s streams.Stream, delay time.Duration, r *hier.Reducer,
+	calls []inputCall) ([]bool, error) {
+	var inlined []bool
+	for _, k := range calls {
+		if err := dev.DelayAsync(delay, s); err != nil {
+			return inlined, err
+		}
+		if err := dev.CopyAsync(k.dst.Ptr, k.src.Ptr, k.src.ByteLen(), s); err != nil {
+			return inlined, err
+		}
+		before := hier.InlineCalls(r)
+		if err := k.call().Wait(context.Background()); err != nil {
+			return inlined, err
+		}
+		inlined = append(inlined, hier.InlineCalls(r) > before)
 	}
-	if err := dev.CopyAsync(dst.Ptr, src.Ptr, src.ByteLen(), s); err != nil {
-		return false, err
-	}
-	before := hier.InlineCalls(r)
-	err := call().Wait(context.Background())
-	return hier.InlineCalls(r) > before, err
+	return inlined, nil
 }
