@@ -375,9 +375,21 @@ func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
 // operator, a kind or a call number that differs) and checked by the
 // separate check as well (checkLater), which every rank that takes the
 // same operator runs alike.
+//
+// Call connectCall never is: its separate check runs on every rank, so
+// that the check communicator is connected by a collective they all make.
+// NCCL connects a communicator at its first collective and blocks the
+// enqueuing thread until every peer has made one; a rank whose first
+// separate check were the one its peers never run (its operator differs)
+// would block there, before its call reaches the watcher that finds the
+// difference in the pairs, until its watchdog.
 func (r *Reducer) fingerprintVouches(q *request) bool {
-	return fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size())
+	return q.seq != connectCall && fingerprintFits(q.a.DType, q.fpOp(), r.rank.Grid.Size())
 }
+
+// connectCall is the call whose separate check every rank runs
+// (fingerprintVouches).
+const connectCall = 1
 
 // stagedBytes is the size of the fingerprinted copy of t among world
 // ranks (stagedCount's elements).

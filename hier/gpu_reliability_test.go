@@ -67,13 +67,10 @@ func TestGPUMismatchedCounts(t *testing.T) {
 // memory, on one machine and across up to RelayMaxMachines machines (the
 // relay bringing the other machines' images; beyond, through the
 // fingerprints), one process per GPU under a launcher or all in one:
-// results are right, also past the slots' first use, and an operator that
-// differs on the last rank fails on every rank with ErrMismatch: the
-// maximum where shared memory checks, a float average (which a fingerprint
-// vouches for, as for the others' sum) where fingerprints do. Under the
-// maximum with fingerprints, that rank would also run the separate check,
-// which its peers never join: its call fails with ErrMismatch only after
-// its watchdog (doc/reliability.md).
+// results are right, also past the slots' first use, and the maximum on
+// the last rank, among sums, fails on every rank with ErrMismatch. Where
+// fingerprints check, that rank alone also runs the separate check
+// (TestGPUOperatorDifferingFailsFast).
 func TestGPUSharedMemoryCheck(t *testing.T) {
 	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
 		if tc.m*tc.d < 2 {
@@ -102,9 +99,6 @@ func TestGPUSharedMemoryCheck(t *testing.T) {
 				op := fairgo.Sum
 				if w.rank(g) == w.size()-1 {
 					op = fairgo.Max
-					if !shared {
-						op = fairgo.Avg
-					}
 				}
 				works = append(works, r.AllReduce(context.Background(), ts[g], op))
 			}
@@ -119,6 +113,50 @@ func TestGPUSharedMemoryCheck(t *testing.T) {
 				require.ErrorAs(t, err, &mm)
 				require.Contains(t, fields, mm.Field)
 				t.Logf("rank %d: %v", w.rank(g), err)
+			}
+		})
+	}
+}
+
+// A rank whose operator differs on a fingerprinted call (a maximum among
+// sums) fails with its peers, long before the watchdog, though it alone
+// runs a separate check on the check communicator: every rank connected
+// that communicator at call 1, so NCCL does not hold the maximum's launch
+// for peers that never join it. The check goes through the collective and
+// the fingerprints (no shared memory), on communicators made for the test.
+func TestGPUOperatorDifferingFailsFast(t *testing.T) {
+	const timeout = 30 * time.Second
+	seen := map[[2]int]bool{}
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
+		if tc.m*tc.d < 2 || seen[[2]int{tc.m, tc.d}] {
+			continue
+		}
+		seen[[2]int{tc.m, tc.d}] = true
+		t.Run(fmt.Sprintf("%dx%d", tc.m, tc.d), func(t *testing.T) {
+			w := freshGPUWorld(t, tc.m, tc.d, hier.WithTimeout(timeout), hier.WithSharedMemoryDir(""))
+			warmUp(t, w, 3)
+			sumOnEveryRank(t, w)
+			ts := make([]fairgo.Tensor, len(w.reducers))
+			for g := range ts {
+				var err error
+				ts[g], err = w.alloc(g, 256, fairgo.Float32)
+				require.NoError(t, err)
+			}
+			start := time.Now()
+			var works []*hier.Work
+			for g, r := range w.reducers {
+				op := fairgo.Sum
+				if w.rank(g) == w.size()-1 {
+					op = fairgo.Max
+				}
+				works = append(works, r.AllReduce(context.Background(), ts[g], op))
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
+				require.NotErrorIs(t, err, fairgo.ErrTimeout, "rank %d", w.rank(g))
+				require.Less(t, time.Since(start), timeout/3, "rank %d: %v", w.rank(g), err)
+				t.Logf("rank %d after %v: %v", w.rank(g), time.Since(start).Round(time.Millisecond), err)
 			}
 		})
 	}

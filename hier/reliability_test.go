@@ -616,7 +616,7 @@ func TestOperatorsDifferingRunOneCollective(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		op    func(g int) fairgo.Op
-		apart uint64 // separate checks a rank ran
+		apart uint64 // separate checks a rank ran, call 1's aside
 		field string // the field of the mismatch found; "": none
 	}{
 		{"sum", func(int) fairgo.Op { return fairgo.Sum }, 0, ""},
@@ -630,6 +630,7 @@ func TestOperatorsDifferingRunOneCollective(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, cfg, hier.WithTimeout(time.Minute), fingerprintsFirst)
+			warmUp(t, w, 1) // past call 1, whose separate check every rank runs
 			in := reftest.RandomInputs(rand.New(rand.NewPCG(12, 12)), fairgo.Float32, fairgo.Max, w.size(), 1000)
 			ts := w.upload(t, fairgo.Float32, in)
 			works := make([]*hier.Work, len(w.reducers))
@@ -639,10 +640,10 @@ func TestOperatorsDifferingRunOneCollective(t *testing.T) {
 			for g, wk := range works {
 				err := wk.Wait(context.Background())
 				r := w.reducers[g]
-				require.Equal(t, uint64(1), hier.FingerprintedCalls(r), "rank %d", w.rank(g))
+				require.Equal(t, uint64(2), hier.FingerprintedCalls(r), "rank %d", w.rank(g))
 				if tc.field == "" {
 					require.NoError(t, err, "rank %d", w.rank(g))
-					require.Equal(t, tc.apart, hier.SeparateChecks(r), "rank %d", w.rank(g))
+					require.Equal(t, 1+tc.apart, hier.SeparateChecks(r), "rank %d", w.rank(g))
 					continue
 				}
 				// The simulator may find the operators differ in the
@@ -700,6 +701,46 @@ func TestPairsDecidedBeforeTheSeparateCheck(t *testing.T) {
 		require.ErrorAs(t, err, &mm, "rank %d", w.rank(g))
 		require.NotNil(t, mm.Refusal, "rank %d: %v", w.rank(g), err)
 		require.Equal(t, 0, mm.Refusal.Rank)
+	}
+}
+
+// A rank whose operator differs from its peers' on a fingerprinted call
+// fails with them, long before its watchdog, though it alone runs a
+// separate check (a maximum; its peers sum). NCCL connects a communicator
+// at its first collective and blocks the enqueuing thread until every peer
+// has made one (the simulator's ConnectAtFirstCall): had no earlier call
+// used the check communicator on every rank, that rank's enqueue would
+// block there and its call never reach the watcher that finds the
+// difference.
+func TestOperatorDifferingFailsBeforeTheWatchdog(t *testing.T) {
+	const timeout = 20 * time.Second
+	w := newWorld(t, sim.Config{Machines: 8, Devices: 1, Seed: 14, StallTimeout: time.Minute, ConnectAtFirstCall: true},
+		hier.WithTimeout(timeout), fingerprintsFirst)
+	warmUp(t, w, 3) // sums, fingerprinted; call 1 checked apart as well on every rank
+	for g, r := range w.reducers {
+		require.Equal(t, uint64(3), hier.FingerprintedCalls(r), "rank %d", w.rank(g))
+		require.Equal(t, uint64(1), hier.SeparateChecks(r), "rank %d", w.rank(g))
+	}
+	ts := make([]fairgo.Tensor, len(w.reducers))
+	for g := range ts {
+		var err error
+		ts[g], err = w.alloc(g, 256, fairgo.Float32)
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	works := make([]*hier.Work, len(w.reducers))
+	for g, r := range w.reducers {
+		op := fairgo.Sum
+		if w.rank(g) == w.size()-1 {
+			op = fairgo.Max
+		}
+		works[g] = r.AllReduce(context.Background(), ts[g], op)
+	}
+	for g, wk := range works {
+		err := wk.Wait(context.Background())
+		require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
+		require.NotErrorIs(t, err, fairgo.ErrTimeout, "rank %d", w.rank(g))
+		require.Less(t, time.Since(start), timeout/2, "rank %d: %v", w.rank(g), err)
 	}
 }
 

@@ -54,6 +54,13 @@ type Config struct {
 	// communicator of Comms (hier's flat allreduce, and the few of its
 	// own bookkeeping that ride on it).
 	WorldDelay time.Duration
+	// ConnectAtFirstCall makes each communicator connect as NCCL does by
+	// default (NCCL_RUNTIME_CONNECT): a rank's first collective on it
+	// blocks the enqueuing thread until every rank has made its first one,
+	// or the rank aborts its own handle, or StallTimeout passes (a
+	// *StallError). Without it a first call enqueues at once, as every
+	// later one does.
+	ConnectAtFirstCall bool
 }
 
 func (cfg Config) validate() error {
@@ -165,9 +172,10 @@ func NewCluster(cfg Config) (*Cluster, error) {
 			members[i] = c.devices[g]
 		}
 		gr := newGroup(name, members, cfg.StallTimeout)
+		gr.connectFirst = cfg.ConnectAtFirstCall
 		c.groups = append(c.groups, gr)
 		for i, g := range ranks {
-			set(&c.comms[g], &Comm{g: gr, rank: i, dev: c.devices[g]})
+			set(&c.comms[g], &Comm{g: gr, rank: i, dev: c.devices[g], aborted: make(chan struct{})})
 		}
 		return gr
 	}

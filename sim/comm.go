@@ -87,6 +87,14 @@ type group struct {
 	meetings map[uint64]*meeting
 	err      error         // sticky failure (mismatch, stall, illegal address, abort, close)
 	failed   chan struct{} // closed when err is first set
+
+	// connectFirst (Config.ConnectAtFirstCall): each handle's first call
+	// blocks its caller until every handle has made one. joined marks
+	// the handles (by communicator rank) that have, under mu; connected
+	// is closed when all have.
+	connectFirst bool
+	joined       []bool
+	connected    chan struct{}
 }
 
 // meeting gathers the ranks of one call (one sequence number).
@@ -100,12 +108,14 @@ type meeting struct {
 
 func newGroup(name string, members []*Device, stall time.Duration) *group {
 	return &group{
-		name:     name,
-		members:  members,
-		stall:    stall,
-		enqueued: make([]atomic.Uint64, len(members)),
-		meetings: map[uint64]*meeting{},
-		failed:   make(chan struct{}),
+		name:      name,
+		members:   members,
+		stall:     stall,
+		enqueued:  make([]atomic.Uint64, len(members)),
+		meetings:  map[uint64]*meeting{},
+		failed:    make(chan struct{}),
+		joined:    make([]bool, len(members)),
+		connected: make(chan struct{}),
 	}
 }
 
@@ -461,6 +471,10 @@ type Comm struct {
 	seq    uint64
 	tail   chan struct{} // closed when the last enqueued call has finished
 	closed bool
+	joined bool // its first call was made (Config.ConnectAtFirstCall)
+
+	aborted   chan struct{} // closed by this handle's Abort
+	abortOnce sync.Once
 }
 
 var _ backend.Comm = (*Comm)(nil)
@@ -507,6 +521,9 @@ func (c *Comm) enqueue(st streams.Stream, cl *call) error {
 		return c.badArg("count", cl.count, "out of range")
 	}
 	cl.rank, cl.dev = c.rank, c.dev
+	if err := c.connect(); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -526,6 +543,58 @@ func (c *Comm) enqueue(st streams.Stream, cl *call) error {
 	c.tail = mine
 	g.enqueued[c.rank].Store(c.seq)
 	return nil
+}
+
+// connect is NCCL's connection of a communicator at its first collective
+// (NCCL_RUNTIME_CONNECT, on by default since NCCL 2.22), where
+// Config.ConnectAtFirstCall asks for it: the handle's first call blocks
+// its caller until every handle of the communicator has made its first
+// call, this handle is aborted (only its own Abort: NCCL's blocked
+// connection does not hear of a peer's), or the stall timeout passes.
+// A rank that alone makes a collective on a communicator no peer has used
+// yet blocks there, before anything reaches its stream.
+func (c *Comm) connect() error {
+	g := c.g
+	if !g.connectFirst {
+		return nil
+	}
+	c.mu.Lock()
+	first := !c.joined
+	c.joined = true
+	c.mu.Unlock()
+	if !first {
+		return nil
+	}
+	g.mu.Lock()
+	g.joined[c.rank] = true
+	if !slices.Contains(g.joined, false) {
+		close(g.connected)
+	}
+	g.mu.Unlock()
+	t := time.NewTimer(g.stall)
+	defer t.Stop()
+	select {
+	case <-g.connected:
+		return nil
+	case <-c.aborted:
+		return fmt.Errorf("sim: %s: connecting at its first call: aborted by this rank: %w", c, fairgo.ErrAborted)
+	case <-c.dev.ctx.Done():
+		return c.dev.closedErr()
+	case <-t.C:
+	}
+	e := &StallError{Comm: g.name, Timeout: g.stall}
+	g.mu.Lock()
+	for r, j := range g.joined {
+		if j {
+			e.Arrived = append(e.Arrived, r)
+			e.Calls = append(e.Calls, "its first call")
+		} else {
+			e.Missing = append(e.Missing, r)
+			e.NotCalled = append(e.NotCalled, r)
+		}
+	}
+	g.mu.Unlock()
+	return e
 }
 
 // inPlaceOK checks the only overlap NCCL defines between a collective's
@@ -631,8 +700,11 @@ func (c *Comm) AllToAllv(send uintptr, sendCounts, sendDispls []int64, recv uint
 func (c *Comm) Err() error { return c.g.failure() }
 
 // Abort fails the pending and future calls of the whole communicator (every
-// rank's handle) with an error wrapping fairgo.ErrAborted. It never blocks.
+// rank's handle) with an error wrapping fairgo.ErrAborted, and ends this
+// handle's wait at its first call (Config.ConnectAtFirstCall). It never
+// blocks.
 func (c *Comm) Abort() error {
+	c.abortOnce.Do(func() { close(c.aborted) })
 	g := c.g
 	g.mu.Lock()
 	defer g.mu.Unlock()

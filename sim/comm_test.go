@@ -674,3 +674,72 @@ func TestCommValidation(t *testing.T) {
 	require.ErrorIs(t, errs[0], ErrIllegalAddress)
 	require.ErrorContains(t, errs[0], "belongs to sim device 0")
 }
+
+// With ConnectAtFirstCall a handle's first call blocks its caller until
+// every handle has made one; its later calls do not block; a peer's abort
+// leaves it blocked, its own ends the wait; a rank that never comes makes
+// it a stall.
+func TestConnectAtFirstCall(t *testing.T) {
+	allReduce := func(w *world, r int) error {
+		b := tensorOf(t, w.devs[r], fairgo.Float32, 1)
+		return w.comms[r].AllReduce(b.Ptr, b.Ptr, 1, fairgo.Float32, fairgo.Sum, w.ss[r])
+	}
+	// inBackground makes rank r's call on a goroutine of its own and
+	// returns its error's channel.
+	inBackground := func(w *world, r int) <-chan error {
+		errc := make(chan error, 1)
+		go func() { errc <- allReduce(w, r) }()
+		return errc
+	}
+	blocked := func(errc <-chan error) bool {
+		select {
+		case <-errc:
+			return false
+		case <-time.After(50 * time.Millisecond):
+			return true
+		}
+	}
+
+	t.Run("every rank comes", func(t *testing.T) {
+		w := newWorld(t, 3, Config{StallTimeout: time.Minute, ConnectAtFirstCall: true})
+		first := []<-chan error{inBackground(w, 0), inBackground(w, 1)}
+		for _, errc := range first {
+			require.True(t, blocked(errc), "a first call returned before every rank made one")
+		}
+		require.NoError(t, allReduce(w, 2))
+		for _, errc := range first {
+			require.NoError(t, <-errc)
+		}
+		for r := range 3 { // connected: the second calls return at once, one goroutine for all
+			require.NoError(t, allReduce(w, r))
+		}
+		w.requireOK(t)
+	})
+	t.Run("only its own abort ends the wait", func(t *testing.T) {
+		w := newWorld(t, 2, Config{StallTimeout: time.Minute, ConnectAtFirstCall: true})
+		errc := inBackground(w, 0)
+		require.NoError(t, w.comms[1].Abort())
+		require.True(t, blocked(errc), "a peer's abort ended the wait")
+		require.NoError(t, w.comms[0].Abort())
+		err := <-errc
+		require.ErrorIs(t, err, fairgo.ErrAborted)
+		require.ErrorContains(t, err, "world rank 0: connecting at its first call: aborted by this rank")
+	})
+	t.Run("a rank that never comes", func(t *testing.T) {
+		w := newWorld(t, 3, Config{StallTimeout: 100 * time.Millisecond, ConnectAtFirstCall: true})
+		errc := inBackground(w, 1)
+		err := allReduce(w, 0)
+		var se *StallError
+		require.ErrorAs(t, err, &se)
+		require.ErrorIs(t, err, fairgo.ErrTimeout)
+		require.Equal(t, []int{0, 1}, se.Arrived)
+		require.Equal(t, []int{2}, se.NotCalled)
+		require.ErrorIs(t, <-errc, ErrStall)
+	})
+	t.Run("off: a first call returns at once", func(t *testing.T) {
+		w := newWorld(t, 2, Config{StallTimeout: time.Minute})
+		require.NoError(t, allReduce(w, 0))
+		require.NoError(t, allReduce(w, 1))
+		w.requireOK(t)
+	})
+}

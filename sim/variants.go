@@ -213,10 +213,11 @@ func (c *Cluster) NewAlgoWorld(algo backend.NCCLAlgo) ([]*Comm, error) {
 func (c *Cluster) newWorldLocked(name string, delay time.Duration) (*group, []*Comm) {
 	gr := newGroup(name, c.devices, c.cfg.StallTimeout)
 	gr.delay = delay
+	gr.connectFirst = c.cfg.ConnectAtFirstCall
 	c.groups = append(c.groups, gr)
 	out := make([]*Comm, len(c.devices))
 	for g, d := range c.devices {
-		out[g] = &Comm{g: gr, rank: g, dev: d}
+		out[g] = &Comm{g: gr, rank: g, dev: d, aborted: make(chan struct{})}
 	}
 	return gr, out
 }
