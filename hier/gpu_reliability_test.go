@@ -88,20 +88,7 @@ func TestGPUSharedMemoryCheck(t *testing.T) {
 			}
 			warmUp(t, w, 2*hier.SharedMemorySlots)
 			sumOnEveryRank(t, w)
-			ts := make([]fairgo.Tensor, len(w.reducers))
-			for g := range ts {
-				var err error
-				ts[g], err = w.alloc(g, 256, fairgo.Float32)
-				require.NoError(t, err)
-			}
-			var works []*hier.Work
-			for g, r := range w.reducers {
-				op := fairgo.Sum
-				if w.rank(g) == w.size()-1 {
-					op = fairgo.Max
-				}
-				works = append(works, r.AllReduce(context.Background(), ts[g], op))
-			}
+			works := maxAmongSums(t, w)
 			fields := []string{"operator"}
 			if !shared {
 				fields = append(fields, "shape") // a fingerprint's field hash that collided
@@ -136,28 +123,8 @@ func TestGPUOperatorDifferingFailsFast(t *testing.T) {
 			w := freshGPUWorld(t, tc.m, tc.d, hier.WithTimeout(timeout), hier.WithSharedMemoryDir(""))
 			warmUp(t, w, 3)
 			sumOnEveryRank(t, w)
-			ts := make([]fairgo.Tensor, len(w.reducers))
-			for g := range ts {
-				var err error
-				ts[g], err = w.alloc(g, 256, fairgo.Float32)
-				require.NoError(t, err)
-			}
 			start := time.Now()
-			var works []*hier.Work
-			for g, r := range w.reducers {
-				op := fairgo.Sum
-				if w.rank(g) == w.size()-1 {
-					op = fairgo.Max
-				}
-				works = append(works, r.AllReduce(context.Background(), ts[g], op))
-			}
-			for g, wk := range works {
-				err := wk.Wait(context.Background())
-				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
-				require.NotErrorIs(t, err, fairgo.ErrTimeout, "rank %d", w.rank(g))
-				require.Less(t, time.Since(start), timeout/3, "rank %d: %v", w.rank(g), err)
-				t.Logf("rank %d after %v: %v", w.rank(g), time.Since(start).Round(time.Millisecond), err)
-			}
+			requireMismatchesWithin(t, w, maxAmongSums(t, w), start, timeout/3)
 		})
 	}
 }

@@ -103,6 +103,37 @@ func (w *world) alloc(g int, count int64, dt fairgo.DType) (fairgo.Tensor, error
 	return tn, err
 }
 
+// maxAmongSums allreduces 256 float32 on every rank of w: the last world
+// rank takes the maximum, the others sum. It returns the Works in w's
+// order.
+func maxAmongSums(t testing.TB, w *world) []*hier.Work {
+	t.Helper()
+	works := make([]*hier.Work, len(w.reducers))
+	for g, r := range w.reducers {
+		ts, err := w.alloc(g, 256, fairgo.Float32)
+		require.NoError(t, err)
+		op := fairgo.Sum
+		if w.rank(g) == w.size()-1 {
+			op = fairgo.Max
+		}
+		works[g] = r.AllReduce(context.Background(), ts, op)
+	}
+	return works
+}
+
+// requireMismatchesWithin requires every one of works (in w's order) to
+// fail with ErrMismatch, not a timeout, within d of start.
+func requireMismatchesWithin(t testing.TB, w *world, works []*hier.Work, start time.Time, d time.Duration) {
+	t.Helper()
+	for g, wk := range works {
+		err := wk.Wait(context.Background())
+		require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
+		require.NotErrorIs(t, err, fairgo.ErrTimeout, "rank %d", w.rank(g))
+		require.Less(t, time.Since(start), d, "rank %d: %v", w.rank(g), err)
+		t.Logf("rank %d after %v: %v", w.rank(g), time.Since(start).Round(time.Millisecond), err)
+	}
+}
+
 // size is the number of ranks in the world (here or elsewhere).
 func (w *world) size() int {
 	if w.worldSize > 0 {
