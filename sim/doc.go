@@ -6,5 +6,7 @@
 // Config.Jitter a missing event wait shows up as a wrong result, an
 // out-of-bounds access fails as an illegal address, and collectives enqueued
 // in inconsistent orders fail with a *MismatchError or *StallError instead of
-// hanging.
+// hanging. Under Config.ConnectAtFirstCall a communicator's first
+// collective holds its caller until every rank has made one, as NCCL's
+// connection at first use does.
 package sim
