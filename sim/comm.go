@@ -559,8 +559,8 @@ func (c *Comm) connect() error {
 		return nil
 	}
 	c.mu.Lock()
-	first := !c.joined
-	c.joined = true
+	first := !c.joined && !c.closed // a closed handle fails at once (enqueue)
+	c.joined = c.joined || first
 	c.mu.Unlock()
 	if !first {
 		return nil

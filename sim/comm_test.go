@@ -736,6 +736,11 @@ func TestConnectAtFirstCall(t *testing.T) {
 		require.Equal(t, []int{2}, se.NotCalled)
 		require.ErrorIs(t, <-errc, ErrStall)
 	})
+	t.Run("a closed handle fails at once", func(t *testing.T) {
+		w := newWorld(t, 2, Config{StallTimeout: time.Minute, ConnectAtFirstCall: true})
+		require.NoError(t, w.comms[0].Close())
+		require.ErrorIs(t, allReduce(w, 0), fairgo.ErrClosed)
+	})
 	t.Run("off: a first call returns at once", func(t *testing.T) {
 		w := newWorld(t, 2, Config{StallTimeout: time.Minute})
 		require.NoError(t, allReduce(w, 0))
