@@ -396,9 +396,19 @@ func TestCalibrationOfMismatchedFirstCalls(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: 10 * time.Second},
 		hier.WithFlatThreshold(64<<10), hier.WithTimeout(5*time.Second))
 	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 280000), make([]byte, 280064)})
+	for _, r := range w.reducers { // the check, enqueued before the data, waits for the calibration
+		hier.HoldChecker(r, true)
+		t.Cleanup(func() { hier.HoldChecker(r, false) })
+	}
 	works := []*hier.Work{
 		w.reducers[0].AllReduce(context.Background(), ts[0], fairgo.Sum),
 		w.reducers[1].AllReduce(context.Background(), ts[1], fairgo.Sum),
+	}
+	for _, wk := range works {
+		<-wk.Enqueued()
+	}
+	for _, r := range w.reducers {
+		hier.HoldChecker(r, false)
 	}
 	for g, wk := range works {
 		require.Error(t, wk.Wait(context.Background()), "rank %d", g)

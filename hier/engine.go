@@ -239,10 +239,25 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	}
 	var last streams.Stream
 	fp, fingerprinted := r.fingerprintPlan(q)
+	if !fingerprinted {
+		// The separate check goes before the data: NCCL may hold this
+		// thread in the data's first collective on a communicator until
+		// every peer has made one (its connection), which a peer that
+		// refused the call never does; the checks then still meet, and the
+		// mismatch they find aborts the held enqueue. A fingerprinted call
+		// needs not: a refusing peer runs the same collective.
+		r.checkLater(q)
+	}
+	if q.posted {
+		r.held.Store(q) // the watcher reads its shared check meanwhile (decideHeldCall)
+	}
 	if fingerprinted {
 		last, err = r.fps.enqueue(q, fp, first, true)
 	} else {
 		last, err = r.dispatch(q, first)
+	}
+	if q.posted {
+		r.held.Store(nil)
 	}
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
@@ -269,8 +284,8 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 	}
 	q.work.markEnqueued(ev, last)
 	r.watch.enqueued.Store(q.seq)
-	if !fingerprinted || !r.fingerprintVouches(q) {
-		q.pairsFirst = fingerprinted // its pairs are read before its check ends
+	if fingerprinted && !r.fingerprintVouches(q) {
+		q.pairsFirst = true // its pairs are read before its check ends
 		r.checkLater(q)
 	}
 	if ev == nil && q.check == nil && !q.posted { // nothing on the device, no peer to hear from

@@ -434,3 +434,76 @@ func BenchmarkGPUEnqueueJob(b *testing.B) {
 		}
 	}
 }
+
+// A call refused on one rank fails on every rank long before the watchdog
+// where the peers' data is the first collective on communicators made for
+// the test, whose connection NCCL makes at that call, holding the
+// enqueuing thread until every peer has made one: the separate check goes
+// before the data, the check in shared memory is read while the enqueue
+// is held, and the abort that the mismatch causes ends the held
+// connection. The calls before leave the data's communicators unused
+// (their tensors are empty).
+func TestGPURefusedAtTheFirstConnection(t *testing.T) {
+	const timeout = 30 * time.Second
+	seen := map[[2]int]bool{}
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
+		if tc.m*tc.d < 2 || seen[[2]int{tc.m, tc.d}] {
+			continue
+		}
+		seen[[2]int{tc.m, tc.d}] = true
+		for _, mode := range []struct {
+			name   string
+			warm   int
+			shared bool
+			opts   []hier.Option
+		}{
+			{"separate", 0, false, []hier.Option{hier.WithFingerprintMax(0), hier.WithSharedMemoryDir("")}},
+			{"shared memory", beforeSharedMemory, true, nil},
+		} {
+			if mode.shared && tc.m > hier.RelayMaxMachines {
+				t.Logf("%dx%d: no shared memory beyond %d machines", tc.m, tc.d, hier.RelayMaxMachines)
+				continue
+			}
+			t.Run(fmt.Sprintf("%dx%d/%s", tc.m, tc.d, mode.name), func(t *testing.T) {
+				w := freshGPUWorld(t, tc.m, tc.d, append(mode.opts, hier.WithTimeout(timeout))...)
+				empty := fairgo.Tensor{DType: fairgo.Float32}
+				for range mode.warm {
+					require.NoError(t, reftest.WaitAll(callEveryRank(w, func(_ int, r *hier.Reducer) *hier.Work {
+						return r.AllReduce(context.Background(), empty, fairgo.Sum)
+					})))
+				}
+				for g, r := range w.reducers {
+					require.Equal(t, mode.shared, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
+				}
+				ts := make([]fairgo.Tensor, len(w.reducers))
+				for g := range ts {
+					var err error
+					ts[g], err = w.alloc(g, 1024, fairgo.Float32)
+					require.NoError(t, err)
+				}
+				refuser := w.size() - 1
+				done, cancel := context.WithCancel(context.Background())
+				cancel()
+				start := time.Now()
+				works := callEveryRank(w, func(g int, r *hier.Reducer) *hier.Work {
+					ctx := context.Background()
+					if w.rank(g) == refuser {
+						ctx = done
+					}
+					return r.AllReduce(ctx, ts[g], fairgo.Sum)
+				})
+				for g, wk := range works {
+					err := wk.Wait(context.Background())
+					t.Logf("rank %d after %v: %v", w.rank(g), time.Since(start).Round(time.Millisecond), err)
+					if w.rank(g) == refuser {
+						require.ErrorIs(t, err, context.Canceled)
+						continue
+					}
+					require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
+					require.ErrorContains(t, err, fmt.Sprintf("rank %d refused call %d", refuser, 1+mode.warm))
+					require.Less(t, time.Since(start), timeout/3, "rank %d", w.rank(g))
+				}
+			})
+		}
+	}
+}

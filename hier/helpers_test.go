@@ -3,6 +3,7 @@ package hier_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -201,3 +202,15 @@ func (w *world) allReduce(t testing.TB, dt fairgo.DType, op fairgo.Op, data [][]
 }
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// callEveryRank makes call on every rank of w at once, each from a
+// goroutine of its own, and returns their Works once every call returned.
+func callEveryRank(w *world, call func(g int, r *hier.Reducer) *hier.Work) []*hier.Work {
+	works := make([]*hier.Work, len(w.reducers))
+	var wg sync.WaitGroup
+	for g, r := range w.reducers {
+		wg.Go(func() { works[g] = call(g, r) })
+	}
+	wg.Wait()
+	return works
+}

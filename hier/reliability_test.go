@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1447,4 +1448,59 @@ func TestCloseWaitsForTheAborts(t *testing.T) {
 	require.ErrorIs(t, r.AllReduce(ctx, ts, fairgo.Sum).Wait(ctx), fairgo.ErrTimeout)
 	_ = r.Close()
 	require.True(t, slow.returned.Load(), "Close returned while its abort was still running")
+}
+
+// A call refused on one rank fails everywhere at once also where the
+// peers' data is the first collective on its communicators (NCCL connects
+// a communicator there and holds the enqueuing thread until every peer
+// has made one, sim.Config.ConnectAtFirstCall): the refusing rank makes
+// none, so the peers must learn of the refusal from the check while their
+// enqueue is held, not from the watchdog. Earlier calls leave the data's
+// communicators unused (their tensors are empty) and carry the agreement
+// on shared memory where there is one. Each rank calls from a goroutine of
+// its own, as a trainer's processes do.
+func TestCallRefusedAtTheFirstConnectionFailsEverywhere(t *testing.T) {
+	const watchdog = 20 * time.Second
+	for _, mode := range checkModes {
+		if strings.HasPrefix(mode.name, "fingerprint") {
+			continue // the refusing rank runs the fingerprinted collective with its peers
+		}
+		t.Run(mode.name, func(t *testing.T) {
+			cfg := sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 5,
+				StallTimeout: watchdog, ConnectAtFirstCall: true}
+			w := worldOf(t, cfg, func(_ int, _ *backend.Rank) []hier.Option {
+				return append(slices.Clone(mode.opts), hier.WithTimeout(watchdog))
+			})
+			empty := fairgo.Tensor{DType: fairgo.Float32}
+			for range mode.warm {
+				require.NoError(t, reftest.WaitAll(callEveryRank(w, func(_ int, r *hier.Reducer) *hier.Work {
+					return r.AllReduce(context.Background(), empty, fairgo.Sum)
+				})))
+			}
+			ts := w.upload(t, fairgo.Float32, [][]byte{
+				make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)})
+			const refuser = 2
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			start := time.Now()
+			works := callEveryRank(w, func(g int, r *hier.Reducer) *hier.Work {
+				ctx := context.Background()
+				if g == refuser {
+					ctx = done
+				}
+				return r.AllReduce(ctx, ts[g], fairgo.Sum)
+			})
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				if g == refuser {
+					require.ErrorIs(t, err, context.Canceled)
+					continue
+				}
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+				require.ErrorContains(t, err, fmt.Sprintf("rank %d refused call %d", refuser, 1+mode.warm), "rank %d", g)
+				require.Less(t, time.Since(start), watchdog/6, "rank %d: %v", g, err)
+			}
+			mode.used(t, w)
+		})
+	}
 }

@@ -205,6 +205,7 @@ func (r *Reducer) watchCalls() {
 		}
 		select {
 		case <-tick.C:
+			r.decideHeldCall()
 			r.checkEnqueueStall()
 			continue
 		default:
@@ -549,6 +550,35 @@ func (r *Reducer) checkEnqueueStall() {
 		if waited := time.Since(since); waited > r.cfg.timeout {
 			r.timedOutOn(fmt.Sprintf("enqueueing call %d", seq), waited)
 		}
+	}
+}
+
+// decideHeldCall reads the shared check of a call whose data's enqueue
+// has been held for longer than checkAlone, and aborts on a mismatch. NCCL
+// holds the enqueuing thread in a communicator's first collective until
+// every peer has made one (its connection): where a peer refused the call,
+// none will, and the call never reaches the watcher that would read its
+// check; the abort ends the held enqueue. A match decides nothing: the
+// watcher decides the call once it has it.
+func (r *Reducer) decideHeldCall() {
+	q := r.held.Load()
+	if q == nil || r.brokenCause() != nil {
+		return
+	}
+	c := &r.calls
+	c.mu.Lock()
+	busy, since, seq := c.busy, c.busySince, c.busySeq
+	c.mu.Unlock()
+	if !busy || seq != q.seq || time.Since(since) < checkAlone {
+		return
+	}
+	r.relay.Load().flush(false)
+	r.watch.mu.Lock()
+	ok, err := r.host.read(q)
+	r.watch.mu.Unlock()
+	if ok && errors.Is(err, fairgo.ErrMismatch) {
+		r.explainRefusal(q, err)
+		r.abort(err)
 	}
 }
 
