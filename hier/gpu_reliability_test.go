@@ -472,9 +472,6 @@ func TestGPURefusedAtTheFirstConnection(t *testing.T) {
 						return r.AllReduce(context.Background(), empty, fairgo.Sum)
 					})))
 				}
-				for g, r := range w.reducers {
-					require.Equal(t, mode.shared, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
-				}
 				ts := make([]fairgo.Tensor, len(w.reducers))
 				for g := range ts {
 					var err error
@@ -502,6 +499,9 @@ func TestGPURefusedAtTheFirstConnection(t *testing.T) {
 					require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
 					require.ErrorContains(t, err, fmt.Sprintf("rank %d refused call %d", refuser, 1+mode.warm))
 					require.Less(t, time.Since(start), timeout/3, "rank %d", w.rank(g))
+				}
+				for g, r := range w.reducers { // taken up at the refused call
+					require.Equal(t, mode.shared, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
 				}
 			})
 		}
