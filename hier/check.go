@@ -412,8 +412,9 @@ func (c *checker) agreementDue(q *request) *hostAgreement {
 	return c.agreement
 }
 
-// submit enqueues call q's check, right after q's data: the executing
-// goroutine calls it, before any device work of the next call.
+// submit enqueues call q's check, right before q's data (after it for a
+// fingerprinted call that its fingerprint does not vouch for): the
+// executing goroutine calls it, before any device work of the next call.
 func (c *checker) submit(q *request) {
 	q.check = &ticket{done: make(chan struct{})}
 	c.enqueue(q)
