@@ -26,6 +26,17 @@ const (
 	// call, posted before its check: a peer that accepted the call reads it
 	// when the check names the rank.
 	boardRefused = "fairgo-board/refused/"
+	// boardRefusedCall + "<call>" is the world rank that refused that call
+	// (the last to post it, where several did), and boardUnheard +
+	// "<call>" a rank that accepted it and learnt of the refusal from the
+	// Board: for the refusals that no check carries (unheardRefusal).
+	boardRefusedCall = "fairgo-board/refused-call/"
+	boardUnheard     = "fairgo-board/unheard/"
+	// refusalGrace is how long a call stays undecided before its rank asks
+	// the Board whether the call was refused, and how long between two
+	// asks; refusalAsk bounds each ask.
+	refusalGrace = time.Second
+	refusalAsk   = 20 * time.Millisecond
 	// progressWait bounds how long the rank that timed out gathers the
 	// others' progress before it reports.
 	progressWait = time.Second
@@ -188,6 +199,49 @@ func (r *Reducer) postRefusal(q *request) {
 	ctx, cancel := context.WithTimeout(r.board.ctx, progressWait)
 	defer cancel()
 	_ = r.board.b.Set(ctx, refusalKey(q.seq, r.WorldRank()), []byte(q.rejected.Error()))
+	_ = r.board.b.Set(ctx, boardRefusedCall+strconv.FormatUint(q.seq, 10), []byte(strconv.Itoa(r.WorldRank())))
+}
+
+// unheardRefusal asks the Board, for call q undecided for refusalGrace,
+// whether a peer refused it while this rank accepted it, or whether a
+// peer that accepted it learnt so while this rank refused it; it returns
+// the mismatch (nil: neither, or no Board). It is for the refusals that
+// no check carries: a rank that refuses a small call for an element type
+// no collective can carry runs neither its peers' fingerprinted
+// collective nor a check they join. Every other refusal is decided by the
+// checks within milliseconds; a call that every rank refused is decided
+// by them too, so that no rank here asks about it for long.
+func (r *Reducer) unheardRefusal(q *request) error {
+	if r.board == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(r.board.ctx, refusalAsk)
+	defer cancel()
+	seq := strconv.FormatUint(q.seq, 10)
+	mm := &MismatchError{Seq: q.seq, Call: q.String(), Field: "acceptance", Low: "rejected", High: "accepted"}
+	if q.rejected != nil {
+		if _, err := r.board.b.Get(ctx, boardUnheard+seq); err != nil {
+			return nil
+		}
+		mm.This = "rejected"
+		mm.Refusal = &Refusal{Rank: r.WorldRank(), Reason: q.rejected.Error()}
+		return mm
+	}
+	v, err := r.board.b.Get(ctx, boardRefusedCall+seq)
+	if err != nil {
+		return nil
+	}
+	k, err := strconv.Atoi(string(v))
+	if err != nil || k == r.WorldRank() {
+		return nil
+	}
+	mm.This = "accepted"
+	mm.Refusal = &Refusal{Rank: k}
+	r.explainRefusal(q, mm)
+	tell, cancel := context.WithTimeout(r.board.ctx, progressWait)
+	defer cancel()
+	_ = r.board.b.Set(tell, boardUnheard+seq, []byte(strconv.Itoa(r.WorldRank())))
+	return mm
 }
 
 func refusalKey(seq uint64, rank int) string {

@@ -659,12 +659,27 @@ func (c *checker) awaitData(seq uint64) {
 	}
 }
 
-// verdict waits for q's check in sl and reads it (judge).
+// verdict waits for q's check in sl and reads it (judge). For a call this
+// rank refused it also asks the Board, once the check has waited
+// refusalGrace, whether a peer accepted the call and learnt of the
+// refusal there (unheardRefusal): its peers then never join the check.
 func (c *checker) verdict(q *request, sl *checkSlot) error {
 	if done, _ := sl.ev.Query(); !done {
 		c.awaitData(q.seq)
 	}
-	if err := c.await(sl.ev); err != nil {
+	var unheard error
+	var ask func() bool
+	if q.rejected != nil {
+		ask = func() bool { unheard = c.r.unheardRefusal(q); return unheard != nil }
+	}
+	if err := c.await(sl.ev, ask); err != nil {
+		if unheard == nil && c.r.brokenCause() == nil {
+			// A peer's abort ended the check: why, where no check said.
+			unheard = c.r.unheardRefusal(q)
+		}
+		if unheard != nil {
+			return unheard
+		}
 		return fmt.Errorf("hier: the call's check did not complete: %w", err)
 	}
 	return judge(sl.host.decide(q, c.r.rank.Grid.Size()), c.r.brokenCause())
@@ -687,9 +702,14 @@ func judge(decided, cause error) error {
 // await waits for a check's event; after an abort it gives the device work
 // abortGrace to end, counted from the abort for every check: the checks
 // still queued then fail together, not a grace each.
-func (c *checker) await(ev streams.Event) error {
+//
+// ask, when not nil, is asked once refusalGrace has passed, and again at
+// that pace, while the Reducer is not broken: true ends the wait
+// (errAnswered).
+func (c *checker) await(ev streams.Event, ask func() bool) error {
 	abortedAt := &c.abortedAt
-	for {
+	var asked time.Time
+	for start := time.Now(); ; {
 		// Asked first: a check the checker reaches late is often done, and
 		// then costs no timer.
 		if done, err := ev.Query(); done {
@@ -701,12 +721,22 @@ func (c *checker) await(ev streams.Event) error {
 		if done, err := ev.Query(); done {
 			return err
 		}
-		if cause := c.r.brokenCause(); cause != nil {
+		cause := c.r.brokenCause()
+		if cause != nil {
 			if abortedAt.IsZero() {
 				*abortedAt = time.Now()
 			} else if time.Since(*abortedAt) > abortGrace {
 				return fmt.Errorf("hier: a check did not end within %v of the abort: %w", abortGrace, cause)
 			}
 		}
+		if now := time.Now(); ask != nil && cause == nil && now.Sub(start) >= refusalGrace && now.Sub(asked) >= refusalGrace {
+			asked = now
+			if ask() {
+				return errAnswered
+			}
+		}
 	}
 }
+
+// errAnswered ends a checker's wait whose question was answered.
+var errAnswered = errors.New("hier: answered")

@@ -248,17 +248,13 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		// needs not: a refusing peer runs the same collective.
 		r.checkLater(q)
 	}
-	if q.posted {
-		r.held.Store(q) // the watcher reads its shared check meanwhile (decideHeldCall)
-	}
+	r.held.Store(q) // the watcher decides it if the enqueue is held (decideHeldCall)
 	if fingerprinted {
 		last, err = r.fps.enqueue(q, fp, first, true)
 	} else {
 		last, err = r.dispatch(q, first)
 	}
-	if q.posted {
-		r.held.Store(nil)
-	}
+	r.held.Store(nil)
 	if err != nil {
 		r.abortAfterEnqueueError(q, err)
 		return

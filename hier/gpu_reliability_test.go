@@ -7,6 +7,7 @@ package hier_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -505,5 +506,56 @@ func TestGPURefusedAtTheFirstConnection(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A rank that refuses a small call for an unknown element type runs
+// neither its peers' fingerprinted collective nor a check they join: the
+// peers read the refusal from the Board once their call has stayed
+// undecided for a second, and the refusing rank reads there that they
+// did. Every rank fails with ErrMismatch long before the watchdog.
+func TestGPURefusalNoCheckCarries(t *testing.T) {
+	const timeout = time.Minute
+	seen := map[[2]int]bool{}
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
+		if tc.m*tc.d < 2 || seen[[2]int{tc.m, tc.d}] {
+			continue
+		}
+		seen[[2]int{tc.m, tc.d}] = true
+		t.Run(fmt.Sprintf("%dx%d", tc.m, tc.d), func(t *testing.T) {
+			w := freshGPUWorld(t, tc.m, tc.d, hier.WithTimeout(timeout), hier.WithSharedMemoryDir(""))
+			warmUp(t, w, 2)
+			ts := make([]fairgo.Tensor, len(w.reducers))
+			for g := range ts {
+				var err error
+				ts[g], err = w.alloc(g, 1024, fairgo.Float32)
+				require.NoError(t, err)
+			}
+			refuser := w.size() - 1
+			start := time.Now()
+			works := callEveryRank(w, func(g int, r *hier.Reducer) *hier.Work {
+				tn := ts[g]
+				if w.rank(g) == refuser {
+					tn.DType = fairgo.DType(99)
+				}
+				return r.AllReduce(context.Background(), tn, fairgo.Sum)
+			})
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				t.Logf("rank %d after %v: %v", w.rank(g), time.Since(start).Round(time.Millisecond), err)
+				if w.rank(g) == refuser {
+					require.ErrorIs(t, err, fairgo.ErrUnknownDType)
+					continue
+				}
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", w.rank(g))
+				require.ErrorContains(t, err, fmt.Sprintf("rank %d refused call 3", refuser))
+				require.ErrorContains(t, err, "unknown element type") // the reason, from the Board
+				require.Less(t, time.Since(start), timeout/4, "rank %d", w.rank(g))
+			}
+			for g, r := range w.reducers {
+				require.Eventually(t, func() bool { return errors.Is(r.Err(), fairgo.ErrMismatch) },
+					timeout/4, 10*time.Millisecond, "rank %d: %v", w.rank(g), r.Err())
+			}
+		})
 	}
 }

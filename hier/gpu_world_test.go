@@ -43,6 +43,7 @@ import (
 	"github.com/fairgo/fairgo/hier"
 	"github.com/fairgo/fairgo/hier/setup"
 	"github.com/fairgo/fairgo/internal/launchjob"
+	"github.com/fairgo/fairgo/rendezvous"
 )
 
 // job is this process's rank of a launcher's job (the launcher form).
@@ -300,7 +301,9 @@ func freshGPUWorld(t testing.TB, m, d int, opts ...hier.Option) *world {
 	}
 	rs, err := cuda.NewLocalRanks(gpus.devs[:m*d], m, d)
 	require.NoError(t, err)
+	board := rendezvous.NewMemoryStore() // as a job's store is its ranks' (setup)
 	for _, rk := range rs {
+		rk.Board = board
 		r, err := hier.NewReducer(context.Background(), rk, opts...)
 		require.NoError(t, err)
 		w.reducers = append(w.reducers, r)

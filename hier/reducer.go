@@ -84,9 +84,8 @@ type Reducer struct {
 	exec    *executor  // the engine goroutine's (or an inline caller's while it holds calls.busy)
 	checker *checker   // the collective check; nil without peers or with host
 	host    *hostCheck // the check through shared memory; nil otherwise
-	// held is the call whose data the executing goroutine is enqueueing,
-	// while that call's check is posted in shared memory: the watcher
-	// decides it if the enqueue is held (decideHeldCall).
+	// held is the call whose data the executing goroutine is enqueueing:
+	// the watcher decides it if the enqueue is held (decideHeldCall).
 	held atomic.Pointer[request]
 	// relay is host's relay across machines, for the watcher and the
 	// Waits that help, which flush it (relay.flush); nil otherwise.

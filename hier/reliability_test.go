@@ -1504,3 +1504,52 @@ func TestCallRefusedAtTheFirstConnectionFailsEverywhere(t *testing.T) {
 		})
 	}
 }
+
+// A rank that refuses a small call for an unknown element type cannot run
+// the collective that carries its peers' check (their fingerprint), nor
+// do they run its separate check: neither check decides the call. The
+// peers then read the refusal from the Board once their call has stayed
+// undecided for a second, and the refusing rank reads from the Board that
+// they did: every rank fails with ErrMismatch long before the watchdog.
+func TestRefusalNoCheckCarriesIsReadFromTheBoard(t *testing.T) {
+	const watchdog = time.Minute
+	for _, mode := range checkModes[1:3] { // the fingerprint modes
+		t.Run(mode.name, func(t *testing.T) {
+			cfg := sim.Config{Machines: mode.machines, Devices: 4 / mode.machines, Seed: 6, StallTimeout: watchdog}
+			w := worldOf(t, cfg, func(_ int, rk *backend.Rank) []hier.Option {
+				if mode.plain {
+					rk.Device = plainDevice{rk.Device}
+				}
+				return append(slices.Clone(mode.opts), hier.WithTimeout(watchdog))
+			})
+			warmUp(t, w, 2)
+			ts := w.upload(t, fairgo.Float32, [][]byte{
+				make([]byte, 4096), make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)})
+			const refuser = 1
+			start := time.Now()
+			works := callEveryRank(w, func(g int, r *hier.Reducer) *hier.Work {
+				tn := ts[g]
+				if g == refuser {
+					tn.DType = fairgo.DType(99)
+				}
+				return r.AllReduce(context.Background(), tn, fairgo.Sum)
+			})
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				if g == refuser {
+					require.ErrorIs(t, err, fairgo.ErrUnknownDType)
+					continue
+				}
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+				require.ErrorContains(t, err, "rank 1 refused call 3 (allreduce of 1024 float32): ", "rank %d", g)
+				require.ErrorContains(t, err, "unknown element type", "rank %d", g) // the reason, from the Board
+				require.Less(t, time.Since(start), watchdog/6, "rank %d", g)
+			}
+			for g, r := range w.reducers {
+				require.Eventually(t, func() bool { return errors.Is(r.Err(), fairgo.ErrMismatch) },
+					watchdog/6, time.Millisecond, "rank %d: %v", g, r.Err())
+			}
+			mode.used(t, w)
+		})
+	}
+}

@@ -90,6 +90,9 @@ type watcher struct {
 	// poll paces a wait for a check whose data is done; made at the first
 	// such wait and reused, on the watcher goroutine only.
 	poll *time.Timer
+	// askedBoard is when the watcher last asked the Board about a call
+	// undecided for long (unheardRefusal); the watcher goroutine's.
+	askedBoard time.Time
 
 	mu sync.Mutex // held while a call is completed; guards the fields below
 	// queue holds the calls taken off ch and not yet completed, oldest
@@ -553,13 +556,15 @@ func (r *Reducer) checkEnqueueStall() {
 	}
 }
 
-// decideHeldCall reads the shared check of a call whose data's enqueue
-// has been held for longer than checkAlone, and aborts on a mismatch. NCCL
-// holds the enqueuing thread in a communicator's first collective until
-// every peer has made one (its connection): where a peer refused the call,
-// none will, and the call never reaches the watcher that would read its
-// check; the abort ends the held enqueue. A match decides nothing: the
-// watcher decides the call once it has it.
+// decideHeldCall decides, on the watcher's tick, a call whose data's
+// enqueue has been held: after checkAlone from its shared check, if it
+// has one, and after refusalGrace from the Board (unheardRefusal); it
+// aborts on a mismatch. NCCL holds the enqueuing thread in a
+// communicator's first collective until every peer has made one (its
+// connection): where a peer refused the call, none will, and the call
+// never reaches the watcher that would read its check; the abort ends the
+// held enqueue. A match decides nothing: the watcher decides the call
+// once it has it.
 func (r *Reducer) decideHeldCall() {
 	q := r.held.Load()
 	if q == nil || r.brokenCause() != nil {
@@ -569,15 +574,28 @@ func (r *Reducer) decideHeldCall() {
 	c.mu.Lock()
 	busy, since, seq := c.busy, c.busySince, c.busySeq
 	c.mu.Unlock()
-	if !busy || seq != q.seq || time.Since(since) < checkAlone {
+	held := time.Since(since)
+	if !busy || seq != q.seq || held < checkAlone {
 		return
 	}
-	r.relay.Load().flush(false)
-	r.watch.mu.Lock()
-	ok, err := r.host.read(q)
-	r.watch.mu.Unlock()
-	if ok && errors.Is(err, fairgo.ErrMismatch) {
-		r.explainRefusal(q, err)
+	var err error
+	if q.posted {
+		r.relay.Load().flush(false)
+		r.watch.mu.Lock()
+		var ok bool
+		ok, err = r.host.read(q)
+		r.watch.mu.Unlock()
+		if !ok || !errors.Is(err, fairgo.ErrMismatch) {
+			err = nil
+		} else {
+			r.explainRefusal(q, err)
+		}
+	}
+	if w := &r.watch; err == nil && held >= refusalGrace && time.Since(w.askedBoard) >= refusalGrace {
+		w.askedBoard = time.Now()
+		err = r.unheardRefusal(q)
+	}
+	if err != nil {
 		r.abort(err)
 	}
 }
@@ -660,8 +678,19 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 			continue
 		}
 		if c, cerr := r.commFailure(); cerr != nil {
+			if err := r.unheardRefusal(p.req); err != nil { // why a peer aborted, where no check said
+				r.abort(err)
+				return nil, nil, err
+			}
 			r.abort(fmt.Errorf("%w: communicator %s failed: %w", fairgo.ErrAborted, c.Name(), cerr))
 			continue
+		}
+		if w := &r.watch; now.Sub(start) >= refusalGrace && now.Sub(w.askedBoard) >= refusalGrace {
+			w.askedBoard = now
+			if err := r.unheardRefusal(p.req); err != nil {
+				r.abort(err)
+				return nil, nil, err
+			}
 		}
 		if r.cfg.timeout > 0 && now.Sub(start) > r.cfg.timeout && !timedOut {
 			timedOut = true
@@ -734,6 +763,15 @@ func (q *request) completedElsewhere() bool { return q.rejected == nil && q.work
 // once, by whoever completes the call (watch.mu held).
 func (r *Reducer) conclude(p pending, dataErr, checkErr error) error {
 	cause := r.brokenCause()
+	if dataErr != nil && cause == nil {
+		// A peer's abort can end the data first (the simulator's does,
+		// NCCL's may): a refusal that no check carried, which that peer
+		// read from the Board, is why.
+		if err := r.unheardRefusal(p.req); err != nil {
+			r.abort(err)
+			return err
+		}
+	}
 	if dataErr != nil && checkErr != nil && !errors.Is(dataErr, checkErr) {
 		// Both ended badly: the data's error says only that its
 		// communicator was aborted, the check's why it could not run
