@@ -114,12 +114,7 @@ func TestGPUSharedMemoryCheck(t *testing.T) {
 // the fingerprints (no shared memory), on communicators made for the test.
 func TestGPUOperatorDifferingFailsFast(t *testing.T) {
 	const timeout = 30 * time.Second
-	seen := map[[2]int]bool{}
-	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
-		if tc.m*tc.d < 2 || seen[[2]int{tc.m, tc.d}] {
-			continue
-		}
-		seen[[2]int{tc.m, tc.d}] = true
+	for _, tc := range checkGrids(t) {
 		t.Run(fmt.Sprintf("%dx%d", tc.m, tc.d), func(t *testing.T) {
 			w := freshGPUWorld(t, tc.m, tc.d, hier.WithTimeout(timeout), hier.WithSharedMemoryDir(""))
 			warmUp(t, w, 3)
@@ -446,12 +441,7 @@ func BenchmarkGPUEnqueueJob(b *testing.B) {
 // (their tensors are empty).
 func TestGPURefusedAtTheFirstConnection(t *testing.T) {
 	const timeout = 30 * time.Second
-	seen := map[[2]int]bool{}
-	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
-		if tc.m*tc.d < 2 || seen[[2]int{tc.m, tc.d}] {
-			continue
-		}
-		seen[[2]int{tc.m, tc.d}] = true
+	for _, tc := range checkGrids(t) {
 		for _, mode := range []struct {
 			name   string
 			warm   int
@@ -473,12 +463,7 @@ func TestGPURefusedAtTheFirstConnection(t *testing.T) {
 						return r.AllReduce(context.Background(), empty, fairgo.Sum)
 					})))
 				}
-				ts := make([]fairgo.Tensor, len(w.reducers))
-				for g := range ts {
-					var err error
-					ts[g], err = w.alloc(g, 1024, fairgo.Float32)
-					require.NoError(t, err)
-				}
+				ts := allocEach(t, w, 1024, fairgo.Float32)
 				refuser := w.size() - 1
 				done, cancel := context.WithCancel(context.Background())
 				cancel()
@@ -516,21 +501,11 @@ func TestGPURefusedAtTheFirstConnection(t *testing.T) {
 // did. Every rank fails with ErrMismatch long before the watchdog.
 func TestGPURefusalNoCheckCarries(t *testing.T) {
 	const timeout = time.Minute
-	seen := map[[2]int]bool{}
-	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
-		if tc.m*tc.d < 2 || seen[[2]int{tc.m, tc.d}] {
-			continue
-		}
-		seen[[2]int{tc.m, tc.d}] = true
+	for _, tc := range checkGrids(t) {
 		t.Run(fmt.Sprintf("%dx%d", tc.m, tc.d), func(t *testing.T) {
 			w := freshGPUWorld(t, tc.m, tc.d, hier.WithTimeout(timeout), hier.WithSharedMemoryDir(""))
 			warmUp(t, w, 2)
-			ts := make([]fairgo.Tensor, len(w.reducers))
-			for g := range ts {
-				var err error
-				ts[g], err = w.alloc(g, 1024, fairgo.Float32)
-				require.NoError(t, err)
-			}
+			ts := allocEach(t, w, 1024, fairgo.Float32)
 			refuser := w.size() - 1
 			start := time.Now()
 			works := callEveryRank(w, func(g int, r *hier.Reducer) *hier.Work {
@@ -558,4 +533,19 @@ func TestGPURefusalNoCheckCarries(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkGrids are the grids of several ranks, each once, that the check's
+// GPU tests run on: 1 × 2 and 2 × 1 where the GPUs allow, or the
+// launcher's.
+func checkGrids(t testing.TB) []algoGrid {
+	seen := map[[2]int]bool{}
+	var out []algoGrid
+	for _, tc := range gpuAlgoGrids(t, algoGrid{1, 2, hier.Flat}, algoGrid{2, 1, hier.Flat}) {
+		if tc.m*tc.d >= 2 && !seen[[2]int{tc.m, tc.d}] {
+			seen[[2]int{tc.m, tc.d}] = true
+			out = append(out, tc)
+		}
+	}
+	return out
 }

@@ -214,3 +214,16 @@ func callEveryRank(w *world, call func(g int, r *hier.Reducer) *hier.Work) []*hi
 	wg.Wait()
 	return works
 }
+
+// allocEach allocates a tensor of count elements of dt for every local
+// rank of w.
+func allocEach(t testing.TB, w *world, count int64, dt fairgo.DType) []fairgo.Tensor {
+	t.Helper()
+	ts := make([]fairgo.Tensor, len(w.reducers))
+	for g := range ts {
+		var err error
+		ts[g], err = w.alloc(g, count, dt)
+		require.NoError(t, err)
+	}
+	return ts
+}
