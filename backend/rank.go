@@ -47,7 +47,11 @@ type Rank struct {
 	// Board, when set, lets the Reducers of a job tell each other why they
 	// failed: a timeout on one rank then reads as a timeout on all, with
 	// the call each rank reached. Nil: each rank knows only its own cause.
-	// Every rank of a job must be given the same board, or none.
+	// Every rank of a job must be given the same board, or none. A board
+	// serves one Reducer per rank: the notes they leave there (a timeout, a
+	// refusal, by call number) concern their calls, so Reducers built again
+	// over the same ranks need a board of their own (setup gives each
+	// Connect one under its store prefix).
 	Board Store
 	// Closers run after the communicators and the device are closed, when
 	// OwnsResources is set (setup code hands over the store it opened).
