@@ -50,8 +50,8 @@ type Rank struct {
 	// Every rank of a job must be given the same board, or none. A board
 	// serves one Reducer per rank: the notes they leave there (a timeout, a
 	// refusal, by call number) concern their calls, so Reducers built again
-	// over the same ranks need a board of their own (setup gives each
-	// Connect one under its store prefix).
+	// over the same ranks need a board of their own (setup's is the job's
+	// store under its prefix: setup.WithStorePrefix tells two jobs apart).
 	Board Store
 	// Closers run after the communicators and the device are closed, when
 	// OwnsResources is set (setup code hands over the store it opened).
