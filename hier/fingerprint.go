@@ -196,14 +196,17 @@ func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
 // present reports whether the reduced presence element in b shows all
 // ranks of the world: exactly ranks under a sum, 1 under a float average
 // (within half of one rank's share, which the rounding of the sum of
-// ranks shares stays under where fingerprintFits). Other operators are not
-// fingerprinted; for them it reports true.
+// ranks shares stays under where fingerprintFits). A float average among
+// more ranks than that is fingerprinted all the same (its pairs still
+// show a field that differs) and checked apart as well
+// (fingerprintVouches): its presence element tells nothing, and present
+// reports true, as for the other operators.
 func present(dt fairgo.DType, op fairgo.Op, ranks int, b []byte) bool {
 	v := elem.Get(dt, b, fpPresence)
 	switch {
 	case op == fairgo.Sum:
 		return v == float64(ranks)
-	case op == fairgo.Avg && dt.IsFloat():
+	case op == fairgo.Avg && dt.IsFloat() && fingerprintFits(dt, op, ranks):
 		return math.Abs(v-1) < 0.5/float64(ranks)
 	}
 	return true

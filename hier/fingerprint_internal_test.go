@@ -291,3 +291,31 @@ func TestStagedCountCutsWithoutTail(t *testing.T) {
 		require.Equal(t, c, int64(world)*cuts[0].Shard)
 	})
 }
+
+// A float average among more ranks than fingerprintFits allows for it is
+// still fingerprinted (a sum of that many ones fits), with the separate
+// check beside (fingerprintVouches): where every rank made the same call,
+// its fingerprint must read as a match, though the presence element's
+// rounding may then stray past half a share of 1 (bfloat16 among 30 ranks
+// did, in whatever order the ranks' shares were added).
+func TestFingerprintOfAnAverageBeyondItsFitMatches(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		dt := rapid.SampledFrom([]fairgo.DType{fairgo.BFloat16, fairgo.Float16, fairgo.Float32}).Draw(t, "dtype")
+		w := rapid.IntRange(2, 127).Draw(t, "ranks")
+		if dt == fairgo.Float32 {
+			w = rapid.IntRange(2040, 2200).Draw(t, "ranks") // around its fit, 2048
+		}
+		require.True(t, fingerprintFits(dt, fairgo.Sum, w))
+		q := request{kind: kindAllReduce, op: fairgo.Avg, seq: rapid.Uint64Range(1, 1<<40).Draw(t, "seq"),
+			a: fairgo.Tensor{DType: dt, Count: rapid.Int64Range(1, 1<<20).Draw(t, "count")}}
+		fp := fingerprintOf(&q)
+		in := make([][]byte, w)
+		for g := range in {
+			in[g] = make([]byte, fpElems*dt.Size())
+			fp.encode(dt, in[g])
+		}
+		rapid.Permutation(in).Draw(t, "order") // the order the shares are added in
+		out := reduceFingerprints(t, dt, fairgo.Avg, in, rapid.Bool().Draw(t, "add stage"))
+		require.NoError(t, fp.decide(&q, dt, w, out))
+	})
+}
