@@ -2,6 +2,8 @@ package hier_test
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -69,13 +71,15 @@ func TestGPUNewAlgorithms(t *testing.T) {
 
 // Auto on the GPUs' grid measures its classes from 64 KiB, whatever the
 // grid, with NCCL's ring and tree and halving-doubling among the
-// candidates, and every rank chooses alike; the log gives what each class
-// measured and what it cost.
+// candidates (and from 4 MiB, with several devices on each of several
+// machines, the pipeline whether or not the links cut the call), and every
+// rank chooses alike; the log gives what each class measured and what it
+// cost.
 func TestGPUAutoMeasuresEveryGrid(t *testing.T) {
 	g := gpuGrid(t)
 	w, variants := variantWorld(t, g[0], g[1], hier.WithTimeout(2*time.Minute))
 	n := w.size()
-	for _, count := range []int{24 << 10, 48 << 10, 96 << 10, 192 << 10, 384 << 10, 768 << 10} { // 96 KiB .. 3 MiB
+	for _, count := range []int{24 << 10, 48 << 10, 96 << 10, 192 << 10, 384 << 10, 768 << 10, 2 << 20} { // 96 KiB .. 8 MiB
 		in := hashInputs(fairgo.Float32, fairgo.Sum, n, count, uint64(count))
 		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
 		require.NoError(t, err)
@@ -114,5 +118,12 @@ func TestGPUAutoMeasuresEveryGrid(t *testing.T) {
 	}
 	if n >= 4 {
 		require.Contains(t, c.Calibration.Times, "halving-doubling")
+	}
+	if g[0] > 1 && g[1] > 1 {
+		big := w.reducers[0].ChoiceFor(8 << 20)
+		require.True(t, big.Measured, "the 8 MiB class is measured")
+		require.True(t, slices.ContainsFunc(slices.Collect(maps.Keys(big.Calibration.Times)), func(name string) bool {
+			return strings.HasPrefix(name, "rail-rsag")
+		}), "the pipeline is a candidate at 8 MiB: %v", big.Calibration.Times)
 	}
 }

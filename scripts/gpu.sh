@@ -140,7 +140,10 @@
 # section's calls back to back per timed unit, e.g. "1 20": 1 is the report's,
 # others are records b2bN-MxD beside it, at NODES_B2B_SIZES, default
 # "-b 64K -e 16M -f 4"; default 1), ONEGPU_LAYOUTS (the layouts of onegpu
-# shared; default "2x2 2x4 4x2"), NODES_FLAGS (further flags of the nodes
+# shared; default "2x2 2x4 4x2"), ONEGPU_OVERLAP_LAYOUTS (onegpu overlap's;
+# default "2x2 2x4"), OVERLAP_ALGOS (the methods of the overlap sections,
+# fairbench's -algos; default every baseline and fairgo, whose variants
+# are VARIANTS where given), NODES_FLAGS (further flags of the nodes
 # section's fairbench sweeps, e.g. "-work-wait end" to wait for fairgo's
 # Works only at each repetition's end; default none), ENQUEUE_BENCH (the benchmarks T6 takes the
 # worst of, a regular expression; default Enqueue), MODEL_LINKS (links given
@@ -194,6 +197,8 @@ TARGET_SETS=${TARGET_SETS:-all}
 NODES_LAYOUTS=${NODES_LAYOUTS:-1x4 2x1 4x1 2x2 8x1 16x1}
 NODES_ITERS=${NODES_ITERS:-1}
 ONEGPU_LAYOUTS=${ONEGPU_LAYOUTS:-2x2 2x4 4x2}
+ONEGPU_OVERLAP_LAYOUTS=${ONEGPU_OVERLAP_LAYOUTS:-2x2 2x4}
+OVERLAP_ALGOS=${OVERLAP_ALGOS:-flat,flat-ring,flat-tree,naive,fairgo}
 NODES_FLAGS=${NODES_FLAGS:-}
 MODEL_LINKS=${MODEL_LINKS:-}
 RAPID_CHECKS=${RAPID_CHECKS:-25}
@@ -575,11 +580,11 @@ section_onegpu() {
       done
       ;;
     overlap)
-      for l in 2x2 2x4; do
+      for l in $ONEGPU_OVERLAP_LAYOUTS; do
         # shellcheck disable=SC2046
         bench "onegpu-overlap-$l" "$(testbed_limit)" "$BIN/fairrun" $(NIC_GBIT=2.5 fairrun_flags "${l%x*}" "${l#*x}") \
           --nproc-per-node $((${l%x*} * ${l#*x})) -- "$BIN/fairbench" overlap -backend cuda -buckets 64 -bucket-bytes 25M -w 0 -reps 3 \
-          -label "onegpu-$l"
+          -algos "$OVERLAP_ALGOS" -label "onegpu-$l" $(variant_flags)
       done
       ;;
     enqueue)
@@ -658,7 +663,8 @@ section_overlap() {
   need fairrun fairbench || return
   # shellcheck disable=SC2046
   bench overlap-2x2 "$(testbed_limit)" "$BIN/fairrun" $(fairrun_flags 2 2) --nproc-per-node 4 -- \
-    "$BIN/fairbench" overlap -backend cuda -buckets 64 -bucket-bytes 25M -w 1 -reps 3 -label testbed-2x2 $(variant_flags)
+    "$BIN/fairbench" overlap -backend cuda -buckets 64 -bucket-bytes 25M -w 1 -reps 3 -algos "$OVERLAP_ALGOS" \
+    -label testbed-2x2 $(variant_flags)
 }
 
 section_links() {
