@@ -795,7 +795,7 @@ func (r *Reducer) Choices() []Choice { return r.router.choices() }
 func (r *Reducer) AlgorithmFor(bytes int64) Algorithm { return r.ChoiceFor(bytes).Algorithm }
 
 // ChoiceFor is the choice an allreduce of bytes bytes follows: its size
-// class's, except where Auto's sliced rail would take a call below 4 MiB
-// in one slice, which runs as the hierarchy in one piece (RailAllReduce,
-// with the class's Calibration).
+// class's, except where Auto's sliced rail would take the call in one
+// slice, which runs as the hierarchy in one piece (RailAllReduce, with the
+// class's Calibration).
 func (r *Reducer) ChoiceFor(bytes int64) Choice { return r.router.choiceFor(bytes) }

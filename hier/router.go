@@ -441,18 +441,6 @@ func (rt *router) shape(r route, bytes int64, links func() *linkModel) plan {
 	return rt.planWith(r, bytes, links)
 }
 
-// pipelinedWhole reports whether the sliced rail stays a candidate (and
-// Auto's choice) for a call of bytes that the links keep in one slice: the
-// hierarchy in one piece runs its three stages on one stream, so a burst
-// of calls back to back runs them one after the other, while the
-// pipeline's stages on streams of their own let the next call's
-// intra-machine reduce-scatter run beside this one's rail exchange, as
-// slices of one call do. Below calibrationAloneBytes a class is timed one
-// call at a time as well, where that overlap is nothing and the
-// pipeline's hand-offs between streams are its cost: there the one piece
-// runs what one slice would.
-func pipelinedWhole(bytes int64) bool { return bytes >= calibrationAloneBytes }
-
 // inlineable reports whether an allreduce of bytes may be enqueued on its
 // caller's goroutine (WithInlineEnqueue): its plan is known with nothing
 // collective to do first (no calibration of its class, no world variant
@@ -484,13 +472,13 @@ func (rt *router) inlineable(bytes int64) bool {
 // the class's size (candidates), but a class spans a factor of two, and at
 // its smaller sizes the model may keep the call whole: the sliced rail's
 // one slice is then the hierarchy in one piece with the rail's allreduce
-// split in two NCCL calls and four hand-offs between streams, which a
-// lone call pays for (bench/NOTES.md item 40). From
-// calibrationAloneBytes on (pipelinedWhole) the call keeps the pipeline
-// whole: such classes are timed in bursts only, and Auto timed it so
-// (candidates). links gives the link model as planWith takes it.
+// split in two NCCL calls and four hand-offs between streams. On the
+// one-GPU testbed's 2 × 4 (r1) the model kept 1 MiB whole and cut the
+// 1.5 MiB Auto measured in two: rsag ran 1 MiB in 4218 µs against the one
+// piece's 3989 (bench/NOTES.md item 40). links gives the link model as
+// planWith takes it.
 func (rt *router) uncut(r route, bytes int64, links func() *linkModel) route {
-	if r.algo != RailRSAG || pipelinedWhole(bytes) {
+	if r.algo != RailRSAG {
 		return r
 	}
 	if p := rt.planWith(r, bytes, links); p.slice < bytes {
@@ -572,7 +560,7 @@ func (rt *router) linkModel() *linkModel {
 //   - the rail all-to-all where D = 1: a reduce-scatter and an
 //     all-gather of one step each over the machines;
 //   - the rail's NCCL form in the links' slices (D > 1; candidates keeps
-//     it where the slices cut the call, and whole where pipelinedWhole).
+//     it only where the slices cut the call).
 //
 // FlatNever leaves out the routes over the world communicator (flat, its
 // variants, halving-doubling). With D > 1 fairring's all-to-all form is not
@@ -615,9 +603,8 @@ func (rt *router) appendCandidateRoutes(rs []route, bytes int64) []route {
 }
 
 // candidates are the plans of candidateRoutes at size bytes, without their
-// world variants (calibrate attaches them): the rail's NCCL form where the
-// links' slices cut the call, or whole where pipelinedWhole(bytes) (after
-// the hierarchy in one piece, which wins a tie). Where the link model predicts its slices
+// world variants (calibrate attaches them): the rail's NCCL form only where
+// the links' slices cut the call. Where the link model predicts its slices
 // faster than one piece by more than the tie, it comes first instead: a
 // difference inside the calibration's noise is then decided by the model,
 // not by the noise (on the one-GPU testbed the sliced route led by 2–9% at
@@ -629,9 +616,6 @@ func (rt *router) candidates(bytes int64) []plan {
 		p := rt.planFor(r, bytes)
 		if r.algo == RailRSAG {
 			if p.slice >= bytes {
-				if pipelinedWhole(bytes) {
-					cs = append(cs, p)
-				}
 				continue
 			}
 			if links := rt.table.probedLinks(); links != nil && links.slicesPay(rt.grid, bytes, p.slice) {

@@ -151,8 +151,8 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 				if cfg.sliceSet {
 					require.Equal(t, int64(16<<20), p.slice, "WithSliceSize's slice")
 				}
-				if cfg.algorithm == Auto && p.algo == RailRSAG && !pipelinedWhole(b) {
-					require.Less(t, p.slice, b, "Auto's sliced rail cuts a call below 4 MiB")
+				if cfg.algorithm == Auto && p.algo == RailRSAG {
+					require.Less(t, p.slice, b, "Auto's sliced rail cuts the call")
 				}
 			}
 		}
@@ -195,49 +195,6 @@ func TestAutoTakesAnUncutCallInOnePiece(t *testing.T) {
 	require.Equal(t, RailRSAG, p.algo, "a fixed algorithm is followed")
 	require.Equal(t, int64(1<<20), p.slice)
 	require.Equal(t, RailRSAG, fixed.choiceFor(1<<20).Algorithm)
-}
-
-// From 4 MiB, where classes are timed in bursts only, Auto also times the
-// pipeline in one slice where the links keep the call whole (its stages on
-// streams of their own overlap calls back to back), after the hierarchy in
-// one piece, and a call it chose so keeps it; below, the one piece runs
-// such a call and the pipeline in one slice is no candidate.
-func TestAutoKeepsThePipelineWholeForBursts(t *testing.T) {
-	// An intra link so fast and a rail latency so long that the model keeps
-	// every call whole.
-	links := &linkModel{intra: link{alpha: 1e-6, bw: 1e12}, rail: link{alpha: 1e-3, bw: 1e9}}
-	g := Grid{Machines: 2, Devices: 4}
-	for _, b := range []int64{1 << 20, 8 << 20} {
-		require.Equal(t, b, links.sliceBytes(g, b))
-	}
-	for _, tc := range []struct {
-		name  string
-		bytes int64
-		times map[Algorithm]int64
-		want  Algorithm
-		cands []Algorithm
-	}{
-		{"8 MiB, the pipeline faster", 8 << 20, map[Algorithm]int64{Flat: 50, RailAllReduce: 30, RailRSAG: 20},
-			RailRSAG, []Algorithm{RailAllReduce, Flat, RailRSAG}},
-		{"8 MiB, a tie goes to the one piece", 8 << 20, map[Algorithm]int64{Flat: 500, RailAllReduce: 100, RailRSAG: 98},
-			RailAllReduce, []Algorithm{RailAllReduce, Flat, RailRSAG}},
-		{"1 MiB: the one piece, the pipeline whole not timed", 1 << 20,
-			map[Algorithm]int64{Flat: 50, RailAllReduce: 30, RailRSAG: 20}, RailAllReduce, []Algorithm{RailAllReduce, Flat, HalvingDoubling}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := &fixedMeasurer{times: tc.times, links: links}
-			rt := testRouter(g, config{flatThreshold: 256 << 10}, m)
-			p := rt.route(tc.bytes)
-			require.Equal(t, tc.want, p.algo)
-			require.Equal(t, tc.bytes, p.slice, "one slice")
-			require.Equal(t, [][]Algorithm{tc.cands}, m.cands)
-			c := rt.choiceFor(tc.bytes)
-			require.Equal(t, tc.want, c.Algorithm)
-			require.Equal(t, p.route.String(), c.String())
-			require.Equal(t, tc.bytes >= 4<<20, pipelinedWhole(tc.bytes))
-			require.True(t, rt.inlineable(tc.bytes), "one slice is enqueued inline")
-		})
-	}
 }
 
 // Each size class is calibrated once, by its first call, and every later
