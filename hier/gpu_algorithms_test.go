@@ -69,8 +69,9 @@ func TestGPUNewAlgorithms(t *testing.T) {
 
 // Auto on the GPUs' grid measures its classes from 64 KiB, whatever the
 // grid, with NCCL's ring and tree and halving-doubling among the
-// candidates, and every rank chooses alike; the log gives what each class
-// measured and what it cost.
+// candidates (and the sliced rail in fine slices from 1 MiB where machines
+// have several devices), and every rank chooses alike; the log gives what
+// each class measured and what it cost.
 func TestGPUAutoMeasuresEveryGrid(t *testing.T) {
 	g := gpuGrid(t)
 	w, variants := variantWorld(t, g[0], g[1], hier.WithTimeout(2*time.Minute))
@@ -114,5 +115,10 @@ func TestGPUAutoMeasuresEveryGrid(t *testing.T) {
 	}
 	if n >= 4 {
 		require.Contains(t, c.Calibration.Times, "halving-doubling")
+	}
+	if g[0] > 1 && g[1] > 1 { // the links measured: the rail in the model's slices and in fine ones
+		big := w.reducers[0].ChoiceFor(8 << 20)
+		require.True(t, big.Measured, "the 8 MiB class is measured")
+		require.Contains(t, big.Calibration.Times, "rail-rsag-serial-fine")
 	}
 }

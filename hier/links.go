@@ -98,6 +98,31 @@ func (m linkModel) sliceBytes(g Grid, bytes int64) int64 {
 	return (per + unit - 1) / unit * unit
 }
 
+// fineSlices is how many times the model's slices Auto's second sliced
+// candidate cuts a call into. The model's α is fitted from lone calls of
+// the probe, and a slice in a busy pipeline, its rail exchanges back to
+// back, pays less than that: where the NIC binds, the model's few slices
+// left the NVLink stages' overlap unused (bench/NOTES.md item 122), so Auto
+// times both and measurement decides.
+const fineSlices = 4
+
+// fineSliceBytes is the slice that cuts an allreduce of bytes into
+// fineSlices times as many slices as sliceBytes (at most maxModelSlices,
+// and none smaller than the grid's unit), a multiple of the unit.
+func (m linkModel) fineSliceBytes(g Grid, bytes int64) int64 {
+	unit := int64(g.Size()) * staging.Align
+	if bytes <= unit {
+		return bytes
+	}
+	s := m.sliceBytes(g, bytes)
+	k := min((bytes+s-1)/s*fineSlices, maxModelSlices, bytes/unit)
+	if k <= 1 {
+		return bytes
+	}
+	per := (bytes + k - 1) / k
+	return (per + unit - 1) / unit * unit
+}
+
 // slicesPay reports whether the model predicts an allreduce of bytes in
 // slices of slice bytes faster than in one piece by more than
 // calibrationTie: then a measured tie between the two goes to the slices.

@@ -89,6 +89,38 @@ func TestSliceBytesMinimizesTheModel(t *testing.T) {
 	})
 }
 
+// The fine slice is a whole number of grid units no larger than the
+// model's slice, and cuts the call into fineSlices times the model's
+// slices where units, maxModelSlices and the rounding to a unit allow:
+// never fewer slices than the model's, never more than maxModelSlices.
+func TestFineSliceBytesCutsFineSlicesTimesFiner(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		g := Grid{Machines: rapid.IntRange(1, 64).Draw(t, "M"), Devices: rapid.IntRange(1, 8).Draw(t, "D")}
+		m := linkModel{
+			intra: link{alpha: rapid.Float64Range(0, 1e-3).Draw(t, "intra α"), bw: rapid.Float64Range(1e8, 1e12).Draw(t, "intra B")},
+			rail:  link{alpha: rapid.Float64Range(0, 1e-2).Draw(t, "rail α"), bw: rapid.Float64Range(1e7, 1e11).Draw(t, "rail B")},
+		}
+		bytes := rapid.Int64Range(1, 4<<30).Draw(t, "bytes")
+		unit := int64(g.Size()) * staging.Align
+		s, f := m.sliceBytes(g, bytes), m.fineSliceBytes(g, bytes)
+		if bytes <= unit {
+			require.Equal(t, bytes, f)
+			return
+		}
+		require.LessOrEqual(t, f, s, "no coarser than the model's")
+		if f < bytes {
+			require.Zero(t, f%unit, "fine slice %d not a multiple of %d", f, unit)
+		}
+		k, kf := (bytes+s-1)/s, (bytes+f-1)/f
+		require.LessOrEqual(t, kf, int64(maxModelSlices))
+		require.LessOrEqual(t, kf, k*fineSlices)
+		if want := min(k*fineSlices, int64(maxModelSlices), bytes/unit); kf < want {
+			// Fewer only where a unit's rounding merged the last slices.
+			require.Greater(t, (bytes+want-1)/want+unit-1, f-unit, "k %d, want %d, got %d", k, want, kf)
+		}
+	})
+}
+
 // Within calibrationTie of the fastest, the earlier candidate (the simpler
 // route) wins; beyond it, the fastest.
 func TestFastestBreaksTiesTowardTheEarlier(t *testing.T) {
@@ -210,6 +242,11 @@ func TestCandidatesOrderFollowsTheModel(t *testing.T) {
 				algos[c.algo] = true
 			}
 			require.True(t, algos[Flat] && algos[RailAllReduce] && algos[RailRSAG], "%v", cs)
+			last := cs[len(cs)-1]
+			require.True(t, last.fine, "the fine slices come last: %v", cs)
+			require.Equal(t, RailRSAG, last.algo)
+			require.Equal(t, tc.links.fineSliceBytes(g, 64<<20), last.slice)
+			require.Less(t, last.slice, tc.links.sliceBytes(g, 64<<20))
 		})
 	}
 }

@@ -57,13 +57,20 @@ const (
 type route struct {
 	algo   Algorithm
 	serial bool // the rail's collect and diffuse on one stream and communicator (railStep.lanes)
+	fine   bool // the sliced rail in fineSlices times the link model's slices (Auto's second sliced candidate)
 }
 
 func (rt route) String() string {
-	if impl := rt.algo.impl(); rt.serial && impl != nil && !impl.whole() {
-		return rt.algo.String() + "-serial"
+	name := rt.algo.String()
+	if impl := rt.algo.impl(); impl != nil && !impl.whole() {
+		if rt.serial {
+			name += "-serial"
+		}
+		if rt.fine {
+			name += "-fine"
+		}
 	}
-	return rt.algo.String()
+	return name
 }
 
 // plan is how one allreduce runs: its route, the slice its tensor is cut
@@ -512,6 +519,9 @@ func (rt *router) planWith(r route, bytes int64, links func() *linkModel) plan {
 		return plan{route: r, slice: layoutSlice}
 	}
 	s := m.sliceBytes(rt.grid, bytes)
+	if r.fine {
+		s = m.fineSliceBytes(rt.grid, bytes)
+	}
 	if impl.stagedReceive(rt.grid) {
 		s = min(s, layoutSlice)
 	}
@@ -609,12 +619,18 @@ func (rt *router) appendCandidateRoutes(rs []route, bytes int64) []route {
 // difference inside the calibration's noise is then decided by the model,
 // not by the noise (on the one-GPU testbed the sliced route led by 2–9% at
 // 64–256 MiB, and ties to the one piece chose it in 2 of 6 calibrations,
-// bench/NOTES.md item 21).
+// bench/NOTES.md item 21). Where the links were measured (not with
+// WithSliceSize), the rail in fineSlices times the model's slices comes
+// last: it wins only by more than the tie.
 func (rt *router) candidates(bytes int64) []plan {
 	var cs []plan
+	var fine *plan
 	for _, r := range rt.candidateRoutes(bytes) {
 		p := rt.planFor(r, bytes)
 		if r.algo == RailRSAG {
+			if f := rt.finePlan(r, bytes, p); f.slice < min(p.slice, bytes) {
+				fine = &f
+			}
 			if p.slice >= bytes {
 				continue
 			}
@@ -625,7 +641,20 @@ func (rt *router) candidates(bytes int64) []plan {
 		}
 		cs = append(cs, p)
 	}
+	if fine != nil {
+		cs = append(cs, *fine)
+	}
 	return cs
+}
+
+// finePlan is the plan of r in fineSlices times the model's slices, p
+// itself (r's plan) where the slices do not come from measured links.
+func (rt *router) finePlan(r route, bytes int64, p plan) plan {
+	if rt.cfg.sliceSet || rt.table.probedLinks() == nil {
+		return p
+	}
+	r.fine = true
+	return rt.planFor(r, bytes)
 }
 
 // calibrate measures the candidates at the size of a class and returns the
@@ -953,6 +982,9 @@ type Choice struct {
 	// Serial: the rail's collect and diffuse of all slices run one after
 	// the other on one stream and communicator (WithSerialRail).
 	Serial bool
+	// Fine: Auto measured the sliced rail faster in four times as many
+	// slices as the link model gives, and cuts the calls so.
+	Fine bool
 	// Measured is false for a size class Auto has not measured yet (no
 	// call of that size so far); Algorithm is then a guess.
 	Measured bool
@@ -962,10 +994,10 @@ type Choice struct {
 }
 
 // String names the choice's route: the algorithm, with "-serial" when its
-// rail runs serially ("rail-rsag-serial").
-func (c Choice) String() string {
-	return route{algo: c.Algorithm, serial: c.Serial}.String()
-}
+// rail runs serially and "-fine" in fine slices ("rail-rsag-serial-fine").
+func (c Choice) String() string { return c.route().String() }
+
+func (c Choice) route() route { return route{algo: c.Algorithm, serial: c.Serial, fine: c.Fine} }
 
 // choices is the current choice table: one entry where decide's answer
 // changes (0, the flat threshold, each size class), each with the route
@@ -985,7 +1017,7 @@ func (rt *router) choices() []Choice {
 			}
 			c.Calibration = rt.table.calibrations[class]
 		}
-		c.Algorithm, c.Serial = r.algo, r.serial
+		c.Algorithm, c.Serial, c.Fine = r.algo, r.serial, r.fine
 		if n := len(out); ok && lastFixed && out[n-1].String() == c.String() {
 			return // a fixed route that goes on: no boundary here
 		}
@@ -1015,8 +1047,8 @@ func (rt *router) choiceFor(bytes int64) Choice {
 	if _, _, fixed := rt.decide(bytes); fixed || !c.Measured {
 		return c
 	}
-	if u := rt.uncut(route{algo: c.Algorithm, serial: c.Serial}, bytes, rt.table.probedLinks); u.algo != c.Algorithm {
-		c.Algorithm, c.Serial = u.algo, u.serial
+	if u := rt.uncut(c.route(), bytes, rt.table.probedLinks); u.algo != c.Algorithm {
+		c.Algorithm, c.Serial, c.Fine = u.algo, u.serial, u.fine
 	}
 	return c
 }

@@ -19,6 +19,7 @@ import (
 // variants, its world variants are stubs that count their closes.
 type fixedMeasurer struct {
 	times    map[Algorithm]int64
+	fine     int64      // the time of the rail in fine slices; 0: its algorithm's
 	timed    int        // how many calibrations it ran
 	links    *linkModel // what the probe measures; nil: it fails
 	variants bool
@@ -35,6 +36,9 @@ func (m *fixedMeasurer) timeRoutes(_ int64, cands []plan) (timings, error) {
 	var algos []Algorithm
 	for i, p := range cands {
 		out[i] = m.times[p.algo]
+		if p.fine && m.fine != 0 {
+			out[i] = m.fine
+		}
 		if out[i] == 0 {
 			out[i] = 1000
 		}
@@ -195,6 +199,60 @@ func TestAutoTakesAnUncutCallInOnePiece(t *testing.T) {
 	require.Equal(t, RailRSAG, p.algo, "a fixed algorithm is followed")
 	require.Equal(t, int64(1<<20), p.slice)
 	require.Equal(t, RailRSAG, fixed.choiceFor(1<<20).Algorithm)
+}
+
+// Auto times the sliced rail in the model's slices and in fineSlices
+// times as many, the fine ones last; where they measure faster by more
+// than the tie, every call of the class is cut in fine slices and
+// ChoiceFor says so; a tie goes to the model's slices.
+func TestAutoTimesFineSlices(t *testing.T) {
+	// The one-GPU testbed's 2 × 4 (2.5 Gbit/s NIC): the model cuts 25 MiB
+	// in two.
+	links := &linkModel{intra: link{alpha: 374e-6, bw: 2.98e9}, rail: link{alpha: 1172e-6, bw: 0.087e9}}
+	g := Grid{Machines: 2, Devices: 4}
+	const bytes = 25 << 20
+	model, fine := links.sliceBytes(g, bytes), links.fineSliceBytes(g, bytes)
+	require.Less(t, model, int64(bytes))
+	require.Less(t, fine, model)
+	for _, tc := range []struct {
+		name      string
+		fine      int64
+		wantFine  bool
+		wantSlice int64
+	}{
+		{"fine slices faster", 80, true, fine},
+		{"a tie", 98, false, model},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &fixedMeasurer{times: map[Algorithm]int64{Flat: 500, RailAllReduce: 120, RailRSAG: 100}, fine: tc.fine,
+				links: links}
+			rt := testRouter(g, config{flatThreshold: 256 << 10}, m)
+			p := rt.route(bytes)
+			require.Equal(t, RailRSAG, p.algo)
+			require.Equal(t, tc.wantFine, p.fine)
+			require.Equal(t, tc.wantSlice, p.slice)
+			require.Len(t, m.cands, 1)
+			cands := m.cands[0]
+			require.Equal(t, RailRSAG, cands[len(cands)-1], "the fine slices last: %v", cands)
+			c := rt.choiceFor(bytes)
+			require.Equal(t, tc.wantFine, c.Fine)
+			require.Equal(t, p.route.String(), c.String())
+			times := nanos(c.Calibration.Times)
+			require.Contains(t, times, "rail-rsag-serial-fine")
+			require.Contains(t, times, "rail-rsag-serial")
+			smaller := rt.route(17 << 20) // the same class: its own fine slices
+			require.Equal(t, tc.wantFine, smaller.fine)
+			if tc.wantFine {
+				require.Equal(t, links.fineSliceBytes(g, 17<<20), smaller.slice)
+				require.Equal(t, "rail-rsag-serial-fine", c.String())
+			}
+		})
+	}
+	// With WithSliceSize the slices are the caller's: no fine candidate.
+	m := &fixedMeasurer{times: map[Algorithm]int64{Flat: 500, RailAllReduce: 120, RailRSAG: 100}, fine: 1, links: links}
+	rt := testRouter(g, config{flatThreshold: 256 << 10, sliceSet: true}, m)
+	require.False(t, rt.route(bytes).fine)
+	require.NotContains(t, nanos(pick(rt.choices(), bytes).Calibration.Times), "rail-rsag-serial-fine")
 }
 
 // Each size class is calibrated once, by its first call, and every later
