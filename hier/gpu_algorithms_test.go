@@ -69,7 +69,7 @@ func TestGPUNewAlgorithms(t *testing.T) {
 
 // Auto on the GPUs' grid measures its classes from 64 KiB, whatever the
 // grid, with NCCL's ring and tree and halving-doubling among the
-// candidates (and the sliced rail in fine slices from 1 MiB where machines
+// candidates (and the sliced rail in fine slices from 4 MiB where machines
 // have several devices), and every rank chooses alike; the log gives what
 // each class measured and what it cost.
 func TestGPUAutoMeasuresEveryGrid(t *testing.T) {

@@ -648,9 +648,14 @@ func (rt *router) candidates(bytes int64) []plan {
 }
 
 // finePlan is the plan of r in fineSlices times the model's slices, p
-// itself (r's plan) where the slices do not come from measured links.
+// itself (r's plan) where the slices do not come from measured links, and
+// below calibrationAloneBytes: there a class is timed one call at a time
+// too, by the fastest rank's best call, which flattered the fine slices'
+// extra launches (on the one-GPU testbed's 2 × 4 they won 1 MiB's
+// calibration by 7% and then ran 8% behind the hierarchy's time,
+// bench/NOTES.md item 122), while the NIC binds only at larger sizes.
 func (rt *router) finePlan(r route, bytes int64, p plan) plan {
-	if rt.cfg.sliceSet || rt.table.probedLinks() == nil {
+	if rt.cfg.sliceSet || rt.table.probedLinks() == nil || bytes < calibrationAloneBytes {
 		return p
 	}
 	r.fine = true

@@ -248,9 +248,15 @@ func TestAutoTimesFineSlices(t *testing.T) {
 			}
 		})
 	}
-	// With WithSliceSize the slices are the caller's: no fine candidate.
+	// Below 4 MiB, where classes are timed one call at a time too, no fine
+	// candidate.
 	m := &fixedMeasurer{times: map[Algorithm]int64{Flat: 500, RailAllReduce: 120, RailRSAG: 100}, fine: 1, links: links}
-	rt := testRouter(g, config{flatThreshold: 256 << 10, sliceSet: true}, m)
+	rt := testRouter(g, config{flatThreshold: 256 << 10}, m)
+	require.False(t, rt.route(3<<20).fine)
+	require.NotContains(t, nanos(pick(rt.choices(), 3<<20).Calibration.Times), "rail-rsag-serial-fine")
+	// With WithSliceSize the slices are the caller's: no fine candidate.
+	m = &fixedMeasurer{times: map[Algorithm]int64{Flat: 500, RailAllReduce: 120, RailRSAG: 100}, fine: 1, links: links}
+	rt = testRouter(g, config{flatThreshold: 256 << 10, sliceSet: true}, m)
 	require.False(t, rt.route(bytes).fine)
 	require.NotContains(t, nanos(pick(rt.choices(), bytes).Calibration.Times), "rail-rsag-serial-fine")
 }
