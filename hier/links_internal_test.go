@@ -2,6 +2,7 @@ package hier
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -242,11 +243,15 @@ func TestCandidatesOrderFollowsTheModel(t *testing.T) {
 				algos[c.algo] = true
 			}
 			require.True(t, algos[Flat] && algos[RailAllReduce] && algos[RailRSAG], "%v", cs)
-			last := cs[len(cs)-1]
-			require.True(t, last.fine, "the fine slices come last: %v", cs)
-			require.Equal(t, RailRSAG, last.algo)
-			require.Equal(t, tc.links.fineSliceBytes(g, 64<<20), last.slice)
-			require.Less(t, last.slice, tc.links.sliceBytes(g, 64<<20))
+			i := slices.IndexFunc(cs, func(p plan) bool { return p.fine })
+			require.GreaterOrEqual(t, i, 0, "the fine slices are a candidate: %v", cs)
+			require.Less(t, i, len(cs)-1, "%v", cs)
+			fine, model := cs[i], cs[i+1]
+			require.Equal(t, RailRSAG, fine.algo)
+			require.Equal(t, plan{route: route{algo: RailRSAG, serial: fine.serial}, slice: tc.links.sliceBytes(g, 64<<20)},
+				model, "the model's slices right after the fine ones: %v", cs)
+			require.Equal(t, tc.links.fineSliceBytes(g, 64<<20), fine.slice)
+			require.Less(t, fine.slice, model.slice)
 		})
 	}
 }

@@ -621,7 +621,10 @@ func (rt *router) appendCandidateRoutes(rs []route, bytes int64) []route {
 // 64–256 MiB, and ties to the one piece chose it in 2 of 6 calibrations,
 // bench/NOTES.md item 21). Where the links were measured (not with
 // WithSliceSize), the rail in fineSlices times the model's slices comes
-// last: it wins only by more than the tie.
+// just before the model's slices (last where those are no candidate): a
+// tie between the two goes to the finer, which calibrated within 2% of
+// the model's slices on the one-GPU testbed's 2 × 4 and then ran 64
+// buckets back to back 7–12% faster (bench/NOTES.md item 122).
 func (rt *router) candidates(bytes int64) []plan {
 	var cs []plan
 	var fine *plan
@@ -641,8 +644,12 @@ func (rt *router) candidates(bytes int64) []plan {
 		}
 		cs = append(cs, p)
 	}
-	if fine != nil {
-		cs = append(cs, *fine)
+	if fine != nil { // just before the model's slices, or last
+		i := slices.IndexFunc(cs, func(p plan) bool { return p.algo == RailRSAG })
+		if i < 0 {
+			i = len(cs)
+		}
+		cs = slices.Insert(cs, i, *fine)
 	}
 	return cs
 }
