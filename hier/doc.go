@@ -52,7 +52,8 @@
 // and all ranks choose alike. The candidates: flat, flat-ring and flat-tree (where the backend
 // makes world variants), halving-doubling (from 4 ranks, classes up to
 // 4 MiB), rail-allreduce (D > 1), rail-a2a (D = 1) and rail-rsag in the
-// links' slices (D > 1, where they cut the call), whatever the grid: one
+// links' slices (D > 1, where they cut the call) and, from 4 MiB, in four
+// times as many (Choice.Fine), whatever the grid: one
 // device per machine and one machine included. A class with one candidate
 // takes it without measuring. World variants are made at the first
 // calibration that has them as candidates and closed once every class is
