@@ -105,7 +105,10 @@
 #                       70 s, 4x1 40 s, 2x2 30 s, 2x1 25 s, 1x4 and the
 #                       NVLink pair 10 s each); every step's limit together
 #                       (~9.5 min) stays under one device command's 10
-#                       minutes (NODES_LAYOUTS to choose layouts)
+#                       minutes (NODES_LAYOUTS to choose layouts). On a
+#                       host of one GPU, NODES_LAYOUTS="8x1 16x1" puts 8 or
+#                       16 ranks on it (S3, S5 there) and the NVLink pair
+#                       is skipped: MODEL_LINKS gives the model its links
 #   ab SECTION [ARGS]...  the rest of the command line with several builds
 #                       in turn, BIN (a) and BIN_B (b; several directories,
 #                       space-separated, are c, d, ...), AB_ROUNDS times,
@@ -617,8 +620,12 @@ nodes_limit() { echo $((40 + 7 * $1 * $2)); }
 section_nodes() {
   need fairrun fairbench || return
   local l m d fr n name sizes
-  # shellcheck disable=SC2086
-  bench nodes-nvlink 45 "$BIN/fairbench" links -backend cuda -link nvlink $NODES_SIZES -w 1 -n 1 -reps 3
+  if [ "$(gpus)" -ge 2 ]; then
+    # shellcheck disable=SC2086
+    bench nodes-nvlink 45 "$BIN/fairbench" links -backend cuda -link nvlink $NODES_SIZES -w 1 -n 1 -reps 3
+  else
+    note SKIP nodes-nvlink 0 "one GPU: no NVLink pair to fit (MODEL_LINKS gives the model its links)"
+  fi
   for l in $NODES_LAYOUTS; do
     m=${l%x*} d=${l#*x}
     fr=()
