@@ -994,8 +994,9 @@ type Choice struct {
 	// Serial: the rail's collect and diffuse of all slices run one after
 	// the other on one stream and communicator (WithSerialRail).
 	Serial bool
-	// Fine: Auto measured the sliced rail faster in four times as many
-	// slices as the link model gives, and cuts the calls so.
+	// Fine: Auto chose the sliced rail in four times as many slices as the
+	// link model gives (measured faster than the other candidates, or tied
+	// with the model's slices), and cuts the class's calls so.
 	Fine bool
 	// Measured is false for a size class Auto has not measured yet (no
 	// call of that size so far); Algorithm is then a guess.
