@@ -108,7 +108,8 @@
 #                       minutes (NODES_LAYOUTS to choose layouts). On a
 #                       host of one GPU, NODES_LAYOUTS="8x1 16x1" puts 8 or
 #                       16 ranks on it (S3, S5 there) and the NVLink pair
-#                       is skipped: MODEL_LINKS gives the model its links
+#                       is skipped: MODEL_LINKS gives the model its NVLink
+#                       (the network's is fitted from 8x1's flat-ring)
 #   ab SECTION [ARGS]...  the rest of the command line with several builds
 #                       in turn, BIN (a) and BIN_B (b; several directories,
 #                       space-separated, are c, d, ...), AB_ROUNDS times,

@@ -37,9 +37,9 @@ func (o ModelOptions) usable(r bench.Record) bool {
 // FitModel fits the model to records and says where each parameter came
 // from. The NVLink pair comes from link records ("nvlink", from fairbench
 // links) or else flat sweeps on 1 × 2; the network pair from link records
-// ("net") or else flat sweeps on 2 × 1. When the network points come from
-// fairrun's testbed (a NIC rate in the records) the machine's D GPUs share
-// that one NIC. The all-to-all's per-peer cost is fitted to rail-a2a fairgo
+// ("net"), else flat sweeps on 2 × 1, else flat-ring sweeps on M × 1.
+// When the network points come from fairrun's testbed (a NIC rate in the
+// records) the machine's D GPUs share that one NIC. The all-to-all's per-peer cost is fitted to rail-a2a fairgo
 // points on 3 machines or more, else α_n.
 func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, error) {
 	rates := nicRates(recs, o)
@@ -98,7 +98,8 @@ func (f *fitter) note(format string, args ...any) {
 
 // linkPoints returns a link's points and where they came from: link
 // records, else flat sweeps of one call at a time on m × d (on the testbed
-// or off it, as testbed says).
+// or off it, as testbed says), else, for a network pair (2 × 1) that was
+// not swept, ringPairPoints.
 func (f *fitter) linkPoints(link string, m, d int, testbed bool) ([]model.Point, string) {
 	var links, flats []model.Point
 	for _, r := range f.recs {
@@ -114,10 +115,41 @@ func (f *fitter) linkPoints(link string, m, d int, testbed bool) ([]model.Point,
 			flats = append(flats, pt)
 		}
 	}
-	if len(links) > 0 {
+	switch {
+	case len(links) > 0:
 		return links, fmt.Sprintf("%d link records", len(links))
+	case len(flats) == 0 && m == 2 && d == 1:
+		if pts, src := f.ringPairPoints(testbed); len(pts) > 0 {
+			return pts, src
+		}
 	}
 	return flats, fmt.Sprintf("%d flat sweep points on %d×%d", len(flats), m, d)
+}
+
+// ringPairPoints are the network pair's points implied by the flat-ring
+// sweeps (one call at a time) on the fewest machines of one GPU each, more
+// than two: a ring over M ranks takes 2(M−1)(α + n/(M·B)), which is M−1
+// times a pair's 2α + n'/B at n' = 2n/M, so each point (n, T) stands for
+// the pair's (2n/M, T/(M−1)). A host of one GPU sweeps 8 × 1 and 16 × 1
+// (every rank on it) and no pair.
+func (f *fitter) ringPairPoints(testbed bool) ([]model.Point, string) {
+	fewest := 0
+	for _, r := range f.recs {
+		if f.o.usable(r) && r.Kind == bench.KindSweep && r.Algorithm == bench.FlatRing && r.Buckets == 0 &&
+			r.Iters == 1 && r.Devices == 1 && r.Machines > 2 && (r.Testbed.NICGbit > 0) == testbed &&
+			(fewest == 0 || r.Machines < fewest) {
+			fewest = r.Machines
+		}
+	}
+	var pts []model.Point
+	for _, r := range f.recs {
+		if f.o.usable(r) && r.Kind == bench.KindSweep && r.Algorithm == bench.FlatRing && r.Buckets == 0 &&
+			r.Iters == 1 && r.Devices == 1 && r.Machines == fewest && (r.Testbed.NICGbit > 0) == testbed {
+			m := float64(fewest)
+			pts = append(pts, model.Point{Bytes: 2 * float64(r.Bytes) / m, Seconds: r.TimeUS / 1e6 / (m - 1)})
+		}
+	}
+	return pts, fmt.Sprintf("%d flat-ring sweep points on %d×1, each as the pair its ring implies", len(pts), fewest)
 }
 
 // fitLink is the link given when its bandwidth is set, else the fit of

@@ -378,6 +378,57 @@ func TestTargetsModelWithAGivenNVLink(t *testing.T) {
 	require.Equal(t, 3*6, t7.Points, "the 2 × 1 testbed points of every method")
 }
 
+// A host of one GPU sweeps 8 × 1 and 16 × 1 and no pair of machines: the
+// network pair comes from the flat-ring sweeps on the fewest machines,
+// each point read as the pair its ring implies; a 2 × 1 sweep, where
+// there is one, takes precedence.
+func TestFitModelNetworkFromRings(t *testing.T) {
+	ring := func(m int, scale float64) func(int64) float64 {
+		return func(s int64) float64 { return truth.Ring(model.Grid{M: m, D: 1}, float64(s)) * 1e6 * scale }
+	}
+	var recs []bench.Record
+	for _, m := range []int{16, 8} { // the fewest machines are not the first records
+		recs = append(recs, oneGPURun("r1", m, 1, 10, 1, map[string]func(int64) float64{
+			bench.FlatRing: ring(m, 1),
+			bench.Flat:     ring(m, 0.9), // NCCL's own choice is not a ring: never read
+		})...)
+	}
+	_, _, err := FitModel(recs, ModelOptions{})
+	require.ErrorContains(t, err, "NVLink pair", "no NVLink pair is given or swept")
+	p, notes, err := FitModel(recs, ModelOptions{Intra: truth.Intra})
+	require.NoError(t, err)
+	require.InDelta(t, truth.Net.Alpha, p.Net.Alpha, truth.Net.Alpha*1e-6)
+	require.InDelta(t, truth.Net.BW, p.Net.BW, truth.Net.BW*1e-6)
+	require.Contains(t, strings.Join(notes, "\n"), "flat-ring sweep points on 8×1")
+
+	// 16 × 1 alone fits the same link.
+	var sixteen []bench.Record
+	for _, r := range recs {
+		if r.Machines == 16 {
+			sixteen = append(sixteen, r)
+		}
+	}
+	p, _, err = FitModel(sixteen, ModelOptions{Intra: truth.Intra})
+	require.NoError(t, err)
+	require.InDelta(t, truth.Net.BW, p.Net.BW, truth.Net.BW*1e-6)
+
+	// A 2 × 1 sweep is the pair itself.
+	pair := oneGPURun("r1", 2, 1, 10, 1, map[string]func(int64) float64{
+		bench.Flat: func(s int64) float64 { return truth.Ring(model.Grid{M: 2, D: 1}, float64(s)) * 1e6 * 2 },
+	})
+	p, notes, err = FitModel(append(recs, pair...), ModelOptions{Intra: truth.Intra})
+	require.NoError(t, err)
+	require.InDelta(t, truth.Net.BW/2, p.Net.BW, truth.Net.BW*1e-6)
+	require.Contains(t, strings.Join(notes, "\n"), "flat sweep points on 2×1")
+
+	// Sweeps of calls back to back are no pair.
+	for i := range recs {
+		recs[i].Iters = 20
+	}
+	_, _, err = FitModel(recs, ModelOptions{Intra: truth.Intra})
+	require.ErrorContains(t, err, "network pair")
+}
+
 // oneGPURun makes the records of the one-GPU testbed for a layout:
 // the baselines, fairgo, fairgo without the check and a forced route,
 // at the times given (µs, by method, per size).
