@@ -83,11 +83,21 @@
 #                       back at 1M–16M; ~5 min), single (2×1, 4×1, 8×1 at
 #                       10 Gbit/s, 256K–256M, and 20 back to back up to 16M;
 #                       ~3 min), overlap (64 × 25 MiB on 2×2 and 2×4 at 2.5
-#                       Gbit/s; ~3 min) or enqueue (T6 on 2×1; ~20 s). Every
-#                       sweep measures flat, flat-ring, flat-tree, naive,
-#                       fairgo, fairgo without the check on fairgo's routes
-#                       (nocheck: check:off,routes:fairgo, for U5 and S6) and
-#                       the routes Auto chooses among (U6)
+#                       Gbit/s; ~3 min), enqueue (T6 on 2×1; ~20 s) or s4
+#                       (shared's sweeps at 1M–256M of fairgo and nocheck
+#                       alone, for S4 and S6; ~90 s a layout). Every sweep
+#                       measures flat, flat-ring, flat-tree, naive, fairgo,
+#                       fairgo without the check on fairgo's routes (nocheck:
+#                       check:off,routes:fairgo, for U5 and S6) and, but in
+#                       s4, the routes Auto chooses among (U6). What one GPU
+#                       allows of the S targets is two device commands a run,
+#                       each under 10 minutes: RUN=r1 VARIANTS="fairgo
+#                       nocheck=check:off,routes:fairgo" NODES_LAYOUTS="8x1
+#                       16x1" NODES_ITERS="1 20" scripts/gpu.sh nodes, then
+#                       RUN=r1 ONEGPU_OVERLAP_LAYOUTS=2x4 scripts/gpu.sh
+#                       onegpu overlap enqueue s4; the same with RUN=r2; then,
+#                       with both runs' records under OUT/json and MODEL_LINKS
+#                       giving the NVLink link, TARGET_SETS=S ... analyse
 #   nodes               fairgo across node counts over real NVLink, on a host
 #                       of 4 GPUs with NICs of 10 Gbit/s: the NVLink pair
 #                       (fairbench links, for the model), 1x4 (one rank per
@@ -577,6 +587,11 @@ section_onegpu() {
         onegpu_sweep "$l" 2.5 "-b 1M -e 16M -f 4" "$both" 20
       done
       ;;
+    s4)
+      for l in $ONEGPU_LAYOUTS; do
+        onegpu_sweep "$l" 2.5 "-b 1M -e 256M -f 4" "$both" 1
+      done
+      ;;
     single)
       for l in 2x1 4x1 8x1; do
         onegpu_sweep "$l" 10 "-b 256K -e 256M -f 4" "$both -fairgo sep=fp:0,routes:fairgo -fairgo fflat=algo:flat -fairgo rar=algo:rail-allreduce" 1
@@ -599,7 +614,7 @@ section_onegpu() {
       note "$([ "$rc" -eq 0 ] && [ -s "$OUT/$RUN-enqueue-job.txt" ] && echo PASS || echo FAIL)" "$RUN-enqueue-job" "$secs" "rc=$rc ($RUN-enqueue-job.txt)"
       ;;
     *)
-      note FAIL "onegpu $part" 0 "unknown part (shared, single, overlap, enqueue)"
+      note FAIL "onegpu $part" 0 "unknown part (shared, single, overlap, enqueue, s4)"
       ;;
     esac
   done
@@ -943,7 +958,7 @@ section_analyse() {
   local first
   first=$(ls "$OUT"/json/"${RUNS%% *}"-*.jsonl 2>/dev/null | paste -sd, -)
   # shellcheck disable=SC2086
-  step model 60 "$BIN/fairbench" model -in "${first:-$files}" $MODEL_LINKS
+  step model 60 "$BIN/fairbench" model -in "${first:-$files}" -nic-gbit "$NIC_GBIT" $MODEL_LINKS
   tail -n +2 "$OUT/logs/model.log" >"$OUT/model.txt"
   note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" model "$secs" "rc=$rc $(grep -m1 'testbed points: worst' "$OUT/model.txt" | sed 's/^# //')$([ "$rc" -ne 0 ] && tail -1 "$OUT/model.txt")"
   step digest 60 "$BIN/fairbench" report -in "$files" -csv "$OUT/results.csv"

@@ -27,11 +27,15 @@ type ModelOptions struct {
 	Sizes       []float64
 	Parallelism int
 	IncludeSim  bool // use sim records too (their times are not GPU times)
+	// NICGbit keeps, of the records measured on fairrun's testbed, those
+	// of this NIC rate (0: all, which must then share one rate).
+	NICGbit float64
 }
 
 // usable reports whether a record may inform or test the model.
 func (o ModelOptions) usable(r bench.Record) bool {
-	return r.Invalid == "" && r.TimeUS > 0 && (o.IncludeSim || !r.SimTimings)
+	return r.Invalid == "" && r.TimeUS > 0 && (o.IncludeSim || !r.SimTimings) &&
+		(o.NICGbit <= 0 || r.Testbed.NICGbit <= 0 || r.Testbed.NICGbit == o.NICGbit)
 }
 
 // FitModel fits the model to records and says where each parameter came

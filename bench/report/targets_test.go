@@ -355,7 +355,22 @@ func TestModelReport(t *testing.T) {
 		}
 	}
 	_, _, err = FitModel(append(recs, other...), ModelOptions{})
-	require.Error(t, err)
+	require.ErrorContains(t, err, "records of testbeds with NICs of [10 40] Gbit/s")
+	// NICGbit fits to one rate's: the other's records are left out.
+	for _, rate := range []float64{10, 40} {
+		p, _, err = FitModel(append(recs, other...), ModelOptions{NICGbit: rate})
+		require.NoError(t, err, "%g Gbit/s", rate)
+		require.InDelta(t, truth.Net.BW, p.Net.BW, truth.Net.BW*1e-6)
+	}
+	var buf40 bytes.Buffer
+	require.NoError(t, ModelReport(&buf40, append(recs, other...), ModelOptions{NICGbit: 40, Devices: 8,
+		Machines: []int{8}, Sizes: []float64{1 << 20}}))
+	require.Contains(t, buf40.String(), "(fairrun --nic-gbit 40)")
+	// No testbed record of 25 Gbit/s: the pair off the testbed alone.
+	_, notes, err := FitModel(append(recs, other...), ModelOptions{NICGbit: 25})
+	require.NoError(t, err)
+	require.NotContains(t, strings.Join(notes, "\n"), "fairrun --nic-gbit")
+	require.Contains(t, strings.Join(notes, "\n"), "flat sweep points on 2×1")
 }
 
 // Without an NVLink pair in the records (a host of one GPU: only M × 1 on

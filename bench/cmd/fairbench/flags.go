@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -480,6 +481,7 @@ type modelFlags struct {
 	linkFlags
 	devices, parallelism int
 	machines, sizes      string
+	gbit                 float64
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -487,13 +489,15 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.machines, "model-machines", "8,16,32,64", "machine counts of the predictions")
 	fs.StringVar(&m.sizes, "model-sizes", "1M,16M,256M,1G", "sizes of the predictions")
 	fs.IntVar(&m.parallelism, "model-parallelism", 0, "fairgo's parallelism in the predictions (0: fairgo's default)")
+	fs.Float64Var(&m.gbit, "nic-gbit", 0,
+		"fit to the testbed records of this NIC rate in Gbit/s (0: every record, which must share one rate)")
 	m.linkFlags.register(fs)
 }
 
 // options are the model's options of the flags; its errors are usage
 // errors.
 func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
-	o := report.ModelOptions{Devices: m.devices, Parallelism: m.parallelism, IncludeSim: includeSim}
+	o := report.ModelOptions{Devices: m.devices, Parallelism: m.parallelism, IncludeSim: includeSim, NICGbit: m.gbit}
 	var err error
 	if o.Machines, err = bench.ParseIntList("-model-machines", m.machines); err != nil {
 		return o, cli.Arg(err)
@@ -511,6 +515,8 @@ func (m *modelFlags) options(includeSim bool) (report.ModelOptions, error) {
 		return o, cli.Usagef("-model-devices %d: must be at least 1", m.devices)
 	case m.parallelism < 0:
 		return o, cli.Usagef("-model-parallelism %d: negative", m.parallelism)
+	case m.gbit < 0 || math.IsNaN(m.gbit) || math.IsInf(m.gbit, 0):
+		return o, cli.Usagef("-nic-gbit %g: must be positive, or 0 for every record", m.gbit)
 	}
 	return o, nil
 }

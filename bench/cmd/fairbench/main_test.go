@@ -303,6 +303,7 @@ func TestHelp(t *testing.T) {
 			"model-sizes",
 			"net-alpha-us",
 			"net-gbps",
+			"nic-gbit",
 			"nvlink-alpha-us",
 			"nvlink-gbps",
 		},
@@ -485,6 +486,7 @@ func TestCLIRules(t *testing.T) {
 			`-model-machines 0: "0" is not a positive integer`,
 		),
 		usage("model devices", a("model -in x.jsonl -model-devices 0"), "-model-devices 0: must be at least 1"),
+		usage("a NIC rate of model", a("model -in x.jsonl -nic-gbit -2.5"), "-nic-gbit -2.5: must be positive, or 0"),
 	})
 	// A failure (a file that is not there) is status 1, one message.
 	for _, args := range [][]string{a("report -in /nonexistent/x.jsonl"),
