@@ -43,8 +43,9 @@ func (o ModelOptions) usable(r bench.Record) bool {
 // links) or else flat sweeps on 1 × 2; the network pair from link records
 // ("net"), else flat sweeps on 2 × 1, else flat-ring sweeps on M × 1.
 // When the network points come from fairrun's testbed (a NIC rate in the
-// records) the machine's D GPUs share that one NIC. The all-to-all's per-peer cost is fitted to rail-a2a fairgo
-// points on 3 machines or more, else α_n.
+// records) the machine's D GPUs share that one NIC. The all-to-all's
+// per-peer cost is fitted to rail-a2a fairgo points on 3 machines or
+// more, else α_n.
 func FitModel(recs []bench.Record, o ModelOptions) (model.Params, []string, error) {
 	rates := nicRates(recs, o)
 	if len(rates) > 1 {
@@ -137,18 +138,19 @@ func (f *fitter) linkPoints(link string, m, d int, testbed bool) ([]model.Point,
 // the pair's (2n/M, T/(M−1)). A host of one GPU sweeps 8 × 1 and 16 × 1
 // (every rank on it) and no pair.
 func (f *fitter) ringPairPoints(testbed bool) ([]model.Point, string) {
+	ring := func(r bench.Record) bool {
+		return f.o.usable(r) && r.Kind == bench.KindSweep && r.Algorithm == bench.FlatRing && r.Buckets == 0 &&
+			r.Iters == 1 && r.Devices == 1 && r.Machines > 2 && (r.Testbed.NICGbit > 0) == testbed
+	}
 	fewest := 0
 	for _, r := range f.recs {
-		if f.o.usable(r) && r.Kind == bench.KindSweep && r.Algorithm == bench.FlatRing && r.Buckets == 0 &&
-			r.Iters == 1 && r.Devices == 1 && r.Machines > 2 && (r.Testbed.NICGbit > 0) == testbed &&
-			(fewest == 0 || r.Machines < fewest) {
+		if ring(r) && (fewest == 0 || r.Machines < fewest) {
 			fewest = r.Machines
 		}
 	}
 	var pts []model.Point
 	for _, r := range f.recs {
-		if f.o.usable(r) && r.Kind == bench.KindSweep && r.Algorithm == bench.FlatRing && r.Buckets == 0 &&
-			r.Iters == 1 && r.Devices == 1 && r.Machines == fewest && (r.Testbed.NICGbit > 0) == testbed {
+		if ring(r) && r.Machines == fewest {
 			m := float64(fewest)
 			pts = append(pts, model.Point{Bytes: 2 * float64(r.Bytes) / m, Seconds: r.TimeUS / 1e6 / (m - 1)})
 		}
