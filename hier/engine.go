@@ -366,8 +366,10 @@ func (r *Reducer) checkLater(q *request) {
 
 // abortAfterEnqueueError handles a failure in the middle of enqueueing: the
 // peers may already have enqueued their part, so the communicators are
-// aborted rather than left to hang.
+// aborted rather than left to hang. A call whose separate check went out
+// before its data first gives that check its verdict (awaitOwnCheck).
 func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
+	r.awaitOwnCheck(q)
 	err = r.withBreakCause(err)
 	// The Work fails with what the abort reports: the communicators are
 	// aborted, which the error says (fairgo.ErrAborted) whatever the
@@ -378,6 +380,29 @@ func (r *Reducer) abortAfterEnqueueError(q *request, err error) {
 	q.work.markEnqueued(nil, nil)
 	q.work.finish(err)
 	r.events.put(q.after)
+}
+
+// awaitOwnCheck waits, up to refusalGrace, for the verdict of q's separate
+// check where it was enqueued before q's data. A peer whose check found the
+// call mismatched aborts the communicators, and that abort can fail this
+// rank's enqueue (the split of a world variant made at the call, NCCL's
+// launch) before this rank's checker has read the same verdict from the
+// same collective: the checker's mismatch, which then breaks the Reducer
+// as its root cause, is what the Work must report, as on the peers, rather
+// than the abort alone. The check needs only the peers' checks, which go
+// before their data too, so the wait is short where the peers are alive;
+// the bound keeps an enqueue error from waiting on peers that are not.
+func (r *Reducer) awaitOwnCheck(q *request) {
+	t := q.check
+	if t == nil || t.slot == nil {
+		return
+	}
+	timer := time.NewTimer(refusalGrace)
+	defer timer.Stop()
+	select {
+	case <-t.done:
+	case <-timer.C:
+	}
 }
 
 // withBreakCause returns err, an enqueue's error, led by the cause of the

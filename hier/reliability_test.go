@@ -345,6 +345,38 @@ func TestShapesDifferingAcrossRanksFail(t *testing.T) {
 	}
 }
 
+// A call whose count differs on one rank, on a route whose world variant
+// every rank makes at the call: the peers' checks find the mismatch and
+// abort, which can fail the differing rank's enqueue (its split of the
+// variant) before its own checker has read the same verdict. Every rank's
+// Work still says mismatch, not only that the communicators were aborted.
+// The race is the scheduler's: many fresh worlds give it many chances.
+func TestMismatchThatAbortsAnEnqueueIsReportedAsMismatch(t *testing.T) {
+	for _, a := range []hier.Algorithm{hier.FlatRing, hier.FlatTree} {
+		t.Run(a.String(), func(t *testing.T) {
+			for round := range 100 {
+				w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: int64(round), StallTimeout: 20 * time.Second},
+					hier.WithAlgorithm(a), hier.WithFlatThreshold(hier.FlatNever), hier.WithFingerprintMax(0))
+				data := make([][]byte, 4)
+				for g := range data {
+					n := 3001
+					if g == 3 { // the last to call: its check completes every rank's
+						n = 2 * 3001
+					}
+					data[g] = make([]byte, 4*n)
+				}
+				for g, wk := range sumExceptOn(w, w.upload(t, fairgo.Float32, data), -1) {
+					err := wk.Wait(context.Background())
+					var me *hier.MismatchError
+					require.ErrorAs(t, err, &me, "round %d, rank %d", round, g)
+					require.Equal(t, "count", me.Field, "round %d, rank %d", round, g)
+				}
+				w.close()
+			}
+		})
+	}
+}
+
 // An operator or a count that differs on one rank reaches a different
 // reduction, or different transfers, on every route, yet every route's
 // ranks fail with a MismatchError naming the field: the check does not
