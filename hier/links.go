@@ -126,12 +126,22 @@ func (m linkModel) fineSliceBytes(g Grid, bytes int64) int64 {
 // slicesPay reports whether the model predicts an allreduce of bytes in
 // slices of slice bytes faster than in one piece by more than
 // calibrationTie: then a measured tie between the two goes to the slices.
+// A model with a link of the grid fitted without latency (α = 0: its small
+// probe no slower than its bandwidth alone predicts, which is noise, not a
+// link) prices every slice's exchanges at nothing and so always favours
+// more slices; it breaks no tie (bench/NOTES.md item 123).
 func (m linkModel) slicesPay(g Grid, bytes, slice int64) bool {
-	if slice <= 0 || slice >= bytes {
+	if slice <= 0 || slice >= bytes || !m.latencyFitted(g) {
 		return false
 	}
 	k := int((bytes + slice - 1) / slice)
 	return m.pipelineTime(g, bytes, k) < m.pipelineTime(g, bytes, 1)*(1-calibrationTie)
+}
+
+// latencyFitted reports whether every link of the grid (NVLink where D > 1,
+// the rail where M > 1) was fitted with a latency: α > 0.
+func (m linkModel) latencyFitted(g Grid) bool {
+	return (g.Devices < 2 || m.intra.alpha > 0) && (g.Machines < 2 || m.rail.alpha > 0)
 }
 
 // Probe sizes: per rank, the small one mostly latency, the large one

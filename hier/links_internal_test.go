@@ -211,6 +211,10 @@ func TestSlicesPay(t *testing.T) {
 		{"slices so small that their latency costs more", testbed, 64 << 20, 64 << 10, false},
 		{"an intra link so fast that overlap gains nothing", linkModel{intra: link{bw: 1e15}, rail: testbed.rail},
 			64 << 20, 8 << 20, false},
+		{"a rail fitted without latency", linkModel{intra: testbed.intra, rail: link{bw: testbed.rail.bw}},
+			4 << 20, 1 << 20, false},
+		{"NVLink fitted without latency", linkModel{intra: link{bw: testbed.intra.bw}, rail: testbed.rail},
+			64 << 20, testbed.sliceBytes(g, 64<<20), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, tc.m.slicesPay(g, tc.bytes, tc.slice))
