@@ -68,7 +68,7 @@
 #                       when Open MPI is absent) (~30 s)
 #   hook MxD ...        the PyTorch comm hook on M×D (torchrun for 1×D, fairrun's
 #                       testbed otherwise): python/tests/gpu_smoke.py, then
-#                       examples/ddp_torch's ResNet-18, 50 steps, with DDP's
+#                       examples/ddp_torch's ResNet-18, HOOK_STEPS steps, with DDP's
 #                       allreduce (default, NCCL_ALGO=allreduce:ring and
 #                       allreduce:tree) and with fairgo's hook, same seeds:
 #                       fairgo's losses within the envelope of the NCCL runs,
@@ -170,7 +170,9 @@
 # more ResNet-18 run of fairgo's hook per algorithm listed, FAIRGO_ALGORITHM
 # fixed, images/s only; e.g. "flat rail-rsag"), HOOK_ROUNDS (hook: rounds
 # of fairgo's hook beside DDP's default and fastest setting, 1 by default;
-# S7 takes the median of the rounds' ratios), HOOK_LIB and HOOK_PYTHON
+# S7 takes the median of the rounds' ratios), HOOK_STEPS (hook: training
+# steps of each ResNet-18 run, the first 5 not timed; 50 by default: more
+# steps average more of the host's noise, ~15 ms a step on 1×4), HOOK_LIB and HOOK_PYTHON
 # (hook: the libfairgo.so and the fairgo_torch directory under test,
 # default lib/libfairgo.so and python: another build's for a comparison;
 # the package checks the library's ABI version), STALL_DUMP_SECONDS (a test
@@ -223,6 +225,7 @@ STALL_DUMP_SECONDS=${STALL_DUMP_SECONDS:-45}
 TEST_COUNT=${TEST_COUNT:-1}
 HOOK_ALGORITHMS=${HOOK_ALGORITHMS:-}
 HOOK_ROUNDS=${HOOK_ROUNDS:-1}
+HOOK_STEPS=${HOOK_STEPS:-50}
 HOOK_LIB=${HOOK_LIB:-lib/libfairgo.so}
 HOOK_PYTHON=${HOOK_PYTHON:-python}
 NVLINK_SIZES=${NVLINK_SIZES:--b 64K -e 1G -f 4}
@@ -915,7 +918,7 @@ print(max(r, key=r.get))' "$OUT/resnet-$l" 2>/dev/null || echo default)
     # its speed comes from: images/s only.
     for run in $HOOK_ALGORITHMS; do
       step "resnet-$l-fairgo-$run" 300 env FAIRGO_LIB="$lib" PYTHONPATH="$py" FAIRGO_ALGORITHM="$run" \
-        "${launch[@]}" examples/ddp_torch/train_resnet.py --hook fairgo --steps 50 --batch-size 32 \
+        "${launch[@]}" examples/ddp_torch/train_resnet.py --hook fairgo --steps "$HOOK_STEPS" --batch-size 32 \
         --losses-out "$OUT/resnet-$l-fairgo-$run.json"
       note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" "resnet-$l-fairgo-$run" "$secs" \
         "rc=$rc FAIRGO_ALGORITHM=$run: $(grep -m1 -oE 'images/s [0-9.]+' "$OUT/logs/resnet-$l-fairgo-$run.log"); $(grep -m1 -oE 'fairgo routes: .*' "$OUT/logs/resnet-$l-fairgo-$run.log")"
@@ -932,7 +935,7 @@ hook_run() {
   local envs=(FAIRGO_LIB="$lib" PYTHONPATH="$py")
   case $run in fairgo) hook=fairgo ;; ring) envs+=(NCCL_ALGO=allreduce:ring) ;; tree) envs+=(NCCL_ALGO=allreduce:tree) ;; esac
   step "resnet-$l-$run$suffix" 300 env "${envs[@]}" "${launch[@]}" \
-    examples/ddp_torch/train_resnet.py --hook "$hook" --steps 50 --batch-size 32 --losses-out "$OUT/resnet-$l-$run$suffix.json"
+    examples/ddp_torch/train_resnet.py --hook "$hook" --steps "$HOOK_STEPS" --batch-size 32 --losses-out "$OUT/resnet-$l-$run$suffix.json"
 }
 
 section_analyse() {
