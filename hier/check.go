@@ -124,11 +124,11 @@ func (b image) set(neg bool, w int, v int64) {
 // put writes call q's entry and its negation, and whether this rank (world
 // rank rank of size) refused it.
 func (b image) put(q *request, rank, size int) {
-	sh := shapeOf(q)
-	vals := append([]int64{int64(q.seq)}, sh[:]...)
-	for w, v := range vals {
-		b.set(false, w, v)
-		b.set(true, w, -v)
+	b.set(false, 0, int64(q.seq))
+	b.set(true, 0, -int64(q.seq))
+	for f, v := range shapeOf(q) {
+		b.set(false, 1+f, v)
+		b.set(true, 1+f, -v)
 	}
 	var refuser int64
 	if q.rejected != nil {
@@ -145,6 +145,9 @@ func (b image) put(q *request, rank, size int) {
 // reason: the checker reads that from the Board).
 func (b image) decide(q *request, size int) error {
 	err := b.compare(q)
+	if err == nil { // the common case, without the mismatch's allocation
+		return nil
+	}
 	var mm *MismatchError
 	if errors.As(err, &mm) && mm.Field != "call number" {
 		acc := 1 + slices.Index(checkFields[:], "acceptance")

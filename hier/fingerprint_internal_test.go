@@ -62,11 +62,11 @@ func TestFingerprintFindsEveryDifference(t *testing.T) {
 			w = min(w, 127)
 		}
 		require.True(t, fingerprintFits(dt, op, w))
-		base := request{kind: kindAllReduce, op: op, seq: rapid.Uint64Range(1, 1<<40).Draw(t, "seq"),
-			a: fairgo.Tensor{DType: dt, Count: rapid.Int64Range(1, 1<<20).Draw(t, "count")}}
+		seq := rapid.Uint64Range(1, 1<<40).Draw(t, "seq")
+		count := rapid.Int64Range(1, 1<<20).Draw(t, "count")
 		qs := make([]request, w)
 		for g := range qs {
-			qs[g] = base
+			qs[g] = request{kind: kindAllReduce, op: op, seq: seq, a: fairgo.Tensor{DType: dt, Count: count}}
 		}
 		field := rapid.SampledFrom([]string{"", "call number", "operator", "count", "acceptance"}).Draw(t, "differs")
 		odd := rapid.IntRange(0, w-1).Draw(t, "odd rank")
@@ -108,8 +108,7 @@ func TestFingerprintFindsEveryDifference(t *testing.T) {
 // every field.
 func TestFingerprintNamesTheField(t *testing.T) {
 	base := request{kind: kindAllReduce, op: fairgo.Sum, seq: 9, a: fairgo.Tensor{DType: fairgo.Float32, Count: 1000}}
-	other := base
-	other.a.Count = 1001
+	other := request{kind: kindAllReduce, op: fairgo.Sum, seq: 9, a: fairgo.Tensor{DType: fairgo.Float32, Count: 1001}}
 	fa, fb := fingerprintOf(&base), fingerprintOf(&other)
 	require.NotEqual(t, fa, fb)
 	in := [][]byte{make([]byte, fpElems*4), make([]byte, fpElems*4)}
