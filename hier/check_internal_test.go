@@ -40,3 +40,31 @@ func TestJudgeTrustsNoMatchAfterAnAbort(t *testing.T) {
 		})
 	}
 }
+
+// TestImageAllocatesNothingOnAMatch: writing a call's image and deciding
+// a matching one are on every checked call's path and allocate nothing; a
+// call that differs is still reported.
+func TestImageAllocatesNothingOnAMatch(t *testing.T) {
+	q := &request{kind: kindAllReduce, op: fairgo.Sum, seq: 5, a: fairgo.Tensor{DType: fairgo.Float32, Count: 1000}}
+	img := make(image, 8*imageWords)
+	var err error
+	allocs := testing.AllocsPerRun(100, func() {
+		img.put(q, 1, 4)
+		err = img.decide(q, 4)
+	})
+	require.NoError(t, err)
+	require.Zero(t, allocs)
+
+	// The element-wise maximum of two ranks' images, as the check reduces
+	// them, where the counts differ.
+	other := &request{kind: kindAllReduce, op: fairgo.Sum, seq: 5, a: fairgo.Tensor{DType: fairgo.Float32, Count: 1001}}
+	theirs := make(image, 8*imageWords)
+	theirs.put(other, 2, 4)
+	merged := make(image, 8*imageWords)
+	for w := range imageWords {
+		merged.set(false, w, max(img.get(false, w), theirs.get(false, w)))
+	}
+	var mm *MismatchError
+	require.ErrorAs(t, merged.decide(q, 4), &mm)
+	require.Equal(t, "count", mm.Field)
+}
