@@ -457,7 +457,8 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	}
 	cc := q.cc
 	q.ctx = ctx
-	q.w = Work{done: make(chan struct{}), enqueued: make(chan struct{}), spin: r.cfg.spin, r: r}
+	q.w.init()
+	q.w.spin, q.w.r = r.cfg.spin, r
 	q.work = &q.w
 	c := &r.calls
 	c.mu.Lock()

@@ -53,7 +53,14 @@ type Work struct {
 }
 
 func newWork() *Work {
-	return &Work{done: make(chan struct{}), enqueued: make(chan struct{})}
+	w := &Work{}
+	w.init()
+	return w
+}
+
+// init makes a Work that has not been used ready (its channels).
+func (w *Work) init() {
+	w.done, w.enqueued = make(chan struct{}), make(chan struct{})
 }
 
 func failedWork(err error) *Work {
