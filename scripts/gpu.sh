@@ -74,7 +74,10 @@
 #                       fairgo's losses within the envelope of the NCCL runs,
 #                       step-0 gradients within the float32 bound, images/s
 #                       (~2–3 min each); HOOK_ROUNDS=N adds rounds 2..N of
-#                       fairgo's hook beside DDP's (~1 min a run)
+#                       fairgo's hook beside DDP's (~1 min a run);
+#                       HOOK_PAIRED=1 trains the four in one launch
+#                       instead, in turns of HOOK_BLOCK steps (each round
+#                       one of S7's)
 #   targets             T1–T8: every bench section above twice (runs r1, r2; r1
 #                       checks results), then the targets, the model and a
 #                       digest (~6 min)
@@ -170,7 +173,11 @@
 # more ResNet-18 run of fairgo's hook per algorithm listed, FAIRGO_ALGORITHM
 # fixed, images/s only; e.g. "flat rail-rsag"), HOOK_ROUNDS (hook: rounds
 # of fairgo's hook beside DDP's default and fastest setting, 1 by default;
-# S7 takes the median of the rounds' ratios), HOOK_STEPS (hook: training
+# S7 takes the median of the rounds' ratios), HOOK_PAIRED and HOOK_BLOCK
+# (hook: 1 trains fairgo's hook and DDP's three settings in one launch,
+# one model each, in turns of HOOK_BLOCK steps, 25 by default, the order
+# rotated every round: each round is one of S7's, and the host's drift
+# between launches weighs on none of them; 0 by default), HOOK_STEPS (hook: training
 # steps of each ResNet-18 run, the first 5 not timed; 50 by default: more
 # steps average more of the host's noise, ~15 ms a step on 1×4), HOOK_LIB and HOOK_PYTHON
 # (hook: the libfairgo.so and the fairgo_torch directory under test,
@@ -225,6 +232,8 @@ STALL_DUMP_SECONDS=${STALL_DUMP_SECONDS:-45}
 TEST_COUNT=${TEST_COUNT:-1}
 HOOK_ALGORITHMS=${HOOK_ALGORITHMS:-}
 HOOK_ROUNDS=${HOOK_ROUNDS:-1}
+HOOK_PAIRED=${HOOK_PAIRED:-0}
+HOOK_BLOCK=${HOOK_BLOCK:-25}
 HOOK_STEPS=${HOOK_STEPS:-50}
 HOOK_LIB=${HOOK_LIB:-lib/libfairgo.so}
 HOOK_PYTHON=${HOOK_PYTHON:-python}
@@ -891,9 +900,19 @@ section_hook() {
     # DDP's own allreduce as NCCL chooses, fairgo's hook, and DDP's allreduce
     # with NCCL's Ring and Tree: two more correct runs whose spread is the
     # envelope fairgo's drift is judged against.
-    for run in default fairgo ring tree; do
-      hook_run "$l" "$run" ""
-    done
+    if [ "$HOOK_PAIRED" = 1 ]; then
+      # One launch: the four runs' models in turns of HOOK_BLOCK steps,
+      # the order rotated each round (train_resnet.py --pair).
+      step "resnet-$l-paired" 450 env FAIRGO_LIB="$lib" PYTHONPATH="$py" "${launch[@]}" \
+        examples/ddp_torch/train_resnet.py --pair fairgo,default,ring,tree --block-steps "$HOOK_BLOCK" \
+        --steps "$HOOK_STEPS" --batch-size 32 --losses-out "$OUT/resnet-$l-{run}.json"
+      note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" "resnet-$l-paired" "$secs" \
+        "rc=$rc $(grep -m1 -oE 'fairgo / best of DDP.*' "$OUT/logs/resnet-$l-paired.log")"
+    else
+      for run in default fairgo ring tree; do
+        hook_run "$l" "$run" ""
+      done
+    fi
     step "resnet-$l-compare" 30 python3 examples/ddp_torch/compare_losses.py "$OUT/resnet-$l-default.json" "$OUT/resnet-$l-fairgo.json" \
       --envelope "$OUT/resnet-$l-ring.json" "$OUT/resnet-$l-tree.json"
     verdict=$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)
@@ -905,7 +924,7 @@ section_hook() {
     best=$(python3 -c 'import json, sys
 r = {m: json.load(open(f"{sys.argv[1]}-{m}.json"))["images_per_s"] for m in ("default", "ring", "tree")}
 print(max(r, key=r.get))' "$OUT/resnet-$l" 2>/dev/null || echo default)
-    for ((k = 2; k <= HOOK_ROUNDS; k++)); do
+    for ((k = 2; k <= HOOK_ROUNDS && HOOK_PAIRED != 1; k++)); do
       runs="default $([ "$best" != default ] && echo "$best")"
       if [ $((k % 2)) -eq 0 ]; then runs="fairgo $runs"; else runs="$runs fairgo"; fi
       for run in $runs; do

@@ -56,6 +56,9 @@ func ParseHookRuns(paths []string) ([]HookRun, error) {
 			NCCLAlgo   *string  `json:"nccl_algo"`
 			Fixed      *string  `json:"fairgo_algorithm"`
 			ImagesPerS *float64 `json:"images_per_s"`
+			// Rounds is a paired launch's (train_resnet.py --pair):
+			// the run's images/s in each round of turns.
+			Rounds []float64 `json:"round_images_per_s"`
 		}
 		if err := json.Unmarshal(b, &f); err != nil {
 			return nil, fmt.Errorf("report: -hook %s: %w", p, err)
@@ -85,7 +88,20 @@ func ParseHookRuns(paths []string) ([]HookRun, error) {
 		if math.IsNaN(r.ImagesPerS) || r.ImagesPerS <= 0 {
 			return nil, fmt.Errorf("report: -hook %s: images/s %v", p, r.ImagesPerS)
 		}
-		out = append(out, r)
+		if len(f.Rounds) == 0 {
+			out = append(out, r)
+			continue
+		}
+		// A paired launch: its rounds are S7's rounds, each run's turn of
+		// a round beside the others' of the same round.
+		for k, ips := range f.Rounds {
+			if math.IsNaN(ips) || ips <= 0 {
+				return nil, fmt.Errorf("report: -hook %s: round %d's images/s %v", p, k+1, ips)
+			}
+			rk := r
+			rk.Round, rk.ImagesPerS = k+1, ips
+			out = append(out, rk)
+		}
 	}
 	return out, nil
 }

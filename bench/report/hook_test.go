@@ -96,3 +96,42 @@ func TestHookTarget(t *testing.T) {
 	_, err = ParseHookRuns([]string{filepath.Join(dir, "absent.json")})
 	require.Error(t, err)
 }
+
+// A paired launch (train_resnet.py --pair) writes one file per run with
+// its images/s round by round: each round is one of S7's rounds, fairgo's
+// turn against the best DDP turn of the same round, the median over them.
+func TestHookTargetPairedRounds(t *testing.T) {
+	dir := t.TempDir()
+	paired := func(run string, rounds ...float64) string {
+		f := map[string]any{"hook": "default", "world_size": 4, "images_per_s": 1000.0, "nccl_algo": nil,
+			"paired": []string{"fairgo", "default", "ring"}, "block_steps": 25, "round_images_per_s": rounds}
+		switch run {
+		case "fairgo":
+			f["hook"] = "fairgo"
+		case "ring":
+			f["nccl_algo"] = "allreduce:ring"
+		}
+		return writeRun(t, dir, "resnet-1x4-"+run+".json", f)
+	}
+	files := []string{
+		paired("fairgo", 990, 1010, 950, 1000),
+		paired("default", 1000, 1000, 1000, 990),
+		paired("ring", 980, 1020, 1000, 1000),
+	}
+	runs, err := ParseHookRuns(files)
+	require.NoError(t, err)
+	require.Len(t, runs, 12)
+	require.Equal(t, HookRun{Layout: "1×4", Method: "ring", ImagesPerS: 1020, Round: 2, File: files[2]}, runs[9])
+	// Per round: 0.99, 1010/1020, 0.95, 1000/1000: the median of four is
+	// the mean of the middle two.
+	rounds := hookRounds(runs, "1×4")
+	require.Len(t, rounds, 4)
+	tg := hookTarget(runs)
+	require.InDelta(t, (0.99+1010.0/1020)/2, *tg.Measured, 1e-9)
+	require.Equal(t, []string{"2×2: fairgo's hook and DDP's allreduce"}, tg.Missing)
+
+	bad := writeRun(t, dir, "resnet-1x4-tree.json", map[string]any{"hook": "default", "world_size": 4,
+		"images_per_s": 1000.0, "nccl_algo": "allreduce:tree", "round_images_per_s": []float64{1000, 0}})
+	_, err = ParseHookRuns([]string{bad})
+	require.ErrorContains(t, err, "round 2's images/s")
+}
