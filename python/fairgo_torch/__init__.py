@@ -164,19 +164,60 @@ def shutdown() -> None:
         comm.close()
 
 
-_side_streams: dict = {}
+class _Side:
+    """A device's side stream for the hook, and what every call needs of it
+    made once: the raw handle the library takes, its ids for making it the
+    current stream, and an event that orders it after the current stream
+    (recorded anew by each call under lock: a stream's wait follows the
+    event's record at the time of the wait, so reusing it is safe; a new
+    event a call cost its creation and destruction)."""
+
+    __slots__ = ("stream", "handle", "ids", "ready", "lock")
+
+    def __init__(self, stream, ready):
+        self.stream = stream
+        self.handle = stream.cuda_stream
+        self.ids = (stream.stream_id, stream.device_index, stream.device_type)
+        self.ready = ready
+        self.lock = threading.Lock()
+
+
+_sides: dict = {}
 _side_lock = threading.Lock()
 
 
-def _side_stream(device):
-    """The hook's side stream of a device (one per device and process)."""
+def _side(device) -> _Side:
+    """The hook's side of a device (one per device and process)."""
+    side = _sides.get(device)
+    if side is None:
+        import torch
+
+        with _side_lock:
+            side = _sides.get(device)
+            if side is None:
+                side = _sides[device] = _Side(torch.cuda.Stream(device=device), torch.cuda.Event())
+    return side
+
+
+def _set_result_on(fut, value, side: _Side) -> None:
+    """Completes the CUDA future fut with value as of side's stream: its
+    waiters wait for what side's stream has enqueued so far. Through
+    PyTorch's own stream switch (what torch.cuda.stream does, without its
+    Python) where the device is the current one, else the public way."""
     import torch
 
-    with _side_lock:
-        st = _side_streams.get(device)
-        if st is None:
-            st = _side_streams[device] = torch.cuda.Stream(device=device)
-        return st
+    c = torch._C
+    index = side.ids[1]
+    if hasattr(c, "_cuda_setStream") and hasattr(c, "_cuda_getCurrentStream") and torch.cuda.current_device() == index:
+        prev = c._cuda_getCurrentStream(index)
+        c._cuda_setStream(stream_id=side.ids[0], device_index=index, device_type=side.ids[2])
+        try:
+            fut.set_result(value)
+        finally:
+            c._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        return
+    with torch.cuda.stream(side.stream):
+        fut.set_result(value)
 
 
 def allreduce_hook(state, bucket):
@@ -191,16 +232,23 @@ def allreduce_hook(state, bucket):
     future of the side stream: waiting on it (DDP does, before it copies the
     buckets back into the gradients) syncs the waiter's stream with the
     reduction, without blocking the host. Errors of earlier buckets' device
-    work are raised here, from a later bucket."""
+    work are raised here, from a later bucket.
+
+    A training step that is bound by the host (a small model, small
+    batches) pays the hook's host time in full, and the hook runs in
+    Python: it makes the fewest calls it can (one library call, one event
+    reused, no stream object or event made per call)."""
     import torch
 
     comm = state if isinstance(state, Comm) else default_comm()
     buf = bucket.buffer()
-    side = _side_stream(buf.device)
-    side.wait_stream(torch.cuda.current_stream(buf.device))
-    comm.allreduce_(buf, op="avg", stream=side)
-    buf.record_stream(side)  # the caching allocator keeps it until the side stream is past the reduction
-    fut = torch.futures.Future(devices=[buf.device])
-    with torch.cuda.stream(side):
-        fut.set_result(buf)
+    dev = buf.device
+    side = _side(dev)
+    with side.lock:
+        side.ready.record(torch.cuda.current_stream(dev))
+        side.stream.wait_event(side.ready)
+    comm._allreduce_tensor(buf, "avg", side.handle, dev.index, track=True)
+    buf.record_stream(side.stream)  # the caching allocator keeps it until the side stream is past the reduction
+    fut = torch.futures.Future(devices=[dev])
+    _set_result_on(fut, buf, side)
     return fut

@@ -109,13 +109,24 @@ def serve_store(listen: str = ":0", lib: Optional[_lib.Library] = None) -> Store
     return Store(lib, handle.value, buf.value.decode())
 
 
+# _REAP_AT is how many tracked works a Comm keeps before a call frees the
+# completed ones (testing each is a library call; a call each time cost the
+# comm hook a few of them per bucket). Their errors are raised by a later
+# call then, or by synchronize.
+_REAP_AT = 8
+
+# _DTYPE_OF caches fairgo's element type of each torch.dtype a call took.
+_DTYPE_OF: dict = {}
+
+
 class Comm:
     """This process's fairgo communicator (a fairgo_comm_t): one rank, one GPU.
 
     allreduce_ reduces a CUDA tensor in place, ordered after the work on a
     stream (default: PyTorch's current stream) and making that stream wait
     for the result, without blocking the host. Errors of earlier calls'
-    device work are raised by later calls (and by synchronize)."""
+    device work are raised by later calls (within eight calls)
+    and by synchronize."""
 
     def __init__(self, lib: _lib.Library, handle: int, store: Optional[Store] = None):
         self._lib = lib
@@ -193,7 +204,8 @@ class Comm:
         which then waits for the result. Returns the Work, or None with
         track=True (the communicator then frees it and raises its error from
         a later call or synchronize)."""
-        self._reap()
+        if len(self._pending) >= _REAP_AT:
+            self._reap()
         try:
             op_number = _dtypes.fairgo_op(op)
         except ValueError as e:  # an unknown name: refused in its place in the call order
@@ -229,6 +241,7 @@ class Comm:
             self._refuse(ValueError("fairgo: allreduce_ needs a contiguous tensor"))
         try:
             dt = _dtypes.fairgo_dtype(tensor.dtype)
+            _DTYPE_OF[tensor.dtype] = dt
         except TypeError as e:  # refused in its place in the call order, raised as before
             try:
                 self._refuse(e)
@@ -241,6 +254,17 @@ class Comm:
                 self._refuse(ValueError(f"fairgo: stream of {stream.device}, tensor on {tensor.device}"))
             stream = stream.cuda_stream
         return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, int(stream), track=track)
+
+    def _allreduce_tensor(self, tensor, op, stream: int, device: int, track: bool) -> Optional[Work]:
+        """allreduce_ for the comm hook, on a raw stream handle of the
+        tensor's device (device: its index): a bucket DDP made is a
+        contiguous CUDA tensor, so only what could differ is checked here
+        (the element type, the device); anything else takes allreduce_'s
+        checks, which refuse with their reasons."""
+        dt = _DTYPE_OF.get(tensor.dtype)
+        if dt is None or (self.device >= 0 and device != self.device) or not tensor.is_contiguous():
+            return self.allreduce_(tensor, op, stream, track)
+        return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, stream, track=track)
 
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits for every tracked call to complete on the GPU; raises the

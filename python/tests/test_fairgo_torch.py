@@ -279,6 +279,20 @@ class TestSimLibrary(unittest.TestCase):
             c.allreduce(0, 0, _lib.FLOAT32, "sum", 0)
         c.close()  # idempotent in Python
 
+    def test_tracked_works_freed_in_batches(self):
+        # A tracked call frees the completed works only once _REAP_AT are
+        # kept: a library call per work, not a few per call.
+        c = self.comm()
+        most = 0
+        for _ in range(3 * _comm._REAP_AT):
+            self.assertIsNone(c.allreduce(0, 0, _lib.FLOAT32, "avg", 0, track=True))
+            most = max(most, len(c._pending))
+        self.assertLessEqual(most, _comm._REAP_AT)
+        self.assertGreater(most, 1, "every call freed the last one")
+        c.synchronize(5.0)
+        self.assertEqual(len(c._pending), 0)
+        c.close()
+
     def test_algorithm_for(self):
         # One rank: every size is one flat call, by rule (nothing to measure).
         c = self.comm()
