@@ -116,7 +116,7 @@ func hookTarget(runs []HookRun) Target {
 		ID:      "S7",
 		What:    "examples/ddp_torch's ResNet-18, 1 × 4 and 2 × 2 (10 Gbit/s): fairgo hook's images/s / best of DDP's allreduce (default, allreduce:ring, allreduce:tree), the median over rounds",
 		Target:  fmt.Sprintf("≥ %.2f", hookThreshold),
-		Command: []string{"HOOK_ROUNDS=5 scripts/gpu.sh hook 1x4 2x2 (fairbench targets -hook 'resnet-*.json')"},
+		Command: []string{"HOOK_PAIRED=1 HOOK_STEPS=305 scripts/gpu.sh hook 1x4 2x2 (fairbench targets -hook 'resnet-*.json')"},
 	}
 	worst, ok := 0.0, false
 	for _, l := range hookLayouts {

@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -315,7 +316,7 @@ def main(argv=None):
         if args.pair and "fairgo" in args.runs and len(per_round.get("fairgo", [])) > 0:
             ratios = sorted(f / max(per_round[r][i] for r in args.runs if r != "fairgo")
                             for i, f in enumerate(per_round["fairgo"]))
-            print(f"fairgo / best of DDP's, per round: median {ratios[len(ratios) // 2]:.3f} "
+            print(f"fairgo / best of DDP's, per round: median {statistics.median(ratios):.3f} "
                   f"({ratios[0]:.3f}–{ratios[-1]:.3f}, {len(ratios)} rounds of {args.block_steps} steps)", flush=True)
         if args.losses_out:
             for run in args.runs:

@@ -169,8 +169,8 @@ class _Side:
     made once: the raw handle the library takes, its ids for making it the
     current stream, and an event that orders it after the current stream
     (recorded anew by each call under lock: a stream's wait follows the
-    event's record at the time of the wait, so reusing it is safe; a new
-    event a call cost its creation and destruction)."""
+    event's record at the time of the wait, so reusing it is safe, and it
+    spares each call an event's creation and destruction)."""
 
     __slots__ = ("stream", "handle", "ids", "ready", "lock")
 
@@ -237,7 +237,7 @@ def allreduce_hook(state, bucket):
     A training step that is bound by the host (a small model, small
     batches) pays the hook's host time in full, and the hook runs in
     Python: it makes the fewest calls it can (one library call, one event
-    reused, no stream object or event made per call)."""
+    reused rather than one made a call, the checks a DDP bucket can fail)."""
     import torch
 
     comm = state if isinstance(state, Comm) else default_comm()
