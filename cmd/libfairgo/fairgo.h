@@ -52,8 +52,9 @@ extern "C" {
 #define FAIRGO_VERSION "0.1.0"
 
 /* The version of this ABI; fairgo_abi_version() returns the library's. */
-#define FAIRGO_ABI_VERSION 4 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE;
-                                3: fairgo_comm_algorithm; 4: FAIRGO_ALGORITHM_RECURSIVE_DOUBLING */
+#define FAIRGO_ABI_VERSION 5 /* 2: fairgo_config_t.algorithm, fairgo_config_from_env, FAIRGO_ERR_NO_DEVICE;
+                                3: fairgo_comm_algorithm; 4: FAIRGO_ALGORITHM_RECURSIVE_DOUBLING;
+                                5: fairgo_allreduce_async, fairgo_work_stream_wait */
 
 /* Result codes. FAIRGO_OK and FAIRGO_NOT_READY are not errors. */
 typedef enum fairgo_result {
@@ -264,6 +265,23 @@ int fairgo_comm_close(fairgo_comm_t comm);
  * the work has completed or the stream has passed this point. */
 int fairgo_allreduce(fairgo_comm_t comm, void* data, int64_t count, fairgo_dtype_t dtype, fairgo_op_t op,
                      void* stream, fairgo_work_t* work);
+
+/* fairgo_allreduce, except that stream does not wait for the result: the
+ * reduction starts after the work enqueued on stream before this call, and
+ * work enqueued on stream afterwards runs on without waiting for it (a DDP
+ * comm hook lets the backward pass go on while a bucket is reduced). Make a
+ * stream wait for the result with fairgo_work_stream_wait before reading
+ * data on it. The call does not wait for fairgo's engine thread. */
+int fairgo_allreduce_async(fairgo_comm_t comm, void* data, int64_t count, fairgo_dtype_t dtype, fairgo_op_t op,
+                           void* stream, fairgo_work_t* work);
+
+/* Makes stream (a cudaStream_t of the work's GPU; NULL: the legacy default
+ * stream) wait for the work's result: work enqueued on it afterwards sees
+ * the reduced data. Never blocks the host for the GPU (only, at most, for
+ * fairgo's engine thread to enqueue the call, as fairgo_allreduce does).
+ * May be called more than once, on several streams. A work that failed
+ * before its device work was enqueued returns its error here. */
+int fairgo_work_stream_wait(fairgo_work_t work, void* stream);
 
 /* Non-blocking: *done = 1 when the work has completed (then the result is
  * FAIRGO_OK or the work's error code), else 0 (and FAIRGO_OK). */

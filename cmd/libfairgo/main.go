@@ -314,24 +314,50 @@ func fairgo_allreduce(
 	stream unsafe.Pointer,
 	work *C.fairgo_work_t,
 ) C.int {
+	return allreduce(table.AllReduce, comm, data, count, dtype, op, stream, work)
+}
+
+//export fairgo_allreduce_async
+func fairgo_allreduce_async(
+	comm C.fairgo_comm_t,
+	data unsafe.Pointer,
+	count C.int64_t,
+	dtype C.fairgo_dtype_t,
+	op C.fairgo_op_t,
+	stream unsafe.Pointer,
+	work *C.fairgo_work_t,
+) C.int {
+	return allreduce(table.AllReduceAsync, comm, data, count, dtype, op, stream, work)
+}
+
+// allreduce is fairgo_allreduce and fairgo_allreduce_async, by the table's
+// call it is given.
+func allreduce(
+	call func(int64, uintptr, int64, fairgo.DType, fairgo.Op, uintptr) (int64, error),
+	comm C.fairgo_comm_t,
+	data unsafe.Pointer,
+	count C.int64_t,
+	dtype C.fairgo_dtype_t,
+	op C.fairgo_op_t,
+	stream unsafe.Pointer,
+	work *C.fairgo_work_t,
+) C.int {
 	return result(func() error {
 		if work == nil {
 			return nilArg("work")
 		}
-		id, err := table.AllReduce(
-			int64(comm),
-			uintptr(data),
-			int64(count),
-			fairgo.DType(dtype),
-			fairgo.Op(op),
-			uintptr(stream),
-		)
+		id, err := call(int64(comm), uintptr(data), int64(count), fairgo.DType(dtype), fairgo.Op(op), uintptr(stream))
 		if err != nil {
 			return err
 		}
 		*work = C.fairgo_work_t(id)
 		return nil
 	})
+}
+
+//export fairgo_work_stream_wait
+func fairgo_work_stream_wait(work C.fairgo_work_t, stream unsafe.Pointer) C.int {
+	return result(func() error { return table.StreamWait(int64(work), uintptr(stream)) })
 }
 
 //export fairgo_work_test

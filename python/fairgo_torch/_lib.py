@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 LIB_NAME = "libfairgo.so"
 ENV_LIB = "FAIRGO_LIB"
 
@@ -222,6 +222,11 @@ PROTOTYPES: Dict[str, Tuple[object, List[object]]] = {
         ctypes.c_int,
         [_c_handle, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, _P(_c_handle)],
     ),
+    "fairgo_allreduce_async": (
+        ctypes.c_int,
+        [_c_handle, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, _P(_c_handle)],
+    ),
+    "fairgo_work_stream_wait": (ctypes.c_int, [_c_handle, ctypes.c_void_p]),
     "fairgo_work_test": (ctypes.c_int, [_c_handle, _P(ctypes.c_int)]),
     "fairgo_work_wait": (ctypes.c_int, [_c_handle, ctypes.c_int64]),
     "fairgo_work_free": (ctypes.c_int, [_c_handle]),

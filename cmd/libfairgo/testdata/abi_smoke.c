@@ -187,6 +187,14 @@ int main(void) {
 	CHECK(fairgo_work_test(work, &done) == FAIRGO_OK && done == 1);
 	CHECK(fairgo_work_free(work) == FAIRGO_OK);
 	CHECK(fairgo_work_free(work) == FAIRGO_ERR_BAD_HANDLE);
+	CHECK(fairgo_work_stream_wait(work, NULL) == FAIRGO_ERR_BAD_HANDLE);
+	/* The asynchronous call: the stream waits only when asked to. */
+	CHECK(fairgo_allreduce_async(comm, NULL, 0, FAIRGO_FLOAT32, FAIRGO_SUM, NULL, &work) == FAIRGO_OK);
+	CHECK(fairgo_work_stream_wait(work, NULL) == FAIRGO_OK);
+	CHECK(fairgo_work_wait(work, 5000) == FAIRGO_OK);
+	CHECK(fairgo_work_free(work) == FAIRGO_OK);
+	CHECK(fairgo_allreduce_async(comm, NULL, 1, FAIRGO_FLOAT32, FAIRGO_SUM, NULL, &work) == FAIRGO_ERR_INVALID_ARGUMENT);
+	CHECK(fairgo_allreduce_async(comm, NULL, 0, FAIRGO_FLOAT32, FAIRGO_SUM, NULL, NULL) == FAIRGO_ERR_INVALID_ARGUMENT);
 	CHECK(fairgo_allreduce(comm, NULL, 1, FAIRGO_FLOAT32, FAIRGO_SUM, NULL, &work) == FAIRGO_ERR_INVALID_ARGUMENT);
 	CHECK(fairgo_allreduce(comm, NULL, 0, (fairgo_dtype_t)42, FAIRGO_SUM, NULL, &work) == FAIRGO_ERR_INVALID_ARGUMENT);
 

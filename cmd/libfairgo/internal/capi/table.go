@@ -83,8 +83,15 @@ type Table struct {
 	mu     sync.Mutex
 	next   int64 // the last id handed out; ids of all kinds share it
 	comms  map[int64]*comm
-	works  map[int64]*hier.Work
+	works  map[int64]work
 	stores map[int64]*store
+}
+
+// work is a work handle's call and the communicator it was made on (a
+// stream wait needs the communicator's device and enqueue limit).
+type work struct {
+	w *hier.Work
+	c *comm
 }
 
 type comm struct {
@@ -100,7 +107,7 @@ type store struct {
 
 // NewTable returns an empty table.
 func NewTable(cfg Config) *Table {
-	return &Table{cfg: cfg, comms: map[int64]*comm{}, works: map[int64]*hier.Work{}, stores: map[int64]*store{}}
+	return &Table{cfg: cfg, comms: map[int64]*comm{}, works: map[int64]work{}, stores: map[int64]*store{}}
 }
 
 // Classify is the table's Classes.Classify.
@@ -250,13 +257,27 @@ func (t *Table) Algorithm(id, bytes int64) (hier.Algorithm, bool, error) {
 // device (the host never waits for the GPU). Errors found before anything is
 // enqueued are returned here; the work's own outcome is observed through
 // the returned work handle (Test, Wait), which must be freed (FreeWork).
-func (t *Table) AllReduce(
+func (t *Table) AllReduce(id int64, ptr uintptr, count int64, dt fairgo.DType, op fairgo.Op, stream uintptr) (int64, error) {
+	return t.allReduce(id, ptr, count, dt, op, stream, true)
+}
+
+// AllReduceAsync is AllReduce without the stream wait: the device work is
+// ordered after the caller's stream, but the stream does not wait for the
+// result until StreamWait is called on the returned handle (a comm hook
+// lets the backward pass run on while the bucket is reduced). It returns
+// without waiting for the engine to enqueue the call.
+func (t *Table) AllReduceAsync(id int64, ptr uintptr, count int64, dt fairgo.DType, op fairgo.Op, stream uintptr) (int64, error) {
+	return t.allReduce(id, ptr, count, dt, op, stream, false)
+}
+
+func (t *Table) allReduce(
 	id int64,
 	ptr uintptr,
 	count int64,
 	dt fairgo.DType,
 	op fairgo.Op,
 	stream uintptr,
+	wait bool,
 ) (int64, error) {
 	c, err := t.comm(id)
 	if err != nil {
@@ -283,14 +304,38 @@ func (t *Table) AllReduce(
 		return 0, c.r.AllReduce(ctx, tensor, op).Wait(context.Background())
 	}
 	w := c.r.AllReduce(context.Background(), tensor, op, hier.After(s))
-	limit := c.opts.OpTimeout
-	if limit == 0 {
-		limit = DefaultEnqueueTimeout
+	if wait {
+		if err := streamWait(w, s, c.enqueueLimit()); err != nil {
+			return 0, err
+		}
 	}
-	if err := streamWait(w, s, limit); err != nil {
-		return 0, err
+	return t.add(func(wid int64) { t.works[wid] = work{w: w, c: c} }), nil
+}
+
+// StreamWait makes the caller's stream (a raw handle of the work's device)
+// wait for the result of the work: work enqueued on it afterwards sees the
+// reduced data. It may be called for any work handle, more than once and
+// on several streams; for a call made by AllReduce it adds nothing. It waits
+// on the host only for the engine to enqueue the call, as AllReduce does.
+func (t *Table) StreamWait(id int64, stream uintptr) error {
+	e, err := t.work(id)
+	if err != nil {
+		return err
 	}
-	return t.add(func(wid int64) { t.works[wid] = w }), nil
+	s, err := t.cfg.Backend.ForeignStream(e.c.r.Device(), stream)
+	if err != nil {
+		return fmt.Errorf("fairgo: work_stream_wait: stream %#x: %w", stream, err)
+	}
+	return streamWait(e.w, s, e.c.enqueueLimit())
+}
+
+// enqueueLimit bounds how long a stream wait waits for the engine to
+// enqueue a call: the watchdog's timeout, else DefaultEnqueueTimeout.
+func (c *comm) enqueueLimit() time.Duration {
+	if c.opts.OpTimeout > 0 {
+		return c.opts.OpTimeout
+	}
+	return DefaultEnqueueTimeout
 }
 
 // streamWait makes s wait for w's result. Work that fails before the
@@ -321,22 +366,23 @@ func streamWait(w *hier.Work, s streams.Stream, limit time.Duration) error {
 	return err
 }
 
-func (t *Table) work(id int64) (*hier.Work, error) {
+func (t *Table) work(id int64) (work, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	w, ok := t.works[id]
+	e, ok := t.works[id]
 	if !ok {
-		return nil, badHandle("work", id)
+		return work{}, badHandle("work", id)
 	}
-	return w, nil
+	return e, nil
 }
 
 // Test reports whether the work has completed, and its error once it has.
 func (t *Table) Test(id int64) (bool, error) {
-	w, err := t.work(id)
+	e, err := t.work(id)
 	if err != nil {
 		return false, err
 	}
+	w := e.w
 	if !w.IsCompleted() {
 		return false, nil
 	}
@@ -347,10 +393,11 @@ func (t *Table) Test(id int64) (bool, error) {
 // an *Error with Code NotReady (wrapping ErrNotReady) when the timeout
 // passed first (the work goes on).
 func (t *Table) Wait(id int64, timeout time.Duration) error {
-	w, err := t.work(id)
+	e, err := t.work(id)
 	if err != nil {
 		return err
 	}
+	w := e.w
 	if timeout < 0 {
 		return &fairgo.ArgError{Arg: "timeout_ms", Value: timeout.Milliseconds(), Reason: "negative"}
 	}
@@ -437,7 +484,7 @@ func (t *Table) CloseStore(id int64) error {
 func (t *Table) CloseAll() error {
 	t.mu.Lock()
 	comms, stores := t.comms, t.stores
-	t.comms, t.works, t.stores = map[int64]*comm{}, map[int64]*hier.Work{}, map[int64]*store{}
+	t.comms, t.works, t.stores = map[int64]*comm{}, map[int64]work{}, map[int64]*store{}
 	t.mu.Unlock()
 	var rs []*hier.Reducer
 	for _, c := range comms {

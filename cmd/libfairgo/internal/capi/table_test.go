@@ -104,6 +104,127 @@ func TestAllReduce(t *testing.T) {
 	}
 }
 
+// TestAllReduceAsync: the asynchronous call is ordered after the caller's
+// stream but leaves it free (rank 0's stream drains while rank 1 has not
+// called yet, so its reduction cannot have run), and StreamWait then makes
+// the stream wait for the result: work enqueued after it reads the reduced
+// data. A missing After or a stream wait that does not hold shows up as a
+// wrong result under jitter; a stream made to wait at the call shows up as
+// a stream that never drains. Bad handles and streams fail typed.
+func TestAllReduceAsync(t *testing.T) {
+	f := newFixture(t, sim.Config{Seed: 11, Jitter: 200 * time.Microsecond, StallTimeout: time.Minute})
+	machines := []string{"a", "a", "b", "b"}
+	o := capi.DefaultOptions()
+	o.SliceBytes, o.FlatThreshold = 2048, hier.FlatNever
+	ids := f.initRanks(machines, o)
+	const count = 5003
+	dt, op := fairgo.Float32, fairgo.Sum
+	w := len(machines)
+	inputs := reftest.RandomInputs(rand.New(rand.NewPCG(11, 3)), dt, op, w, count)
+	ref := reftest.ComputeReference(dt, op, inputs)
+	outputs := make([][]byte, w)
+	ctx := ctxFor(t, 30*time.Second)
+	called := make(chan struct{})
+	errs := spawn(w, func(p int) error {
+		dev := f.device(ids[p])
+		handle, caller := f.b.register(t, dev)
+		src, buf, out := alloc(t, dev, count, dt), alloc(t, dev, count, dt), alloc(t, dev, count, dt)
+		if err := dev.Upload(src.Ptr, inputs[p]); err != nil {
+			return err
+		}
+		if err := dev.Upload(buf.Ptr, make([]byte, len(inputs[p]))); err != nil {
+			return err
+		}
+		if err := dev.CopyAsync(buf.Ptr, src.Ptr, int64(len(inputs[p])), caller); err != nil {
+			return err
+		}
+		if p != 0 {
+			<-called // rank 0's stream has drained with its call pending
+		}
+		wid, err := f.tbl.AllReduceAsync(ids[p], buf.Ptr, count, dt, op, handle)
+		if err != nil {
+			return err
+		}
+		if p == 0 {
+			drain, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := caller.Synchronize(drain)
+			cancel()
+			done, testErr := f.tbl.Test(wid)
+			close(called) // the others call now, whatever rank 0 found
+			if err != nil {
+				return fmt.Errorf("the caller's stream waits for an asynchronous call: %w", err)
+			}
+			if done || testErr != nil {
+				return fmt.Errorf("rank 0's call completed alone: done %v, err %v", done, testErr)
+			}
+		}
+		if err := f.tbl.StreamWait(wid, handle); err != nil {
+			return err
+		}
+		if err := f.tbl.StreamWait(wid, handle); err != nil { // a second wait adds nothing
+			return err
+		}
+		if err := dev.CopyAsync(out.Ptr, buf.Ptr, int64(len(inputs[p])), caller); err != nil {
+			return err
+		}
+		if err := caller.Synchronize(ctx); err != nil {
+			return err
+		}
+		outputs[p] = make([]byte, len(inputs[p]))
+		if err := dev.Download(outputs[p], out.Ptr); err != nil {
+			return err
+		}
+		if err := f.tbl.Wait(wid, 10*time.Second); err != nil {
+			return err
+		}
+		return f.tbl.FreeWork(wid)
+	})
+	require.NoError(t, errors.Join(errs...))
+	require.NoError(t, reftest.CheckResults(dt, ref, outputs))
+
+	// Every rank refuses a call on a stream it does not know (alike: nothing
+	// breaks), then makes a valid one and waits on a stream of another
+	// device (refused, the work unharmed) and on its own.
+	other := f.device(ids[2])
+	otherHandle, _ := f.b.register(t, other)
+	var wid int64
+	errs = spawn(w, func(p int) error {
+		dev := f.device(ids[p])
+		h, _ := f.b.register(t, dev)
+		bad, err := f.tbl.AllReduceAsync(ids[p], 0, 0, dt, op, 0x1)
+		if code(err) != capi.InvalidArgument || bad != 0 {
+			return fmt.Errorf("an unknown stream: handle %d, %v", bad, err)
+		}
+		buf := alloc(t, dev, 64, dt)
+		id, err := f.tbl.AllReduceAsync(ids[p], buf.Ptr, 64, dt, op, h)
+		if err != nil {
+			return err
+		}
+		if p == 0 {
+			wid = id
+			if err := f.tbl.StreamWait(id, otherHandle); code(err) != capi.InvalidArgument {
+				return fmt.Errorf("a stream of another device: %v", err)
+			}
+		}
+		if err := f.tbl.StreamWait(id, h); err != nil {
+			return err
+		}
+		if err := f.tbl.Wait(id, 10*time.Second); err != nil {
+			return err
+		}
+		return f.tbl.FreeWork(id)
+	})
+	require.NoError(t, errors.Join(errs...))
+	for name, err := range map[string]error{
+		"freed":        f.tbl.StreamWait(wid, otherHandle),
+		"never issued": f.tbl.StreamWait(123456, otherHandle),
+		"comm id":      f.tbl.StreamWait(ids[0], otherHandle),
+	} {
+		require.Equal(t, capi.BadHandle, code(err), "%s: %v", name, err)
+		require.ErrorIs(t, err, capi.ErrBadHandle, name)
+	}
+}
+
 // TestAlgorithm: fairgo_comm_algorithm's answer is the same on every rank:
 // flat by rule below the flat threshold, Auto's guess (not settled) for a
 // size class no call has reached, and what Auto measured once a call has;
