@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Measures the host time of one gradient-bucket reduction as DDP makes it:
+"""Measures the host time of gradient-bucket reductions as DDP makes them:
 fairgo's comm hook (fairgo_torch.allreduce_hook) against DDP's own
-allreduce (torch.distributed.all_reduce(async_op=True).get_future()), and
-the parts of the hook: the library call (Comm.allreduce_), the side
-stream's wait on the current one, the CUDA future, record_stream.
+allreduce (torch.distributed.all_reduce(async_op=True).get_future()), over
+a backward pass of --buckets buckets (the last one makes the current stream
+wait for all), and the parts of the hook: the library's asynchronous call
+(Comm.allreduce_async), the stream wait, the CUDA future.
 
 Each figure is the median (and 10th and 90th percentiles) of --calls calls
 of one part, each timed alone with the GPUs idle (torch.cuda.synchronize()
@@ -36,6 +37,7 @@ def main(argv=None):
     p.add_argument("--bytes", type=size, default=size("16M"), help="bucket size (float32; K, M, G suffixes)")
     p.add_argument("--calls", type=int, default=300, help="timed calls of each part")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls of each part first")
+    p.add_argument("--buckets", type=int, default=4, help="buckets of one backward pass")
     args = p.parse_args(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -53,27 +55,44 @@ def main(argv=None):
     buf = torch.ones(args.bytes // 4, device=dev)
 
     class Bucket:  # what DDP hands a comm hook
+        def __init__(self, last):
+            self.last = last
+
         def buffer(self):
             return buf
 
+        def is_last(self):
+            return self.last
+
     cur = torch.cuda.current_stream(dev)
-    side = torch.cuda.Stream(device=dev)
+    earlier, last = Bucket(False), Bucket(True)
+    n = args.buckets
+
+    def fairgo_pass():
+        for _ in range(n - 1):
+            fairgo_torch.allreduce_hook(comm, earlier)
+        fairgo_torch.allreduce_hook(comm, last)
+
+    def ddp_pass():
+        for _ in range(n):
+            dist.all_reduce(buf, async_op=True).get_future()
 
     def future():
         f = torch.futures.Future(devices=[dev])
-        with torch.cuda.stream(side):
-            f.set_result(buf)
+        f.set_result(buf)
 
+    count, dtype = buf.numel(), fairgo_torch.fairgo_dtype(buf.dtype)
+    # name: (what one timed call does, the buckets it reduces)
     parts = {
-        "fairgo hook": lambda: fairgo_torch.allreduce_hook(comm, Bucket()),
-        "DDP allreduce": lambda: dist.all_reduce(buf, async_op=True).get_future(),
-        "Comm.allreduce_": lambda: comm.allreduce_(buf, op="avg", stream=side),
-        "wait_stream": lambda: side.wait_stream(cur),
-        "CUDA future": future,
-        "record_stream": lambda: buf.record_stream(side),
+        "fairgo hook": (fairgo_pass, n),
+        "DDP allreduce": (ddp_pass, n),
+        "allreduce_async": (lambda: comm.allreduce_async(buf.data_ptr(), count, dtype, "avg", cur.cuda_stream).free(), 1),
+        "stream_wait": (lambda: work.stream_wait(cur.cuda_stream), 1),
+        "CUDA future": (future, 1),
     }
+    work = comm.allreduce_async(buf.data_ptr(), count, dtype, "avg", cur.cuda_stream)
     rows = []
-    for name, fn in parts.items():
+    for name, (fn, per) in parts.items():
         xs = []
         for i in range(args.warmup + args.calls):
             torch.cuda.synchronize()
@@ -82,13 +101,15 @@ def main(argv=None):
             start = time.perf_counter()
             fn()
             if i >= args.warmup:
-                xs.append(1e6 * (time.perf_counter() - start))
+                xs.append(1e6 * (time.perf_counter() - start) / per)
         torch.cuda.synchronize()
         q = statistics.quantiles(xs, n=10)
         rows.append((name, statistics.median(xs), q[0], q[-1]))
+    work.wait(60)
+    work.free()
     comm.synchronize(60)
     if rank == 0:
-        print(f"host time of one call, {args.bytes} bytes, {dist.get_world_size()} ranks, "
+        print(f"host time per bucket, {args.bytes} bytes, {n} buckets a pass, {dist.get_world_size()} ranks, "
               f"FAIRGO_ALGORITHM={os.environ.get('FAIRGO_ALGORITHM', 'auto')} (µs)")
         print(f"{'part':18s} {'median':>8s} {'p10':>8s} {'p90':>8s}")
         for name, med, p10, p90 in rows:

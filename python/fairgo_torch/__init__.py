@@ -7,11 +7,10 @@
     ddp.register_comm_hook(comm, fairgo_torch.allreduce_hook)
 
 The hook averages each gradient bucket in place with fairgo, ordered after
-the backward work already on PyTorch's current stream, on a side stream of
-its own (so that the backward goes on while the bucket is reduced, as with
-DDP's own allreduce), and returns a completed CUDA future of that side
-stream without blocking the host: whoever waits on the future waits for the
-reduction. It uses libfairgo.so through ctypes (no compiled extension): the
+the backward work already on PyTorch's current stream; the backward goes on
+while the buckets are reduced (as with DDP's own allreduce), and the last
+bucket makes the current stream wait for every reduction and completes the
+buckets' CUDA futures, without blocking the host. It uses libfairgo.so through ctypes (no compiled extension): the
 wheel carries it (`pip install fairgo_torch-*.whl`, built by `make wheel`);
 FAIRGO_LIB names another copy.
 
@@ -164,91 +163,79 @@ def shutdown() -> None:
         comm.close()
 
 
-class _Side:
-    """A device's side stream for the hook, and what every call needs of it
-    made once: the raw handle the library takes, its ids for making it the
-    current stream, and an event that orders it after the current stream
-    (recorded anew by each call under lock: a stream's wait follows the
-    event's record at the time of the wait, so reusing it is safe, and it
-    spares each call an event's creation and destruction)."""
-
-    __slots__ = ("stream", "handle", "ids", "ready", "lock")
-
-    def __init__(self, stream, ready):
-        self.stream = stream
-        self.handle = stream.cuda_stream
-        self.ids = (stream.stream_id, stream.device_index, stream.device_type)
-        self.ready = ready
-        self.lock = threading.Lock()
+_raw_stream = None
 
 
-_sides: dict = {}
-_side_lock = threading.Lock()
-
-
-def _side(device) -> _Side:
-    """The hook's side of a device (one per device and process)."""
-    side = _sides.get(device)
-    if side is None:
+def _current_raw_stream(index: int) -> int:
+    """The cudaStream_t of PyTorch's current stream of device index, without
+    making a torch.cuda.Stream (PyTorch's private call where it has it)."""
+    global _raw_stream
+    if _raw_stream is None:
         import torch
 
-        with _side_lock:
-            side = _sides.get(device)
-            if side is None:
-                side = _sides[device] = _Side(torch.cuda.Stream(device=device), torch.cuda.Event())
-    return side
-
-
-def _set_result_on(fut, value, side: _Side) -> None:
-    """Completes the CUDA future fut with value as of side's stream: its
-    waiters wait for what side's stream has enqueued so far. Through
-    PyTorch's own stream switch (what torch.cuda.stream does, without its
-    Python) where the device is the current one, else the public way."""
-    import torch
-
-    c = torch._C
-    index = side.ids[1]
-    if hasattr(c, "_cuda_setStream") and hasattr(c, "_cuda_getCurrentStream") and torch.cuda.current_device() == index:
-        prev = c._cuda_getCurrentStream(index)
-        c._cuda_setStream(stream_id=side.ids[0], device_index=index, device_type=side.ids[2])
-        try:
-            fut.set_result(value)
-        finally:
-            c._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
-        return
-    with torch.cuda.stream(side.stream):
-        fut.set_result(value)
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream = raw if raw is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return _raw_stream(index)
 
 
 def allreduce_hook(state, bucket):
     """DDP comm hook (DistributedDataParallel.register_comm_hook): averages
     bucket.buffer() in place across all ranks with fairgo.
 
-    state is the Comm to use (None: the default from init()). The reduction
-    runs on a side stream of the buffer's device after the work already
-    enqueued on torch.cuda.current_stream(); the current stream does not
-    wait for it, so the backward pass overlaps it. The returned
-    torch.futures.Future is already completed with the buffer as a CUDA
-    future of the side stream: waiting on it (DDP does, before it copies the
-    buckets back into the gradients) syncs the waiter's stream with the
-    reduction, without blocking the host. Errors of earlier buckets' device
-    work are raised here, from a later bucket.
+    state is the Comm to use (None: the default from init()). Each bucket's
+    reduction is ordered after the work already enqueued on PyTorch's
+    current stream and runs on fairgo's streams while the backward pass goes
+    on. The last bucket of the backward pass (bucket.is_last(); anything
+    that has no is_last counts as last) makes the current stream wait for
+    its reduction and for every earlier bucket's, and completes their
+    futures as CUDA futures of that stream: waiting on one (DDP does, before
+    it copies the buckets back into the gradients) syncs the waiter's stream
+    with the reductions, without blocking the host. Until then an earlier
+    bucket's future is pending. Errors of earlier buckets' device work are
+    raised from a later call.
 
     A training step that is bound by the host (a small model, small
     batches) pays the hook's host time in full, and the hook runs in
-    Python: it makes the fewest calls it can (one library call, one event
-    reused rather than one made a call, the checks a DDP bucket can fail)."""
+    Python: a bucket costs one library call and a future; the last bucket
+    adds a stream wait for each earlier one."""
     import torch
 
     comm = state if isinstance(state, Comm) else default_comm()
     buf = bucket.buffer()
-    dev = buf.device
-    side = _side(dev)
-    with side.lock:
-        side.ready.record(torch.cuda.current_stream(dev))
-        side.stream.wait_event(side.ready)
-    comm._allreduce_tensor(buf, "avg", side.handle, dev.index, track=True)
-    buf.record_stream(side.stream)  # the caching allocator keeps it until the side stream is past the reduction
-    fut = torch.futures.Future(devices=[dev])
-    _set_result_on(fut, buf, side)
+    index = buf.get_device()
+    stream = _current_raw_stream(index)
+    is_last = getattr(bucket, "is_last", None)
+    if is_last is not None and not is_last():
+        work = comm._allreduce_tensor_async(buf, "avg", stream, index)  # refuses what is not a CUDA tensor
+        fut = torch.futures.Future(devices=[buf.device])
+        with comm._lock:
+            comm._hook_pending.append((work, fut, buf))
+        return fut
+    with comm._lock:
+        earlier, comm._hook_pending = comm._hook_pending, []
+    try:
+        comm._allreduce_tensor(buf, "avg", stream, index, track=True)  # the current stream waits for it
+    finally:
+        _complete(comm, earlier, stream)
+    fut = torch.futures.Future(devices=[buf.device])
+    fut.set_result(buf)
     return fut
+
+
+def _complete(comm: Comm, earlier: list, stream: int) -> None:
+    """Makes stream wait for each earlier bucket's reduction and completes
+    its future as of stream; a work that cannot be waited on fails its
+    future and raises (the first such error, after every future is done)."""
+    failed = None
+    for work, fut, buf in earlier:
+        try:
+            work.stream_wait(stream)
+        except FairgoError as e:
+            work.free()
+            fut.set_exception(e)
+            failed = failed or e
+            continue
+        comm._track(work)
+        fut.set_result(buf)
+    if failed is not None:
+        raise failed

@@ -59,6 +59,13 @@ class Work:
             if deadline is not None and time.monotonic() >= deadline:
                 raise _lib.NotReadyError(_lib.NOT_READY, f"fairgo: work {self._handle} not complete after {timeout} s")
 
+    def stream_wait(self, stream: int = 0) -> None:
+        """Makes the cudaStream_t stream (a raw handle of the work's GPU; 0:
+        the legacy default stream) wait for the result, without blocking
+        the host: what is enqueued on it afterwards reads the reduced data.
+        Needed after Comm.allreduce_async; a no-op's worth after allreduce."""
+        self._lib.call("fairgo_work_stream_wait", self._handle, ctypes.c_void_p(stream or None))
+
     def free(self) -> None:
         """Releases the handle (the work itself goes on if pending)."""
         h, self._handle = self._handle, 0
@@ -134,6 +141,9 @@ class Comm:
         self._store = store
         self._pending: "collections.deque[Work]" = collections.deque()
         self._lock = threading.Lock()
+        # The comm hook's asynchronous calls whose stream wait and future
+        # wait for the last bucket of the backward pass: (Work, Future, buffer).
+        self._hook_pending: list = []
         info = _lib.CommInfo()
         lib.call("fairgo_comm_info", handle, ctypes.byref(info))
         self.rank = info.rank
@@ -220,6 +230,28 @@ class Comm:
             return None
         return w
 
+    def allreduce_async(self, ptr: int, count: int, dtype: int, op, stream: int = 0) -> Work:
+        """allreduce, except that stream does not wait for the result: the
+        reduction is ordered after the work on stream so far, and stream
+        runs on. Call the Work's stream_wait before reading the data on a
+        stream; free the Work (or track it) when done."""
+        if len(self._pending) >= _REAP_AT:
+            self._reap()
+        try:
+            op_number = _dtypes.fairgo_op(op)
+        except ValueError as e:
+            self._refuse(e, bad_op=True)
+        handle = ctypes.c_int64(0)
+        self._lib.call("fairgo_allreduce_async", self.handle, ctypes.c_void_p(ptr or None), count, dtype,
+                       op_number, ctypes.c_void_p(stream or None), ctypes.byref(handle))
+        return Work(self._lib, handle.value)
+
+    def _track(self, w: Work) -> None:
+        """Hands w to the communicator, which frees it once complete and
+        raises its error from a later call or synchronize."""
+        with self._lock:
+            self._pending.append(w)
+
     def allreduce_(self, tensor, op="avg", stream=None, track: bool = True) -> Optional[Work]:
         """Reduces a contiguous CUDA tensor of this communicator's GPU in
         place across all ranks (op: "sum", "avg", "max", "min", "prod" or a
@@ -230,6 +262,14 @@ class Comm:
         A tensor or stream it refuses still takes the call's place in the call
         order (the other ranks' calls fail with a MismatchError naming this
         rank), as a call the library refuses does."""
+        dt, stream = self._tensor_args(tensor, stream)
+        return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, stream, track=track)
+
+    def _tensor_args(self, tensor, stream) -> Tuple[int, int]:
+        """allreduce_'s checks of a tensor and a stream: fairgo's element
+        type of the tensor and the raw stream handle (default: PyTorch's
+        current stream of the tensor's device), or the call refused in its
+        place in the call order with the reason."""
         import torch
 
         if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
@@ -253,7 +293,7 @@ class Comm:
             if stream.device != tensor.device:
                 self._refuse(ValueError(f"fairgo: stream of {stream.device}, tensor on {tensor.device}"))
             stream = stream.cuda_stream
-        return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, int(stream), track=track)
+        return dt, int(stream)
 
     def _allreduce_tensor(self, tensor, op, stream: int, device: int, track: bool) -> Optional[Work]:
         """allreduce_ for the comm hook, on a raw stream handle of the
@@ -265,6 +305,15 @@ class Comm:
         if dt is None or (self.device >= 0 and device != self.device) or not tensor.is_contiguous():
             return self.allreduce_(tensor, op, stream, track)
         return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, stream, track=track)
+
+    def _allreduce_tensor_async(self, tensor, op, stream: int, device: int) -> Work:
+        """_allreduce_tensor's asynchronous form (allreduce_async): a tensor
+        it cannot take as it is goes through allreduce_'s checks, which
+        refuse with their reasons."""
+        dt = _DTYPE_OF.get(tensor.dtype)
+        if dt is None or (self.device >= 0 and device != self.device) or not tensor.is_contiguous():
+            dt, stream = self._tensor_args(tensor, stream)
+        return self.allreduce_async(tensor.data_ptr(), tensor.numel(), dt, op, stream)
 
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits for every tracked call to complete on the GPU; raises the

@@ -145,8 +145,12 @@ def check_ordering(comm, device):
 
 
 class FakeBucket:
-    def __init__(self, t):
+    """A GradBucket as the hook reads it; last=None: one without is_last."""
+
+    def __init__(self, t, last=None):
         self._t = t
+        if last is not None:
+            self.is_last = lambda: last
 
     def buffer(self):
         return self._t
@@ -171,8 +175,24 @@ def check_hook(comm, device):
     fut2 = fairgo_torch.allreduce_hook(None, FakeBucket(torch.ones(10, device=device)))  # the default comm
     if not torch.all(fut2.wait() == 1.0):
         raise AssertionError("hook with the default comm")
+    # A backward pass of three buckets: the earlier two stay pending until
+    # the last, which completes all three as of the current stream.
+    bufs = [torch.full((n,), float((RANK + 1) * (i + 1)), device=device) for i, n in enumerate([1 << 18, 1 << 20, 1000])]
+    torch.cuda._sleep(50_000_000)
+    futs = [fairgo_torch.allreduce_hook(comm, FakeBucket(b, last=False)) for b in bufs[:-1]]
+    if any(f.done() for f in futs):
+        raise AssertionError("an earlier bucket's future completed before the last bucket")
+    futs.append(fairgo_torch.allreduce_hook(comm, FakeBucket(bufs[-1], last=True)))
+    if not all(f.done() for f in futs):
+        raise AssertionError("the last bucket left a future pending")
+    with torch.cuda.stream(side):
+        got = [f.wait()[-4:].clone() for f in futs]
+    side.synchronize()
+    for i, (b, f, g) in enumerate(zip(bufs, futs, got)):
+        if f.value().data_ptr() != b.data_ptr() or not torch.all(g == want * (i + 1)):
+            raise AssertionError(f"hook bucket {i}: got {g.tolist()}, want {want * (i + 1)} in its own buffer")
     comm.synchronize(60)
-    log(f"hook: completed CUDA future in {hook_ms:.2f} ms, value synced on another stream")
+    log(f"hook: completed CUDA future in {hook_ms:.2f} ms, value synced on another stream; three buckets of a backward")
 
 
 def check_hook_overlap(comm, device):
@@ -183,7 +203,7 @@ def check_hook_overlap(comm, device):
     torch.cuda.synchronize(device)
     if RANK == 0:
         time.sleep(1.5)
-    fut = fairgo_torch.allreduce_hook(comm, FakeBucket(buf))
+    fut = fairgo_torch.allreduce_hook(comm, FakeBucket(buf, last=False))
     if RANK != 0:
         marker = torch.cuda.Event()
         marker.record(torch.cuda.current_stream(device))
@@ -192,12 +212,16 @@ def check_hook_overlap(comm, device):
             if time.perf_counter() - t0 > 1.0:
                 raise AssertionError("the current stream waits for the hook's reduction: the backward would stall behind it")
             time.sleep(0.001)
+    if fut.done():
+        raise AssertionError("a bucket's future completed before the last bucket")
+    last = fairgo_torch.allreduce_hook(comm, FakeBucket(torch.ones(8, device=device), last=True))
     with torch.cuda.stream(torch.cuda.Stream(device=device)):
         got = fut.wait()[:4].clone()
+        ones = last.wait()[:4].clone()
     torch.cuda.synchronize(device)
     want = (WORLD + 1) / 2
-    if not torch.all(got == want):
-        raise AssertionError(f"hook overlap: got {got.tolist()}, want {want}")
+    if not torch.all(got == want) or not torch.all(ones == 1.0):
+        raise AssertionError(f"hook overlap: got {got.tolist()} and {ones.tolist()}, want {want} and 1.0")
     log("hook: the current stream runs on while a bucket waits for a late rank")
 
 

@@ -496,6 +496,79 @@ class TestSettings(unittest.TestCase):
             self.assertIn(field, [f for f, _ in _lib.Config._fields_])
 
 
+class FakeFuture:
+    """torch.futures.Future as the comm hook uses it."""
+
+    def __init__(self, devices=None):
+        self.devices = devices
+        self._done = False
+        self._value = self._error = None
+
+    def set_result(self, value):
+        assert not self._done, "a future completed twice"
+        self._done, self._value = True, value
+
+    def set_exception(self, error):
+        assert not self._done, "a future completed twice"
+        self._done, self._error = True, error
+
+    def done(self):
+        return self._done
+
+    def value(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class FakeTensor:
+    """A float32 CUDA tensor as the comm hook reads a bucket's buffer."""
+
+    dtype = FakeDType("torch.float32")
+
+    def __init__(self, ptr, count, device):
+        self.ptr, self.count, self.index = ptr, count, device
+        self.device = f"cuda:{device}"
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        return self.count
+
+    def is_contiguous(self):
+        return True
+
+    def get_device(self):
+        return self.index
+
+
+class FakeBucket:
+    """torch.distributed.GradBucket as the comm hook reads it."""
+
+    def __init__(self, tensor, last):
+        self._t, self._last = tensor, last
+
+    def buffer(self):
+        return self._t
+
+    def is_last(self):
+        return self._last
+
+
+def fake_torch():
+    """sys.modules with a torch of what the comm hook touches: its futures
+    and the current stream (0, the simulated library's one stream)."""
+    torch = type(sys)("torch")
+    torch.futures = type(sys)("torch.futures")
+    torch.futures.Future = FakeFuture
+    torch._C = type(sys)("torch._C")
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+    _comm._DTYPE_OF[FakeTensor.dtype] = _lib.FLOAT32
+    fairgo_torch._raw_stream = None
+    return mock.patch.dict(sys.modules, {"torch": torch})
+
+
 class TestSimJob(unittest.TestCase):
     """Several ranks of a simulated job in this process (one thread each),
     meeting through a store the library serves; device memory comes from the
@@ -558,6 +631,70 @@ class TestSimJob(unittest.TestCase):
             for c, p in zip(comms, ptrs):
                 with self.subTest(op=op, rank=c.rank):
                     self.assertEqual(self.read(c, p, 3), want)
+
+    def test_hook_buckets(self):
+        """allreduce_hook over a backward pass of three buckets on two ranks:
+        the first two are reduced without their futures completing or the
+        stream waiting; the last completes every future with its own
+        buffer, and the buffers hold the averages."""
+        comms = self.job(2)
+        n, seen, errors = 16, [None] * 2, []
+
+        def backward(r):
+            try:
+                c = comms[r]
+                ptrs = [self.buffer(c, [float((r + 1) * (i + 1))] * n) for i in range(3)]
+                tensors = [FakeTensor(p, n, c.device) for p in ptrs]
+                futs = [fairgo_torch.allreduce_hook(c, FakeBucket(t, last=False)) for t in tensors[:2]]
+                before = ([f.done() for f in futs], len(c._hook_pending), len(c._pending))
+                futs.append(fairgo_torch.allreduce_hook(c, FakeBucket(tensors[2], last=True)))
+                after = ([f.done() for f in futs], [f.value() is t for f, t in zip(futs, tensors)],
+                         [f.devices for f in futs], len(c._hook_pending), len(c._pending))
+                c.synchronize(20)
+                seen[r] = (before, after, [self.read(c, p, n) for p in ptrs])
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        waits = []
+        stream_wait = _comm.Work.stream_wait
+
+        def recorded(work, stream=0):
+            waits.append(stream)
+            stream_wait(work, stream)
+
+        with fake_torch(), mock.patch.object(_comm.Work, "stream_wait", recorded):
+            threads = [threading.Thread(target=backward, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(waits, [0] * 4, "the current stream waits for each rank's two earlier buckets")
+        for r, (before, after, values) in enumerate(seen):
+            with self.subTest(rank=r):
+                self.assertEqual(before, ([False, False], 2, 0), "before the last bucket: pending, untracked")
+                dev = [f"cuda:{comms[r].device}"]
+                self.assertEqual(after, ([True] * 3, [True] * 3, [dev] * 3, 0, 3), "after it: complete, tracked")
+                self.assertEqual(values, [[1.5 * (i + 1)] * n for i in range(3)])
+
+    def test_hook_failed_stream_wait(self):
+        """An earlier bucket whose stream wait fails gets the error in its
+        future, and the last bucket's hook raises it after completing every
+        future: nothing is left pending."""
+        (c,) = self.job(1)
+        ptrs = [self.buffer(c, [1.0] * 4) for _ in range(3)]
+        with fake_torch():
+            f0 = fairgo_torch.allreduce_hook(c, FakeBucket(FakeTensor(ptrs[0], 4, c.device), last=False))
+            f1 = fairgo_torch.allreduce_hook(c, FakeBucket(FakeTensor(ptrs[1], 4, c.device), last=False))
+            c._hook_pending[0][0].free()  # its handle gone: the stream wait fails
+            with self.assertRaises(fairgo_torch.BadHandleError):
+                fairgo_torch.allreduce_hook(c, FakeBucket(FakeTensor(ptrs[2], 4, c.device), last=True))
+        self.assertTrue(f0.done() and f1.done())
+        with self.assertRaises(fairgo_torch.BadHandleError):
+            f0.value()
+        self.assertEqual(f1.value().ptr, ptrs[1])
+        self.assertEqual(c._hook_pending, [])
+        c.synchronize(10)
 
     def test_not_ready_then_done(self):
         a, b = self.job()
