@@ -667,6 +667,57 @@ func TestCallerStreams(t *testing.T) {
 	require.NoError(t, reftest.WaitAll(works))
 }
 
+// TestDetachedLeavesTheStreamFree: an inline call (one flat piece, with
+// WithInlineEnqueue) would run on its After stream; Detached keeps it off,
+// so the caller's stream drains while the call waits for a peer that has
+// not called yet, and StreamWait then makes the stream wait for the result.
+func TestDetachedLeavesTheStreamFree(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 1, Devices: 2, Seed: 12, Jitter: 50 * time.Microsecond},
+		hier.WithInlineEnqueue(true))
+	const n = 257
+	in := reftest.RandomInputs(rand.New(rand.NewPCG(12, 1)), fairgo.Float32, fairgo.Sum, w.size(), n)
+	ref := reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in)
+	outs := make([]fairgo.Tensor, w.size())
+	works := make([]*hier.Work, w.size())
+	done := make([]streams.Event, w.size())
+	for g, r := range w.reducers {
+		dev := w.cluster.Device(g)
+		s, err := dev.NewStream()
+		require.NoError(t, err)
+		src, err := dev.AllocTensor(n, fairgo.Float32)
+		require.NoError(t, err)
+		require.NoError(t, dev.Upload(src.Ptr, in[g]))
+		buf, err := dev.AllocTensor(n, fairgo.Float32)
+		require.NoError(t, err)
+		outs[g], err = dev.AllocTensor(n, fairgo.Float32)
+		require.NoError(t, err)
+		require.NoError(t, dev.CopyAsync(buf.Ptr, src.Ptr, buf.ByteLen(), s))
+		works[g] = r.AllReduce(context.Background(), buf, fairgo.Sum, hier.After(s), hier.Detached())
+		if g == 0 { // its peer has not called: the reduction cannot have run
+			drained, err := dev.NewEvent()
+			require.NoError(t, err)
+			require.NoError(t, drained.Record(s))
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			require.NoError(t, drained.Wait(ctx), "the After stream waits for a detached call")
+			cancel()
+			require.False(t, works[0].IsCompleted())
+		}
+		require.NoError(t, works[g].StreamWait(context.Background(), s))
+		require.NoError(t, dev.CopyAsync(outs[g].Ptr, buf.Ptr, buf.ByteLen(), s))
+		done[g], err = dev.NewEvent()
+		require.NoError(t, err)
+		require.NoError(t, done[g].Record(s))
+	}
+	for _, ev := range done {
+		require.NoError(t, ev.Wait(context.Background()))
+	}
+	require.NoError(t, reftest.CheckResults(fairgo.Float32, ref, w.download(t, outs)))
+	require.NoError(t, reftest.WaitAll(works))
+	for _, r := range w.reducers {
+		require.Positive(t, hier.InlineCalls(r), "the test's call must take the inline path")
+	}
+}
+
 func TestZeroCountCompletes(t *testing.T) {
 	w := newWorld(t, sim.Config{Machines: 2, Devices: 2})
 	var works []*hier.Work

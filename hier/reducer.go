@@ -17,13 +17,22 @@ import (
 type CallOption func(*callConfig)
 
 type callConfig struct {
-	after streams.Stream
+	after    streams.Stream
+	detached bool
 }
 
 // After makes the call's first stage wait for the work enqueued on s before
 // the call: an event is recorded on s during the call, so work enqueued on s
 // later is not waited for. Pass the stream that produced the gradients.
+// A call enqueued inline (WithInlineEnqueue) runs on s itself, so work
+// enqueued on s later waits for it, unless the call is Detached.
 func After(s streams.Stream) CallOption { return func(c *callConfig) { c.after = s } }
+
+// Detached keeps the call's device work off the After stream: it runs on
+// the Reducer's own streams, inline or not, so work enqueued on the After
+// stream after the call runs on without waiting for it (a comm hook's
+// backward pass). Work.StreamWait makes a stream wait for the result.
+func Detached() CallOption { return func(c *callConfig) { c.detached = true } }
 
 type kind int
 
@@ -473,15 +482,24 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	if r.inlineLocked(q) {
 		// Nothing is queued before this one-collective call: enqueue it
 		// here, on the caller's stream, without the engine's hand-off and
-		// events.
+		// events; a detached call on the Reducer's first stream after an
+		// event of the caller's.
+		first := cc.after
+		if first != nil && cc.detached {
+			ev, err := r.afterEvent(first)
+			if err != nil {
+				c.mu.Unlock()
+				return r.reject(q, fmt.Errorf("hier: %v: %w", q, err))
+			}
+			q.after, first = ev, nil
+		}
+		if first == nil {
+			first = r.exec.first()
+		}
 		c.seq++
 		q.seq = c.seq
 		c.busy, c.busySince, c.busySeq = true, time.Now(), q.seq
 		c.mu.Unlock()
-		first := cc.after
-		if first == nil {
-			first = r.exec.first()
-		}
 		r.execute(q, first)
 		r.hooks.inlined.Add(1)
 		r.idle()
@@ -490,13 +508,10 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	if cc.after != nil {
 		// Recorded under the lock, so the capture happens before any later
 		// call on this Reducer and in the caller's program order.
-		ev, err := r.events.get()
-		if err == nil {
-			err = ev.Record(cc.after)
-		}
+		ev, err := r.afterEvent(cc.after)
 		if err != nil {
 			c.mu.Unlock()
-			return r.reject(q, fmt.Errorf("hier: %v: recording the After event: %w", q, err))
+			return r.reject(q, fmt.Errorf("hier: %v: %w", q, err))
 		}
 		q.after = ev
 	}
@@ -506,6 +521,19 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	c.mu.Unlock()
 	r.kick()
 	return q.work
+}
+
+// afterEvent records an event of the pool on s, the call's After stream.
+func (r *Reducer) afterEvent(s streams.Stream) (streams.Event, error) {
+	ev, err := r.events.get()
+	if err == nil {
+		err = ev.Record(s)
+	}
+	if err != nil {
+		r.events.put(ev)
+		return nil, fmt.Errorf("recording the After event: %w", err)
+	}
+	return ev, nil
 }
 
 // inlineLocked reports whether q may be enqueued on the calling goroutine

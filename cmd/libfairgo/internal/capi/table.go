@@ -303,7 +303,11 @@ func (t *Table) allReduce(
 		}
 		return 0, c.r.AllReduce(ctx, tensor, op).Wait(context.Background())
 	}
-	w := c.r.AllReduce(context.Background(), tensor, op, hier.After(s))
+	opts := []hier.CallOption{hier.After(s)}
+	if !wait {
+		opts = append(opts, hier.Detached()) // an inline call would run on s
+	}
+	w := c.r.AllReduce(context.Background(), tensor, op, opts...)
 	if wait {
 		if err := streamWait(w, s, c.enqueueLimit()); err != nil {
 			return 0, err

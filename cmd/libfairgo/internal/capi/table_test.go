@@ -112,12 +112,23 @@ func TestAllReduce(t *testing.T) {
 // wrong result under jitter; a stream made to wait at the call shows up as
 // a stream that never drains. Bad handles and streams fail typed.
 func TestAllReduceAsync(t *testing.T) {
+	// Through the engine (slices of a hierarchical route), and inline (one
+	// flat piece, which a synchronous call runs on the caller's stream).
+	t.Run("engine", func(t *testing.T) {
+		o := capi.DefaultOptions()
+		o.SliceBytes, o.FlatThreshold = 2048, hier.FlatNever
+		testAllReduceAsync(t, []string{"a", "a", "b", "b"}, o, 5003)
+	})
+	t.Run("inline", func(t *testing.T) {
+		o := capi.DefaultOptions()
+		o.Algorithm = hier.Flat
+		testAllReduceAsync(t, []string{"a", "a", "a", "a"}, o, 1001)
+	})
+}
+
+func testAllReduceAsync(t *testing.T, machines []string, o capi.Options, count int) {
 	f := newFixture(t, sim.Config{Seed: 11, Jitter: 200 * time.Microsecond, StallTimeout: time.Minute})
-	machines := []string{"a", "a", "b", "b"}
-	o := capi.DefaultOptions()
-	o.SliceBytes, o.FlatThreshold = 2048, hier.FlatNever
 	ids := f.initRanks(machines, o)
-	const count = 5003
 	dt, op := fairgo.Float32, fairgo.Sum
 	w := len(machines)
 	inputs := reftest.RandomInputs(rand.New(rand.NewPCG(11, 3)), dt, op, w, count)
@@ -128,7 +139,7 @@ func TestAllReduceAsync(t *testing.T) {
 	errs := spawn(w, func(p int) error {
 		dev := f.device(ids[p])
 		handle, caller := f.b.register(t, dev)
-		src, buf, out := alloc(t, dev, count, dt), alloc(t, dev, count, dt), alloc(t, dev, count, dt)
+		src, buf, out := alloc(t, dev, int64(count), dt), alloc(t, dev, int64(count), dt), alloc(t, dev, int64(count), dt)
 		if err := dev.Upload(src.Ptr, inputs[p]); err != nil {
 			return err
 		}
@@ -141,7 +152,7 @@ func TestAllReduceAsync(t *testing.T) {
 		if p != 0 {
 			<-called // rank 0's stream has drained with its call pending
 		}
-		wid, err := f.tbl.AllReduceAsync(ids[p], buf.Ptr, count, dt, op, handle)
+		wid, err := f.tbl.AllReduceAsync(ids[p], buf.Ptr, int64(count), dt, op, handle)
 		if err != nil {
 			return err
 		}
