@@ -177,7 +177,10 @@
 # (hook: 1 trains fairgo's hook and DDP's three settings in one launch,
 # one model each, in turns of HOOK_BLOCK steps, 25 by default, the order
 # rotated every round: each round is one of S7's, and the host's drift
-# between launches weighs on none of them; 0 by default), HOOK_STEPS (hook: training
+# between launches weighs on none of them; 0 by default), HOOK_PAIR (the
+# runs of a paired launch, fairgo,default,ring,tree by default; add pyhook
+# for DDP's allreduce through PyTorch's own Python comm hook, shown but not
+# compared with), HOOK_STEPS (hook: training
 # steps of each ResNet-18 run, the first 5 not timed; 50 by default: more
 # steps average more of the host's noise, ~15 ms a step on 1×4), HOOK_LIB and HOOK_PYTHON
 # (hook: the libfairgo.so and the fairgo_torch directory under test,
@@ -234,6 +237,7 @@ HOOK_ALGORITHMS=${HOOK_ALGORITHMS:-}
 HOOK_ROUNDS=${HOOK_ROUNDS:-1}
 HOOK_PAIRED=${HOOK_PAIRED:-0}
 HOOK_BLOCK=${HOOK_BLOCK:-25}
+HOOK_PAIR=${HOOK_PAIR:-fairgo,default,ring,tree}
 HOOK_STEPS=${HOOK_STEPS:-50}
 HOOK_LIB=${HOOK_LIB:-lib/libfairgo.so}
 HOOK_PYTHON=${HOOK_PYTHON:-python}
@@ -904,7 +908,7 @@ section_hook() {
       # One launch: the four runs' models in turns of HOOK_BLOCK steps,
       # the order rotated each round (train_resnet.py --pair).
       step "resnet-$l-paired" 450 env FAIRGO_LIB="$lib" PYTHONPATH="$py" "${launch[@]}" \
-        examples/ddp_torch/train_resnet.py --pair fairgo,default,ring,tree --block-steps "$HOOK_BLOCK" \
+        examples/ddp_torch/train_resnet.py --pair "$HOOK_PAIR" --block-steps "$HOOK_BLOCK" \
         --steps "$HOOK_STEPS" --batch-size 32 --losses-out "$OUT/resnet-$l-{run}.json"
       note "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)" "resnet-$l-paired" "$secs" \
         "rc=$rc $(grep -m1 -oE 'fairgo / best of DDP.*' "$OUT/logs/resnet-$l-paired.log")"

@@ -80,6 +80,8 @@ func ParseHookRuns(paths []string) ([]HookRun, error) {
 				continue // an algorithm fixed by hand: not what S7 measures
 			}
 			r.Method = HookFairgo
+		case f.Hook != "default":
+			continue // another comm hook (PyTorch's own, in Python): none of DDP's settings
 		case f.NCCLAlgo == nil || *f.NCCLAlgo == "":
 			r.Method = "default"
 		default:

@@ -110,6 +110,8 @@ func TestHookTargetPairedRounds(t *testing.T) {
 			f["hook"] = "fairgo"
 		case "ring":
 			f["nccl_algo"] = "allreduce:ring"
+		case "pyhook":
+			f["hook"] = "pyhook"
 		}
 		return writeRun(t, dir, "resnet-1x4-"+run+".json", f)
 	}
@@ -118,7 +120,9 @@ func TestHookTargetPairedRounds(t *testing.T) {
 		paired("default", 1000, 1000, 1000, 990),
 		paired("ring", 980, 1020, 1000, 1000),
 	}
-	runs, err := ParseHookRuns(files)
+	// PyTorch's own comm hook in Python, paired beside them: not one of
+	// DDP's settings, so not in the best S7 divides by.
+	runs, err := ParseHookRuns(append(files, paired("pyhook", 2000, 2000, 2000, 2000)))
 	require.NoError(t, err)
 	require.Len(t, runs, 12)
 	require.Equal(t, HookRun{Layout: "1×4", Method: "ring", ImagesPerS: 1020, Round: 2, File: files[2]}, runs[9])

@@ -40,6 +40,37 @@ class ScheduleTest(unittest.TestCase):
             with self.assertRaises(SystemExit):
                 train_resnet.parse_runs(bad)
 
+    def test_python_hook_is_no_baseline(self):
+        self.assertEqual(train_resnet.parse_runs("fairgo,default,pyhook"), ["fairgo", "default", "pyhook"])
+        self.assertNotIn("pyhook", train_resnet.BASELINES)
+        self.assertEqual(set(train_resnet.BASELINES), set(train_resnet.RUNS) - {"fairgo", "pyhook"})
+
+    def test_bucket_sizes(self):
+        class Buffer:
+            def __init__(self, n):
+                self.n = n
+
+            def numel(self):
+                return self.n
+
+            def element_size(self):
+                return 4
+
+        class Bucket:
+            def __init__(self, n):
+                self.b = Buffer(n)
+
+            def buffer(self):
+                return self.b
+
+        class Reducer:
+            def _get_zeros_like_grad_buckets(self):
+                return [Bucket(10), Bucket(1 << 20), Bucket(10)]
+
+        ddp = type("DDP", (), {"reducer": Reducer()})()
+        self.assertEqual(train_resnet.bucket_sizes(ddp), [40, 4 << 20])
+        self.assertEqual(train_resnet.bucket_sizes(object()), [])  # a DDP without the call
+
     def test_pair_needs_a_run_placeholder(self):
         with self.assertRaises(SystemExit):
             train_resnet.parse_args(["--pair", "fairgo,default", "--losses-out", "/tmp/x.json"])

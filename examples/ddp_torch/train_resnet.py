@@ -52,7 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # fairg
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hook", choices=["fairgo", "default"], default="fairgo", help="gradient allreduce: fairgo's comm hook or DDP's own (NCCL)")
+    p.add_argument("--hook", choices=["fairgo", "default", "pyhook"], default="fairgo",
+                   help="gradient allreduce: fairgo's comm hook, DDP's own (NCCL), or DDP's through PyTorch's Python comm hook")
     p.add_argument("--pair", metavar="RUNS",
                    help="train one model per run of RUNS (comma-separated: fairgo, default, ring, tree) in one "
                         "launch, in turns of --block-steps steps; --losses-out names each run's file with {run}")
@@ -90,8 +91,22 @@ def parse_args(argv=None):
 
 # The runs of --pair: fairgo's hook, and DDP's allreduce with NCCL's own
 # choice or with NCCL_ALGO set for its communicator (allreduce only: NCCL
-# has no Tree all-gather, which DDP's setup calls).
-RUNS = {"fairgo": None, "default": None, "ring": "allreduce:ring", "tree": "allreduce:tree"}
+# has no Tree all-gather, which DDP's setup calls); pyhook is DDP's
+# allreduce through PyTorch's own comm hook in Python (default_hooks.
+# allreduce_hook), what any hook written in Python pays: shown beside the
+# others, but not one of DDP's settings fairgo is compared with.
+RUNS = {"fairgo": None, "default": None, "ring": "allreduce:ring", "tree": "allreduce:tree", "pyhook": None}
+BASELINES = ("default", "ring", "tree")
+
+
+def bucket_sizes(ddp):
+    """The byte sizes of a DDP model's gradient buckets as its reducer holds
+    them now, smallest first (none where this PyTorch cannot say)."""
+    try:
+        buckets = ddp.reducer._get_zeros_like_grad_buckets()
+    except (AttributeError, RuntimeError):
+        return []
+    return sorted({b.buffer().numel() * b.buffer().element_size() for b in buckets})
 
 
 def parse_runs(spec):
@@ -181,8 +196,7 @@ def main(argv=None):
                 os.environ["NCCL_ALGO"] = before
         return group
 
-    comm = None
-    bucket_bytes = set()  # the sizes of the buckets fairgo's hook reduced
+    comm = fairgo_ddp = None
     models, ddps, opts = {}, {}, {}
     for run in args.runs:
         torch.manual_seed(args.seed)
@@ -191,16 +205,19 @@ def main(argv=None):
         ddp = DDP(model, device_ids=[device], bucket_cap_mb=args.bucket_cap_mb, process_group=group)
         if run == "fairgo":
             comm = fairgo_torch.init(op_timeout=args.op_timeout or None)
+            fairgo_ddp = ddp
+            if args.trace is None:
+                ddp.register_comm_hook(comm, fairgo_torch.allreduce_hook)  # as a trainer would: nothing around it
+            else:
+                def hook(state, bucket):
+                    with torch.profiler.record_function("fairgo allreduce_hook"):  # named in the trace
+                        return fairgo_torch.allreduce_hook(state, bucket)
 
-            def hook(state, bucket):
-                buf = bucket.buffer()
-                bucket_bytes.add(buf.numel() * buf.element_size())
-                if args.trace is None:
-                    return fairgo_torch.allreduce_hook(state, bucket)
-                with torch.profiler.record_function("fairgo allreduce_hook"):  # named in the trace
-                    return fairgo_torch.allreduce_hook(state, bucket)
+                ddp.register_comm_hook(comm, hook)
+        elif run == "pyhook":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            ddp.register_comm_hook(comm, hook)
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         models[run], ddps[run] = model, ddp
         opts[run] = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=1e-4)
     gen = torch.Generator(device=dev)
@@ -303,7 +320,7 @@ def main(argv=None):
     # The algorithm fairgo took for each bucket size (the same on every rank).
     routes = None
     if comm is not None and hasattr(comm, "algorithm_for"):  # a fairgo_torch older than C ABI 3 has none
-        routes = {n: comm.algorithm_for(n)[0] for n in sorted(bucket_bytes)}
+        routes = {n: comm.algorithm_for(n)[0] for n in bucket_sizes(fairgo_ddp)}
     if rank == 0:
         if routes:
             print("fairgo routes: " + ", ".join(f"{n} bytes {a}" for n, a in routes.items()), flush=True)
@@ -313,14 +330,14 @@ def main(argv=None):
             name = f"{run}: " if args.pair else ""
             print(f"{name}images/s {ips:.1f} ({timed[run]} steps after {args.warmup} warm-up, "
                   f"{ms:.1f} ms/step, {world} ranks)", flush=True)
-        if args.pair and "fairgo" in args.runs and len(per_round.get("fairgo", [])) > 0:
-            ratios = sorted(f / max(per_round[r][i] for r in args.runs if r != "fairgo")
+        if args.pair and "fairgo" in args.runs and len(per_round.get("fairgo", [])) > 0 and set(BASELINES) & set(args.runs):
+            ratios = sorted(f / max(per_round[r][i] for r in args.runs if r in BASELINES)
                             for i, f in enumerate(per_round["fairgo"]))
             print(f"fairgo / best of DDP's, per round: median {statistics.median(ratios):.3f} "
                   f"({ratios[0]:.3f}–{ratios[-1]:.3f}, {len(ratios)} rounds of {args.block_steps} steps)", flush=True)
         if args.losses_out:
             for run in args.runs:
-                hook = "fairgo" if run == "fairgo" else "default"
+                hook = run if run in ("fairgo", "pyhook") else "default"
                 nccl_algo = RUNS[run] if args.pair else os.environ.get("NCCL_ALGO")
                 ips = rates.get(run, float("nan"))
                 out = {

@@ -27,6 +27,7 @@ import threading
 from typing import Optional
 
 from ._comm import _UNSET, SETTINGS, Comm, Store, Work, init_env, init_rank, init_torch, serve_store
+from . import _lib as _lib_module
 from ._dtypes import fairgo_dtype, fairgo_op
 from ._lib import (
     AbortedError,
@@ -164,6 +165,8 @@ def shutdown() -> None:
 
 
 _raw_stream = None
+_AVG = _lib_module.AVG  # fairgo's number: the hook's calls skip the name's lookup
+_devices: dict = {}  # device index -> [torch.device], the futures' devices
 
 
 def _current_raw_stream(index: int) -> int:
@@ -206,8 +209,11 @@ def allreduce_hook(state, bucket):
     stream = _current_raw_stream(index)
     is_last = getattr(bucket, "is_last", None)
     if is_last is not None and not is_last():
-        work = comm._allreduce_tensor_async(buf, "avg", stream, index)  # refuses what is not a CUDA tensor
-        fut = torch.futures.Future(devices=[buf.device])
+        work = comm._allreduce_tensor_async(buf, _AVG, stream, index)  # refuses what is not a CUDA tensor
+        devices = _devices.get(index)
+        if devices is None:
+            devices = _devices[index] = [buf.device]
+        fut = torch.futures.Future(devices=devices)
         with comm._lock:
             comm._hook_pending.append((work, fut, buf))
         return fut

@@ -237,13 +237,16 @@ class Comm:
         stream; free the Work (or track it) when done."""
         if len(self._pending) >= _REAP_AT:
             self._reap()
-        try:
-            op_number = _dtypes.fairgo_op(op)
-        except ValueError as e:
-            self._refuse(e, bad_op=True)
+        if type(op) is not int:  # the comm hook passes fairgo's number: no lookup
+            try:
+                op = _dtypes.fairgo_op(op)
+            except ValueError as e:
+                self._refuse(e, bad_op=True)
         handle = ctypes.c_int64(0)
-        self._lib.call("fairgo_allreduce_async", self.handle, ctypes.c_void_p(ptr or None), count, dtype,
-                       op_number, ctypes.c_void_p(stream or None), ctypes.byref(handle))
+        code = self._lib.dll.fairgo_allreduce_async(self.handle, ptr or None, count, dtype, op, stream or None,
+                                                    ctypes.byref(handle))
+        if code:
+            self._lib.check(code)
         return Work(self._lib, handle.value)
 
     def _track(self, w: Work) -> None:
