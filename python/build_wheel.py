@@ -221,7 +221,7 @@ def build(lib: Path, out: Path) -> Path:
     info = f"{dist}-{version}.dist-info"
 
     files = {}
-    for src in sorted((HERE / PACKAGE).glob("*.py")):
+    for src in sorted([*(HERE / PACKAGE).glob("*.py"), *(HERE / PACKAGE).glob("*.cpp")]):  # the C++ hook's source too
         files[f"{PACKAGE}/{src.name}"] = src.read_bytes()
     files[f"{PACKAGE}/{LIB_NAME}"] = lib_bytes
     header = HERE.parent / "cmd" / "libfairgo" / "fairgo.h"

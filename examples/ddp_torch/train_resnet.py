@@ -196,7 +196,7 @@ def main(argv=None):
                 os.environ["NCCL_ALGO"] = before
         return group
 
-    comm = fairgo_ddp = None
+    comm = fairgo_ddp = hook_impl = None
     models, ddps, opts = {}, {}, {}
     for run in args.runs:
         torch.manual_seed(args.seed)
@@ -207,7 +207,7 @@ def main(argv=None):
             comm = fairgo_torch.init(op_timeout=args.op_timeout or None)
             fairgo_ddp = ddp
             if args.trace is None:
-                ddp.register_comm_hook(comm, fairgo_torch.allreduce_hook)  # as a trainer would: nothing around it
+                hook_impl = fairgo_torch.register_hook(ddp, comm)  # as a trainer would; FAIRGO_TORCH_HOOK picks
             else:
                 def hook(state, bucket):
                     with torch.profiler.record_function("fairgo allreduce_hook"):  # named in the trace
@@ -263,7 +263,7 @@ def main(argv=None):
     if rank == 0:
         print(f"resnet18 DDP: {world} ranks, {'runs ' + ', '.join(args.runs) if args.pair else 'hook ' + args.hook}, "
               f"batch {args.batch_size}/rank, {args.image_size}px, {args.steps} steps, torch {torch.__version__}"
-              + (f", {comm}" if comm else ""), flush=True)
+              + (f", {comm}, its hook in {hook_impl or 'python'}" if comm else ""), flush=True)
 
     def train_step(run, step):
         ddp, opt = ddps[run], opts[run]
@@ -349,6 +349,7 @@ def main(argv=None):
                     "layout": str(comm) if comm else None,
                     "images_per_s": ips, "ms_per_step": 1000 * images_per_step / ips if ips == ips else None,
                     "routes": routes if run == "fairgo" else None,
+                    "hook_impl": (hook_impl or "python") if run == "fairgo" else None,
                     "losses": losses[run], "losses_by_rank": by_rank[run], "grad_check": grad_checks.get(run),
                     "step_ms": step_ms[run],
                 }

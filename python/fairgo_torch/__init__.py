@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
+from pathlib import Path
 from typing import Optional
 
 from ._comm import _UNSET, SETTINGS, Comm, Store, Work, init_env, init_rank, init_torch, serve_store
@@ -50,7 +52,7 @@ from ._lib import (
 from ._version import __version__
 
 __all__ = [
-    "init", "init_env", "init_rank", "init_torch", "default_comm", "shutdown", "allreduce_hook",
+    "init", "init_env", "init_rank", "init_torch", "default_comm", "shutdown", "allreduce_hook", "register_hook",
     "init_process_group", "torch_master_port",
     "Comm", "Work", "Store", "serve_store", "fairgo_dtype", "fairgo_op", "load", "candidate_paths",
     "FairgoError", "InvalidArgumentError", "BadHandleError", "MismatchError", "FairgoTimeoutError",
@@ -245,3 +247,77 @@ def _complete(comm: Comm, earlier: list, stream: int) -> None:
         fut.set_result(buf)
     if failed is not None:
         raise failed
+
+
+# HOOK_IMPLS are register_hook's choices (FAIRGO_TORCH_HOOK).
+HOOK_IMPLS = ("auto", "cpp", "python")
+_extension = None
+_extension_error: Optional[BaseException] = None
+_extension_lock = threading.Lock()
+
+
+def _hook_extension():
+    """The C++ hook's module, built by torch.utils.cpp_extension on first
+    use (cached by PyTorch in TORCH_EXTENSIONS_DIR, rebuilt when the source
+    changes); a failure is remembered and raised again."""
+    global _extension, _extension_error
+    with _extension_lock:
+        if _extension is None and _extension_error is None:
+            try:
+                from torch.utils import cpp_extension
+
+                _extension = cpp_extension.load(name="fairgo_torch_hook", sources=[str(Path(__file__).with_name("_hook.cpp"))],
+                                                extra_cflags=["-O2"], with_cuda=True, verbose=False)
+            except Exception as e:  # no compiler, no headers, a build error: the caller decides
+                _extension_error = e
+        if _extension_error is not None:
+            raise _extension_error
+        return _extension
+
+
+def _hook_functions(lib) -> list:
+    """The addresses of the library functions the C++ hook calls, in its order."""
+    import ctypes
+
+    names = ["fairgo_allreduce", "fairgo_allreduce_async", "fairgo_work_stream_wait", "fairgo_work_test",
+             "fairgo_work_free", "fairgo_last_error"]
+    return [ctypes.cast(getattr(lib.dll, n), ctypes.c_void_p).value for n in names]
+
+
+def register_hook(ddp, comm: Optional[Comm] = None, *, impl: Optional[str] = None) -> str:
+    """Registers fairgo's comm hook on the DistributedDataParallel module
+    ddp for comm (None: the default from init()), and returns which one:
+    "cpp" or "python".
+
+    Both do what allreduce_hook says. The C++ one runs inside DDP's reducer
+    without the Python interpreter (no GIL, no Python call a bucket), which
+    a step bound by the host pays for: it is built on first use with
+    torch.utils.cpp_extension (a C++ compiler and PyTorch's headers; a minute
+    or so, then cached); its errors are RuntimeErrors with the library's
+    text. impl (else FAIRGO_TORCH_HOOK, else "auto"): "cpp" raises
+    LibraryError where it cannot be built, "python" registers
+    allreduce_hook, "auto" takes C++ where it builds and else warns once and
+    falls back to Python."""
+    comm = comm if comm is not None else default_comm()
+    choice = (impl if impl is not None else os.environ.get("FAIRGO_TORCH_HOOK", "") or "auto").strip().lower()
+    if choice not in HOOK_IMPLS:
+        raise InvalidArgumentError(_lib_module.ERR_INVALID_ARGUMENT, f"fairgo: hook implementation {choice!r}: want one of {', '.join(HOOK_IMPLS)} "
+                                      "(impl or FAIRGO_TORCH_HOOK)")
+    if choice != "python":
+        try:
+            ext = _hook_extension()
+        except Exception as e:
+            if choice == "cpp":
+                raise LibraryError(f"fairgo: the C++ comm hook could not be built: {e}") from e
+            warnings.warn(f"fairgo: the C++ comm hook could not be built ({type(e).__name__}: {e}); "
+                          "using the Python one (FAIRGO_TORCH_HOOK=python silences this)", stacklevel=2)
+        else:
+            lib = comm._lib
+            ext.register(ddp.reducer, comm.handle, _hook_functions(lib),
+                         [_lib_module.AVG, _lib_module.FLOAT16, _lib_module.BFLOAT16, _lib_module.FLOAT32, _lib_module.FLOAT64])
+            name = getattr(getattr(ddp, "logger", None), "_set_comm_hook_name", None)
+            if name is not None:
+                name("fairgo_torch.allreduce_hook (C++)")
+            return "cpp"
+    ddp.register_comm_hook(comm, allreduce_hook)
+    return "python"

@@ -12,7 +12,10 @@ returns while the GPU is still busy with earlier work on the stream and
 that the stream's later work sees the result (ordering without host
 blocking); the algorithm a reached size takes, alike on every rank; the DDP
 hook's future, and that the hook leaves the current
-stream free while a bucket waits for a late rank; the error paths; close. Prints
+stream free while a bucket waits for a late rank; both of register_hook's
+hooks (Python and C++; SMOKE_HOOKS=python leaves out the C++ one, which
+needs a compiler) inside DDP against the ranks' averaged gradients; the
+error paths; close. Prints
 "gpu_smoke: ok" per rank, or raises.
 """
 
@@ -225,6 +228,45 @@ def check_hook_overlap(comm, device):
     log("hook: the current stream runs on while a bucket waits for a late rank")
 
 
+def check_ddp_hooks(comm, device):
+    """Both of register_hook's hooks inside DDP: a two-layer model in three
+    buckets, three steps (the first rebuilds DDP's buckets); each step's
+    gradients must be the average of every rank's own, computed apart and
+    gathered with torch.distributed."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    impls = os.environ.get("SMOKE_HOOKS", "python,cpp").split(",")
+    for impl in impls:
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 16)).to(device)
+        alone = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 16)).to(device)
+        alone.load_state_dict(model.state_dict())
+        ddp = DDP(model, device_ids=[device.index], bucket_cap_mb=1)
+        got = fairgo_torch.register_hook(ddp, comm, impl=impl)
+        if got != impl:
+            raise AssertionError(f"register_hook(impl={impl!r}) registered {got!r}")
+        for step in range(3):
+            g = torch.Generator(device=device).manual_seed(1000 * step + RANK)
+            x = torch.randn(64, 512, generator=g, device=device)
+            ddp.zero_grad(set_to_none=True)
+            ddp(x).square().mean().backward()
+            alone.zero_grad(set_to_none=True)
+            alone(x).square().mean().backward()
+            for (name, p), q in zip(model.named_parameters(), alone.parameters()):
+                want = q.grad.clone()
+                dist.all_reduce(want)
+                want /= WORLD
+                if not torch.allclose(p.grad, want, rtol=1e-4, atol=1e-6):
+                    err = (p.grad - want).abs().max().item()
+                    raise AssertionError(f"{impl} hook, step {step}, {name}: gradient off the ranks' average by {err:g}")
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), alone.parameters()):
+                    p.sub_(0.01 * p.grad)
+                    q.copy_(p)
+        comm.synchronize(60)
+        log(f"hook in DDP ({impl}): three steps' gradients the ranks' average")
+
+
 def check_errors(comm, device):
     def expect(exc, fn, text):
         try:
@@ -257,6 +299,7 @@ def main():
     check_ordering(comm, dev)
     check_hook(comm, dev)
     check_hook_overlap(comm, dev)
+    check_ddp_hooks(comm, dev)
     check_errors(comm, dev)
     dist.barrier()
     fairgo_torch.shutdown()

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import unittest
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -695,6 +696,63 @@ class TestSimJob(unittest.TestCase):
         self.assertEqual(f1.value().ptr, ptrs[1])
         self.assertEqual(c._hook_pending, [])
         c.synchronize(10)
+
+    def test_register_hook(self):
+        """register_hook: the C++ hook where its extension builds (given the
+        library's functions and fairgo.h's numbers), else the Python one
+        (auto warns; cpp raises); a bad choice is refused."""
+        (c,) = self.job(1)
+
+        class DDP:
+            reducer = object()
+
+            def __init__(self):
+                self.hooks = []
+                self.logger = type("Logger", (), {"_set_comm_hook_name": lambda _, n: self.hooks.append(("name", n))})()
+
+            def register_comm_hook(self, state, hook):
+                self.hooks.append((state, hook))
+
+        class Extension:
+            def __init__(self):
+                self.calls = []
+
+            def register(self, *args):
+                self.calls.append(args)
+
+        def build_fails():
+            raise RuntimeError("no compiler")
+
+        ext = Extension()
+        for impl, builds, want, env in [("cpp", True, "cpp", ""), (None, True, "cpp", ""), ("auto", False, "python", ""),
+                                        (None, False, "python", "python"), ("python", True, "python", "cpp")]:
+            with self.subTest(impl=impl, builds=builds, env=env), \
+                    mock.patch.dict(os.environ, {"FAIRGO_TORCH_HOOK": env}), \
+                    mock.patch.object(fairgo_torch, "_hook_extension", (lambda: ext) if builds else build_fails), \
+                    warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("always")
+                ddp, before = DDP(), len(ext.calls)
+                self.assertEqual(fairgo_torch.register_hook(ddp, c, impl=impl), want)
+                if want == "cpp":
+                    reducer, handle, functions, numbers = ext.calls[-1]
+                    self.assertIs(reducer, DDP.reducer)
+                    self.assertEqual(handle, c.handle)
+                    self.assertEqual(len(functions), 6)
+                    self.assertTrue(all(isinstance(f, int) and f > 0 for f in functions))
+                    self.assertEqual(numbers, [_lib.AVG, _lib.FLOAT16, _lib.BFLOAT16, _lib.FLOAT32, _lib.FLOAT64])
+                    self.assertEqual(ddp.hooks, [("name", "fairgo_torch.allreduce_hook (C++)")])
+                else:
+                    self.assertEqual(len(ext.calls), before)
+                    self.assertEqual(ddp.hooks, [(c, fairgo_torch.allreduce_hook)])
+                self.assertEqual(len(warned), 1 if (want == "python" and impl != "python" and env != "python") else 0)
+        with mock.patch.object(fairgo_torch, "_hook_extension", build_fails), self.assertRaises(fairgo_torch.LibraryError) as cm:
+            fairgo_torch.register_hook(DDP(), c, impl="cpp")
+        self.assertIn("no compiler", str(cm.exception))
+        with self.assertRaises(fairgo_torch.InvalidArgumentError):
+            fairgo_torch.register_hook(DDP(), c, impl="cuda")
+        # The functions' addresses are the library's own.
+        self.assertEqual(fairgo_torch._hook_functions(c._lib)[1],
+                         ctypes.cast(c._lib.dll.fairgo_allreduce_async, ctypes.c_void_p).value)
 
     def test_not_ready_then_done(self):
         a, b = self.job()
