@@ -34,6 +34,14 @@ class ScheduleTest(unittest.TestCase):
         self.assertEqual(per_round, {"a": [20.0, 20.0], "b": [10.0, 5.0]})
         self.assertEqual(total, {"a": 20.0, "b": 40 / 6})  # the warm-up's seconds are not counted
 
+    def test_paired_ratios(self):
+        per_round = {"fairgo": [990, 1010, 950, 1000], "default": [1000, 1000, 1000, 990],
+                     "ring": [980, 1020, 1000, 1000], "pyhook": [2000, 2000, 2000, 2000]}
+        best, ratios, oracle = train_resnet.paired_ratios(per_round)
+        self.assertEqual(best, "ring")  # medians 1000 and 1000; means 1000 and 997.5; pyhook is no baseline
+        self.assertEqual(ratios, [990 / 980, 1010 / 1020, 950 / 1000, 1.0])
+        self.assertEqual(oracle, [0.99, 1010 / 1020, 0.95, 1.0])
+
     def test_parse_runs(self):
         self.assertEqual(train_resnet.parse_runs("fairgo, default,tree"), ["fairgo", "default", "tree"])
         for bad in ("fairgo", "fairgo,fairgo", "fairgo,nccl", ""):
