@@ -211,7 +211,7 @@ def allreduce_hook(state, bucket):
     stream = _current_raw_stream(index)
     is_last = getattr(bucket, "is_last", None)
     if is_last is not None and not is_last():
-        work = comm._allreduce_tensor_async(buf, _AVG, stream, index)  # refuses what is not a CUDA tensor
+        work = comm._allreduce_tensor(buf, _AVG, stream, index, asynchronous=True)  # refuses what is not a CUDA tensor
         devices = _devices.get(index)
         if devices is None:
             devices = _devices[index] = [buf.device]

@@ -214,19 +214,9 @@ class Comm:
         which then waits for the result. Returns the Work, or None with
         track=True (the communicator then frees it and raises its error from
         a later call or synchronize)."""
-        if len(self._pending) >= _REAP_AT:
-            self._reap()
-        try:
-            op_number = _dtypes.fairgo_op(op)
-        except ValueError as e:  # an unknown name: refused in its place in the call order
-            self._refuse(e, bad_op=True)
-        handle = ctypes.c_int64(0)
-        self._lib.call("fairgo_allreduce", self.handle, ctypes.c_void_p(ptr or None), count, dtype,
-                       op_number, ctypes.c_void_p(stream or None), ctypes.byref(handle))
-        w = Work(self._lib, handle.value)
+        w = self._call("fairgo_allreduce", ptr, count, dtype, op, stream)
         if track:
-            with self._lock:
-                self._pending.append(w)
+            self._track(w)
             return None
         return w
 
@@ -235,16 +225,21 @@ class Comm:
         reduction is ordered after the work on stream so far, and stream
         runs on. Call the Work's stream_wait before reading the data on a
         stream; free the Work (or track it) when done."""
+        return self._call("fairgo_allreduce_async", ptr, count, dtype, op, stream)
+
+    def _call(self, name: str, ptr: int, count: int, dtype: int, op, stream: int) -> Work:
+        """fairgo_allreduce or fairgo_allreduce_async: frees the completed
+        tracked works once _REAP_AT are kept, refuses an unknown op in its
+        place in the call order, and returns the call's Work."""
         if len(self._pending) >= _REAP_AT:
             self._reap()
         if type(op) is not int:  # the comm hook passes fairgo's number: no lookup
             try:
                 op = _dtypes.fairgo_op(op)
-            except ValueError as e:
+            except ValueError as e:  # an unknown name: refused in its place in the call order
                 self._refuse(e, bad_op=True)
         handle = ctypes.c_int64(0)
-        code = self._lib.dll.fairgo_allreduce_async(self.handle, ptr or None, count, dtype, op, stream or None,
-                                                    ctypes.byref(handle))
+        code = getattr(self._lib.dll, name)(self.handle, ptr or None, count, dtype, op, stream or None, ctypes.byref(handle))
         if code:
             self._lib.check(code)
         return Work(self._lib, handle.value)
@@ -298,25 +293,19 @@ class Comm:
             stream = stream.cuda_stream
         return dt, int(stream)
 
-    def _allreduce_tensor(self, tensor, op, stream: int, device: int, track: bool) -> Optional[Work]:
-        """allreduce_ for the comm hook, on a raw stream handle of the
-        tensor's device (device: its index): a bucket DDP made is a
-        contiguous CUDA tensor, so only what could differ is checked here
-        (the element type, the device); anything else takes allreduce_'s
-        checks, which refuse with their reasons."""
-        dt = _DTYPE_OF.get(tensor.dtype)
-        if dt is None or (self.device >= 0 and device != self.device) or not tensor.is_contiguous():
-            return self.allreduce_(tensor, op, stream, track)
-        return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, stream, track=track)
-
-    def _allreduce_tensor_async(self, tensor, op, stream: int, device: int) -> Work:
-        """_allreduce_tensor's asynchronous form (allreduce_async): a tensor
-        it cannot take as it is goes through allreduce_'s checks, which
-        refuse with their reasons."""
+    def _allreduce_tensor(self, tensor, op, stream: int, device: int, track: bool = False,
+                          asynchronous: bool = False) -> Optional[Work]:
+        """allreduce_ (asynchronous: allreduce_async) for the comm hook, on
+        a raw stream handle of the tensor's device (device: its index): a
+        bucket DDP made is a contiguous CUDA tensor, so only what could
+        differ is checked here (the element type, the device); anything else
+        takes allreduce_'s checks, which refuse with their reasons."""
         dt = _DTYPE_OF.get(tensor.dtype)
         if dt is None or (self.device >= 0 and device != self.device) or not tensor.is_contiguous():
             dt, stream = self._tensor_args(tensor, stream)
-        return self.allreduce_async(tensor.data_ptr(), tensor.numel(), dt, op, stream)
+        if asynchronous:
+            return self.allreduce_async(tensor.data_ptr(), tensor.numel(), dt, op, stream)
+        return self.allreduce(tensor.data_ptr(), tensor.numel(), dt, op, stream, track=track)
 
     def synchronize(self, timeout: Optional[float] = None) -> None:
         """Waits for every tracked call to complete on the GPU; raises the
