@@ -40,21 +40,21 @@ type inflight struct {
 // recycles its event, so a wait on it is enqueued under the lock).
 type inflightSet struct {
 	mu   sync.Mutex
-	list []inflight
+	list fifo[inflight]
 }
 
 func (s *inflightSet) add(f inflight) {
 	s.mu.Lock()
-	s.list = append(s.list, f)
+	s.list.Push(f)
 	s.mu.Unlock()
 }
 
 func (s *inflightSet) remove(w *Work) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, f := range s.list {
-		if f.work == w {
-			s.list = append(s.list[:i], s.list[i+1:]...)
+	for i := range s.list.Len() { // the oldest, almost always
+		if s.list.At(i).work == w {
+			s.list.Remove(i)
 			return
 		}
 	}
@@ -434,6 +434,13 @@ func (q *request) span() (lo, hi uintptr) {
 // recorded on one stream only the newest is waited for (it captures the
 // others): back to back calls on one buffer cost at most one wait per
 // stream, not one per call in flight.
+//
+// Invariant: every call in flight was ordered, when it was enqueued, after
+// every older call in flight whose memory overlaps its own (this function
+// made it so, and the set only loses calls). So once the scan, newest
+// first, has ordered this call after one whose memory contains this
+// call's, the older ones are ordered too, and the scan stops: back to back
+// calls on one buffer cost one step each, not one per call in flight.
 func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, err error) {
 	if q.after != nil {
 		if err := first.WaitEvent(q.after); err != nil {
@@ -447,22 +454,23 @@ func (r *Reducer) waitOverlaps(q *request, first streams.Stream) (waited bool, e
 	var seen [streams.NumStages + 1]streams.Stream // streams already waited on (first counts as one)
 	seen[0] = first
 	n := 1
-	for i := len(r.flight.list) - 1; i >= 0; i-- { // newest first
-		f := r.flight.list[i]
+	for i := r.flight.list.Len() - 1; i >= 0; i-- { // newest first
+		f := r.flight.list.At(i)
 		if f.hi <= lo || hi <= f.lo {
 			continue
 		}
-		if slices.Contains(seen[:n], f.last) {
-			waited = true // ordered already, by the stream or by a newer wait
-			continue
-		}
-		if err := first.WaitEvent(f.ev); err != nil {
-			return true, err
-		}
 		waited = true
-		if n < len(seen) {
-			seen[n] = f.last
-			n++
+		if !slices.Contains(seen[:n], f.last) { // else ordered already, by the stream or by a newer wait
+			if err := first.WaitEvent(f.ev); err != nil {
+				return true, err
+			}
+			if n < len(seen) {
+				seen[n] = f.last
+				n++
+			}
+		}
+		if f.lo <= lo && hi <= f.hi {
+			break // f was ordered after the older calls on this memory
 		}
 	}
 	return waited, nil

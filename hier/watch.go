@@ -98,7 +98,7 @@ type watcher struct {
 	// queue holds the calls taken off ch and not yet completed, oldest
 	// first: ch hands each call to the watcher or to a helping Wait,
 	// whichever receives it, and both complete from the front.
-	queue []pending
+	queue fifo[pending]
 	// current is the call the watcher is waiting for (nil: none); orphan
 	// is its completion event when a Wait completed it meanwhile, kept out
 	// of the event pool until the watcher has stopped polling it, so that
@@ -259,11 +259,11 @@ func (w *watcher) receive(block bool) (got, open bool) {
 		w.receiving.Store(false)
 	}
 	if got {
-		w.queue = append(w.queue, p)
+		w.queue.Push(p)
 		w.queueChanged()
 	}
 	// A Wait may have queued a call since the watcher found none.
-	return len(w.queue) > 0, open
+	return w.queue.Len() > 0, open
 }
 
 // take makes the oldest call not yet completed the watcher's current one
@@ -271,11 +271,11 @@ func (w *watcher) receive(block bool) (got, open bool) {
 func (w *watcher) take() (pending, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.queue) == 0 {
+	if w.queue.Len() == 0 {
 		return pending{}, false
 	}
-	w.current = w.queue[0].req
-	return w.queue[0], true
+	w.current = w.queue.Front().req
+	return w.queue.Front(), true
 }
 
 // untake gives the current call back (the watcher was held).
@@ -293,7 +293,7 @@ func (r *Reducer) complete(p pending) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.current = nil
-	if len(w.queue) == 0 || w.queue[0].req != p.req { // a Wait completed it
+	if w.queue.Len() == 0 || w.queue.Front().req != p.req { // a Wait completed it
 		r.events.put(w.orphan)
 		w.orphan = nil
 		return
@@ -324,11 +324,11 @@ func (r *Reducer) help(w *Work) bool {
 		return false
 	}
 	defer wt.mu.Unlock()
-	for !w.IsCompleted() || len(wt.queue) > 0 && wt.known.covers(wt.queue[0]) {
-		if len(wt.queue) == 0 && !wt.takeFromCh() {
+	for !w.IsCompleted() || wt.queue.Len() > 0 && wt.known.covers(wt.queue.Front()) {
+		if wt.queue.Len() == 0 && !wt.takeFromCh() {
 			return false
 		}
-		p := wt.queue[0]
+		p := wt.queue.Front()
 		if !p.helpable() {
 			return w.IsCompleted()
 		}
@@ -441,7 +441,7 @@ func (w *watcher) takeFromCh() bool {
 		if !ok {
 			return false
 		}
-		w.queue = append(w.queue, p)
+		w.queue.Push(p)
 		w.queueChanged()
 		return true
 	default:
@@ -468,8 +468,8 @@ func (r *Reducer) ahead(p pending, probe bool, queries *atomic.Uint64) {
 	}
 	for len(w.ch) > 0 && w.takeFromCh() {
 	}
-	for i := len(w.queue) - 1; i >= 0; i-- {
-		q := w.queue[i]
+	for i := w.queue.Len() - 1; i >= 0; i-- {
+		q := w.queue.At(i)
 		if q.req.seq <= p.req.seq {
 			return
 		}
@@ -486,8 +486,8 @@ func (r *Reducer) ahead(p pending, probe bool, queries *atomic.Uint64) {
 
 // queueChanged publishes queued and blocked (mu held).
 func (w *watcher) queueChanged() {
-	w.queued.Store(int32(len(w.queue)))
-	w.blocked.Store(len(w.queue) > 0 && !w.queue[0].helpable())
+	w.queued.Store(int32(w.queue.Len()))
+	w.blocked.Store(w.queue.Len() > 0 && !w.queue.Front().helpable())
 }
 
 // helpable reports whether a Wait may complete p: it has device work to
@@ -502,9 +502,7 @@ func (p pending) helpable() bool {
 // and recycles what the call held (watch.mu held).
 func (r *Reducer) finishLocked(p pending, err error) {
 	w := &r.watch
-	n := copy(w.queue, w.queue[1:])
-	w.queue[n] = pending{}
-	w.queue = w.queue[:n]
+	w.queue.PopFront()
 	w.queueChanged()
 	if fc := p.req.fp; fc != nil {
 		p.req.fp = nil
