@@ -62,28 +62,14 @@ func TestAllReduce(t *testing.T) {
 				handle, caller := f.b.register(t, dev)
 				src, buf, out := alloc(t, dev, c.count, c.dt), alloc(t, dev, c.count, c.dt),
 					alloc(t, dev, c.count, c.dt)
-				if err := dev.Upload(src.Ptr, inputs[p]); err != nil {
-					return err
-				}
-				// buf holds garbage until the caller's stream copies the input in.
-				if err := dev.Upload(buf.Ptr, make([]byte, len(inputs[p]))); err != nil {
-					return err
-				}
-				if err := dev.CopyAsync(buf.Ptr, src.Ptr, int64(len(inputs[p])), caller); err != nil {
+				if err := stageInput(dev, caller, src, buf, inputs[p]); err != nil {
 					return err
 				}
 				wid, err := f.tbl.AllReduce(ids[p], buf.Ptr, c.count, c.dt, c.op, handle)
 				if err != nil {
 					return err
 				}
-				if err := dev.CopyAsync(out.Ptr, buf.Ptr, int64(len(inputs[p])), caller); err != nil {
-					return err
-				}
-				if err := caller.Synchronize(ctx); err != nil {
-					return err
-				}
-				outputs[p] = make([]byte, len(inputs[p]))
-				if err := dev.Download(outputs[p], out.Ptr); err != nil {
+				if outputs[p], err = readBack(ctx, dev, caller, buf, out, len(inputs[p])); err != nil {
 					return err
 				}
 				if err := f.tbl.Wait(wid, 10*time.Second); err != nil {
@@ -140,13 +126,7 @@ func testAllReduceAsync(t *testing.T, machines []string, o capi.Options, count i
 		dev := f.device(ids[p])
 		handle, caller := f.b.register(t, dev)
 		src, buf, out := alloc(t, dev, int64(count), dt), alloc(t, dev, int64(count), dt), alloc(t, dev, int64(count), dt)
-		if err := dev.Upload(src.Ptr, inputs[p]); err != nil {
-			return err
-		}
-		if err := dev.Upload(buf.Ptr, make([]byte, len(inputs[p]))); err != nil {
-			return err
-		}
-		if err := dev.CopyAsync(buf.Ptr, src.Ptr, int64(len(inputs[p])), caller); err != nil {
+		if err := stageInput(dev, caller, src, buf, inputs[p]); err != nil {
 			return err
 		}
 		if p != 0 {
@@ -175,14 +155,7 @@ func testAllReduceAsync(t *testing.T, machines []string, o capi.Options, count i
 		if err := f.tbl.StreamWait(wid, handle); err != nil { // a second wait adds nothing
 			return err
 		}
-		if err := dev.CopyAsync(out.Ptr, buf.Ptr, int64(len(inputs[p])), caller); err != nil {
-			return err
-		}
-		if err := caller.Synchronize(ctx); err != nil {
-			return err
-		}
-		outputs[p] = make([]byte, len(inputs[p]))
-		if err := dev.Download(outputs[p], out.Ptr); err != nil {
+		if outputs[p], err = readBack(ctx, dev, caller, buf, out, len(inputs[p])); err != nil {
 			return err
 		}
 		if err := f.tbl.Wait(wid, 10*time.Second); err != nil {
@@ -873,4 +846,30 @@ func TestCloseAfterCallsEveryRankRefused(t *testing.T) {
 		require.NoError(t, errors.Join(errs...))
 		require.Less(t, time.Since(start), time.Second, "run %d", run)
 	}
+}
+
+// stageInput uploads input to src and zeros buf, then copies src into buf on
+// the caller's stream: buf holds the input only once that stream has run, as
+// a trainer's gradient does.
+func stageInput(dev *sim.Device, caller *sim.Stream, src, buf fairgo.Tensor, input []byte) error {
+	if err := dev.Upload(src.Ptr, input); err != nil {
+		return err
+	}
+	if err := dev.Upload(buf.Ptr, make([]byte, len(input))); err != nil {
+		return err
+	}
+	return dev.CopyAsync(buf.Ptr, src.Ptr, int64(len(input)), caller)
+}
+
+// readBack copies n bytes of buf into out on the caller's stream, so that the
+// copy reads buf in the stream's order, drains the stream and downloads out.
+func readBack(ctx context.Context, dev *sim.Device, caller *sim.Stream, buf, out fairgo.Tensor, n int) ([]byte, error) {
+	if err := dev.CopyAsync(out.Ptr, buf.Ptr, int64(n), caller); err != nil {
+		return nil, err
+	}
+	if err := caller.Synchronize(ctx); err != nil {
+		return nil, err
+	}
+	b := make([]byte, n)
+	return b, dev.Download(b, out.Ptr)
 }
