@@ -32,8 +32,10 @@ var dtypeAliases = map[string]DType{
 	"fp32": Float32, "float": Float32, "fp64": Float64, "double": Float64,
 }
 
-// Valid reports whether d is one of the declared element types.
-func (d DType) Valid() bool { return dtypeNames.has(d) }
+// Valid reports whether d is one of the declared element types: exactly
+// those have a size (every call validates its tensor's type, so this is a
+// switch, not a lookup in the names).
+func (d DType) Valid() bool { return d.Size() > 0 }
 
 // Size is the size of one element in bytes, or 0 for an invalid type.
 func (d DType) Size() int {

@@ -3,6 +3,7 @@ package fairgo_test
 import (
 	"errors"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -93,5 +94,15 @@ func TestValidateRefusesMisalignedElements(t *testing.T) {
 		require.ErrorIs(t, err, fairgo.ErrInvalidArgument, tc.name)
 		require.Equal(t, "ptr", ae.Arg, tc.name)
 		require.Contains(t, err.Error(), "not a multiple of its", tc.name)
+	}
+}
+
+// Valid is true for exactly the element types that have a name, a size
+// and a place in DTypes.
+func TestDTypeValidIsTheDeclaredTypes(t *testing.T) {
+	for d := fairgo.DType(-3); d < 20; d++ {
+		_, err := fairgo.ParseDType(d.String())
+		require.Equal(t, err == nil, d.Valid(), "%v", d)
+		require.Equal(t, slices.Contains(fairgo.DTypes, d), d.Valid(), "%v", d)
 	}
 }

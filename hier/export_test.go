@@ -116,6 +116,7 @@ func SetRoute(r *Reducer, a Algorithm) {
 	for class := range 64 {
 		rt.table.measured[class] = route{algo: a, serial: rt.serialRail()}
 		rt.settled[class].Store(nil)
+		rt.wholes[class].Store(nil)
 	}
 }
 

@@ -38,7 +38,7 @@ func handedCalls(on []*testStream, queries *int) (*Reducer, map[int]*Work, map[i
 	for i, s := range on {
 		seq := i + 1
 		done[seq] = new(bool)
-		works[seq] = newWork()
+		works[seq] = &Work{}
 		works[seq].r = r
 		r.watch.ch <- pending{
 			req: &request{seq: uint64(seq), work: works[seq]},
@@ -87,7 +87,7 @@ func TestKnownDone(t *testing.T) {
 		ss[i] = &testStream{}
 	}
 	call := func(s *testStream, seq uint64) pending {
-		return pending{req: &request{seq: seq, work: newWork()}, ev: doneEvent{}, on: s}
+		return pending{req: &request{seq: seq, work: &Work{}}, ev: doneEvent{}, on: s}
 	}
 	k.learn(ss[0], 10)
 	require.True(t, k.covers(call(ss[0], 10)))

@@ -50,7 +50,7 @@ func TestWatcherQuiet(t *testing.T) {
 			w.burst.Store(!tc.alone)
 			w.waiting.Store(tc.waiting)
 			w.leave.Store(tc.leave)
-			p := pending{req: &request{seq: 7, work: newWork()}, ev: doneEvent{}}
+			p := pending{req: &request{seq: 7, work: &Work{}}, ev: doneEvent{}}
 			if tc.noDevice {
 				p.ev = nil
 			}

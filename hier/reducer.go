@@ -466,7 +466,6 @@ func (r *Reducer) submit(ctx context.Context, q *request, opts []CallOption) *Wo
 	}
 	cc := q.cc
 	q.ctx = ctx
-	q.w.init()
 	q.w.spin, q.w.r = r.cfg.spin, r
 	q.work = &q.w
 	c := &r.calls

@@ -187,7 +187,7 @@ func TestWaitSendsThePostedImages(t *testing.T) {
 	a, post, arrived := relayPair(t)
 	r := &Reducer{}
 	r.relay.Store(a)
-	w := newWork()
+	w := &Work{}
 	w.r = r // not helpable: the Wait only looks, and flushes
 	post(hostFirstCall)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

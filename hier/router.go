@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -124,6 +124,16 @@ type router struct {
 	// its calibration made are kept or closed, never marked failed), so
 	// decide would answer the same.
 	settled [maxClasses]atomic.Pointer[route]
+
+	// wholes is, per size class, the plan of its settled route where that
+	// route takes a call in one piece (flat, NCCL's ring or tree, the
+	// hierarchy in one piece, halving-doubling), its world variant
+	// attached: such a plan depends on the call's size only by its slice
+	// (the size itself), so route and inlineable answer a call of a
+	// settled class with one lookup. It holds only plans of the route in
+	// settled, whose variant, once chosen, is never closed before the
+	// Reducer (closeUnchosen keeps the variants of measured classes).
+	wholes [maxClasses]atomic.Pointer[plan]
 
 	// guessed counts the size classes whose calibration failed and that
 	// took the guess: the job goes on, and a test that expects none (on
@@ -269,17 +279,9 @@ func (rt *router) classOf(bytes int64) (class int, ok bool) {
 		return 0, false
 	}
 	bytes = min(bytes, max(rt.topClass(), base))
-	class = int(math.Log2(float64(bytes) / float64(base)))
-	lo := base << class
-	for lo > bytes { // floating-point edge
-		class--
-		lo >>= 1
-	}
-	for lo<<1 <= bytes {
-		class++
-		lo <<= 1
-	}
-	return class, true
+	// base<<class <= bytes < base<<(class+1): the class is the integer
+	// log2 of bytes/base, rounded down (bytes/base rounds down alike).
+	return bits.Len64(uint64(bytes/base)) - 1, true
 }
 
 func (rt *router) classBase() int64 {
@@ -422,6 +424,17 @@ func (rt *router) variantMade(r route) bool {
 // if it is the first plan to need it). Both happen on the engine
 // goroutine only: an inline caller's call needs neither (inlineable).
 func (rt *router) route(bytes int64) plan {
+	if p, ok := rt.settledWhole(bytes); ok {
+		return p
+	}
+	p := rt.freshPlan(bytes)
+	rt.keepWhole(bytes, p)
+	return p
+}
+
+// freshPlan is route without wholes: the plan from the table, the links
+// and the world variants.
+func (rt *router) freshPlan(bytes int64) plan {
 	r, class, ok := rt.known(bytes)
 	if !ok {
 		var cal *Calibration
@@ -436,6 +449,36 @@ func (rt *router) route(bytes int64) plan {
 	}
 	p, _ := rt.attach(rt.shape(r, bytes, rt.linkModel))
 	return p
+}
+
+// settledWhole is the plan of an allreduce of bytes where its class is
+// settled on a route that takes the call whole and route has planned a
+// call of the class before (wholes); ok false otherwise.
+func (rt *router) settledWhole(bytes int64) (p plan, ok bool) {
+	r, class := rt.settledRoute(bytes)
+	if r == nil {
+		return plan{}, false
+	}
+	w := rt.wholes[class].Load()
+	if w == nil || w.route != *r {
+		return plan{}, false
+	}
+	p = *w
+	p.slice = bytes
+	return p, true
+}
+
+// keepWhole remembers p, the plan route made for an allreduce of bytes,
+// where settledWhole may answer with it: its class settled on p's route,
+// which takes calls whole, with its world variant made.
+func (rt *router) keepWhole(bytes int64, p plan) {
+	impl := p.algo.impl()
+	if impl == nil || !impl.whole() || p.commErr != nil || p.algo.variant() != "" && p.comm == nil {
+		return
+	}
+	if r, class := rt.settledRoute(bytes); r != nil && *r == p.route {
+		rt.wholes[class].Store(&p)
+	}
 }
 
 // shape is the plan of an allreduce of bytes by r, its route known: uncut
@@ -460,6 +503,14 @@ func (rt *router) shape(r route, bytes int64, links func() *linkModel) plan {
 // which enqueues them while the caller goes on. Any goroutine may ask;
 // the answer changes only as calls execute.
 func (rt *router) inlineable(bytes int64) bool {
+	if _, ok := rt.settledWhole(bytes); ok {
+		return true // one collective, or the hierarchy's stages once, with nothing to make first
+	}
+	return rt.freshInlineable(bytes)
+}
+
+// freshInlineable is inlineable without wholes.
+func (rt *router) freshInlineable(bytes int64) bool {
 	r, _, ok := rt.known(bytes)
 	impl := r.algo.impl()
 	switch {

@@ -128,6 +128,21 @@ func TestRouteChoicesAndInlineAgree(t *testing.T) {
 				again := rt.route(b)
 				require.Equal(t, p.route, again.route, "%d bytes: the route known again", b)
 			}
+			// A settled class's plan for a call whole is kept, and answers
+			// for every size of the class as the table, the links and the
+			// variants would.
+			if r, class := rt.settledRoute(b); r != nil && *r == p.route && p.algo.impl().whole() && p.commErr == nil {
+				_, kept := rt.settledWhole(b)
+				require.True(t, kept, "%d bytes: %v settled, not kept", b, p)
+				lo := rt.classBase() << class
+				other := rapid.Int64Range(lo, max(lo, min(2*lo-1, 4*maxCalibrationBytes))).Draw(t, "same class")
+				if c, _ := rt.classOf(other); c == class {
+					got, ok := rt.settledWhole(other)
+					require.True(t, ok)
+					require.Equal(t, rt.freshPlan(other), got, "%d bytes, kept for %d", other, b)
+					require.Equal(t, rt.freshInlineable(other), rt.inlineable(other), "%d bytes", other)
+				}
+			}
 			c := rt.choiceFor(b)
 			require.Equal(t, p.algo, c.Algorithm, "%d bytes: plan %v, choice %v", b, p, c)
 			require.Equal(t, p.route.String(), c.String(), "%d bytes", b)
@@ -577,6 +592,26 @@ func TestWorldVariantsCloseInOneOrder(t *testing.T) {
 		require.Equal(t, []string{string(backend.AlgoRing), string(backend.AlgoTree)}, log)
 		require.Empty(t, rt.worlds)
 	}
+}
+
+// classOf is the integer log2 of the size over the classes' base, capped
+// at the last class: base<<class <= min(bytes, top) < base<<(class+1).
+func TestClassOfBoundsTheSize(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		threshold := rapid.SampledFrom([]int64{FlatNever, 1, 1000, 64 << 10, 2826158, 8 << 20}).Draw(t, "threshold")
+		rt := testRouter(Grid{Machines: 2, Devices: 2}, config{flatThreshold: threshold}, &fixedMeasurer{})
+		base := rt.classBase()
+		bytes := rapid.Int64Range(1, 1<<40).Draw(t, "bytes")
+		class, ok := rt.classOf(bytes)
+		if bytes < base {
+			require.False(t, ok)
+			return
+		}
+		require.True(t, ok)
+		capped := min(bytes, max(rt.topClass(), base))
+		require.LessOrEqual(t, base<<class, capped)
+		require.Less(t, capped, base<<(class+1))
+	})
 }
 
 // The size a class is timed at is a multiple of 64 bytes inside the class

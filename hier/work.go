@@ -33,9 +33,8 @@ const waitSpin = 20 * time.Microsecond
 // without blocking the device. Calls that fail validation return a Work that
 // is already complete with the error.
 type Work struct {
-	done     chan struct{}
-	enqueued chan struct{} // closed once the completion event is recorded, or the work is done
-	enqOnce  sync.Once
+	done     signal        // the work has completed or failed; err is final
+	enqueued signal        // the completion event is recorded, or the work is done
 	spin     time.Duration // how long StreamWait polls enqueued before blocking
 	// r completes calls in the watcher's place while Wait polls (help);
 	// nil for a Work that failed at the call. helpable is set, before the
@@ -44,41 +43,84 @@ type Work struct {
 	// watcher alone, as its polls would only compete with it.
 	r        *Reducer
 	helpable atomic.Bool
-	once     sync.Once
-	err      error
+	err      error // written once, before done is set
 
 	mu    sync.Mutex     // guards event against recycling while StreamWait enqueues a wait on it
 	event streams.Event  // recorded after the call's last stage; nil if nothing was enqueued or once recycled
 	last  streams.Stream // the stream the event was recorded on
 }
 
-func newWork() *Work {
-	w := &Work{}
-	w.init()
-	return w
+// signal is a one-shot flag that a Work's owner sets once and anyone
+// reads without a lock, with a channel made only for whoever asks for one
+// (Work.Done, Work.Enqueued, a StreamWait that must block). Most calls
+// never need the channel: an inline call is enqueued before its caller
+// holds the Work, and a Wait polls. What holds: once set, it stays set,
+// and every channel handed out is closed; a write made before set is
+// visible to whoever sees it set (the atomic's ordering).
+type signal struct {
+	set atomic.Bool
+	mu  sync.Mutex
+	ch  chan struct{} // made by wait; closed by setWith
 }
 
-// init makes a Work that has not been used ready (its channels).
-func (w *Work) init() {
-	w.done, w.enqueued = make(chan struct{}), make(chan struct{})
+// closedSignal is the channel of every signal set before anyone asked.
+var closedSignal = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// isSet reports whether the signal is set.
+func (s *signal) isSet() bool { return s.set.Load() }
+
+// setWith runs before (when non-nil) and sets the signal, unless it was
+// set already; it reports whether this call set it.
+func (s *signal) setWith(before func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.set.Load() {
+		return false
+	}
+	if before != nil {
+		before()
+	}
+	s.set.Store(true)
+	if s.ch != nil {
+		close(s.ch)
+	}
+	return true
+}
+
+// wait returns a channel closed once the signal is set.
+func (s *signal) wait() <-chan struct{} {
+	if s.set.Load() {
+		return closedSignal
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.set.Load() {
+		return closedSignal
+	}
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+	}
+	return s.ch
 }
 
 func failedWork(err error) *Work {
-	w := newWork()
+	w := &Work{}
 	w.finish(err)
 	return w
 }
 
 // finish completes the work once; later calls are ignored. Work that ends
 // without reaching the device counts as enqueued too, so that StreamWait
-// never waits for it; done closes first, so a StreamWait that wakes on
+// never waits for it; done is set first, so a StreamWait that sees
 // enqueued reads the error (not the nil of work still running).
 func (w *Work) finish(err error) {
-	w.once.Do(func() {
-		w.err = err
-		close(w.done)
-		w.enqOnce.Do(func() { close(w.enqueued) })
-	})
+	if w.done.setWith(func() { w.err = err }) {
+		w.enqueued.setWith(nil)
+	}
 }
 
 // markEnqueued publishes the completion event (nil when the call enqueued
@@ -87,7 +129,7 @@ func (w *Work) markEnqueued(ev streams.Event, last streams.Stream) {
 	w.mu.Lock()
 	w.event, w.last = ev, last
 	w.mu.Unlock()
-	w.enqOnce.Do(func() { close(w.enqueued) })
+	w.enqueued.setWith(nil)
 }
 
 // releaseEvent detaches the completion event so that it can be reused; the
@@ -106,32 +148,23 @@ func (w *Work) releaseEvent() streams.Event {
 // time, and at most about a millisecond, after its device work ended: it
 // looks at a call nobody waits for at that pace, since every look is a
 // driver query and every nap a wake-up that ranks sharing a host pay for.
-func (w *Work) Done() <-chan struct{} { return w.done }
+func (w *Work) Done() <-chan struct{} { return w.done.wait() }
 
 // Enqueued is closed once the call's device work has been enqueued, or the
 // work has completed without reaching the device: from then on StreamWait
 // does not block.
-func (w *Work) Enqueued() <-chan struct{} { return w.enqueued }
+func (w *Work) Enqueued() <-chan struct{} { return w.enqueued.wait() }
 
 // Err returns the work's error once it is done, and nil before.
 func (w *Work) Err() error {
-	select {
-	case <-w.done:
+	if w.done.isSet() {
 		return w.err
-	default:
-		return nil
 	}
+	return nil
 }
 
 // IsCompleted reports whether the work is done (successfully or not).
-func (w *Work) IsCompleted() bool {
-	select {
-	case <-w.done:
-		return true
-	default:
-		return false
-	}
-}
+func (w *Work) IsCompleted() bool { return w.done.isSet() }
 
 // Wait blocks until the work is done and returns its error, or returns
 // ctx.Err() unchanged if ctx ends first. The work itself goes on. It
@@ -150,9 +183,10 @@ func (w *Work) Wait(ctx context.Context) error {
 		}
 	}()
 	for start := time.Now(); ; {
-		select {
-		case <-w.done:
+		if w.done.isSet() {
 			return w.err
+		}
+		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		default:
@@ -185,21 +219,12 @@ func (w *Work) StreamWait(ctx context.Context, s streams.Stream) error {
 	if ctx == nil {
 		return errNilContext
 	}
-	select {
-	case <-w.enqueued: // the common case (an inline call, an engine ahead): no clock read
-	default:
-		deadline := time.Now().Add(w.spin)
-	poll:
-		for time.Now().Before(deadline) {
-			select {
-			case <-w.enqueued:
-				break poll
-			default:
-				runtime.Gosched()
-			}
+	if !w.enqueued.isSet() { // else the common case (an inline call, an engine ahead): no clock read
+		for deadline := time.Now().Add(w.spin); !w.enqueued.isSet() && time.Now().Before(deadline); {
+			runtime.Gosched()
 		}
 		select {
-		case <-w.enqueued:
+		case <-w.enqueued.wait():
 		case <-ctx.Done():
 			return ctx.Err()
 		}
