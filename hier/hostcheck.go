@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync/atomic"
 	"time"
@@ -95,6 +96,11 @@ type hostCheck struct {
 	rank   int   // world rank
 	size   int   // world size
 	posted image // the image being posted (the executing goroutine's)
+	// freed is the lowest cursor of the ranks when post last read them
+	// all (the executing goroutine's): cursors only grow, so every slot of
+	// a call up to freed+hostSlots is free without a look at the peers'
+	// cursors, whose cache lines each peer writes once a call.
+	freed uint64
 	// local are the world ranks that map the region (every rank on one
 	// machine); relay, across machines, brings the others' images in
 	// (relay.go), nil on one machine.
@@ -436,14 +442,18 @@ func (h *hostCheck) slot(rank int, seq uint64) []uint64 {
 // reusable reports whether every rank has decided the call that last held
 // call seq's slots.
 func (h *hostCheck) reusable(seq uint64) bool {
-	if seq < hostFirstCall+hostSlots { // the slot's first use
+	if seq < hostFirstCall+hostSlots || seq-hostSlots <= h.freed { // the slot's first use, or freed already
 		return true
 	}
+	lowest := uint64(math.MaxUint64)
 	for k := range h.size {
-		if atomic.LoadUint64(h.cursor(k)) < seq-hostSlots {
+		c := atomic.LoadUint64(h.cursor(k))
+		if c < seq-hostSlots {
 			return false
 		}
+		lowest = min(lowest, c)
 	}
+	h.freed = lowest
 	return true
 }
 
