@@ -477,7 +477,9 @@ func (rt *router) keepWhole(bytes int64, p plan) {
 		return
 	}
 	if r, class := rt.settledRoute(bytes); r != nil && *r == p.route {
-		rt.wholes[class].Store(&p)
+		kept := new(plan) // allocated here only: p itself stays on the caller's stack
+		*kept = p
+		rt.wholes[class].Store(kept)
 	}
 }
 
