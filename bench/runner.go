@@ -31,6 +31,11 @@ type Config struct {
 	// moved at least this many bytes per rank, and times the mean call.
 	// 0: one round per repetition.
 	RepBytes int64
+	// MinRounds is the fewest rounds a repetition times, whatever
+	// RepBytes asks: at the largest sizes RepBytes is one round, and a
+	// point then a median of few calls, which one slow call moves by tens
+	// of percent. 0 or 1: as RepBytes says.
+	MinRounds int
 	// WorksAtEnd waits for fairgo's Works after a repetition's last round
 	// instead of after each: a round of fairgo then ends, as a baseline's
 	// does, once the device has run its calls, not once the host has seen
@@ -105,6 +110,8 @@ func (c *Config) defaults() error {
 		return bad("-reps", c.Reps, "must be at least 1")
 	case c.RepBytes < 0:
 		return bad("-rep-bytes", c.RepBytes, "negative")
+	case c.MinRounds < 0 || c.MinRounds > MaxRounds:
+		return bad("-min-rounds", c.MinRounds, fmt.Sprintf("not within 0–%d", MaxRounds))
 	}
 	return nil
 }
@@ -336,16 +343,18 @@ func (r *run) timeUnit(units, rounds int, enqueue func(c *caller) error) ([]floa
 }
 
 // rounds is how many rounds of a repetition move RepBytes, a round moving
-// bytes per rank.
+// bytes per rank, and at least MinRounds.
 func (r *run) rounds(bytes int64) int {
-	if r.cfg.RepBytes <= 0 || bytes <= 0 {
-		return 1
+	n := 1
+	if r.cfg.RepBytes > 0 && bytes > 0 {
+		n = int(min((r.cfg.RepBytes+bytes-1)/bytes, MaxRounds))
 	}
-	return int(min((r.cfg.RepBytes+bytes-1)/bytes, maxRounds))
+	return max(n, r.cfg.MinRounds)
 }
 
-// maxRounds bounds the rounds of one repetition (RepBytes over tiny sizes).
-const maxRounds = 1 << 12
+// MaxRounds bounds the rounds of one repetition (RepBytes over tiny sizes,
+// and MinRounds).
+const MaxRounds = 1 << 12
 
 // measure runs the warm-up and the timed repetitions of every method,
 // alternating (each repetition in its repOrder), with enqueue enqueueing

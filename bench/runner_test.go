@@ -567,11 +567,21 @@ func TestRepBytesRepeatsRounds(t *testing.T) {
 	for _, c := range []struct {
 		bytes int64
 		want  int
-	}{{1 << 20, 1}, {1<<20 - 1, 2}, {1 << 10, 1 << 10}, {1, maxRounds}, {0, 1}, {4 << 20, 1}} {
+	}{{1 << 20, 1}, {1<<20 - 1, 2}, {1 << 10, 1 << 10}, {1, MaxRounds}, {0, 1}, {4 << 20, 1}} {
 		require.Equal(t, c.want, r.rounds(c.bytes), "a round of %d bytes", c.bytes)
 	}
 	r.cfg.RepBytes = 0
 	require.Equal(t, 1, r.rounds(1))
+	r.cfg.RepBytes, r.cfg.MinRounds = 1<<20, 4 // the fewest rounds, where RepBytes asks for fewer
+	for _, c := range []struct {
+		bytes int64
+		want  int
+	}{{1 << 20, 4}, {64 << 20, 4}, {256 << 10, 4}, {128 << 10, 8}, {1, MaxRounds}} {
+		require.Equal(t, c.want, r.rounds(c.bytes), "a round of %d bytes, at least 4", c.bytes)
+	}
+	r.cfg.RepBytes = 0
+	require.Equal(t, 4, r.rounds(1))
+	r.cfg.MinRounds = 0
 
 	calls := make([]int, len(r.ranks))      // per local rank; ForRanks runs them at once
 	order := make([][]string, len(r.ranks)) // the methods each local rank called, a call per round

@@ -110,7 +110,8 @@
 #                       repetitions of flat, flat-ring, flat-tree, naive and
 #                       fairgo (and the VARIANTS, e.g. "fairgo
 #                       nocheck=check:off,routes:fairgo" for S6), each
-#                       repetition of a small size repeated to REP_BYTES;
+#                       repetition of a small size repeated to REP_BYTES,
+#                       of a large one NODES_MIN_ROUNDS times (4);
 #                       then fairbench nodes: nodes.txt and
 #                       plots/nodes_fairgo_vs_best.png and .svg (fairgo/best
 #                       per layout, measured and modelled, and 64x8 at real
@@ -146,7 +147,10 @@
 # NIC_LATENCY (e.g. 50us; default none), NIC_QUEUE and NIC_RTO_MIN
 # (fairrun's --nic-queue and --nic-rto-min; default fairrun's), MPS (auto), RUN (r1: the run label
 # of single bench sections), RUNS ("r1 r2": targets), CHECK_RESULTS (onegpu:
-# 1 checks every result, 0 warms up instead), REP_BYTES (onegpu: a
+# 1 checks every result, 0 warms up instead), NODES_MIN_ROUNDS (nodes: the
+# fewest rounds a repetition times, fairbench's -min-rounds; 4: at 64M one
+# call at a time a point is then a median of repetitions of four calls,
+# not of one each), REP_BYTES (onegpu: a
 # repetition repeats its calls until they moved this much, 64M, so that a
 # point below it is a mean of many calls, not one), VARIANTS (further
 # fairgo variants, e.g. "rsag=algo:rail-rsag a2a=algo:rail-a2a"), ENQUEUE
@@ -215,6 +219,7 @@ NIC_RTO_MIN=${NIC_RTO_MIN:-}
 MPS=${MPS:-auto}
 RUN=${RUN:-r1}
 REP_BYTES=${REP_BYTES:-64M}
+NODES_MIN_ROUNDS=${NODES_MIN_ROUNDS:-4}
 RUNS=${RUNS:-r1 r2}
 VARIANTS=${VARIANTS:-}
 ENQUEUE=${ENQUEUE:-}
@@ -670,7 +675,8 @@ section_nodes() {
       [ "$n" -eq 1 ] || name="b2b$n-$l" sizes=$NODES_B2B_SIZES
       # shellcheck disable=SC2086,SC2046
       bench "$name" "$(nodes_limit "$m" "$d")" "$BIN/fairrun" "${fr[@]}" --nproc-per-node $((m * d)) -- \
-        "$BIN/fairbench" sweep -backend cuda $sizes -n "$n" -reps 5 -rep-bytes "$REP_BYTES" "${CHECK[@]}" \
+        "$BIN/fairbench" sweep -backend cuda $sizes -n "$n" -reps 5 -rep-bytes "$REP_BYTES" \
+        -min-rounds "$NODES_MIN_ROUNDS" "${CHECK[@]}" \
         -algos flat,flat-ring,flat-tree,naive,fairgo -label "$name" $(variant_flags) $NODES_FLAGS
     done
   done

@@ -222,6 +222,7 @@ type timingFlags struct {
 	dtype, op, run, label string
 	workWait              string // -work-wait: each or end
 	warmup, iters, reps   int
+	minRounds             int
 	repBytes              int64
 	check                 bool
 	seed                  uint64
@@ -245,6 +246,9 @@ func (t *timingFlags) register(fs *flag.FlagSet) {
 	sizeFlag(fs, &t.repBytes, "rep-bytes", "0",
 		"each repetition repeats its -n calls, waiting for them each round, until the rounds moved this many `bytes` "+
 			"(steadies small sizes; 0: one round)")
+	fs.IntVar(&t.minRounds, "min-rounds", 1,
+		"the fewest rounds a repetition times, whatever -rep-bytes asks (at the largest sizes -rep-bytes is one "+
+			"call, and a median of three calls moves with one slow call)")
 	cli.Choice(fs, &t.workWait, "work-wait", "each",
 		"`when` fairgo's Works are waited for: each round of -rep-bytes, or the end of the repetition "+
 			"(its rounds then end, as the baselines' do, when the device has run them)",
@@ -262,7 +266,7 @@ func (t *timingFlags) register(fs *flag.FlagSet) {
 }
 
 func (t *timingFlags) args(fs *flag.FlagSet) []string {
-	return given(fs, "dtype", "op", "w", "n", "reps", "rep-bytes", "check", "seed", "run", "label")
+	return given(fs, "dtype", "op", "w", "n", "reps", "rep-bytes", "min-rounds", "check", "seed", "run", "label")
 }
 
 // config is the bench configuration the flags describe; its errors are
@@ -283,10 +287,13 @@ func (t *timingFlags) config() (bench.Config, error) {
 		return bench.Config{}, cli.Usagef("-n %d: must be at least 1", t.iters)
 	case t.reps < 1:
 		return bench.Config{}, cli.Usagef("-reps %d: must be at least 1", t.reps)
+	case t.minRounds < 1 || t.minRounds > bench.MaxRounds:
+		return bench.Config{}, cli.Usagef("-min-rounds %d: not within 1–%d", t.minRounds, bench.MaxRounds)
 	case t.timeout <= 0:
 		return bench.Config{}, cli.Usagef("-timeout %s: must be positive", t.timeoutFlag)
 	}
 	return bench.Config{DType: dt, Op: op, Warmup: t.warmup, Iters: t.iters, Reps: t.reps, RepBytes: t.repBytes,
+		MinRounds:  t.minRounds,
 		WorksAtEnd: t.workWait == "end", Check: t.check, Seed: t.seed, Run: t.run, Label: t.label}, nil
 }
 
