@@ -99,6 +99,14 @@ func (r *Reducer) engine(ready chan<- error) {
 		r.idle()
 	}
 	close(r.watch.ch)
+	// No call comes any more, so the agreement on shared memory has no
+	// call left to serve: the checker may still be starting the relay
+	// (for a call every rank refused, towards a peer that closed first or
+	// has not started its own), and neither the watcher, which waits for
+	// that call's check, nor the checker's stop may wait for the dials.
+	if r.checker != nil {
+		r.checker.agreement.abandon()
+	}
 	grace := time.NewTimer(r.closeGrace())
 	select {
 	case <-r.watch.done:

@@ -133,6 +133,9 @@ type hostAgreement struct {
 	// others' addresses and each machine its region's token.
 	relayed bool
 	relay   *relay
+	// dialing is relay from its making on, never cleared (relay is, once
+	// the outcome takes it): what abandon ends, from another goroutine.
+	dialing *relay
 	gather  image         // host memory, gatherWords a rank
 	local   []int         // the world ranks of this rank's machine, learnt then
 	failed  int64         // 1 until this rank has mapped the region
@@ -155,6 +158,7 @@ func (r *Reducer) newHostAgreement() *hostAgreement {
 		var err error
 		if host != "" {
 			a.relay, err = newRelay(host, r.WorldRank(), r.cfg.logger)
+			a.dialing = a.relay
 		}
 		if a.relay == nil {
 			r.cfg.logger.Debug("fairgo: the check's relay", "host", host, "err", err)
@@ -183,6 +187,18 @@ func (r *Reducer) newHostAgreement() *hostAgreement {
 	}
 	a.markPresence()
 	return a
+}
+
+// abandon ends the relay's start where it is under way: the Reducer is
+// closing, so the agreement's outcome no longer matters, and its dials
+// must not hold Close (a peer that closed first, or never answers).
+// start then fails, as a peer out of reach makes it, and the agreement's
+// later call (hostAgreeCall), where it still runs, fails on every rank
+// alike. Safe from any goroutine.
+func (a *hostAgreement) abandon() {
+	if a != nil {
+		a.dialing.abandon()
+	}
 }
 
 // gathers reports whether call seq's check carries the gather buffer.

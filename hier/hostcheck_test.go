@@ -424,3 +424,31 @@ func TestSharedMemoryCheckWithInlineCalls(t *testing.T) {
 		}
 	}
 }
+
+// A rank that closes while its relay starts does not wait for it: here
+// its peer's checker is held, so the peer never acknowledges the hello,
+// and the closing rank's first call waits for its check, which waits for
+// the relay. Close abandons the start; the call's check then falls back
+// as where a peer is out of reach, and the peer, released, closes too.
+func TestCloseAbandonsTheRelaysStart(t *testing.T) {
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 1, Seed: 5, StallTimeout: time.Minute},
+		hier.WithSharedMemoryDir(t.TempDir()), hier.WithCheckHost("127.0.0.1"), hier.WithTimeout(20*time.Second))
+	hier.HoldChecker(w.reducers[0], true)
+	t.Cleanup(func() { hier.HoldChecker(w.reducers[0], false) }) // before the world's Close
+	ts := w.upload(t, fairgo.Float32, [][]byte{make([]byte, 4), make([]byte, 4)})
+	works := make([]*hier.Work, len(ts))
+	for g, r := range w.reducers {
+		works[g] = r.AllReduce(context.Background(), ts[g], fairgo.Sum) // call 1: it carries the relay's addresses
+	}
+	time.Sleep(100 * time.Millisecond) // rank 1's checker dials rank 0 meanwhile
+	start := time.Now()
+	err := w.reducers[1].Close()
+	require.Less(t, time.Since(start), 5*time.Second, "Close waited for the relay's start (10 s)")
+	require.NoError(t, err)
+	hier.HoldChecker(w.reducers[0], false)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for g, wk := range works {
+		require.NoError(t, wk.Wait(ctx), "rank %d: the call's data and check were both done", g)
+	}
+}

@@ -2,6 +2,7 @@ package hier
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -100,6 +101,9 @@ type relay struct {
 	conns     []net.Conn // every connection, closed by close
 	out       []net.Conn // dialled, one per rail peer: what flush writes to
 	closing   bool
+	// dials ends start's dials and hellos once abandon cancels it.
+	dials       context.Context
+	abandonDial context.CancelFunc
 
 	// The sending side (flush): posted is the last call this rank
 	// posted; the rest is flushMu's.
@@ -127,6 +131,7 @@ func newRelay(host string, rank int, logger *slog.Logger) (*relay, error) {
 	}
 	rl := &relay{ln: ln, addr: packAddr(ap), rank: rank, logger: logger,
 		ready: make(chan struct{})}
+	rl.dials, rl.abandonDial = context.WithCancel(context.Background())
 	rl.wg.Add(1)
 	go rl.accept()
 	return rl, nil
@@ -174,13 +179,16 @@ func (rl *relay) dial(peer int, addr int64, deadline time.Time) error {
 		return fail(errors.New("no address"))
 	}
 	d := net.Dialer{Deadline: deadline}
-	c, err := d.Dial("tcp4", unpackAddr(addr).String())
+	c, err := d.DialContext(rl.dials, "tcp4", unpackAddr(addr).String())
 	if err != nil {
 		return fail(err)
 	}
 	if !rl.track(c) {
 		return fail(net.ErrClosed)
 	}
+	// abandon ends the hello's write and the acknowledgement's read too.
+	stop := context.AfterFunc(rl.dials, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
 	hello := make([]byte, 8*relayHelloWords)
 	for i, v := range []uint64{relayMagic, rl.token, uint64(rl.rank), uint64(peer)} {
 		binary.LittleEndian.PutUint64(hello[8*i:], v)
@@ -194,6 +202,9 @@ func (rl *relay) dial(peer int, addr int64, deadline time.Time) error {
 	}
 	if binary.LittleEndian.Uint64(hello) != relayMagic {
 		return fail(errors.New("a wrong acknowledgement"))
+	}
+	if !stop() {
+		return fail(context.Cause(rl.dials))
 	}
 	_ = c.SetDeadline(time.Time{})
 	rl.mu.Lock()
@@ -379,6 +390,17 @@ func (rl *relay) sendAll(msg []byte) {
 	}
 }
 
+// abandon ends start's dials and hellos still under way, which then fail
+// start: a Reducer that closes while its relay starts waits neither for a
+// peer that closed first (a connection to a listener closing as it
+// arrives is retried by TCP after a second) nor for one that never
+// answers. Safe to call at any time, more than once.
+func (rl *relay) abandon() {
+	if rl != nil {
+		rl.abandonDial()
+	}
+}
+
 // close sends what is left to send, then closes the listener and
 // every connection and waits for the relay's goroutines. The region must
 // stay mapped until it returns.
@@ -398,6 +420,7 @@ func (rl *relay) close() error {
 	conns := rl.conns
 	rl.conns = nil
 	rl.mu.Unlock()
+	rl.abandon()
 	err := rl.ln.Close()
 	for _, c := range conns {
 		_ = c.Close()

@@ -122,6 +122,59 @@ func TestRelayStartNeedsThePeersAcknowledgement(t *testing.T) {
 	}
 }
 
+// A Reducer that closes while its relay starts abandons the start: a
+// peer that accepted the connection and never acknowledges its hello (it
+// has not started, or is not a relay), or one not dialled yet, holds the
+// start no longer, and the start fails as with a peer out of reach.
+func TestRelayAbandonEndsTheStart(t *testing.T) {
+	silent, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }() // holds the connection open, says nothing
+		}
+	}()
+	peer := map[int]int64{1: packAddr(netip.MustParseAddrPort(silent.Addr().String()))}
+	for _, tc := range []struct {
+		name  string
+		early bool // abandoned before the start
+	}{{"while it waits", false}, {"before it", true}} {
+		early := tc.early
+		t.Run(tc.name, func(t *testing.T) {
+			rl, err := newRelay("127.0.0.1", 0, slog.New(slog.DiscardHandler))
+			require.NoError(t, err)
+			if early {
+				rl.abandon()
+			}
+			started := make(chan error, 1)
+			start := time.Now()
+			go func() { started <- rl.start(make([]uint64, hostWords(2)), 2, 7, peer) }()
+			if !early {
+				select {
+				case err := <-started:
+					t.Fatalf("the start ended before the peer answered: %v", err)
+				case <-time.After(100 * time.Millisecond):
+				}
+				rl.abandon()
+			}
+			select {
+			case err := <-started:
+				require.ErrorContains(t, err, "rank 1")
+			case <-time.After(relayDial / 2):
+				t.Fatal("abandon did not end the start")
+			}
+			require.Less(t, time.Since(start), relayDial/2)
+			rl.abandon() // again: nothing
+			require.NoError(t, rl.close())
+		})
+	}
+}
+
 // relayPair is two started relays on loopback, world ranks 0 and 1 of a
 // job of two machines, each with a region of its own; post writes rank
 // 0's image of a call and notes it posted, arrived reports whether rank
