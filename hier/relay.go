@@ -186,14 +186,15 @@ func (rl *relay) dial(peer int, addr int64, deadline time.Time) error {
 	if !rl.track(c) {
 		return fail(net.ErrClosed)
 	}
-	// abandon ends the hello's write and the acknowledgement's read too.
-	stop := context.AfterFunc(rl.dials, func() { _ = c.SetDeadline(time.Now()) })
-	defer stop()
 	hello := make([]byte, 8*relayHelloWords)
 	for i, v := range []uint64{relayMagic, rl.token, uint64(rl.rank), uint64(peer)} {
 		binary.LittleEndian.PutUint64(hello[8*i:], v)
 	}
 	_ = c.SetDeadline(deadline)
+	// abandon ends the hello's write and the acknowledgement's read too
+	// (after the deadline above, which would otherwise undo it).
+	stop := context.AfterFunc(rl.dials, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
 	if _, err := c.Write(hello); err != nil {
 		return fail(err)
 	}

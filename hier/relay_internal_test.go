@@ -98,28 +98,35 @@ func TestRelayStartNeedsThePeersAcknowledgement(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			other, err := net.Listen("tcp4", "127.0.0.1:0")
-			require.NoError(t, err)
-			defer other.Close()
-			go func() {
-				for {
-					c, err := other.Accept()
-					if err != nil {
-						return
-					}
-					go tc.serve(c)
-				}
-			}()
+			other := serveTCP(t, tc.serve)
 			rl, err := newRelay("127.0.0.1", 0, slog.New(slog.DiscardHandler))
 			require.NoError(t, err)
 			defer func() { require.NoError(t, rl.close()) }()
 			words := make([]uint64, hostWords(2))
 			start := time.Now()
-			err = rl.start(words, 2, 7, map[int]int64{1: packAddr(netip.MustParseAddrPort(other.Addr().String()))})
+			err = rl.start(words, 2, 7, map[int]int64{1: other})
 			require.ErrorContains(t, err, "rank 1")
 			require.Less(t, time.Since(start), relayDial/2, "a refusal is not a timeout")
 		})
 	}
+}
+
+// serveTCP listens on loopback until the test ends, serving each
+// connection on a goroutine of its own, and returns the address packed.
+func serveTCP(t *testing.T, serve func(c net.Conn)) int64 {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return packAddr(netip.MustParseAddrPort(ln.Addr().String()))
 }
 
 // A Reducer that closes while its relay starts abandons the start: a
@@ -127,19 +134,8 @@ func TestRelayStartNeedsThePeersAcknowledgement(t *testing.T) {
 // has not started, or is not a relay), or one not dialled yet, holds the
 // start no longer, and the start fails as with a peer out of reach.
 func TestRelayAbandonEndsTheStart(t *testing.T) {
-	silent, err := net.Listen("tcp4", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer silent.Close()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c) }() // holds the connection open, says nothing
-		}
-	}()
-	peer := map[int]int64{1: packAddr(netip.MustParseAddrPort(silent.Addr().String()))}
+	silent := serveTCP(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }) // holds the connection open, says nothing
+	peer := map[int]int64{1: silent}
 	for _, tc := range []struct {
 		name  string
 		early bool // abandoned before the start
