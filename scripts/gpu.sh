@@ -1070,7 +1070,7 @@ while [ $# -gt 0 ]; do
   launchers) section_launchers ;;
   onegpu)
     parts=()
-    while [ $# -gt 0 ] && [[ $1 =~ ^(shared|single|overlap|enqueue)$ ]]; do
+    while [ $# -gt 0 ] && [[ $1 =~ ^(shared|single|overlap|enqueue|s4)$ ]]; do
       parts+=("$1")
       shift
     done

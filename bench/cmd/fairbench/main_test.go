@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -267,6 +268,7 @@ func TestHelp(t *testing.T) {
 			"run",
 			"seed",
 			"timeout",
+			"trace",
 			"w",
 			"work-wait",
 		},
@@ -599,23 +601,29 @@ func TestFlatTreeSweep(t *testing.T) {
 	}
 }
 
-// TestCPUProfile: -cpuprofile writes a Go CPU profile of the sweep, named
-// for the rank when the process is one rank of a launched job.
-func TestCPUProfile(t *testing.T) {
+// TestRecordings: -cpuprofile and -trace write a Go CPU profile and an
+// execution trace of the sweep, named for the rank when the process is one
+// rank of a launched job.
+func TestRecordings(t *testing.T) {
 	dir := t.TempDir()
-	prof := filepath.Join(dir, "sweep.prof")
+	prof, tr := filepath.Join(dir, "sweep.prof"), filepath.Join(dir, "sweep.trace")
 	runCmd(t, "sweep", "-backend", "sim", "-machines", "2", "-devices", "2", "-algos", "fairgo",
-		"-b", "64K", "-e", "64K", "-w", "0", "-reps", "1", "-cpuprofile", prof)
-	st, err := os.Stat(prof)
+		"-b", "64K", "-e", "64K", "-w", "0", "-reps", "1", "-cpuprofile", prof, "-trace", tr)
+	for _, f := range []string{prof, tr} {
+		st, err := os.Stat(f)
+		require.NoError(t, err)
+		require.Positive(t, st.Size(), f)
+	}
+	b, err := os.ReadFile(tr)
 	require.NoError(t, err)
-	require.Positive(t, st.Size())
+	require.True(t, strings.HasPrefix(string(b), "go 1."), "not a Go execution trace: %.20q", b)
 
-	stop, err := startCPUProfile(prof, "3")
+	stop, err := startRecording(prof, "3", pprof.StartCPUProfile, pprof.StopCPUProfile)
 	require.NoError(t, err)
 	require.NoError(t, stop())
 	_, err = os.Stat(prof + ".rank3")
 	require.NoError(t, err)
 
-	_, err = startCPUProfile(filepath.Join(dir, "missing", "x.prof"), "")
+	_, err = startRecording(filepath.Join(dir, "missing", "x.prof"), "", pprof.StartCPUProfile, pprof.StopCPUProfile)
 	require.Error(t, err)
 }

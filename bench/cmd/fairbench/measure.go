@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 
 	"github.com/fairgo/fairgo/bench"
@@ -119,13 +120,16 @@ func setupPoints(
 	var m measurement
 	var g gridFlags
 	var methods methodFlags
-	var cpuProfile string
+	var cpuProfile, execTrace string
 	m.register(fs)
 	g.register(fs, true)
 	methods.register(fs)
 	fs.StringVar(&cpuProfile, "cpuprofile", "",
 		"write a Go CPU profile of the run to this file (go tool pprof); a process launched as one rank of "+
 			"several (RANK set) writes FILE.rankN")
+	fs.StringVar(&execTrace, "trace", "",
+		"write a Go execution trace of the run to this file (go tool trace: where each goroutine ran, waited "+
+			"for a processor, blocked or slept); a process launched as one rank of several writes FILE.rankN")
 	complete := more(fs)
 	return func(ctx context.Context, e env) (err error) {
 		cfg, err := m.config(fs, e, &methods)
@@ -138,8 +142,18 @@ func setupPoints(
 		if err := complete(&cfg); err != nil {
 			return err
 		}
-		if cpuProfile != "" {
-			stop, err := startCPUProfile(cpuProfile, os.Getenv("RANK"))
+		for _, rec := range []struct {
+			path  string
+			start func(io.Writer) error
+			stop  func()
+		}{
+			{cpuProfile, pprof.StartCPUProfile, pprof.StopCPUProfile},
+			{execTrace, trace.Start, trace.Stop},
+		} {
+			if rec.path == "" {
+				continue
+			}
+			stop, err := startRecording(rec.path, os.Getenv("RANK"), rec.start, rec.stop)
 			if err != nil {
 				return err
 			}
@@ -149,21 +163,21 @@ func setupPoints(
 	}
 }
 
-// startCPUProfile starts Go's CPU profile into path (path.rankN for a
-// process that is rank N of a launched job) and returns what stops it and
-// closes the file.
-func startCPUProfile(path, rank string) (func() error, error) {
+// startRecording starts a recording of the process (Go's CPU profile,
+// its execution trace) into path (path.rankN for a process that is rank N
+// of a launched job) and returns what stops it and closes the file.
+func startRecording(path, rank string, start func(io.Writer) error, stop func()) (func() error, error) {
 	if rank != "" {
 		path += ".rank" + rank
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("fairbench: -cpuprofile: %w", err)
+		return nil, fmt.Errorf("fairbench: recording into %s: %w", path, err)
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		return nil, errors.Join(fmt.Errorf("fairbench: -cpuprofile: %w", err), f.Close())
+	if err := start(f); err != nil {
+		return nil, errors.Join(fmt.Errorf("fairbench: recording into %s: %w", path, err), f.Close())
 	}
-	return func() error { pprof.StopCPUProfile(); return f.Close() }, nil
+	return func() error { stop(); return f.Close() }, nil
 }
 
 func setupSweep(fs *flag.FlagSet) func(context.Context, env) error {
