@@ -1,6 +1,7 @@
 package hier
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -136,61 +137,81 @@ func fnvWord(h uint64, v int64) uint64 {
 // is bit fpBits+j).
 func pairAt(i int) int { return 1 + 2*i }
 
-// oneOf is the element 1 of dt, little-endian, in b.
-func oneOf(dt fairgo.DType, b *[fpMaxElem]byte) []byte {
-	var v uint64 = 1
-	switch dt {
-	case fairgo.Float16:
-		v = 0x3c00
-	case fairgo.BFloat16:
-		v = 0x3f80
-	case fairgo.Float32:
-		v = 0x3f800000
-	case fairgo.Float64:
-		v = 0x3ff0000000000000
-	}
-	for i := range b {
-		b[i] = byte(v >> (8 * i))
-	}
-	return b[:dt.Size()]
+// fpLayout is an element type as the fingerprint writes and reads it: its
+// size, its 1, and the bits that make an element nonzero (all of them but
+// a floating-point sign bit, so that a -0 is zero and a NaN is not).
+// Elements are loaded and stored as one little-endian word each: a call's
+// fingerprint is written before its data's launch and read in its Wait,
+// both on the caller's way to its next call.
+type fpLayout struct {
+	size int
+	one  uint64
+	mask uint64
 }
 
-// isZero reports whether element i of b (elements of dt) is zero; a
-// floating-point -0 is zero, a NaN is not.
-func isZero(dt fairgo.DType, b []byte, i int) bool {
-	es := dt.Size()
-	e := b[i*es : (i+1)*es]
-	last := e[es-1]
+func layoutOf(dt fairgo.DType) fpLayout {
+	size := dt.Size()
+	l := fpLayout{size: size, one: 1, mask: math.MaxUint64 >> (64 - 8*size)}
+	switch dt {
+	case fairgo.Float16:
+		l.one = 0x3c00
+	case fairgo.BFloat16:
+		l.one = 0x3f80
+	case fairgo.Float32:
+		l.one = 0x3f800000
+	case fairgo.Float64:
+		l.one = 0x3ff0000000000000
+	}
 	if dt.IsFloat() {
-		last &= 0x7f // the sign bit
+		l.mask &^= 1 << (8*size - 1)
 	}
-	if last != 0 {
-		return false
-	}
-	for _, x := range e[:es-1] {
-		if x != 0 {
-			return false
-		}
-	}
-	return true
+	return l
 }
+
+// load is element i of b.
+func (l fpLayout) load(b []byte, i int) uint64 {
+	switch l.size {
+	case 1:
+		return uint64(b[i])
+	case 2:
+		return uint64(binary.LittleEndian.Uint16(b[2*i:]))
+	case 4:
+		return uint64(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return binary.LittleEndian.Uint64(b[8*i:])
+}
+
+// store sets element i of b to v, which fits the element.
+func (l fpLayout) store(b []byte, i int, v uint64) {
+	switch l.size {
+	case 1:
+		b[i] = byte(v)
+	case 2:
+		binary.LittleEndian.PutUint16(b[2*i:], uint16(v))
+	case 4:
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
+	default:
+		binary.LittleEndian.PutUint64(b[8*i:], v)
+	}
+}
+
+// isZero reports whether element i of b is zero.
+func (l fpLayout) isZero(b []byte, i int) bool { return l.load(b, i)&l.mask == 0 }
 
 // encode writes fp into b as fpElems elements of dt: its pairs, the
 // refusing rank's pairs unmarked (encodeRefuser marks them), and the
 // presence element.
 func (fp *fingerprint) encode(dt fairgo.DType, b []byte) {
-	var buf [fpMaxElem]byte
-	one := oneOf(dt, &buf)
-	es := len(one)
-	clear(b[:fpElems*es])
+	l := layoutOf(dt)
+	clear(b[:fpElems*l.size])
 	for i, bit := range fp {
 		at := pairAt(i)
 		if !bit {
 			at++
 		}
-		copy(b[at*es:], one)
+		l.store(b, at, l.one)
 	}
-	copy(b[fpPresence*es:], one)
+	l.store(b, fpPresence, l.one)
 }
 
 // present reports whether the reduced presence element in b shows all
@@ -225,20 +246,16 @@ func markedByAll(dt fairgo.DType, op fairgo.Op) bool {
 // where it reduces as an AND, so that a rank that accepted the call, whose
 // pairs are all unmarked, leaves the refusing ranks' marks as they are.
 func encodeRefuser(dt fairgo.DType, op fairgo.Op, rank int, b []byte) {
-	var buf [fpMaxElem]byte
-	one := oneOf(dt, &buf)
-	es := len(one)
+	l := layoutOf(dt)
 	and := markedByAll(dt, op)
 	for i := range fpRankBits {
 		for half := range 2 {
-			at := pairAt(fpBits+i) + half
 			marked := rank >= 0 && (rank>>i&1 == 1) == (half == 0)
-			e := b[at*es : (at+1)*es]
+			var v uint64
 			if marked != and { // an OR's mark or an AND's unmarked element: 1
-				copy(e, one)
-			} else {
-				clear(e)
+				v = l.one
 			}
+			l.store(b, pairAt(fpBits+i)+half, v)
 		}
 	}
 }
@@ -247,8 +264,8 @@ func encodeRefuser(dt fairgo.DType, op fairgo.Op, rank int, b []byte) {
 // false when no rank refused; rank -1 when several with different numbers
 // did (a pair with both elements marked).
 func refuserOf(dt fairgo.DType, op fairgo.Op, b []byte) (rank int, ok bool) {
-	and := markedByAll(dt, op)
-	marked := func(at int) bool { return isZero(dt, b, at) == and }
+	l, and := layoutOf(dt), markedByAll(dt, op)
+	marked := func(at int) bool { return l.isZero(b, at) == and }
 	for i := range fpRankBits {
 		one, zero := marked(pairAt(fpBits+i)), marked(pairAt(fpBits+i)+1)
 		switch {
@@ -271,9 +288,10 @@ func refuserOf(dt fairgo.DType, op fairgo.Op, b []byte) (rank int, ok bool) {
 // a rank's fingerprint was missing or out of place: the ranks' collectives
 // had different sizes).
 func (fp *fingerprint) decide(q *request, dt fairgo.DType, ranks int, b []byte) error {
+	l := layoutOf(dt)
 	bad, field := false, -1
 	for i, bit := range fp {
-		x, y := !isZero(dt, b, pairAt(i)), !isZero(dt, b, pairAt(i)+1)
+		x, y := !l.isZero(b, pairAt(i)), !l.isZero(b, pairAt(i)+1)
 		if x == bit && y == !bit {
 			continue
 		}

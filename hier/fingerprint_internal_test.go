@@ -131,24 +131,58 @@ func TestFingerprintNamesTheField(t *testing.T) {
 }
 
 // The fingerprint's 1 and its zero test agree with the element codecs for
-// every type: 1, 0, -0 (zero), NaN (not zero), and arbitrary values.
+// every type: 1, 0, -0 (zero), NaN (not zero), and arbitrary values; an
+// element stored is the element loaded, its neighbours untouched.
 func TestFingerprintElements(t *testing.T) {
 	for _, dt := range fairgo.DTypes {
-		var buf [fpMaxElem]byte
+		l := layoutOf(dt)
 		want := make([]byte, dt.Size())
 		elem.Set(dt, want, 0, 1)
-		require.Equal(t, want, oneOf(dt, &buf), "%s", dt)
+		one := make([]byte, dt.Size())
+		l.store(one, 0, l.one)
+		require.Equal(t, want, one, "%s", dt)
 		vals := []float64{0, 1, -1, 3, 0.5}
 		if dt.IsFloat() {
 			vals = append(vals, math.Copysign(0, -1), math.NaN(), math.Inf(1))
 		}
 		for _, v := range vals {
-			b := make([]byte, 2*dt.Size())
+			b := make([]byte, 3*dt.Size())
 			elem.Set(dt, b, 1, v)
-			require.Equal(t, elem.Get(dt, b, 1) == 0, isZero(dt, b, 1), "%s %v", dt, v)
-			require.True(t, isZero(dt, b, 0))
+			require.Equal(t, elem.Get(dt, b, 1) == 0, l.isZero(b, 1), "%s %v", dt, v)
+			require.True(t, l.isZero(b, 0))
+			require.True(t, l.isZero(b, 2))
+			x := l.load(b, 1)
+			c := make([]byte, len(b))
+			l.store(c, 1, x)
+			require.Equal(t, b, c, "%s %v", dt, v)
 		}
 	}
+}
+
+// BenchmarkFingerprint: the host's work on a fingerprinted call's way, a
+// float32 sum: hashing the call and encoding its fingerprint before the
+// data's launch, deciding the reduced one in the Wait.
+func BenchmarkFingerprint(b *testing.B) {
+	q := &request{kind: kindAllReduce, op: fairgo.Sum, seq: 12345,
+		a: fairgo.Tensor{DType: fairgo.Float32, Count: 16384, Bytes: 65536}}
+	buf := make([]byte, fpElems*4)
+	b.Run("encode", func(b *testing.B) {
+		for b.Loop() {
+			fp := fingerprintOf(q)
+			fp.encode(fairgo.Float32, buf)
+			encodeRefuser(fairgo.Float32, fairgo.Sum, -1, buf)
+		}
+	})
+	fp := fingerprintOf(q)
+	fp.encode(fairgo.Float32, buf)
+	encodeRefuser(fairgo.Float32, fairgo.Sum, -1, buf)
+	b.Run("decide", func(b *testing.B) {
+		for b.Loop() {
+			if err := fp.decide(q, fairgo.Float32, 1, buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // The refusing rank's number rides after the fingerprint: every rank reads
