@@ -304,17 +304,25 @@ const (
 // machines cost a route of several collectives more than the data
 // (bench/NOTES.md item 74). Where calls are checked through shared memory
 // (on one machine, and across machines through the relay) from call
-// hostFirstCall on, their check costs nothing to time.
+// hostFirstCall on, their check costs nothing to time, but past
+// relayMeshMachines a call on a route of one collective carries a
+// fingerprint there too (checksByRoute).
 func (c *calibrator) checkForm(a plan, size int64) checkForm {
 	r := c.r
-	if r.checker == nil || r.hooks.skipCheck || r.hostCheckable() {
+	if r.checker == nil || r.hooks.skipCheck {
 		return checkNone
+	}
+	if r.hostCheckable() && (!r.checksByRoute() || a.algo.impl() == nil || !a.algo.impl().single()) {
+		return checkNone // through shared memory, or past the mesh on a route of several exchanges (checksByRoute)
 	}
 	if r.fps != nil && size <= r.fps.max && fingerprintFits(fairgo.Float32, fairgo.Sum, r.rank.Grid.Size()) {
 		staged := stagedBytes(fairgo.Tensor{Count: size / 4, DType: fairgo.Float32}, r.rank.Grid.Size())
 		if _, ok := r.exec.stagedPlan(a, size, staged); ok {
 			return checkFingerprint
 		}
+	}
+	if r.hostCheckable() {
+		return checkNone // posted for the relay
 	}
 	return checkSeparate
 }

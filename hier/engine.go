@@ -236,9 +236,15 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 			return
 		}
 	}
-	if err := r.postCheck(q); err != nil { // before the data: see hostcheck.go
-		r.abortAfterEnqueueError(q, err)
-		return
+	fp, fingerprinted := r.fingerprintPlan(q)
+	if fingerprinted {
+		q.cursor = r.host
+	}
+	if !fingerprinted || !r.fingerprintVouches(q) {
+		if err := r.postCheck(q); err != nil { // before the data: see hostcheck.go
+			r.abortAfterEnqueueError(q, err)
+			return
+		}
 	}
 	waited, err := r.waitOverlaps(q, first)
 	if err != nil {
@@ -246,7 +252,6 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 		return
 	}
 	var last streams.Stream
-	fp, fingerprinted := r.fingerprintPlan(q)
 	if !fingerprinted {
 		// The separate check goes before the data: NCCL may hold this
 		// thread in the data's first collective on a communicator until
@@ -309,15 +314,20 @@ func (r *Reducer) execute(q *request, first streams.Stream) {
 // already; a mismatch aborts, as on the peers.
 func (r *Reducer) checkRejected(q *request, first streams.Stream) {
 	r.postRefusal(q)
-	if r.host != nil {
+	fp, fingerprinted := r.fingerprintPlan(q)
+	if fingerprinted {
+		q.cursor = r.host
+	}
+	if r.host != nil && (!fingerprinted || !r.fingerprintVouches(q)) {
 		if err := r.postCheck(q); err != nil {
 			r.abort(fmt.Errorf("%w: hier: %v: posting the check of a refused call: %w", fairgo.ErrAborted, q, err))
 			return
 		}
-		r.watch.ch <- pending{req: q} // the watcher decides it in call order; the Work has its error
-		return
+		if !fingerprinted {
+			r.watch.ch <- pending{req: q} // the watcher decides it in call order; the Work has its error
+			return
+		}
 	}
-	fp, fingerprinted := r.fingerprintPlan(q)
 	if !fingerprinted {
 		r.checkLater(q)
 		r.checker.dataDone(q.seq) // no data: its check needs not wait for any

@@ -96,6 +96,10 @@ const SharedMemorySlots = hostSlots
 // spans.
 const RelayMaxMachines = relayMaxMachines
 
+// RelayMeshMachines is the most machines whose rail peers each send to
+// every other; from one more on, a hub relays (a star).
+const RelayMeshMachines = relayMeshMachines
+
 // SharedMemoryFirstCall is the first call a one-machine job may check
 // through shared memory: the collective checks of the ones before carry
 // the ranks' agreement on it.

@@ -377,7 +377,7 @@ type fpCall struct {
 // from the shape it was given. Whether the fingerprint alone vouches for
 // the call is fingerprintVouches.
 func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
-	if r.fps == nil || r.host != nil || r.hooks.skipCheck || r.checker.carriesAgreement(q) ||
+	if r.fps == nil || r.host != nil && !r.checksByRoute() || r.hooks.skipCheck || r.checker.carriesAgreement(q) ||
 		q.kind != kindAllReduce || q.a.Count <= 0 ||
 		!q.a.DType.Valid() || !q.fpOp().Valid() || q.a.Count > r.fps.max/int64(q.a.DType.Size()) {
 		return plan{}, false
@@ -386,8 +386,24 @@ func (r *Reducer) fingerprintPlan(q *request) (plan, bool) {
 	if !fingerprintFits(q.a.DType, fairgo.Sum, r.rank.Grid.Size()) || !r.router.planned(n) {
 		return plan{}, false
 	}
-	return r.exec.stagedPlan(r.router.route(n), n, stagedBytes(q.a, r.rank.Grid.Size()))
+	p, ok := r.exec.stagedPlan(r.router.route(n), n, stagedBytes(q.a, r.rank.Grid.Size()))
+	if ok && r.host != nil && !p.algo.impl().single() {
+		return plan{}, false // a route of several exchanges: the relay checks it (checksByRoute)
+	}
+	return p, ok
 }
+
+// checksByRoute reports whether, once the check is through shared memory,
+// a call's route chooses its check: past relayMeshMachines machines (the
+// relay's star) a call on a route of one collective carries a fingerprint,
+// and a call on a route of several exchanges is posted for the relay. A
+// fingerprint costs one collective nothing measurable and a route of many
+// steps 10–20% on the one-GPU testbed of 16 machines; the relay the
+// reverse (bench/NOTES.md items 150 and 153). Every rank knows the grid
+// and the route, so every rank checks a call alike. A call the
+// fingerprint does not vouch for (fingerprintVouches) is posted as well,
+// as elsewhere it takes the separate check.
+func (r *Reducer) checksByRoute() bool { return r.rank.Grid.Machines > relayMeshMachines }
 
 // fingerprintVouches reports whether q's fingerprint alone checks it: a
 // sum, or a float average (fingerprintFits). Under max, min or product a

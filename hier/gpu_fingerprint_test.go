@@ -117,3 +117,68 @@ func TestGPUFingerprintFindsMismatches(t *testing.T) {
 		}
 	}
 }
+
+// Past relayMeshMachines machines (under a launcher: fairrun 6x1 or
+// larger), the check through shared memory leaves a flat call to its
+// fingerprint and posts a call of several exchanges for the relay: both
+// kinds, in runs longer than the shared memory's slots, give the
+// reference's results, and a flat call whose operator differs fails on
+// every rank with the field named.
+func TestGPURouteChoosesTheCheck(t *testing.T) {
+	g := gpuGrid(t)
+	if g[0] <= hier.RelayMeshMachines {
+		t.Logf("%dx%d: at most %d machines check through the relay's mesh alone (the launcher form of 6x1 or more runs this test)",
+			g[0], g[1], hier.RelayMeshMachines)
+		return
+	}
+	const flatBelow = 16 << 10 // bytes: below, one flat collective; from it, halving-doubling
+	w := freshGPUWorld(t, g[0], g[1], hier.WithAlgorithm(hier.HalvingDoubling), hier.WithFlatThreshold(flatBelow),
+		hier.WithTimeout(time.Minute))
+	n := w.size()
+	for k := range hier.SharedMemoryFirstCall {
+		in := hashInputs(fairgo.Float32, fairgo.Sum, n, 1, uint64(k))
+		_, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+		require.NoError(t, err)
+		w.freeAllocs()
+	}
+	for _, red := range w.reducers {
+		require.True(t, hier.RelayedCheck(red), "the check goes through shared memory and the relay")
+	}
+	fp0 := hier.FingerprintedCalls(w.reducers[0])
+	flat := 0
+	for run, count := range []int{1000, 8000, 1000, 8000} { // elements: flat, halving-doubling, ...
+		for k := range hier.SharedMemorySlots + 3 {
+			in := hashInputs(fairgo.Float32, fairgo.Sum, n, count, uint64(run*1000+k))
+			out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+			require.NoError(t, err, "run %d, call %d", run, k)
+			require.NoError(t, checkParallel(fairgo.Float32, fairgo.Sum, in, out), "run %d, call %d", run, k)
+			w.freeAllocs()
+			if 4*count < flatBelow {
+				flat++
+			}
+		}
+	}
+	require.Equal(t, fp0+uint64(flat), hier.FingerprintedCalls(w.reducers[0]), "the flat calls, and only they")
+	{ // a flat call whose operator differs: the fingerprint alone sees it (the relay's kind: hostcheck_test.go)
+		const count = 1000
+		in := make([][]byte, n)
+		for k := range in {
+			in[k] = make([]byte, 4*count)
+		}
+		ts := w.upload(t, fairgo.Float32, in)
+		var works []*hier.Work
+		for r, red := range w.reducers {
+			op := fairgo.Sum
+			if w.rank(r) == 0 {
+				op = fairgo.Avg
+			}
+			works = append(works, red.AllReduce(context.Background(), ts[r], op))
+		}
+		for r, wk := range works {
+			err := wk.Wait(context.Background())
+			var me *hier.MismatchError
+			require.ErrorAs(t, err, &me, "rank %d", w.rank(r))
+			require.Contains(t, []string{"operator", "shape"}, me.Field, "rank %d: %v", w.rank(r), err) // "shape": a field hash that collided
+		}
+	}
+}

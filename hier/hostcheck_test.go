@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
+	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 )
 
@@ -81,6 +83,9 @@ func TestSharedMemoryCheckWhereItApplies(t *testing.T) {
 		{"1×3", 1, 3, true, true},
 		{"2×2", 2, 2, true, true},
 		{"3×1", 3, 1, true, true},
+		{"the mesh's most machines × 1", hier.RelayMeshMachines, 1, true, true},
+		{"a star of 6×1", hier.RelayMeshMachines + 2, 1, true, true},
+		{"a star of 5×2", hier.RelayMeshMachines + 1, 2, true, true},
 		{"the relay's most machines × 1", hier.RelayMaxMachines, 1, true, true},
 		{"beyond the relay's reach", hier.RelayMaxMachines + 1, 1, true, false},
 		{"1×3, off", 1, 3, false, false},
@@ -247,8 +252,8 @@ func TestSharedMemoryDirMustExist(t *testing.T) {
 // memory's slots reuse them.
 func TestSharedMemoryCheckDecidesAsTheCollective(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		machines := rapid.IntRange(1, 2).Draw(rt, "machines")
-		devices := rapid.IntRange(2/machines, 4/machines).Draw(rt, "devices")
+		machines := rapid.SampledFrom([]int{1, 2, hier.RelayMeshMachines + 2}).Draw(rt, "machines") // one, the mesh, a star
+		devices := rapid.IntRange(max(2/machines, 1), max(4/machines, 1)).Draw(rt, "devices")
 		size := machines * devices
 		n := rapid.IntRange(1, 150).Draw(rt, "calls")
 		at := rapid.IntRange(-1, n-1).Draw(rt, "deviation") // -1: none
@@ -450,5 +455,110 @@ func TestCloseAbandonsTheRelaysStart(t *testing.T) {
 	defer cancel()
 	for g, wk := range works {
 		require.NoError(t, wk.Wait(ctx), "rank %d: the call's data and check were both done", g)
+	}
+}
+
+// Past relayMeshMachines the check through shared memory leaves a call on
+// a route of one collective to its fingerprint and posts the others for
+// the relay (checksByRoute): runs of either kind longer than the shared
+// memory's slots, one after the other (a rank's cursor moves on the
+// fingerprinted calls too, or its peers' next post would wait for it
+// forever), give the reference's results; an operator that differs and a
+// refusal fail on every rank, on either kind of route (the operators of a
+// flat call the simulator's collective finds itself; on NCCL the
+// fingerprint does: TestGPURouteChoosesTheCheck).
+func TestRouteChoosesTheCheckPastTheMesh(t *testing.T) {
+	const m = hier.RelayMeshMachines + 2
+	const flatBelow = 4096 // bytes: calls below go flat (one collective), from it halving-doubling
+	newStar := func(t *testing.T) *world {
+		w := newWorld(t, sim.Config{Machines: m, Devices: 1, Seed: 5, StallTimeout: time.Minute},
+			hier.WithSharedMemoryDir(t.TempDir()), hier.WithCheckHost("127.0.0.1"), hier.WithTimeout(time.Minute),
+			hier.WithAlgorithm(hier.HalvingDoubling), hier.WithFlatThreshold(flatBelow))
+		warmUp(t, w, beforeSharedMemory)
+		sumOnEveryRank(t, w) // the first call checked through shared memory
+		for g, r := range w.reducers {
+			require.True(t, hier.RelayedCheck(r), "rank %d", g)
+		}
+		return w
+	}
+	t.Run("runs of each kind", func(t *testing.T) {
+		w := newStar(t)
+		rng := rand.New(rand.NewPCG(3, 4))
+		fp0 := hier.FingerprintedCalls(w.reducers[0])
+		flat := 0
+		for run, n := range []int{16, 1500, 16, 1500, 700} { // elements: flat, halving-doubling, ...
+			calls := hier.SharedMemorySlots + 3
+			if run == 4 {
+				calls = 5
+			}
+			for range calls {
+				in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), n)
+				out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+				require.NoError(t, err, "run %d", run)
+				require.NoError(t, reftest.CheckResults(fairgo.Float32,
+					reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out), "run %d", run)
+				w.freeAllocs()
+				if 4*n < flatBelow {
+					flat++
+				}
+			}
+		}
+		for g, r := range w.reducers {
+			require.Equal(t, fp0+uint64(flat), hier.FingerprintedCalls(r), "rank %d: the flat calls, and only they", g)
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		n      int       // elements: below flatBelow/4 the call is fingerprinted
+		op     fairgo.Op // the odd rank's
+		refuse bool
+		field  string
+	}{
+		{"fingerprinted, average against sum", 16, fairgo.Avg, false, "operator"},
+		{"fingerprinted and posted, max against sum", 16, fairgo.Max, false, "operator"},
+		{"posted, average against sum", 1500, fairgo.Avg, false, "operator"},
+		{"fingerprinted, refused", 16, fairgo.Sum, true, "acceptance"},
+		{"posted, refused", 1500, fairgo.Sum, true, "acceptance"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newStar(t)
+			in := make([][]byte, w.size())
+			for g := range in {
+				in[g] = make([]byte, 4*tc.n)
+			}
+			ts := w.upload(t, fairgo.Float32, in)
+			const odd = m - 1
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			works := make([]*hier.Work, len(w.reducers))
+			for g, r := range w.reducers {
+				ctx, op := context.Background(), fairgo.Sum
+				if g == odd {
+					op = tc.op
+					if tc.refuse {
+						ctx = done
+					}
+				}
+				works[g] = r.AllReduce(ctx, ts[g], op)
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				if g == odd && tc.refuse {
+					require.ErrorIs(t, err, context.Canceled)
+					continue
+				}
+				require.ErrorIs(t, err, fairgo.ErrMismatch, "rank %d", g)
+				if tc.field == "operator" && tc.n < flatBelow/4 {
+					continue // the simulator's allreduce finds operators that differ itself, as NCCL does not
+				}
+				var me *hier.MismatchError
+				require.ErrorAs(t, err, &me, "rank %d", g)
+				require.Equal(t, tc.field, me.Field, "rank %d: %v", g, err)
+				if tc.refuse {
+					require.NotNil(t, me.Refusal, "rank %d", g)
+					require.Equal(t, odd, me.Refusal.Rank, "rank %d", g)
+				}
+			}
+		})
 	}
 }

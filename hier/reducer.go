@@ -62,6 +62,11 @@ type request struct {
 	check      *ticket // the outcome of the cross-rank check; nil without peers or when fp carries it alone
 	posted     bool    // the call's check is in the shared memory of a one-machine job (hostcheck.go)
 	fp         *fpCall // the fingerprint the call's data carries (fingerprint.go); nil otherwise
+	// cursor is the shared memory's check where it checks the calls
+	// around a fingerprinted one (checksByRoute): the call moves this
+	// rank's cursor there once complete. Set where the call executes, read
+	// where it completes (the watcher's channel orders the two).
+	cursor *hostCheck
 	// pairsFirst: fp with the separate check beside it
 	// (fingerprintVouches), set before the call reaches the watcher, which
 	// reads fp's pairs when the data is done, before the check ends

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -58,13 +59,19 @@ import (
 const (
 	// relayMaxMachines is the most machines a job checks its calls across
 	// through the relay; larger jobs check through the collective and the
-	// fingerprints. Each rank sends every call's image to each of its
-	// machines − 1 rail peers and hears from as many, and a message heard
-	// is a thread woken: on a busy host those wake-ups delay the calls'
-	// completion more than a fingerprint's copies cost (BENCHMARKS.md,
-	// "The relay's reach").
-	relayMaxMachines = 4
-	relayMagic       = 0x6661697267 // "fairg": the hello's first word
+	// fingerprints. A message heard is a thread woken: in the mesh a rank
+	// hears from each of its machines − 1 rail peers every call, which on
+	// a busy host delayed the calls more than a fingerprint's copies cost
+	// past four machines (BENCHMARKS.md, "The relay's reach"); in the star
+	// a rank hears once a call, but its hub writes machines − 1 messages a
+	// call, measured up to 16 machines (BENCHMARKS.md, "The check chosen
+	// by route").
+	relayMaxMachines = 32
+	// relayMeshMachines is the most machines whose rail peers each send
+	// every call's images to every other (the mesh); from one more on, the
+	// rail's lowest rank relays for the others (the star: relay.hub).
+	relayMeshMachines = 4
+	relayMagic        = 0x6661697267 // "fairg": the hello's first word
 	// relayCursorEvery is how far a rank's cursor moves before its relay
 	// sends it without an image.
 	relayCursorEvery = hostSlots / 4
@@ -74,9 +81,17 @@ const (
 	// relayHelloWords is a connection's first message: the magic, the
 	// job's token, the sender's world rank, the receiver's.
 	relayHelloWords = 4
-	// relayHeaderWords start every later message: how many slots follow,
-	// and the sender's cursor.
+	// relayHeaderWords start every later message: how many slots follow
+	// (relayFinal set in the last message of a rank that closes), and the
+	// sender's cursor.
 	relayHeaderWords = 2
+	// relayFinal marks a closing rank's last message in its first word,
+	// above any count of slots: the hub forwards its cursor at once.
+	relayFinal = 1 << 32
+	// relayHubHeaderWords start every message of a hub: how many slots
+	// follow, each after its origin's world rank, and before them how
+	// many cursors, each after its origin's world rank.
+	relayHubHeaderWords = 2
 	// gatherWords are a rank's words in the gather buffer of call
 	// hostTokenCall: its relay's address, its region's token (a machine's
 	// local rank 0 only), its place in the grid.
@@ -105,6 +120,18 @@ type relay struct {
 	dials       context.Context
 	abandonDial context.CancelFunc
 
+	// hub is the world rank that relays for this rank's rail from
+	// relayMeshMachines + 1 machines on (the star): every other rank of
+	// the rail sends its images to the hub only, and hears the whole
+	// rail's from it, batched by call; -1 in the mesh, where every rank
+	// sends to every rail peer. A rank wakes for one message a call
+	// instead of one from each of machines − 1 peers (the mesh's wake-ups
+	// are what lost to the fingerprints from 8 machines on).
+	hub   int
+	rail  []int // the rail's world ranks, this rank's included, lowest first
+	fwdMu sync.Mutex
+	fwd   hubState // the hub's forwarding; fwdMu's
+
 	// The sending side (flush): posted is the last call this rank
 	// posted; the rest is flushMu's.
 	posted     atomic.Uint64
@@ -113,6 +140,18 @@ type relay struct {
 	sent       uint64 // the last call sent
 	sentCursor uint64 // the last cursor sent
 	msg        []byte
+}
+
+// hubState is what a hub has heard of each rank of its rail and
+// forwarded to the others, by world rank.
+type hubState struct {
+	heard  map[int]uint64 // the last call whose images reached the hub (its own: posted)
+	sent   map[int]uint64 // the last call forwarded
+	cursor map[int]uint64 // the last cursor forwarded
+	done   uint64         // the last call every rank of the rail had reached the hub with, when forwarded
+	lowest uint64         // the rail's lowest cursor when last forwarded
+	sends  int            // messages forwarded, for the tests of how often the rail wakes
+	msg    []byte
 }
 
 // newRelay listens on host (an IPv4 address) for the rank's rail peers.
@@ -159,14 +198,26 @@ func unpackAddr(v int64) netip.AddrPort {
 // at most. An error means some peer is out of reach: the agreement fails.
 func (rl *relay) start(words []uint64, size int, token uint64, peers map[int]int64) error {
 	rl.words, rl.size, rl.token = words, size, token
+	rl.rail = append([]int{rl.rank}, slices.Collect(maps.Keys(peers))...)
+	slices.Sort(rl.rail)
+	rl.hub = -1
+	if len(rl.rail) > relayMeshMachines {
+		rl.hub = rl.rail[0]
+		rl.fwd = hubState{heard: map[int]uint64{}, sent: map[int]uint64{}, cursor: map[int]uint64{}}
+	}
 	rl.once.Do(func() { close(rl.ready) })
 	deadline := time.Now().Add(relayDial)
 	errs := make(chan error, len(peers))
+	dials := 0
 	for peer, addr := range peers {
+		if rl.hub >= 0 && rl.rank != rl.hub && peer != rl.hub {
+			continue // a star's rank sends to its hub only
+		}
+		dials++
 		go func() { errs <- rl.dial(peer, addr, deadline) }()
 	}
 	var err error
-	for range peers {
+	for range dials {
 		err = errors.Join(err, <-errs)
 	}
 	return err
@@ -270,12 +321,27 @@ func (rl *relay) receive(c net.Conn) {
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
+	switch {
+	case rl.hub < 0 || rl.rank == rl.hub:
+		rl.receiveFrom(from, r, buf)
+	case from == rl.hub:
+		rl.receiveForwarded(r)
+	default:
+		rl.logger.Debug("fairgo: the check's relay: a star's rank heard from a rank not its hub", "rank", rl.rank, "from", from)
+	}
+}
+
+// receiveFrom reads peer from's messages (its own images, and its
+// cursor) into its section of the region; a hub forwards them to the
+// rest of its rail after each.
+func (rl *relay) receiveFrom(from int, r *bufio.Reader, buf []byte) {
+	word := func(i int) uint64 { return binary.LittleEndian.Uint64(buf[8*i:]) }
 	h := hostCheck{words: rl.words}
 	for {
 		if _, err := io.ReadFull(r, buf[:8*relayHeaderWords]); err != nil {
 			return // the peer closed, or died: see above
 		}
-		n, cursor := int(word(0)), word(1)
+		n, cursor, final := int(word(0)&^relayFinal), word(1), word(0)&relayFinal != 0
 		if n > hostSlots {
 			rl.logger.Debug("fairgo: the check's relay: a message of too many slots", "rank", rl.rank, "from", from)
 			return
@@ -283,6 +349,7 @@ func (rl *relay) receive(c net.Conn) {
 		if _, err := io.ReadFull(r, buf[:8*n*hostSlotWords]); err != nil {
 			return
 		}
+		var last uint64
 		for i := range n {
 			at := i * hostSlotWords
 			seq := word(at)
@@ -291,11 +358,134 @@ func (rl *relay) receive(c net.Conn) {
 				atomic.StoreUint64(&s[w], word(at+w))
 			}
 			atomic.StoreUint64(&s[0], seq)
+			last = max(last, seq)
 		}
 		if c := h.cursor(from); cursor > atomic.LoadUint64(c) {
 			atomic.StoreUint64(c, cursor)
 		}
+		if rl.hub == rl.rank {
+			// A message of a cursor alone comes every relayCursorEvery
+			// calls, from every rank of the rail at about the same call:
+			// the rail hears the cursors once the lowest has moved
+			// (forward), or at once from a rank that closes.
+			rl.forward(from, last, final)
+		}
 	}
+}
+
+// receiveForwarded reads a star's hub's messages into the sections of
+// their origins (never this rank's own): the cursors, then the slots,
+// each after its origin.
+func (rl *relay) receiveForwarded(r *bufio.Reader) {
+	h := hostCheck{words: rl.words}
+	hdr := make([]byte, 8*relayHubHeaderWords)
+	var body []byte
+	for {
+		if _, err := io.ReadFull(r, hdr); err != nil {
+			return // the hub closed, or died
+		}
+		n, m := binary.LittleEndian.Uint64(hdr), binary.LittleEndian.Uint64(hdr[8:])
+		if m > uint64(len(rl.rail)) || n > uint64(len(rl.rail)*hostSlots) {
+			rl.logger.Debug("fairgo: the check's relay: a hub's message too large", "rank", rl.rank)
+			return
+		}
+		size := 16*int(m) + 8*int(n)*(1+hostSlotWords)
+		if cap(body) < size {
+			body = make([]byte, size)
+		}
+		body = body[:size]
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
+		word := func(i int) uint64 { return binary.LittleEndian.Uint64(body[8*i:]) }
+		valid := func(origin uint64) bool { return origin < uint64(rl.size) && int(origin) != rl.rank }
+		for i := range int(m) {
+			origin, cursor := word(2*i), word(2*i+1)
+			if !valid(origin) {
+				continue
+			}
+			if c := h.cursor(int(origin)); cursor > atomic.LoadUint64(c) {
+				atomic.StoreUint64(c, cursor)
+			}
+		}
+		for i := range int(n) {
+			at := 2*int(m) + i*(1+hostSlotWords)
+			origin, seq := word(at), word(at+1)
+			if !valid(origin) {
+				continue
+			}
+			s := h.slot(int(origin), seq)
+			for w := 1; w < hostSlotWords; w++ {
+				atomic.StoreUint64(&s[w], word(at+1+w))
+			}
+			atomic.StoreUint64(&s[0], seq)
+		}
+	}
+}
+
+// forward is a hub's: origin's images reached it up to call last (0:
+// none, a cursor alone); it sends the rail's images it has not sent yet,
+// with every rank's cursor, to the rest of the rail, in one message, once
+// every rank of the rail has reached it with a call it had not forwarded,
+// or the rail's lowest cursor moved relayCursorEvery calls since the last
+// it forwarded (when final, once any cursor moved at all). A rank then
+// wakes for about one message a posted call, and one every
+// relayCursorEvery calls that nobody posts (calls a fingerprint checks:
+// checksByRoute), where a forward at each rank's cursor would wake the
+// rail machines − 1 times as often. Holes (a call a rank did not post)
+// are skipped, as flush does.
+//
+// A cursor forwarded lags the rank's by at most 2·relayCursorEvery + 1
+// calls (its sender's lag, then the lowest's), fewer than hostSlots: a
+// rank waiting to reuse a slot (hostCheck.reusable) gets it once every
+// rank has decided the calls before its own.
+func (rl *relay) forward(origin int, last uint64, final bool) {
+	rl.fwdMu.Lock()
+	defer rl.fwdMu.Unlock()
+	f := &rl.fwd
+	f.heard[origin] = max(f.heard[origin], last)
+	h := hostCheck{words: rl.words}
+	done, lowest := f.heard[rl.rail[0]], ^uint64(0)
+	moved := false
+	for _, o := range rl.rail {
+		done = min(done, f.heard[o])
+		c := atomic.LoadUint64(h.cursor(o))
+		lowest = min(lowest, c)
+		moved = moved || c > f.cursor[o]
+	}
+	if done <= f.done && lowest < f.lowest+relayCursorEvery && !(final && moved) {
+		return
+	}
+	msg := append(f.msg[:0], make([]byte, 8*relayHubHeaderWords)...)
+	f.lowest = ^uint64(0)
+	for _, o := range rl.rail {
+		c := atomic.LoadUint64(h.cursor(o))
+		msg = binary.LittleEndian.AppendUint64(msg, uint64(o))
+		msg = binary.LittleEndian.AppendUint64(msg, c)
+		f.cursor[o] = c
+		f.lowest = min(f.lowest, c)
+	}
+	n := 0
+	for _, o := range rl.rail {
+		from := max(f.sent[o]+1, f.heard[o]-min(f.heard[o], hostSlots-1))
+		for seq := from; seq <= f.heard[o]; seq++ {
+			s := h.slot(o, seq)
+			if atomic.LoadUint64(&s[0]) != seq {
+				continue // not posted, or not this call's any more
+			}
+			msg = binary.LittleEndian.AppendUint64(msg, uint64(o))
+			for w := range hostSlotWords {
+				msg = binary.LittleEndian.AppendUint64(msg, atomic.LoadUint64(&s[w]))
+			}
+			n++
+		}
+		f.sent[o] = f.heard[o]
+	}
+	binary.LittleEndian.PutUint64(msg, uint64(n))
+	binary.LittleEndian.PutUint64(msg[8:], uint64(len(rl.rail)))
+	rl.sendAll(msg)
+	f.msg, f.done = msg, max(f.done, done)
+	f.sends++
 }
 
 // startSending has the relay send the calls posted from first on: the
@@ -349,6 +539,11 @@ func (rl *relay) flushLocked(final bool) {
 	}
 	h := hostCheck{words: rl.words}
 	posted, cursor := rl.posted.Load(), atomic.LoadUint64(h.cursor(rl.rank))
+	if rl.hub == rl.rank { // its own images go out with the rail's
+		rl.forward(rl.rank, posted, final)
+		rl.sent, rl.sentCursor = posted, cursor
+		return
+	}
 	if posted <= rl.sent && cursor < rl.sentCursor+relayCursorEvery && (!final || cursor <= rl.sentCursor) {
 		return
 	}
@@ -364,7 +559,11 @@ func (rl *relay) flushLocked(final bool) {
 		}
 		n++
 	}
-	binary.LittleEndian.PutUint64(buf, uint64(n))
+	head := uint64(n)
+	if final {
+		head |= relayFinal
+	}
+	binary.LittleEndian.PutUint64(buf, head)
 	binary.LittleEndian.PutUint64(buf[8:], cursor)
 	rl.sendAll(buf)
 	rl.msg = buf

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -249,4 +250,156 @@ func TestWaitSendsThePostedImages(t *testing.T) {
 	}()
 	require.NoError(t, w.Wait(ctx), "the image never left")
 	require.True(t, arrived(hostFirstCall))
+}
+
+// relayStar is m started relays on loopback, world ranks 0 to m−1 of a
+// job of m machines of one rank (a star from relayMeshMachines + 1
+// machines on: rank 0 the hub), each with a region of its own; post
+// writes rank g's image of a call and flushes it, arrived reports whether
+// rank g's region holds origin o's image of the call.
+func relayStar(t *testing.T, m int) (rls []*relay, post func(g int, seq uint64), arrived func(g, o int, seq uint64) bool) {
+	t.Helper()
+	logger := slog.New(slog.DiscardHandler)
+	words := make([][]uint64, m)
+	for g := range m {
+		rl, err := newRelay("127.0.0.1", g, logger)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, rl.close()) })
+		rls = append(rls, rl)
+		words[g] = make([]uint64, hostWords(m))
+	}
+	errs := make(chan error, m)
+	for g, rl := range rls {
+		peers := map[int]int64{}
+		for o, other := range rls {
+			if o != g {
+				peers[o] = other.addr
+			}
+		}
+		go func() { errs <- rl.start(words[g], m, 7, peers) }()
+	}
+	for range m {
+		require.NoError(t, <-errs)
+	}
+	for _, rl := range rls {
+		rl.startSending(hostFirstCall)
+	}
+	post = func(g int, seq uint64) {
+		s := (&hostCheck{words: words[g]}).slot(g, seq)
+		s[1] = seq*3 + uint64(g)
+		atomic.StoreUint64(&s[0], seq)
+		rls[g].notePosted(seq)
+		rls[g].flush(false)
+	}
+	arrived = func(g, o int, seq uint64) bool {
+		s := (&hostCheck{words: words[g]}).slot(o, seq)
+		return atomic.LoadUint64(&s[0]) == seq && atomic.LoadUint64(&s[1]) == seq*3+uint64(o)
+	}
+	return rls, post, arrived
+}
+
+// From relayMeshMachines + 1 machines on, every rank of a rail sends its
+// images to the rail's hub only and hears the whole rail's from it: every
+// region gets every rank's image of every call, in whatever order the
+// ranks post, and each rank's last cursor; the hub sends the rest of the
+// rail one message a call that every rank has posted.
+func TestRelayStarBringsEveryImage(t *testing.T) {
+	const m = relayMeshMachines + 2
+	rls, post, arrived := relayStar(t, m)
+	for _, rl := range rls {
+		require.Equal(t, 0, rl.hub)
+	}
+	for _, rl := range rls[1:] {
+		require.Len(t, rl.out, 1, "rank %d dials its hub only", rl.rank)
+	}
+	require.Len(t, rls[0].out, m-1)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const calls = 3 * hostSlots
+	for k := range uint64(calls) {
+		seq := hostFirstCall + k
+		for _, g := range rng.Perm(m) {
+			post(g, seq)
+		}
+		require.Eventually(t, func() bool {
+			for g := range m {
+				for o := range m {
+					if !arrived(g, o, seq) {
+						return false
+					}
+				}
+			}
+			return true
+		}, 5*time.Second, time.Millisecond, "call %d", seq)
+		for g, rl := range rls { // the call decided: the cursor moves
+			atomic.StoreUint64((&hostCheck{words: rl.words}).cursor(g), seq)
+		}
+	}
+	for _, rl := range rls[1:] {
+		rl.flush(true)
+	}
+	rls[0].flush(true)
+	require.Eventually(t, func() bool {
+		for _, rl := range rls {
+			for o := range m {
+				if atomic.LoadUint64((&hostCheck{words: rl.words}).cursor(o)) != hostFirstCall+calls-1 {
+					return false
+				}
+			}
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "the last cursors")
+}
+
+// Calls nobody posts (those a fingerprint checks past the mesh) move only
+// the cursors: the hub forwards them once the rail's lowest has moved
+// relayCursorEvery calls, not at each rank's message, so a rank wakes
+// once in relayCursorEvery calls whatever the rail's size; every region
+// still learns every cursor within the lag reusable allows, and exactly
+// once the ranks close.
+func TestRelayStarForwardsCursorsOnceTheLowestMoves(t *testing.T) {
+	const m = relayMeshMachines + 3
+	rls, _, _ := relayStar(t, m)
+	cursorOf := func(g, o int) uint64 {
+		return atomic.LoadUint64((&hostCheck{words: rls[g].words}).cursor(o))
+	}
+	const calls = 4 * hostSlots
+	last := uint64(hostFirstCall + calls - 1)
+	for k := range uint64(calls) {
+		seq := hostFirstCall + k
+		for _, g := range rand.New(rand.NewPCG(k, 3)).Perm(m) {
+			atomic.StoreUint64((&hostCheck{words: rls[g].words}).cursor(g), seq)
+			rls[g].flush(false)
+		}
+	}
+	require.Eventually(t, func() bool {
+		for g := range m {
+			for o := range m {
+				if cursorOf(g, o)+2*relayCursorEvery+1 < last {
+					return false
+				}
+			}
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "every cursor within reusable's lag")
+	hub := rls[0]
+	hub.fwdMu.Lock()
+	sends := hub.fwd.sends
+	hub.fwdMu.Unlock()
+	require.LessOrEqual(t, sends, calls/relayCursorEvery+1, "the hub forwards once the lowest cursor moved")
+	require.Positive(t, sends)
+
+	for _, rl := range rls[1:] {
+		rl.flush(true)
+	}
+	hub.flush(true)
+	require.Eventually(t, func() bool {
+		for g := range m {
+			for o := range m {
+				if cursorOf(g, o) != last {
+					return false
+				}
+			}
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "the closing ranks' cursors, exact")
 }

@@ -507,6 +507,12 @@ func (r *Reducer) finishLocked(p pending, err error) {
 	if fc := p.req.fp; fc != nil {
 		p.req.fp = nil
 		fc.free()
+		if h := p.req.cursor; h != nil {
+			// Decided (every call before it too): its peers' posts may
+			// reuse the slots of the calls up to it (hostCheck.reusable),
+			// though it took none.
+			h.advance(p.req.seq)
+		}
 	}
 	if err != nil {
 		err = fmt.Errorf("hier: %v: %w", p.req, err)
