@@ -397,21 +397,39 @@ func (r *run) measure(res *rankResult, units, rounds int, enqueue func(m Method,
 	return nil
 }
 
-// repOrder is the order in which repetition rep measures n methods: the
-// configured order rotated by rep/2, reversed on odd repetitions (two
-// methods take turns going first). A method measured at the same place
-// every time carries whatever that place does to it (the method before it
+// repOrder is the order in which repetition rep measures n methods: row
+// rep of a Williams design (a balanced Latin square): over n repetitions
+// (2n when n is odd, the rows' reversals after them) every method goes
+// first equally often and follows every other method equally often. A
+// method measured at the same place, or next to the same method, every
+// time carries whatever that place does to it (the method before it
 // leaves its communicators' connections idle, its streams' work queued,
-// the host's caches); on the one-GPU testbed three identical variants ran
+// the host's caches): on the one-GPU testbed three identical variants ran
 // 221, 228 and 260 µs at 2 × 1 256K in one process, with the order fixed
-// (bench/NOTES.md item 39). Every process derives the same order, so the
-// ranks still call alike.
+// (bench/NOTES.md item 39), and with the order only rotated and reversed,
+// which keeps each method's neighbours, two variants making the same
+// calls at 16 × 1 64K swapped places by ~5% when listed the other way
+// (item 156). Every process derives the same order, so the ranks still
+// call alike.
 func repOrder(rep, n int) []int {
 	out := make([]int, n)
-	for i := range out {
-		out[i] = (i + rep/2) % n
+	if n == 0 {
+		return out
 	}
-	if rep%2 == 1 {
+	rows := n
+	if n%2 == 1 {
+		rows = 2 * n
+	}
+	row := rep % rows
+	for j := range out {
+		// The first row: 0, 1, n−1, 2, n−2, …; row r adds r to each.
+		first := (j + 1) / 2
+		if j%2 == 0 && j > 0 {
+			first = n - j/2
+		}
+		out[j] = (first + row) % n
+	}
+	if row >= n {
 		slices.Reverse(out)
 	}
 	return out

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
@@ -597,7 +598,7 @@ func TestRepBytesRepeatsRounds(t *testing.T) {
 	require.NoError(t, err)
 	for i, n := range calls {
 		require.Equal(t, len(cfg.Methods)*cfg.Reps*5*2, n, "local rank %d", i)
-		require.Equal(t, []string{"flat", "fairgo", "fairgo", "flat", "fairgo", "flat"}, order[i],
+		require.Equal(t, []string{"flat", "fairgo", "fairgo", "flat", "flat", "fairgo"}, order[i],
 			"local rank %d: the methods take turns going first", i)
 	}
 	require.Equal(t, cfg.Reps*5*2, res.Units)
@@ -608,18 +609,21 @@ func TestRepBytesRepeatsRounds(t *testing.T) {
 	require.Equal(t, "-rep-bytes", arg.Arg)
 }
 
-// Each repetition measures every method once, in the configured order
-// rotated by half the repetition and reversed on odd ones, so that no
-// method always follows the same one or always goes first.
+// Each repetition measures every method once, in the row of a balanced
+// Latin square: over a cycle of repetitions (n, or 2n for an odd n) every
+// method goes first equally often and follows every other one equally
+// often, so that no method always has the same neighbour.
 func TestRepOrder(t *testing.T) {
 	for _, tc := range []struct {
 		rep, n int
 		want   []int
 	}{
-		{0, 4, []int{0, 1, 2, 3}},
-		{1, 4, []int{3, 2, 1, 0}},
-		{2, 4, []int{1, 2, 3, 0}},
-		{3, 4, []int{0, 3, 2, 1}},
+		{0, 4, []int{0, 1, 3, 2}},
+		{1, 4, []int{1, 2, 0, 3}},
+		{3, 4, []int{3, 0, 2, 1}},
+		{4, 4, []int{0, 1, 3, 2}},
+		{0, 3, []int{0, 1, 2}},
+		{3, 3, []int{2, 1, 0}},
 		{0, 2, []int{0, 1}},
 		{1, 2, []int{1, 0}},
 		{5, 1, []int{0}},
@@ -627,26 +631,40 @@ func TestRepOrder(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, repOrder(tc.rep, tc.n), "repetition %d of %d methods", tc.rep, tc.n)
 	}
-	for n := 1; n <= 9; n++ {
-		before := map[[2]int]bool{} // (method, the one measured just before it) in the first four repetitions
-		for rep := range 4 {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 16).Draw(t, "methods")
+		cycle := n
+		if n%2 == 1 {
+			cycle = 2 * n
+		}
+		start := rapid.IntRange(0, 100).Draw(t, "first repetition")
+		firsts := make([]int, n)
+		follows := map[[2]int]int{} // (method, the one measured just before it)
+		for rep := start; rep < start+cycle; rep++ {
 			o := repOrder(rep, n)
 			sorted := slices.Clone(o)
 			slices.Sort(sorted)
 			for i := range sorted {
-				require.Equal(t, i, sorted[i], "repetition %d of %d methods: %v is not a permutation", rep, n, o)
+				if sorted[i] != i {
+					t.Fatalf("repetition %d of %d methods: %v is not a permutation", rep, n, o)
+				}
 			}
+			firsts[o[0]]++
 			for i := 1; i < n; i++ {
-				before[[2]int{o[i], o[i-1]}] = true
+				follows[[2]int{o[i], o[i-1]}]++
 			}
 		}
 		for k := range n {
-			if n >= 3 {
-				require.True(t, before[[2]int{k, (k + n - 1) % n}] && before[[2]int{k, (k + 1) % n}],
-					"%d methods: method %d follows each of its neighbours in four repetitions", n, k)
+			if firsts[k] != cycle/n {
+				t.Fatalf("%d methods: method %d first %d times in %d repetitions", n, k, firsts[k], cycle)
+			}
+			for j := range n {
+				if j != k && follows[[2]int{k, j}] != cycle/n {
+					t.Fatalf("%d methods: method %d follows %d %d times in %d repetitions, want %d", n, k, j, follows[[2]int{k, j}], cycle, cycle/n)
+				}
 			}
 		}
-	}
+	})
 }
 
 // With WorksAtEnd fairgo's Works are waited for once a repetition, after
