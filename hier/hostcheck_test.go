@@ -561,4 +561,38 @@ func TestRouteChoosesTheCheckPastTheMesh(t *testing.T) {
 			}
 		})
 	}
+	// Counts on either side of the flat threshold put one rank's call on a
+	// fingerprint and the others' on the shared memory's check, and their
+	// data on different routes: no rank's Work returns nil. (The simulator
+	// finds the misaligned collectives itself; on NCCL they hang until
+	// the watchdog, and a posted call is decided only once every rank has
+	// posted it: hostCheck.read.)
+	for _, odd := range []struct {
+		name   string
+		n, all int // elements: the odd rank's, everyone else's
+	}{
+		{"one rank posted, the rest fingerprinted", 1500, 16},
+		{"one rank fingerprinted, the rest posted", 16, 1500},
+	} {
+		t.Run(odd.name, func(t *testing.T) {
+			w := newStar(t)
+			in := make([][]byte, w.size())
+			for g := range in {
+				in[g] = make([]byte, 4*odd.all)
+			}
+			in[m-1] = make([]byte, 4*odd.n)
+			ts := w.upload(t, fairgo.Float32, in)
+			works := make([]*hier.Work, len(w.reducers))
+			for g, r := range w.reducers {
+				works[g] = r.AllReduce(context.Background(), ts[g], fairgo.Sum)
+			}
+			for g, wk := range works {
+				err := wk.Wait(context.Background())
+				require.Error(t, err, "rank %d", g)
+				var te *hier.TimeoutError
+				require.True(t, errors.Is(err, fairgo.ErrMismatch) || errors.Is(err, fairgo.ErrAborted) || errors.As(err, &te),
+					"rank %d: %v", g, err)
+			}
+		})
+	}
 }
