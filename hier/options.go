@@ -158,11 +158,13 @@ func WithCheck(on bool) Option { return func(c *config) { c.checkOff = !on } }
 // WithSharedMemoryDir sets where the ranks of each machine make the memory
 // through which they compare their calls (the check, WithCheck): a file
 // that every rank of the machine maps, unlinked once they all have. Across
-// machines (up to four; larger jobs keep the collective check) each rank
+// machines (up to 32; larger jobs keep the collective check) each rank
 // also sends its calls' images to the ranks of its local index on the
 // other machines over TCP (WithCheckHost), which write them in their
-// machine's file. A call then costs the check a few stores
-// and loads. Default DefaultSharedMemoryDir; when the ranks cannot all map
+// machine's file: directly up to four machines, through the lowest of
+// those ranks from five on, where a call whose route is one collective
+// carries its fingerprint instead (WithFingerprintMax). A call then costs
+// the check a few stores and loads. Default DefaultSharedMemoryDir; when the ranks cannot all map
 // their file there (no such file system, ranks on several hosts that
 // declared one machine) or reach their peers, they check through the
 // collective. "" always checks through the collective. A directory that is
@@ -173,7 +175,7 @@ func WithSharedMemoryDir(dir string) Option {
 
 // WithCheckHost sets the IPv4 address on which a rank listens for the
 // check's images of the ranks of its local index on the other machines
-// (the check through shared memory across two to four machines,
+// (the check through shared memory across two to 32 machines,
 // WithSharedMemoryDir).
 // Default "": the first IPv4 address of the interfaces NCCL_SOCKET_IFNAME
 // names (prefixes, or exact names after "="), as NCCL's own sockets use,
