@@ -3,6 +3,7 @@ package hier_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -199,6 +200,17 @@ func (w *world) allReduce(t testing.TB, dt fairgo.DType, op fairgo.Op, data [][]
 		w.allSame(t, "allreduce", out) // the ranks of other processes
 	}
 	return out, nil
+}
+
+// sumChecked runs one float32 sum of n random elements a rank, requires
+// every result right, and frees the call's buffers.
+func (w *world) sumChecked(t *testing.T, rng *rand.Rand, n int, msgAndArgs ...any) {
+	t.Helper()
+	in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), n)
+	out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
+	require.NoError(t, err, msgAndArgs...)
+	require.NoError(t, reftest.CheckResults(fairgo.Float32, reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out), msgAndArgs...)
+	w.freeAllocs()
 }
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -20,7 +20,6 @@ import (
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
 	"github.com/fairgo/fairgo/hier"
-	"github.com/fairgo/fairgo/internal/reftest"
 	"github.com/fairgo/fairgo/sim"
 )
 
@@ -492,12 +491,7 @@ func TestRouteChoosesTheCheckPastTheMesh(t *testing.T) {
 				calls = 5
 			}
 			for range calls {
-				in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), n)
-				out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
-				require.NoError(t, err, "run %d", run)
-				require.NoError(t, reftest.CheckResults(fairgo.Float32,
-					reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out), "run %d", run)
-				w.freeAllocs()
+				w.sumChecked(t, rng, n, "run %d", run)
 				if 4*n < flatBelow {
 					flat++
 				}

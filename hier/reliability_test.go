@@ -182,12 +182,7 @@ func sumsWithoutPadding(t *testing.T, w *world, rng *rand.Rand) int {
 	t.Helper()
 	counts := []int{1, 1001, 16384}
 	for _, n := range counts {
-		in := reftest.RandomInputs(rng, fairgo.Float32, fairgo.Sum, w.size(), n)
-		out, err := w.allReduce(t, fairgo.Float32, fairgo.Sum, in)
-		require.NoError(t, err, "n=%d", n)
-		require.NoError(t, reftest.CheckResults(fairgo.Float32,
-			reftest.ComputeReference(fairgo.Float32, fairgo.Sum, in), out), "n=%d", n)
-		w.freeAllocs()
+		w.sumChecked(t, rng, n, "n=%d", n)
 	}
 	for g, r := range w.reducers {
 		require.False(t, hier.MadePaddingRing(r), "rank %d", g)
