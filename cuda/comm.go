@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairgo/fairgo/logging"
+	"slices"
 	"sync"
 
 	"github.com/fairgo/fairgo"
 	"github.com/fairgo/fairgo/backend"
+	"github.com/fairgo/fairgo/logging"
 	"github.com/fairgo/fairgo/nccl"
 	"github.com/fairgo/fairgo/rendezvous"
 	"github.com/fairgo/fairgo/streams"
@@ -77,11 +78,10 @@ func (c *Comm) enqueue(op string, s streams.Stream, call func(stream uintptr) er
 		return err
 	}
 	return c.wrap(op, c.d.do(func() error {
-		if err := call(cs.Handle()); err != nil {
+		if err := c.d.group.hold(c); err != nil {
 			return err
 		}
-		c.d.group.note(c)
-		return nil
+		return call(cs.Handle())
 	}))
 }
 
@@ -204,23 +204,32 @@ func (c *Comm) Close() error {
 	return c.wrap("destroy", c.d.do(c.c.Destroy))
 }
 
-// groupState remembers the non-blocking communicators used inside a
-// Device.Group, whose readiness ncclGroupEnd may leave pending.
+// groupState remembers the communicators used inside a Device.Group: each
+// is held (nccl.Comm.Hold) from its first call queued in the group to the
+// end of ncclGroupEnd, which runs the queued calls on it, so that an abort
+// from another goroutine waits for them rather than free the communicator
+// under them (abortDrain at most: a blocking communicator's ncclGroupEnd
+// that waits for a peer's connection ends only by the abort); the
+// non-blocking ones are waited for once ncclGroupEnd leaves them in
+// progress.
 type groupState struct {
-	mu      sync.Mutex
-	depth   int
-	pending []*Comm
+	mu    sync.Mutex
+	depth int
+	held  []*Comm
 }
 
-func (g *groupState) note(c *Comm) {
-	if !c.c.NonBlocking() {
-		return
-	}
+// hold holds c for the group under way, once (nothing outside a group).
+func (g *groupState) hold(c *Comm) error {
 	g.mu.Lock()
-	if g.depth > 0 {
-		g.pending = append(g.pending, c)
+	defer g.mu.Unlock()
+	if g.depth == 0 || slices.Contains(g.held, c) {
+		return nil
 	}
-	g.mu.Unlock()
+	if err := c.c.Hold(); err != nil {
+		return err
+	}
+	g.held = append(g.held, c)
+	return nil
 }
 
 // Group runs fn between ncclGroupStart and ncclGroupEnd on one locked OS
@@ -241,16 +250,21 @@ func (d *Device) Group(fn func() error) error {
 		ferr := fn()
 		d.group.mu.Lock()
 		d.group.depth--
-		var pending []*Comm
+		var held []*Comm
 		if d.group.depth == 0 {
-			pending, d.group.pending = d.group.pending, nil
+			held, d.group.held = d.group.held, nil
 		}
 		d.group.mu.Unlock()
 		eerr := lib.GroupEnd()
+		for _, c := range held {
+			c.c.Release() // WaitReady polls between calls: an abort may come meanwhile
+		}
 		if errors.Is(eerr, nccl.ErrInProgress) {
 			eerr = nil
-			for _, c := range pending {
-				eerr = errors.Join(eerr, c.c.WaitReady(context.Background()))
+			for _, c := range held {
+				if c.c.NonBlocking() {
+					eerr = errors.Join(eerr, c.c.WaitReady(context.Background()))
+				}
 			}
 		}
 		return errors.Join(ferr, eerr)

@@ -228,10 +228,13 @@ func cCommInitRankConfig(t *symTable, nranks int, id *UniqueID, rank int, cfg *c
 	return slot.take(), r
 }
 
-func cCommSplit(t *symTable, c commHandle, color, key int, cfg *cConfig) (commHandle, Result) {
+// cCommSplit returns the slot NCCL writes the child in: at once, or, on a
+// non-blocking parent whose split is in progress, when the split's job
+// ends (the parent's state says when).
+func cCommSplit(t *symTable, c commHandle, color, key int, cfg *cConfig) (commSlot, Result) {
 	slot := newCommSlot()
 	r := dl.Call(t[symCommSplit], c, uintptr(color), uintptr(key), slot.addr(), cfg.addr(), 0, 0)
-	return slot.take(), Result(r)
+	return slot, Result(r)
 }
 
 func cCommDestroy(t *symTable, c commHandle) Result {

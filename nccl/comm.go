@@ -23,12 +23,56 @@ const (
 // on the stream; like NCCL, they must not be called concurrently on one
 // communicator, except Abort and GetAsyncError, which may be called from any
 // goroutine at any time.
+//
+// What holds: NCCL frees a communicator in ncclCommAbort, and a call inside
+// NCCL on it meanwhile reads freed memory (on NCCL 2.28, a blocking
+// communicator's ncclGroupEnd that was connecting to a peer crashed its
+// process when another thread aborted it). So every call counts itself in
+// inFlight while it is inside NCCL, and Abort, once it has marked the
+// communicator aborted (a call that enters afterwards fails with ErrAborted
+// without touching it), waits for the calls inside to leave before it
+// calls ncclCommAbort. On a non-blocking communicator no call stays long
+// (a connection or a launch that waits is NCCL's thread's, polled by
+// WaitReady between calls); a blocking one's call may never leave, and
+// Abort goes ahead after abortDrain.
 type Comm struct {
 	lib         *dso
 	h           commHandle
 	nonblocking bool
 	state       atomic.Int32
+	inFlight    atomic.Int32
 }
+
+// abortDrain bounds Abort's wait for the calls inside NCCL to leave: a
+// blocking communicator's call can stay there for good (a peer that never
+// connects), and only the abort ends it.
+const abortDrain = 500 * time.Millisecond
+
+// enter counts a call inside NCCL, or fails it with ErrAborted or
+// ErrDestroyed. The count is raised before the state is read, and Abort
+// writes the state before it reads the count, so that either the call sees
+// the abort or the abort sees the call (both atomics are sequentially
+// consistent).
+func (c *Comm) enter() error {
+	c.inFlight.Add(1)
+	if err := c.live(); err != nil {
+		c.inFlight.Add(-1)
+		return err
+	}
+	return nil
+}
+
+func (c *Comm) leave() { c.inFlight.Add(-1) }
+
+// Hold keeps Abort from freeing the communicator until Release: for a
+// group, from the first call queued on it to the end of ncclGroupEnd, which
+// runs the queued calls (Library.GroupEnd knows no communicator). It fails
+// with ErrAborted or ErrDestroyed, holding nothing, once the communicator
+// is gone.
+func (c *Comm) Hold() error { return c.enter() }
+
+// Release ends a Hold.
+func (c *Comm) Release() { c.leave() }
 
 func (l *dso) newComm(h commHandle, nonblocking bool) *Comm {
 	l.acquire()
@@ -52,17 +96,21 @@ func (c *Comm) live() error {
 // call runs one NCCL function on the communicator; on a non-blocking
 // communicator an ncclInProgress answer is waited out.
 func (c *Comm) call(op string, s sym, f func() Result) error {
-	if err := c.live(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
 	if err := c.lib.check(s); err != nil {
+		c.leave()
 		return err
 	}
 	r := f()
 	if r == InProgress && c.nonblocking {
+		c.leave()
 		return c.WaitReady(context.Background())
 	}
-	return c.lib.err(op, r, c.h)
+	err := c.lib.err(op, r, c.h) // ncclGetLastError reads the communicator: still inside
+	c.leave()
+	return err
 }
 
 // WaitReady polls ncclCommGetAsyncError until the communicator is no longer
@@ -97,9 +145,10 @@ func (c *Comm) WaitReady(ctx context.Context) error {
 // (Success, InProgress, or the code of an asynchronous failure). The error
 // is for a failure of the query itself.
 func (c *Comm) GetAsyncError() (Result, error) {
-	if err := c.live(); err != nil {
+	if err := c.enter(); err != nil {
 		return 0, err
 	}
+	defer c.leave()
 	st, r := cCommGetAsyncError(c.lib.table, c.h)
 	if r != Success {
 		return 0, c.lib.err("ncclCommGetAsyncError", r, c.h)
@@ -132,12 +181,14 @@ func (c *Comm) UserRank() (int, error) {
 // Split calls ncclCommSplit (NCCL 2.18+): ranks passing the same color form a
 // communicator, ordered by key. With color NoColor the rank joins none and
 // gets (nil, nil). A nil cfg inherits the parent's configuration. Every rank
-// of the parent must call it (concurrently, or inside a group).
+// of the parent must call it (concurrently, or inside a group; on a
+// non-blocking parent not inside a group: Split waits for the split).
 func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
-	if err := c.live(); err != nil {
+	if err := c.enter(); err != nil {
 		return nil, err
 	}
 	if err := c.lib.check(symCommSplit); err != nil {
+		c.leave()
 		return nil, err
 	}
 	var cc *cConfig
@@ -149,10 +200,23 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 		cc = newCConfig(cfg, b)
 		defer cc.free()
 	}
-	h, r := cCommSplit(c.lib.table, c.h, color, key, cc)
+	slot, r := cCommSplit(c.lib.table, c.h, color, key, cc)
 	if r != Success && !(r == InProgress && c.nonblocking) {
-		return nil, c.lib.err("ncclCommSplit", r, c.h)
+		err := c.lib.err("ncclCommSplit", r, c.h)
+		c.leave()
+		return nil, err
 	}
+	c.leave()
+	if c.nonblocking {
+		// On a non-blocking parent NCCL returns at once (ncclSuccess, as
+		// of 2.28), learns whether this rank has a child (every rank's
+		// color) in the split's job, and writes the child only when the
+		// job ends, which the parent's state reports.
+		if err := c.WaitReady(context.Background()); err != nil {
+			return nil, fmt.Errorf("nccl: ncclCommSplit: %w", err)
+		}
+	}
+	h := slot.take()
 	if h == 0 {
 		if color == NoColor {
 			return nil, nil
@@ -164,7 +228,7 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 		)
 	}
 	child := c.lib.newComm(h, c.nonblocking)
-	if r == InProgress {
+	if c.nonblocking {
 		if err := child.WaitReady(context.Background()); err != nil {
 			_ = child.Abort()
 			return nil, err
@@ -186,11 +250,16 @@ func (c *Comm) Destroy() error {
 }
 
 // Abort calls ncclCommAbort: pending work is stopped and fails, peers are
-// not waited for. It may be called from any goroutine, also while another
-// call is blocked in NCCL; later calls fail with ErrAborted.
+// not waited for. It may be called from any goroutine; later calls fail
+// with ErrAborted. It first waits for the calls inside NCCL to leave
+// (abortDrain at most: see Comm).
 func (c *Comm) Abort() error {
 	if !c.state.CompareAndSwap(stateLive, stateAborted) {
 		return nil
+	}
+	nap := poll.Backoff{Max: time.Millisecond}
+	for deadline := time.Now().Add(abortDrain); c.inFlight.Load() > 0 && time.Now().Before(deadline); {
+		nap.Wait()
 	}
 	r := cCommAbort(c.lib.table, c.h)
 	err := c.lib.err("ncclCommAbort", r, 0)

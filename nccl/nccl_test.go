@@ -230,17 +230,22 @@ const fakeNCCL = `
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+#include <time.h>
 typedef int R;
 typedef struct { char internal[128]; } ncclUniqueId;
 static char last[256];
 static int polls;
 static int stuck(void) { const char* s = getenv("FAKE_NCCL_STUCK"); return s && s[0] == '1'; }
+static int slow(void) { const char* s = getenv("FAKE_NCCL_SLOW"); return s && s[0] == '1'; }
+static int inside; /* calls inside ncclCommGetAsyncError now: an abort meanwhile would free what they read */
 R ncclGetVersion(int* v) { *v = FAKE_VERSION; return 0; }
 R ncclGetUniqueId(ncclUniqueId* id) { for (int i = 0; i < 128; i++) id->internal[i] = 7 + i % 3; return 0; }
 R ncclCommInitRank(void** c, int n, ncclUniqueId id, int r) {
 	for (int i = 0; i < 128; i++) if (id.internal[i] != 7 + i % 3) { strcpy(last, "fake: bad unique id"); return 4; }
-	int* p = malloc(2 * sizeof(int)); p[0] = n; p[1] = r; *c = p; return 0;
+	int* p = malloc(3 * sizeof(int)); p[0] = n; p[1] = r; p[2] = 0; *c = p; return 0;
 }
+static void** pendingOut; /* a non-blocking split's child, written when its job ends */
+static void* pendingChild;
 #ifdef WITH_CONFIG
 R ncclCommInitRankConfig(void** c, int n, ncclUniqueId id, int r, void* cfg) {
 	char* b = cfg;
@@ -249,16 +254,30 @@ R ncclCommInitRankConfig(void** c, int n, ncclUniqueId id, int r, void* cfg) {
 	}
 	polls = 0;
 	R res = ncclCommInitRank(c, n, id, r);
+	if (!res) ((int*)*c)[2] = 1;
 	return res ? res : 7;
 }
 R ncclCommSplit(void* c, int color, int key, void** out, void* cfg) {
-	if (color < 0) { *out = NULL; return 0; }
-	int* p = malloc(2 * sizeof(int)); p[0] = 1; p[1] = 0; *out = p; return 0;
+	int* p = NULL;
+	if (color >= 0) { p = malloc(3 * sizeof(int)); p[0] = 1; p[1] = 0; p[2] = ((int*)c)[2]; }
+	if (((int*)c)[2]) { *out = NULL; pendingOut = out; pendingChild = p; polls = 0; return 0; } /* NCCL 2.28: success, the child later */
+	*out = p; return 0;
 }
 #endif
 R ncclCommDestroy(void* c) { free(c); return 0; }
-R ncclCommAbort(void* c) { free(c); return 0; }
-R ncclCommGetAsyncError(void* c, R* st) { *st = stuck() || polls++ < 3 ? 7 : 0; return 0; }
+R ncclCommAbort(void* c) {
+	if (__atomic_load_n(&inside, __ATOMIC_SEQ_CST) > 0) { strcpy(last, "fake: aborted while a call was inside"); return 3; }
+	free(c); return 0;
+}
+R ncclCommGetAsyncError(void* c, R* st) {
+	__atomic_add_fetch(&inside, 1, __ATOMIC_SEQ_CST);
+	if (slow()) { struct timespec ts = {0, 2000000}; nanosleep(&ts, NULL); }
+	int busy = stuck() || polls++ < 3;
+	if (!busy && pendingOut) { *pendingOut = pendingChild; pendingOut = NULL; }
+	*st = busy ? 7 : 0;
+	__atomic_sub_fetch(&inside, 1, __ATOMIC_SEQ_CST);
+	return 0;
+}
 R ncclCommCount(void* c, int* n) { *n = ((int*)c)[0]; return 0; }
 R ncclCommUserRank(void* c, int* r) { *r = ((int*)c)[1]; return 0; }
 R ncclAllReduce(const void* s, void* r, size_t n, int dt, int op, void* c, void* st) {
@@ -478,6 +497,82 @@ func TestFakeNonBlockingInit(t *testing.T) {
 	_, err = lib.CommInitRankConfig(ctx, 2, id, 0, nil)
 	if err != context.DeadlineExceeded {
 		t.Fatalf("stuck init = %v, want context.DeadlineExceeded unchanged", err)
+	}
+}
+
+// TestFakeAbortWaitsForCallsInside aborts a non-blocking communicator
+// while a goroutine polls it in WaitReady (a peer that never connects), each
+// poll 2 ms inside NCCL: Abort waits for the poll inside to leave before
+// ncclCommAbort frees the communicator (the fake fails an abort that
+// overlaps a call), and the poller ends with ErrAborted. A Hold keeps Abort
+// waiting until its Release, and abortDrain at most.
+func TestFakeAbortWaitsForCallsInside(t *testing.T) {
+	noLibLoaded(t)
+	t.Setenv(EnvLibrary, buildFake(t, "libfake228b.so", VersionCode(2, 28, 3), true))
+	lib, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Close()
+	id, _ := lib.GetUniqueId()
+	open := func() *Comm {
+		t.Helper()
+		t.Setenv("FAKE_NCCL_STUCK", "0")
+		c, err := lib.CommInitRankConfig(context.Background(), 2, id, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	comm := open()
+	t.Setenv("FAKE_NCCL_STUCK", "1")
+	t.Setenv("FAKE_NCCL_SLOW", "1")
+	polled := make(chan error, 1)
+	go func() { polled <- comm.WaitReady(context.Background()) }()
+	time.Sleep(3 * time.Millisecond) // most likely within a poll: each spends 2 ms inside, then naps 100 µs at most
+	if err := comm.Abort(); err != nil {
+		t.Fatalf("Abort overlapped a call inside NCCL: %v", err)
+	}
+	select {
+	case err := <-polled:
+		if !errors.Is(err, ErrAborted) {
+			t.Errorf("WaitReady after Abort = %v, want ErrAborted", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitReady went on polling an aborted communicator")
+	}
+
+	t.Setenv("FAKE_NCCL_SLOW", "0")
+	comm = open()
+	if err := comm.Hold(); err != nil {
+		t.Fatal(err)
+	}
+	aborted := make(chan error, 1)
+	go func() { aborted <- comm.Abort() }()
+	select {
+	case err := <-aborted:
+		t.Fatalf("Abort = %v before the Hold was released", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	comm.Release()
+	if err := <-aborted; err != nil {
+		t.Fatal(err)
+	}
+	if err := comm.Hold(); !errors.Is(err, ErrAborted) {
+		t.Errorf("Hold after Abort = %v, want ErrAborted", err)
+	}
+
+	comm = open()
+	if err := comm.Hold(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := comm.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < abortDrain || waited > abortDrain+time.Second {
+		t.Errorf("Abort with a Hold never released took %v, want about %v", waited, abortDrain)
 	}
 }
 
