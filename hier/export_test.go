@@ -56,6 +56,10 @@ func HelpedCalls(r *Reducer) uint64 { return r.hooks.helped.Load() }
 // event (a query; it naps at watchPace between them).
 func WatcherPolls(r *Reducer) uint64 { return r.hooks.watcherPolls.Load() }
 
+// HoldRelay makes r's relay hold the messages it receives (the peers'
+// images and cursors), or reads them in again.
+func HoldRelay(r *Reducer, held bool) { r.hooks.relayHeld.Store(held) }
+
 // HelpQueries is how many completion events helping Waits have queried.
 func HelpQueries(r *Reducer) uint64 { return r.hooks.helpQueries.Load() }
 

@@ -158,6 +158,9 @@ func (r *Reducer) newHostAgreement() *hostAgreement {
 		var err error
 		if host != "" {
 			a.relay, err = newRelay(host, r.WorldRank(), r.cfg.logger)
+			if err == nil {
+				a.relay.held = &r.hooks.relayHeld
+			}
 			a.dialing = a.relay
 		}
 		if a.relay == nil {

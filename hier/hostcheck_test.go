@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -586,6 +587,66 @@ func TestRouteChoosesTheCheckPastTheMesh(t *testing.T) {
 				var te *hier.TimeoutError
 				require.True(t, errors.Is(err, fairgo.ErrMismatch) || errors.Is(err, fairgo.ErrAborted) || errors.As(err, &te),
 					"rank %d: %v", g, err)
+			}
+		})
+	}
+}
+
+// TestMismatchNamedThoughAPeerAbortsFirst: a rank whose check lacks a
+// peer's image when another rank, having found the mismatch, aborts the
+// communicators, sees the communicators fail before its check can decide
+// (on GPUs past four machines, NCCL brings the abort before the relay's
+// star brings the image). It still reports the mismatch, not the failure:
+// the call's check is given its grace to decide. The relays of every rank
+// but the first (the star's hub) hold what they receive until the first
+// rank has failed its call and the others have seen the communicators
+// fail; across the mesh and the star.
+func TestMismatchNamedThoughAPeerAbortsFirst(t *testing.T) {
+	for _, machines := range []int{3, hier.RelayMeshMachines + 2} {
+		t.Run(fmt.Sprintf("%dx1", machines), func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: machines, Devices: 1, Seed: 4, StallTimeout: time.Minute},
+				hier.WithSharedMemoryDir(t.TempDir()), hier.WithCheckHost("127.0.0.1"), hier.WithTimeout(time.Minute),
+				// A route of several exchanges: past the mesh a flat call
+				// carries its fingerprint instead (checksByRoute).
+				hier.WithAlgorithm(hier.HalvingDoubling), hier.WithFlatThreshold(hier.FlatNever))
+			warmUp(t, w, beforeSharedMemory)
+			sumOnEveryRank(t, w)
+			for g, r := range w.reducers {
+				require.True(t, hier.SharedMemoryCheck(r), "rank %d", g)
+			}
+			held := w.reducers[1:]
+			for _, r := range held {
+				hier.HoldRelay(r, true)
+			}
+			t.Cleanup(func() {
+				for _, r := range held {
+					hier.HoldRelay(r, false)
+				}
+			})
+			deviant := len(w.reducers) - 1
+			ts := w.upload(t, fairgo.Float32, make([][]byte, len(w.reducers)))
+			for g := range ts {
+				ts[g], _ = w.alloc(g, 16, fairgo.Float32)
+			}
+			works := make([]*hier.Work, len(w.reducers))
+			for g, r := range w.reducers {
+				op := fairgo.Sum
+				if g == deviant {
+					op = fairgo.Max
+				}
+				works[g] = r.AllReduce(context.Background(), ts[g], op)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			require.ErrorIs(t, works[0].Wait(ctx), fairgo.ErrMismatch, "rank 0, which hears every image")
+			time.Sleep(300 * time.Millisecond) // the held ranks see the communicators fail (their watchers look every 50 ms)
+			for _, r := range held {
+				hier.HoldRelay(r, false)
+			}
+			for g, wk := range works[1:] {
+				var mm *hier.MismatchError
+				require.ErrorAs(t, wk.Wait(ctx), &mm, "rank %d", g+1)
+				require.Equal(t, "operator", mm.Field, "rank %d", g+1)
 			}
 		})
 	}

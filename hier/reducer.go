@@ -133,6 +133,7 @@ type testHooks struct {
 	watcherPolls     atomic.Uint64 // the watcher's queries of a call's completion event
 	helpQueries      atomic.Uint64 // helping Waits' queries of a call's completion event
 	checkerHeld      atomic.Bool   // the checker's goroutine decides no check while set
+	relayHeld        atomic.Bool   // the relay reads in no message received while set
 	// checks a helping Wait decided in the checker goroutine's place
 	checksDecidedEarly atomic.Uint64
 }

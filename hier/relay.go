@@ -140,6 +140,8 @@ type relay struct {
 	sent       uint64 // the last call sent
 	sentCursor uint64 // the last cursor sent
 	msg        []byte
+
+	held *atomic.Bool // a test's: while set, a message received waits before it is read in (testHooks.relayHeld)
 }
 
 // hubState is what a hub has heard of each rank of its rail and
@@ -349,6 +351,7 @@ func (rl *relay) receiveFrom(from int, r *bufio.Reader, buf []byte) {
 		if _, err := io.ReadFull(r, buf[:8*n*hostSlotWords]); err != nil {
 			return
 		}
+		rl.waitHeld()
 		var last uint64
 		for i := range n {
 			at := i * hostSlotWords
@@ -370,6 +373,13 @@ func (rl *relay) receiveFrom(from int, r *bufio.Reader, buf []byte) {
 			// (forward), or at once from a rank that closes.
 			rl.forward(from, last, final)
 		}
+	}
+}
+
+// waitHeld waits while a test holds the messages received.
+func (rl *relay) waitHeld() {
+	for rl.held != nil && rl.held.Load() {
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -397,6 +407,7 @@ func (rl *relay) receiveForwarded(r *bufio.Reader) {
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
 		}
+		rl.waitHeld()
 		word := func(i int) uint64 { return binary.LittleEndian.Uint64(body[8*i:]) }
 		valid := func(origin uint64) bool { return origin < uint64(rl.size) && int(origin) != rl.rank }
 		for i := range int(m) {

@@ -26,6 +26,10 @@ type pending struct {
 const (
 	watchPoll  = 50 * time.Millisecond // how often a wait checks communicator errors and deadlines
 	abortGrace = 2 * time.Second       // how long to wait for device work after an abort before reporting it
+	// failureVerdictGrace is how long a call whose communicator failed
+	// waits for its own check's verdict before it reports the failure
+	// (verdictBeforeFailure).
+	failureVerdictGrace = time.Second
 	// watchIdlePoll is how long the watcher naps for the next call, once
 	// it has completed one, before it parks: a training loop's next call
 	// comes sooner, and its hand-off to a napping watcher costs the
@@ -686,6 +690,11 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 				r.abort(err)
 				return nil, nil, err
 			}
+			if !checkDone {
+				if err := r.verdictBeforeFailure(p); err != nil {
+					return nil, nil, err // the mismatch the peer aborted on, aborted on here too
+				}
+			}
 			r.abort(fmt.Errorf("%w: communicator %s failed: %w", fairgo.ErrAborted, c.Name(), cerr))
 			continue
 		}
@@ -701,6 +710,27 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 			r.timedOut(p.req, now.Sub(start))
 		}
 	}
+}
+
+// verdictBeforeFailure gives p's check through shared memory, undecided
+// when a communicator failed, failureVerdictGrace to decide, and returns
+// the mismatch it found (nil: none, or no verdict in time). A
+// communicator fails under this rank when a peer aborts it, most often on
+// a mismatch the peer's check found first: the same check here names the
+// mismatch, where the communicator's failure says only that a peer went
+// away. Past four machines the relay's star brings the peers' images a
+// hop later than NCCL brings the abort (bench/NOTES.md, "A peer's abort
+// reported before the mismatch"). Only the shared memory's check decides
+// without NCCL: a fingerprint rides on the data, and the separate check
+// on a communicator the peer's abort failed too.
+func (r *Reducer) verdictBeforeFailure(p pending) error {
+	if !p.req.posted {
+		return nil
+	}
+	if _, err := r.awaitHostCheck(p.req, failureVerdictGrace); errors.Is(err, fairgo.ErrMismatch) {
+		return err // awaitHostCheck explained it and aborted
+	}
+	return nil
 }
 
 // readPairsFirst decides the fingerprint of p, a call fingerprinted and
