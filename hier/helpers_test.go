@@ -239,3 +239,14 @@ func allocEach(t testing.TB, w *world, count int64, dt fairgo.DType) []fairgo.Te
 	}
 	return ts
 }
+
+// enginesIdle waits until every Reducer of w has executed the calls made
+// on it: a refused call's Work fails at the call, before its engine runs
+// its check and takes up what the call brings (the shared memory's check).
+func enginesIdle(t testing.TB, w *world) {
+	t.Helper()
+	for g, r := range w.reducers {
+		require.Eventually(t, func() bool { return hier.EngineIdle(r) }, 10*time.Second, time.Millisecond,
+			"rank %d's engine still busy", w.rank(g))
+	}
+}

@@ -1527,6 +1527,7 @@ func TestCallRefusedAtTheFirstConnectionFailsEverywhere(t *testing.T) {
 				require.ErrorContains(t, err, fmt.Sprintf("rank %d refused call %d", refuser, 1+mode.warm), "rank %d", g)
 				require.Less(t, time.Since(start), watchdog/6, "rank %d: %v", g, err)
 			}
+			enginesIdle(t, w)
 			mode.used(t, w)
 		})
 	}
