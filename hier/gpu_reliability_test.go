@@ -486,7 +486,8 @@ func TestGPURefusedAtTheFirstConnection(t *testing.T) {
 					require.ErrorContains(t, err, fmt.Sprintf("rank %d refused call %d", refuser, 1+mode.warm))
 					require.Less(t, time.Since(start), timeout/3, "rank %d", w.rank(g))
 				}
-				enginesIdle(t, w) // the refusing rank's Wait returned before its engine ran the call
+				// The refusing rank's Wait returned before its engine ran the call.
+				enginesIdle(t, w)
 				for g, r := range w.reducers { // taken up at the refused call
 					require.Equal(t, mode.shared, hier.SharedMemoryCheck(r), "rank %d", w.rank(g))
 				}
