@@ -32,6 +32,11 @@ const (
 	// Board: for the refusals that no check carries (unheardRefusal).
 	boardRefusedCall = "fairgo-board/refused-call/"
 	boardUnheard     = "fairgo-board/unheard/"
+	// boardMismatch + "<call>" is the reduced check image of that call as
+	// the first rank to abort on its mismatch read it (postMismatch): a
+	// peer whose own check never ends reads the mismatch there
+	// (boardVerdict).
+	boardMismatch = "fairgo-board/mismatch/"
 	// refusalGrace is how long a call stays undecided before its rank asks
 	// the Board whether the call was refused, and how long between two
 	// asks; refusalAsk bounds each ask.
@@ -200,6 +205,56 @@ func (r *Reducer) postRefusal(q *request) {
 	defer cancel()
 	_ = r.board.b.Set(ctx, refusalKey(q.seq, r.WorldRank()), []byte(q.rejected.Error()))
 	_ = r.board.b.Set(ctx, boardRefusedCall+strconv.FormatUint(q.seq, 10), []byte(strconv.Itoa(r.WorldRank())))
+}
+
+// postMismatch leaves on the Board the reduced check image from which
+// this rank read the mismatch cause, before the abort that follows: a peer
+// whose own check never ends reads it there (boardVerdict). An abort ends
+// this rank's NCCL communicators at once, and with them, where NCCL's
+// proxy thread had not yet sent them, the last pieces of the check's
+// collective that some peers were still to receive; a peer whose enqueue
+// NCCL holds at the data's first connection has no data to end either.
+// Nothing for a cause that is not such a mismatch (a fingerprint's, a
+// timeout), or without a Board; a Board that does not answer within
+// progressWait only costs the peers the mismatch's name.
+func (r *Reducer) postMismatch(cause error) {
+	var mm *MismatchError
+	if r.board == nil || !errors.As(cause, &mm) || mm.reduced == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.board.ctx, progressWait)
+	defer cancel()
+	_ = r.board.b.Set(ctx, boardMismatch+strconv.FormatUint(mm.Seq, 10), mm.reduced)
+}
+
+// boardVerdict asks the Board, for call q undecided for refusalGrace or
+// whose communicators a peer's abort ended, how a peer decided it: the
+// mismatch a peer's check found (postMismatch), else a refusal that no
+// check carries (unheardRefusal). Nil: neither, or no Board. Both asks
+// run at once: each waits up to refusalAsk for a key that is most often
+// absent, on the watcher's goroutine.
+func (r *Reducer) boardVerdict(q *request) error {
+	if r.board == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(r.board.ctx, refusalAsk)
+	defer cancel()
+	posted := make(chan []byte, 1)
+	go func() {
+		v, err := r.board.b.Get(ctx, boardMismatch+strconv.FormatUint(q.seq, 10))
+		if err != nil {
+			v = nil
+		}
+		posted <- v
+	}()
+	refusal := r.unheardRefusal(q)
+	if v := <-posted; len(v) == 8*imageWords {
+		if err := image(v).decide(q, r.rank.Grid.Size()); errors.Is(err, fairgo.ErrMismatch) {
+			r.explainRefusal(q, err)
+			return err
+		}
+	}
+	return refusal
 }
 
 // unheardRefusal asks the Board, for call q undecided for refusalGrace,

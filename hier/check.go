@@ -165,14 +165,14 @@ func (b image) compare(q *request) error {
 	seqHi, seqLo := b.get(false, 0), -b.get(true, 0)
 	if seqHi != int64(q.seq) || seqLo != int64(q.seq) {
 		return &MismatchError{Seq: q.seq, Call: q.String(), Field: "call number",
-			This: fmt.Sprint(q.seq), Low: fmt.Sprint(seqLo), High: fmt.Sprint(seqHi)}
+			This: fmt.Sprint(q.seq), Low: fmt.Sprint(seqLo), High: fmt.Sprint(seqHi), reduced: slices.Clone(b)}
 	}
 	mine := shapeOf(q)
 	for f := range nFields {
 		hi, lo := b.get(false, 1+f), -b.get(true, 1+f)
 		if hi != lo {
 			return &MismatchError{Seq: q.seq, Call: q.String(), Field: checkFields[f],
-				This: fieldValue(f, mine[f]), Low: fieldValue(f, lo), High: fieldValue(f, hi)}
+				This: fieldValue(f, mine[f]), Low: fieldValue(f, lo), High: fieldValue(f, hi), reduced: slices.Clone(b)}
 		}
 	}
 	return nil
@@ -212,6 +212,11 @@ type MismatchError struct {
 	// context already done) and others accepted it, is the rank that
 	// refused it and why: the error then reads as that refusal.
 	Refusal *Refusal
+
+	// reduced is the reduced check image the mismatch was read from (nil
+	// where a fingerprint found it): the abort leaves it on the Board for
+	// the peers whose own check never ends (postMismatch).
+	reduced image
 }
 
 // Refusal is a rank that refused a call its peers accepted.
@@ -665,7 +670,7 @@ func (c *checker) awaitData(seq uint64) {
 // verdict waits for q's check in sl and reads it (judge). For a call this
 // rank refused it also asks the Board, once the check has waited
 // refusalGrace, whether a peer accepted the call and learnt of the
-// refusal there (unheardRefusal): its peers then never join the check.
+// refusal there (boardVerdict): its peers then never join the check.
 func (c *checker) verdict(q *request, sl *checkSlot) error {
 	if done, _ := sl.ev.Query(); !done {
 		c.awaitData(q.seq)
@@ -673,12 +678,12 @@ func (c *checker) verdict(q *request, sl *checkSlot) error {
 	var unheard error
 	var ask func() bool
 	if q.rejected != nil {
-		ask = func() bool { unheard = c.r.unheardRefusal(q); return unheard != nil }
+		ask = func() bool { unheard = c.r.boardVerdict(q); return unheard != nil }
 	}
 	if err := c.await(sl.ev, ask); err != nil {
 		if unheard == nil && c.r.brokenCause() == nil {
 			// A peer's abort ended the check: why, where no check said.
-			unheard = c.r.unheardRefusal(q)
+			unheard = c.r.boardVerdict(q)
 		}
 		if unheard != nil {
 			return unheard

@@ -670,6 +670,7 @@ func (r *Reducer) abort(cause error) {
 		}
 		logged := f.cause
 		f.mu.Unlock()
+		r.postMismatch(logged) // before the communicators go, and the check's last pieces with them
 		r.cfg.logger.Warn("fairgo: aborting communicators", "grid", r.rank.Grid.String(), "cause", logged)
 		var wg sync.WaitGroup
 		for _, c := range r.commList() {

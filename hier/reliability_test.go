@@ -372,6 +372,47 @@ func TestMismatchThatAbortsAnEnqueueIsReportedAsMismatch(t *testing.T) {
 	}
 }
 
+// A mismatch one rank's check found reaches the peers whose own check
+// never ends: a rank that aborts at once can take down, with its
+// communicators, the last pieces of the check's collective that the peers
+// were still to receive (NCCL hands a send to its proxy thread, which the
+// abort stops), and a peer whose enqueue NCCL holds at the data's first
+// connection has no data to complete either. The rank that found the
+// mismatch leaves its reduced check on the Board before it aborts, and the
+// peers read it there: here the checkers of every rank but the first
+// decide nothing, yet every rank fails with the count's mismatch, long
+// before the watchdog.
+func TestMismatchReadFromTheBoardWhereTheCheckNeverEnds(t *testing.T) {
+	const watchdog = time.Minute
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 9, StallTimeout: watchdog},
+		hier.WithAlgorithm(hier.Flat), hier.WithFingerprintMax(0), hier.WithTimeout(watchdog))
+	for _, r := range w.reducers[1:] {
+		hier.HoldChecker(r, true)
+		t.Cleanup(func() { hier.HoldChecker(r, false) }) // before the world's Close, which waits for the checks
+	}
+	data := make([][]byte, 4)
+	for g := range data {
+		n := 3001
+		if g == 3 {
+			n = 2 * 3001
+		}
+		data[g] = make([]byte, 4*n)
+	}
+	start := time.Now()
+	for g, wk := range sumExceptOn(w, w.upload(t, fairgo.Float32, data), -1) {
+		ctx, cancel := context.WithTimeout(context.Background(), watchdog/4)
+		err := wk.Wait(ctx)
+		cancel()
+		var mm *hier.MismatchError
+		require.ErrorAs(t, err, &mm, "rank %d", g)
+		require.Equal(t, "count", mm.Field, "rank %d", g)
+		require.Equal(t, fmt.Sprint(len(data[g])/4), mm.This, "rank %d", g)
+		require.Equal(t, "3001", mm.Low, "rank %d", g)
+		require.Equal(t, "6002", mm.High, "rank %d", g)
+		require.Less(t, time.Since(start), watchdog/6, "rank %d: %v", g, err)
+	}
+}
+
 // An operator or a count that differs on one rank reaches a different
 // reduction, or different transfers, on every route, yet every route's
 // ranks fail with a MismatchError naming the field: the check does not

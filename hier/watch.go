@@ -95,7 +95,7 @@ type watcher struct {
 	// such wait and reused, on the watcher goroutine only.
 	poll *time.Timer
 	// askedBoard is when the watcher last asked the Board about a call
-	// undecided for long (unheardRefusal); the watcher goroutine's.
+	// undecided for long (boardVerdict); the watcher goroutine's.
 	askedBoard time.Time
 
 	mu sync.Mutex // held while a call is completed; guards the fields below
@@ -566,7 +566,7 @@ func (r *Reducer) checkEnqueueStall() {
 
 // decideHeldCall decides, on the watcher's tick, a call whose data's
 // enqueue has been held: after checkAlone from its shared check, if it
-// has one, and after refusalGrace from the Board (unheardRefusal); it
+// has one, and after refusalGrace from the Board (boardVerdict); it
 // aborts on a mismatch. NCCL holds the enqueuing thread in a
 // communicator's first collective until every peer has made one (its
 // connection): where a peer refused the call, none will, and the call
@@ -601,7 +601,7 @@ func (r *Reducer) decideHeldCall() {
 	}
 	if w := &r.watch; err == nil && held >= refusalGrace && time.Since(w.askedBoard) >= refusalGrace {
 		w.askedBoard = time.Now()
-		err = r.unheardRefusal(q)
+		err = r.boardVerdict(q)
 	}
 	if err != nil {
 		r.abort(err)
@@ -686,7 +686,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 			continue
 		}
 		if c, cerr := r.commFailure(); cerr != nil {
-			if err := r.unheardRefusal(p.req); err != nil { // why a peer aborted, where no check said
+			if err := r.boardVerdict(p.req); err != nil { // why a peer aborted, where no check said
 				r.abort(err)
 				return nil, nil, err
 			}
@@ -700,7 +700,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		}
 		if w := &r.watch; now.Sub(start) >= refusalGrace && now.Sub(w.askedBoard) >= refusalGrace {
 			w.askedBoard = now
-			if err := r.unheardRefusal(p.req); err != nil {
+			if err := r.boardVerdict(p.req); err != nil {
 				r.abort(err)
 				return nil, nil, err
 			}
@@ -801,7 +801,7 @@ func (r *Reducer) conclude(p pending, dataErr, checkErr error) error {
 		// A peer's abort can end the data first (the simulator's does,
 		// NCCL's may): a refusal that no check carried, which that peer
 		// read from the Board, is why.
-		if err := r.unheardRefusal(p.req); err != nil {
+		if err := r.boardVerdict(p.req); err != nil {
 			r.abort(err)
 			return err
 		}

@@ -431,7 +431,7 @@ section_tests_local() {
 
 # launched_limit M D: seconds hier's tests may take under fairrun on M×D
 # (TEST_COUNT times).
-launched_limit() { echo $(((90 + 15 * $1 * $2) * TEST_COUNT)); }
+launched_limit() { echo $(((90 + 25 * $1 * $2) * TEST_COUNT)); }
 
 # cuda_launched_limit M D: the same for cuda's communicator tests.
 cuda_launched_limit() { echo $(((60 + 10 * $1 * $2) * TEST_COUNT)); }
