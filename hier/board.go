@@ -37,6 +37,10 @@ const (
 	// peer whose own check never ends reads the mismatch there
 	// (boardVerdict).
 	boardMismatch = "fairgo-board/mismatch/"
+	// boardShape + "<world rank>" is that rank's check image of its last
+	// call undecided for refusalGrace (compareShapes): one key a rank,
+	// overwritten, so that a job's long calls leave nothing behind.
+	boardShape = "fairgo-board/shape/"
 	// refusalGrace is how long a call stays undecided before its rank asks
 	// the Board whether the call was refused, and how long between two
 	// asks; refusalAsk bounds each ask.
@@ -230,16 +234,17 @@ func (r *Reducer) postMismatch(cause error) {
 // boardVerdict asks the Board, for call q undecided for refusalGrace or
 // whose communicators a peer's abort ended, how a peer decided it: the
 // mismatch a peer's check found (postMismatch), else a refusal that no
-// check carries (unheardRefusal). Nil: neither, or no Board. Both asks
-// run at once: each waits up to refusalAsk for a key that is most often
-// absent, on the watcher's goroutine.
+// check carries (unheardRefusal), else a difference between q and rank
+// 0's call of the same number (compareShapes). Nil: none, or no Board.
+// The asks run at once: each waits up to refusalAsk for a key that is
+// most often absent, on the watcher's goroutine.
 func (r *Reducer) boardVerdict(q *request) error {
 	if r.board == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(r.board.ctx, refusalAsk)
 	defer cancel()
-	posted := make(chan []byte, 1)
+	posted, shapes := make(chan []byte, 1), make(chan error, 1)
 	go func() {
 		v, err := r.board.b.Get(ctx, boardMismatch+strconv.FormatUint(q.seq, 10))
 		if err != nil {
@@ -247,14 +252,56 @@ func (r *Reducer) boardVerdict(q *request) error {
 		}
 		posted <- v
 	}()
+	go func() { shapes <- r.compareShapes(ctx, q) }()
 	refusal := r.unheardRefusal(q)
+	differ := <-shapes
 	if v := <-posted; len(v) == 8*imageWords {
 		if err := image(v).decide(q, r.rank.Grid.Size()); errors.Is(err, fairgo.ErrMismatch) {
 			r.explainRefusal(q, err)
 			return err
 		}
 	}
-	return refusal
+	if refusal != nil {
+		return refusal
+	}
+	if differ != nil {
+		r.explainRefusal(q, differ)
+	}
+	return differ
+}
+
+// compareShapes leaves call q's check image on the Board under this
+// rank's key and compares it with rank 0's, when that is of the same
+// call: the mismatch between the two (their values bound the ranks'
+// Low and High), or nil. It decides the calls whose own checks never
+// end: fingerprinted collectives whose exchanges the ranks' shapes
+// misalign hang in NCCL, and a rank that posted a call to shared memory
+// waits for a peer that fingerprinted it. Every rank compares with rank
+// 0, so that a rank whose call differs from the others' finds it, or the
+// others find it in theirs; rank 0 reads the verdict its peers then
+// leave (postMismatch). Matching calls have equal images: a difference
+// is never a false alarm, and a rank 0 at another call decides nothing.
+func (r *Reducer) compareShapes(ctx context.Context, q *request) error {
+	size := r.rank.Grid.Size()
+	mine := make(image, 8*imageWords)
+	mine.put(q, r.WorldRank(), size)
+	_ = r.board.b.Set(ctx, boardShape+strconv.Itoa(r.WorldRank()), mine)
+	if r.WorldRank() == 0 {
+		return nil
+	}
+	v, err := r.board.b.Get(ctx, boardShape+"0")
+	if err != nil || len(v) != len(mine) {
+		return nil
+	}
+	theirs := image(v)
+	if theirs.get(false, 0) != int64(q.seq) {
+		return nil
+	}
+	both := make(image, len(mine))
+	for w := range imageWords {
+		both.set(false, w, max(mine.get(false, w), theirs.get(false, w)))
+	}
+	return both.decide(q, size)
 }
 
 // unheardRefusal asks the Board, for call q undecided for refusalGrace,

@@ -203,11 +203,16 @@ func fieldValue(i int, v int64) string {
 // rank reports it for the same call, with the same range of values. It
 // wraps fairgo.ErrMismatch.
 type MismatchError struct {
-	Seq       uint64 // the call's number in this Reducer's call order, from 1
-	Call      string // this rank's call
-	Field     string // the first field that differs: "count", "operator", ...; "size" where a fingerprint found a peer's collective of another size
-	This      string // this rank's value
-	Low, High string // the lowest and highest value among the ranks; both empty when a fingerprint found it (WithFingerprintMax)
+	Seq   uint64 // the call's number in this Reducer's call order, from 1
+	Call  string // this rank's call
+	Field string // the first field that differs: "count", "operator", ...; "size" where a fingerprint found a peer's collective of another size
+	This  string // this rank's value
+	// Low and High are the lowest and highest value among the ranks; both
+	// empty when a fingerprint found it (WithFingerprintMax). Where no
+	// check could decide the call and its rank compared it with rank 0's
+	// on the Board instead (a call whose misaligned exchanges hang), they
+	// are the values of those two ranks.
+	Low, High string
 	// Refusal, when some ranks refused the call (an invalid argument, a
 	// context already done) and others accepted it, is the rank that
 	// refused it and why: the error then reads as that refusal.

@@ -413,6 +413,57 @@ func TestMismatchReadFromTheBoardWhereTheCheckNeverEnds(t *testing.T) {
 	}
 }
 
+// A call whose own checks can never decide it, because the ranks' shapes
+// misalign the exchanges that carry them, fails on every rank with the
+// mismatch named, long before the watchdog: NCCL's collectives then hang
+// (the simulator's too, with HangOnMismatch), and a call undecided for a
+// second compares its shape with rank 0's on the Board. Here the check
+// rides in the data (a fingerprint), whose collective the counts misalign;
+// on shared memory, a rank that posted the call waits for a peer that
+// fingerprinted it (the count puts it past the fingerprint's bound).
+func TestMismatchWhoseChecksHangIsFoundOnTheBoard(t *testing.T) {
+	const watchdog = time.Minute
+	for _, tc := range []struct {
+		name      string
+		m, d      int
+		warm      int
+		opts      []hier.Option
+		base, odd int64 // float32 elements: every rank's but the last's, and the last's
+	}{
+		{name: "fingerprint", m: 2, d: 2, warm: 3, opts: []hier.Option{fingerprintsFirst}, base: 3001, odd: 6002},
+		// Past the relay's mesh a flat call up to the fingerprint's bound
+		// carries its fingerprint, a larger one is posted (checksByRoute).
+		{name: "shared memory past the mesh", m: hier.RelayMeshMachines + 1, d: 1, warm: beforeSharedMemory,
+			opts: []hier.Option{hier.WithSharedMemoryDir(t.TempDir()), hier.WithCheckHost("127.0.0.1"),
+				hier.WithAlgorithm(hier.Flat), hier.WithFingerprintMax(4 << 10)}, base: 1 << 10, odd: 1 << 11},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, sim.Config{Machines: tc.m, Devices: tc.d, Seed: 10, StallTimeout: watchdog,
+				HangOnMismatch: true}, append(slices.Clone(tc.opts), hier.WithTimeout(watchdog))...)
+			warmUp(t, w, tc.warm)
+			data := make([][]byte, w.size())
+			for g := range data {
+				n := tc.base
+				if g == len(data)-1 {
+					n = tc.odd
+				}
+				data[g] = make([]byte, 4*n)
+			}
+			start := time.Now()
+			for g, wk := range sumExceptOn(w, w.upload(t, fairgo.Float32, data), -1) {
+				ctx, cancel := context.WithTimeout(context.Background(), watchdog/2)
+				err := wk.Wait(ctx)
+				cancel()
+				var mm *hier.MismatchError
+				require.ErrorAs(t, err, &mm, "rank %d", g)
+				require.Equal(t, "count", mm.Field, "rank %d: %v", g, err)
+				require.Equal(t, fmt.Sprint(len(data[g])/4), mm.This, "rank %d", g)
+				require.Less(t, time.Since(start), watchdog/6, "rank %d: %v", g, err)
+			}
+		})
+	}
+}
+
 // An operator or a count that differs on one rank reaches a different
 // reduction, or different transfers, on every route, yet every route's
 // ranks fail with a MismatchError naming the field: the check does not

@@ -37,9 +37,9 @@ type Backend struct {
 	closed   bool
 }
 
-// NewBackend returns a Backend whose clusters use cfg's Seed, Jitter,
-// StallTimeout, MemoryLimit, AlgoDelay and WorldDelay; its Machines,
-// Devices and RankOrder are ignored.
+// NewBackend returns a Backend whose clusters use cfg (its Seed, Jitter,
+// StallTimeout, MemoryLimit, AlgoDelay, WorldDelay, ConnectAtFirstCall
+// and HangOnMismatch); its Machines, Devices and RankOrder are ignored.
 func NewBackend(cfg Config) *Backend {
 	return &Backend{cfg: cfg}
 }

@@ -61,6 +61,12 @@ type Config struct {
 	// *StallError). Without it a first call enqueues at once, as every
 	// later one does.
 	ConnectAtFirstCall bool
+	// HangOnMismatch makes a collective whose ranks enqueued different
+	// calls hang as NCCL's does (each rank waits for bytes that never
+	// come) until a rank aborts its handle or StallTimeout passes (a
+	// *StallError), where by default every rank fails at once with a
+	// *MismatchError.
+	HangOnMismatch bool
 }
 
 func (cfg Config) validate() error {
@@ -173,6 +179,7 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		}
 		gr := newGroup(name, members, cfg.StallTimeout)
 		gr.connectFirst = cfg.ConnectAtFirstCall
+		gr.hangOnMismatch = cfg.HangOnMismatch
 		c.groups = append(c.groups, gr)
 		for i, g := range ranks {
 			set(&c.comms[g], &Comm{g: gr, rank: i, dev: c.devices[g], aborted: make(chan struct{})})

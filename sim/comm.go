@@ -95,6 +95,10 @@ type group struct {
 	connectFirst bool
 	joined       []bool
 	connected    chan struct{}
+
+	// hangOnMismatch (Config.HangOnMismatch): a meeting whose calls
+	// differ is never executed; its ranks wait as for a missing peer.
+	hangOnMismatch bool
 }
 
 // meeting gathers the ranks of one call (one sequence number).
@@ -104,6 +108,7 @@ type meeting struct {
 	arrived int
 	done    chan struct{} // closed after the data movement (or its failure)
 	err     error
+	hung    bool // every rank arrived, with calls that differ, and the group hangs on a mismatch (under mu)
 }
 
 func newGroup(name string, members []*Device, stall time.Duration) *group {
@@ -183,7 +188,10 @@ func (g *group) arrive(ctx context.Context, seq uint64, c *call) error {
 	}
 	m.calls[c.rank] = c
 	m.arrived++
-	if m.arrived == n {
+	if m.arrived == n && g.hangOnMismatch && g.check(m) != nil {
+		m.hung = true // nobody executes it: every rank waits below, as NCCL's would
+	}
+	if m.arrived == n && !m.hung {
 		delete(g.meetings, seq)
 		g.mu.Unlock()
 		err := g.check(m)
@@ -211,7 +219,7 @@ func (g *group) arrive(ctx context.Context, seq uint64, c *call) error {
 	case <-timer.C:
 	}
 	g.mu.Lock()
-	if m.arrived == n { // complete and being executed: its outcome wins
+	if m.arrived == n && !m.hung { // complete and being executed: its outcome wins
 		g.mu.Unlock()
 		<-m.done
 		return m.err

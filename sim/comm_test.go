@@ -502,6 +502,52 @@ func TestMismatchNamesCommAndSeq(t *testing.T) {
 	require.NoError(t, c.Comms(0).RailDiffuse.Err(), "other communicators are unaffected")
 }
 
+// With HangOnMismatch a mismatched collective hangs as NCCL's does: no
+// rank fails until one aborts its handle (then every rank ends in the
+// abort) or the stall timeout passes (a *StallError, never a
+// *MismatchError).
+func TestHangOnMismatch(t *testing.T) {
+	mismatched := func(w *world) {
+		for r, cm := range w.comms {
+			b := tensorOf(t, w.devs[r], fairgo.Float32, make([]float64, 4)...)
+			require.NoError(t, cm.AllReduce(b.Ptr, b.Ptr, int64(1+r), fairgo.Float32, fairgo.Sum, w.ss[r]))
+		}
+	}
+	t.Run("an abort ends it", func(t *testing.T) {
+		w := newWorld(t, 3, Config{StallTimeout: time.Minute, HangOnMismatch: true})
+		mismatched(w)
+		done := make(chan []error, 1)
+		go func() { done <- w.sync(t) }()
+		select {
+		case errs := <-done:
+			t.Fatalf("a mismatched collective ended before any abort: %v", errs)
+		case <-time.After(100 * time.Millisecond):
+		}
+		require.NoError(t, w.comms[2].Abort())
+		for r, err := range <-done {
+			require.ErrorIs(t, err, fairgo.ErrAborted, "rank %d", r)
+			require.NotErrorIs(t, err, ErrMismatch, "rank %d", r)
+		}
+	})
+	t.Run("the stall timeout ends it", func(t *testing.T) {
+		w := newWorld(t, 2, Config{StallTimeout: 100 * time.Millisecond, HangOnMismatch: true})
+		mismatched(w)
+		for r, err := range w.sync(t) {
+			var se *StallError
+			require.ErrorAs(t, err, &se, "rank %d", r)
+			require.NotErrorIs(t, err, ErrMismatch, "rank %d", r)
+		}
+	})
+	t.Run("matching calls run", func(t *testing.T) {
+		w := newWorld(t, 2, Config{StallTimeout: time.Minute, HangOnMismatch: true})
+		for r, cm := range w.comms {
+			b := tensorOf(t, w.devs[r], fairgo.Float32, 1, 2)
+			require.NoError(t, cm.AllReduce(b.Ptr, b.Ptr, 2, fairgo.Float32, fairgo.Sum, w.ss[r]))
+		}
+		w.requireOK(t)
+	})
+}
+
 func TestAllToAllvCountMismatch(t *testing.T) {
 	w := newWorld(t, 2, Config{})
 	for r, cm := range w.comms {

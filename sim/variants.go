@@ -214,6 +214,7 @@ func (c *Cluster) newWorldLocked(name string, delay time.Duration) (*group, []*C
 	gr := newGroup(name, c.devices, c.cfg.StallTimeout)
 	gr.delay = delay
 	gr.connectFirst = c.cfg.ConnectAtFirstCall
+	gr.hangOnMismatch = c.cfg.HangOnMismatch
 	c.groups = append(c.groups, gr)
 	out := make([]*Comm, len(c.devices))
 	for g, d := range c.devices {
