@@ -200,8 +200,9 @@ func fieldValue(i int, v int64) string {
 }
 
 // MismatchError reports a call whose shape differs between ranks. Every
-// rank reports it for the same call, with the same range of values. It
-// wraps fairgo.ErrMismatch.
+// rank reports it for the same call, with the same range of values where
+// a check decided it (Low and High say otherwise). It wraps
+// fairgo.ErrMismatch.
 type MismatchError struct {
 	Seq   uint64 // the call's number in this Reducer's call order, from 1
 	Call  string // this rank's call
