@@ -211,24 +211,66 @@ func (r *Reducer) postRefusal(q *request) {
 	_ = r.board.b.Set(ctx, boardRefusedCall+strconv.FormatUint(q.seq, 10), []byte(strconv.Itoa(r.WorldRank())))
 }
 
-// postMismatch leaves on the Board the reduced check image from which
-// this rank read the mismatch cause, before the abort that follows: a peer
-// whose own check never ends reads it there (boardVerdict). An abort ends
-// this rank's NCCL communicators at once, and with them, where NCCL's
-// proxy thread had not yet sent them, the last pieces of the check's
-// collective that some peers were still to receive; a peer whose enqueue
-// NCCL holds at the data's first connection has no data to end either.
-// Nothing for a cause that is not such a mismatch (a fingerprint's, a
-// timeout), or without a Board; a Board that does not answer within
+// postMismatch leaves on the Board how this rank read the mismatch
+// cause (mismatchPost), before the abort that follows: a peer whose own
+// check never ends reads it there (boardVerdict). An abort ends this
+// rank's NCCL communicators at once, and with them, where NCCL's proxy
+// thread had not yet sent them, the last pieces of the check's collective
+// that some peers were still to receive, or of the data that carries a
+// fingerprint; a peer whose enqueue NCCL holds at the data's first
+// connection has no data to end either. Nothing for a cause that is no
+// mismatch, or without a Board; a Board that does not answer within
 // progressWait only costs the peers the mismatch's name.
 func (r *Reducer) postMismatch(cause error) {
 	var mm *MismatchError
-	if r.board == nil || !errors.As(cause, &mm) || mm.reduced == nil {
+	if r.board == nil || !errors.As(cause, &mm) {
+		return
+	}
+	v := mismatchPost(mm)
+	if v == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.board.ctx, progressWait)
 	defer cancel()
-	_ = r.board.b.Set(ctx, boardMismatch+strconv.FormatUint(mm.Seq, 10), mm.reduced)
+	_ = r.board.b.Set(ctx, boardMismatch+strconv.FormatUint(mm.Seq, 10), v)
+}
+
+// postedField starts a mismatch post that names only a field: a
+// fingerprint's finding, which carries no other rank's value.
+const postedField = "field\n"
+
+// mismatchPost is what a peer needs to read mm against its own call: the
+// reduced check image mm was read from, or the field a fingerprint found
+// differing; nil for a refusal a fingerprint found (the refusing rank
+// leaves its own note: postRefusal).
+func mismatchPost(mm *MismatchError) []byte {
+	switch {
+	case mm.reduced != nil:
+		return mm.reduced
+	case mm.Refusal == nil && mm.Field != "":
+		return []byte(postedField + mm.Field)
+	}
+	return nil
+}
+
+// postedMismatch is the mismatch that v, a peer's post (mismatchPost),
+// says call q of a world of size ranks has, with q's own value; nil where
+// v says nothing of q.
+func postedMismatch(v []byte, q *request, size int) error {
+	if field, ok := strings.CutPrefix(string(v), postedField); ok {
+		this, known := valueOf(q, field)
+		if !known {
+			return nil
+		}
+		return &MismatchError{Seq: q.seq, Call: q.String(), Field: field, This: this}
+	}
+	if len(v) != 8*imageWords {
+		return nil
+	}
+	if err := image(v).decide(q, size); errors.Is(err, fairgo.ErrMismatch) {
+		return err
+	}
+	return nil
 }
 
 // boardVerdict asks the Board, for call q undecided for refusalGrace or
@@ -255,11 +297,9 @@ func (r *Reducer) boardVerdict(q *request) error {
 	go func() { shapes <- r.compareShapes(ctx, q) }()
 	refusal := r.unheardRefusal(q)
 	differ := <-shapes
-	if v := <-posted; len(v) == 8*imageWords {
-		if err := image(v).decide(q, r.rank.Grid.Size()); errors.Is(err, fairgo.ErrMismatch) {
-			r.explainRefusal(q, err)
-			return err
-		}
+	if err := postedMismatch(<-posted, q, r.rank.Grid.Size()); err != nil {
+		r.explainRefusal(q, err)
+		return err
 	}
 	if refusal != nil {
 		return refusal

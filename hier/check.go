@@ -178,6 +178,23 @@ func (b image) compare(q *request) error {
 	return nil
 }
 
+// valueOf is call q's value of a MismatchError's field, as a check that
+// found it there renders it; false for a field no check names.
+func valueOf(q *request, field string) (string, bool) {
+	switch field {
+	case "call number":
+		return fmt.Sprint(q.seq), true
+	case "size":
+		return fmt.Sprintf("%d bytes", q.a.ByteLen()), true
+	case "shape":
+		return q.String(), true
+	}
+	if f := slices.Index(checkFields[:], field); f >= 0 {
+		return fieldValue(f, shapeOf(q)[f]), true
+	}
+	return "", false
+}
+
 // fieldValue renders an encoded field.
 func fieldValue(i int, v int64) string {
 	switch {

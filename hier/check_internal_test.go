@@ -68,3 +68,45 @@ func TestImageAllocatesNothingOnAMatch(t *testing.T) {
 	require.ErrorAs(t, merged.decide(q, 4), &mm)
 	require.Equal(t, "count", mm.Field)
 }
+
+// TestMismatchPostReadsAgainstThePeersCall: what a rank leaves on the
+// Board for the mismatch it aborts on (mismatchPost) reads, on a peer,
+// as the same mismatch with the peer's own value (postedMismatch): a
+// check's reduced image with the ranks' range, a fingerprint's field
+// without one. A fingerprint's refusal posts nothing (the refusing rank
+// posts its own note), and a post that names no field a check names, or
+// that is no image, says nothing.
+func TestMismatchPostReadsAgainstThePeersCall(t *testing.T) {
+	call := func(count int64, op fairgo.Op) *request {
+		return &request{kind: kindAllReduce, op: op, seq: 5, a: fairgo.Tensor{DType: fairgo.Float32, Count: count}}
+	}
+	a, b := make(image, 8*imageWords), make(image, 8*imageWords)
+	a.put(call(1000, fairgo.Sum), 0, 4)
+	b.put(call(1001, fairgo.Sum), 3, 4)
+	merged := make(image, 8*imageWords)
+	for w := range imageWords {
+		merged.set(false, w, max(a.get(false, w), b.get(false, w)))
+	}
+	var found *MismatchError
+	require.ErrorAs(t, merged.decide(call(1000, fairgo.Sum), 4), &found)
+
+	var read *MismatchError
+	require.ErrorAs(t, postedMismatch(mismatchPost(found), call(1001, fairgo.Sum), 4), &read)
+	require.Equal(t, MismatchError{Seq: 5, Call: "allreduce of 1001 float32", Field: "count", This: "1001",
+		Low: "1000", High: "1001"}, MismatchError{Seq: read.Seq, Call: read.Call, Field: read.Field, This: read.This,
+		Low: read.Low, High: read.High})
+
+	byFingerprint := &MismatchError{Seq: 5, Call: "allreduce of 1000 float32", Field: "operator", This: "sum"}
+	require.ErrorAs(t, postedMismatch(mismatchPost(byFingerprint), call(1000, fairgo.Max), 4), &read)
+	require.Equal(t, "operator", read.Field)
+	require.Equal(t, "max", read.This)
+	require.Empty(t, read.Low+read.High)
+	require.ErrorContains(t, read, "found by the call's fingerprint")
+	require.ErrorAs(t, postedMismatch(mismatchPost(&MismatchError{Seq: 5, Field: "size"}), call(1000, fairgo.Sum), 4), &read)
+	require.Equal(t, "4000 bytes", read.This)
+
+	require.Nil(t, mismatchPost(&MismatchError{Seq: 5, Field: "size", Refusal: &Refusal{Rank: -1}}))
+	require.NoError(t, postedMismatch([]byte(postedField+"colour"), call(1000, fairgo.Sum), 4))
+	require.NoError(t, postedMismatch([]byte("not a post"), call(1000, fairgo.Sum), 4))
+	require.NoError(t, postedMismatch(nil, call(1000, fairgo.Sum), 4))
+}
