@@ -390,27 +390,46 @@ func TestMismatchReadFromTheBoardWhereTheCheckNeverEnds(t *testing.T) {
 		hier.HoldChecker(r, true)
 		t.Cleanup(func() { hier.HoldChecker(r, false) }) // before the world's Close, which waits for the checks
 	}
-	data := make([][]byte, 4)
+	data := lastRankDiffers(w.size(), 3001, 6002)
+	for g, mm := range requireCountMismatches(t, w, data, watchdog/6) {
+		require.Equal(t, "3001", mm.Low, "rank %d", g)
+		require.Equal(t, "6002", mm.High, "rank %d", g)
+	}
+}
+
+// lastRankDiffers is a float32 input of base elements for each of size
+// ranks but the last, whose input has odd.
+func lastRankDiffers(size int, base, odd int64) [][]byte {
+	data := make([][]byte, size)
 	for g := range data {
-		n := 3001
-		if g == 3 {
-			n = 2 * 3001
+		n := base
+		if g == size-1 {
+			n = odd
 		}
 		data[g] = make([]byte, 4*n)
 	}
+	return data
+}
+
+// requireCountMismatches sums data on every rank of w and requires each
+// rank's Work to fail, within limit, with a *hier.MismatchError on the
+// count that carries the rank's own; it returns the errors by rank.
+func requireCountMismatches(t *testing.T, w *world, data [][]byte, limit time.Duration) []*hier.MismatchError {
+	t.Helper()
 	start := time.Now()
+	var out []*hier.MismatchError
 	for g, wk := range sumExceptOn(w, w.upload(t, fairgo.Float32, data), -1) {
-		ctx, cancel := context.WithTimeout(context.Background(), watchdog/4)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*limit)
 		err := wk.Wait(ctx)
 		cancel()
 		var mm *hier.MismatchError
 		require.ErrorAs(t, err, &mm, "rank %d", g)
-		require.Equal(t, "count", mm.Field, "rank %d", g)
+		require.Equal(t, "count", mm.Field, "rank %d: %v", g, err)
 		require.Equal(t, fmt.Sprint(len(data[g])/4), mm.This, "rank %d", g)
-		require.Equal(t, "3001", mm.Low, "rank %d", g)
-		require.Equal(t, "6002", mm.High, "rank %d", g)
-		require.Less(t, time.Since(start), watchdog/6, "rank %d: %v", g, err)
+		require.Less(t, time.Since(start), limit, "rank %d: %v", g, err)
+		out = append(out, mm)
 	}
+	return out
 }
 
 // A call whose own checks can never decide it, because the ranks' shapes
@@ -441,25 +460,7 @@ func TestMismatchWhoseChecksHangIsFoundOnTheBoard(t *testing.T) {
 			w := newWorld(t, sim.Config{Machines: tc.m, Devices: tc.d, Seed: 10, StallTimeout: watchdog,
 				HangOnMismatch: true}, append(slices.Clone(tc.opts), hier.WithTimeout(watchdog))...)
 			warmUp(t, w, tc.warm)
-			data := make([][]byte, w.size())
-			for g := range data {
-				n := tc.base
-				if g == len(data)-1 {
-					n = tc.odd
-				}
-				data[g] = make([]byte, 4*n)
-			}
-			start := time.Now()
-			for g, wk := range sumExceptOn(w, w.upload(t, fairgo.Float32, data), -1) {
-				ctx, cancel := context.WithTimeout(context.Background(), watchdog/2)
-				err := wk.Wait(ctx)
-				cancel()
-				var mm *hier.MismatchError
-				require.ErrorAs(t, err, &mm, "rank %d", g)
-				require.Equal(t, "count", mm.Field, "rank %d: %v", g, err)
-				require.Equal(t, fmt.Sprint(len(data[g])/4), mm.This, "rank %d", g)
-				require.Less(t, time.Since(start), watchdog/6, "rank %d: %v", g, err)
-			}
+			requireCountMismatches(t, w, lastRankDiffers(w.size(), tc.base, tc.odd), watchdog/6)
 		})
 	}
 }
