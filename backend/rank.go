@@ -49,7 +49,8 @@ type Rank struct {
 	// the call each rank reached. Nil: each rank knows only its own cause.
 	// Every rank of a job must be given the same board, or none. A board
 	// serves one Reducer per rank: the notes they leave there (a timeout, a
-	// refusal, by call number) concern their calls, so Reducers built again
+	// refusal, a mismatch, the shape of a call long undecided, by call
+	// number) concern their calls, so Reducers built again
 	// over the same ranks need a board of their own (setup's is the job's
 	// store under its prefix: setup.WithStorePrefix tells two jobs apart).
 	Board Store
