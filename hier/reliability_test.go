@@ -417,6 +417,43 @@ func TestMismatchReadFromTheBoardWhereTheCheckNeverEnds(t *testing.T) {
 	}
 }
 
+// The same where the peers' launch is held: the first rank's count puts
+// its call below the flat threshold (the world communicator), its peers'
+// above it (the rail's all-to-all, whose communicator connects at its
+// first call and waits for that rank, which never comes). The checks
+// still meet (each rank enqueues its own before its data) and the first
+// rank's finds the mismatch; the peers' checkers decide nothing, their
+// launch stays held, and a peer's abort does not end it
+// (ConnectAtFirstCall): only the watcher's look at the Board, a second
+// after the launch was held (decideHeldCall), ends their calls with the
+// mismatch.
+func TestMismatchReadFromTheBoardWhileTheLaunchIsHeld(t *testing.T) {
+	const watchdog = time.Minute
+	w := newWorld(t, sim.Config{Machines: 2, Devices: 2, Seed: 11, StallTimeout: watchdog, ConnectAtFirstCall: true},
+		hier.WithAlgorithm(hier.RailAllToAll), hier.WithFlatThreshold(4<<10), hier.WithFingerprintMax(0),
+		hier.WithTimeout(watchdog))
+	for _, r := range w.reducers[1:] {
+		hier.HoldChecker(r, true)
+		t.Cleanup(func() { hier.HoldChecker(r, false) }) // before the world's Close, which waits for the checks
+	}
+	data := lastRankDiffers(w.size(), 3001, 3001)
+	data[0] = make([]byte, 4*512) // flat: 2 KiB
+	ts := w.upload(t, fairgo.Float32, data)
+	start := time.Now()
+	works := callEveryRank(w, func(g int, r *hier.Reducer) *hier.Work {
+		return r.AllReduce(context.Background(), ts[g], fairgo.Sum)
+	})
+	for g, wk := range works {
+		ctx, cancel := context.WithTimeout(context.Background(), watchdog/2)
+		err := wk.Wait(ctx)
+		cancel()
+		var mm *hier.MismatchError
+		require.ErrorAs(t, err, &mm, "rank %d", g)
+		require.Equal(t, "count", mm.Field, "rank %d: %v", g, err)
+		require.Less(t, time.Since(start), watchdog/6, "rank %d: %v", g, err)
+	}
+}
+
 // lastRankDiffers is a float32 input of base elements for each of size
 // ranks but the last, whose input has odd.
 func lastRankDiffers(size int, base, odd int64) [][]byte {
