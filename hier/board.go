@@ -276,11 +276,15 @@ func postedMismatch(v []byte, q *request, size int) error {
 // boardVerdict asks the Board, for call q undecided for refusalGrace or
 // whose communicators a peer's abort ended, how a peer decided it: the
 // mismatch a peer's check found (postMismatch), else a refusal that no
-// check carries (unheardRefusal), else a difference between q and rank
-// 0's call of the same number (compareShapes). Nil: none, or no Board.
-// The asks run at once: each waits up to refusalAsk for a key that is
-// most often absent, on the watcher's goroutine.
-func (r *Reducer) boardVerdict(q *request) error {
+// check carries (unheardRefusal), else, where q is undecided (no check
+// of its own has decided it for refusalGrace, and nothing failed), a
+// difference between q and rank 0's call of the same number
+// (compareShapes): the last resort, for the calls that no check can
+// decide; a call whose communicator failed waits for its own check as
+// before. Nil: none, or no Board. The asks run at once: each waits up to
+// refusalAsk for a key that is most often absent, on the watcher's
+// goroutine.
+func (r *Reducer) boardVerdict(q *request, undecided bool) error {
 	if r.board == nil {
 		return nil
 	}
@@ -294,7 +298,11 @@ func (r *Reducer) boardVerdict(q *request) error {
 		}
 		posted <- v
 	}()
-	go func() { shapes <- r.compareShapes(ctx, q) }()
+	if undecided {
+		go func() { shapes <- r.compareShapes(ctx, q) }()
+	} else {
+		shapes <- nil
+	}
 	refusal := r.unheardRefusal(q)
 	differ := <-shapes
 	if err := postedMismatch(<-posted, q, r.rank.Grid.Size()); err != nil {

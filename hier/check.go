@@ -701,12 +701,12 @@ func (c *checker) verdict(q *request, sl *checkSlot) error {
 	var unheard error
 	var ask func() bool
 	if q.rejected != nil {
-		ask = func() bool { unheard = c.r.boardVerdict(q); return unheard != nil }
+		ask = func() bool { unheard = c.r.boardVerdict(q, false); return unheard != nil }
 	}
 	if err := c.await(sl.ev, ask); err != nil {
 		if unheard == nil && c.r.brokenCause() == nil {
 			// A peer's abort ended the check: why, where no check said.
-			unheard = c.r.boardVerdict(q)
+			unheard = c.r.boardVerdict(q, false)
 		}
 		if unheard != nil {
 			return unheard

@@ -601,7 +601,7 @@ func (r *Reducer) decideHeldCall() {
 	}
 	if w := &r.watch; err == nil && held >= refusalGrace && time.Since(w.askedBoard) >= refusalGrace {
 		w.askedBoard = time.Now()
-		err = r.boardVerdict(q)
+		err = r.boardVerdict(q, true)
 	}
 	if err != nil {
 		r.abort(err)
@@ -686,7 +686,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 			continue
 		}
 		if c, cerr := r.commFailure(); cerr != nil {
-			if err := r.boardVerdict(p.req); err != nil { // why a peer aborted, where no check said
+			if err := r.boardVerdict(p.req, false); err != nil { // why a peer aborted, where no check said
 				r.abort(err)
 				return nil, nil, err
 			}
@@ -700,7 +700,7 @@ func (r *Reducer) await(p pending, start time.Time) (dataErr, checkErr, err erro
 		}
 		if w := &r.watch; now.Sub(start) >= refusalGrace && now.Sub(w.askedBoard) >= refusalGrace {
 			w.askedBoard = now
-			if err := r.boardVerdict(p.req); err != nil {
+			if err := r.boardVerdict(p.req, true); err != nil {
 				r.abort(err)
 				return nil, nil, err
 			}
@@ -801,7 +801,7 @@ func (r *Reducer) conclude(p pending, dataErr, checkErr error) error {
 		// A peer's abort can end the data first (the simulator's does,
 		// NCCL's may): a refusal that no check carried, which that peer
 		// read from the Board, is why.
-		if err := r.boardVerdict(p.req); err != nil {
+		if err := r.boardVerdict(p.req, false); err != nil {
 			r.abort(err)
 			return err
 		}
