@@ -258,11 +258,10 @@ func mismatchPost(mm *MismatchError) []byte {
 // v says nothing of q.
 func postedMismatch(v []byte, q *request, size int) error {
 	if field, ok := strings.CutPrefix(string(v), postedField); ok {
-		this, known := valueOf(q, field)
-		if !known {
+		if _, known := valueOf(q, field); !known {
 			return nil
 		}
-		return &MismatchError{Seq: q.seq, Call: q.String(), Field: field, This: this}
+		return fingerprintMismatch(q, field)
 	}
 	if len(v) != 8*imageWords {
 		return nil

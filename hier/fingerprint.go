@@ -304,20 +304,25 @@ func (fp *fingerprint) decide(q *request, dt fairgo.DType, ranks int, b []byte) 
 	if !bad {
 		_, refused := refuserOf(dt, q.fpOp(), b)
 		if !present(dt, q.fpOp(), ranks, b) || refused && q.rejected == nil {
-			return &MismatchError{Seq: q.seq, Call: q.String(), Field: "size",
-				This: fmt.Sprintf("%d bytes", q.a.ByteLen())}
+			return fingerprintMismatch(q, "size")
 		}
 		return nil
 	}
-	e := &MismatchError{Seq: q.seq, Call: q.String(), Field: "shape", This: q.String()}
 	switch {
 	case field == 0:
-		e.Field, e.This = "call number", fmt.Sprint(q.seq)
+		return fingerprintMismatch(q, "call number")
 	case field > 0:
-		sh := shapeOf(q)
-		e.Field, e.This = checkFields[field-1], fieldValue(field-1, sh[field-1])
+		return fingerprintMismatch(q, checkFields[field-1])
 	}
-	return e
+	return fingerprintMismatch(q, "shape")
+}
+
+// fingerprintMismatch is the mismatch a fingerprint found in field of
+// call q: this rank's value, no range (the fingerprint carries no other
+// rank's).
+func fingerprintMismatch(q *request, field string) *MismatchError {
+	this, _ := valueOf(q, field)
+	return &MismatchError{Seq: q.seq, Call: q.String(), Field: field, This: this}
 }
 
 // fingerprints is a Reducer's staging buffers and host slots for
