@@ -10,7 +10,11 @@
 #                       tests under fairrun, one rank per process, on 2x1 4x1
 #                       2x2 4x2 (or the layouts given; tests-launched). A GPU
 #                       test that skips on a host with a GPU fails its step
-#                       (the table counts skips apart)
+#                       (the table counts skips apart). Past four machines
+#                       the check takes other paths (the relay's star, a
+#                       check chosen by route, the Board's verdicts): after
+#                       a change there, also tests-launched 6x1 6x2 (on one
+#                       H200 ~100 s and ~190 s)
 #   tests-local         nccl, cuda, the ddp kernels and hier's ^TestGPU tests,
 #                       each binary in one process over the host's GPUs (on one
 #                       GPU hier's tests run 1x1; ~2-4 min)
