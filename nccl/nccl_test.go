@@ -298,6 +298,19 @@ const char* ncclGetErrorString(R r) { return r == 4 ? "invalid argument (fake)" 
 const char* ncclGetLastError(void* c) { return last; }
 `
 
+// loadFake loads a fake libnccl built as buildFake builds it, with no
+// library loaded before; the test closes it.
+func loadFake(t *testing.T, name string, version int, withConfig bool) *Library {
+	t.Helper()
+	noLibLoaded(t)
+	t.Setenv(EnvLibrary, buildFake(t, name, version, withConfig))
+	lib, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lib
+}
+
 // buildFake compiles the fake library, or skips when there is no C compiler.
 func buildFake(t *testing.T, name string, version int, withConfig bool) string {
 	t.Helper()
@@ -350,12 +363,7 @@ func TestFakeTooOld(t *testing.T) {
 }
 
 func TestFakeMissingOptional(t *testing.T) {
-	noLibLoaded(t)
-	t.Setenv(EnvLibrary, buildFake(t, "libfake212.so", VersionCode(2, 12, 0), false))
-	lib, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lib := loadFake(t, "libfake212.so", VersionCode(2, 12, 0), false)
 	defer lib.Close()
 	if lib.Supports("ncclCommSplit") || lib.Supports("ncclCommInitRankConfig") || !lib.Supports("ncclAllReduce") {
 		t.Error("Supports disagrees with the fake's symbols")
@@ -431,12 +439,7 @@ func TestFakeMissingOptional(t *testing.T) {
 }
 
 func TestFakeRefcount(t *testing.T) {
-	noLibLoaded(t)
-	t.Setenv(EnvLibrary, buildFake(t, "libfake212b.so", VersionCode(2, 12, 1), false))
-	lib, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lib := loadFake(t, "libfake212b.so", VersionCode(2, 12, 1), false)
 	id, _ := lib.GetUniqueId()
 	comm, err := lib.CommInitRank(1, id, 0)
 	if err != nil {
@@ -465,12 +468,7 @@ func TestFakeRefcount(t *testing.T) {
 }
 
 func TestFakeNonBlockingInit(t *testing.T) {
-	noLibLoaded(t)
-	t.Setenv(EnvLibrary, buildFake(t, "libfake228.so", VersionCode(2, 28, 3), true))
-	lib, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lib := loadFake(t, "libfake228.so", VersionCode(2, 28, 3), true)
 	defer lib.Close()
 	id, _ := lib.GetUniqueId()
 	comm, err := lib.CommInitRankConfig(context.Background(), 3, id, 1, &Config{CommName: "fake", MaxCTAs: 4})
@@ -507,12 +505,7 @@ func TestFakeNonBlockingInit(t *testing.T) {
 // overlaps a call), and the poller ends with ErrAborted. A Hold keeps Abort
 // waiting until its Release, and abortDrain at most.
 func TestFakeAbortWaitsForCallsInside(t *testing.T) {
-	noLibLoaded(t)
-	t.Setenv(EnvLibrary, buildFake(t, "libfake228b.so", VersionCode(2, 28, 3), true))
-	lib, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lib := loadFake(t, "libfake228b.so", VersionCode(2, 28, 3), true)
 	defer lib.Close()
 	id, _ := lib.GetUniqueId()
 	open := func() *Comm {
